@@ -1,0 +1,168 @@
+//! The command line: one subcommand per pipeline stage, each delegating to its module.
+//!
+//! The names and flags here are the stable contract of SPEC §8; stage modules own their own
+//! argument structs so that a stage's options live next to the code that reads them.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use crate::store::Store;
+
+#[derive(Parser)]
+#[command(
+    name = "afkit",
+    version,
+    about = "Build adversarial multiple-choice benchmarks, SWAG-style",
+    long_about = "Build adversarial multiple-choice benchmarks, SWAG-style.\n\n\
+        A project is one SQLite file. The pipeline:\n  \
+        init → ingest → generate → filter (adversarial filtering) → annotate → assemble → export\n\
+        plus `audit` (artifact report on any SWAG-format dataset) and `aflite` (de-bias an \
+        existing labelled dataset).\n\nEvery stage is resumable after Ctrl-C and reproducible from \
+        its recorded seed."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a new, empty project file.
+    Init(InitArgs),
+    /// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
+    Ingest(crate::ingest::Args),
+    /// Show what the project holds, stage by stage.
+    Status(StatusArgs),
+    /// Train or evaluate afkit's part-of-speech tagger on CoNLL-U treebanks.
+    #[command(subcommand)]
+    Tagger(crate::text::TaggerCommand),
+    /// Fetch the default models (SmolLM2 generator, MiniLM encoder) into the model cache.
+    #[command(subcommand)]
+    Models(crate::lm::ModelsCommand),
+    /// Sample counterfactual endings for every context and compute their LM features.
+    Generate(crate::lm::GenerateArgs),
+    /// Import endings generated elsewhere and compute their LM features.
+    ImportPool(crate::lm::ImportPoolArgs),
+    /// Adversarial filtering: pick the negatives a stylistic ensemble cannot tell from the found ending.
+    Filter(crate::af::FilterArgs),
+    /// Plot and summarise the AF run (accuracy by iteration, per model).
+    Report(crate::af::ReportArgs),
+    /// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
+    Annotate(crate::annotate::Args),
+    /// Inter-annotator agreement, label distributions and annotator quality.
+    Agreement(crate::annotate::AgreementArgs),
+    /// Export tasks to, or import results from, a crowdsourcing platform.
+    #[command(subcommand)]
+    Crowd(crate::annotate::CrowdCommand),
+    /// Build the final examples from the labels and split them by group.
+    Assemble(crate::assemble::Args),
+    /// Write the assembled splits (SWAG CSVs, JSONL, dataset card).
+    Export(crate::export::Args),
+    /// Audit a SWAG-format dataset for stylistic artifacts.
+    Audit(crate::audit::Args),
+    /// Grade predicted labels against a split.
+    Score(crate::audit::ScoreArgs),
+    /// AFLite: remove the most predictable examples of a labelled dataset.
+    Aflite(crate::aflite::Args),
+}
+
+#[derive(Args)]
+struct InitArgs {
+    /// Path of the project file to create (conventionally *.sqlite).
+    project: PathBuf,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// The project file.
+    project: PathBuf,
+    /// Print one JSON object (a stable interface for scripts) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command line and maps errors to an exit status: 1 for errors, 130 for Ctrl-C.
+pub fn main() -> ExitCode {
+    crate::interrupt::install_handler();
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.is::<crate::interrupt::Interrupted>() => {
+            eprintln!("interrupted: everything reported as done is saved; run the same command again to continue");
+            ExitCode::from(130)
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command) -> Result<()> {
+    match command {
+        Command::Init(args) => {
+            Store::create(&args.project)?;
+            println!("created project {}", args.project.display());
+            Ok(())
+        }
+        Command::Ingest(args) => crate::ingest::run(args),
+        Command::Status(args) => status(args),
+        Command::Tagger(command) => crate::text::run_tagger(command),
+        Command::Models(command) => crate::lm::run_models(command),
+        Command::Generate(args) => crate::lm::run_generate(args),
+        Command::ImportPool(args) => crate::lm::run_import_pool(args),
+        Command::Filter(args) => crate::af::run_filter(args),
+        Command::Report(args) => crate::af::run_report(args),
+        Command::Annotate(args) => crate::annotate::run(args),
+        Command::Agreement(args) => crate::annotate::run_agreement(args),
+        Command::Crowd(command) => crate::annotate::run_crowd(command),
+        Command::Assemble(args) => crate::assemble::run(args),
+        Command::Export(args) => crate::export::run(args),
+        Command::Audit(args) => crate::audit::run(args),
+        Command::Score(args) => crate::audit::run_score(args),
+        Command::Aflite(args) => crate::aflite::run(args),
+    }
+}
+
+fn status(args: StatusArgs) -> Result<()> {
+    let store = Store::open(&args.project)?;
+    let s = store.status()?;
+    if args.json {
+        println!("{}", serde_json::to_string(&s)?);
+        return Ok(());
+    }
+    println!("project      {}", args.project.display());
+    println!("examples     {}", s.examples);
+    let dropped: i64 = s.dropped.values().sum();
+    println!("dropped      {dropped}");
+    for (reason, n) in &s.dropped {
+        println!("  {reason:<16} {n}");
+    }
+    println!(
+        "pools        {} contexts, {} candidate endings ({} short of the requested count)",
+        s.contexts_with_pool, s.candidates, s.pool_shortfalls
+    );
+    if s.contexts_without_pool > 0 && s.contexts_with_pool > 0 {
+        println!(
+            "  {} contexts have no pool yet: run `afkit generate` again",
+            s.contexts_without_pool
+        );
+    }
+    println!(
+        "filter       {} iterations{}",
+        s.af_iterations,
+        if s.af_finished { ", final scores done" } else { "" }
+    );
+    if s.af_stale_contexts > 0 && s.af_iterations > 0 {
+        println!(
+            "  {} contexts with a pool were not part of the last AF run: its results are stale",
+            s.af_stale_contexts
+        );
+    }
+    println!("annotation   {} labelled items", s.labelled_items);
+    println!("assembled    {} examples", s.assembled);
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! afkit: build adversarial multiple-choice benchmarks, SWAG-style.
+//!
+//! One module per pipeline stage over the [`store`] module that owns the project's SQLite schema.
+//! See ARCHITECTURE.md for the data that flows between them.
+
+pub mod af;
+pub mod aflite;
+pub mod annotate;
+pub mod assemble;
+pub mod audit;
+pub mod cli;
+pub mod export;
+pub mod ingest;
+pub mod interrupt;
+pub mod lm;
+pub mod models;
+pub mod progress;
+pub mod store;
+pub mod text;

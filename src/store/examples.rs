@@ -1,0 +1,191 @@
+//! Ingest's tables: sources, examples (with their found ending) and dropped records.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{now, Store};
+
+/// An example ready to store: a context and its found ending, already split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewExample {
+    pub ext_id: String,
+    pub group: String,
+    pub sent1: String,
+    pub sent2: String,
+    pub ending: String,
+    /// Provenance carried over from a SWAG CSV (`gold0-orig`, ...); `None` for raw inputs.
+    pub gold_source: Option<String>,
+}
+
+/// A stored example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Example {
+    pub id: i64,
+    pub ext_id: String,
+    pub group: String,
+    pub sent1: String,
+    pub sent2: String,
+    pub ending: String,
+    /// Row id of the found ending in `endings`.
+    pub gold_ending_id: i64,
+}
+
+impl Example {
+    /// The full context a language model continues: `sent1 + " " + sent2`.
+    pub fn startphrase(&self) -> String {
+        startphrase(&self.sent1, &self.sent2)
+    }
+}
+
+pub fn startphrase(sent1: &str, sent2: &str) -> String {
+    if sent2.is_empty() {
+        sent1.to_string()
+    } else {
+        format!("{sent1} {sent2}")
+    }
+}
+
+/// Registers an input file; the same content, format and options map to the same row.
+pub fn upsert_source(
+    conn: &Connection,
+    path: &str,
+    format: &str,
+    sha256: &str,
+    options_json: &str,
+) -> Result<i64> {
+    conn.execute(
+        "INSERT OR IGNORE INTO sources(path, format, sha256, options, ingested_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![path, format, sha256, options_json, now()],
+    )?;
+    Ok(conn.query_row(
+        "SELECT id FROM sources WHERE sha256 = ?1 AND format = ?2 AND options = ?3",
+        params![sha256, format, options_json],
+        |r| r.get(0),
+    )?)
+}
+
+/// Stores an example and its found ending. Returns false (and changes nothing) when an example
+/// with the same `ext_id` exists already, which makes re-ingesting a file idempotent.
+pub fn insert_example(conn: &Connection, source_id: i64, ex: &NewExample) -> Result<bool> {
+    let inserted = conn.execute(
+        "INSERT OR IGNORE INTO examples(ext_id, grp, sent1, sent2, ending, source_id, gold_source, added_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![
+            ex.ext_id,
+            ex.group,
+            ex.sent1,
+            ex.sent2,
+            ex.ending,
+            source_id,
+            ex.gold_source,
+            now()
+        ],
+    )?;
+    if inserted == 0 {
+        return Ok(false);
+    }
+    let example_id = conn.last_insert_rowid();
+    conn.execute(
+        "INSERT INTO endings(example_id, text, is_gold) VALUES (?1, ?2, 1)",
+        params![example_id, ex.ending],
+    )?;
+    Ok(true)
+}
+
+/// Records why an input record was not kept (once per record).
+pub fn insert_dropped(conn: &Connection, source_id: i64, ext_id: &str, reason: &str) -> Result<()> {
+    conn.execute(
+        "INSERT OR IGNORE INTO dropped(ext_id, source_id, reason) VALUES (?1, ?2, ?3)",
+        params![ext_id, source_id, reason],
+    )?;
+    Ok(())
+}
+
+impl Store {
+    pub fn count_examples(&self) -> Result<i64> {
+        Ok(self
+            .conn()
+            .query_row("SELECT COUNT(*) FROM examples", [], |r| r.get(0))?)
+    }
+
+    /// Dropped input records by reason.
+    pub fn dropped_by_reason(&self) -> Result<BTreeMap<String, i64>> {
+        let mut stmt = self
+            .conn()
+            .prepare("SELECT reason, COUNT(*) FROM dropped GROUP BY reason ORDER BY reason")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// All examples in insertion order.
+    pub fn examples(&self) -> Result<Vec<Example>> {
+        let mut stmt = self.conn().prepare(
+            "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
+             FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
+             ORDER BY x.id",
+        )?;
+        let rows = stmt.query_map([], example_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn example(&self, id: i64) -> Result<Option<Example>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
+                 FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
+                 WHERE x.id = ?1",
+                [id],
+                example_from_row,
+            )
+            .optional()?)
+    }
+}
+
+fn example_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Example> {
+    Ok(Example {
+        id: r.get(0)?,
+        ext_id: r.get(1)?,
+        group: r.get(2)?,
+        sent1: r.get(3)?,
+        sent2: r.get(4)?,
+        ending: r.get(5)?,
+        gold_ending_id: r.get(6)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(ext_id: &str) -> NewExample {
+        NewExample {
+            ext_id: ext_id.into(),
+            group: "v1".into(),
+            sent1: "A man stands in a kitchen.".into(),
+            sent2: "He".into(),
+            ending: "chops an onion on a board.".into(),
+            gold_source: None,
+        }
+    }
+
+    #[test]
+    fn reinserting_an_example_is_a_no_op() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::create(&dir.path().join("p.sqlite")).unwrap();
+        let src = upsert_source(store.conn(), "a.json", "jsonl", "abc", "{}").unwrap();
+        assert_eq!(upsert_source(store.conn(), "b.json", "jsonl", "abc", "{}").unwrap(), src);
+        assert!(insert_example(store.conn(), src, &example("x#1")).unwrap());
+        assert!(!insert_example(store.conn(), src, &example("x#1")).unwrap());
+        insert_dropped(store.conn(), src, "x#2", "short_context").unwrap();
+        insert_dropped(store.conn(), src, "x#2", "short_context").unwrap();
+        assert_eq!(store.count_examples().unwrap(), 1);
+        assert_eq!(store.dropped_by_reason().unwrap()["short_context"], 1);
+        let all = store.examples().unwrap();
+        assert_eq!(all[0].startphrase(), "A man stands in a kitchen. He");
+        assert_eq!(store.example(all[0].id).unwrap().unwrap(), all[0]);
+    }
+}

@@ -1,0 +1,207 @@
+//! The project store: one SQLite file per project, owned by this module.
+//!
+//! Every stage reads and writes the project through the typed functions of the submodules here;
+//! no other module writes SQL against tables it does not own. The schema is versioned with
+//! SQLite's `user_version` and upgraded by [`MIGRATIONS`] when a project is opened, so a project
+//! made by an older afkit keeps working.
+//!
+//! Durability: WAL journal, `synchronous = NORMAL` (a committed transaction survives a process
+//! kill; only an OS crash can lose the last commits), foreign keys on, and a busy timeout so that
+//! several annotators (processes) can share one file.
+
+pub mod examples;
+pub mod status;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+/// Schema migrations, in order. Index `i` upgrades `user_version` from `i` to `i + 1`.
+/// Never edit a migration that has shipped: append a new one.
+const MIGRATIONS: &[&str] = &[include_str!("schema.sql")];
+
+/// The schema version this build of afkit writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// An open project file.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Creates a new, empty project. Fails if the file already exists.
+    pub fn create(path: &Path) -> Result<Store> {
+        if path.exists() {
+            bail!(
+                "{} already exists; `afkit init` only creates new projects",
+                path.display()
+            );
+        }
+        let mut store = Store::connect(path)?;
+        store.migrate()?;
+        store.set_meta("created_at", &now())?;
+        store.set_meta("created_by", concat!("afkit ", env!("CARGO_PKG_VERSION")))?;
+        Ok(store)
+    }
+
+    /// Opens an existing project and upgrades its schema if it is older than this build.
+    pub fn open(path: &Path) -> Result<Store> {
+        if !path.exists() {
+            bail!(
+                "no project at {}: create one with `afkit init {}`",
+                path.display(),
+                path.display()
+            );
+        }
+        let mut store = Store::connect(path)?;
+        let version = store.schema_version()?;
+        if version == 0 {
+            bail!("{} is not an afkit project (no schema)", path.display());
+        }
+        if version > SCHEMA_VERSION {
+            bail!(
+                "{} has schema version {version}, newer than this afkit ({SCHEMA_VERSION}); upgrade afkit",
+                path.display()
+            );
+        }
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn connect(path: &Path) -> Result<Store> {
+        let conn = Connection::open(path)
+            .with_context(|| format!("cannot open project file {}", path.display()))?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .with_context(|| format!("{} is not a SQLite file", path.display()))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        Ok(Store {
+            conn,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    fn migrate(&mut self) -> Result<()> {
+        let from = self.schema_version()?;
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(from as usize) {
+            let tx = self.conn.transaction()?;
+            tx.execute_batch(sql)
+                .with_context(|| format!("schema migration {} failed", i + 1))?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The raw connection, for the typed functions of this module's submodules.
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Starts a transaction; stages group each unit of work (a file, a context, an
+    /// iteration) into one so that an interruption never leaves half of it behind.
+    pub fn transaction(&mut self) -> Result<Transaction<'_>> {
+        Ok(self.conn.transaction()?)
+    }
+
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        get_meta(&self.conn, key)
+    }
+
+    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+        set_meta(&self.conn, key, value)
+    }
+}
+
+pub fn get_meta(conn: &Connection, key: &str) -> Result<Option<String>> {
+    Ok(conn
+        .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+        .optional()?)
+}
+
+pub fn set_meta(conn: &Connection, key: &str, value: &str) -> Result<()> {
+    conn.execute(
+        "INSERT INTO meta(key, value) VALUES (?1, ?2)
+         ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        params![key, value],
+    )?;
+    Ok(())
+}
+
+/// UTC timestamp in RFC 3339 form, as every `*_at` column stores it.
+pub fn now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    format_timestamp(secs)
+}
+
+fn format_timestamp(unix_secs: f64) -> String {
+    let secs = unix_secs.floor() as i64;
+    let millis = ((unix_secs - secs as f64) * 1000.0) as i64;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        assert_eq!(format_timestamp(0.0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_timestamp(1_795_314_096.5), "2026-11-22T02:21:36.500Z");
+        assert_eq!(format_timestamp(951_782_400.0), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn create_then_open_keeps_schema_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sqlite");
+        Store::create(&path).unwrap();
+        assert!(Store::create(&path).is_err(), "init must not clobber a project");
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        assert!(store.meta("created_at").unwrap().is_some());
+    }
+
+    #[test]
+    fn open_rejects_missing_and_foreign_files() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Store::open(&dir.path().join("nope.sqlite")).is_err());
+        let junk = dir.path().join("junk.sqlite");
+        std::fs::write(&junk, b"this is not sqlite at all, not even close........").unwrap();
+        assert!(Store::open(&junk).is_err());
+    }
+}

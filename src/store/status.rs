@@ -1,0 +1,85 @@
+//! What a project holds, stage by stage: the data behind `afkit status`.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::Store;
+
+/// Counts for `afkit status --json`; the field names are a stable interface (SPEC §8).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Status {
+    /// Kept examples (contexts with a found ending).
+    pub examples: i64,
+    /// Input records not kept, by reason.
+    pub dropped: BTreeMap<String, i64>,
+    /// Contexts whose generated pool is complete.
+    pub contexts_with_pool: i64,
+    /// Candidate endings in all pools, the found endings excluded.
+    pub candidates: i64,
+    /// Contexts that got fewer unique endings than requested.
+    pub pool_shortfalls: i64,
+    /// Finished iterations of the latest AF run.
+    pub af_iterations: i64,
+    /// Whether the latest AF run finished its final cross-fitted scoring pass.
+    pub af_finished: bool,
+    /// Contexts with at least one complete (non-broken) label submission.
+    pub labelled_items: i64,
+    /// Assembled examples across all splits.
+    pub assembled: i64,
+    /// Examples that have no pool yet.
+    pub contexts_without_pool: i64,
+    /// Contexts with a pool that the latest AF run did not filter (its results are stale for them).
+    pub af_stale_contexts: i64,
+}
+
+impl Store {
+    pub fn status(&self) -> Result<Status> {
+        let count = |sql: &str| -> Result<i64> { Ok(self.conn().query_row(sql, [], |r| r.get(0))?) };
+        let latest_run: Option<i64> =
+            self.conn()
+                .query_row("SELECT MAX(id) FROM af_runs", [], |r| r.get(0))?;
+        let (af_iterations, af_finished, af_stale_contexts) = match latest_run {
+            None => (0, false, 0),
+            Some(run) => {
+                let iterations = self.conn().query_row(
+                    "SELECT COUNT(*) FROM af_iterations WHERE run_id = ?1",
+                    [run],
+                    |r| r.get(0),
+                )?;
+                let finished = self.conn().query_row(
+                    "SELECT finished_at IS NOT NULL FROM af_runs WHERE id = ?1",
+                    [run],
+                    |r| r.get(0),
+                )?;
+                let stale = self.conn().query_row(
+                    "SELECT COUNT(*) FROM pools p WHERE NOT EXISTS
+                       (SELECT 1 FROM af_assignments a WHERE a.run_id = ?1 AND a.example_id = p.example_id)",
+                    [run],
+                    |r| r.get(0),
+                )?;
+                (iterations, finished, stale)
+            }
+        };
+        Ok(Status {
+            examples: self.count_examples()?,
+            dropped: self.dropped_by_reason()?,
+            contexts_with_pool: count("SELECT COUNT(*) FROM pools")?,
+            candidates: count("SELECT COUNT(*) FROM endings WHERE is_gold = 0")?,
+            pool_shortfalls: count("SELECT COUNT(*) FROM pools WHERE produced < requested")?,
+            af_iterations,
+            af_finished,
+            labelled_items: count(
+                "SELECT COUNT(DISTINCT t.example_id) FROM submissions s
+                 JOIN tasks t ON t.id = s.task_id WHERE s.broken = 0",
+            )?,
+            assembled: count("SELECT COUNT(*) FROM assembled")?,
+            contexts_without_pool: count(
+                "SELECT COUNT(*) FROM examples x WHERE NOT EXISTS
+                   (SELECT 1 FROM pools p WHERE p.example_id = x.id)",
+            )?,
+            af_stale_contexts,
+        })
+    }
+}
