@@ -14,6 +14,7 @@ pub mod ingest;
 pub mod interrupt;
 pub mod lm;
 pub mod models;
+pub mod plot;
 pub mod progress;
 pub mod store;
 pub mod text;

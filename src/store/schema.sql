@@ -60,6 +60,8 @@ CREATE TABLE pools (
     requested     INTEGER NOT NULL,
     produced      INTEGER NOT NULL,      -- unique endings kept; shortfall = requested - produced
     ctx_logprob   REAL,                  -- mean log-prob of the context tokens
+    n_tok_sent1   INTEGER,               -- LM token lengths, inputs of the AF perplexity MLP
+    n_tok_sent2   INTEGER,
     seconds       REAL NOT NULL,
     finished_at   TEXT NOT NULL
 );
