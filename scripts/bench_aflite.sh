@@ -82,17 +82,19 @@ import json,sys; s=json.load(open(sys.argv[1]))
 print('afkit filter seconds', round(s['filter_seconds'],2), 'wall', round(s['wall_seconds'],2), 'rounds', len(s['rounds']), 'retained', s['retained'], 'stop', s['stop_reason'])
 print('afkit fits not converged', sum(r['fits_not_converged'] for r in s['rounds']))" "$WORK/afkit.jsonl.summary.json"
 
-# 7. The scikit-learn peer on afkit's partitions, BLAS/OpenMP threads = $THREADS.
+# 7. The scikit-learn peer on afkit's partitions. Main configuration: 2 worker processes (joblib)
+#    fitting partitions in parallel, BLAS/OpenMP threads = 1 each (2 cores busy, like afkit).
 TARGET=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['parameters']['target_size'])" "$WORK/afkit.jsonl.summary.json")
-OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS /usr/bin/time -v \
-  python3 "$ROOT/scripts/aflite_peer.py" --input "$WORK/activitynet.jsonl" --features "$WORK/phi.npy" \
-  --partitions-file "$WORK/partitions.jsonl" --out-scores "$WORK/peer.scores.jsonl" \
-  --report "$WORK/peer.report.json" --target-size "$TARGET" --train-size 5000 --slice 500 --m 64 \
-  --tau 0.75 > "$WORK/peer.log" 2> "$WORK/peer.time"
+PEER=(python3 "$ROOT/scripts/aflite_peer.py" --input "$WORK/activitynet.jsonl" --features "$WORK/phi.npy"
+  --partitions-file "$WORK/partitions.jsonl" --target-size "$TARGET" --train-size 5000 --slice 500 --m 64 --tau 0.75)
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/time -v "${PEER[@]}" --jobs $THREADS \
+  --out-scores "$WORK/peer.scores.jsonl" --report "$WORK/peer.report.json" > "$WORK/peer.log" 2> "$WORK/peer.time"
 tail -1 "$WORK/peer.log"
 grep -E "Elapsed|Maximum resident" "$WORK/peer.time"
+#    Second configuration, first 2 rounds only: one process, BLAS/OpenMP threads = 2.
+OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS "${PEER[@]}" --jobs 1 \
+  --max-rounds 2 --out-scores "$WORK/peer_blas2.scores.jsonl" --report "$WORK/peer_blas2.report.json" | tail -1
 python3 -c "import sklearn, numpy, scipy; print('sklearn', sklearn.__version__, 'numpy', numpy.__version__, 'scipy', scipy.__version__)"
-python3 -c "import numpy, scipy.linalg; from threadpoolctl import threadpool_info; import json; print(json.dumps([{k: i[k] for k in ('internal_api','num_threads')} for i in threadpool_info()]))" || true
 
 # 8. Agreement.
 python3 "$ROOT/scripts/aflite_compare.py" "$WORK/afkit.jsonl.scores.jsonl" "$WORK/peer.scores.jsonl"

@@ -271,7 +271,7 @@ fn lbfgs(problem: &Problem, opts: &FitOptions) -> (Vec<f64>, usize, bool) {
     let mut new_v = vec![0f64; n];
     let mut new_grad = vec![0f64; n];
     let mut direction = vec![0f64; n];
-    let mut alpha = vec![0f64; MEMORY];
+    let mut alpha = [0f64; MEMORY];
 
     for iteration in 0..opts.max_iter {
         if gmax <= opts.tol {
