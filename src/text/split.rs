@@ -173,7 +173,7 @@ impl Sentence<'_> {
             Upos::Aux => true,
             Upos::Verb => {
                 let w = self.lower[j].as_str();
-                !w.ends_with("ing") && !(past && w.ends_with("ed"))
+                !(w.ends_with("ing") || past && w.ends_with("ed"))
             }
             Upos::Noun | Upos::Propn => self.is_mistagged_verb(j, from),
             _ => false,
@@ -220,10 +220,9 @@ impl Sentence<'_> {
         if word.ends_with('s') && !word.ends_with("ss") {
             return true;
         }
-        let plural_subject = (prev.ends_with('s') && !prev.ends_with("ss"))
+        (prev.ends_with('s') && !prev.ends_with("ss"))
             || PLURAL_NOUNS.contains(&prev)
-            || (from..i).any(|j| self.lower[j] == "and");
-        plural_subject
+            || (from..i).any(|j| self.lower[j] == "and")
     }
 }
 
