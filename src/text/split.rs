@@ -74,6 +74,28 @@ const SUBJECT_PRONOUNS: &[&str] = &[
     "one",
 ];
 
+/// Words ending in -s that are never present-tense verbs.
+const NOT_VERBS: &[&str] = &[
+    "always",
+    "sometimes",
+    "perhaps",
+    "afterwards",
+    "towards",
+    "backwards",
+    "forwards",
+    "various",
+    "this",
+    "thus",
+    "plus",
+    "unless",
+    "whereas",
+    "besides",
+    "outdoors",
+    "indoors",
+    "upstairs",
+    "downstairs",
+];
+
 const PLURAL_NOUNS: &[&str] = &[
     "men", "women", "people", "children", "feet", "teeth", "mice",
 ];
@@ -120,7 +142,11 @@ impl Sentence<'_> {
                 }
                 Upos::Aux => return Some(i),
                 Upos::Verb if !self.is_reduced_relative(i, from, to) => return Some(i),
-                Upos::Noun | Upos::Propn if self.is_mistagged_verb(i, from) => return Some(i),
+                Upos::Noun | Upos::Propn | Upos::Adp | Upos::Adv | Upos::Adj | Upos::X
+                    if self.is_mistagged_verb(i, from) =>
+                {
+                    return Some(i)
+                }
                 _ => {}
             }
             i += 1;
@@ -209,15 +235,34 @@ impl Sentence<'_> {
         }
         let word = self.lower[i].as_str();
         let prev = self.lower[i - 1].as_str();
+        let s_form = word.len() > 3
+            && word.ends_with('s')
+            && !word.ends_with("ss")
+            && !NOT_VERBS.contains(&word);
+        if !matches!(self.tags[i], Upos::Noun | Upos::Propn) {
+            // Unknown words get odd tags ("a butterfly/ADV lands/NOUN", "the grandfather
+            // unhooks/ADP"): only an -s form right after a determiner + one word qualifies.
+            let det_word = i >= from + 2
+                && self.tags[i - 2] == Upos::Det
+                && !matches!(self.tags[i - 1], Upos::Adj | Upos::Num);
+            return s_form && (matches!(self.tags[i - 1], Upos::Noun | Upos::Propn) || det_word);
+        }
         if self.tags[i - 1] == Upos::Pron {
             return SUBJECT_PRONOUNS.contains(&prev);
+        }
+        if s_form
+            && i >= from + 2
+            && self.tags[i - 2] == Upos::Det
+            && !matches!(self.tags[i - 1], Upos::Adj | Upos::Num)
+        {
+            return true;
         }
         // "the man in red stands": a colour after "in" ends the subject like a noun.
         let in_colour = self.tags[i - 1] == Upos::Adj && i >= from + 2 && self.lower[i - 2] == "in";
         if !matches!(self.tags[i - 1], Upos::Noun | Upos::Propn) && !in_colour {
             return false;
         }
-        if word.ends_with('s') && !word.ends_with("ss") {
+        if s_form {
             return true;
         }
         (prev.ends_with('s') && !prev.ends_with("ss"))
