@@ -41,7 +41,12 @@ fn mean(xs: &[f32]) -> f64 {
 }
 
 /// Scores `seqs` after `prefix` in batches of similar length (less padding).
-fn score_batched(llama: &Llama, prefix: &Prefix, seqs: &[&[u32]], batch: usize) -> Result<Vec<Vec<f32>>> {
+fn score_batched(
+    llama: &Llama,
+    prefix: &Prefix,
+    seqs: &[&[u32]],
+    batch: usize,
+) -> Result<Vec<Vec<f32>>> {
     let mut order: Vec<usize> = (0..seqs.len()).collect();
     order.sort_by_key(|&i| seqs[i].len());
     let mut out = vec![Vec::new(); seqs.len()];
@@ -72,36 +77,59 @@ impl LocalLm {
         let tok = &self.model.tokenizer;
         let llama = &self.model.llama;
         let context = self.prefix(prompt)?;
-        let texts: Vec<&str> = std::iter::once(gold).chain(endings.iter().map(|e| e.text.as_str())).collect();
-        let ids: Vec<Vec<u32>> = texts.iter().map(|t| self.ending_tokens(t)).collect::<Result<_>>()?;
+        let texts: Vec<&str> = std::iter::once(gold)
+            .chain(endings.iter().map(|e| e.text.as_str()))
+            .collect();
+        let ids: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|t| self.ending_tokens(t))
+            .collect::<Result<_>>()?;
         // Conditional log-probs: reuse the sampled ones where the tokens agree, score the rest.
         let mut cond: Vec<Option<Vec<f32>>> = std::iter::once(None)
-            .chain(endings.iter().zip(&ids[1..]).map(|(e, canonical)| match &e.tokens {
-                Some((sampled, lps)) if sampled == canonical => Some(lps.clone()),
-                _ => None,
-            }))
+            .chain(
+                endings
+                    .iter()
+                    .zip(&ids[1..])
+                    .map(|(e, canonical)| match &e.tokens {
+                        Some((sampled, lps)) if sampled == canonical => Some(lps.clone()),
+                        _ => None,
+                    }),
+            )
             .collect();
         let missing: Vec<usize> = (0..ids.len()).filter(|&i| cond[i].is_none()).collect();
         let seqs: Vec<&[u32]> = missing.iter().map(|&i| ids[i].as_slice()).collect();
-        for (i, lps) in missing.iter().zip(score_batched(llama, &context.prefix, &seqs, self.params.batch)?) {
+        for (i, lps) in missing.iter().zip(score_batched(
+            llama,
+            &context.prefix,
+            &seqs,
+            self.params.batch,
+        )?) {
             cond[*i] = Some(lps);
         }
         let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
         let alone = score_batched(llama, &self.model.doc_prefix, &all, self.params.batch)?;
-        let mut features = texts.iter().zip(cond).zip(alone).map(|((text, cond), alone)| {
-            let cond = cond.expect("every ending scored");
-            EndingFeatures {
-                lp_cond: mean(&cond),
-                lp_alone: mean(&alone),
-                lp_final_punct: text
-                    .ends_with(['.', '!', '?'])
-                    .then(|| cond.last().map(|&x| x as f64))
-                    .flatten(),
-                n_tok: cond.len(),
-            }
-        });
+        let mut features = texts
+            .iter()
+            .zip(cond)
+            .zip(alone)
+            .map(|((text, cond), alone)| {
+                let cond = cond.expect("every ending scored");
+                EndingFeatures {
+                    lp_cond: mean(&cond),
+                    lp_alone: mean(&alone),
+                    lp_final_punct: text
+                        .ends_with(['.', '!', '?'])
+                        .then(|| cond.last().map(|&x| x as f64))
+                        .flatten(),
+                    n_tok: cond.len(),
+                }
+            });
         let gold = features.next().expect("the gold ending");
-        let sent2_tokens = if sent2.is_empty() { 0 } else { tok.encode(&format!(" {sent2}"))?.len() };
+        let sent2_tokens = if sent2.is_empty() {
+            0
+        } else {
+            tok.encode(&format!(" {sent2}"))?.len()
+        };
         Ok(ContextFeatures {
             ctx_logprob: mean(&context.token_logprobs),
             n_tok_sent1: tok.encode(sent1)?.len(),

@@ -14,7 +14,10 @@ use super::features::{ContextFeatures, EndingFeatures};
 use super::local::LocalLm;
 use super::model::LanguageModel;
 use super::prompt::PromptTemplate;
-use super::sampler::{acceptable_ending, normalise_ending, EndingSampler, SampleRequest, SampledEnding, SamplingParams};
+use super::sampler::{
+    acceptable_ending, normalise_ending, EndingSampler, SampleRequest, SampledEnding,
+    SamplingParams,
+};
 use super::{GenerateArgs, ImportPoolArgs};
 use crate::models::{sha256_file, DefaultModel};
 use crate::store::examples::Example;
@@ -59,7 +62,14 @@ fn stored(f: &EndingFeatures) -> EndingLmFeatures {
     }
 }
 
-fn new_pool(ex: &Example, generation_id: i64, requested: usize, endings: &[SampledEnding], f: &ContextFeatures, seconds: f64) -> NewPool {
+fn new_pool(
+    ex: &Example,
+    generation_id: i64,
+    requested: usize,
+    endings: &[SampledEnding],
+    f: &ContextFeatures,
+    seconds: f64,
+) -> NewPool {
     NewPool {
         example_id: ex.id,
         generation_id,
@@ -69,7 +79,11 @@ fn new_pool(ex: &Example, generation_id: i64, requested: usize, endings: &[Sampl
         n_tok_sent2: f.n_tok_sent2,
         seconds,
         gold: stored(&f.gold),
-        candidates: endings.iter().zip(&f.endings).map(|(e, f)| (e.text.clone(), stored(f))).collect(),
+        candidates: endings
+            .iter()
+            .zip(&f.endings)
+            .map(|(e, f)| (e.text.clone(), stored(f)))
+            .collect(),
     }
 }
 
@@ -147,7 +161,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             .with_context(|| format!("scoring endings of {}", ex.ext_id))?;
         let seconds = t0.elapsed().as_secs_f64();
         let tx = store.transaction()?;
-        pool::write_pool(&tx, &new_pool(ex, generation_id, args.n_neg, &sampled.endings, &features, seconds))?;
+        pool::write_pool(
+            &tx,
+            &new_pool(
+                ex,
+                generation_id,
+                args.n_neg,
+                &sampled.endings,
+                &features,
+                seconds,
+            ),
+        )?;
         tx.commit()?;
         summary.contexts += 1;
         summary.endings += sampled.endings.len();
@@ -195,22 +219,38 @@ struct ImportRecord {
 /// Reads and checks the whole file before anything is written: every line must parse and name
 /// a known example.
 fn read_import_file(store: &Store, path: &Path) -> Result<Vec<(i64, ImportRecord)>> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut records = Vec::new();
     let mut seen = HashSet::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("{}:{}: cannot read the line", path.display(), i + 1))?;
+        let line =
+            line.with_context(|| format!("{}:{}: cannot read the line", path.display(), i + 1))?;
         if line.trim().is_empty() {
             continue;
         }
         let rec: ImportRecord = serde_json::from_str(&line).with_context(|| {
-            format!("{}:{}: expected {{\"id\": string, \"endings\": [string, ...]}}", path.display(), i + 1)
+            format!(
+                "{}:{}: expected {{\"id\": string, \"endings\": [string, ...]}}",
+                path.display(),
+                i + 1
+            )
         })?;
         let Some(example_id) = store.example_id_by_ext_id(&rec.id)? else {
-            bail!("{}:{}: no example with id {:?} in the project", path.display(), i + 1, rec.id);
+            bail!(
+                "{}:{}: no example with id {:?} in the project",
+                path.display(),
+                i + 1,
+                rec.id
+            );
         };
         if !seen.insert(example_id) {
-            bail!("{}:{}: id {:?} appears twice", path.display(), i + 1, rec.id);
+            bail!(
+                "{}:{}: id {:?} appears twice",
+                path.display(),
+                i + 1,
+                rec.id
+            );
         }
         records.push((example_id, rec));
     }
@@ -259,7 +299,14 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
         let tx = store.transaction()?;
         endings += pool::write_pool(
             &tx,
-            &new_pool(&ex, generation_id, rec.endings.len(), &kept, &features, t0.elapsed().as_secs_f64()),
+            &new_pool(
+                &ex,
+                generation_id,
+                rec.endings.len(),
+                &kept,
+                &features,
+                t0.elapsed().as_secs_f64(),
+            ),
         )?;
         tx.commit()?;
         imported += 1;

@@ -90,16 +90,24 @@ impl LlamaConfig {
             n_head,
             n_kv_head: u("attention.head_count_kv").unwrap_or(n_head),
             d_ff: u("feed_forward_length")?,
-            rope_theta: get("rope.freq_base").and_then(|v| Ok(v.to_f32()?)).unwrap_or(10_000.0),
+            rope_theta: get("rope.freq_base")
+                .and_then(|v| Ok(v.to_f32()?))
+                .unwrap_or(10_000.0),
             rms_eps: get("attention.layer_norm_rms_epsilon")?.to_f32()?,
         };
         if let Ok(rope_dim) = u("rope.dimension_count") {
             if rope_dim != cfg.head_dim() {
-                bail!("partial rotary embeddings ({rope_dim} of {} dims) are not supported", cfg.head_dim());
+                bail!(
+                    "partial rotary embeddings ({rope_dim} of {} dims) are not supported",
+                    cfg.head_dim()
+                );
             }
         }
         if n_head % cfg.n_kv_head != 0 {
-            bail!("{n_head} query heads cannot share {} key/value heads", cfg.n_kv_head);
+            bail!(
+                "{n_head} query heads cannot share {} key/value heads",
+                cfg.n_kv_head
+            );
         }
         Ok(cfg)
     }
@@ -231,7 +239,10 @@ impl Llama {
             bail!("cannot run the model on an empty token sequence");
         }
         if ids.len() >= MAX_POSITIONS {
-            bail!("sequence of {} tokens is longer than {MAX_POSITIONS}", ids.len());
+            bail!(
+                "sequence of {} tokens is longer than {MAX_POSITIONS}",
+                ids.len()
+            );
         }
         let input = Tensor::new(ids, &Device::Cpu)?.reshape((1, ids.len()))?;
         let mut cache = RowCache::default();
@@ -296,7 +307,8 @@ impl Llama {
             x = (x + (silu(&gate)? * up)?.matmul(&block.w_down)?)?;
         }
         cache.len += steps;
-        rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?.reshape((rows, steps, self.cfg.d_model))
+        rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
+            .reshape((rows, steps, self.cfg.d_model))
             .map_err(Into::into)
     }
 
@@ -365,10 +377,10 @@ impl Llama {
             Some((pk, pv)) => {
                 let plen = pk.dim(1)?;
                 // All rows' queries against the shared prefix in one GEMM per key/value head.
-                let q_shared = q
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .reshape((nkv, rows * group * steps, hd))?;
+                let q_shared =
+                    q.transpose(0, 1)?
+                        .contiguous()?
+                        .reshape((nkv, rows * group * steps, hd))?;
                 let shared = q_shared
                     .matmul(&pk.t()?)?
                     .reshape((nkv, rows, group * steps, plen))?
@@ -432,7 +444,11 @@ impl Llama {
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
         let mut out: Vec<Vec<f32>> = seqs
             .iter()
-            .map(|s| s.first().map(|&t| vec![prefix.next_logprobs[t as usize]]).unwrap_or_default())
+            .map(|s| {
+                s.first()
+                    .map(|&t| vec![prefix.next_logprobs[t as usize]])
+                    .unwrap_or_default()
+            })
             .collect();
         if longest < 2 {
             return Ok(out);

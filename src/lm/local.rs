@@ -85,7 +85,12 @@ impl LocalLm {
     }
 
     /// Decodes `rows` sequences after `prefix` together until each stops.
-    pub fn decode_batch(&self, prefix: &Prefix, rows: usize, rng: &mut ChaCha8Rng) -> Result<Vec<DecodedRow>> {
+    pub fn decode_batch(
+        &self,
+        prefix: &Prefix,
+        rows: usize,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<DecodedRow>> {
         let tok = &self.model.tokenizer;
         let vocab = self.model.llama.cfg.vocab;
         let mut out: Vec<DecodedRow> = (0..rows)
@@ -106,7 +111,9 @@ impl LocalLm {
             let drawn: Vec<(u32, f32)> = logits
                 .par_chunks(vocab)
                 .zip(uniforms.par_iter())
-                .map_init(Vec::new, |scratch, (row_logits, &u)| sample_token(row_logits, u, params, scratch))
+                .map_init(Vec::new, |scratch, (row_logits, &u)| {
+                    sample_token(row_logits, u, params, scratch)
+                })
                 .collect();
             let mut still = Vec::with_capacity(active.len());
             let mut kept_positions = Vec::with_capacity(active.len());
@@ -135,7 +142,10 @@ impl LocalLm {
                 cache.select_rows(&kept_positions)?;
             }
             active = still;
-            let last: Vec<u32> = active.iter().map(|&r| *out[r].tokens.last().expect("a token")).collect();
+            let last: Vec<u32> = active
+                .iter()
+                .map(|&r| *out[r].tokens.last().expect("a token"))
+                .collect();
             let input = Tensor::from_vec(last, (active.len(), 1), &Device::Cpu)?;
             let hidden = self.model.llama.forward(&input, Some(prefix), &mut cache)?;
             let hidden = hidden.reshape((active.len(), self.model.llama.cfg.d_model))?;
@@ -158,7 +168,11 @@ impl EndingSampler for LocalLm {
     fn sample(&self, request: &SampleRequest) -> Result<SampledPool> {
         let prompt = self.prefix(&request.prompt)?;
         let mut rng = ChaCha8Rng::seed_from_u64(request.seed);
-        let mut seen: HashSet<String> = request.exclude.iter().map(|e| normalise_ending(e)).collect();
+        let mut seen: HashSet<String> = request
+            .exclude
+            .iter()
+            .map(|e| normalise_ending(e))
+            .collect();
         let mut pool = SampledPool::default();
         let max_draws = request.n * self.params.max_draws_per_ending.max(1);
         while pool.endings.len() < request.n && pool.draws < max_draws {

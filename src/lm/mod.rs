@@ -8,9 +8,9 @@ pub mod local;
 pub mod model;
 pub mod prompt;
 pub mod sampler;
-pub mod tokenizer;
 #[cfg(test)]
 mod tests;
+pub mod tokenizer;
 
 use std::path::PathBuf;
 

@@ -114,17 +114,23 @@ pub fn write_random_gguf(path: &Path, cfg: &LlamaConfig, seed: u64) -> Result<()
         ("llama.embedding_length", Value::U32(cfg.d_model as u32)),
         ("llama.feed_forward_length", Value::U32(cfg.d_ff as u32)),
         ("llama.attention.head_count", Value::U32(cfg.n_head as u32)),
-        ("llama.attention.head_count_kv", Value::U32(cfg.n_kv_head as u32)),
+        (
+            "llama.attention.head_count_kv",
+            Value::U32(cfg.n_kv_head as u32),
+        ),
         ("llama.rope.freq_base", Value::F32(cfg.rope_theta)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(cfg.rms_eps)),
-        ("llama.rope.dimension_count", Value::U32(cfg.head_dim() as u32)),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            Value::F32(cfg.rms_eps),
+        ),
+        (
+            "llama.rope.dimension_count",
+            Value::U32(cfg.head_dim() as u32),
+        ),
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.pre", Value::String("smollm".into())),
         ("tokenizer.ggml.tokens", strings(&tokens)),
-        (
-            "tokenizer.ggml.merges",
-            strings(&merges),
-        ),
+        ("tokenizer.ggml.merges", strings(&merges)),
         ("tokenizer.ggml.bos_token_id", Value::U32(n - 2)),
         ("tokenizer.ggml.eos_token_id", Value::U32(n - 1)),
     ];
@@ -138,7 +144,12 @@ pub fn write_random_gguf(path: &Path, cfg: &LlamaConfig, seed: u64) -> Result<()
         let t = Tensor::from_vec(values, (rows, cols), &dev)?;
         Ok(QTensor::quantize(&t, GgmlDType::F32)?)
     };
-    let ones = || -> Result<QTensor> { Ok(QTensor::quantize(&Tensor::ones(d, candle_core::DType::F32, &dev)?, GgmlDType::F32)?) };
+    let ones = || -> Result<QTensor> {
+        Ok(QTensor::quantize(
+            &Tensor::ones(d, candle_core::DType::F32, &dev)?,
+            GgmlDType::F32,
+        )?)
+    };
     let mut tensors: Vec<(String, QTensor)> = vec![
         ("token_embd.weight".into(), mat(cfg.vocab, d, 1.5)?),
         ("output_norm.weight".into(), ones()?),

@@ -102,7 +102,12 @@ pub fn acceptable_ending(text: &str, max_words: usize) -> bool {
 /// Draws one token from `logits` with the uniform variate `u` ∈ [0, 1). Returns the token and its
 /// log-probability under the *untruncated, temperature-1* distribution — the LM feature, whatever
 /// the sampler's settings. `scratch` is reused between calls to avoid allocation.
-pub fn sample_token(logits: &[f32], u: f64, params: &SamplingParams, scratch: &mut Vec<f32>) -> (u32, f32) {
+pub fn sample_token(
+    logits: &[f32],
+    u: f64,
+    params: &SamplingParams,
+    scratch: &mut Vec<f32>,
+) -> (u32, f32) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let plain = params.temperature == 1.0 && !params.truncates();
     scratch.clear();
@@ -120,7 +125,10 @@ pub fn sample_token(logits: &[f32], u: f64, params: &SamplingParams, scratch: &m
     // Weights at the chosen temperature, relative to the most probable token (weight 1).
     scratch.extend(logits.iter().map(|&l| ((l - max) * inv_t).exp()));
     if let Some(min_p) = params.min_p {
-        scratch.iter_mut().filter(|w| **w < min_p).for_each(|w| *w = 0.0);
+        scratch
+            .iter_mut()
+            .filter(|w| **w < min_p)
+            .for_each(|w| *w = 0.0);
     }
     if let Some(k) = params.top_k.filter(|&k| k > 0 && k < scratch.len()) {
         let mut sorted = scratch.clone();
@@ -136,7 +144,9 @@ pub fn sample_token(logits: &[f32], u: f64, params: &SamplingParams, scratch: &m
         }
     }
     if let Some(p) = params.top_p.filter(|&p| p < 1.0) {
-        let mut order: Vec<u32> = (0..scratch.len() as u32).filter(|&i| scratch[i as usize] > 0.0).collect();
+        let mut order: Vec<u32> = (0..scratch.len() as u32)
+            .filter(|&i| scratch[i as usize] > 0.0)
+            .collect();
         order.sort_unstable_by(|&a, &b| scratch[b as usize].total_cmp(&scratch[a as usize]));
         let total: f64 = order.iter().map(|&i| scratch[i as usize] as f64).sum();
         let mut cumulative = 0f64;
@@ -203,7 +213,11 @@ mod tests {
     fn reported_logprob_is_the_untruncated_model_logprob() {
         let logits = [0.5f32, 3.0, 1.0];
         let z: f32 = logits.iter().map(|l| l.exp()).sum();
-        let params = SamplingParams { top_k: Some(1), temperature: 0.5, ..Default::default() };
+        let params = SamplingParams {
+            top_k: Some(1),
+            temperature: 0.5,
+            ..Default::default()
+        };
         let (t, lp) = sample_token(&logits, 0.3, &params, &mut Vec::new());
         assert_eq!(t, 1);
         assert!((lp - (3.0f32.exp() / z).ln()).abs() < 1e-5);
@@ -212,26 +226,47 @@ mod tests {
     #[test]
     fn truncation_knobs_remove_the_tail() {
         let logits = [0.0f32, 2.0, 1.9, -3.0, -4.0];
-        let top_k = SamplingParams { top_k: Some(2), ..Default::default() };
+        let top_k = SamplingParams {
+            top_k: Some(2),
+            ..Default::default()
+        };
         let freq = histogram(&logits, &top_k, 5_000);
         assert_eq!(freq[0] + freq[3] + freq[4], 0.0);
-        let min_p = SamplingParams { min_p: Some(0.5), ..Default::default() };
+        let min_p = SamplingParams {
+            min_p: Some(0.5),
+            ..Default::default()
+        };
         let freq = histogram(&logits, &min_p, 5_000);
         assert_eq!(freq[0] + freq[3] + freq[4], 0.0);
-        let top_p = SamplingParams { top_p: Some(0.4), ..Default::default() };
+        let top_p = SamplingParams {
+            top_p: Some(0.4),
+            ..Default::default()
+        };
         let freq = histogram(&logits, &top_p, 5_000);
         assert!(freq[1] > 0.999, "{freq:?}");
-        let cold = SamplingParams { temperature: 0.05, ..Default::default() };
+        let cold = SamplingParams {
+            temperature: 0.05,
+            ..Default::default()
+        };
         assert!(histogram(&logits, &cold, 2_000)[1] > 0.85);
     }
 
     #[test]
     fn endings_are_normalised_and_filtered() {
-        assert_eq!(normalise_ending("  dances \n around\tthe room. "), "dances around the room.");
+        assert_eq!(
+            normalise_ending("  dances \n around\tthe room. "),
+            "dances around the room."
+        );
         assert!(acceptable_ending("dances around the room.", 25));
         assert!(!acceptable_ending("dances around the", 25));
         assert!(!acceptable_ending("", 25));
-        assert!(!acceptable_ending(&format!("{}.", vec!["w"; 30].join(" ")), 25));
-        assert!(acceptable_ending(&format!("{}.", vec!["w"; 25].join(" ")), 25));
+        assert!(!acceptable_ending(
+            &format!("{}.", vec!["w"; 30].join(" ")),
+            25
+        ));
+        assert!(acceptable_ending(
+            &format!("{}.", vec!["w"; 25].join(" ")),
+            25
+        ));
     }
 }

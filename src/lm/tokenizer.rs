@@ -19,8 +19,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{SplitDelimiterBehavior, Tokenizer};
 
 /// GPT-2's split: contractions, letters, numbers, other symbols, whitespace.
-const GPT2_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// Llama 3's split (numbers in groups of up to three digits).
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen 2's split (single digits).
@@ -70,7 +69,11 @@ fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
         .to_vec()
         .with_context(|| format!("`{key}` is not an array"))?
         .iter()
-        .map(|v| Ok(v.to_string().with_context(|| format!("`{key}` holds a non-string"))?.clone()))
+        .map(|v| {
+            Ok(v.to_string()
+                .with_context(|| format!("`{key}` holds a non-string"))?
+                .clone())
+        })
         .collect()
 }
 
@@ -144,9 +147,15 @@ impl GgufTokenizer {
         .iter()
         .filter_map(|k| meta_u32(content, k))
         .chain(
-            ["<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"]
-                .iter()
-                .filter_map(|t| by_text.get(t).copied()),
+            [
+                "<|endoftext|>",
+                "<|im_end|>",
+                "<|eot_id|>",
+                "<|end_of_text|>",
+                "</s>",
+            ]
+            .iter()
+            .filter_map(|t| by_text.get(t).copied()),
         )
         .collect();
         end_of_generation.sort_unstable();

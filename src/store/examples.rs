@@ -177,7 +177,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::create(&dir.path().join("p.sqlite")).unwrap();
         let src = upsert_source(store.conn(), "a.json", "jsonl", "abc", "{}").unwrap();
-        assert_eq!(upsert_source(store.conn(), "b.json", "jsonl", "abc", "{}").unwrap(), src);
+        assert_eq!(
+            upsert_source(store.conn(), "b.json", "jsonl", "abc", "{}").unwrap(),
+            src
+        );
         assert!(insert_example(store.conn(), src, &example("x#1")).unwrap());
         assert!(!insert_example(store.conn(), src, &example("x#1")).unwrap());
         insert_dropped(store.conn(), src, "x#2", "short_context").unwrap();

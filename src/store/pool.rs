@@ -62,7 +62,14 @@ pub fn find_or_insert_generation(conn: &Connection, g: &NewGeneration) -> Result
         .query_row(
             "SELECT id FROM generations WHERE backend = ?1 AND model = ?2 AND model_sha256 IS ?3
                AND prompt = ?4 AND params = ?5 AND seed = ?6 ORDER BY id DESC LIMIT 1",
-            params![g.backend, g.model, g.model_sha256, g.prompt, g.params_json, seed],
+            params![
+                g.backend,
+                g.model,
+                g.model_sha256,
+                g.prompt,
+                g.params_json,
+                seed
+            ],
             |r| r.get(0),
         )
         .optional()?;
@@ -72,7 +79,15 @@ pub fn find_or_insert_generation(conn: &Connection, g: &NewGeneration) -> Result
     conn.execute(
         "INSERT INTO generations(backend, model, model_sha256, prompt, params, seed, started_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![g.backend, g.model, g.model_sha256, g.prompt, g.params_json, seed, now()],
+        params![
+            g.backend,
+            g.model,
+            g.model_sha256,
+            g.prompt,
+            g.params_json,
+            seed,
+            now()
+        ],
     )?;
     Ok(conn.last_insert_rowid())
 }
@@ -130,7 +145,10 @@ pub fn write_pool(conn: &Connection, pool: &NewPool) -> Result<usize> {
     Ok(produced)
 }
 
-fn features_from_row(r: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Option<EndingLmFeatures>> {
+fn features_from_row(
+    r: &rusqlite::Row<'_>,
+    first: usize,
+) -> rusqlite::Result<Option<EndingLmFeatures>> {
     let lp_cond: Option<f64> = r.get(first)?;
     Ok(match lp_cond {
         None => None,
@@ -164,7 +182,9 @@ impl Store {
     pub fn example_id_by_ext_id(&self, ext_id: &str) -> Result<Option<i64>> {
         Ok(self
             .conn()
-            .query_row("SELECT id FROM examples WHERE ext_id = ?1", [ext_id], |r| r.get(0))
+            .query_row("SELECT id FROM examples WHERE ext_id = ?1", [ext_id], |r| {
+                r.get(0)
+            })
             .optional()?)
     }
 
@@ -257,7 +277,10 @@ mod tests {
             n_tok_sent2: 1,
             seconds: 0.1,
             gold: features(-2.0),
-            candidates: vec![("runs away.".into(), features(-3.0)), ("jumps.".into(), features(-4.0))],
+            candidates: vec![
+                ("runs away.".into(), features(-3.0)),
+                ("jumps.".into(), features(-4.0)),
+            ],
         };
         let tx = store.transaction().unwrap();
         assert_eq!(write_pool(&tx, &pool).unwrap(), 2);
@@ -269,9 +292,19 @@ mod tests {
         assert!(endings[0].is_gold);
         assert_eq!(endings[0].features, Some(features(-2.0)));
         assert_eq!(endings[2].features, Some(features(-4.0)));
-        assert_eq!(store.pool_context_features(todo[0].id).unwrap(), Some((-3.0, 4, 1)));
+        assert_eq!(
+            store.pool_context_features(todo[0].id).unwrap(),
+            Some((-3.0, 4, 1))
+        );
         assert!(store.has_pool(todo[0].id).unwrap());
         let status = store.status().unwrap();
-        assert_eq!((status.contexts_with_pool, status.candidates, status.pool_shortfalls), (1, 2, 1));
+        assert_eq!(
+            (
+                status.contexts_with_pool,
+                status.candidates,
+                status.pool_shortfalls
+            ),
+            (1, 2, 1)
+        );
     }
 }
