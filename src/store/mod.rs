@@ -10,6 +10,7 @@
 //! several annotators (processes) can share one file.
 
 pub mod examples;
+pub mod pool;
 pub mod status;
 
 use std::path::{Path, PathBuf};
