@@ -69,7 +69,14 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
     .unwrap();
     let generation = tx.last_insert_rowid();
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
-    let subjects = ["The man", "A woman", "Then, the boy", "The girl", "He", "She"];
+    let subjects = [
+        "The man",
+        "A woman",
+        "Then, the boy",
+        "The girl",
+        "He",
+        "She",
+    ];
     for i in 0..spec.contexts {
         let gold = plain_ending(&mut rng);
         let ex = NewExample {
@@ -82,7 +89,11 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
         };
         assert!(insert_example(&tx, src, &ex).unwrap());
         let example_id: i64 = tx
-            .query_row("SELECT id FROM examples WHERE ext_id = ?1", [&ex.ext_id], |r| r.get(0))
+            .query_row(
+                "SELECT id FROM examples WHERE ext_id = ?1",
+                [&ex.ext_id],
+                |r| r.get(0),
+            )
             .unwrap();
         let mut texts = BTreeSet::new();
         texts.insert(gold.clone());
@@ -255,11 +266,23 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     ]));
     let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     let iterations = value["iterations"].as_array().unwrap();
-    assert_eq!(value.as_object().unwrap().len(), 1, "exactly SPEC §8's object");
+    assert_eq!(
+        value.as_object().unwrap().len(),
+        1,
+        "exactly SPEC §8's object"
+    );
     let first = &iterations[0];
     assert_eq!(first["phase"], "mlp");
-    assert!(first["accuracy"]["cnn"].is_null(), "MLP-only iterations train no text model");
-    let keys: BTreeSet<&str> = first.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    assert!(
+        first["accuracy"]["cnn"].is_null(),
+        "MLP-only iterations train no text model"
+    );
+    let keys: BTreeSet<&str> = first
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
     assert_eq!(
         keys,
         BTreeSet::from(["iteration", "phase", "swaps", "seconds", "accuracy"])
@@ -292,7 +315,10 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     );
     // Initially 10 of 16 candidates carry the tell (62.5%); AF swaps them out.
     let tell = tell_fraction(&project);
-    assert!(tell < 0.3, "assigned negatives still carrying the tell: {tell}");
+    assert!(
+        tell < 0.3,
+        "assigned negatives still carrying the tell: {tell}"
+    );
     // Every context has a fold and a score for its gold and each of its 16 pool endings.
     assert_eq!(state.folds.len(), spec.contexts);
     assert_eq!(state.scores.len(), spec.contexts * (spec.candidates + 1));
@@ -368,7 +394,8 @@ fn killed_run_resumes_to_the_same_final_state() {
     assert!(out.contains("nothing to do"), "{out}");
     // Other settings cannot silently continue an unfinished run.
     let conn = Connection::open(&project).unwrap();
-    conn.execute("UPDATE af_runs SET finished_at = NULL", []).unwrap();
+    conn.execute("UPDATE af_runs SET finished_at = NULL", [])
+        .unwrap();
     let out = afkit()
         .args(filter_args(&project, &["--k", "4", "--seed", "10"]))
         .output()
@@ -423,6 +450,7 @@ proptest! {
                 ORDER BY e.id LIMIT ?1)",
             [(candidates.max(k) - k + 1) as i64],
         ).unwrap();
+        drop(conn); // checkpoints the WAL, so the copy below holds the deletion
         let copy = dir.path().join("b.sqlite");
         std::fs::copy(&project, &copy).unwrap();
         filter_in_process(&project, k, seed);
@@ -430,6 +458,7 @@ proptest! {
 
         let state = run_state(&project);
         prop_assert!(state.finished);
+        let conn = Connection::open(&project).unwrap();
         let mut pools: BTreeMap<i64, (i64, BTreeSet<i64>)> = BTreeMap::new();
         let mut stmt = conn.prepare("SELECT example_id, id, is_gold FROM endings").unwrap();
         let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))).unwrap();

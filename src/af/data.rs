@@ -100,7 +100,11 @@ impl Dataset {
         let endings: Vec<(usize, &PoolEnding)> = pool
             .iter()
             .enumerate()
-            .flat_map(|(i, c)| std::iter::once(&c.gold).chain(&c.candidates).map(move |e| (i, e)))
+            .flat_map(|(i, c)| {
+                std::iter::once(&c.gold)
+                    .chain(&c.candidates)
+                    .map(move |e| (i, e))
+            })
             .collect();
         // Tokens and tags of each option's full second sentence; tagging sees the whole sentence.
         let tagger = crate::text::Tagger::shipped();
@@ -171,7 +175,12 @@ impl Dataset {
                 lstm: tokens
                     .iter()
                     .zip(tags)
-                    .map(|(t, tag)| lstm_ids.get(t.as_str()).copied().unwrap_or_else(|| tag_id(*tag)))
+                    .map(|(t, tag)| {
+                        lstm_ids
+                            .get(t.as_str())
+                            .copied()
+                            .unwrap_or_else(|| tag_id(*tag))
+                    })
                     .collect(),
             };
             let context = &mut contexts[*ctx];

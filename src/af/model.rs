@@ -4,7 +4,9 @@
 //! - [`MlpModel`]: LM features and lengths → two ReLU layers.
 //! - [`BowModel`]: the mean of trainable word embeddings.
 //! - [`CnnModel`]: one convolution layer per filter width (2, 3, 4, 5) over word embedding ⊕
-//!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time.
+//!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time. The convolution is
+//!   written as windows → linear layer (im2col), because candle's CPU conv1d backward pass goes
+//!   through a naive transposed convolution that dominated training time.
 //! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled.
 //! - The ensemble: the four representations concatenated into a one-hidden-layer MLP.
 //!
@@ -12,9 +14,9 @@
 //! their softmax cross-entropy losses, as SWAG's reference code does), so each head's accuracy can
 //! be reported on its own. In MLP-only iterations only the MLP and its head exist.
 
-use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::rnn::{Direction, LSTMConfig, RNN};
-use candle_nn::{conv1d, embedding, linear, lstm, Conv1d, Conv1dConfig, Embedding, Linear, VarBuilder};
+use candle_nn::{embedding, linear, lstm, Embedding, Linear, VarBuilder};
 use serde::Serialize;
 
 use super::data::LM_FEATURES;
@@ -90,7 +92,7 @@ pub struct TextBatch {
     pub mask: Tensor,
     /// (rows, 1) number of real tokens.
     pub lengths: Tensor,
-    /// Per CNN width: (rows, 1, len - width + 1) 1.0 where the window starts on a real token.
+    /// Per CNN width: (rows, len - width + 1, 1) 1.0 where the window starts on a real token.
     pub conv_masks: Vec<Tensor>,
 }
 
@@ -150,7 +152,11 @@ impl BowModel {
     }
 
     fn forward(&self, text: &TextBatch) -> Result<Tensor> {
-        let summed = self.embed.forward(&text.words)?.broadcast_mul(&text.mask)?.sum(1)?;
+        let summed = self
+            .embed
+            .forward(&text.words)?
+            .broadcast_mul(&text.mask)?
+            .sum(1)?;
         summed.broadcast_div(&text.lengths)
     }
 }
@@ -158,7 +164,8 @@ impl BowModel {
 pub struct CnnModel {
     embed: Embedding,
     indicator: Embedding,
-    convs: Vec<Conv1d>,
+    /// Per width w: a linear map of the w concatenated token vectors of a window to the filters.
+    convs: Vec<Linear>,
 }
 
 impl CnnModel {
@@ -166,15 +173,7 @@ impl CnnModel {
         let channels = cfg.word_dim + cfg.indicator_dim;
         let convs = CNN_WIDTHS
             .iter()
-            .map(|w| {
-                conv1d(
-                    channels,
-                    cfg.cnn_filters,
-                    *w,
-                    Conv1dConfig::default(),
-                    vb.pp(format!("conv{w}")),
-                )
-            })
+            .map(|w| linear(w * channels, cfg.cnn_filters, vb.pp(format!("conv{w}"))))
             .collect::<Result<_>>()?;
         Ok(CnnModel {
             embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
@@ -191,16 +190,19 @@ impl CnnModel {
             ],
             2,
         )?;
-        // (rows, len, channels) → (rows, channels, len), the layout conv1d expects.
-        let xs = xs.transpose(1, 2)?.contiguous()?;
-        let pooled = self
-            .convs
+        let len = xs.dim(1)?;
+        let pooled = CNN_WIDTHS
             .iter()
+            .zip(&self.convs)
             .zip(&text.conv_masks)
-            .map(|(conv, mask)| {
-                let features = conv.forward(&xs)?.relu()?;
-                let penalty = ((mask - 1.0)? * -MASKED)?;
-                features.broadcast_add(&penalty)?.max(D::Minus1)
+            .map(|((w, conv), mask)| {
+                // (rows, windows, w·channels): window t holds tokens t..t+w side by side.
+                let windows = len - w + 1;
+                let shifted = (0..*w)
+                    .map(|i| xs.narrow(1, i, windows))
+                    .collect::<Result<Vec<_>>>()?;
+                let features = conv.forward(&Tensor::cat(&shifted, 2)?)?.relu()?;
+                masked_max_over_time(&features, mask)
             })
             .collect::<Result<Vec<_>>>()?;
         Tensor::cat(&pooled, 1)
@@ -410,7 +412,7 @@ pub fn make_batch(
         conv_masks: CNN_WIDTHS
             .iter()
             .zip(conv_masks)
-            .map(|(w, m)| Tensor::from_vec(m, (rows, 1, len - w + 1), device))
+            .map(|(w, m)| Tensor::from_vec(m, (rows, len - w + 1, 1), device))
             .collect::<Result<_>>()?,
     };
     Ok(Batch {

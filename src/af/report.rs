@@ -124,7 +124,11 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         let label_style = TextStyle::from((font, 16).into_font()).color(&RGBColor(90, 90, 90));
         chart
             .draw_series([
-                Text::new("MLP only".to_string(), (0.0, y_max * 0.97), label_style.clone()),
+                Text::new(
+                    "MLP only".to_string(),
+                    (0.0, y_max * 0.97),
+                    label_style.clone(),
+                ),
                 Text::new(
                     "ensemble".to_string(),
                     (boundary + 0.3, y_max * 0.97),
@@ -187,11 +191,10 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
         "![accuracy by iteration](af_accuracy.png)\n\nStarted {}; {}. k = {} negatives per \
          context, chance = {chance:.3}, seed {}.\n",
         run.started_at,
-        run.finished_at
-            .as_ref()
-            .map_or("not finished (the final cross-fitted pass is not stored yet)".to_string(), |f| {
-                format!("finished {f}")
-            }),
+        run.finished_at.as_ref().map_or(
+            "not finished (the final cross-fitted pass is not stored yet)".to_string(),
+            |f| { format!("finished {f}") }
+        ),
         run.k,
         run.seed
     )?;
@@ -238,9 +241,7 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
                 (0..5)
                     .filter_map(|m| {
                         let (a, b) = (head(&first.accuracy, m), head(&last.accuracy, m));
-                        a.map(|_| {
-                            format!("{} {} → {}", MODELS[m].0, fmt_acc(a), fmt_acc(b))
-                        })
+                        a.map(|_| format!("{} {} → {}", MODELS[m].0, fmt_acc(a), fmt_acc(b)))
                     })
                     .collect::<Vec<_>>()
                     .join("; ")
@@ -299,6 +300,10 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
     }
     writeln!(md, "\n## Parameters\n")?;
     let params: serde_json::Value = serde_json::from_str(&run.params)?;
-    writeln!(md, "```json\n{}\n```", serde_json::to_string_pretty(&params)?)?;
+    writeln!(
+        md,
+        "```json\n{}\n```",
+        serde_json::to_string_pretty(&params)?
+    )?;
     Ok(md)
 }

@@ -225,7 +225,10 @@ fn resolve_run(
                     );
                 }
                 let done = store.af_iterations(run.id)?.len();
-                println!("resuming AF run {} after {done} finished iterations", run.id);
+                println!(
+                    "resuming AF run {} after {done} finished iterations",
+                    run.id
+                );
                 return Ok(Some(run));
             }
             (None, false, false) => bail!(
@@ -366,7 +369,8 @@ pub fn run_iteration(
             .filter(|(_, e)| !assigned.contains(&e.ending_id))
             .map(|(i, e)| (e.ending_id, decisive[i + 1]))
             .collect();
-        for (slot, new_ending_id) in choose_swaps(decisive[0], &assigned_scores, &unassigned, params.n_easy)
+        for (slot, new_ending_id) in
+            choose_swaps(decisive[0], &assigned_scores, &unassigned, params.n_easy)
         {
             swaps.push(Swap {
                 example_id: h.context.example_id,

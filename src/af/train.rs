@@ -125,7 +125,12 @@ pub fn train(
             let n_options = choices[batch_ids[0]].options.len();
             let rows: Vec<(&EncodedEnding, usize)> = batch_ids
                 .iter()
-                .flat_map(|&i| choices[i].options.iter().map(move |e| (*e, choices[i].n_sent2)))
+                .flat_map(|&i| {
+                    choices[i]
+                        .options
+                        .iter()
+                        .map(move |e| (*e, choices[i].n_sent2))
+                })
                 .collect();
             let batch = make_batch(&rows, with_text, &device)?;
             let scores = model.forward(&batch)?;

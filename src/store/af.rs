@@ -242,9 +242,9 @@ impl Store {
 
     /// For each assigned ending of a run: the iteration that brought it in (-1 = initial draw).
     pub fn af_assignment_origins(&self, run_id: i64) -> Result<BTreeMap<i64, i64>> {
-        let mut stmt = self.conn().prepare(
-            "SELECT ending_id, since_iteration FROM af_assignments WHERE run_id = ?1",
-        )?;
+        let mut stmt = self
+            .conn()
+            .prepare("SELECT ending_id, since_iteration FROM af_assignments WHERE run_id = ?1")?;
         let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -382,8 +382,8 @@ impl Store {
             for (example_id, fold) in folds {
                 fold_stmt.execute(params![run_id, example_id, *fold as i64])?;
             }
-            let mut score_stmt = tx
-                .prepare("INSERT INTO af_scores(run_id, ending_id, score) VALUES (?1, ?2, ?3)")?;
+            let mut score_stmt =
+                tx.prepare("INSERT INTO af_scores(run_id, ending_id, score) VALUES (?1, ?2, ?3)")?;
             for (ending_id, score) in scores {
                 score_stmt.execute(params![run_id, ending_id, *score as f64])?;
             }
@@ -410,9 +410,7 @@ impl Store {
         let mut stmt = self
             .conn()
             .prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
-        let rows = stmt.query_map([run_id], |r| {
-            Ok((r.get(0)?, r.get::<_, i64>(1)? as usize))
-        })?;
+        let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as usize)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 }
