@@ -179,7 +179,7 @@ impl Dataset {
                         lstm_ids
                             .get(t.as_str())
                             .copied()
-                            .unwrap_or_else(|| tag_id(*tag))
+                            .unwrap_or_else(|| tag_id(tag))
                     })
                     .collect(),
             };

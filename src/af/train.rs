@@ -117,7 +117,7 @@ pub fn train(
         Family::Ensemble => cfg.ensemble_epochs,
     };
     let with_text = family == Family::Ensemble;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0f_ba7c4);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x05ee_d0fb_a7c4);
     let mut order: Vec<usize> = (0..choices.len()).collect();
     for _ in 0..epochs {
         order.shuffle(&mut rng);
