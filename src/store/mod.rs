@@ -9,6 +9,7 @@
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy timeout so that
 //! several annotators (processes) can share one file.
 
+pub mod af;
 pub mod examples;
 pub mod pool;
 pub mod status;

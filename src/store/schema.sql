@@ -89,8 +89,10 @@ CREATE TABLE af_runs (
     seed        INTEGER NOT NULL,
     params      TEXT NOT NULL,           -- JSON: every hyper-parameter of the run
     started_at  TEXT NOT NULL,
+    pool_fingerprint TEXT NOT NULL,      -- SHA-256 over the (context, ending) ids of the pools it filtered
     finished_at TEXT,                    -- set when the final cross-fitted pass is stored
-    status      TEXT NOT NULL            -- running | done
+    final_accuracy TEXT,                 -- JSON {mlp, bow, cnn, lstm, ensemble}: cross-fitted accuracy of the final pass
+    status      TEXT NOT NULL            -- running | done | abandoned (replaced by a --new-run)
 );
 
 CREATE TABLE af_iterations (
@@ -132,7 +134,9 @@ CREATE TABLE af_swaps (
 );
 CREATE INDEX af_swaps_run ON af_swaps(run_id, iteration);
 
--- Final cross-fitted pass: the fold each context was scored in and each ending's ensemble score.
+-- Final cross-fitted pass: the fold each context was scored in (the ensemble that scored it was
+-- trained on the other folds) and the ensemble score of the context's gold ending and of EVERY
+-- pool ending, assigned or not (comparable within a context only; higher = harder).
 CREATE TABLE af_folds (
     run_id     INTEGER NOT NULL REFERENCES af_runs(id) ON DELETE CASCADE,
     example_id INTEGER NOT NULL REFERENCES examples(id) ON DELETE CASCADE,
