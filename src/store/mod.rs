@@ -9,7 +9,9 @@
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy timeout so that
 //! several annotators (processes) can share one file.
 
+pub mod annotate;
 pub mod examples;
+pub mod fixture;
 pub mod status;
 
 use std::path::{Path, PathBuf};
