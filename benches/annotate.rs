@@ -30,7 +30,10 @@ struct Run {
 }
 
 fn tmux_available() -> bool {
-    Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success())
+    Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn run(dir: &Path, processes: usize, items: usize, tmux: bool) -> Run {
@@ -58,7 +61,16 @@ fn run(dir: &Path, processes: usize, items: usize, tmux: bool) -> Run {
             let status = Command::new("tmux")
                 .arg("-S")
                 .arg(&socket)
-                .args(["new-session", "-d", "-s", &format!("a{i}"), "-x", "80", "-y", "24"])
+                .args([
+                    "new-session",
+                    "-d",
+                    "-s",
+                    &format!("a{i}"),
+                    "-x",
+                    "80",
+                    "-y",
+                    "24",
+                ])
                 .arg(format!("exec {}", command(i)))
                 .status()
                 .unwrap();
@@ -141,7 +153,11 @@ fn main() {
     let mut runs = Vec::new();
     for processes in [1, 8] {
         let r = run(dir.path(), processes, items, tmux);
-        assert_eq!(r.submissions as usize, processes * items, "a label was lost");
+        assert_eq!(
+            r.submissions as usize,
+            processes * items,
+            "a label was lost"
+        );
         assert_eq!(r.commit.len(), processes * items);
         println!(
             "| {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",

@@ -41,7 +41,10 @@ struct Tmux {
 
 impl Tmux {
     fn available() -> bool {
-        Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success())
+        Command::new("tmux")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success())
     }
 
     fn cmd(&self, args: &[&str]) -> Output {
@@ -56,9 +59,21 @@ impl Tmux {
     /// Starts `command` in a detached 80×24 session whose pane stays after the command exits.
     fn start(&self, name: &str, command: &str) {
         let out = self.cmd(&[
-            "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command,
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            "80",
+            "-y",
+            "24",
+            command,
         ]);
-        assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "tmux: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         self.cmd(&["set-option", "-t", name, "remain-on-exit", "on"]);
     }
 
@@ -69,7 +84,12 @@ impl Tmux {
     }
 
     fn screen(&self, name: &str) -> String {
-        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-J", "-S", "-100", "-t", name]).stdout).into_owned()
+        String::from_utf8_lossy(
+            &self
+                .cmd(&["capture-pane", "-p", "-J", "-S", "-100", "-t", name])
+                .stdout,
+        )
+        .into_owned()
     }
 
     fn wait_for(&self, name: &str, needle: &str) -> String {
@@ -105,7 +125,10 @@ impl Tmux {
     fn wait_dead(&self, name: &str) {
         let start = Instant::now();
         while !self.pane_dead(name) {
-            assert!(start.elapsed() < Duration::from_secs(20), "{name} did not exit");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{name} did not exit"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -146,9 +169,15 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     let command = format!("exec {BIN} annotate {} --annotator alice", db.display());
     tmux.start("a", &command);
     let screen = tmux.wait_for_all("a", &["done 0", "Enter submit"]);
-    assert!(screen.contains("to do: label endings 1, 2, 3, 4, 5, 6"), "{screen}");
+    assert!(
+        screen.contains("to do: label endings 1, 2, 3, 4, 5, 6"),
+        "{screen}"
+    );
     for n in 1..=6 {
-        assert!(screen.contains(&format!("{n} ·")), "ending {n} unlabelled:\n{screen}");
+        assert!(
+            screen.contains(&format!("{n} ·")),
+            "ending {n} unlabelled:\n{screen}"
+        );
     }
     tmux.keys("a", &["Enter"]);
     tmux.wait_for("a", "not yet:");
@@ -164,12 +193,25 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     tmux.wait_for("a", "to do: label endings 3, 4, 5, 6");
     let on_screen = claimed_sent1(&db, "alice");
     let visible: String = on_screen.chars().take(30).collect();
-    assert!(tmux.screen("a").contains(&visible), "the claimed item is the one on screen");
+    assert!(
+        tmux.screen("a").contains(&visible),
+        "the claimed item is the one on screen"
+    );
     let pid = tmux.pane_pid("a");
-    assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
     tmux.wait_dead("a");
 
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions WHERE annotator = 'alice'"), 2);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE annotator = 'alice'"
+        ),
+        2
+    );
     assert_eq!(
         count(
             &db,
@@ -178,9 +220,24 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
         ),
         12
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM labels WHERE rank = 'best'"), 2);
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM labels WHERE judgement = 'gibberish'"), 2);
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM labels WHERE rank IS NOT NULL AND judgement = 'gibberish'"), 0);
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM labels WHERE rank = 'best'"),
+        2
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM labels WHERE judgement = 'gibberish'"
+        ),
+        2
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM labels WHERE rank IS NOT NULL AND judgement = 'gibberish'"
+        ),
+        0
+    );
 
     // Restart: the item that was on screen comes back first.
     tmux.cmd(&["kill-session", "-t", "a"]);
@@ -197,7 +254,10 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     // z brings back the last submission with its labels.
     tmux.keys("b", &["z"]);
     let screen = tmux.wait_for("b", "undone");
-    assert!(screen.contains("BEST") && screen.contains("2ND"), "{screen}");
+    assert!(
+        screen.contains("BEST") && screen.contains("2ND"),
+        "{screen}"
+    );
     assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 1);
     tmux.keys("b", &["Enter"]);
     tmux.wait_for("b", "done 2");
@@ -205,17 +265,30 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     tmux.keys("b", &["q"]);
     tmux.wait_dead("b");
     let screen = tmux.screen("b");
-    assert!(screen.contains("alice: 1 submitted this session, 2 in all"), "{screen}");
-    assert!(!screen.contains("Enter submit"), "the alternate screen was left:\n{screen}");
+    assert!(
+        screen.contains("alice: 1 submitted this session, 2 in all"),
+        "{screen}"
+    );
+    assert!(
+        !screen.contains("Enter submit"),
+        "the alternate screen was left:\n{screen}"
+    );
 
     // SIGTERM (and SIGHUP, from a closed terminal) end the session cleanly too.
     tmux.start("c", &command);
     tmux.wait_for("c", "Enter submit");
     let pid = tmux.pane_pid("c");
-    assert!(Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
     tmux.wait_dead("c");
     let screen = tmux.screen("c");
-    assert!(screen.contains("alice: 0 submitted this session"), "{screen}");
+    assert!(
+        screen.contains("alice: 0 submitted this session"),
+        "{screen}"
+    );
 }
 
 fn script(dir: &Path, name: &str, items: usize) -> PathBuf {
@@ -248,7 +321,11 @@ fn two_annotators_at_once_lose_no_label() {
     let (b, b_timings) = spawn("bob");
     for child in [a, b] {
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let commits = |path: &Path| {
         std::fs::read_to_string(path)
@@ -258,8 +335,20 @@ fn two_annotators_at_once_lose_no_label() {
             .count() as i64
     };
     let (na, nb) = (commits(&a_timings), commits(&b_timings));
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions WHERE annotator = 'ann'"), na);
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions WHERE annotator = 'bob'"), nb);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE annotator = 'ann'"
+        ),
+        na
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE annotator = 'bob'"
+        ),
+        nb
+    );
     // 10 agreement items × 2 + 20 items × 1: every slot filled exactly once.
     assert_eq!(na + nb, 40);
     assert_eq!(
@@ -270,7 +359,10 @@ fn two_annotators_at_once_lose_no_label() {
         ),
         0
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM tasks WHERE replicas = 2"), 10);
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM tasks WHERE replicas = 2"),
+        10
+    );
     assert_eq!(count(&db, "SELECT COUNT(*) FROM labels"), 40 * 6);
     assert_eq!(count(&db, "SELECT COUNT(*) FROM claims"), 0);
 }
@@ -310,45 +402,163 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     let p = db.to_str().unwrap();
     let tasks_csv = dir.path().join("tasks.csv");
     let out = afkit(&["crowd", "export", p, "--out", tasks_csv.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (header, rows) = csv_rows(&tasks_csv);
     assert_eq!(
         header,
         [
-            "item_id", "assignments", "context", "sent1", "sent2", "ending_1", "ending_2",
-            "ending_3", "ending_4", "ending_5", "ending_6"
+            "item_id",
+            "assignments",
+            "context",
+            "sent1",
+            "sent2",
+            "ending_1",
+            "ending_2",
+            "ending_3",
+            "ending_4",
+            "ending_5",
+            "ending_6"
         ]
     );
     assert_eq!(rows.len(), 5);
-    assert!(rows.iter().all(|r| r[1] == "3" && r[2] == format!("{} {}", r[3], r[4])));
+    assert!(rows
+        .iter()
+        .all(|r| r[1] == "3" && r[2] == format!("{} {}", r[3], r[4])));
     let item = rows[0][0].as_str();
 
     let results = dir.path().join("results.csv");
     let head = vec![
-        "worker_id", "item_id", "label_1", "label_2", "label_3", "label_4", "label_5", "label_6",
-        "best", "second",
+        "worker_id",
+        "item_id",
+        "label_1",
+        "label_2",
+        "label_3",
+        "label_4",
+        "label_5",
+        "label_6",
+        "best",
+        "second",
     ];
     write_csv(
         &results,
         &[
             head,
-            vec!["w1", item, "likely", "unlikely", "likely", "unlikely", "gibberish", "likely", "1", "3"],
-            vec!["w1", "9999", "likely", "unlikely", "likely", "unlikely", "gibberish", "likely", "1", "3"],
-            vec!["w3", item, "likely", "unlikely", "", "unlikely", "gibberish", "likely", "1", "3"],
-            vec!["w4", item, "likely", "unlikely", "likely", "unlikely", "gibberish", "likely", "1", "1"],
-            vec!["w1", item, "likely", "likely", "likely", "unlikely", "gibberish", "likely", "1", "2"],
-            vec!["w5", item, "maybe", "unlikely", "likely", "unlikely", "gibberish", "likely", "1", "3"],
-            vec!["w6", item, "likely", "unlikely", "likely", "unlikely", "gibberish", "likely", "5", "3"],
-            vec!["w2", item, "Likely", "l", "likely", "unlikely", "gibberish", "unlikely", "1", "2"],
+            vec![
+                "w1",
+                item,
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w1",
+                "9999",
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w3",
+                item,
+                "likely",
+                "unlikely",
+                "",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w4",
+                item,
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "1",
+            ],
+            vec![
+                "w1",
+                item,
+                "likely",
+                "likely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "2",
+            ],
+            vec![
+                "w5",
+                item,
+                "maybe",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w6",
+                item,
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "5",
+                "3",
+            ],
+            vec![
+                "w2",
+                item,
+                "Likely",
+                "l",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "unlikely",
+                "1",
+                "2",
+            ],
         ],
     );
     let r = results.to_str().unwrap();
     let out = afkit(&["crowd", "import", p, r, "--strict"]);
-    assert!(!out.status.success(), "--strict refuses a file with invalid rows");
+    assert!(
+        !out.status.success(),
+        "--strict refuses a file with invalid rows"
+    );
     assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 0);
 
     let out = afkit(&["crowd", "import", p, r]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     for (line, reason) in [
         (3, "unknown item 9999"),
@@ -364,28 +574,73 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
         );
     }
     assert!(String::from_utf8_lossy(&out.stdout).contains("imported 2 submissions"));
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions WHERE origin = 'crowd'"), 2);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE origin = 'crowd'"
+        ),
+        2
+    );
     assert_eq!(count(&db, "SELECT COUNT(*) FROM labels"), 12);
 
     // Mechanical Turk batch results: Input./Answer. prefixes, a radio group as true/false columns.
     let mturk = dir.path().join("Batch_1_batch_results.csv");
-    let mut head = vec!["HITId", "WorkerId", "AssignmentStatus", "WorkTimeInSeconds", "Input.item_id"];
+    let mut head = vec![
+        "HITId",
+        "WorkerId",
+        "AssignmentStatus",
+        "WorkTimeInSeconds",
+        "Input.item_id",
+    ];
     let label_cols: Vec<String> = (1..=6).map(|k| format!("Answer.label_{k}")).collect();
     head.extend(label_cols.iter().map(String::as_str));
     head.push("Answer.best");
     let second_cols: Vec<String> = (1..=6).map(|k| format!("Answer.second.{k}")).collect();
     head.extend(second_cols.iter().map(String::as_str));
-    let mut ok = vec!["H1", "m1", "Submitted", "42", item, "likely", "unlikely", "likely", "unlikely", "gibberish", "likely", "3"];
+    let mut ok = vec![
+        "H1",
+        "m1",
+        "Submitted",
+        "42",
+        item,
+        "likely",
+        "unlikely",
+        "likely",
+        "unlikely",
+        "gibberish",
+        "likely",
+        "3",
+    ];
     ok.extend(["true", "false", "false", "false", "false", "false"]);
-    let mut rejected = vec!["H1", "m2", "Rejected", "40", item, "likely", "unlikely", "likely", "unlikely", "gibberish", "likely", "3"];
+    let mut rejected = vec![
+        "H1",
+        "m2",
+        "Rejected",
+        "40",
+        item,
+        "likely",
+        "unlikely",
+        "likely",
+        "unlikely",
+        "gibberish",
+        "likely",
+        "3",
+    ];
     rejected.extend(["true", "false", "false", "false", "false", "false"]);
     write_csv(&mturk, &[head, ok, rejected]);
     let out = afkit(&["crowd", "import", p, mturk.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("Mechanical Turk"));
     assert!(String::from_utf8_lossy(&out.stderr).contains(":3: the assignment was rejected"));
     assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 3);
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions WHERE seconds = 42"), 1);
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM submissions WHERE seconds = 42"),
+        1
+    );
 
     // Agreement on the one item with three annotators, computed by hand (endings by position):
     //   ranks  w1 B N S N N N · w2 B S N N N N · m1 S N B N N N
@@ -393,10 +648,16 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     // ppa_rank = (1+1+0+3+3+3)/18; α_rank = 1 − 17·7/(18² − (3²+3²+12²)) = 43/162.
     // ppa_label = (3+1+3+3+3+1)/18; α_label = 1 − 17·4/(18² − (9²+6²+3²)) = 130/198.
     let out = afkit(&["agreement", p, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let close = |key: &str, want: f64| {
-        let got = json[key].as_f64().unwrap_or_else(|| panic!("{key} missing: {json}"));
+        let got = json[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing: {json}"));
         assert!((got - want).abs() < 1e-9, "{key}: {got} vs {want}");
     };
     close("ppa_rank", 11.0 / 18.0);
@@ -409,5 +670,8 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     assert_eq!(found["n"], 3);
     let text = afkit(&["agreement", p]);
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("Found end") && text.contains("Gibberish"), "{text}");
+    assert!(
+        text.contains("Found end") && text.contains("Gibberish"),
+        "{text}"
+    );
 }

@@ -277,8 +277,10 @@ fn annotator_stats(
                 shared_items += 1;
                 for (l, _) in &me.labels {
                     for other in &others {
-                        if let Some((o, _)) =
-                            other.labels.iter().find(|(o, _)| o.ending_id == l.ending_id)
+                        if let Some((o, _)) = other
+                            .labels
+                            .iter()
+                            .find(|(o, _)| o.ending_id == l.ending_id)
                         {
                             rank_pairs.1 += 1;
                             label_pairs.1 += 1;
@@ -315,25 +317,35 @@ fn annotator_stats(
 fn flag_outliers(stats: &mut [AnnotatorStats]) {
     let qualified = |s: &AnnotatorStats| s.items >= FLAG_MIN_ITEMS;
     let median_of = |f: &dyn Fn(&AnnotatorStats) -> Option<f64>| -> Option<f64> {
-        let mut v: Vec<f64> = stats.iter().filter(|s| qualified(s)).filter_map(f).collect();
+        let mut v: Vec<f64> = stats
+            .iter()
+            .filter(|s| qualified(s))
+            .filter_map(f)
+            .collect();
         if v.len() < 2 {
             return None;
         }
         v.sort_by(f64::total_cmp);
         let mid = v.len() / 2;
-        Some(if v.len() % 2 == 0 {
+        Some(if v.len().is_multiple_of(2) {
             (v[mid - 1] + v[mid]) / 2.0
         } else {
             v[mid]
         })
     };
-    let shared = |s: &AnnotatorStats, v: Option<f64>| v.filter(|_| s.shared_items >= FLAG_MIN_SHARED);
+    let shared =
+        |s: &AnnotatorStats, v: Option<f64>| v.filter(|_| s.shared_items >= FLAG_MIN_SHARED);
     let top2_median = median_of(&|s| s.found_top2_rate);
     let rank_median = median_of(&|s| shared(s, s.ppa_rank_with_others));
     let label_median = median_of(&|s| shared(s, s.ppa_label_with_others));
     for s in stats.iter_mut().filter(|s| s.items >= FLAG_MIN_ITEMS) {
         let checks = [
-            ("found ending in top two", s.found_top2_rate, top2_median, FLAG_TOP2_MARGIN),
+            (
+                "found ending in top two",
+                s.found_top2_rate,
+                top2_median,
+                FLAG_TOP2_MARGIN,
+            ),
             (
                 "rank agreement",
                 shared(s, s.ppa_rank_with_others),
@@ -388,14 +400,25 @@ pub fn items_per_hour(items: &[(String, Option<f64>)]) -> Option<f64> {
 /// Parses the store's RFC 3339 UTC timestamps (`2026-11-22T02:21:36.500Z`, fraction optional)
 /// into Unix seconds.
 pub fn parse_timestamp(text: &str) -> Option<f64> {
-    let text = text.trim().strip_suffix('Z').or_else(|| text.trim().strip_suffix("+00:00"))?;
+    let text = text
+        .trim()
+        .strip_suffix('Z')
+        .or_else(|| text.trim().strip_suffix("+00:00"))?;
     let (date, time) = text.split_once('T')?;
     let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
     let (y, m, day) = (d.next()??, d.next()??, d.next()??);
     let mut t = time.splitn(3, ':');
-    let (h, min) = (t.next()?.parse::<i64>().ok()?, t.next()?.parse::<i64>().ok()?);
+    let (h, min) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
     let sec: f64 = t.next()?.parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || !(0.0..61.0).contains(&sec) {
+    if !(1..=12).contains(&m)
+        || !(1..=31).contains(&day)
+        || h > 23
+        || min > 59
+        || !(0.0..61.0).contains(&sec)
+    {
         return None;
     }
     // Days from civil (Howard Hinnant's algorithm), the inverse of the store's formatter.
@@ -436,17 +459,36 @@ pub fn render(r: &Report) -> String {
     ));
     let rows = [
         ("Best", f.best, g.best, None),
-        ("Second best", f.second, g.second, Some((r.alpha_rank, r.ppa_rank))),
+        (
+            "Second best",
+            f.second,
+            g.second,
+            Some((r.alpha_rank, r.ppa_rank)),
+        ),
         ("Neither", f.neither, g.neither, None),
         ("Likely", f.likely, g.likely, None),
-        ("Unlikely", f.unlikely, g.unlikely, Some((r.alpha_label, r.ppa_label))),
+        (
+            "Unlikely",
+            f.unlikely,
+            g.unlikely,
+            Some((r.alpha_label, r.ppa_label)),
+        ),
         ("Gibberish", f.gibberish, g.gibberish, None),
     ];
     for (name, found, generated, agreement) in rows {
         let (a, p) = agreement.map_or((String::new(), String::new()), |(a, p)| {
-            (num(a, 2), p.map_or("–".into(), |p| format!("{:.0}%", p * 100.0)))
+            (
+                num(a, 2),
+                p.map_or("–".into(), |p| format!("{:.0}%", p * 100.0)),
+            )
         });
-        let share = |n: usize, v: f64| if n == 0 { "–".to_string() } else { format!("{:.1}%", v * 100.0) };
+        let share = |n: usize, v: f64| {
+            if n == 0 {
+                "–".to_string()
+            } else {
+                format!("{:.1}%", v * 100.0)
+            }
+        };
         out.push_str(&format!(
             "{name:<14}{:>11}{:>11}{a:>10}{p:>8}\n",
             share(f.n, found),
@@ -463,7 +505,15 @@ pub fn render(r: &Report) -> String {
     ));
     out.push_str(&format!(
         "{:<16}{:>6}{:>8}{:>9}{:>12}{:>8}{:>10}{:>11}  {}\n",
-        "annotator", "items", "broken", "items/h", "found top2", "shared", "ppa rank", "ppa label", "flag"
+        "annotator",
+        "items",
+        "broken",
+        "items/h",
+        "found top2",
+        "shared",
+        "ppa rank",
+        "ppa label",
+        "flag"
     ));
     for a in &r.annotators {
         out.push_str(&format!(
@@ -497,10 +547,62 @@ mod tests {
     #[test]
     fn krippendorffs_own_nominal_example() {
         let table: [[Option<u8>; 12]; 4] = [
-            [Some(1), Some(2), Some(3), Some(3), Some(2), Some(1), Some(4), Some(1), Some(2), None, None, None],
-            [Some(1), Some(2), Some(3), Some(3), Some(2), Some(2), Some(4), Some(1), Some(2), Some(5), None, Some(3)],
-            [None, Some(3), Some(3), Some(3), Some(2), Some(3), Some(4), Some(2), Some(2), Some(5), Some(1), None],
-            [Some(1), Some(2), Some(3), Some(3), Some(2), Some(4), Some(4), Some(1), Some(2), Some(5), Some(1), None],
+            [
+                Some(1),
+                Some(2),
+                Some(3),
+                Some(3),
+                Some(2),
+                Some(1),
+                Some(4),
+                Some(1),
+                Some(2),
+                None,
+                None,
+                None,
+            ],
+            [
+                Some(1),
+                Some(2),
+                Some(3),
+                Some(3),
+                Some(2),
+                Some(2),
+                Some(4),
+                Some(1),
+                Some(2),
+                Some(5),
+                None,
+                Some(3),
+            ],
+            [
+                None,
+                Some(3),
+                Some(3),
+                Some(3),
+                Some(2),
+                Some(3),
+                Some(4),
+                Some(2),
+                Some(2),
+                Some(5),
+                Some(1),
+                None,
+            ],
+            [
+                Some(1),
+                Some(2),
+                Some(3),
+                Some(3),
+                Some(2),
+                Some(4),
+                Some(4),
+                Some(1),
+                Some(2),
+                Some(5),
+                Some(1),
+                None,
+            ],
         ];
         let units: Vec<Vec<u8>> = (0..12)
             .map(|u| table.iter().filter_map(|row| row[u]).collect())
@@ -514,7 +616,13 @@ mod tests {
     /// D_o ∝ 2, D_e ∝ 2·5·5 / 9 → α = 1 − 9·2 / 50 = 0.64. Pairs agreeing: 4 of 5 → ppa 0.8.
     #[test]
     fn hand_computed_two_coder_example() {
-        let units = vec![vec!['a', 'a'], vec!['a', 'b'], vec!['b', 'b'], vec!['b', 'b'], vec!['a', 'a']];
+        let units = vec![
+            vec!['a', 'a'],
+            vec!['a', 'b'],
+            vec!['b', 'b'],
+            vec!['b', 'b'],
+            vec!['a', 'a'],
+        ];
         assert!((krippendorff_alpha_nominal(&units).unwrap() - 0.64).abs() < 1e-12);
         assert!((pairwise_percent_agreement(&units).unwrap() - 0.8).abs() < 1e-12);
     }
@@ -542,7 +650,10 @@ mod tests {
     #[test]
     fn timestamps_round_trip_with_the_store_format() {
         assert_eq!(parse_timestamp("1970-01-01T00:00:00.000Z"), Some(0.0));
-        assert_eq!(parse_timestamp("2026-11-22T02:21:36.500Z"), Some(1_795_314_096.5));
+        assert_eq!(
+            parse_timestamp("2026-11-22T02:21:36.500Z"),
+            Some(1_795_314_096.5)
+        );
         assert_eq!(parse_timestamp("2000-02-29T00:00:00Z"), Some(951_782_400.0));
         assert_eq!(parse_timestamp("2000-02-29 00:00:00"), None);
         let now = crate::store::now();
@@ -565,7 +676,12 @@ mod tests {
         assert_eq!(items_per_hour(&[(at("00:00"), None)]), None);
     }
 
-    fn submission(task: i64, who: &str, ranks: [Option<Rank>; 3], labels: [Judgement; 3]) -> SubmissionRecord {
+    fn submission(
+        task: i64,
+        who: &str,
+        ranks: [Option<Rank>; 3],
+        labels: [Judgement; 3],
+    ) -> SubmissionRecord {
         SubmissionRecord {
             submission_id: 0,
             task_id: task,
@@ -609,7 +725,10 @@ mod tests {
         assert!((r.distribution.generated.gibberish - 1.0 / 6.0).abs() < 1e-12);
         assert!((r.found_top2_rate.unwrap() - 2.0 / 3.0).abs() < 1e-12);
         let ann = &r.annotators[0];
-        assert_eq!((ann.annotator.as_str(), ann.items, ann.shared_items), ("ann", 2, 1));
+        assert_eq!(
+            (ann.annotator.as_str(), ann.items, ann.shared_items),
+            ("ann", 2, 1)
+        );
         assert_eq!(ann.found_top2_rate, Some(0.5));
         let text = render(&r);
         assert!(text.contains("Second best"), "{text}");
@@ -622,10 +741,20 @@ mod tests {
         let mut subs = Vec::new();
         for task in 0..12 {
             for who in ["a", "b", "c"] {
-                subs.push(submission(task, who, [b, s, None], [Likely, Likely, Unlikely]));
+                subs.push(submission(
+                    task,
+                    who,
+                    [b, s, None],
+                    [Likely, Likely, Unlikely],
+                ));
             }
             // "d" never puts the found ending in the top two and disagrees on ranks.
-            subs.push(submission(task, "d", [None, b, s], [Likely, Likely, Unlikely]));
+            subs.push(submission(
+                task,
+                "d",
+                [None, b, s],
+                [Likely, Likely, Unlikely],
+            ));
         }
         let r = report(&subs);
         let flagged: Vec<&str> = r
@@ -636,8 +765,17 @@ mod tests {
             .collect();
         assert_eq!(flagged, ["d"]);
         let d = r.annotators.iter().find(|a| a.annotator == "d").unwrap();
-        assert!(d.flag_reasons.iter().any(|r| r.starts_with("found ending in top two")));
-        assert!(d.flag_reasons.iter().any(|r| r.starts_with("rank agreement")));
-        assert!(!d.flag_reasons.iter().any(|r| r.starts_with("label agreement")));
+        assert!(d
+            .flag_reasons
+            .iter()
+            .any(|r| r.starts_with("found ending in top two")));
+        assert!(d
+            .flag_reasons
+            .iter()
+            .any(|r| r.starts_with("rank agreement")));
+        assert!(!d
+            .flag_reasons
+            .iter()
+            .any(|r| r.starts_with("label agreement")));
     }
 }

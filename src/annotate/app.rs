@@ -209,7 +209,7 @@ impl App {
                 item.judgements[i] = Some(judgement);
                 if judgement == Judgement::Gibberish {
                     let rank = item.rank_of(i);
-                    if rank.is_some() {
+                    if let Some(rank) = rank {
                         item.best = item.best.filter(|&b| b != i);
                         item.second = item.second.filter(|&s| s != i);
                         self.say(
@@ -217,7 +217,7 @@ impl App {
                             format!(
                                 "ending {} was {}; gibberish cannot be ranked, mark removed",
                                 i + 1,
-                                rank.expect("checked").as_str()
+                                rank.as_str()
                             ),
                         );
                     }
@@ -371,7 +371,11 @@ mod tests {
         assert_eq!(item(&app).second, None, "s on the second toggles it off");
         press(&mut app, "3b3");
         press(&mut app, "g");
-        assert_eq!(item(&app).best, None, "labelling the best gibberish removes the mark");
+        assert_eq!(
+            item(&app).best,
+            None,
+            "labelling the best gibberish removes the mark"
+        );
         assert_eq!(app.message.as_ref().unwrap().tone, Tone::Warn);
         press(&mut app, "3b");
         assert_eq!(item(&app).best, None, "gibberish cannot be marked");

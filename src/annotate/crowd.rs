@@ -85,13 +85,12 @@ impl Columns {
             .enumerate()
             .map(|(i, h)| (h.trim().to_string(), i))
             .collect();
-        let layout = if index.contains_key("WorkerId")
-            || index.keys().any(|k| k.starts_with("Answer."))
-        {
-            Layout::MTurk
-        } else {
-            Layout::Afkit
-        };
+        let layout =
+            if index.contains_key("WorkerId") || index.keys().any(|k| k.starts_with("Answer.")) {
+                Layout::MTurk
+            } else {
+                Layout::Afkit
+            };
         Columns { layout, index }
     }
 
@@ -296,14 +295,19 @@ fn parse_row(
             None => Ok(None),
             Some(v) => match v.trim_start_matches("ending_").parse::<usize>() {
                 Ok(p) if (1..=n).contains(&p) => Ok(Some(p - 1)),
-                _ => Err(format!("{name} = {v:?}; expected an ending number 1 to {n}")),
+                _ => Err(format!(
+                    "{name} = {v:?}; expected an ending number 1 to {n}"
+                )),
             },
         }
     };
     let (best, second) = (position("best")?, position("second")?);
     let problems = verdict::problems(&judgements, best, second);
     if !problems.is_empty() {
-        return Err(format!("incomplete or invalid: {}", verdict::describe(&problems)));
+        return Err(format!(
+            "incomplete or invalid: {}",
+            verdict::describe(&problems)
+        ));
     }
     let seconds = match columns.seconds(row) {
         None => None,

@@ -106,7 +106,8 @@ impl ScriptKeys {
     pub fn load(path: &Path, delay: Duration, stop: Arc<AtomicBool>) -> Result<ScriptKeys> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read key script {}", path.display()))?;
-        let keys = parse_script(&text).with_context(|| format!("in key script {}", path.display()))?;
+        let keys =
+            parse_script(&text).with_context(|| format!("in key script {}", path.display()))?;
         Ok(ScriptKeys {
             keys: keys.into_iter(),
             delay,
@@ -180,9 +181,18 @@ mod tests {
     #[test]
     fn terminal_keys_map_to_app_keys() {
         let k = |code, m| map_key(KeyEvent::new(code, m));
-        assert_eq!(k(KeyCode::Char('c'), KeyModifiers::CONTROL), Some(Key::CtrlC));
-        assert_eq!(k(KeyCode::Char('l'), KeyModifiers::NONE), Some(Key::Char('l')));
-        assert_eq!(k(KeyCode::Char('?'), KeyModifiers::SHIFT), Some(Key::Char('?')));
+        assert_eq!(
+            k(KeyCode::Char('c'), KeyModifiers::CONTROL),
+            Some(Key::CtrlC)
+        );
+        assert_eq!(
+            k(KeyCode::Char('l'), KeyModifiers::NONE),
+            Some(Key::Char('l'))
+        );
+        assert_eq!(
+            k(KeyCode::Char('?'), KeyModifiers::SHIFT),
+            Some(Key::Char('?'))
+        );
         assert_eq!(k(KeyCode::Delete, KeyModifiers::NONE), Some(Key::Backspace));
         assert_eq!(k(KeyCode::F(1), KeyModifiers::NONE), None);
     }

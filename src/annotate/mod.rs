@@ -93,12 +93,14 @@ pub struct AgreementArgs {
 #[derive(clap::Subcommand)]
 pub enum CrowdCommand {
     /// Write annotation tasks as CSV for a crowdsourcing platform.
-    #[command(long_about = "Write annotation tasks as CSV for a crowdsourcing platform, one row per \
+    #[command(
+        long_about = "Write annotation tasks as CSV for a crowdsourcing platform, one row per \
         item that still needs annotators.\n\n\
         Columns: item_id (quote it back in the results), assignments (annotators still wanted), \
         context (sent1 + sent2), sent1, sent2, ending_1 .. ending_6 (the endings in the item's \
         recorded shuffled order; empty when an item has fewer). Tasks are made from the latest \
-        finished AF run if they do not exist yet.")]
+        finished AF run if they do not exist yet."
+    )]
     Export {
         project: PathBuf,
         #[arg(long)]
@@ -150,11 +152,8 @@ pub fn run(args: Args) -> Result<()> {
     let mut session = Session::new(&mut store, holder);
     let summary = match &args.script {
         Some(script) => {
-            let mut keys = ScriptKeys::load(
-                script,
-                Duration::from_millis(args.script_delay_ms),
-                stop,
-            )?;
+            let mut keys =
+                ScriptKeys::load(script, Duration::from_millis(args.script_delay_ms), stop)?;
             if std::io::stdout().is_terminal() {
                 with_terminal(&mut session, &mut keys)?
             } else {
@@ -209,7 +208,10 @@ pub fn run_agreement(args: AgreementArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else if submissions.is_empty() {
-        println!("no submissions yet: annotate with `afkit annotate {} --annotator NAME`", args.project.display());
+        println!(
+            "no submissions yet: annotate with `afkit annotate {} --annotator NAME`",
+            args.project.display()
+        );
     } else {
         print!("{}", agreement::render(&report));
     }

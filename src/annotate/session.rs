@@ -76,7 +76,11 @@ impl<'a> Session<'a> {
         }
     }
 
-    pub fn run<B: Backend>(&mut self, terminal: &mut Terminal<B>, keys: &mut dyn Keys) -> Result<Summary> {
+    pub fn run<B: Backend>(
+        &mut self,
+        terminal: &mut Terminal<B>,
+        keys: &mut dyn Keys,
+    ) -> Result<Summary> {
         self.next_item()?;
         let mut last_heartbeat = Instant::now();
         loop {
@@ -165,7 +169,9 @@ impl<'a> Session<'a> {
                 self.shown_at = Instant::now();
                 self.refresh_progress()?;
                 let what = match undone.was {
-                    UndoneKind::Submission => "your last submission is undone: edit and submit again",
+                    UndoneKind::Submission => {
+                        "your last submission is undone: edit and submit again"
+                    }
                     UndoneKind::Broken => "the broken flag is undone",
                     UndoneKind::Skip => "the skip is undone",
                 };
@@ -200,7 +206,8 @@ impl<'a> Session<'a> {
     fn heartbeat(&mut self) {
         if let Some(item) = &self.app.item {
             if let Err(e) = db::heartbeat(self.store.conn(), &self.holder, item.task.task_id) {
-                self.app.say(Tone::Warn, format!("could not refresh your claim: {e}"));
+                self.app
+                    .say(Tone::Warn, format!("could not refresh your claim: {e}"));
             }
         }
     }

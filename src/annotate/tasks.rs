@@ -78,9 +78,13 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
     let without_negatives = contexts.iter().filter(|c| c.negatives.is_empty()).count();
     contexts.retain(|c| !c.negatives.is_empty());
     // The hand-out order: a seeded permutation of the new contexts, appended after earlier tasks.
-    contexts.shuffle(&mut ChaCha8Rng::seed_from_u64(mix(policy.seed, run_id as u64, 0)));
-    let mut index = db::count_round0_tasks(&tx)?;
-    for context in &contexts {
+    contexts.shuffle(&mut ChaCha8Rng::seed_from_u64(mix(
+        policy.seed,
+        run_id as u64,
+        0,
+    )));
+    let first_index = db::count_round0_tasks(&tx)?;
+    for (index, context) in (first_index..).zip(&contexts) {
         let seed = task_seed(policy.seed, context.example_id, 0);
         let mut endings = vec![context.gold_ending_id];
         endings.extend(context.negatives.iter().take(ENDINGS_PER_TASK - 1));
@@ -100,7 +104,6 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
                 endings,
             },
         )?;
-        index += 1;
     }
     if stored != Some(policy) {
         db::record_policy(&tx, &policy)?;
@@ -127,7 +130,11 @@ fn store_path_hint(conn: &Connection) -> String {
 /// round, and recorded in the task. The old open task is marked superseded and its claims
 /// dropped. One annotator per re-annotated item, as SWAG did after its agreement sample.
 /// Call it inside the caller's transaction; returns the new task id.
-pub fn create_reannotation_task(conn: &Connection, example_id: i64, endings: &[i64]) -> Result<i64> {
+pub fn create_reannotation_task(
+    conn: &Connection,
+    example_id: i64,
+    endings: &[i64],
+) -> Result<i64> {
     let known = db::endings_of_example(conn, example_id)?;
     if !(2..=ENDINGS_PER_TASK).contains(&endings.len()) {
         bail!(
@@ -237,9 +244,16 @@ mod tests {
             for e in task.endings.iter().filter(|e| !e.is_gold) {
                 let s: f64 = store
                     .conn()
-                    .query_row("SELECT score FROM af_scores WHERE ending_id = ?1", [e.ending_id], |r| r.get(0))
+                    .query_row(
+                        "SELECT score FROM af_scores WHERE ending_id = ?1",
+                        [e.ending_id],
+                        |r| r.get(0),
+                    )
                     .unwrap();
-                assert!(s >= fifth_hardest, "a shown negative is not among the five hardest");
+                assert!(
+                    s >= fifth_hardest,
+                    "a shown negative is not among the five hardest"
+                );
             }
         }
     }
@@ -264,7 +278,11 @@ mod tests {
         let replicas: Vec<i64> = tasks.iter().map(|t| t.replicas).collect();
         assert_eq!(replicas, [2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1]);
         let order: Vec<i64> = tasks.iter().map(|t| t.example_id).collect();
-        assert_ne!(order, (1..=12).collect::<Vec<_>>(), "contexts are handed out shuffled");
+        assert_ne!(
+            order,
+            (1..=12).collect::<Vec<_>>(),
+            "contexts are handed out shuffled"
+        );
         // The same seed on a fresh copy gives the same order and the same ending positions.
         let (_d2, mut other) = project(12, 6);
         ensure_tasks(
@@ -319,13 +337,23 @@ mod tests {
         shown.sort();
         endings.sort();
         assert_eq!(shown, endings);
-        assert!(!db::task_view(store.conn(), old.task_id).unwrap().unwrap().open);
+        assert!(
+            !db::task_view(store.conn(), old.task_id)
+                .unwrap()
+                .unwrap()
+                .open
+        );
         // Endings of another context, or no found ending, are refused.
         let other = db::open_tasks(store.conn(), false).unwrap()[0].clone();
         assert_ne!(other.example_id, old.example_id);
         let foreign: Vec<i64> = other.endings.iter().map(|e| e.ending_id).collect();
         assert!(create_reannotation_task(store.conn(), old.example_id, &foreign).is_err());
-        let no_gold: Vec<i64> = new.endings.iter().filter(|e| !e.is_gold).map(|e| e.ending_id).collect();
+        let no_gold: Vec<i64> = new
+            .endings
+            .iter()
+            .filter(|e| !e.is_gold)
+            .map(|e| e.ending_id)
+            .collect();
         assert!(create_reannotation_task(store.conn(), old.example_id, &no_gold).is_err());
     }
 }

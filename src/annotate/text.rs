@@ -31,7 +31,12 @@ pub fn words(text: &str, style: Style) -> Vec<Word> {
 /// Greedy word wrap into lines at most `width` columns wide; the first line starts after
 /// `first_indent` columns of the caller's prefix, the others after `rest_indent` spaces (which
 /// this function adds). Words longer than a line are broken.
-pub fn wrap(words: &[Word], width: usize, first_indent: usize, rest_indent: usize) -> Vec<Line<'static>> {
+pub fn wrap(
+    words: &[Word],
+    width: usize,
+    first_indent: usize,
+    rest_indent: usize,
+) -> Vec<Line<'static>> {
     let mut lines: Vec<Line<'static>> = Vec::new();
     let mut spans: Vec<Span<'static>> = Vec::new();
     let mut used = first_indent;
@@ -149,7 +154,10 @@ fn blocks(source: &str) -> Vec<Option<Block>> {
                 rest_indent: 0,
                 prefix: None,
             }));
-        } else if let Some(item) = trimmed.strip_prefix("- ").or_else(|| trimmed.strip_prefix("* ")) {
+        } else if let Some(item) = trimmed
+            .strip_prefix("- ")
+            .or_else(|| trimmed.strip_prefix("* "))
+        {
             let depth = line.len() - trimmed.len();
             out.push(Some(Block {
                 words: inline(item),
@@ -158,18 +166,25 @@ fn blocks(source: &str) -> Vec<Option<Block>> {
                 prefix: Some(Span::raw(format!("{}• ", " ".repeat(depth)))),
             }));
         } else if trimmed.starts_with('|') {
-            let cells: Vec<&str> = trimmed.trim_matches('|').split('|').map(str::trim).collect();
-            if cells.iter().all(|c| c.chars().all(|ch| matches!(ch, '-' | ':' | ' '))) {
+            let cells: Vec<&str> = trimmed
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            if cells
+                .iter()
+                .all(|c| c.chars().all(|ch| matches!(ch, '-' | ':' | ' ')))
+            {
                 continue;
             }
             let mut words = Vec::new();
             for (i, cell) in cells.iter().enumerate() {
                 if i > 0 {
                     words.push(Word {
-                    text: "│".to_string(),
-                    style: Style::default().fg(Color::DarkGray),
-                    glue: false,
-                });
+                        text: "│".to_string(),
+                        style: Style::default().fg(Color::DarkGray),
+                        glue: false,
+                    });
                 }
                 words.extend(inline(cell));
             }
@@ -270,11 +285,19 @@ mod tests {
 
     #[test]
     fn wraps_at_word_boundaries_with_hanging_indent() {
-        let w = words("the quick brown fox jumps over the lazy dog", Style::default());
+        let w = words(
+            "the quick brown fox jumps over the lazy dog",
+            Style::default(),
+        );
         let lines = wrap(&w, 16, 4, 4);
         assert_eq!(
             plain(&lines),
-            ["the quick", "    brown fox", "    jumps over", "    the lazy dog"]
+            [
+                "the quick",
+                "    brown fox",
+                "    jumps over",
+                "    the lazy dog"
+            ]
         );
         for l in &lines[1..] {
             assert!(l.width() <= 16);

@@ -112,13 +112,13 @@ fn draw_item(frame: &mut Frame, area: Rect, item: &Item, app: &App) {
         ])),
         title,
     );
-    frame.render_widget(
-        Paragraph::new(indent(context, 1)),
-        context_area,
-    );
+    frame.render_widget(Paragraph::new(indent(context, 1)), context_area);
     let rule = Paragraph::new("─".repeat(width)).style(Style::default().fg(Color::DarkGray));
     frame.render_widget(rule.clone(), rule1);
-    frame.render_widget(Paragraph::new(ending_lines(item, endings_area)), endings_area);
+    frame.render_widget(
+        Paragraph::new(ending_lines(item, endings_area)),
+        endings_area,
+    );
     frame.render_widget(rule, rule2);
     frame.render_widget(Paragraph::new(status_line(item, app)), status_area);
     frame.render_widget(
@@ -154,7 +154,12 @@ fn ending_lines(item: &Item, area: Rect) -> Vec<Line<'static>> {
             } else {
                 Style::default()
             };
-            let mut lines = text::wrap(&words(&e.text, style), width.max(PREFIX + 10) - 1, PREFIX, PREFIX);
+            let mut lines = text::wrap(
+                &words(&e.text, style),
+                width.max(PREFIX + 10) - 1,
+                PREFIX,
+                PREFIX,
+            );
             let mut prefix = ending_prefix(item, i);
             prefix.extend(std::mem::take(&mut lines[0].spans));
             lines[0].spans = prefix;
@@ -218,7 +223,9 @@ fn ending_prefix(item: &Item, i: usize) -> Vec<Span<'static>> {
     let number = Span::styled(
         format!("{marker}{} ", i + 1),
         if selected {
-            Style::default().fg(Color::Yellow).add_modifier(Modifier::BOLD)
+            Style::default()
+                .fg(Color::Yellow)
+                .add_modifier(Modifier::BOLD)
         } else {
             Style::default()
         },
@@ -230,11 +237,15 @@ fn ending_prefix(item: &Item, i: usize) -> Vec<Span<'static>> {
     let mark = match item.rank_of(i) {
         Some(Rank::Best) => Span::styled(
             "BEST  ",
-            Style::default().fg(Color::Magenta).add_modifier(Modifier::BOLD),
+            Style::default()
+                .fg(Color::Magenta)
+                .add_modifier(Modifier::BOLD),
         ),
         Some(Rank::Second) => Span::styled(
             "2ND   ",
-            Style::default().fg(Color::Cyan).add_modifier(Modifier::BOLD),
+            Style::default()
+                .fg(Color::Cyan)
+                .add_modifier(Modifier::BOLD),
         ),
         None => Span::raw("      "),
     };
@@ -267,7 +278,9 @@ fn status_line(item: &Item, app: &App) -> Line<'static> {
     };
     let style = match tone {
         Tone::Info => Style::default(),
-        Tone::Good => Style::default().fg(Color::Green).add_modifier(Modifier::BOLD),
+        Tone::Good => Style::default()
+            .fg(Color::Green)
+            .add_modifier(Modifier::BOLD),
         Tone::Warn => Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
     };
     Line::from(Span::styled(format!(" {text}"), style))
@@ -282,7 +295,9 @@ fn key_lines(width: usize, height: u16) -> Vec<Line<'static>> {
     if width >= 76 && height >= 20 {
         full.iter().map(|l| Line::from(*l)).collect()
     } else {
-        vec![Line::from(" l/u/g label · b/s best/2nd · Enter · ? help · q")]
+        vec![Line::from(
+            " l/u/g label · b/s best/2nd · Enter · ? help · q",
+        )]
     }
 }
 
@@ -294,7 +309,12 @@ fn draw_nothing_left(frame: &mut Frame, area: Rect, app: &App) {
     );
     let mut lines = vec![Line::default()];
     lines.extend(indent(
-        text::wrap(&words(&text, Style::default()), area.width as usize - 2, 0, 0),
+        text::wrap(
+            &words(&text, Style::default()),
+            area.width as usize - 2,
+            0,
+            0,
+        ),
         1,
     ));
     if let Some(m) = &app.message {
@@ -305,8 +325,7 @@ fn draw_nothing_left(frame: &mut Frame, area: Rect, app: &App) {
 }
 
 fn draw_help(frame: &mut Frame, area: Rect, app: &mut App) {
-    let [title, body] =
-        Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
+    let [title, body] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
     frame.render_widget(
         Paragraph::new(" Instructions · ↑↓ PgUp PgDn scroll · ? or Esc back")
             .style(Style::default().add_modifier(Modifier::BOLD)),
@@ -363,11 +382,16 @@ mod tests {
         terminal.draw(|f| draw(f, app)).unwrap();
         let buf = terminal.backend().buffer().clone();
         (0..h)
-            .map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>())
+            .map(|y| {
+                (0..w)
+                    .map(|x| buf[(x, y)].symbol().to_string())
+                    .collect::<String>()
+            })
             .collect()
     }
 
-    const LONG: &str = "rides a horse using a hose while the crowd behind the fence cheers loudly, \
+    const LONG: &str =
+        "rides a horse using a hose while the crowd behind the fence cheers loudly, \
         a dog runs in circles around the small arena, and the old man in the red hat keeps \
         waving a flag around them all.";
 
@@ -383,7 +407,8 @@ mod tests {
         let text = rows.join("\n");
         for n in 1..=6 {
             assert!(
-                rows.iter().any(|r| r.starts_with(&format!(" {n} ")) || r.starts_with(&format!("▶{n} "))),
+                rows.iter()
+                    .any(|r| r.starts_with(&format!(" {n} ")) || r.starts_with(&format!("▶{n} "))),
                 "ending {n} missing:\n{text}"
             );
         }
@@ -423,7 +448,10 @@ mod tests {
         }
         let help = app.help.unwrap();
         assert_eq!(help.scroll, help.max_scroll);
-        assert!(help.max_scroll > 0, "the instructions are longer than a screen");
+        assert!(
+            help.max_scroll > 0,
+            "the instructions are longer than a screen"
+        );
     }
 
     #[test]

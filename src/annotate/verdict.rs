@@ -87,7 +87,10 @@ pub fn labels(
     best: Option<usize>,
     second: Option<usize>,
 ) -> Vec<EndingLabel> {
-    assert!(problems(judgements, best, second).is_empty(), "incomplete annotation");
+    assert!(
+        problems(judgements, best, second).is_empty(),
+        "incomplete annotation"
+    );
     ending_ids
         .iter()
         .zip(judgements)

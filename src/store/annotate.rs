@@ -93,9 +93,13 @@ pub fn stored_policy(conn: &Connection) -> Result<Option<Policy>> {
         }
     }
     let parse = |i: usize| -> Result<i64> {
-        values[i]
-            .parse()
-            .with_context(|| format!("meta {} = {:?} is not an integer", Policy::KEYS[i], values[i]))
+        values[i].parse().with_context(|| {
+            format!(
+                "meta {} = {:?} is not an integer",
+                Policy::KEYS[i],
+                values[i]
+            )
+        })
     };
     Ok(Some(Policy {
         agreement_items: parse(0)?,
@@ -202,7 +206,11 @@ pub fn insert_task(conn: &Connection, task: &NewTask) -> Result<i64> {
 }
 
 pub fn count_round0_tasks(conn: &Connection) -> Result<i64> {
-    Ok(conn.query_row("SELECT COUNT(*) FROM tasks WHERE round = 0", [], |r| r.get(0))?)
+    Ok(
+        conn.query_row("SELECT COUNT(*) FROM tasks WHERE round = 0", [], |r| {
+            r.get(0)
+        })?,
+    )
 }
 
 /// The open task of a context (its latest round), if any: `(task_id, run_id, round)`.
@@ -672,7 +680,11 @@ fn submission_labels(conn: &Connection, submission_id: i64) -> Result<Vec<Ending
     let mut rows = stmt.query([submission_id])?;
     let mut out = Vec::new();
     while let Some(r) = rows.next()? {
-        out.push(label_from_row(r.get(0)?, &r.get::<_, String>(1)?, r.get(2)?)?);
+        out.push(label_from_row(
+            r.get(0)?,
+            &r.get::<_, String>(1)?,
+            r.get(2)?,
+        )?);
     }
     Ok(out)
 }
@@ -780,7 +792,10 @@ pub fn all_submissions(conn: &Connection) -> Result<Vec<SubmissionRecord>> {
         if let Some(ending_id) = r.get::<_, Option<i64>>(7)? {
             let label = label_from_row(ending_id, &r.get::<_, String>(8)?, r.get(9)?)?;
             let is_gold = r.get::<_, i64>(10)? != 0;
-            out.last_mut().expect("pushed above").labels.push((label, is_gold));
+            out.last_mut()
+                .expect("pushed above")
+                .labels
+                .push((label, is_gold));
         }
     }
     Ok(out)
@@ -834,7 +849,10 @@ mod tests {
                 .map(|(i, e)| EndingLabel {
                     ending_id: e.ending_id,
                     judgement: Judgement::Likely,
-                    rank: [Some(Rank::Best), Some(Rank::Second)].get(i).copied().flatten(),
+                    rank: [Some(Rank::Best), Some(Rank::Second)]
+                        .get(i)
+                        .copied()
+                        .flatten(),
                 })
                 .collect(),
         }
@@ -847,17 +865,30 @@ mod tests {
         let (a, b, c) = (holder("a", me), holder("b", me), holder("c", me));
         let ta = claim_next(&mut store, &a).unwrap().unwrap();
         let tb = claim_next(&mut store, &b).unwrap().unwrap();
-        assert_eq!(ta.task_id, tb.task_id, "the agreement item goes to two annotators");
+        assert_eq!(
+            ta.task_id, tb.task_id,
+            "the agreement item goes to two annotators"
+        );
         assert_eq!(ta.replicas, 2);
         let tc = claim_next(&mut store, &c).unwrap().unwrap();
-        assert_ne!(tc.task_id, ta.task_id, "a third annotator gets the next item");
+        assert_ne!(
+            tc.task_id, ta.task_id,
+            "a third annotator gets the next item"
+        );
         // Asking again returns the same claimed item (the resume point).
-        assert_eq!(claim_next(&mut store, &a).unwrap().unwrap().task_id, ta.task_id);
+        assert_eq!(
+            claim_next(&mut store, &a).unwrap().unwrap().task_id,
+            ta.task_id
+        );
         submit(&mut store, &complete(&ta, "a")).unwrap();
         let next = claim_next(&mut store, &a).unwrap().unwrap();
         assert!(next.task_id != ta.task_id && next.task_id != tc.task_id);
         submit(&mut store, &complete(&next, "a")).unwrap();
-        assert_eq!(claim_next(&mut store, &a).unwrap(), None, "c holds the last item");
+        assert_eq!(
+            claim_next(&mut store, &a).unwrap(),
+            None,
+            "c holds the last item"
+        );
         assert_eq!(annotator_progress(store.conn(), "a").unwrap().done, 2);
     }
 
@@ -868,14 +899,20 @@ mod tests {
         let ghost = holder("ghost", DEAD_PID);
         let held = claim_next(&mut store, &ghost).unwrap().unwrap();
         // The ghost's process is gone: its item is free for others.
-        let other = claim_next(&mut store, &holder("other", me)).unwrap().unwrap();
+        let other = claim_next(&mut store, &holder("other", me))
+            .unwrap()
+            .unwrap();
         assert_eq!(other.task_id, held.task_id);
         // Back under the same name, the ghost gets another item, since "other" holds its old one.
-        let back = claim_next(&mut store, &holder("ghost", me)).unwrap().unwrap();
+        let back = claim_next(&mut store, &holder("ghost", me))
+            .unwrap()
+            .unwrap();
         assert_ne!(back.task_id, held.task_id);
         // Without competition the owner's claim comes back first.
         let (_d2, mut store) = project(2, 0, 1);
-        let first = claim_next(&mut store, &holder("ann", DEAD_PID)).unwrap().unwrap();
+        let first = claim_next(&mut store, &holder("ann", DEAD_PID))
+            .unwrap()
+            .unwrap();
         let resumed = claim_next(&mut store, &holder("ann", me)).unwrap().unwrap();
         assert_eq!(resumed.task_id, first.task_id);
     }
@@ -887,17 +924,29 @@ mod tests {
         let first = claim_next(&mut store, &a).unwrap().unwrap();
         skip(&mut store, &a, first.task_id).unwrap();
         let second = claim_next(&mut store, &a).unwrap().unwrap();
-        assert_ne!(second.task_id, first.task_id, "a skipped item is not offered again");
+        assert_ne!(
+            second.task_id, first.task_id,
+            "a skipped item is not offered again"
+        );
         submit(&mut store, &complete(&second, "a")).unwrap();
         assert_eq!(claim_next(&mut store, &a).unwrap(), None);
         // Undo takes back the submission (the latest action) with its labels, then the skip.
         let undone = undo_last(&mut store, &a).unwrap().unwrap();
-        assert_eq!((undone.task.task_id, undone.was), (second.task_id, UndoneKind::Submission));
+        assert_eq!(
+            (undone.task.task_id, undone.was),
+            (second.task_id, UndoneKind::Submission)
+        );
         assert_eq!(undone.labels.len(), second.endings.len());
         assert_eq!(annotator_progress(store.conn(), "a").unwrap().done, 0);
-        assert_eq!(claim_next(&mut store, &a).unwrap().unwrap().task_id, second.task_id);
+        assert_eq!(
+            claim_next(&mut store, &a).unwrap().unwrap().task_id,
+            second.task_id
+        );
         let undone = undo_last(&mut store, &a).unwrap().unwrap();
-        assert_eq!((undone.task.task_id, undone.was), (first.task_id, UndoneKind::Skip));
+        assert_eq!(
+            (undone.task.task_id, undone.was),
+            (first.task_id, UndoneKind::Skip)
+        );
         assert_eq!(undo_last(&mut store, &a).unwrap(), None);
     }
 }

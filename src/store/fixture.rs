@@ -11,20 +11,41 @@ use super::examples::{insert_example, upsert_source, NewExample};
 use super::{now, Store};
 
 const SUBJECTS: &[&str] = &[
-    "A man", "The woman", "A young girl", "Two boys", "A chef", "The coach", "A dog",
-    "Someone", "The players", "An old man",
+    "A man",
+    "The woman",
+    "A young girl",
+    "Two boys",
+    "A chef",
+    "The coach",
+    "A dog",
+    "Someone",
+    "The players",
+    "An old man",
 ];
 const VERBS: &[&str] = &[
     "picks up", "throws", "paints", "cuts", "rides", "washes", "kicks", "holds", "folds",
     "carries", "pours", "lifts",
 ];
 const OBJECTS: &[&str] = &[
-    "the ball", "a bucket of water", "the red bicycle", "a stack of plates", "the rope",
-    "a large wooden board", "the paint roller", "a kite", "the blue towel", "a loaf of bread",
+    "the ball",
+    "a bucket of water",
+    "the red bicycle",
+    "a stack of plates",
+    "the rope",
+    "a large wooden board",
+    "the paint roller",
+    "a kite",
+    "the blue towel",
+    "a loaf of bread",
 ];
 const PLACES: &[&str] = &[
-    "in the kitchen", "across the field", "on the porch", "next to the fence",
-    "in front of the camera", "by the pool", "while smiling at the crowd",
+    "in the kitchen",
+    "across the field",
+    "on the porch",
+    "next to the fence",
+    "in front of the camera",
+    "by the pool",
+    "while smiling at the crowd",
     "and then walks slowly back to the table with it",
 ];
 
@@ -51,7 +72,13 @@ pub fn synthetic_af_project(
 ) -> Result<i64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let tx = store.transaction()?;
-    let source = upsert_source(&tx, "synthetic", "jsonl", &format!("synthetic-{seed}"), "{}")?;
+    let source = upsert_source(
+        &tx,
+        "synthetic",
+        "jsonl",
+        &format!("synthetic-{seed}"),
+        "{}",
+    )?;
     tx.execute(
         "INSERT INTO af_runs(k, seed, params, started_at, finished_at, status)
          VALUES (?1, ?2, '{\"synthetic\":true}', ?3, ?3, 'done')",
@@ -74,10 +101,11 @@ pub fn synthetic_af_project(
             gold_source: None,
         };
         insert_example(&tx, source, &ex)?;
-        let example_id: i64 =
-            tx.query_row("SELECT id FROM examples WHERE ext_id = ?1", [&ex.ext_id], |r| {
-                r.get(0)
-            })?;
+        let example_id: i64 = tx.query_row(
+            "SELECT id FROM examples WHERE ext_id = ?1",
+            [&ex.ext_id],
+            |r| r.get(0),
+        )?;
         let gold_id: i64 = tx.query_row(
             "SELECT id FROM endings WHERE example_id = ?1 AND is_gold = 1",
             [example_id],
