@@ -10,7 +10,9 @@
 //! several annotators (processes) can share one file.
 
 pub mod af;
+pub mod annotate;
 pub mod examples;
+pub mod fixture;
 pub mod pool;
 pub mod status;
 
