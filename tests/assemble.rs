@@ -122,14 +122,7 @@ impl Project {
             })
             .collect();
         fx::insert_pool(&self.conn, example, self.generation, n as i64).unwrap();
-        fx::insert_assignment(
-            &self.conn,
-            self.run,
-            example,
-            &cands[..k],
-            (example % 5) as i64,
-        )
-        .unwrap();
+        fx::insert_assignment(&self.conn, self.run, example, &cands[..k], example % 5).unwrap();
         for (i, &c) in cands[..k].iter().enumerate() {
             fx::insert_score(&self.conn, self.run, c, 100.0 - i as f64).unwrap();
         }
