@@ -21,7 +21,7 @@ pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
             .map(|a| a.0.to_string())
             .collect::<Vec<_>>(),
         &accuracies.iter().map(|a| a.1).collect::<Vec<_>>(),
-        1.0,
+        1.08,
         Some(0.25),
     )?;
     let gold: Vec<_> = r.ppmi.iter().filter(|a| a.label == "gold").collect();
