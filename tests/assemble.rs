@@ -834,7 +834,7 @@ fn audit_finds_a_planted_tell_and_not_a_shuffled_label() {
     assert_eq!(ppmi[0]["word"], "happily");
     assert_eq!(ppmi[0]["label"], "gold");
     assert!(a["knn"]["skipped"].is_string());
-    for f in ["audit.md", "accuracy.png", "ppmi.png"] {
+    for f in ["audit.md", "audit.json", "accuracy.png", "ppmi.png"] {
         assert!(planted.path().join("audit").join(f).exists(), "{f} missing");
     }
 

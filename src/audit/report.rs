@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use super::{AuditReport, Knn};
 use crate::plot::{register_font, FONT};
 
-/// Writes audit.md, accuracy.png, ppmi.png and (when measured) knn.png into `dir`.
+/// Writes audit.md, audit.json, accuracy.png, ppmi.png and (when measured) knn.png into `dir`.
 pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let accuracies = r.accuracies();
@@ -59,6 +59,9 @@ pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
             None,
         )?;
     }
+    let json = dir.join("audit.json");
+    std::fs::write(&json, serde_json::to_string_pretty(r)? + "\n")
+        .with_context(|| format!("cannot write {}", json.display()))?;
     std::fs::write(dir.join("audit.md"), markdown(r))
         .with_context(|| format!("cannot write {}", dir.join("audit.md").display()))?;
     Ok(())
