@@ -32,6 +32,17 @@ use rules::{Built, Decision};
 use split::Fractions;
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Rules (SWAG §3.5, SPEC §5): the found ending ranked best or second is gold \
+(gold0/gold1, -orig or -reannot by annotation round) with the hardest generations not ranked best \
+and not gibberish as distractors; a generation ranked best over a second-ranked found ending adds a \
+training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
+than three usable distractors, is queued for re-annotation with those endings replaced by the \
+next-hardest scored pool endings. Several annotators: a judgement needs half the votes (ties go to \
+the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
+ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
+fractions are unchanged."
+)]
 pub struct Args {
     /// The project file.
     pub project: PathBuf,

@@ -23,6 +23,13 @@ use dataset::Question;
 pub use score::{run_score, ScoreArgs};
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Writes audit.md, audit.json and PNG bar charts (default DATASET/audit). \
+Baselines, scored on val as a 4-way choice: random (expected accuracy of a uniform guess), \
+shortest and longest ending (ties split evenly), and 1-2-gram logistic regressions trained on \
+train over the ending (ngram_end), sent2 + ending (ngram_s2) and sent1 + sent2 + ending \
+(ngram_ctx); PPMI word-label associations; KNN distances with MiniLM embeddings."
+)]
 pub struct Args {
     /// A directory with train.csv and val.csv (SWAG regular columns).
     pub dataset: PathBuf,
