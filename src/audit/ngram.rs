@@ -13,27 +13,13 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-/// Lower-cased word tokens: runs of letters/digits (with inner apostrophes), and single
-/// punctuation marks.
+/// Lower-cased word tokens (afkit's PTB-style tokeniser: punctuation split off, "n't" and "'s"
+/// separate), so "Running" and "running" count as one n-gram.
 pub fn words(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    for ch in text.chars() {
-        if ch.is_alphanumeric() || (ch == '\'' && !current.is_empty()) {
-            current.extend(ch.to_lowercase());
-        } else {
-            if !current.is_empty() {
-                out.push(std::mem::take(&mut current));
-            }
-            if !ch.is_whitespace() {
-                out.push(ch.to_string());
-            }
-        }
-    }
-    if !current.is_empty() {
-        out.push(current);
-    }
-    out
+    crate::text::tokenize(text)
+        .into_iter()
+        .map(|t| t.to_lowercase())
+        .collect()
 }
 
 fn ngrams(text: &str) -> Vec<String> {
@@ -260,7 +246,7 @@ mod tests {
     fn words_split_punctuation_and_lowercase() {
         assert_eq!(
             words("He doesn't stop, OK?"),
-            vec!["he", "doesn't", "stop", ",", "ok", "?"]
+            vec!["he", "does", "n't", "stop", ",", "ok", "?"]
         );
     }
 
