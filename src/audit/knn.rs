@@ -9,8 +9,12 @@
 
 use std::collections::BTreeMap;
 
+use anyhow::Result;
 use rayon::prelude::*;
 use serde::Serialize;
+
+use super::dataset::Question;
+use crate::store::examples::startphrase;
 
 /// The neighbour counts reported (Table 3: Top1, Top5, Top10, Top50).
 pub const KS: [usize; 4] = [1, 5, 10, 50];
@@ -78,6 +82,75 @@ pub fn mean_knn_distance(
         .collect()
 }
 
+/// Unit-length sentence embeddings of a batch of texts, in order, calling the progress callback
+/// with the number of texts done after each batch (MiniLM's `encode_with_progress`).
+pub type Encode<'a> = dyn Fn(&[&str], &mut dyn FnMut(usize)) -> Result<Vec<Vec<f32>>> + 'a;
+
+/// Embeds the questions of both splits with `encode` (model name `model`) and measures the
+/// distances of the module docs.
+pub fn measure(
+    encode: &Encode,
+    model: &str,
+    train: &[&Question],
+    val: &[&Question],
+) -> Result<KnnReport> {
+    let whole = |q: &Question| -> String {
+        let gold = q.label.expect("labels checked on read");
+        format!("{} {}", startphrase(&q.sent1, &q.sent2), q.endings[gold])
+    };
+    let gold = |q: &Question| q.endings[q.label.expect("labels checked on read")].clone();
+    let distractors = |q: &Question| -> Vec<String> {
+        let g = q.label.expect("labels checked on read");
+        (0..4)
+            .filter(|&o| o != g)
+            .map(|o| q.endings[o].clone())
+            .collect()
+    };
+    let mut texts: Vec<String> = Vec::new();
+    let mut push = |list: Vec<String>| -> std::ops::Range<usize> {
+        let start = texts.len();
+        texts.extend(list);
+        start..texts.len()
+    };
+    let train_whole = push(train.iter().map(|q| whole(q)).collect());
+    let val_whole = push(val.iter().map(|q| whole(q)).collect());
+    let train_gold = push(train.iter().map(|q| gold(q)).collect());
+    let val_gold = push(val.iter().map(|q| gold(q)).collect());
+    let train_dis = push(train.iter().flat_map(|q| distractors(q)).collect());
+    let val_dis = push(val.iter().flat_map(|q| distractors(q)).collect());
+    let bar = crate::progress::bar(texts.len() as u64, "texts embedded");
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let vectors = encode(&refs, &mut |n| bar.inc(n as u64))?;
+    bar.finish_and_clear();
+    let v = |r: &std::ops::Range<usize>| &vectors[r.clone()];
+    let mut by_class = BTreeMap::new();
+    by_class.insert(
+        "gold".to_string(),
+        mean_knn_distance(v(&val_gold), v(&train_gold), &KS, false),
+    );
+    by_class.insert(
+        "distractor".to_string(),
+        mean_knn_distance(v(&val_dis), v(&train_dis), &KS, false),
+    );
+    by_class.insert(
+        "gold_vs_distractor".to_string(),
+        mean_knn_distance(v(&val_gold), v(&train_dis), &KS, false),
+    );
+    by_class.insert(
+        "distractor_vs_gold".to_string(),
+        mean_knn_distance(v(&val_dis), v(&train_gold), &KS, false),
+    );
+    Ok(KnnReport {
+        model: model.into(),
+        k: KS.to_vec(),
+        n_train: train.len(),
+        n_val: val.len(),
+        val_to_train: mean_knn_distance(v(&val_whole), v(&train_whole), &KS, false),
+        train_to_train: mean_knn_distance(v(&train_whole), v(&train_whole), &KS, true),
+        by_class,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +171,42 @@ mod tests {
         let own = mean_knn_distance(&base, &base, &[1], true);
         // Each point's nearest other point is at distance 1 (90°), except none closer.
         assert!((own[0] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn measure_embeds_examples_and_endings_by_class() {
+        // A fake encoder: the unit vector of the text's first letter, so texts that start alike
+        // are identical and others orthogonal.
+        let encode = |texts: &[&str], progress: &mut dyn FnMut(usize)| -> Result<Vec<Vec<f32>>> {
+            progress(texts.len());
+            Ok(texts
+                .iter()
+                .map(|t| {
+                    let mut v = vec![0.0f32; 26];
+                    v[(t.as_bytes()[0].to_ascii_lowercase() - b'a') as usize % 26] = 1.0;
+                    v
+                })
+                .collect())
+        };
+        let q = |gold: &str| Question {
+            id: "0".into(),
+            sent1: "Kids play.".into(),
+            sent2: "They".into(),
+            endings: [gold.to_string(), "xa.".into(), "xb.".into(), "xc.".into()],
+            label: Some(0),
+        };
+        let train = [q("gold one."), q("gold two.")];
+        let val = [q("gold three.")];
+        let (t, v): (Vec<&Question>, Vec<&Question>) =
+            (train.iter().collect(), val.iter().collect());
+        let r = measure(&encode, "fake", &t, &v).unwrap();
+        assert_eq!(
+            r.val_to_train[0], 0.0,
+            "whole examples start with the same word"
+        );
+        assert_eq!(r.by_class["gold"][0], 0.0);
+        assert_eq!(r.by_class["distractor"][0], 0.0);
+        assert_eq!(r.by_class["gold_vs_distractor"][0], 1.0, "orthogonal");
+        assert_eq!((r.n_train, r.n_val), (2, 1));
     }
 }
