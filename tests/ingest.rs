@@ -320,7 +320,7 @@ fn an_ingest_killed_midway_leaves_a_consistent_project() {
     let dir = tempfile::tempdir().unwrap();
     let project = init(dir.path());
     // Pre-split JSONL: no tagging, so the run is dominated by the write transaction.
-    let n = 150_000;
+    let n = 60_000;
     let big = dir.path().join("big.jsonl");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
     for i in 0..n {

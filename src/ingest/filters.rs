@@ -160,7 +160,7 @@ mod tests {
             outcome(sent1, "He chops it."),
             Outcome::Dropped("short_ending")
         );
-        let long = format!("He chops {}.", vec!["an onion"; 12].join(" and "));
+        let long = format!("He chops {}.", ["an onion"; 12].join(" and "));
         assert_eq!(outcome(sent1, &long), Outcome::Dropped("long_ending"));
     }
 

