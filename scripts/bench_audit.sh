@@ -15,6 +15,7 @@ AFKIT=${AFKIT:-target/release/afkit}
 HOME_DIR=${AFKIT_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/afkit}
 POOL=${1:-$HOME_DIR/bench/pool1000.sqlite}
 SEED=${SEED:-0}
+[ -x "$AFKIT" ] || cargo build --release
 [ -f "$POOL" ] || { echo "no pool at $POOL: run scripts/build_bench_pool.sh first" >&2; exit 1; }
 WORK=${WORK:-$(mktemp -d -t afkit-bench-audit.XXXXXX)}
 echo "work dir: $WORK" >&2
