@@ -11,8 +11,12 @@
 
 pub mod af;
 pub mod annotate;
+pub mod assemble;
 pub mod examples;
+pub mod export;
 pub mod fixture;
+#[doc(hidden)]
+pub mod fixtures;
 pub mod pool;
 pub mod status;
 
