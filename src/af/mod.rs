@@ -1,26 +1,76 @@
 //! Adversarial Filtering (SWAG Algorithm 1) with the four-model stylistic ensemble (SPEC §3).
+//!
+//! Data flow: `store::af_pool` (contexts with complete pools) → [`data::Dataset`] (tokens, tags,
+//! vocabularies, standardised LM features; built once per invocation) → per iteration
+//! [`run`]: split, [`train::train`] a fresh [`model::StylisticModel`], score the held-out pools,
+//! [`algorithm::choose_swaps`], commit → final cross-fitted pass → `af_folds`, `af_scores`.
+//! [`report`] reads the stored iterations back for the plot, the markdown and the JSON.
+
+pub mod algorithm;
+pub mod data;
+pub mod model;
+pub mod report;
+pub mod run;
+pub mod train;
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 #[derive(clap::Args)]
 pub struct FilterArgs {
     /// The project file.
     pub project: PathBuf,
-    /// Negatives assigned per context during AF.
+    /// Negatives assigned per context during AF (contexts whose pool is smaller are left out).
     #[arg(long, default_value_t = 9)]
     pub k: usize,
-    /// Cap on the cheap MLP-only iterations that run first.
+    /// Cap on the cheap MLP-only iterations that run first (SWAG: 100 on GPUs) [default: 20].
     #[arg(long)]
     pub mlp_iterations: Option<usize>,
-    /// Cap on the full-ensemble iterations (the phase may stop earlier when it converges).
+    /// Cap on the full-ensemble iterations (SWAG: 50). The phase stops earlier once it has
+    /// converged: 2 iterations in a row with swaps below 1% of the held-out contexts or ensemble
+    /// accuracy within two standard errors of chance [default: 10].
     #[arg(long)]
     pub ensemble_iterations: Option<usize>,
-    /// Seed for splits, initial assignment and model initialisation (recorded).
+    /// Seed for splits, initial assignment, model initialisation and batch order (recorded).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Easy negatives replaced per held-out context and iteration (SWAG: N_easy = 2).
+    #[arg(long, default_value_t = 2)]
+    pub n_easy: usize,
+    /// Start a new run even though the latest one is unfinished or finished on the same pools.
+    #[arg(long)]
+    pub new_run: bool,
+    /// Training passes over the training contexts in an MLP-only iteration.
+    #[arg(long, default_value_t = 10)]
+    pub mlp_epochs: usize,
+    /// Training passes in an ensemble iteration and in each fold of the final pass.
+    #[arg(long, default_value_t = 4)]
+    pub ensemble_epochs: usize,
+    /// Contexts per optimisation step.
+    #[arg(long, default_value_t = 32)]
+    pub batch_contexts: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub learning_rate: f64,
+    /// Word-embedding size of the bag-of-words, CNN and BiLSTM models.
+    #[arg(long, default_value_t = 64)]
+    pub word_dim: usize,
+    /// Hidden size of the MLP and the ensemble; the CNN uses half as many filters per width and
+    /// the BiLSTM half as many units per direction.
+    #[arg(long, default_value_t = 64)]
+    pub hidden: usize,
+    /// Words seen fewer times than this in the project's texts share the UNK embedding.
+    #[arg(long, default_value_t = 2)]
+    pub min_count: usize,
+    /// Folds of the final cross-fitted scoring pass.
+    #[arg(long, default_value_t = 5)]
+    pub folds: usize,
 }
+
+/// Default caps, scaled for a two-core CPU (see BENCHMARKS.md, "Filter").
+pub const DEFAULT_MLP_ITERATIONS: usize = 20;
+pub const DEFAULT_ENSEMBLE_ITERATIONS: usize = 10;
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
@@ -34,10 +84,10 @@ pub struct ReportArgs {
     pub json: bool,
 }
 
-pub fn run_filter(_args: FilterArgs) -> Result<()> {
-    bail!("filter is not implemented yet")
+pub fn run_filter(args: FilterArgs) -> Result<()> {
+    run::filter(args)
 }
 
-pub fn run_report(_args: ReportArgs) -> Result<()> {
-    bail!("report is not implemented yet")
+pub fn run_report(args: ReportArgs) -> Result<()> {
+    report::report(args)
 }

@@ -9,7 +9,15 @@
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy timeout so that
 //! several annotators (processes) can share one file.
 
+pub mod af;
+pub mod annotate;
+pub mod assemble;
 pub mod examples;
+pub mod export;
+pub mod fixture;
+#[doc(hidden)]
+pub mod fixtures;
+pub mod pool;
 pub mod status;
 
 use std::path::{Path, PathBuf};

@@ -89,8 +89,10 @@ CREATE TABLE af_runs (
     seed        INTEGER NOT NULL,
     params      TEXT NOT NULL,           -- JSON: every hyper-parameter of the run
     started_at  TEXT NOT NULL,
+    pool_fingerprint TEXT NOT NULL,      -- SHA-256 over the (context, ending) ids of the pools it filtered
     finished_at TEXT,                    -- set when the final cross-fitted pass is stored
-    status      TEXT NOT NULL            -- running | done
+    final_accuracy TEXT,                 -- JSON {mlp, bow, cnn, lstm, ensemble}: cross-fitted accuracy of the final pass
+    status      TEXT NOT NULL            -- running | done | abandoned (replaced by a --new-run)
 );
 
 CREATE TABLE af_iterations (
@@ -132,7 +134,9 @@ CREATE TABLE af_swaps (
 );
 CREATE INDEX af_swaps_run ON af_swaps(run_id, iteration);
 
--- Final cross-fitted pass: the fold each context was scored in and each ending's ensemble score.
+-- Final cross-fitted pass: the fold each context was scored in (the ensemble that scored it was
+-- trained on the other folds) and the ensemble score of the context's gold ending and of EVERY
+-- pool ending, assigned or not (comparable within a context only; higher = harder).
 CREATE TABLE af_folds (
     run_id     INTEGER NOT NULL REFERENCES af_runs(id) ON DELETE CASCADE,
     example_id INTEGER NOT NULL REFERENCES examples(id) ON DELETE CASCADE,
@@ -148,7 +152,9 @@ CREATE TABLE af_scores (
 
 -- ===== annotate =====
 -- One item to verify: a context and six endings in a recorded shuffled order. A re-annotation
--- (SWAG fn. 6) is a new task with round + 1 that supersedes the old one.
+-- (SWAG fn. 6) is a new task with round + 1 that supersedes the old one. Items are handed out in
+-- id order, and ids are assigned in a seeded random order of the contexts, so the first M
+-- round-0 tasks (replicas > 1) are a random sample of the contexts for measuring agreement.
 CREATE TABLE tasks (
     id          INTEGER PRIMARY KEY,
     example_id  INTEGER NOT NULL REFERENCES examples(id) ON DELETE CASCADE,
@@ -160,6 +166,7 @@ CREATE TABLE tasks (
     created_at  TEXT NOT NULL,
     UNIQUE (example_id, round)
 );
+CREATE INDEX tasks_open ON tasks(status, id);
 CREATE TABLE task_endings (
     task_id   INTEGER NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
     position  INTEGER NOT NULL,
@@ -167,11 +174,25 @@ CREATE TABLE task_endings (
     PRIMARY KEY (task_id, position)
 );
 
--- Who holds which item right now, so concurrent annotators do not collide.
+-- Who holds which item right now, so concurrent annotators do not collide. A claim is live while
+-- its process runs (pid on host) and refreshes seen_at; a stale one (process gone, or not seen for
+-- a while) no longer reserves the item for others, but still brings it back first to its annotator.
 CREATE TABLE claims (
     task_id    INTEGER NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
     annotator  TEXT NOT NULL,
     claimed_at TEXT NOT NULL,
+    seen_at    TEXT NOT NULL,            -- last heartbeat of the holding process
+    pid        INTEGER,                  -- holding process; NULL once it is known to be gone
+    host       TEXT NOT NULL,
+    PRIMARY KEY (task_id, annotator)
+);
+CREATE INDEX claims_annotator ON claims(annotator);
+
+-- Items an annotator chose not to do (they go to someone else, never back to this annotator).
+CREATE TABLE skips (
+    task_id    INTEGER NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+    annotator  TEXT NOT NULL,
+    skipped_at TEXT NOT NULL,
     PRIMARY KEY (task_id, annotator)
 );
 
@@ -186,6 +207,7 @@ CREATE TABLE submissions (
     submitted_at TEXT NOT NULL,
     UNIQUE (task_id, annotator)
 );
+CREATE INDEX submissions_annotator ON submissions(annotator, submitted_at);
 CREATE TABLE labels (
     submission_id INTEGER NOT NULL REFERENCES submissions(id) ON DELETE CASCADE,
     ending_id     INTEGER NOT NULL REFERENCES endings(id),

@@ -1,0 +1,226 @@
+//! The pure parts of SWAG's Algorithm 1: the initial assignment, the 80/20 split, accuracy,
+//! which negatives to swap, and when to stop. No models and no I/O here, so the invariants are
+//! tested directly (see the property tests below and `tests/filter.rs`).
+//!
+//! Swap rule (SPEC §3 step 3). For a held-out context with gold score g:
+//! - easy negatives: assigned endings x_j with g > f(x_j);
+//! - adversarial candidates: unassigned pool endings x with f(x) > f(x_easy).
+//!
+//! We pair the easiest easy negative (lowest score) with the highest-scoring unassigned ending,
+//! the second easiest with the second highest, and so on, up to N_easy pairs, and swap a pair
+//! only if the candidate outscores the easy negative it replaces. This is the paper's rule; the
+//! reference code's stricter variant (candidates must also outscore the gold) is not used, as
+//! SPEC §3 asks.
+
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+/// The RNG of one step of a run, derived from (seed, stream) so that any iteration can be re-run
+/// on its own and a resumed run draws exactly what an uninterrupted one would.
+pub fn stream_rng(seed: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    rng
+}
+
+/// Stream of the initial assignment; iteration `i` uses stream `i + 1`.
+pub const INITIAL_STREAM: u64 = 0;
+/// Stream of the final cross-fitted pass.
+pub const FINAL_STREAM: u64 = u64::MAX;
+
+pub fn iteration_stream(iteration: usize) -> u64 {
+    iteration as u64 + 1
+}
+
+/// k distinct endings drawn uniformly from `pool` (which must hold at least k).
+pub fn initial_draw(pool: &[i64], k: usize, rng: &mut ChaCha8Rng) -> Vec<i64> {
+    pool.choose_multiple(rng, k).copied().collect()
+}
+
+/// A random split of `n` contexts (by index) into train (80%) and test (20%, at least one).
+pub fn split_80_20(n: usize, rng: &mut ChaCha8Rng) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(rng);
+    let n_test = ((n as f64 * 0.2).round() as usize).clamp(1.min(n), n);
+    let test = order.split_off(n - n_test);
+    (order, test)
+}
+
+/// Assigns contexts to `folds` folds of near-equal size, at random.
+pub fn folds(n: usize, folds: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(rng);
+    let mut fold_of = vec![0; n];
+    for (position, &context) in order.iter().enumerate() {
+        fold_of[context] = position % folds;
+    }
+    fold_of
+}
+
+/// A choice counts as solved when the gold outscores every assigned negative (ties are errors,
+/// so a model that scores everything alike sits at or below chance, never above).
+pub fn solved(gold: f32, assigned: &[f32]) -> bool {
+    assigned.iter().all(|&s| gold > s)
+}
+
+/// The swaps for one held-out context: pairs (slot of the replaced easy negative, ending id that
+/// replaces it). `assigned`: (ending id, score) per slot; `unassigned`: (ending id, score) of the
+/// pool endings not assigned (the gold excluded).
+pub fn choose_swaps(
+    gold: f32,
+    assigned: &[(i64, f32)],
+    unassigned: &[(i64, f32)],
+    n_easy: usize,
+) -> Vec<(usize, i64)> {
+    let mut easy: Vec<usize> = (0..assigned.len())
+        .filter(|&slot| gold > assigned[slot].1)
+        .collect();
+    easy.sort_by(|&a, &b| assigned[a].1.total_cmp(&assigned[b].1).then(a.cmp(&b)));
+    let mut candidates: Vec<&(i64, f32)> = unassigned.iter().collect();
+    candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    easy.into_iter()
+        .zip(candidates)
+        .take(n_easy)
+        .filter(|(slot, candidate)| candidate.1 > assigned[*slot].1)
+        .map(|(slot, candidate)| (slot, candidate.0))
+        .collect()
+}
+
+/// The convergence rule of a phase: it stops once its last `patience` iterations were each
+/// *quiet* — fewer swaps than 1% of the held-out contexts, or the deciding model's held-out
+/// accuracy within two standard errors of chance, 1/(k+1) + 2·sqrt(c(1−c)/n_test).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Convergence {
+    pub patience: usize,
+    pub min_swap_fraction: f64,
+    pub chance_standard_errors: f64,
+}
+
+impl Default for Convergence {
+    fn default() -> Self {
+        Convergence {
+            patience: 2,
+            min_swap_fraction: 0.01,
+            chance_standard_errors: 2.0,
+        }
+    }
+}
+
+impl Convergence {
+    /// Whether one iteration was quiet: `accuracy` is the deciding model's held-out accuracy.
+    pub fn quiet(&self, k: usize, swaps: usize, n_test: usize, accuracy: f64) -> bool {
+        let chance = 1.0 / (k as f64 + 1.0);
+        let margin = self.chance_standard_errors * (chance * (1.0 - chance) / n_test as f64).sqrt();
+        (swaps as f64) < self.min_swap_fraction * n_test as f64 || accuracy <= chance + margin
+    }
+
+    /// Whether a phase whose iterations were quiet or not (in order) has converged.
+    pub fn converged(&self, quiet: &[bool]) -> bool {
+        self.patience > 0
+            && quiet.len() >= self.patience
+            && quiet[quiet.len() - self.patience..].iter().all(|&q| q)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scores() -> impl Strategy<Value = f32> {
+        // Few distinct values, so ties are common.
+        (0i32..8).prop_map(|v| v as f32 / 2.0)
+    }
+
+    proptest! {
+        #[test]
+        fn swaps_replace_easy_negatives_by_higher_scoring_unassigned_endings(
+            gold in scores(),
+            assigned in prop::collection::vec(scores(), 1..10),
+            unassigned in prop::collection::vec(scores(), 0..20),
+            n_easy in 0usize..4,
+        ) {
+            let assigned: Vec<(i64, f32)> =
+                assigned.into_iter().enumerate().map(|(i, s)| (i as i64, s)).collect();
+            let unassigned: Vec<(i64, f32)> =
+                unassigned.into_iter().enumerate().map(|(i, s)| (100 + i as i64, s)).collect();
+            let swaps = choose_swaps(gold, &assigned, &unassigned, n_easy);
+            prop_assert!(swaps.len() <= n_easy);
+            let mut slots: Vec<usize> = swaps.iter().map(|s| s.0).collect();
+            let mut news: Vec<i64> = swaps.iter().map(|s| s.1).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            news.sort_unstable();
+            news.dedup();
+            prop_assert_eq!(slots.len(), swaps.len(), "a slot is swapped at most once");
+            prop_assert_eq!(news.len(), swaps.len(), "an ending comes in at most once");
+            for (slot, new) in &swaps {
+                let old_score = assigned[*slot].1;
+                let new_score = unassigned.iter().find(|u| u.0 == *new).unwrap().1;
+                prop_assert!(gold > old_score, "only easy negatives are replaced");
+                prop_assert!(new_score > old_score, "the newcomer outscores what it replaces");
+            }
+            // The rule is not idle: when some unassigned ending outscores the easiest easy
+            // negative, at least one swap happens.
+            let best = unassigned.iter().map(|u| u.1).fold(f32::MIN, f32::max);
+            let easiest = assigned.iter().filter(|a| gold > a.1).map(|a| a.1).fold(f32::MAX, f32::min);
+            if n_easy > 0 && best > easiest {
+                prop_assert!(!swaps.is_empty());
+            }
+        }
+
+        #[test]
+        fn split_is_a_partition_with_a_fifth_held_out(n in 1usize..200, seed in 0u64..1000) {
+            let (train, test) = split_80_20(n, &mut stream_rng(seed, 1));
+            let mut all: Vec<usize> = train.iter().chain(&test).copied().collect();
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..n).collect::<Vec<_>>());
+            prop_assert!(!test.is_empty());
+            prop_assert!((test.len() as f64 - n as f64 * 0.2).abs() <= 1.0);
+        }
+
+        #[test]
+        fn initial_draw_takes_k_distinct_pool_endings(
+            pool_size in 1usize..40, k in 1usize..10, seed in 0u64..1000,
+        ) {
+            prop_assume!(pool_size >= k);
+            let pool: Vec<i64> = (0..pool_size as i64).map(|i| i * 7 + 3).collect();
+            let draw = initial_draw(&pool, k, &mut stream_rng(seed, INITIAL_STREAM));
+            let mut distinct = draw.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            prop_assert_eq!(distinct.len(), k);
+            prop_assert!(draw.iter().all(|e| pool.contains(e)));
+            prop_assert_eq!(draw, initial_draw(&pool, k, &mut stream_rng(seed, INITIAL_STREAM)));
+        }
+    }
+
+    #[test]
+    fn ties_with_the_gold_are_not_solved() {
+        assert!(solved(1.0, &[0.5, 0.9]));
+        assert!(!solved(1.0, &[0.5, 1.0]));
+        assert!(solved(1.0, &[]));
+    }
+
+    #[test]
+    fn convergence_needs_patience_quiet_iterations_in_a_row() {
+        let rule = Convergence::default();
+        // k = 9, 200 held out: chance 0.1, margin 2·sqrt(0.09/200) ≈ 0.042.
+        assert!(rule.quiet(9, 0, 200, 0.9), "no swaps");
+        assert!(rule.quiet(9, 50, 200, 0.14));
+        assert!(!rule.quiet(9, 50, 200, 0.15));
+        assert!(!rule.converged(&[true]));
+        assert!(!rule.converged(&[true, false]));
+        assert!(rule.converged(&[false, true, true]));
+    }
+
+    #[test]
+    fn folds_are_balanced() {
+        let f = folds(23, 5, &mut stream_rng(1, FINAL_STREAM));
+        for fold in 0..5 {
+            let size = f.iter().filter(|&&x| x == fold).count();
+            assert!(size == 4 || size == 5);
+        }
+    }
+}

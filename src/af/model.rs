@@ -1,0 +1,425 @@
+//! The stylistic model family of SWAG §3.4, in candle: four models that each score one option
+//! (`sent2 + ending`) of a (k+1)-way choice, and an ensemble over their final representations.
+//!
+//! - [`MlpModel`]: LM features and lengths → two ReLU layers.
+//! - [`BowModel`]: the mean of trainable word embeddings.
+//! - [`CnnModel`]: one convolution layer per filter width (2, 3, 4, 5) over word embedding ⊕
+//!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time. The convolution is
+//!   written as windows → linear layer (im2col), because candle's CPU conv1d backward pass goes
+//!   through a naive transposed convolution that dominated training time.
+//! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled.
+//! - The ensemble: the four representations concatenated into a one-hidden-layer MLP.
+//!
+//! Every model has its own linear scoring head, and all heads are trained jointly (the sum of
+//! their softmax cross-entropy losses, as SWAG's reference code does), so each head's accuracy can
+//! be reported on its own. In MLP-only iterations only the MLP and its head exist.
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::rnn::{Direction, LSTMConfig, RNN};
+use candle_nn::{embedding, linear, lstm, Embedding, Linear, VarBuilder};
+use serde::Serialize;
+
+use super::data::LM_FEATURES;
+
+/// Filter widths of the CNN (SWAG: "filter sizes ranging from 2-5").
+pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
+
+/// Large negative added to padded positions before max-pooling.
+const MASKED: f64 = -1e4;
+
+/// Which models are trained in an iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// The cheap perplexity MLP alone (SWAG's first 100 iterations).
+    Mlp,
+    /// All four models and the ensemble.
+    Ensemble,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Mlp => "mlp",
+            Family::Ensemble => "ensemble",
+        }
+    }
+}
+
+/// Layer sizes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ModelConfig {
+    pub word_dim: usize,
+    pub indicator_dim: usize,
+    pub mlp_hidden: usize,
+    pub cnn_filters: usize,
+    pub lstm_hidden: usize,
+    pub ensemble_hidden: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            word_dim: 64,
+            indicator_dim: 8,
+            mlp_hidden: 64,
+            cnn_filters: 32,
+            lstm_hidden: 32,
+            ensemble_hidden: 64,
+        }
+    }
+}
+
+/// A padded batch of options, one row per option.
+pub struct Batch {
+    /// (rows, LM_FEATURES) standardised LM features.
+    pub lm: Tensor,
+    /// Token inputs; `None` in MLP-only iterations.
+    pub text: Option<TextBatch>,
+}
+
+pub struct TextBatch {
+    /// (rows, len) word ids, padded with 0.
+    pub words: Tensor,
+    /// (rows, len) 0/1: token belongs to `sent2`.
+    pub in_sent2: Tensor,
+    /// (rows, len) BiLSTM ids and indicator, and the same with each row's tokens reversed
+    /// (padding stays at the end) for the backward direction.
+    pub lstm_ids: Tensor,
+    pub lstm_ids_rev: Tensor,
+    pub in_sent2_rev: Tensor,
+    /// (rows, len, 1) 1.0 on real tokens.
+    pub mask: Tensor,
+    /// (rows, 1) number of real tokens.
+    pub lengths: Tensor,
+    /// Per CNN width: (rows, len - width + 1, 1) 1.0 where the window starts on a real token.
+    pub conv_masks: Vec<Tensor>,
+}
+
+/// Per-row scores of every head that exists, each of shape (rows,).
+pub struct HeadScores {
+    pub mlp: Tensor,
+    pub bow: Option<Tensor>,
+    pub cnn: Option<Tensor>,
+    pub lstm: Option<Tensor>,
+    pub ensemble: Option<Tensor>,
+}
+
+impl HeadScores {
+    pub fn all(&self) -> Vec<&Tensor> {
+        std::iter::once(&self.mlp)
+            .chain(&self.bow)
+            .chain(&self.cnn)
+            .chain(&self.lstm)
+            .chain(&self.ensemble)
+            .collect()
+    }
+}
+
+/// Max over time of (rows, len, channels), ignoring positions where `mask` (rows, len, 1) is 0.
+fn masked_max_over_time(xs: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let penalty = ((mask - 1.0)? * -MASKED)?;
+    xs.broadcast_add(&penalty)?.max(1)
+}
+
+pub struct MlpModel {
+    l1: Linear,
+    l2: Linear,
+}
+
+impl MlpModel {
+    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(MlpModel {
+            l1: linear(LM_FEATURES, cfg.mlp_hidden, vb.pp("l1"))?,
+            l2: linear(cfg.mlp_hidden, cfg.mlp_hidden, vb.pp("l2"))?,
+        })
+    }
+
+    fn forward(&self, lm: &Tensor) -> Result<Tensor> {
+        self.l2.forward(&self.l1.forward(lm)?.relu()?)?.relu()
+    }
+}
+
+pub struct BowModel {
+    embed: Embedding,
+}
+
+impl BowModel {
+    fn new(vocab: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(BowModel {
+            embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
+        })
+    }
+
+    fn forward(&self, text: &TextBatch) -> Result<Tensor> {
+        let summed = self
+            .embed
+            .forward(&text.words)?
+            .broadcast_mul(&text.mask)?
+            .sum(1)?;
+        summed.broadcast_div(&text.lengths)
+    }
+}
+
+pub struct CnnModel {
+    embed: Embedding,
+    indicator: Embedding,
+    /// Per width w: a linear map of the w concatenated token vectors of a window to the filters.
+    convs: Vec<Linear>,
+}
+
+impl CnnModel {
+    fn new(vocab: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let channels = cfg.word_dim + cfg.indicator_dim;
+        let convs = CNN_WIDTHS
+            .iter()
+            .map(|w| linear(w * channels, cfg.cnn_filters, vb.pp(format!("conv{w}"))))
+            .collect::<Result<_>>()?;
+        Ok(CnnModel {
+            embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
+            indicator: embedding(2, cfg.indicator_dim, vb.pp("indicator"))?,
+            convs,
+        })
+    }
+
+    fn forward(&self, text: &TextBatch) -> Result<Tensor> {
+        let xs = Tensor::cat(
+            &[
+                self.embed.forward(&text.words)?,
+                self.indicator.forward(&text.in_sent2)?,
+            ],
+            2,
+        )?;
+        let len = xs.dim(1)?;
+        let pooled = CNN_WIDTHS
+            .iter()
+            .zip(&self.convs)
+            .zip(&text.conv_masks)
+            .map(|((w, conv), mask)| {
+                // (rows, windows, w·channels): window t holds tokens t..t+w side by side.
+                let windows = len - w + 1;
+                let shifted = (0..*w)
+                    .map(|i| xs.narrow(1, i, windows))
+                    .collect::<Result<Vec<_>>>()?;
+                let features = conv.forward(&Tensor::cat(&shifted, 2)?)?.relu()?;
+                masked_max_over_time(&features, mask)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&pooled, 1)
+    }
+}
+
+pub struct LstmModel {
+    embed: Embedding,
+    indicator: Embedding,
+    forward: candle_nn::LSTM,
+    backward: candle_nn::LSTM,
+}
+
+impl LstmModel {
+    fn new(vocab: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let input = cfg.word_dim + cfg.indicator_dim;
+        let backward_cfg = LSTMConfig {
+            direction: Direction::Backward,
+            ..LSTMConfig::default()
+        };
+        Ok(LstmModel {
+            embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
+            indicator: embedding(2, cfg.indicator_dim, vb.pp("indicator"))?,
+            forward: lstm(input, cfg.lstm_hidden, LSTMConfig::default(), vb.pp("lstm"))?,
+            backward: lstm(input, cfg.lstm_hidden, backward_cfg, vb.pp("lstm"))?,
+        })
+    }
+
+    fn run(&self, lstm: &candle_nn::LSTM, ids: &Tensor, in_sent2: &Tensor) -> Result<Tensor> {
+        let xs = Tensor::cat(
+            &[self.embed.forward(ids)?, self.indicator.forward(in_sent2)?],
+            2,
+        )?;
+        let states = lstm.seq(&xs)?;
+        lstm.states_to_tensor(&states)
+    }
+
+    fn forward(&self, text: &TextBatch) -> Result<Tensor> {
+        // Padding sits at the end of both the forward and the reversed rows, so each direction
+        // starts on a real token; padded steps are ignored by the masked max.
+        let fwd = self.run(&self.forward, &text.lstm_ids, &text.in_sent2)?;
+        let bwd = self.run(&self.backward, &text.lstm_ids_rev, &text.in_sent2_rev)?;
+        Tensor::cat(
+            &[
+                masked_max_over_time(&fwd, &text.mask)?,
+                masked_max_over_time(&bwd, &text.mask)?,
+            ],
+            1,
+        )
+    }
+}
+
+struct TextModels {
+    bow: BowModel,
+    cnn: CnnModel,
+    lstm: LstmModel,
+    bow_head: Linear,
+    cnn_head: Linear,
+    lstm_head: Linear,
+    ensemble_hidden: Linear,
+    ensemble_head: Linear,
+}
+
+/// The model family of one iteration: the MLP always, the text models and the ensemble in
+/// [`Family::Ensemble`] iterations.
+pub struct StylisticModel {
+    mlp: MlpModel,
+    mlp_head: Linear,
+    text: Option<TextModels>,
+}
+
+impl StylisticModel {
+    pub fn new(
+        family: Family,
+        vocab: usize,
+        lstm_vocab: usize,
+        cfg: &ModelConfig,
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let mlp = MlpModel::new(cfg, vb.pp("mlp"))?;
+        let mlp_head = linear(cfg.mlp_hidden, 1, vb.pp("mlp_head"))?;
+        let text = match family {
+            Family::Mlp => None,
+            Family::Ensemble => {
+                let cnn_dim = cfg.cnn_filters * CNN_WIDTHS.len();
+                let lstm_dim = 2 * cfg.lstm_hidden;
+                let concat = cfg.mlp_hidden + cfg.word_dim + cnn_dim + lstm_dim;
+                Some(TextModels {
+                    bow: BowModel::new(vocab, cfg, vb.pp("bow"))?,
+                    cnn: CnnModel::new(vocab, cfg, vb.pp("cnn"))?,
+                    lstm: LstmModel::new(lstm_vocab, cfg, vb.pp("bilstm"))?,
+                    bow_head: linear(cfg.word_dim, 1, vb.pp("bow_head"))?,
+                    cnn_head: linear(cnn_dim, 1, vb.pp("cnn_head"))?,
+                    lstm_head: linear(lstm_dim, 1, vb.pp("lstm_head"))?,
+                    ensemble_hidden: linear(concat, cfg.ensemble_hidden, vb.pp("ensemble"))?,
+                    ensemble_head: linear(cfg.ensemble_hidden, 1, vb.pp("ensemble_head"))?,
+                })
+            }
+        };
+        Ok(StylisticModel {
+            mlp,
+            mlp_head,
+            text,
+        })
+    }
+
+    pub fn family(&self) -> Family {
+        if self.text.is_some() {
+            Family::Ensemble
+        } else {
+            Family::Mlp
+        }
+    }
+
+    /// Scores every row of the batch with every head.
+    pub fn forward(&self, batch: &Batch) -> Result<HeadScores> {
+        let mlp_rep = self.mlp.forward(&batch.lm)?;
+        let mlp = self.mlp_head.forward(&mlp_rep)?.squeeze(1)?;
+        let (Some(models), Some(text)) = (&self.text, &batch.text) else {
+            return Ok(HeadScores {
+                mlp,
+                bow: None,
+                cnn: None,
+                lstm: None,
+                ensemble: None,
+            });
+        };
+        let bow_rep = models.bow.forward(text)?;
+        let cnn_rep = models.cnn.forward(text)?;
+        let lstm_rep = models.lstm.forward(text)?;
+        let joint = Tensor::cat(&[&mlp_rep, &bow_rep, &cnn_rep, &lstm_rep], 1)?;
+        let ensemble = models
+            .ensemble_head
+            .forward(&models.ensemble_hidden.forward(&joint)?.relu()?)?;
+        Ok(HeadScores {
+            mlp,
+            bow: Some(models.bow_head.forward(&bow_rep)?.squeeze(1)?),
+            cnn: Some(models.cnn_head.forward(&cnn_rep)?.squeeze(1)?),
+            lstm: Some(models.lstm_head.forward(&lstm_rep)?.squeeze(1)?),
+            ensemble: Some(ensemble.squeeze(1)?),
+        })
+    }
+}
+
+/// Builds a batch from options given as (ending, tokens of `sent2` at its start).
+pub fn make_batch(
+    options: &[(&super::data::EncodedEnding, usize)],
+    with_text: bool,
+    device: &Device,
+) -> Result<Batch> {
+    let rows = options.len();
+    let lm: Vec<f32> = options.iter().flat_map(|(e, _)| e.lm).collect();
+    let lm = Tensor::from_vec(lm, (rows, LM_FEATURES), device)?;
+    if !with_text {
+        return Ok(Batch { lm, text: None });
+    }
+    // At least as long as the widest filter, so every width yields one window.
+    let max_width = *CNN_WIDTHS.iter().max().unwrap_or(&1);
+    let len = options
+        .iter()
+        .map(|(e, _)| e.words.len())
+        .max()
+        .unwrap_or(0)
+        .max(max_width);
+    let mut words = vec![0u32; rows * len];
+    let mut in_sent2 = vec![0u32; rows * len];
+    let mut lstm_ids = vec![0u32; rows * len];
+    let mut lstm_ids_rev = vec![0u32; rows * len];
+    let mut in_sent2_rev = vec![0u32; rows * len];
+    let mut mask = vec![0f32; rows * len];
+    let mut lengths = vec![0f32; rows];
+    let mut conv_masks: Vec<Vec<f32>> = CNN_WIDTHS
+        .iter()
+        .map(|w| vec![0f32; rows * (len - w + 1)])
+        .collect();
+    for (r, (ending, n_sent2)) in options.iter().enumerate() {
+        // An empty text still gets one (UNK) token so that every row has something to pool.
+        let n = ending.words.len().max(1);
+        lengths[r] = n as f32;
+        for t in 0..n {
+            let src = n - 1 - t;
+            let at = r * len + t;
+            words[at] = ending.words.get(t).copied().unwrap_or(super::data::UNK);
+            lstm_ids[at] = ending.lstm.get(t).copied().unwrap_or(super::data::UNK);
+            lstm_ids_rev[at] = ending.lstm.get(src).copied().unwrap_or(super::data::UNK);
+            in_sent2[at] = u32::from(t < *n_sent2);
+            in_sent2_rev[at] = u32::from(src < *n_sent2);
+            mask[at] = 1.0;
+        }
+        for (w, conv_mask) in CNN_WIDTHS.iter().zip(conv_masks.iter_mut()) {
+            let windows = len - w + 1;
+            // Windows that start on a real token; a text shorter than the filter keeps window 0.
+            for t in 0..windows.min(n.saturating_sub(w - 1).max(1)) {
+                conv_mask[r * windows + t] = 1.0;
+            }
+        }
+    }
+    let ids = |v: Vec<u32>| Tensor::from_vec(v, (rows, len), device);
+    let text = TextBatch {
+        words: ids(words)?,
+        in_sent2: ids(in_sent2)?,
+        lstm_ids: ids(lstm_ids)?,
+        lstm_ids_rev: ids(lstm_ids_rev)?,
+        in_sent2_rev: ids(in_sent2_rev)?,
+        mask: Tensor::from_vec(mask, (rows, len, 1), device)?,
+        lengths: Tensor::from_vec(lengths, (rows, 1), device)?,
+        conv_masks: CNN_WIDTHS
+            .iter()
+            .zip(conv_masks)
+            .map(|(w, m)| Tensor::from_vec(m, (rows, len - w + 1, 1), device))
+            .collect::<Result<_>>()?,
+    };
+    Ok(Batch {
+        lm,
+        text: Some(text),
+    })
+}
+
+/// The dtype of every parameter.
+pub const DTYPE: DType = DType::F32;

@@ -1,0 +1,309 @@
+//! `afkit report`: the latest AF run as SWAG's Figure 2 on the user's data (`af_accuracy.png`),
+//! a markdown summary (`report.md`) and, with `--json`, the per-iteration record of SPEC §8.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::ReportArgs;
+use crate::store::af::{AfRun, HeadAccuracy, IterationRecord};
+use crate::store::Store;
+
+/// One element of the `--json` output's `iterations` array (SPEC §8).
+#[derive(Serialize)]
+struct JsonIteration<'a> {
+    iteration: usize,
+    phase: &'a str,
+    swaps: usize,
+    seconds: f64,
+    accuracy: HeadAccuracy,
+}
+
+pub fn report(args: ReportArgs) -> Result<()> {
+    let store = Store::open(&args.project)?;
+    let run = store.latest_af_run()?.ok_or_else(|| {
+        anyhow!(
+            "{} has no AF run yet: run `afkit filter {}` first",
+            args.project.display(),
+            args.project.display()
+        )
+    })?;
+    let iterations = store.af_iterations(run.id)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let png = args.out.join("af_accuracy.png");
+    plot(&run, &iterations, &png)?;
+    let md = args.out.join("report.md");
+    std::fs::write(&md, markdown(&run, &iterations, &store)?)
+        .with_context(|| format!("cannot write {}", md.display()))?;
+    if args.json {
+        let rows: Vec<JsonIteration> = iterations
+            .iter()
+            .map(|r| JsonIteration {
+                iteration: r.iteration,
+                phase: &r.phase,
+                swaps: r.swaps,
+                seconds: r.seconds,
+                accuracy: r.accuracy,
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "iterations": rows }));
+    } else {
+        println!("wrote {} and {}", png.display(), md.display());
+    }
+    Ok(())
+}
+
+/// The models in plotting order with their colours.
+const MODELS: [(&str, RGBColor); 5] = [
+    ("MLP (LM features)", RGBColor(31, 119, 180)),
+    ("bag of words", RGBColor(44, 160, 44)),
+    ("CNN", RGBColor(255, 127, 14)),
+    ("BiLSTM (POS)", RGBColor(148, 103, 189)),
+    ("ensemble", RGBColor(214, 39, 40)),
+];
+
+fn head(a: &HeadAccuracy, model: usize) -> Option<f64> {
+    [a.mlp, a.bow, a.cnn, a.lstm, a.ensemble][model]
+}
+
+/// Accuracy by iteration, one line per model, the MLP-only phase shaded, chance dashed.
+fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> {
+    crate::plot::register_font();
+    let chance = 1.0 / (run.k as f64 + 1.0);
+    let last = iterations.last().map_or(1, |r| r.iteration.max(1));
+    let top = iterations
+        .iter()
+        .flat_map(|r| (0..5).filter_map(|m| head(&r.accuracy, m)))
+        .fold(chance * 2.0, f64::max);
+    let y_max = (top * 1.1).min(1.0).max(chance * 1.5);
+    let mlp_end = iterations
+        .iter()
+        .filter(|r| r.phase == "mlp")
+        .map(|r| r.iteration)
+        .max();
+
+    let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
+    let draw_err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
+    root.fill(&WHITE).map_err(draw_err)?;
+    let font = crate::plot::FONT;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Held-out accuracy by AF iteration (k = {}, run {})",
+                run.k, run.id
+            ),
+            (font, 26),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5f64..last as f64 + 0.5, 0f64..y_max)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("AF iteration")
+        .y_desc("accuracy on the held-out 20%")
+        .axis_desc_style((font, 18))
+        .label_style((font, 15))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(draw_err)?;
+
+    if let Some(end) = mlp_end {
+        let boundary = end as f64 + 0.5;
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(-0.5, 0.0), (boundary, y_max)],
+                RGBColor(240, 244, 250).filled(),
+            )))
+            .map_err(draw_err)?;
+        let label_style = TextStyle::from((font, 16).into_font()).color(&RGBColor(90, 90, 90));
+        chart
+            .draw_series([
+                Text::new(
+                    "MLP only".to_string(),
+                    (0.0, y_max * 0.97),
+                    label_style.clone(),
+                ),
+                Text::new(
+                    "ensemble".to_string(),
+                    (boundary + 0.3, y_max * 0.97),
+                    label_style,
+                ),
+            ])
+            .map_err(draw_err)?;
+    }
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(-0.5, chance), (last as f64 + 0.5, chance)],
+            8,
+            6,
+            BLACK.stroke_width(2),
+        ))
+        .map_err(draw_err)?
+        .label(format!("chance 1/(k+1) = {chance:.2}"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+
+    for (m, (name, colour)) in MODELS.iter().enumerate() {
+        let points: Vec<(f64, f64)> = iterations
+            .iter()
+            .filter_map(|r| head(&r.accuracy, m).map(|a| (r.iteration as f64, a)))
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let style = colour.stroke_width(if m == 4 { 3 } else { 2 });
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))
+            .map_err(draw_err)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+        chart
+            .draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))
+            .map_err(draw_err)?;
+    }
+    chart
+        .configure_series_labels()
+        .label_font((font, 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(200, 200, 200))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(draw_err)?;
+    root.present().map_err(draw_err)?;
+    Ok(())
+}
+
+fn fmt_acc(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_string(), |v| format!("{v:.3}"))
+}
+
+fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Result<String> {
+    let chance = 1.0 / (run.k as f64 + 1.0);
+    let mut md = String::new();
+    writeln!(md, "# Adversarial filtering report: run {}\n", run.id)?;
+    writeln!(
+        md,
+        "![accuracy by iteration](af_accuracy.png)\n\nStarted {}; {}. k = {} negatives per \
+         context, chance = {chance:.3}, seed {}.\n",
+        run.started_at,
+        run.finished_at.as_ref().map_or(
+            "not finished (the final cross-fitted pass is not stored yet)".to_string(),
+            |f| { format!("finished {f}") }
+        ),
+        run.k,
+        run.seed
+    )?;
+    let mlp: Vec<&IterationRecord> = iterations.iter().filter(|r| r.phase == "mlp").collect();
+    let ens: Vec<&IterationRecord> = iterations
+        .iter()
+        .filter(|r| r.phase == "ensemble")
+        .collect();
+    let total_swaps: usize = iterations.iter().map(|r| r.swaps).sum();
+    let total_seconds: f64 = iterations.iter().map(|r| r.seconds).sum();
+    writeln!(md, "## Summary\n")?;
+    writeln!(
+        md,
+        "- iterations: {} ({} MLP-only, {} ensemble)",
+        iterations.len(),
+        mlp.len(),
+        ens.len()
+    )?;
+    writeln!(md, "- swaps: {total_swaps} in all")?;
+    let mean = |rs: &[&IterationRecord]| {
+        if rs.is_empty() {
+            "–".to_string()
+        } else {
+            format!(
+                "{:.1} s",
+                rs.iter().map(|r| r.seconds).sum::<f64>() / rs.len() as f64
+            )
+        }
+    };
+    writeln!(
+        md,
+        "- time: {total_seconds:.0} s of iterations (mean {} per MLP-only, {} per ensemble \
+         iteration)",
+        mean(&mlp),
+        mean(&ens)
+    )?;
+    for (label, phase) in [("MLP-only phase", &mlp), ("ensemble phase", &ens)] {
+        if let (Some(first), Some(last)) = (phase.first(), phase.last()) {
+            writeln!(
+                md,
+                "- {label}: iteration {} → {}: {}",
+                first.iteration,
+                last.iteration,
+                (0..5)
+                    .filter_map(|m| {
+                        let (a, b) = (head(&first.accuracy, m), head(&last.accuracy, m));
+                        a.map(|_| format!("{} {} → {}", MODELS[m].0, fmt_acc(a), fmt_acc(b)))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )?;
+        }
+    }
+    if let Some(acc) = &run.final_accuracy {
+        writeln!(
+            md,
+            "- final cross-fitted pass (every context scored by an ensemble that did not train on \
+             it): mlp {}, bag of words {}, CNN {}, BiLSTM {}, ensemble {}",
+            fmt_acc(acc.mlp),
+            fmt_acc(acc.bow),
+            fmt_acc(acc.cnn),
+            fmt_acc(acc.lstm),
+            fmt_acc(acc.ensemble)
+        )?;
+        let origins = store.af_assignment_origins(run.id)?;
+        let initial = origins.values().filter(|&&i| i < 0).count();
+        writeln!(
+            md,
+            "- final assignment: {} of {} negatives brought in by AF swaps, {} from the initial \
+             random draw",
+            origins.len() - initial,
+            origins.len(),
+            initial
+        )?;
+    }
+    writeln!(md, "\n## Per iteration\n")?;
+    writeln!(
+        md,
+        "Accuracy = fraction of held-out contexts whose found ending outscores all k assigned \
+         negatives, measured before the iteration's swaps.\n"
+    )?;
+    writeln!(
+        md,
+        "| iteration | phase | mlp | bow | cnn | lstm | ensemble | swaps | held out | seconds |"
+    )?;
+    writeln!(md, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for r in iterations {
+        let a = &r.accuracy;
+        writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+            r.iteration,
+            r.phase,
+            fmt_acc(a.mlp),
+            fmt_acc(a.bow),
+            fmt_acc(a.cnn),
+            fmt_acc(a.lstm),
+            fmt_acc(a.ensemble),
+            r.swaps,
+            r.n_test,
+            r.seconds
+        )?;
+    }
+    writeln!(md, "\n## Parameters\n")?;
+    let params: serde_json::Value = serde_json::from_str(&run.params)?;
+    writeln!(
+        md,
+        "```json\n{}\n```",
+        serde_json::to_string_pretty(&params)?
+    )?;
+    Ok(md)
+}

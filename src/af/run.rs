@@ -1,0 +1,568 @@
+//! `afkit filter`: a resumable AF run (SPEC §3).
+//!
+//! 1. Contexts with a complete pool of at least k candidates take part; each starts with k
+//!    distinct pool endings drawn at random (`since_iteration = -1`).
+//! 2. Phase 1 runs MLP-only iterations, phase 2 ensemble iterations; each phase ends at its cap
+//!    or when it converges ([`Convergence`]: two quiet iterations in a row).
+//! 3. Every iteration is committed whole (record, swaps, new assignment) in one transaction, and
+//!    its randomness comes from (seed, iteration) alone, so a run interrupted by Ctrl-C or
+//!    `kill -9` resumes after its last stored iteration and ends exactly where an uninterrupted
+//!    run with the same seed ends.
+//! 4. The final cross-fitted pass splits contexts into folds, trains the ensemble on all folds
+//!    but one and scores the held-out fold's gold and every pool ending: `af_folds`, `af_scores`.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use rand::RngCore;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::algorithm::{
+    choose_swaps, folds, initial_draw, iteration_stream, solved, split_80_20, stream_rng,
+    Convergence, FINAL_STREAM, INITIAL_STREAM,
+};
+use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
+use super::model::{Family, ModelConfig};
+use super::train::{train, Choice, Scores, TrainConfig, Trained};
+use super::{FilterArgs, DEFAULT_ENSEMBLE_ITERATIONS, DEFAULT_MLP_ITERATIONS};
+use crate::store::af::{AfRun, Assignment, HeadAccuracy, IterationRecord, PoolContext, Swap};
+use crate::store::Store;
+
+/// Every setting of a run, stored as `af_runs.params`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunParams {
+    pub k: usize,
+    pub seed: u64,
+    pub n_easy: usize,
+    pub mlp_iterations: usize,
+    pub ensemble_iterations: usize,
+    pub folds: usize,
+    pub train_fraction: f64,
+    pub convergence: Convergence,
+    pub encode: EncodeConfig,
+    pub train: TrainConfig,
+    pub n_contexts: usize,
+    pub n_excluded: usize,
+}
+
+impl RunParams {
+    fn from_args(args: &FilterArgs, n_contexts: usize, n_excluded: usize) -> RunParams {
+        RunParams {
+            k: args.k,
+            seed: args.seed,
+            n_easy: args.n_easy,
+            mlp_iterations: args.mlp_iterations.unwrap_or(DEFAULT_MLP_ITERATIONS),
+            ensemble_iterations: args
+                .ensemble_iterations
+                .unwrap_or(DEFAULT_ENSEMBLE_ITERATIONS),
+            folds: args.folds,
+            train_fraction: 0.8,
+            convergence: Convergence::default(),
+            encode: EncodeConfig {
+                min_count: args.min_count,
+                ..EncodeConfig::default()
+            },
+            train: TrainConfig {
+                mlp_epochs: args.mlp_epochs,
+                ensemble_epochs: args.ensemble_epochs,
+                batch_contexts: args.batch_contexts,
+                learning_rate: args.learning_rate,
+                model: ModelConfig {
+                    word_dim: args.word_dim,
+                    mlp_hidden: args.hidden,
+                    ensemble_hidden: args.hidden,
+                    cnn_filters: (args.hidden / 2).max(1),
+                    lstm_hidden: (args.hidden / 2).max(1),
+                    ..ModelConfig::default()
+                },
+                ..TrainConfig::default()
+            },
+            n_contexts,
+            n_excluded,
+        }
+    }
+}
+
+pub fn filter(args: FilterArgs) -> Result<()> {
+    if args.k == 0 {
+        bail!("--k must be at least 1");
+    }
+    if args.folds < 2 {
+        bail!("--folds must be at least 2 (train on all folds but one, score that one)");
+    }
+    let mut store = Store::open(&args.project)?;
+    let (pool, n_excluded) = usable_pool(store.af_pool()?, args.k);
+    if n_excluded > 0 {
+        println!(
+            "{n_excluded} contexts have fewer than k = {} candidate endings and are left out",
+            args.k
+        );
+    }
+    if pool.len() < 2 * args.folds.max(5) {
+        bail!(
+            "{}: only {} contexts have a pool of at least k = {} candidates; AF needs at least {} \
+             (run `afkit generate` first, or lower --k)",
+            args.project.display(),
+            pool.len(),
+            args.k,
+            2 * args.folds.max(5)
+        );
+    }
+    let params = RunParams::from_args(&args, pool.len(), n_excluded);
+    let fingerprint = pool_fingerprint(&pool);
+    let Some(run) = resolve_run(&mut store, &args, &params, &fingerprint, &pool)? else {
+        return Ok(());
+    };
+
+    let started = Instant::now();
+    let data = Dataset::encode(&pool, &params.encode);
+    println!(
+        "AF run {}: {} contexts, k = {}, chance = {:.3}; vocabulary {} words, BiLSTM {} ids \
+         (encoded in {:.1} s)",
+        run.id,
+        data.contexts.len(),
+        params.k,
+        1.0 / (params.k as f64 + 1.0),
+        data.vocab_size,
+        data.lstm_vocab_size,
+        started.elapsed().as_secs_f64()
+    );
+    let mut assignment = store.af_assignment(run.id)?;
+    let mut history = store.af_iterations(run.id)?;
+    let total = (params.mlp_iterations + params.ensemble_iterations) as u64;
+    let bar = crate::progress::bar(total, "iterations");
+    bar.set_position(history.len() as u64);
+    while let Some(family) = next_family(&history, &params) {
+        crate::interrupt::check()?;
+        let iteration = history.len();
+        if iteration == 0 || history[iteration - 1].phase != family.name() {
+            bar.suspend(|| println!("phase: {} iterations", family.name()));
+        }
+        let (record, swaps, train_seconds) =
+            run_iteration(&data, &assignment, family, iteration, &params)?;
+        store.commit_af_iteration(run.id, &record, &swaps)?;
+        apply_swaps(&mut assignment, &swaps);
+        bar.suspend(|| println!("{}", iteration_line(&record, train_seconds)));
+        bar.inc(1);
+        history.push(record);
+    }
+    bar.finish_and_clear();
+    crate::interrupt::check()?;
+
+    let fold_bar = crate::progress::bar(params.folds as u64, "folds");
+    let (fold_of, scores, accuracy) = final_pass(&data, &assignment, &params, &fold_bar)?;
+    fold_bar.finish_and_clear();
+    let folds: Vec<(i64, usize)> = data
+        .contexts
+        .iter()
+        .zip(&fold_of)
+        .map(|(c, f)| (c.example_id, *f))
+        .collect();
+    store.finish_af_run(run.id, &folds, &scores, &accuracy)?;
+    println!(
+        "final cross-fitted pass ({} folds): {}",
+        params.folds,
+        accuracy_text(&accuracy)
+    );
+    println!(
+        "AF run {} finished: {} iterations; scores of {} endings stored (see `afkit report`)",
+        run.id,
+        history.len(),
+        scores.len()
+    );
+    Ok(())
+}
+
+/// Contexts with at least k candidates, and how many were left out.
+fn usable_pool(pool: Vec<PoolContext>, k: usize) -> (Vec<PoolContext>, usize) {
+    let total = pool.len();
+    let usable: Vec<PoolContext> = pool
+        .into_iter()
+        .filter(|c| c.candidates.len() >= k)
+        .collect();
+    let excluded = total - usable.len();
+    (usable, excluded)
+}
+
+/// SHA-256 over the ids of every context and ending that takes part: any change to the pools
+/// (a new context, a regenerated ending) changes it.
+fn pool_fingerprint(pool: &[PoolContext]) -> String {
+    let mut hasher = Sha256::new();
+    for c in pool {
+        hasher.update(format!("{}:{}", c.example_id, c.gold.id));
+        for e in &c.candidates {
+            hasher.update(format!(",{}", e.id));
+        }
+        hasher.update(";");
+    }
+    format!("{:x}", hasher.finalize())
+}
+
+/// Picks the run to work on: resumes an unfinished run with the same parameters and pools,
+/// starts a new one when asked or when the pools changed, and returns `None` when the latest run
+/// is finished and up to date.
+fn resolve_run(
+    store: &mut Store,
+    args: &FilterArgs,
+    params: &RunParams,
+    fingerprint: &str,
+    pool: &[PoolContext],
+) -> Result<Option<AfRun>> {
+    let params_json = serde_json::to_value(params)?;
+    if let Some(run) = store.latest_af_run()? {
+        let same_pools = run.pool_fingerprint == fingerprint;
+        match (&run.finished_at, args.new_run, same_pools) {
+            (None, false, true) => {
+                let stored: serde_json::Value = serde_json::from_str(&run.params)?;
+                let differing = differing_keys(&stored, &params_json);
+                if !differing.is_empty() {
+                    bail!(
+                        "AF run {} is unfinished and was started with other settings ({}); rerun \
+                         with its settings to continue it, or pass --new-run to start over",
+                        run.id,
+                        differing.join(", ")
+                    );
+                }
+                let done = store.af_iterations(run.id)?.len();
+                println!(
+                    "resuming AF run {} after {done} finished iterations",
+                    run.id
+                );
+                return Ok(Some(run));
+            }
+            (None, false, false) => bail!(
+                "the pools changed since unfinished AF run {} started; pass --new-run to start \
+                 a new run on the current pools",
+                run.id
+            ),
+            (Some(finished), false, true) => {
+                println!(
+                    "AF run {} finished at {finished} on the current pools; nothing to do \
+                     (pass --new-run to run AF again)",
+                    run.id
+                );
+                return Ok(None);
+            }
+            (Some(_), false, false) => println!(
+                "the pools changed since AF run {} (contexts or endings were added or replaced); \
+                 starting a new run",
+                run.id
+            ),
+            (_, true, _) => {}
+        }
+        if run.finished_at.is_none() {
+            store.abandon_af_run(run.id)?;
+        }
+    }
+    let mut rng = stream_rng(params.seed, INITIAL_STREAM);
+    let initial: Assignment = pool
+        .iter()
+        .map(|c| {
+            let ids: Vec<i64> = c.candidates.iter().map(|e| e.id).collect();
+            (c.example_id, initial_draw(&ids, params.k, &mut rng))
+        })
+        .collect();
+    let id = store.start_af_run(
+        params.k,
+        params.seed,
+        &params_json.to_string(),
+        fingerprint,
+        &initial,
+    )?;
+    Ok(store.latest_af_run()?.filter(|r| r.id == id))
+}
+
+fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return vec!["params".into()];
+    };
+    let mut keys: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The family of the next iteration, or `None` when both phases are over. A pure function of
+/// the stored history, so a resumed run continues in the right phase.
+pub fn next_family(history: &[IterationRecord], params: &RunParams) -> Option<Family> {
+    let rule = &params.convergence;
+    let quiet = |phase: &str| -> Vec<bool> {
+        history
+            .iter()
+            .filter(|r| r.phase == phase)
+            .map(|r| {
+                let acc = if phase == "mlp" {
+                    r.accuracy.mlp
+                } else {
+                    r.accuracy.ensemble
+                };
+                rule.quiet(params.k, r.swaps, r.n_test, acc.unwrap_or(1.0))
+            })
+            .collect()
+    };
+    let mlp = quiet("mlp");
+    let ensemble = quiet("ensemble");
+    if ensemble.is_empty() && mlp.len() < params.mlp_iterations && !rule.converged(&mlp) {
+        return Some(Family::Mlp);
+    }
+    if ensemble.len() < params.ensemble_iterations && !rule.converged(&ensemble) {
+        return Some(Family::Ensemble);
+    }
+    None
+}
+
+/// The options of a context under the current assignment: gold first, then the k negatives.
+fn choice<'a>(context: &'a EncodedContext, assigned: &[i64]) -> Choice<'a> {
+    let mut options = Vec::with_capacity(assigned.len() + 1);
+    options.push(&context.gold);
+    options.extend(assigned.iter().map(|id| {
+        context
+            .candidate(*id)
+            .expect("assigned endings come from the context's pool")
+    }));
+    Choice {
+        options,
+        n_sent2: context.n_sent2,
+    }
+}
+
+/// One AF iteration: split, train, score the held-out pools, measure, choose swaps. Also returns
+/// the seconds spent training (the rest is scoring and bookkeeping).
+pub fn run_iteration(
+    data: &Dataset,
+    assignment: &Assignment,
+    family: Family,
+    iteration: usize,
+    params: &RunParams,
+) -> Result<(IterationRecord, Vec<Swap>, f64)> {
+    let started = Instant::now();
+    let mut rng = stream_rng(params.seed, iteration_stream(iteration));
+    let (train_ids, test_ids) = split_80_20(data.contexts.len(), &mut rng);
+    let model_seed = rng.next_u64();
+    let choices: Vec<Choice> = train_ids
+        .iter()
+        .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
+        .collect();
+    let model = train(data, &choices, family, &params.train, model_seed)?;
+    let train_seconds = started.elapsed().as_secs_f64();
+    let held_out = score_held_out(&model, data, &test_ids)?;
+
+    let mut swaps = Vec::new();
+    for h in &held_out {
+        let assigned = &assignment[&h.context.example_id];
+        let decisive = h.decisive();
+        let assigned_scores: Vec<(i64, f32)> = assigned
+            .iter()
+            .map(|id| (*id, decisive[h.position(*id)]))
+            .collect();
+        let unassigned: Vec<(i64, f32)> = h
+            .context
+            .candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !assigned.contains(&e.ending_id))
+            .map(|(i, e)| (e.ending_id, decisive[i + 1]))
+            .collect();
+        for (slot, new_ending_id) in
+            choose_swaps(decisive[0], &assigned_scores, &unassigned, params.n_easy)
+        {
+            swaps.push(Swap {
+                example_id: h.context.example_id,
+                slot,
+                old_ending_id: assigned[slot],
+                new_ending_id,
+            });
+        }
+    }
+    let record = IterationRecord {
+        iteration,
+        phase: family.name().to_string(),
+        swaps: swaps.len(),
+        seconds: started.elapsed().as_secs_f64(),
+        n_test: test_ids.len(),
+        accuracy: accuracy(&held_out, assignment),
+    };
+    Ok((record, swaps, train_seconds))
+}
+
+/// A held-out context's scores: position 0 is the gold, position i + 1 the context's i-th
+/// candidate, per head.
+struct HeldOut<'a> {
+    context: &'a EncodedContext,
+    heads: Vec<(&'static str, Vec<f32>)>,
+}
+
+impl HeldOut<'_> {
+    /// The scores AF acts on (the last head: the ensemble, or the MLP in MLP-only iterations).
+    fn decisive(&self) -> &[f32] {
+        &self.heads.last().expect("at least the MLP head").1
+    }
+
+    fn position(&self, ending_id: i64) -> usize {
+        1 + self
+            .context
+            .candidates
+            .iter()
+            .position(|e| e.ending_id == ending_id)
+            .expect("assigned endings come from the context's pool")
+    }
+}
+
+/// Scores the gold and every pool ending of the given contexts in one batched pass.
+fn score_held_out<'a>(
+    model: &Trained,
+    data: &'a Dataset,
+    ids: &[usize],
+) -> Result<Vec<HeldOut<'a>>> {
+    let mut rows: Vec<(&EncodedEnding, usize)> = Vec::new();
+    for &i in ids {
+        let c = &data.contexts[i];
+        rows.push((&c.gold, c.n_sent2));
+        rows.extend(c.candidates.iter().map(|e| (e, c.n_sent2)));
+    }
+    let scores = model.score(&rows)?;
+    let heads = named_heads(&scores);
+    let mut out = Vec::with_capacity(ids.len());
+    let mut offset = 0;
+    for &i in ids {
+        let c = &data.contexts[i];
+        let n = c.candidates.len() + 1;
+        out.push(HeldOut {
+            context: c,
+            heads: heads
+                .iter()
+                .map(|(name, s)| (*name, s[offset..offset + n].to_vec()))
+                .collect(),
+        });
+        offset += n;
+    }
+    Ok(out)
+}
+
+/// The heads that exist, in the order mlp, bow, cnn, lstm, ensemble (the decisive head last).
+fn named_heads(scores: &Scores) -> Vec<(&'static str, &[f32])> {
+    let mut heads = vec![("mlp", scores.mlp.as_slice())];
+    for (name, s) in [
+        ("bow", &scores.bow),
+        ("cnn", &scores.cnn),
+        ("lstm", &scores.lstm),
+        ("ensemble", &scores.ensemble),
+    ] {
+        if let Some(s) = s {
+            heads.push((name, s.as_slice()));
+        }
+    }
+    heads
+}
+
+/// Per head: the fraction of held-out contexts whose gold outscores all k assigned negatives.
+fn accuracy(held_out: &[HeldOut], assignment: &Assignment) -> HeadAccuracy {
+    let mut acc = HeadAccuracy::default();
+    if held_out.is_empty() {
+        return acc;
+    }
+    for head in 0..held_out[0].heads.len() {
+        let correct = held_out
+            .iter()
+            .filter(|h| {
+                let scores = &h.heads[head].1;
+                let assigned: Vec<f32> = assignment[&h.context.example_id]
+                    .iter()
+                    .map(|id| scores[h.position(*id)])
+                    .collect();
+                solved(scores[0], &assigned)
+            })
+            .count();
+        let value = Some(correct as f64 / held_out.len() as f64);
+        match held_out[0].heads[head].0 {
+            "mlp" => acc.mlp = value,
+            "bow" => acc.bow = value,
+            "cnn" => acc.cnn = value,
+            "lstm" => acc.lstm = value,
+            _ => acc.ensemble = value,
+        }
+    }
+    acc
+}
+
+fn apply_swaps(assignment: &mut Assignment, swaps: &[Swap]) {
+    for s in swaps {
+        if let Some(slots) = assignment.get_mut(&s.example_id) {
+            slots[s.slot] = s.new_ending_id;
+        }
+    }
+}
+
+/// The final cross-fitted pass: returns each context's fold, the ensemble score of every gold
+/// and pool ending, and the held-out accuracy of every head over all folds.
+#[allow(clippy::type_complexity)]
+fn final_pass(
+    data: &Dataset,
+    assignment: &Assignment,
+    params: &RunParams,
+    bar: &indicatif::ProgressBar,
+) -> Result<(Vec<usize>, Vec<(i64, f32)>, HeadAccuracy)> {
+    let mut rng = stream_rng(params.seed, FINAL_STREAM);
+    let fold_of = folds(data.contexts.len(), params.folds, &mut rng);
+    let mut scores = Vec::new();
+    let mut held_out_all = Vec::new();
+    for fold in 0..params.folds {
+        crate::interrupt::check()?;
+        let model_seed = rng.next_u64();
+        let (test_ids, train_ids): (Vec<usize>, Vec<usize>) =
+            (0..data.contexts.len()).partition(|&i| fold_of[i] == fold);
+        let choices: Vec<Choice> = train_ids
+            .iter()
+            .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
+            .collect();
+        let model = train(data, &choices, Family::Ensemble, &params.train, model_seed)?;
+        let held_out = score_held_out(&model, data, &test_ids)?;
+        for h in &held_out {
+            let ensemble = h.decisive();
+            scores.push((h.context.gold.ending_id, ensemble[0]));
+            for (i, e) in h.context.candidates.iter().enumerate() {
+                scores.push((e.ending_id, ensemble[i + 1]));
+            }
+        }
+        held_out_all.extend(held_out);
+        bar.inc(1);
+    }
+    let accuracy = accuracy(&held_out_all, assignment);
+    Ok((fold_of, scores, accuracy))
+}
+
+fn accuracy_text(a: &HeadAccuracy) -> String {
+    [
+        ("mlp", a.mlp),
+        ("bow", a.bow),
+        ("cnn", a.cnn),
+        ("lstm", a.lstm),
+        ("ensemble", a.ensemble),
+    ]
+    .iter()
+    .map(|(name, v)| match v {
+        Some(v) => format!("{name} {v:.3}"),
+        None => format!("{name}   -  "),
+    })
+    .collect::<Vec<_>>()
+    .join("  ")
+}
+
+fn iteration_line(r: &IterationRecord, train_seconds: f64) -> String {
+    format!(
+        "iteration {:>4} {:<8} {}  swaps {:>5}/{} held out  {:.1} s (training {:.1} s)",
+        r.iteration,
+        r.phase,
+        accuracy_text(&r.accuracy),
+        r.swaps,
+        r.n_test,
+        r.seconds,
+        train_seconds
+    )
+}

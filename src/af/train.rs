@@ -1,0 +1,309 @@
+//! Training the stylistic model family on (k+1)-way choices and scoring endings with it.
+//!
+//! A training step takes a batch of contexts, lays out all their options (gold first, then the
+//! k assigned negatives) as one padded batch of rows, scores every row with every head, and
+//! reshapes each head's scores to (contexts, k+1) for a softmax cross-entropy with target 0. The
+//! loss is the sum over heads. AdamW with gradient clipping by global norm. Parameters are
+//! initialised from the seed (candle's CPU initialisers cannot be seeded), so a fixed seed gives
+//! identical models on the same machine.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Result, Shape, Tensor, Var};
+use candle_nn::init::{FanInOut, NormalOrUniform};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{AdamW, Init, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::Serialize;
+
+use super::data::{Dataset, EncodedEnding};
+use super::model::{make_batch, Family, ModelConfig, StylisticModel, DTYPE};
+
+/// Optimisation settings of one training run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TrainConfig {
+    /// Passes over the training contexts in MLP-only iterations.
+    pub mlp_epochs: usize,
+    /// Passes over the training contexts in ensemble iterations and the final pass.
+    pub ensemble_epochs: usize,
+    /// Contexts per optimisation step (each brings k+1 rows).
+    pub batch_contexts: usize,
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    /// Gradients are rescaled when their global L2 norm exceeds this.
+    pub clip_norm: f64,
+    pub model: ModelConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            mlp_epochs: 10,
+            ensemble_epochs: 4,
+            batch_contexts: 32,
+            learning_rate: 3e-3,
+            weight_decay: 0.01,
+            clip_norm: 5.0,
+            model: ModelConfig::default(),
+        }
+    }
+}
+
+/// One training choice: the gold ending followed by its negatives, with the `sent2` length.
+pub struct Choice<'a> {
+    pub options: Vec<&'a EncodedEnding>,
+    pub n_sent2: usize,
+}
+
+/// Per-head scores of a list of options, aligned with the input; `None` for absent heads.
+#[derive(Debug, Clone, Default)]
+pub struct Scores {
+    pub mlp: Vec<f32>,
+    pub bow: Option<Vec<f32>>,
+    pub cnn: Option<Vec<f32>>,
+    pub lstm: Option<Vec<f32>>,
+    pub ensemble: Option<Vec<f32>>,
+}
+
+/// A trained model family.
+pub struct Trained {
+    model: StylisticModel,
+    device: Device,
+}
+
+/// Trains a fresh model family of `family` on `choices` (every choice must have the same number
+/// of options). `seed` fixes the initial parameters and the order of the batches.
+pub fn train(
+    data: &Dataset,
+    choices: &[Choice<'_>],
+    family: Family,
+    cfg: &TrainConfig,
+    seed: u64,
+) -> anyhow::Result<Trained> {
+    let device = Device::Cpu;
+    let varmap = VarMap::new();
+    let init = SeededInit {
+        varmap: varmap.clone(),
+        seed,
+    };
+    let vb = VarBuilder::from_backend(Box::new(init), DTYPE, device.clone());
+    let model = StylisticModel::new(
+        family,
+        data.vocab_size,
+        data.lstm_vocab_size,
+        &cfg.model,
+        vb,
+    )?;
+    // Sorted by name: the var map's HashMap order is arbitrary, and the order of the gradient
+    // norm's sum must not be.
+    let vars: Vec<Var> = {
+        let data = varmap.data().lock().expect("var map lock");
+        let mut named: Vec<(&String, &Var)> = data.iter().collect();
+        named.sort_by(|a, b| a.0.cmp(b.0));
+        named.into_iter().map(|(_, v)| v.clone()).collect()
+    };
+    let mut optimiser = AdamW::new(
+        vars.clone(),
+        ParamsAdamW {
+            lr: cfg.learning_rate,
+            weight_decay: cfg.weight_decay,
+            ..ParamsAdamW::default()
+        },
+    )?;
+    let epochs = match family {
+        Family::Mlp => cfg.mlp_epochs,
+        Family::Ensemble => cfg.ensemble_epochs,
+    };
+    let with_text = family == Family::Ensemble;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x05ee_d0fb_a7c4);
+    let mut order: Vec<usize> = (0..choices.len()).collect();
+    for _ in 0..epochs {
+        order.shuffle(&mut rng);
+        for batch_ids in order.chunks(cfg.batch_contexts.max(1)) {
+            let n_options = choices[batch_ids[0]].options.len();
+            let rows: Vec<(&EncodedEnding, usize)> = batch_ids
+                .iter()
+                .flat_map(|&i| {
+                    choices[i]
+                        .options
+                        .iter()
+                        .map(move |e| (*e, choices[i].n_sent2))
+                })
+                .collect();
+            let batch = make_batch(&rows, with_text, &device)?;
+            let scores = model.forward(&batch)?;
+            let targets = Tensor::zeros(batch_ids.len(), DType::U32, &device)?;
+            let mut loss: Option<Tensor> = None;
+            for head in scores.all() {
+                let logits = head.reshape((batch_ids.len(), n_options))?;
+                let l = candle_nn::loss::cross_entropy(&logits, &targets)?;
+                loss = Some(match loss {
+                    None => l,
+                    Some(sum) => (sum + l)?,
+                });
+            }
+            let Some(loss) = loss else { continue };
+            let mut grads = loss.backward()?;
+            clip_global_norm(&mut grads, &vars, cfg.clip_norm)?;
+            optimiser.step(&grads)?;
+        }
+    }
+    Ok(Trained { model, device })
+}
+
+impl Trained {
+    pub fn family(&self) -> Family {
+        self.model.family()
+    }
+
+    /// Scores options given as (ending, `sent2` length). Rows are sorted by length and scored in
+    /// chunks so that padding stays small.
+    pub fn score(&self, options: &[(&EncodedEnding, usize)]) -> anyhow::Result<Scores> {
+        const CHUNK: usize = 512;
+        let with_text = self.family() == Family::Ensemble;
+        let mut order: Vec<usize> = (0..options.len()).collect();
+        order.sort_by_key(|&i| options[i].0.words.len());
+        let n = options.len();
+        let mut out = Scores {
+            mlp: vec![0.0; n],
+            bow: with_text.then(|| vec![0.0; n]),
+            cnn: with_text.then(|| vec![0.0; n]),
+            lstm: with_text.then(|| vec![0.0; n]),
+            ensemble: with_text.then(|| vec![0.0; n]),
+        };
+        for chunk in order.chunks(CHUNK) {
+            let rows: Vec<(&EncodedEnding, usize)> = chunk.iter().map(|&i| options[i]).collect();
+            let batch = make_batch(&rows, with_text, &self.device)?;
+            let scores = self.model.forward(&batch)?;
+            scatter(&mut out.mlp, chunk, &scores.mlp)?;
+            for (dst, src) in [
+                (&mut out.bow, &scores.bow),
+                (&mut out.cnn, &scores.cnn),
+                (&mut out.lstm, &scores.lstm),
+                (&mut out.ensemble, &scores.ensemble),
+            ] {
+                if let (Some(dst), Some(src)) = (dst.as_mut(), src) {
+                    scatter(dst, chunk, src)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn scatter(dst: &mut [f32], positions: &[usize], values: &Tensor) -> Result<()> {
+    for (&p, v) in positions.iter().zip(values.to_vec1::<f32>()?) {
+        dst[p] = v;
+    }
+    Ok(())
+}
+
+/// Rescales all gradients together so that their global L2 norm is at most `max_norm`.
+fn clip_global_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
+    let mut squared = 0.0f64;
+    for var in vars {
+        if let Some(g) = grads.get(var) {
+            squared += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        }
+    }
+    let norm = squared.sqrt();
+    if norm > max_norm {
+        let scale = max_norm / (norm + 1e-6);
+        for var in vars {
+            if let Some(g) = grads.remove(var) {
+                grads.insert(var, (g * scale)?);
+            }
+        }
+    }
+    Ok(norm)
+}
+
+/// A variable store whose initial values come from the run's seed: each variable from its own
+/// ChaCha stream keyed by (seed, variable name), with the distributions candle-nn asks for.
+struct SeededInit {
+    varmap: VarMap,
+    seed: u64,
+}
+
+impl SeededInit {
+    fn sample(&self, shape: &Shape, init: Init, name: &str, device: &Device) -> Result<Tensor> {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ fnv1a(name));
+        let n = shape.elem_count();
+        let uniform = |rng: &mut ChaCha8Rng, lo: f64, hi: f64| -> Vec<f32> {
+            (0..n).map(|_| rng.random_range(lo..hi) as f32).collect()
+        };
+        let normal = |rng: &mut ChaCha8Rng, mean: f64, std: f64| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    let z: f64 = StandardNormal.sample(rng);
+                    (mean + std * z) as f32
+                })
+                .collect()
+        };
+        let values = match init {
+            Init::Const(c) => vec![c as f32; n],
+            Init::Uniform { lo, up } => uniform(&mut rng, lo, up),
+            Init::Randn { mean, stdev } => normal(&mut rng, mean, stdev),
+            Init::Kaiming {
+                dist,
+                fan,
+                non_linearity,
+            } => {
+                let fan = match fan {
+                    FanInOut::FanIn => FanInOut::FanIn.for_shape(shape),
+                    FanInOut::FanOut => FanInOut::FanOut.for_shape(shape),
+                };
+                let std = non_linearity.gain() / (fan as f64).sqrt();
+                match dist {
+                    NormalOrUniform::Uniform => {
+                        let bound = 3f64.sqrt() * std;
+                        uniform(&mut rng, -bound, bound)
+                    }
+                    NormalOrUniform::Normal => normal(&mut rng, 0.0, std),
+                }
+            }
+        };
+        Tensor::from_vec(values, shape.clone(), device)
+    }
+}
+
+/// FNV-1a, a hash that is stable across Rust versions (unlike `DefaultHasher`).
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl SimpleBackend for SeededInit {
+    fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
+        let mut data = self.varmap.data().lock().expect("var map lock");
+        if let Some(var) = data.get(name) {
+            if var.shape() != &s {
+                candle_core::bail!("shape mismatch on {name}: {s:?} <> {:?}", var.shape());
+            }
+            return Ok(var.as_tensor().clone());
+        }
+        let var = Var::from_tensor(&self.sample(&s, h, name, dev)?.to_dtype(dtype)?)?;
+        let tensor = var.as_tensor().clone();
+        data.insert(name.to_string(), var);
+        Ok(tensor)
+    }
+
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> Result<Tensor> {
+        let data = self.varmap.data().lock().expect("var map lock");
+        match data.get(name) {
+            Some(var) => Ok(var.as_tensor().clone()),
+            None => candle_core::bail!("no variable {name}"),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.varmap
+            .data()
+            .lock()
+            .map(|d| d.contains_key(name))
+            .unwrap_or(false)
+    }
+}

@@ -1,0 +1,433 @@
+//! Adversarial filtering's tables: runs, per-iteration records, the current assignment, the swap
+//! history and the final cross-fitted scores (schema section "filter").
+//!
+//! Contract for later stages: read the latest run with `finished_at IS NOT NULL`
+//! ([`Store::latest_finished_af_run`]); its `af_assignments` are the k negatives of every filtered
+//! context, and `af_scores` holds the final ensemble score of the gold ending and of every pool
+//! ending of those contexts (higher = harder; compare scores within one context only).
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use rusqlite::{params, OptionalExtension, Row};
+use serde::{Deserialize, Serialize};
+
+use super::{now, Store};
+
+/// The LM features of one ending (SPEC §2); `None` where the generate stage stored NULL.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EndingLm {
+    pub lp_cond: Option<f64>,
+    pub lp_alone: Option<f64>,
+    pub lp_final_punct: Option<f64>,
+    pub n_tok_ending: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolEnding {
+    pub id: i64,
+    pub text: String,
+    pub lm: EndingLm,
+}
+
+/// A context whose pool is complete: its gold ending and its generated candidates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolContext {
+    pub example_id: i64,
+    pub sent1: String,
+    pub sent2: String,
+    pub ctx_logprob: Option<f64>,
+    pub n_tok_sent1: Option<i64>,
+    pub n_tok_sent2: Option<i64>,
+    pub gold: PoolEnding,
+    /// Generated endings (`is_gold = 0`), in id order.
+    pub candidates: Vec<PoolEnding>,
+}
+
+/// Held-out accuracy per model head; `None` for heads not trained (MLP-only iterations).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct HeadAccuracy {
+    pub mlp: Option<f64>,
+    pub bow: Option<f64>,
+    pub cnn: Option<f64>,
+    pub lstm: Option<f64>,
+    pub ensemble: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AfRun {
+    pub id: i64,
+    pub k: usize,
+    pub seed: u64,
+    /// JSON object with every hyper-parameter of the run.
+    pub params: String,
+    pub pool_fingerprint: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub final_accuracy: Option<HeadAccuracy>,
+}
+
+/// One finished AF iteration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationRecord {
+    pub iteration: usize,
+    /// `"mlp"` or `"ensemble"`.
+    pub phase: String,
+    pub swaps: usize,
+    pub seconds: f64,
+    /// Contexts in the held-out 20%.
+    pub n_test: usize,
+    /// Accuracy on the held-out contexts under the assignment before this iteration's swaps.
+    pub accuracy: HeadAccuracy,
+}
+
+/// One replaced negative: `slot` of `example_id` went from `old_ending_id` to `new_ending_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Swap {
+    pub example_id: i64,
+    pub slot: usize,
+    pub old_ending_id: i64,
+    pub new_ending_id: i64,
+}
+
+/// The current assignment: per context (example id), the assigned ending ids by slot.
+pub type Assignment = BTreeMap<i64, Vec<i64>>;
+
+impl Store {
+    /// Every context with a complete pool, with its gold ending and candidates, in example order.
+    pub fn af_pool(&self) -> Result<Vec<PoolContext>> {
+        let mut contexts: Vec<PoolContext> = Vec::new();
+        let mut stmt = self.conn().prepare(
+            "SELECT x.id, x.sent1, x.sent2, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2
+             FROM examples x JOIN pools p ON p.example_id = x.id ORDER BY x.id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(PoolContext {
+                example_id: r.get(0)?,
+                sent1: r.get(1)?,
+                sent2: r.get(2)?,
+                ctx_logprob: r.get(3)?,
+                n_tok_sent1: r.get(4)?,
+                n_tok_sent2: r.get(5)?,
+                gold: PoolEnding {
+                    id: -1,
+                    text: String::new(),
+                    lm: EndingLm::default(),
+                },
+                candidates: Vec::new(),
+            })
+        })?;
+        for row in rows {
+            contexts.push(row?);
+        }
+        let index: BTreeMap<i64, usize> = contexts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.example_id, i))
+            .collect();
+        let mut stmt = self.conn().prepare(
+            "SELECT e.example_id, e.id, e.text, e.is_gold, e.lp_cond, e.lp_alone, e.lp_final_punct,
+                    e.n_tok_ending
+             FROM endings e JOIN pools p ON p.example_id = e.example_id
+             ORDER BY e.example_id, e.id",
+        )?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let example_id: i64 = r.get(0)?;
+            let ending = PoolEnding {
+                id: r.get(1)?,
+                text: r.get(2)?,
+                lm: EndingLm {
+                    lp_cond: r.get(4)?,
+                    lp_alone: r.get(5)?,
+                    lp_final_punct: r.get(6)?,
+                    n_tok_ending: r.get(7)?,
+                },
+            };
+            let ctx = &mut contexts[index[&example_id]];
+            if r.get::<_, i64>(3)? != 0 {
+                ctx.gold = ending;
+            } else {
+                ctx.candidates.push(ending);
+            }
+        }
+        if let Some(ctx) = contexts.iter().find(|c| c.gold.id < 0) {
+            bail!(
+                "{}: example {} has a pool but no gold ending row in `endings`",
+                self.path().display(),
+                ctx.example_id
+            );
+        }
+        Ok(contexts)
+    }
+
+    /// The most recent AF run, finished or not.
+    pub fn latest_af_run(&self) -> Result<Option<AfRun>> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("{RUN_COLUMNS} ORDER BY id DESC LIMIT 1"),
+                [],
+                run_from_row,
+            )
+            .optional()?)
+    }
+
+    /// The most recent run whose final cross-fitted pass is stored: what later stages read.
+    pub fn latest_finished_af_run(&self) -> Result<Option<AfRun>> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("{RUN_COLUMNS} WHERE finished_at IS NOT NULL ORDER BY id DESC LIMIT 1"),
+                [],
+                run_from_row,
+            )
+            .optional()?)
+    }
+
+    /// Creates a run with its initial assignment (recorded with `since_iteration = -1`), atomically.
+    pub fn start_af_run(
+        &mut self,
+        k: usize,
+        seed: u64,
+        params_json: &str,
+        pool_fingerprint: &str,
+        initial: &Assignment,
+    ) -> Result<i64> {
+        let tx = self.transaction()?;
+        tx.execute(
+            "INSERT INTO af_runs(k, seed, params, pool_fingerprint, started_at, status)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'running')",
+            params![k as i64, seed as i64, params_json, pool_fingerprint, now()],
+        )?;
+        let run_id = tx.last_insert_rowid();
+        {
+            let mut insert = tx.prepare(
+                "INSERT INTO af_assignments(run_id, example_id, slot, ending_id, since_iteration)
+                 VALUES (?1, ?2, ?3, ?4, -1)",
+            )?;
+            for (example_id, endings) in initial {
+                for (slot, ending_id) in endings.iter().enumerate() {
+                    insert.execute(params![run_id, example_id, slot as i64, ending_id])?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(run_id)
+    }
+
+    /// Marks an unfinished run as abandoned (a new run replaces it); its rows stay for the record.
+    pub fn abandon_af_run(&self, run_id: i64) -> Result<()> {
+        self.conn().execute(
+            "UPDATE af_runs SET status = 'abandoned' WHERE id = ?1 AND finished_at IS NULL",
+            [run_id],
+        )?;
+        Ok(())
+    }
+
+    /// The current assignment of a run.
+    pub fn af_assignment(&self, run_id: i64) -> Result<Assignment> {
+        let mut stmt = self.conn().prepare(
+            "SELECT example_id, ending_id FROM af_assignments WHERE run_id = ?1
+             ORDER BY example_id, slot",
+        )?;
+        let mut out = Assignment::new();
+        let rows = stmt.query_map([run_id], |r| Ok((r.get::<_, i64>(0)?, r.get(1)?)))?;
+        for row in rows {
+            let (example_id, ending_id) = row?;
+            out.entry(example_id).or_default().push(ending_id);
+        }
+        Ok(out)
+    }
+
+    /// For each assigned ending of a run: the iteration that brought it in (-1 = initial draw).
+    pub fn af_assignment_origins(&self, run_id: i64) -> Result<BTreeMap<i64, i64>> {
+        let mut stmt = self
+            .conn()
+            .prepare("SELECT ending_id, since_iteration FROM af_assignments WHERE run_id = ?1")?;
+        let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The finished iterations of a run, in order.
+    pub fn af_iterations(&self, run_id: i64) -> Result<Vec<IterationRecord>> {
+        let mut stmt = self.conn().prepare(
+            "SELECT iteration, phase, swaps, seconds, n_test, acc_mlp, acc_bow, acc_cnn, acc_lstm,
+                    acc_ensemble
+             FROM af_iterations WHERE run_id = ?1 ORDER BY iteration",
+        )?;
+        let rows = stmt.query_map([run_id], |r| {
+            Ok(IterationRecord {
+                iteration: r.get::<_, i64>(0)? as usize,
+                phase: r.get(1)?,
+                swaps: r.get::<_, i64>(2)? as usize,
+                seconds: r.get(3)?,
+                n_test: r.get::<_, i64>(4)? as usize,
+                accuracy: HeadAccuracy {
+                    mlp: r.get(5)?,
+                    bow: r.get(6)?,
+                    cnn: r.get(7)?,
+                    lstm: r.get(8)?,
+                    ensemble: r.get(9)?,
+                },
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Stores one iteration: its record, its swaps and the updated assignment, in one transaction,
+    /// so an interrupted `afkit filter` resumes from the last iteration stored here.
+    pub fn commit_af_iteration(
+        &mut self,
+        run_id: i64,
+        record: &IterationRecord,
+        swaps: &[Swap],
+    ) -> Result<()> {
+        let tx = self.transaction()?;
+        let a = &record.accuracy;
+        tx.execute(
+            "INSERT INTO af_iterations(run_id, iteration, phase, swaps, seconds, n_test, acc_mlp,
+                                       acc_bow, acc_cnn, acc_lstm, acc_ensemble, finished_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                run_id,
+                record.iteration as i64,
+                record.phase,
+                record.swaps as i64,
+                record.seconds,
+                record.n_test as i64,
+                a.mlp,
+                a.bow,
+                a.cnn,
+                a.lstm,
+                a.ensemble,
+                now()
+            ],
+        )?;
+        {
+            let mut log = tx.prepare(
+                "INSERT INTO af_swaps(run_id, iteration, example_id, slot, old_ending_id, new_ending_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            let mut update = tx.prepare(
+                "UPDATE af_assignments SET ending_id = ?4, since_iteration = ?5
+                 WHERE run_id = ?1 AND example_id = ?2 AND slot = ?3 AND ending_id = ?6",
+            )?;
+            for s in swaps {
+                log.execute(params![
+                    run_id,
+                    record.iteration as i64,
+                    s.example_id,
+                    s.slot as i64,
+                    s.old_ending_id,
+                    s.new_ending_id
+                ])?;
+                let changed = update.execute(params![
+                    run_id,
+                    s.example_id,
+                    s.slot as i64,
+                    s.new_ending_id,
+                    record.iteration as i64,
+                    s.old_ending_id
+                ])?;
+                if changed != 1 {
+                    bail!(
+                        "AF run {run_id}: slot {} of example {} does not hold ending {}",
+                        s.slot,
+                        s.example_id,
+                        s.old_ending_id
+                    );
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every swap of a run, with the iteration that made it, in order.
+    pub fn af_swaps(&self, run_id: i64) -> Result<Vec<(usize, Swap)>> {
+        let mut stmt = self.conn().prepare(
+            "SELECT iteration, example_id, slot, old_ending_id, new_ending_id FROM af_swaps
+             WHERE run_id = ?1 ORDER BY rowid",
+        )?;
+        let rows = stmt.query_map([run_id], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as usize,
+                Swap {
+                    example_id: r.get(1)?,
+                    slot: r.get::<_, i64>(2)? as usize,
+                    old_ending_id: r.get(3)?,
+                    new_ending_id: r.get(4)?,
+                },
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Stores the final cross-fitted pass and marks the run finished, atomically.
+    /// `folds`: (example id, fold); `scores`: (ending id, final ensemble score).
+    pub fn finish_af_run(
+        &mut self,
+        run_id: i64,
+        folds: &[(i64, usize)],
+        scores: &[(i64, f32)],
+        final_accuracy: &HeadAccuracy,
+    ) -> Result<()> {
+        let tx = self.transaction()?;
+        tx.execute("DELETE FROM af_folds WHERE run_id = ?1", [run_id])?;
+        tx.execute("DELETE FROM af_scores WHERE run_id = ?1", [run_id])?;
+        {
+            let mut fold_stmt =
+                tx.prepare("INSERT INTO af_folds(run_id, example_id, fold) VALUES (?1, ?2, ?3)")?;
+            for (example_id, fold) in folds {
+                fold_stmt.execute(params![run_id, example_id, *fold as i64])?;
+            }
+            let mut score_stmt =
+                tx.prepare("INSERT INTO af_scores(run_id, ending_id, score) VALUES (?1, ?2, ?3)")?;
+            for (ending_id, score) in scores {
+                score_stmt.execute(params![run_id, ending_id, *score as f64])?;
+            }
+        }
+        tx.execute(
+            "UPDATE af_runs SET finished_at = ?2, final_accuracy = ?3, status = 'done' WHERE id = ?1",
+            params![run_id, now(), serde_json::to_string(final_accuracy)?],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Final ensemble scores of a run: ending id → score.
+    pub fn af_scores(&self, run_id: i64) -> Result<BTreeMap<i64, f64>> {
+        let mut stmt = self
+            .conn()
+            .prepare("SELECT ending_id, score FROM af_scores WHERE run_id = ?1")?;
+        let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Cross-fitting fold of every context of a run: example id → fold.
+    pub fn af_folds(&self, run_id: i64) -> Result<BTreeMap<i64, usize>> {
+        let mut stmt = self
+            .conn()
+            .prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
+        let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as usize)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}
+
+const RUN_COLUMNS: &str = "SELECT id, k, seed, params, pool_fingerprint, started_at, finished_at,
+        final_accuracy FROM af_runs";
+
+fn run_from_row(r: &Row<'_>) -> rusqlite::Result<AfRun> {
+    let final_accuracy: Option<String> = r.get(7)?;
+    Ok(AfRun {
+        id: r.get(0)?,
+        k: r.get::<_, i64>(1)? as usize,
+        seed: r.get::<_, i64>(2)? as u64,
+        params: r.get(3)?,
+        pool_fingerprint: r.get(4)?,
+        started_at: r.get(5)?,
+        finished_at: r.get(6)?,
+        final_accuracy: final_accuracy.and_then(|s| serde_json::from_str(&s).ok()),
+    })
+}

@@ -1,0 +1,494 @@
+//! End-to-end tests of `afkit filter` and `afkit report` on synthetic pools.
+//!
+//! The pools are written straight into the project file (the generate stage is not needed): each
+//! context gets a gold ending and candidates, some of which carry a planted stylistic tell.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use afkit::store::af::HeadAccuracy;
+use afkit::store::examples::{insert_example, upsert_source, NewExample};
+use afkit::store::Store;
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rusqlite::{params, Connection};
+
+const VERBS: [&str; 12] = [
+    "holds", "throws", "paints", "lifts", "cleans", "kicks", "carries", "cuts", "pushes", "opens",
+    "washes", "drops",
+];
+const NOUNS: [&str; 12] = [
+    "ball", "rope", "board", "brush", "bucket", "knife", "door", "window", "bike", "cup", "net",
+    "pan",
+];
+const PLACES: [&str; 6] = [
+    "in the yard",
+    "on the table",
+    "near the wall",
+    "across the room",
+    "by the pool",
+    "with both hands",
+];
+/// The planted artifact: generated endings that carry it start with this word.
+const TELL: &str = "suddenly";
+
+/// A synthetic pool: `contexts` contexts with `candidates` generated endings each, of which
+/// `clean` look exactly like found endings and the rest carry the tell.
+#[derive(Debug, Clone, Copy)]
+struct PoolSpec {
+    contexts: usize,
+    candidates: usize,
+    clean: usize,
+    seed: u64,
+}
+
+fn plain_ending(rng: &mut ChaCha8Rng) -> String {
+    format!(
+        "{} the {} {}.",
+        VERBS[rng.random_range(0..VERBS.len())],
+        NOUNS[rng.random_range(0..NOUNS.len())],
+        PLACES[rng.random_range(0..PLACES.len())]
+    )
+}
+
+/// Creates a project holding the synthetic pool; returns its path.
+fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
+    let path = dir.join(name);
+    drop(Store::create(&path).unwrap());
+    let mut conn = Connection::open(&path).unwrap();
+    let tx = conn.transaction().unwrap();
+    let src = upsert_source(&tx, "synthetic", "jsonl", &format!("{spec:?}"), "{}").unwrap();
+    tx.execute(
+        "INSERT INTO generations(backend, model, prompt, params, seed, started_at)
+         VALUES ('import', 'synthetic', 'none', '{}', 0, '2026-01-01T00:00:00Z')",
+        [],
+    )
+    .unwrap();
+    let generation = tx.last_insert_rowid();
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
+    let subjects = [
+        "The man",
+        "A woman",
+        "Then, the boy",
+        "The girl",
+        "He",
+        "She",
+    ];
+    for i in 0..spec.contexts {
+        let gold = plain_ending(&mut rng);
+        let ex = NewExample {
+            ext_id: format!("v{}#{i}", i / 3),
+            group: format!("v{}", i / 3),
+            sent1: "A person stands outside on a sunny day.".into(),
+            sent2: subjects[i % subjects.len()].into(),
+            ending: gold.clone(),
+            gold_source: None,
+        };
+        assert!(insert_example(&tx, src, &ex).unwrap());
+        let example_id: i64 = tx
+            .query_row(
+                "SELECT id FROM examples WHERE ext_id = ?1",
+                [&ex.ext_id],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let mut texts = BTreeSet::new();
+        texts.insert(gold.clone());
+        let mut endings = Vec::new();
+        while endings.len() < spec.candidates {
+            let plain = plain_ending(&mut rng);
+            let text = if endings.len() < spec.clean {
+                plain
+            } else {
+                format!("{TELL} {plain}")
+            };
+            if texts.insert(text.clone()) {
+                endings.push(text);
+            }
+        }
+        let lm = |rng: &mut ChaCha8Rng, text: &str| {
+            let n = text.split_whitespace().count() as i64 + 1;
+            (
+                -3.0 + rng.random_range(-1.0..1.0),
+                -4.0 + rng.random_range(-1.0..1.0),
+                -0.5 + rng.random_range(-0.3..0.3),
+                n,
+            )
+        };
+        let (a, b, c, n) = lm(&mut rng, &gold);
+        tx.execute(
+            "UPDATE endings SET lp_cond = ?2, lp_alone = ?3, lp_final_punct = ?4, n_tok_ending = ?5
+             WHERE example_id = ?1 AND is_gold = 1",
+            params![example_id, a, b, c, n],
+        )
+        .unwrap();
+        for text in &endings {
+            let (a, b, c, n) = lm(&mut rng, text);
+            tx.execute(
+                "INSERT INTO endings(example_id, text, is_gold, generation_id, lp_cond, lp_alone,
+                                     lp_final_punct, n_tok_ending)
+                 VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7)",
+                params![example_id, text, generation, a, b, c, n],
+            )
+            .unwrap();
+        }
+        tx.execute(
+            "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
+                               n_tok_sent1, n_tok_sent2, seconds, finished_at)
+             VALUES (?1, ?2, ?3, ?3, ?4, 9, 2, 0.0, '2026-01-01T00:00:00Z')",
+            params![
+                example_id,
+                generation,
+                spec.candidates as i64,
+                -2.5 + rng.random_range(-0.5..0.5)
+            ],
+        )
+        .unwrap();
+    }
+    tx.commit().unwrap();
+    path
+}
+
+fn afkit() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_afkit"));
+    cmd.env("AFKIT_NO_PROGRESS", "1");
+    cmd
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "afkit failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Small models and few epochs so each test takes seconds.
+const SMALL: [&str; 8] = [
+    "--hidden",
+    "16",
+    "--word-dim",
+    "16",
+    "--mlp-epochs",
+    "5",
+    "--batch-contexts",
+    "16",
+];
+
+fn filter_args(project: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["filter".to_string(), project.display().to_string()];
+    args.extend(SMALL.iter().map(|s| s.to_string()));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Everything a run stored, minus wall-clock times.
+#[derive(Debug, PartialEq)]
+struct RunState {
+    iterations: Vec<(usize, String, usize, usize, HeadAccuracy)>,
+    swaps: Vec<(usize, afkit::store::af::Swap)>,
+    assignment: BTreeMap<i64, Vec<i64>>,
+    scores: BTreeMap<i64, f64>,
+    folds: BTreeMap<i64, usize>,
+    finished: bool,
+}
+
+fn run_state(project: &Path) -> RunState {
+    let store = Store::open(project).unwrap();
+    let run = store.latest_af_run().unwrap().expect("a run");
+    RunState {
+        iterations: store
+            .af_iterations(run.id)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.iteration, r.phase, r.swaps, r.n_test, r.accuracy))
+            .collect(),
+        swaps: store.af_swaps(run.id).unwrap(),
+        assignment: store.af_assignment(run.id).unwrap(),
+        scores: store.af_scores(run.id).unwrap(),
+        folds: store.af_folds(run.id).unwrap(),
+        finished: run.finished_at.is_some(),
+    }
+}
+
+fn tell_fraction(project: &Path) -> f64 {
+    let conn = Connection::open(project).unwrap();
+    conn.query_row(
+        "SELECT AVG(e.text LIKE 'suddenly %') FROM af_assignments a JOIN endings e ON e.id = a.ending_id
+         WHERE a.run_id = (SELECT MAX(id) FROM af_runs)",
+        [],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+#[test]
+fn planted_tell_is_found_at_first_and_filtered_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 300,
+        candidates: 16,
+        clean: 6,
+        seed: 11,
+    };
+    let project = build_project(dir.path(), "planted.sqlite", spec);
+    let out = run_ok(afkit().args(filter_args(
+        &project,
+        &[
+            "--k",
+            "4",
+            "--mlp-iterations",
+            "1",
+            "--ensemble-iterations",
+            "12",
+            "--n-easy",
+            "4",
+            "--ensemble-epochs",
+            "4",
+            "--seed",
+            "3",
+        ],
+    )));
+    assert!(out.contains("iteration    0 mlp"), "live lines: {out}");
+    let report_dir = dir.path().join("report");
+    let json = run_ok(afkit().args([
+        "report",
+        &project.display().to_string(),
+        "--out",
+        &report_dir.display().to_string(),
+        "--json",
+    ]));
+    let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    let iterations = value["iterations"].as_array().unwrap();
+    assert_eq!(
+        value.as_object().unwrap().len(),
+        1,
+        "exactly SPEC §8's object"
+    );
+    let first = &iterations[0];
+    assert_eq!(first["phase"], "mlp");
+    assert!(
+        first["accuracy"]["cnn"].is_null(),
+        "MLP-only iterations train no text model"
+    );
+    let keys: BTreeSet<&str> = first
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["iteration", "phase", "swaps", "seconds", "accuracy"])
+    );
+    let ensemble: Vec<f64> = iterations
+        .iter()
+        .filter(|r| r["phase"] == "ensemble")
+        .map(|r| r["accuracy"]["ensemble"].as_f64().unwrap())
+        .collect();
+    let chance = 1.0 / 5.0;
+    // ~1.9 of 4 initial negatives are clean: a model that spots the tell solves about 40% of
+    // contexts, twice chance.
+    assert!(
+        ensemble[0] > chance + 0.12,
+        "the ensemble must find the tell at first: {ensemble:?}"
+    );
+    let last = *ensemble.last().unwrap();
+    assert!(
+        last < ensemble[0] - 0.08,
+        "AF must lower held-out accuracy: {ensemble:?}"
+    );
+    let state = run_state(&project);
+    assert!(state.finished);
+    let store = Store::open(&project).unwrap();
+    let run = store.latest_af_run().unwrap().unwrap();
+    let final_acc = run.final_accuracy.unwrap().ensemble.unwrap();
+    assert!(
+        final_acc < chance + 0.1,
+        "cross-fitted accuracy after AF should be near chance: {final_acc}"
+    );
+    // Initially 10 of 16 candidates carry the tell (62.5%); AF swaps them out.
+    let tell = tell_fraction(&project);
+    assert!(
+        tell < 0.3,
+        "assigned negatives still carrying the tell: {tell}"
+    );
+    // Every context has a fold and a score for its gold and each of its 16 pool endings.
+    assert_eq!(state.folds.len(), spec.contexts);
+    assert_eq!(state.scores.len(), spec.contexts * (spec.candidates + 1));
+
+    let png = std::fs::read(report_dir.join("af_accuracy.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let md = std::fs::read_to_string(report_dir.join("report.md")).unwrap();
+    assert!(md.contains("| iteration | phase |"), "{md}");
+    assert!(md.contains("final cross-fitted pass"), "{md}");
+}
+
+fn count_iterations(project: &Path) -> usize {
+    let Ok(conn) = Connection::open(project) else {
+        return 0;
+    };
+    conn.query_row("SELECT COUNT(*) FROM af_iterations", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map_or(0, |n| n as usize)
+}
+
+#[test]
+fn killed_run_resumes_to_the_same_final_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 120,
+        candidates: 10,
+        clean: 4,
+        seed: 5,
+    };
+    let flags = [
+        "--k",
+        "4",
+        "--mlp-iterations",
+        "3",
+        "--ensemble-iterations",
+        "4",
+        "--ensemble-epochs",
+        "2",
+        "--seed",
+        "9",
+    ];
+    let reference = build_project(dir.path(), "reference.sqlite", spec);
+    run_ok(afkit().args(filter_args(&reference, &flags)));
+    let expected = run_state(&reference);
+    assert!(expected.finished);
+
+    let project = build_project(dir.path(), "killed.sqlite", spec);
+    let mut child = afkit()
+        .args(filter_args(&project, &flags))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while count_iterations(&project) < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let interrupted = run_state(&project);
+    assert!(
+        !interrupted.finished && interrupted.iterations.len() >= 4,
+        "the kill must land mid-run: {} iterations stored",
+        interrupted.iterations.len()
+    );
+    let out = run_ok(afkit().args(filter_args(&project, &flags)));
+    assert!(out.contains("resuming AF run 1"), "{out}");
+    assert_eq!(run_state(&project), expected);
+
+    // A finished run on unchanged pools is left alone unless a new run is asked for.
+    let out = run_ok(afkit().args(filter_args(&project, &flags)));
+    assert!(out.contains("nothing to do"), "{out}");
+    // Other settings cannot silently continue an unfinished run.
+    let conn = Connection::open(&project).unwrap();
+    conn.execute("UPDATE af_runs SET finished_at = NULL", [])
+        .unwrap();
+    let out = afkit()
+        .args(filter_args(&project, &["--k", "4", "--seed", "10"]))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("seed"));
+}
+
+/// Runs AF in-process with tiny models on `project`.
+fn filter_in_process(project: &Path, k: usize, seed: u64) {
+    let args = afkit::af::FilterArgs {
+        project: project.to_path_buf(),
+        k,
+        mlp_iterations: Some(2),
+        ensemble_iterations: Some(1),
+        seed,
+        n_easy: 2,
+        new_run: false,
+        mlp_epochs: 2,
+        ensemble_epochs: 1,
+        batch_contexts: 8,
+        learning_rate: 3e-3,
+        word_dim: 8,
+        hidden: 8,
+        min_count: 1,
+        folds: 5,
+    };
+    afkit::af::run_filter(args).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4, ..ProptestConfig::default() })]
+
+    /// Stored assignments always hold k distinct pool endings of their own context, never the
+    /// gold; every logged swap replaced an assigned ending by an unassigned one of the same pool;
+    /// contexts with fewer than k candidates take no part; the same seed replays identically.
+    #[test]
+    fn assignments_stay_valid_and_runs_replay(
+        contexts in 18usize..30,
+        candidates in 3usize..9,
+        k in 2usize..5,
+        seed in 0u64..1000,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        // Contexts get `candidates` endings; every third gets fewer than k.
+        let spec = PoolSpec { contexts, candidates: candidates.max(k), clean: 1, seed };
+        let project = build_project(dir.path(), "a.sqlite", spec);
+        let conn = Connection::open(&project).unwrap();
+        conn.execute(
+            "DELETE FROM endings WHERE is_gold = 0 AND example_id % 3 = 0 AND id IN
+               (SELECT e.id FROM endings e WHERE e.example_id = endings.example_id AND e.is_gold = 0
+                ORDER BY e.id LIMIT ?1)",
+            [(candidates.max(k) - k + 1) as i64],
+        ).unwrap();
+        drop(conn); // checkpoints the WAL, so the copy below holds the deletion
+        let copy = dir.path().join("b.sqlite");
+        std::fs::copy(&project, &copy).unwrap();
+        filter_in_process(&project, k, seed);
+        filter_in_process(&copy, k, seed);
+
+        let state = run_state(&project);
+        prop_assert!(state.finished);
+        let conn = Connection::open(&project).unwrap();
+        let mut pools: BTreeMap<i64, (i64, BTreeSet<i64>)> = BTreeMap::new();
+        let mut stmt = conn.prepare("SELECT example_id, id, is_gold FROM endings").unwrap();
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))).unwrap();
+        for row in rows {
+            let (ex, id, gold) = row.unwrap();
+            let entry = pools.entry(ex).or_insert((0, BTreeSet::new()));
+            if gold == 1 { entry.0 = id } else { entry.1.insert(id); }
+        }
+        for (ex, (gold, pool)) in &pools {
+            match state.assignment.get(ex) {
+                None => prop_assert!(pool.len() < k, "context {ex} with {} candidates left out", pool.len()),
+                Some(assigned) => {
+                    prop_assert!(pool.len() >= k);
+                    prop_assert_eq!(assigned.len(), k);
+                    let distinct: BTreeSet<i64> = assigned.iter().copied().collect();
+                    prop_assert_eq!(distinct.len(), k);
+                    prop_assert!(!distinct.contains(gold), "gold assigned as a negative");
+                    prop_assert!(distinct.is_subset(pool), "ending from another context");
+                }
+            }
+        }
+        // Replay the swap log backwards from the final assignment: each swap's new ending is in
+        // its slot, and undoing it restores an ending that was not assigned elsewhere.
+        let mut replay = state.assignment.clone();
+        for (_, s) in state.swaps.iter().rev() {
+            let slots = replay.get_mut(&s.example_id).unwrap();
+            prop_assert_eq!(slots[s.slot], s.new_ending_id);
+            prop_assert!(!slots.contains(&s.old_ending_id));
+            slots[s.slot] = s.old_ending_id;
+        }
+        prop_assert_eq!(state, run_state(&copy), "same seed, same run");
+    }
+}
