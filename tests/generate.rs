@@ -401,7 +401,7 @@ fn smollm2_forward_pass_matches_llama_cpp() {
         let got = lm
             .model
             .llama
-            .score_continuations(&prefix, &[ending.clone()])
+            .score_continuations(&prefix, std::slice::from_ref(&ending))
             .unwrap()
             .remove(0);
         let want: Vec<f64> = line["ending_token_logprobs"]

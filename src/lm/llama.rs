@@ -469,9 +469,9 @@ impl Llama {
         let mut positions = Vec::new();
         let mut targets = Vec::new();
         for (r, s) in seqs.iter().enumerate() {
-            for j in 1..s.len() {
+            for (j, &token) in s.iter().enumerate().skip(1) {
                 positions.push((r * steps + j - 1) as u32);
-                targets.push(s[j]);
+                targets.push(token);
             }
         }
         let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &Device::Cpu)?, 0)?;
