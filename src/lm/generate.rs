@@ -146,14 +146,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut params_json = serde_json::to_value(&params)?;
     params_json["n_neg"] = args.n_neg.into();
     if let Some(remote) = &remote {
+        let (_, scorer, scorer_sha) = lm.describe();
         eprintln!(
             "note: the server samples; its token log-probs give lp_cond of the sampled endings \
-             where its tokens equal the scoring model's ({}); the gold ending's lp_cond, lp_alone, \
-             ctx_logprob and lengths are computed locally with it",
-            lm.describe().1
+             where its tokens equal the scoring model's ({scorer}); the gold ending's lp_cond, \
+             lp_alone, ctx_logprob and lengths are computed locally with it"
         );
         params_json["server"] = remote.record();
-        let (_, scorer, scorer_sha) = lm.describe();
         params_json["scorer"] = scorer.into();
         params_json["scorer_sha256"] = scorer_sha.into();
     }
