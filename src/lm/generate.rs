@@ -133,7 +133,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let remote = match args.backend {
         Backend::Local => None,
         Backend::Openai => Some(OpenAiSampler::new(
-            args.openai.clone(),
+            (*args.openai).clone(),
             params.clone(),
             &lm.model.tokenizer,
         )?),

@@ -48,8 +48,9 @@ pub struct GenerateArgs {
     /// completions server, see --endpoint; the local model then only scores the LM features).
     #[arg(long, value_enum, default_value = "local")]
     pub backend: Backend,
+    /// Boxed: the server flags would otherwise make every `Command` value large.
     #[command(flatten)]
-    pub openai: openai::OpenAiArgs,
+    pub openai: Box<openai::OpenAiArgs>,
     /// `smollm2` (the default model, fetched if needed) or the path of a llama-family GGUF file.
     /// With `--backend openai` it is the scoring model: point the server at the same GGUF.
     #[arg(long, default_value = "smollm2")]

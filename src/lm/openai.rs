@@ -156,14 +156,14 @@ pub fn parse_completions(body: &str) -> Result<Vec<Completion>> {
         .collect()
 }
 
+/// Token strings with their log-probs, as a server reports them.
+pub type TokenLog = Vec<(String, f32)>;
+
 /// The ending a completion stands for (with its sentence end restored), and the token log-probs
 /// of exactly that text when the server's token log covers it. `None`: not a whole sentence.
-pub fn recover_ending(
-    c: &Completion,
-    stop: &[String],
-) -> Option<(String, Option<Vec<(String, f32)>>)> {
+pub fn recover_ending(c: &Completion, stop: &[String]) -> Option<(String, Option<TokenLog>)> {
     let mut text = c.text.clone();
-    let mut tokens: Option<Vec<(String, f32)>> = None;
+    let mut tokens: Option<TokenLog> = None;
     if let Some((strs, lps)) = &c.logprobs {
         // Keep the tokens up to and including the one that ends the sentence.
         let mut covered = String::new();
@@ -230,7 +230,7 @@ impl<'a> OpenAiSampler<'a> {
         if args.concurrency == 0 || args.n_per_request == 0 {
             bail!("--concurrency and --n-per-request must be at least 1");
         }
-        if !(args.request_timeout > 0.0) {
+        if args.request_timeout.is_nan() || args.request_timeout <= 0.0 {
             bail!("--request-timeout must be a positive number of seconds");
         }
         let api_key = match &args.api_key_env {
