@@ -13,12 +13,13 @@ use sha2::{Digest, Sha256};
 use super::features::{ContextFeatures, EndingFeatures};
 use super::local::LocalLm;
 use super::model::LanguageModel;
+use super::openai::OpenAiSampler;
 use super::prompt::PromptTemplate;
 use super::sampler::{
     acceptable_ending, normalise_ending, EndingSampler, SampleRequest, SampledEnding,
     SamplingParams,
 };
-use super::{GenerateArgs, ImportPoolArgs};
+use super::{Backend, GenerateArgs, ImportPoolArgs};
 use crate::models::{sha256_file, DefaultModel};
 use crate::store::examples::Example;
 use crate::store::pool::{self, EndingLmFeatures, NewGeneration, NewPool};
@@ -100,6 +101,9 @@ struct Summary {
     sampling_endings_per_second: f64,
     sampling_tokens_per_second: f64,
     endings_per_second: f64,
+    /// Requests retried (openai backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_retries: Option<usize>,
     /// Weight-matrix arithmetic of the sampled tokens per second of sampling, in GFLOP/s.
     decode_gflops: f64,
 }
@@ -126,9 +130,32 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         return Ok(());
     }
     let lm = load_local(&args.model, params.clone())?;
-    let (backend, model_name, sha) = lm.describe();
+    let remote = match args.backend {
+        Backend::Local => None,
+        Backend::Openai => Some(OpenAiSampler::new(
+            (*args.openai).clone(),
+            params.clone(),
+            &lm.model.tokenizer,
+        )?),
+    };
+    let sampler: &dyn EndingSampler = match &remote {
+        Some(remote) => remote,
+        None => &lm,
+    };
+    let (backend, model_name, sha) = sampler.describe();
     let mut params_json = serde_json::to_value(&params)?;
     params_json["n_neg"] = args.n_neg.into();
+    if let Some(remote) = &remote {
+        let (_, scorer, scorer_sha) = lm.describe();
+        eprintln!(
+            "note: the server samples; its token log-probs give lp_cond of the sampled endings \
+             where its tokens equal the scoring model's ({scorer}); the gold ending's lp_cond, \
+             lp_alone, ctx_logprob and lengths are computed locally with it"
+        );
+        params_json["server"] = remote.record();
+        params_json["scorer"] = scorer.into();
+        params_json["scorer_sha256"] = scorer_sha.into();
+    }
     let generation_id = pool::find_or_insert_generation(
         store.conn(),
         &NewGeneration {
@@ -147,7 +174,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         crate::interrupt::check()?;
         let t0 = Instant::now();
         let prompt = template.render(&ex.sent1, &ex.sent2);
-        let sampled = lm
+        let sampled = sampler
             .sample(&SampleRequest {
                 prompt: prompt.clone(),
                 exclude: vec![ex.ending.clone()],
@@ -194,6 +221,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     summary.decode_gflops = summary.tokens_generated as f64 * lm.model.llama.cfg.flops_per_token()
         / summary.sampling_seconds
         / 1e9;
+    summary.server_retries = remote
+        .as_ref()
+        .map(|r| r.retries_used.load(std::sync::atomic::Ordering::Relaxed));
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {

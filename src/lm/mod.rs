@@ -6,6 +6,7 @@ mod generate;
 pub mod llama;
 pub mod local;
 pub mod model;
+pub mod openai;
 pub mod prompt;
 pub mod sampler;
 #[cfg(test)]
@@ -43,7 +44,15 @@ pub enum FetchWhich {
 pub struct GenerateArgs {
     /// The project file.
     pub project: PathBuf,
+    /// Where endings are sampled: `local` (the candle model) or `openai` (an OpenAI-compatible
+    /// completions server, see --endpoint; the local model then only scores the LM features).
+    #[arg(long, value_enum, default_value = "local")]
+    pub backend: Backend,
+    /// Boxed: the server flags would otherwise make every `Command` value large.
+    #[command(flatten)]
+    pub openai: Box<openai::OpenAiArgs>,
     /// `smollm2` (the default model, fetched if needed) or the path of a llama-family GGUF file.
+    /// With `--backend openai` it is the scoring model: point the server at the same GGUF.
     #[arg(long, default_value = "smollm2")]
     pub model: String,
     /// Unique endings to sample per context (N⁻).
@@ -84,6 +93,12 @@ pub struct GenerateArgs {
     /// Print a JSON summary (counts, timings) on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Local,
+    Openai,
 }
 
 #[derive(clap::Args)]

@@ -1,0 +1,542 @@
+//! The `openai` backend: the same sampling job sent to any OpenAI-compatible `/v1/completions`
+//! server (vLLM, llama.cpp's server, TGI, hosted APIs).
+//!
+//! Each draw is one completion (or `n` per request where the server honours `n`), sampled at
+//! temperature 1 with the truncation knobs explicitly off (`top_p` 1, and `top_k` 0 / `min_p` 0 /
+//! `repeat_penalty` 1 as extra fields, since servers' defaults differ — llama.cpp's server
+//! penalises repeats unless told not to). Many requests are in flight from a bounded set of scoped
+//! threads; requests go round-robin over the endpoints. A failed request (HTTP 429 / 5xx, a
+//! timeout, a dropped connection, a body that is not a completions response) is retried with
+//! exponential back-off and jitter, honouring `Retry-After`; when the retries are spent the
+//! context fails as a whole, so nothing partial is ever stored.
+//!
+//! Servers strip the stop string from the text. The sentence end is recovered from the token log
+//! (llama.cpp's server keeps the stopping token there) or from vLLM's `stop_reason`; a draw whose
+//! end cannot be recovered is discarded like a draw that hit the token cap.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Map, Value};
+
+use super::sampler::{
+    acceptable_ending, normalise_ending, EndingSampler, SampleRequest, SampledEnding, SampledPool,
+    SamplingParams,
+};
+use super::tokenizer::GgufTokenizer;
+
+/// Flags of `afkit generate --backend openai`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OpenAiArgs {
+    /// Base URL of an OpenAI-compatible completions server (e.g. http://127.0.0.1:8000);
+    /// `/v1/completions` is appended unless the URL already ends with `/completions`. Repeat the
+    /// flag to spread requests over several servers (round-robin).
+    #[arg(long = "endpoint")]
+    pub endpoints: Vec<String>,
+    /// Name of the environment variable holding the API key (sent as a Bearer token; never
+    /// stored in the project).
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// The `model` field of each request (servers hosting several models need it); also recorded
+    /// as the generation's model name.
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Requests in flight at once, over all endpoints.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Seconds one request may take before it is abandoned and retried.
+    #[arg(long, default_value_t = 60.0)]
+    pub request_timeout: f64,
+    /// Retries per request after the first attempt (429, 5xx, timeouts, dropped connections,
+    /// malformed responses); then the context fails and the command stops with a report.
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// First back-off in seconds; doubles per retry, with jitter, capped at 30 s.
+    #[arg(long, default_value_t = 0.5)]
+    pub backoff: f64,
+    /// Completions asked for per request (`n`). Keep 1 for servers that ignore `n`
+    /// (llama.cpp's server does).
+    #[arg(long, default_value_t = 1)]
+    pub n_per_request: usize,
+    /// Stop strings sent to the server (the sentence end).
+    #[arg(long = "stop", default_values_t = [".".to_string(), "!".to_string(), "?".to_string()])]
+    pub stop: Vec<String>,
+    /// Extra request fields as KEY=JSON, overriding the defaults `top_k=0`, `min_p=0`,
+    /// `repeat_penalty=1`; `KEY=null` removes a field (for servers that reject it).
+    #[arg(long = "server-param", value_name = "KEY=JSON")]
+    pub server_params: Vec<String>,
+    /// Do not send `seed` (for servers that reject it).
+    #[arg(long)]
+    pub no_seed: bool,
+}
+
+/// The request fields beyond the standard ones: truncation off for servers that default it on.
+fn extra_fields(overrides: &[String]) -> Result<Map<String, Value>> {
+    let mut fields = Map::new();
+    fields.insert("top_k".into(), json!(0));
+    fields.insert("min_p".into(), json!(0.0));
+    fields.insert("repeat_penalty".into(), json!(1.0));
+    for item in overrides {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--server-param {item}: expected KEY=JSON, e.g. top_k=0"))?;
+        let value: Value = serde_json::from_str(value)
+            .with_context(|| format!("--server-param {item}: the value is not JSON"))?;
+        if value.is_null() {
+            fields.remove(key);
+        } else {
+            fields.insert(key.to_string(), value);
+        }
+    }
+    Ok(fields)
+}
+
+fn completions_url(base: &str) -> String {
+    let base = base.trim_end_matches('/');
+    if base.ends_with("/completions") {
+        base.to_string()
+    } else if base.ends_with("/v1") {
+        format!("{base}/completions")
+    } else {
+        format!("{base}/v1/completions")
+    }
+}
+
+/// One completion as the server returned it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub text: String,
+    pub finish_reason: Option<String>,
+    /// vLLM's matched stop string.
+    pub stop_reason: Option<String>,
+    /// `(token strings, log-probs)` when the server returned them.
+    pub logprobs: Option<(Vec<String>, Vec<f32>)>,
+}
+
+/// Parses a completions response body; an error means "not a completions response".
+pub fn parse_completions(body: &str) -> Result<Vec<Completion>> {
+    let value: Value = serde_json::from_str(body).context("the response is not JSON")?;
+    let choices = value["choices"]
+        .as_array()
+        .ok_or_else(|| anyhow!("the response has no `choices` array"))?;
+    choices
+        .iter()
+        .map(|choice| {
+            let text = choice["text"]
+                .as_str()
+                .ok_or_else(|| anyhow!("a choice has no `text`"))?
+                .to_string();
+            let logprobs = match (
+                choice["logprobs"]["tokens"].as_array(),
+                choice["logprobs"]["token_logprobs"].as_array(),
+            ) {
+                (Some(tokens), Some(lps)) if tokens.len() == lps.len() => Some((
+                    tokens
+                        .iter()
+                        .map(|t| t.as_str().unwrap_or_default().to_string())
+                        .collect(),
+                    lps.iter()
+                        .map(|l| l.as_f64().map_or(f32::NAN, |l| l as f32))
+                        .collect(),
+                )),
+                _ => None,
+            };
+            Ok(Completion {
+                text,
+                finish_reason: choice["finish_reason"].as_str().map(String::from),
+                stop_reason: choice["stop_reason"].as_str().map(String::from),
+                logprobs,
+            })
+        })
+        .collect()
+}
+
+/// Token strings with their log-probs, as a server reports them.
+pub type TokenLog = Vec<(String, f32)>;
+
+/// The ending a completion stands for (with its sentence end restored), and the token log-probs
+/// of exactly that text when the server's token log covers it. `None`: not a whole sentence.
+pub fn recover_ending(c: &Completion, stop: &[String]) -> Option<(String, Option<TokenLog>)> {
+    let mut text = c.text.clone();
+    let mut tokens: Option<TokenLog> = None;
+    if let Some((strs, lps)) = &c.logprobs {
+        // Keep the tokens up to and including the one that ends the sentence.
+        let mut covered = String::new();
+        let mut kept = Vec::new();
+        for (s, &lp) in strs.iter().zip(lps) {
+            covered.push_str(s);
+            kept.push((s.clone(), lp));
+            if covered.len() > text.len() || (covered == text && text.ends_with(['.', '!', '?'])) {
+                break;
+            }
+        }
+        if covered.starts_with(&text) && covered.len() > text.len() {
+            let rest = &covered[text.len()..];
+            if let Some(s) = stop.iter().find(|s| rest.starts_with(s.as_str())) {
+                text.push_str(s);
+            }
+        }
+        if covered == text {
+            tokens = Some(kept);
+        }
+    }
+    let finished_by_stop = c.finish_reason.as_deref() == Some("stop");
+    if !text.ends_with(['.', '!', '?']) && finished_by_stop {
+        if let Some(s) = c.stop_reason.as_ref().filter(|s| stop.contains(s)) {
+            text.push_str(s);
+            tokens = None;
+        }
+    }
+    text.ends_with(['.', '!', '?']).then_some((text, tokens))
+}
+
+/// Sampling on a completions server.
+pub struct OpenAiSampler<'a> {
+    args: OpenAiArgs,
+    urls: Vec<String>,
+    params: SamplingParams,
+    extra: Map<String, Value>,
+    api_key: Option<String>,
+    agent: ureq::Agent,
+    next_endpoint: AtomicUsize,
+    /// The scoring model's tokenizer: server log-probs are used as features only for tokens that
+    /// equal its tokenisation (same model on both sides).
+    tokenizer: &'a GgufTokenizer,
+    /// Retries spent so far (reported at the end).
+    pub retries_used: AtomicUsize,
+}
+
+/// Why one HTTP attempt failed, and whether trying again may help.
+struct AttemptError {
+    retryable: bool,
+    retry_after: Option<Duration>,
+    message: String,
+}
+
+impl<'a> OpenAiSampler<'a> {
+    pub fn new(
+        args: OpenAiArgs,
+        params: SamplingParams,
+        tokenizer: &'a GgufTokenizer,
+    ) -> Result<Self> {
+        if args.endpoints.is_empty() {
+            bail!("--backend openai needs at least one --endpoint URL");
+        }
+        if args.concurrency == 0 || args.n_per_request == 0 {
+            bail!("--concurrency and --n-per-request must be at least 1");
+        }
+        if args.request_timeout.is_nan() || args.request_timeout <= 0.0 {
+            bail!("--request-timeout must be a positive number of seconds");
+        }
+        let api_key = match &args.api_key_env {
+            Some(var) => Some(std::env::var(var).with_context(|| {
+                format!("--api-key-env {var}: the environment variable is not set")
+            })?),
+            None => None,
+        };
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs_f64(args.request_timeout)))
+            .max_idle_connections_per_host(args.concurrency)
+            .build();
+        Ok(OpenAiSampler {
+            urls: args.endpoints.iter().map(|e| completions_url(e)).collect(),
+            extra: extra_fields(&args.server_params)?,
+            api_key,
+            agent: ureq::Agent::new_with_config(config),
+            next_endpoint: AtomicUsize::new(0),
+            tokenizer,
+            retries_used: AtomicUsize::new(0),
+            params,
+            args,
+        })
+    }
+
+    /// What is recorded with the generation (no key).
+    pub fn record(&self) -> Value {
+        json!({
+            "endpoints": self.urls,
+            "n_per_request": self.args.n_per_request,
+            "stop": self.args.stop,
+            "extra_fields": self.extra,
+            "seed_sent": !self.args.no_seed,
+            "features": "lp_cond of sampled endings from the server's token log-probs where its \
+                tokens equal the scoring model's; gold lp_cond, lp_alone, ctx_logprob and \
+                lengths computed locally with the scoring model",
+        })
+    }
+
+    fn body(&self, prompt: &str, seed: u64) -> Value {
+        let mut body = json!({
+            "prompt": prompt,
+            "max_tokens": self.params.max_tokens,
+            "temperature": self.params.temperature,
+            "top_p": self.params.top_p.unwrap_or(1.0),
+            "n": self.args.n_per_request,
+            "stop": self.args.stop,
+            "logprobs": 1,
+        });
+        let obj = body.as_object_mut().expect("an object");
+        if let Some(name) = &self.args.model_name {
+            obj.insert("model".into(), json!(name));
+        }
+        if !self.args.no_seed {
+            // Servers take 32-bit seeds at most.
+            obj.insert("seed".into(), json!(seed & 0x7fff_ffff));
+        }
+        for (k, v) in &self.extra {
+            obj.insert(k.clone(), v.clone());
+        }
+        if let Some(k) = self.params.top_k {
+            obj.insert("top_k".into(), json!(k));
+        }
+        if let Some(p) = self.params.min_p {
+            obj.insert("min_p".into(), json!(p));
+        }
+        body
+    }
+
+    fn attempt(&self, url: &str, body: &str) -> std::result::Result<Vec<Completion>, AttemptError> {
+        let transport = |e: ureq::Error| AttemptError {
+            retryable: true,
+            retry_after: None,
+            message: format!("{e}"),
+        };
+        let mut req = self
+            .agent
+            .post(url)
+            .header("Content-Type", "application/json");
+        if let Some(key) = &self.api_key {
+            req = req.header("Authorization", &format!("Bearer {key}"));
+        }
+        let mut resp = req.send(body).map_err(transport)?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|s| Duration::from_secs_f64(s.clamp(0.0, 300.0)));
+        let text = resp.body_mut().read_to_string().map_err(transport)?;
+        if status != 200 {
+            let snippet: String = text.chars().take(300).collect();
+            return Err(AttemptError {
+                retryable: status == 429 || status == 408 || status >= 500,
+                retry_after,
+                message: format!("HTTP {status}: {snippet}"),
+            });
+        }
+        parse_completions(&text).map_err(|e| AttemptError {
+            retryable: true,
+            retry_after: None,
+            message: format!("malformed response ({e:#})"),
+        })
+    }
+
+    /// One request with retries; the endpoint advances round-robin on every attempt, so a dead
+    /// server's work moves to the others.
+    fn complete(&self, prompt: &str, seed: u64) -> Result<Vec<Completion>> {
+        let body = self.body(prompt, seed).to_string();
+        let mut jitter = ChaCha8Rng::seed_from_u64(seed);
+        let mut attempt = 0;
+        loop {
+            let url =
+                &self.urls[self.next_endpoint.fetch_add(1, Ordering::Relaxed) % self.urls.len()];
+            match self.attempt(url, &body) {
+                Ok(completions) => return Ok(completions),
+                Err(e) if e.retryable && attempt < self.args.retries => {
+                    let backoff = (self.args.backoff * 2f64.powi(attempt as i32)).min(30.0);
+                    let wait = e.retry_after.unwrap_or(Duration::from_secs_f64(
+                        backoff * jitter.random_range(0.5..1.5),
+                    ));
+                    self.retries_used.fetch_add(1, Ordering::Relaxed);
+                    attempt += 1;
+                    std::thread::sleep(wait);
+                }
+                Err(e) => {
+                    bail!(
+                        "POST {url} failed after {} attempt(s): {}",
+                        attempt + 1,
+                        e.message
+                    )
+                }
+            }
+        }
+    }
+
+    /// `requests` completions requests in parallel (at most `--concurrency` at once); results in
+    /// request order, or the first error.
+    fn complete_many(&self, prompt: &str, seeds: &[u64]) -> Result<Vec<Vec<Completion>>> {
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<Option<Result<Vec<Completion>>>>> =
+            Mutex::new((0..seeds.len()).map(|_| None).collect());
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..self.args.concurrency.min(seeds.len()) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= seeds.len() || failed.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let r = self.complete(prompt, seeds[i]);
+                    if r.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    results.lock().expect("results lock")[i] = Some(r);
+                });
+            }
+        });
+        let mut out = Vec::with_capacity(seeds.len());
+        for r in results
+            .into_inner()
+            .expect("results lock")
+            .into_iter()
+            .flatten()
+        {
+            out.push(r?);
+        }
+        Ok(out)
+    }
+
+    /// The server's log-probs as the scoring model's tokens, when both tokenise alike.
+    fn aligned(&self, text: &str, tokens: &[(String, f32)]) -> Option<(Vec<u32>, Vec<f32>)> {
+        let ids = self.tokenizer.encode(&format!(" {text}")).ok()?;
+        if ids.len() != tokens.len() || tokens.iter().any(|(_, lp)| !lp.is_finite()) {
+            return None;
+        }
+        for (&id, (s, _)) in ids.iter().zip(tokens) {
+            if self.tokenizer.decode(&[id]).ok()? != *s {
+                return None;
+            }
+        }
+        Some((ids, tokens.iter().map(|(_, lp)| *lp).collect()))
+    }
+}
+
+impl EndingSampler for OpenAiSampler<'_> {
+    fn describe(&self) -> (String, String, Option<String>) {
+        let name = self
+            .args
+            .model_name
+            .clone()
+            .unwrap_or_else(|| "server default".into());
+        ("openai".into(), name, None)
+    }
+
+    fn sample(&self, request: &SampleRequest) -> Result<SampledPool> {
+        let mut seen: HashSet<String> = request
+            .exclude
+            .iter()
+            .map(|e| normalise_ending(e))
+            .collect();
+        let mut pool = SampledPool::default();
+        let max_draws = request.n * self.params.max_draws_per_ending.max(1);
+        let mut seed_rng = ChaCha8Rng::seed_from_u64(request.seed);
+        while pool.endings.len() < request.n && pool.draws < max_draws {
+            let missing = request.n - pool.endings.len();
+            let survival = if pool.draws == 0 {
+                0.8
+            } else {
+                (pool.endings.len() as f64 / pool.draws as f64).max(0.1)
+            };
+            let draws = ((missing as f64 / survival).ceil() as usize).min(max_draws - pool.draws);
+            let requests = draws.div_ceil(self.args.n_per_request).max(1);
+            let seeds: Vec<u64> = (0..requests).map(|_| seed_rng.random()).collect();
+            for completion in self
+                .complete_many(&request.prompt, &seeds)?
+                .into_iter()
+                .flatten()
+            {
+                pool.draws += 1;
+                pool.tokens_generated += completion.logprobs.as_ref().map_or(0, |(t, _)| t.len());
+                if pool.endings.len() >= request.n {
+                    continue;
+                }
+                let Some((raw, tokens)) = recover_ending(&completion, &self.args.stop) else {
+                    continue;
+                };
+                let text = normalise_ending(&raw);
+                if acceptable_ending(&text, self.params.max_words) && seen.insert(text.clone()) {
+                    let tokens = tokens.and_then(|t| self.aligned(&text, &t));
+                    pool.endings.push(SampledEnding { text, tokens });
+                }
+            }
+        }
+        Ok(pool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion(text: &str, tokens: &[&str], finish: &str) -> Completion {
+        Completion {
+            text: text.into(),
+            finish_reason: Some(finish.into()),
+            stop_reason: None,
+            logprobs: Some((
+                tokens.iter().map(|t| t.to_string()).collect(),
+                vec![-1.0; tokens.len()],
+            )),
+        }
+    }
+
+    fn stops() -> Vec<String> {
+        vec![".".into(), "!".into(), "?".into()]
+    }
+
+    #[test]
+    fn the_stop_token_from_the_token_log_restores_the_sentence_end() {
+        let c = completion(" dances around", &[" dances", " around", "!"], "stop");
+        let (text, tokens) = recover_ending(&c, &stops()).unwrap();
+        assert_eq!(text, " dances around!");
+        assert_eq!(tokens.unwrap().len(), 3);
+    }
+
+    #[test]
+    fn vllm_stop_reason_restores_the_sentence_end_without_token_log() {
+        let mut c = completion(" dances", &[], "stop");
+        c.logprobs = None;
+        c.stop_reason = Some("?".into());
+        assert_eq!(recover_ending(&c, &stops()).unwrap().0, " dances?");
+    }
+
+    #[test]
+    fn capped_or_end_of_text_draws_are_not_endings() {
+        let c = completion(
+            " dances around the",
+            &[" dances", " around", " the"],
+            "length",
+        );
+        assert!(recover_ending(&c, &stops()).is_none());
+        let c = completion(" dances", &[" dances", "<|endoftext|>"], "stop");
+        assert!(recover_ending(&c, &stops()).is_none());
+    }
+
+    #[test]
+    fn malformed_bodies_are_errors() {
+        assert!(parse_completions("{\"choices\": [{\"text\": ").is_err());
+        assert!(parse_completions("{\"error\": \"busy\"}").is_err());
+        let ok = parse_completions(r#"{"choices":[{"text":" a.","finish_reason":"stop"}]}"#);
+        assert_eq!(ok.unwrap()[0].text, " a.");
+    }
+
+    #[test]
+    fn server_params_override_and_remove_defaults() {
+        let f = extra_fields(&["top_k=40".into(), "repeat_penalty=null".into()]).unwrap();
+        assert_eq!(f["top_k"], json!(40));
+        assert!(!f.contains_key("repeat_penalty"));
+        assert!(extra_fields(&["top_k".into()]).is_err());
+        assert_eq!(completions_url("http://h:1/"), "http://h:1/v1/completions");
+        assert_eq!(
+            completions_url("http://h:1/v1"),
+            "http://h:1/v1/completions"
+        );
+    }
+}
