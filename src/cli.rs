@@ -154,7 +154,11 @@ fn status(args: StatusArgs) -> Result<()> {
     println!(
         "filter       {} iterations{}",
         s.af_iterations,
-        if s.af_finished { ", final scores done" } else { "" }
+        if s.af_finished {
+            ", final scores done"
+        } else {
+            ""
+        }
     );
     if s.af_stale_contexts > 0 && s.af_iterations > 0 {
         println!(

@@ -1,20 +1,87 @@
-//! Human verification: the terminal UI, assignment of items to annotators, agreement statistics
-//! and crowd import/export (SPEC §4).
+//! Human verification (SPEC §4, SWAG §3.5): the terminal UI, assignment of items to annotators,
+//! agreement statistics and crowd import/export.
+//!
+//! The UI follows ratatui's example structure: [`app`] is the pure state machine (key → state),
+//! [`event`] reads input (terminal or script) and signals, [`ui`] draws, and [`session`] is the
+//! loop that binds them to the project store.
 
-use std::path::PathBuf;
+pub mod agreement;
+pub mod app;
+pub mod crowd;
+pub mod event;
+pub mod session;
+pub mod tasks;
+pub mod text;
+pub mod ui;
+pub mod verdict;
 
-use anyhow::{bail, Result};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+
+use crate::store::annotate::Holder;
+use crate::store::Store;
+
+use event::{Keys, ScriptKeys, TerminalKeys};
+use session::{Session, Summary};
+use tasks::PolicyRequest;
 
 #[derive(clap::Args)]
+#[command(
+    long_about = "Verify candidates in a terminal UI, as SWAG's human verification did: for each \
+    item (a context and six shuffled endings: the found one and the five hardest AF negatives) \
+    label every ending likely / unlikely / gibberish and pick the best and the second-best ending.\n\n\
+    Keys are shown on screen; ? shows the instructions. Each submission is committed to the \
+    project file before the next item shows; after a crash, kill or dropped connection, run the \
+    same command again to resume at the item you had on screen.\n\n\
+    Several annotators can work at once on one project file (one terminal each, different \
+    --annotator names). The first --agreement-items items go to --replicas annotators each (for \
+    `afkit agreement`), the rest to one annotator each; nobody gets an item twice. Tasks are \
+    made from the latest finished `afkit filter` run when annotation first starts."
+)]
 pub struct Args {
     /// The project file.
     pub project: PathBuf,
     /// Your annotator name; restarting with the same name resumes where you stopped.
     #[arg(long)]
     pub annotator: String,
+    /// Items (in a fixed seeded order) that go to several annotators to measure agreement
+    /// [default: 100, or what the project recorded].
+    #[arg(long, value_name = "M")]
+    pub agreement_items: Option<i64>,
+    /// Annotators per agreement item [default: 3, or what the project recorded].
+    #[arg(long, value_name = "R")]
+    pub replicas: Option<i64>,
+    /// Seed of the item order and of the ending shuffles; fixed once tasks exist [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Replay keys from FILE instead of the keyboard (tests, benchmarks).
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Pause between replayed keys, in milliseconds.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub script_delay_ms: u64,
+    /// Append per-event timings (draw, claim, commit) as JSON lines to FILE.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub timings: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
+#[command(
+    long_about = "Inter-annotator agreement, label distributions and annotator quality.\n\n\
+    Krippendorff's α (nominal) and pairwise percent agreement over the items with at least two \
+    annotators, separately for the ranking {best, second, neither} and for the labels {likely, \
+    unlikely, gibberish} (each ending of an item is one unit); the label distribution of found \
+    vs generated endings (the layout of SWAG Table 2); and per annotator: items, items/hour, \
+    how often the found ending is in their top two, agreement with the others on shared items, \
+    and a flag for annotators far below the rest (the rule is printed with the table).\n\n\
+    --json keys: alpha_rank, ppa_rank, alpha_label, ppa_label, items, submissions, broken, \
+    found_top2_rate, distribution {found, generated}, annotators [...], flag_rule."
+)]
 pub struct AgreementArgs {
     /// The project file.
     pub project: PathBuf,
@@ -26,23 +93,171 @@ pub struct AgreementArgs {
 #[derive(clap::Subcommand)]
 pub enum CrowdCommand {
     /// Write annotation tasks as CSV for a crowdsourcing platform.
+    #[command(
+        long_about = "Write annotation tasks as CSV for a crowdsourcing platform, one row per \
+        item that still needs annotators.\n\n\
+        Columns: item_id (quote it back in the results), assignments (annotators still wanted), \
+        context (sent1 + sent2), sent1, sent2, ending_1 .. ending_6 (the endings in the item's \
+        recorded shuffled order; empty when an item has fewer). Tasks are made from the latest \
+        finished AF run if they do not exist yet."
+    )]
     Export {
         project: PathBuf,
         #[arg(long)]
         out: PathBuf,
+        /// Export every open item, also those that have all their annotators.
+        #[arg(long)]
+        all: bool,
     },
     /// Read crowd results (afkit's columns or Mechanical Turk's batch results) into the project.
-    Import { project: PathBuf, file: PathBuf },
+    #[command(long_about = "Read crowd results into the project's label tables.\n\n\
+        afkit's result columns: worker_id, item_id, label_1 .. label_6 (likely | unlikely | \
+        gibberish, one per ending of the item, in the exported order), best and second (ending \
+        numbers 1-6), and optionally seconds (time on the item) and submitted_at (RFC 3339 UTC).\n\n\
+        Mechanical Turk batch results are read too: WorkerId, Input.item_id, Answer.label_1 .. \
+        Answer.label_6, Answer.best, Answer.second (or one true/false column per choice, e.g. \
+        Answer.best.3, as crowd-radio-group writes them), WorkTimeInSeconds; rows whose \
+        AssignmentStatus is Rejected are skipped.\n\n\
+        Every row is validated: unknown or replaced items, missing or invalid labels, best or \
+        second missing, equal, or gibberish, and duplicate worker/item pairs (in the file or \
+        already in the project) are reported with their line number and not imported. The valid \
+        rows are imported in one transaction; with --strict nothing is imported if any row is \
+        invalid.")]
+    Import {
+        project: PathBuf,
+        file: PathBuf,
+        /// Import nothing (and fail) if any row is invalid.
+        #[arg(long)]
+        strict: bool,
+    },
 }
 
-pub fn run(_args: Args) -> Result<()> {
-    bail!("annotate is not implemented yet")
+pub fn run(args: Args) -> Result<()> {
+    let name = args.annotator.trim();
+    if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+        bail!("--annotator must be a name of 1 to 64 printable characters");
+    }
+    let mut store = Store::open(&args.project)?;
+    store.sync_every_commit()?;
+    let setup = tasks::ensure_tasks(
+        &mut store,
+        PolicyRequest {
+            agreement_items: args.agreement_items,
+            replicas: args.replicas,
+            seed: args.seed,
+        },
+    )?;
+    let stop = event::stop_flag()?;
+    let holder = Holder::this_process(name);
+    let mut session = Session::new(&mut store, holder);
+    let summary = match &args.script {
+        Some(script) => {
+            let mut keys =
+                ScriptKeys::load(script, Duration::from_millis(args.script_delay_ms), stop)?;
+            if std::io::stdout().is_terminal() {
+                with_terminal(&mut session, &mut keys)?
+            } else {
+                let mut terminal = Terminal::new(TestBackend::new(80, 24))?;
+                session.run(&mut terminal, &mut keys)?
+            }
+        }
+        None => {
+            if !std::io::stdout().is_terminal() {
+                bail!("afkit annotate needs a terminal; for batch work use `afkit crowd export`");
+            }
+            with_terminal(&mut session, &mut TerminalKeys { stop })?
+        }
+    };
+    if let Some(path) = &args.timings {
+        session.timings.write(path)?;
+    }
+    if setup.without_negatives > 0 {
+        eprintln!(
+            "note: {} contexts of AF run {} have no assigned negatives and got no task",
+            setup.without_negatives, setup.run_id
+        );
+    }
+    println!(
+        "{name}: {} submitted this session, {} in all; {} items left for you. \
+         Run the same command to continue.",
+        summary.submitted, summary.done_total, summary.remaining
+    );
+    Ok(())
 }
 
-pub fn run_agreement(_args: AgreementArgs) -> Result<()> {
-    bail!("agreement is not implemented yet")
+/// Runs the session in the real terminal (raw mode, alternate screen), restoring the terminal
+/// on every way out: normal return, error, panic (ratatui's hook) or signal (the session ends
+/// its loop and returns here).
+fn with_terminal(session: &mut Session, keys: &mut dyn Keys) -> Result<Summary> {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ratatui::restore();
+            let _ = crossterm::execute!(std::io::stdout(), crossterm::cursor::Show);
+        }
+    }
+    let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
+    let _restore = Restore;
+    session.run(&mut terminal, keys)
 }
 
-pub fn run_crowd(_command: CrowdCommand) -> Result<()> {
-    bail!("crowd is not implemented yet")
+pub fn run_agreement(args: AgreementArgs) -> Result<()> {
+    let store = Store::open(&args.project)?;
+    let submissions = crate::store::annotate::all_submissions(store.conn())?;
+    let report = agreement::report(&submissions);
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else if submissions.is_empty() {
+        println!(
+            "no submissions yet: annotate with `afkit annotate {} --annotator NAME`",
+            args.project.display()
+        );
+    } else {
+        print!("{}", agreement::render(&report));
+    }
+    Ok(())
+}
+
+pub fn run_crowd(command: CrowdCommand) -> Result<()> {
+    match command {
+        CrowdCommand::Export { project, out, all } => {
+            let mut store = Store::open(&project)?;
+            tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
+            let rows = crowd::export(&store, &out, all)?;
+            println!("wrote {rows} items to {}", out.display());
+            Ok(())
+        }
+        CrowdCommand::Import {
+            project,
+            file,
+            strict,
+        } => import(&project, &file, strict),
+    }
+}
+
+fn import(project: &Path, file: &Path, strict: bool) -> Result<()> {
+    let mut store = Store::open(project)?;
+    let outcome = crowd::import(&mut store, file, strict)?;
+    for r in &outcome.rejected {
+        eprintln!("{}:{}: {}", file.display(), r.line, r.reason);
+    }
+    let layout = if outcome.mturk_layout {
+        "Mechanical Turk batch results"
+    } else {
+        "afkit result columns"
+    };
+    if strict && !outcome.rejected.is_empty() {
+        bail!(
+            "{} of the rows in {} are invalid (listed above); nothing imported (--strict)",
+            outcome.rejected.len(),
+            file.display()
+        );
+    }
+    println!(
+        "imported {} submissions from {} ({layout}); {} rows rejected",
+        outcome.imported,
+        file.display(),
+        outcome.rejected.len()
+    );
+    Ok(())
 }

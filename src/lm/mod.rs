@@ -1,9 +1,24 @@
 //! The language model stage: fetch default models, sample counterfactual endings from a GGUF
 //! causal LM, and compute the LM features that the AF perplexity MLP reads (SPEC §2).
 
+pub mod features;
+mod generate;
+pub mod llama;
+pub mod local;
+pub mod model;
+pub mod prompt;
+pub mod sampler;
+#[cfg(test)]
+mod tests;
+pub mod tokenizer;
+
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+
+pub use local::LocalLm;
+pub use model::LanguageModel;
+pub use sampler::{EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams};
 
 #[derive(clap::Subcommand)]
 pub enum ModelsCommand {
@@ -37,17 +52,52 @@ pub struct GenerateArgs {
     /// Only generate for the first N contexts that have no pool yet.
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Seed for sampling (recorded in the project).
+    /// Seed for sampling (recorded in the project; each context's stream is derived from it and
+    /// the example id, so a resumed run samples what an uninterrupted one would have).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Prompt template: a built-in name (`continuation`) or a file whose text contains
+    /// `{startphrase}` (or `{sent1}` and `{sent2}`); the endings continue the filled template.
+    #[arg(long, default_value = "continuation")]
+    pub prompt: String,
+    /// Sampling temperature. SPEC §2: keep 1 — cooler sampling lowers perplexity, an artifact.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Keep only the k most probable tokens (off by default).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling threshold (off by default).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Drop tokens less than this fraction as probable as the best one (off by default).
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Token cap per ending; endings that reach it without ending a sentence are discarded.
+    #[arg(long, default_value_t = 40)]
+    pub max_tokens: usize,
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Draws allowed per requested ending before a context's shortfall is accepted.
+    #[arg(long, default_value_t = 4)]
+    pub max_draws_per_ending: usize,
+    /// Print a JSON summary (counts, timings) on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args)]
 pub struct ImportPoolArgs {
     /// The project file.
     pub project: PathBuf,
-    /// JSONL with {"id", "endings": [...]} per context.
+    /// JSONL with {"id", "endings": [...]} per context; `id` is the example's id.
     pub file: PathBuf,
+    /// The model that scores the imported endings (LM features): `smollm2` or a GGUF path.
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    /// Prompt template the endings are scored after (see `generate --prompt`).
+    #[arg(long, default_value = "continuation")]
+    pub prompt: String,
 }
 
 pub fn run_models(command: ModelsCommand) -> Result<()> {
@@ -65,10 +115,10 @@ pub fn run_models(command: ModelsCommand) -> Result<()> {
     Ok(())
 }
 
-pub fn run_generate(_args: GenerateArgs) -> Result<()> {
-    bail!("generate is not implemented yet")
+pub fn run_generate(args: GenerateArgs) -> Result<()> {
+    generate::run(args)
 }
 
-pub fn run_import_pool(_args: ImportPoolArgs) -> Result<()> {
-    bail!("import-pool is not implemented yet")
+pub fn run_import_pool(args: ImportPoolArgs) -> Result<()> {
+    generate::import(args)
 }

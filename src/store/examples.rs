@@ -68,12 +68,15 @@ pub fn upsert_source(
 }
 
 /// Stores an example and its found ending. Returns false (and changes nothing) when an example
-/// with the same `ext_id` exists already, which makes re-ingesting a file idempotent.
+/// with the same `ext_id` exists already, which makes re-ingesting a file idempotent. A record
+/// dropped by an earlier ingest (e.g. with stricter filters) and kept now is no longer dropped.
 pub fn insert_example(conn: &Connection, source_id: i64, ex: &NewExample) -> Result<bool> {
-    let inserted = conn.execute(
-        "INSERT OR IGNORE INTO examples(ext_id, grp, sent1, sent2, ending, source_id, gold_source, added_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![
+    let inserted = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO examples(ext_id, grp, sent1, sent2, ending, source_id, gold_source, added_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?
+        .execute(params![
             ex.ext_id,
             ex.group,
             ex.sent1,
@@ -82,26 +85,37 @@ pub fn insert_example(conn: &Connection, source_id: i64, ex: &NewExample) -> Res
             source_id,
             ex.gold_source,
             now()
-        ],
-    )?;
+        ])?;
     if inserted == 0 {
         return Ok(false);
     }
     let example_id = conn.last_insert_rowid();
-    conn.execute(
-        "INSERT INTO endings(example_id, text, is_gold) VALUES (?1, ?2, 1)",
-        params![example_id, ex.ending],
-    )?;
+    conn.prepare_cached("INSERT INTO endings(example_id, text, is_gold) VALUES (?1, ?2, 1)")?
+        .execute(params![example_id, ex.ending])?;
+    conn.prepare_cached("DELETE FROM dropped WHERE ext_id = ?1")?
+        .execute([&ex.ext_id])?;
     Ok(true)
 }
 
-/// Records why an input record was not kept (once per record).
+/// Records why an input record was not kept (once per record; never for a kept example).
 pub fn insert_dropped(conn: &Connection, source_id: i64, ext_id: &str, reason: &str) -> Result<()> {
-    conn.execute(
-        "INSERT OR IGNORE INTO dropped(ext_id, source_id, reason) VALUES (?1, ?2, ?3)",
-        params![ext_id, source_id, reason],
-    )?;
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO dropped(ext_id, source_id, reason)
+         SELECT ?1, ?2, ?3 WHERE NOT EXISTS (SELECT 1 FROM examples WHERE ext_id = ?1)",
+    )?
+    .execute(params![ext_id, source_id, reason])?;
     Ok(())
+}
+
+/// The stored `(sent1, sent2, ending)` of the example with this external id, if any.
+pub fn example_text_by_ext_id(
+    conn: &Connection,
+    ext_id: &str,
+) -> Result<Option<(String, String, String)>> {
+    Ok(conn
+        .prepare_cached("SELECT sent1, sent2, ending FROM examples WHERE ext_id = ?1")?
+        .query_row([ext_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?)
 }
 
 impl Store {
@@ -177,13 +191,34 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::create(&dir.path().join("p.sqlite")).unwrap();
         let src = upsert_source(store.conn(), "a.json", "jsonl", "abc", "{}").unwrap();
-        assert_eq!(upsert_source(store.conn(), "b.json", "jsonl", "abc", "{}").unwrap(), src);
+        assert_eq!(
+            upsert_source(store.conn(), "b.json", "jsonl", "abc", "{}").unwrap(),
+            src
+        );
         assert!(insert_example(store.conn(), src, &example("x#1")).unwrap());
         assert!(!insert_example(store.conn(), src, &example("x#1")).unwrap());
         insert_dropped(store.conn(), src, "x#2", "short_context").unwrap();
         insert_dropped(store.conn(), src, "x#2", "short_context").unwrap();
+        insert_dropped(store.conn(), src, "x#1", "rare_token").unwrap();
         assert_eq!(store.count_examples().unwrap(), 1);
+        assert_eq!(
+            store.dropped_by_reason().unwrap().len(),
+            1,
+            "a kept example is not dropped"
+        );
         assert_eq!(store.dropped_by_reason().unwrap()["short_context"], 1);
+        assert!(insert_example(store.conn(), src, &example("x#2")).unwrap());
+        assert!(
+            store.dropped_by_reason().unwrap().is_empty(),
+            "kept now, so no longer dropped"
+        );
+        assert_eq!(
+            example_text_by_ext_id(store.conn(), "x#2")
+                .unwrap()
+                .unwrap()
+                .1,
+            "He"
+        );
         let all = store.examples().unwrap();
         assert_eq!(all[0].startphrase(), "A man stands in a kitchen. He");
         assert_eq!(store.example(all[0].id).unwrap().unwrap(), all[0]);

@@ -10,7 +10,14 @@
 //! several annotators (processes) can share one file.
 
 pub mod af;
+pub mod annotate;
+pub mod assemble;
 pub mod examples;
+pub mod export;
+pub mod fixture;
+#[doc(hidden)]
+pub mod fixtures;
+pub mod pool;
 pub mod status;
 
 use std::path::{Path, PathBuf};
@@ -182,7 +189,10 @@ mod tests {
     #[test]
     fn timestamps_are_rfc3339() {
         assert_eq!(format_timestamp(0.0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(format_timestamp(1_795_314_096.5), "2026-11-22T02:21:36.500Z");
+        assert_eq!(
+            format_timestamp(1_795_314_096.5),
+            "2026-11-22T02:21:36.500Z"
+        );
         assert_eq!(format_timestamp(951_782_400.0), "2000-02-29T00:00:00.000Z");
     }
 
@@ -191,7 +201,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.sqlite");
         Store::create(&path).unwrap();
-        assert!(Store::create(&path).is_err(), "init must not clobber a project");
+        assert!(
+            Store::create(&path).is_err(),
+            "init must not clobber a project"
+        );
         let store = Store::open(&path).unwrap();
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         assert!(store.meta("created_at").unwrap().is_some());

@@ -152,7 +152,9 @@ CREATE TABLE af_scores (
 
 -- ===== annotate =====
 -- One item to verify: a context and six endings in a recorded shuffled order. A re-annotation
--- (SWAG fn. 6) is a new task with round + 1 that supersedes the old one.
+-- (SWAG fn. 6) is a new task with round + 1 that supersedes the old one. Items are handed out in
+-- id order, and ids are assigned in a seeded random order of the contexts, so the first M
+-- round-0 tasks (replicas > 1) are a random sample of the contexts for measuring agreement.
 CREATE TABLE tasks (
     id          INTEGER PRIMARY KEY,
     example_id  INTEGER NOT NULL REFERENCES examples(id) ON DELETE CASCADE,
@@ -164,6 +166,7 @@ CREATE TABLE tasks (
     created_at  TEXT NOT NULL,
     UNIQUE (example_id, round)
 );
+CREATE INDEX tasks_open ON tasks(status, id);
 CREATE TABLE task_endings (
     task_id   INTEGER NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
     position  INTEGER NOT NULL,
@@ -171,11 +174,25 @@ CREATE TABLE task_endings (
     PRIMARY KEY (task_id, position)
 );
 
--- Who holds which item right now, so concurrent annotators do not collide.
+-- Who holds which item right now, so concurrent annotators do not collide. A claim is live while
+-- its process runs (pid on host) and refreshes seen_at; a stale one (process gone, or not seen for
+-- a while) no longer reserves the item for others, but still brings it back first to its annotator.
 CREATE TABLE claims (
     task_id    INTEGER NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
     annotator  TEXT NOT NULL,
     claimed_at TEXT NOT NULL,
+    seen_at    TEXT NOT NULL,            -- last heartbeat of the holding process
+    pid        INTEGER,                  -- holding process; NULL once it is known to be gone
+    host       TEXT NOT NULL,
+    PRIMARY KEY (task_id, annotator)
+);
+CREATE INDEX claims_annotator ON claims(annotator);
+
+-- Items an annotator chose not to do (they go to someone else, never back to this annotator).
+CREATE TABLE skips (
+    task_id    INTEGER NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+    annotator  TEXT NOT NULL,
+    skipped_at TEXT NOT NULL,
     PRIMARY KEY (task_id, annotator)
 );
 
@@ -190,6 +207,7 @@ CREATE TABLE submissions (
     submitted_at TEXT NOT NULL,
     UNIQUE (task_id, annotator)
 );
+CREATE INDEX submissions_annotator ON submissions(annotator, submitted_at);
 CREATE TABLE labels (
     submission_id INTEGER NOT NULL REFERENCES submissions(id) ON DELETE CASCADE,
     ending_id     INTEGER NOT NULL REFERENCES endings(id),

@@ -36,7 +36,8 @@ pub struct Status {
 
 impl Store {
     pub fn status(&self) -> Result<Status> {
-        let count = |sql: &str| -> Result<i64> { Ok(self.conn().query_row(sql, [], |r| r.get(0))?) };
+        let count =
+            |sql: &str| -> Result<i64> { Ok(self.conn().query_row(sql, [], |r| r.get(0))?) };
         let latest_run: Option<i64> =
             self.conn()
                 .query_row("SELECT MAX(id) FROM af_runs", [], |r| r.get(0))?;

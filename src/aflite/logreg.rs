@@ -1,0 +1,550 @@
+//! L2-regularised multinomial logistic regression, the linear model family of AFLite.
+//!
+//! The objective is scikit-learn's for `LogisticRegression(C=c)` with an intercept, so a Python
+//! peer fits the same model: minimise `0.5·||W||² + C·Σᵢ CE(xᵢ, yᵢ)` with the intercept not
+//! penalised. Like scikit-learn, two classes use one weight vector (sigmoid) and more than two
+//! use one vector per class (softmax), and the objective is optimised divided by the number of
+//! training rows, with convergence declared when every gradient entry is at most `tol`.
+//!
+//! The fit is L-BFGS, deterministic (no threads inside one fit, fixed summation order). Two
+//! exact reparametrisations keep it well-conditioned without changing the optimum: features are
+//! centred (the free intercept absorbs the shift) and every parameter is scaled by the inverse
+//! square root of its curvature at the start, which equalises the intercept's curvature
+//! (~¼ per row) and the weights' (feature variance, tiny for unit-length embeddings).
+
+/// Options of one fit.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct FitOptions {
+    /// Inverse regularisation strength (scikit-learn's `C`).
+    pub c: f64,
+    /// Stop when the largest absolute gradient entry of the per-row objective is at most this.
+    pub tol: f64,
+    /// Iteration cap (L-BFGS iterations).
+    pub max_iter: usize,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions {
+            c: 1.0,
+            tol: 1e-4,
+            max_iter: 1000,
+        }
+    }
+}
+
+/// A fitted model over the classes it saw in training.
+#[derive(Debug, Clone)]
+pub struct LogReg {
+    dim: usize,
+    /// Original class ids of the model's outputs, ascending.
+    classes: Vec<u32>,
+    /// One row per output (1 for two classes, else one per class), over raw (uncentred) features.
+    weights: Vec<f32>,
+    bias: Vec<f32>,
+    /// L-BFGS iterations used.
+    pub iterations: usize,
+    /// Whether the gradient tolerance was reached.
+    pub converged: bool,
+}
+
+impl LogReg {
+    /// Fits on `rows` rows of `x` (row-major, `dim` columns) with class ids `y`.
+    pub fn fit(x: &[f32], dim: usize, y: &[u32], opts: &FitOptions) -> LogReg {
+        let rows = y.len();
+        assert_eq!(x.len(), rows * dim, "feature matrix does not match labels");
+        assert!(rows > 0, "cannot fit on no rows");
+        let mut classes: Vec<u32> = y.to_vec();
+        classes.sort_unstable();
+        classes.dedup();
+        if classes.len() == 1 {
+            // One class seen: the optimum puts the free intercept at infinity; predict it.
+            return LogReg {
+                dim,
+                classes,
+                weights: vec![0.0; dim],
+                bias: vec![0.0],
+                iterations: 0,
+                converged: true,
+            };
+        }
+        let targets: Vec<u32> = y
+            .iter()
+            .map(|c| classes.binary_search(c).expect("class listed") as u32)
+            .collect();
+        let problem = Problem::new(x, dim, &targets, classes.len(), opts.c);
+        let (params, iterations, converged) = lbfgs(&problem, opts);
+        let (weights, bias) = problem.raw_parameters(&params);
+        LogReg {
+            dim,
+            classes,
+            weights,
+            bias,
+            iterations,
+            converged,
+        }
+    }
+
+    /// The predicted class id of one feature row.
+    pub fn predict(&self, row: &[f32]) -> u32 {
+        debug_assert_eq!(row.len(), self.dim);
+        if self.classes.len() == 1 {
+            return self.classes[0];
+        }
+        if self.bias.len() == 1 {
+            let z = dot(&self.weights, row) + self.bias[0];
+            return self.classes[usize::from(z > 0.0)];
+        }
+        let mut best = 0;
+        let mut best_z = f32::NEG_INFINITY;
+        for (k, w) in self.weights.chunks_exact(self.dim).enumerate() {
+            let z = dot(w, row) + self.bias[k];
+            if z > best_z {
+                best_z = z;
+                best = k;
+            }
+        }
+        self.classes[best]
+    }
+
+    /// Weights (one row per output) and intercepts over the raw features.
+    pub fn coefficients(&self) -> (&[f32], &[f32]) {
+        (&self.weights, &self.bias)
+    }
+}
+
+/// The objective in the scaled, centred parametrisation. Parameters: `outputs × dim` weights,
+/// then `outputs` intercepts; the optimiser works on `v` with `w = scale ⊙ v`.
+struct Problem<'a> {
+    x: &'a [f32],
+    dim: usize,
+    y: &'a [u32],
+    /// 1 (sigmoid) for two classes, else the number of classes (softmax).
+    outputs: usize,
+    mean: Vec<f32>,
+    /// Penalty weight of the per-row objective: 1 / (C · rows).
+    lambda: f64,
+    scale: Vec<f64>,
+}
+
+impl<'a> Problem<'a> {
+    fn new(x: &'a [f32], dim: usize, y: &'a [u32], classes: usize, c: f64) -> Self {
+        let rows = y.len();
+        let outputs = if classes == 2 { 1 } else { classes };
+        let mut mean64 = vec![0f64; dim];
+        for row in x.chunks_exact(dim) {
+            for (m, &v) in mean64.iter_mut().zip(row) {
+                *m += v as f64;
+            }
+        }
+        mean64.iter_mut().for_each(|m| *m /= rows as f64);
+        let mut var = vec![0f64; dim];
+        for row in x.chunks_exact(dim) {
+            for ((s, &v), &m) in var.iter_mut().zip(row).zip(&mean64) {
+                let d = v as f64 - m;
+                *s += d * d;
+            }
+        }
+        let lambda = 1.0 / (c * rows as f64);
+        // Curvature of the per-row objective at w = 0: p(1-p) ≤ ¼ times the feature variance,
+        // plus the penalty; the intercepts' is ¼.
+        let mut scale = Vec::with_capacity(outputs * (dim + 1));
+        for _ in 0..outputs {
+            scale.extend(
+                var.iter()
+                    .map(|s| 1.0 / (0.25 * s / rows as f64 + lambda).sqrt()),
+            );
+        }
+        scale.extend(std::iter::repeat_n(2.0, outputs));
+        Problem {
+            x,
+            dim,
+            y,
+            outputs,
+            mean: mean64.iter().map(|&m| m as f32).collect(),
+            lambda,
+            scale,
+        }
+    }
+
+    fn n_params(&self) -> usize {
+        self.outputs * (self.dim + 1)
+    }
+
+    /// Weights and intercepts for raw features: `b_raw = b − W·mean`.
+    fn raw_parameters(&self, v: &[f64]) -> (Vec<f32>, Vec<f32>) {
+        let w: Vec<f64> = v.iter().zip(&self.scale).map(|(a, s)| a * s).collect();
+        let nw = self.outputs * self.dim;
+        let weights: Vec<f32> = w[..nw].iter().map(|&a| a as f32).collect();
+        let bias = (0..self.outputs)
+            .map(|k| {
+                let wm: f64 = weights[k * self.dim..(k + 1) * self.dim]
+                    .iter()
+                    .zip(&self.mean)
+                    .map(|(&a, &m)| a as f64 * m as f64)
+                    .sum();
+                (w[nw + k] - wm) as f32
+            })
+            .collect();
+        (weights, bias)
+    }
+
+    /// Objective value; writes the gradient with respect to `v` (scaled space) into `grad` and
+    /// returns also the largest absolute gradient entry with respect to the real parameters.
+    fn value_grad(&self, v: &[f64], grad: &mut [f64]) -> (f64, f64) {
+        let (dim, outputs) = (self.dim, self.outputs);
+        let rows = self.y.len();
+        let nw = outputs * dim;
+        let w: Vec<f64> = v.iter().zip(&self.scale).map(|(a, s)| a * s).collect();
+        let (weights, bias) = self.raw_parameters(v);
+
+        let mut loss = 0f64;
+        let mut residual_sum = vec![0f64; outputs];
+        let mut xtr = vec![0f64; nw];
+        // Accumulate Xᵀr in f32 over blocks of rows, then in f64, for speed without drift.
+        const BLOCK: usize = 256;
+        let mut block_acc = vec![0f32; nw];
+        let mut z = vec![0f64; outputs];
+        let mut r = vec![0f32; outputs];
+        for (block_start, xb) in (0..rows).step_by(BLOCK).zip(self.x.chunks(BLOCK * dim)) {
+            block_acc.fill(0.0);
+            for (i, row) in (block_start..).zip(xb.chunks_exact(dim)) {
+                for k in 0..outputs {
+                    z[k] = (dot(&weights[k * dim..(k + 1) * dim], row) + bias[k]) as f64;
+                }
+                let yi = self.y[i] as usize;
+                if outputs == 1 {
+                    let target = yi as f64; // class index 0 or 1
+                    loss += softplus(z[0]) - target * z[0];
+                    r[0] = (sigmoid(z[0]) - target) as f32;
+                } else {
+                    let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = z.iter().map(|&a| (a - max).exp()).sum();
+                    loss += max + sum.ln() - z[yi];
+                    for k in 0..outputs {
+                        let p = (z[k] - max).exp() / sum;
+                        r[k] = (p - if k == yi { 1.0 } else { 0.0 }) as f32;
+                    }
+                }
+                for k in 0..outputs {
+                    residual_sum[k] += r[k] as f64;
+                    axpy(r[k], row, &mut block_acc[k * dim..(k + 1) * dim]);
+                }
+            }
+            for (acc, &b) in xtr.iter_mut().zip(&block_acc) {
+                *acc += b as f64;
+            }
+        }
+
+        let n = rows as f64;
+        let mut penalty = 0f64;
+        let mut max_abs = 0f64;
+        for k in 0..outputs {
+            for j in 0..dim {
+                let idx = k * dim + j;
+                // Gradient of Σ CE over centred features: Xᵀr − mean·Σr.
+                let g =
+                    (xtr[idx] - self.mean[j] as f64 * residual_sum[k]) / n + self.lambda * w[idx];
+                penalty += w[idx] * w[idx];
+                max_abs = max_abs.max(g.abs());
+                grad[idx] = g * self.scale[idx];
+            }
+            let g = residual_sum[k] / n;
+            max_abs = max_abs.max(g.abs());
+            grad[nw + k] = g * self.scale[nw + k];
+        }
+        (loss / n + 0.5 * self.lambda * penalty, max_abs)
+    }
+}
+
+/// Limited-memory BFGS with a backtracking (Armijo) line search; returns the scaled
+/// parameters, the iterations used and whether the gradient tolerance was met.
+fn lbfgs(problem: &Problem, opts: &FitOptions) -> (Vec<f64>, usize, bool) {
+    const MEMORY: usize = 10;
+    let n = problem.n_params();
+    let mut v = vec![0f64; n];
+    let mut grad = vec![0f64; n];
+    let (mut f, mut gmax) = problem.value_grad(&v, &mut grad);
+    let mut s_hist: Vec<Vec<f64>> = Vec::with_capacity(MEMORY);
+    let mut y_hist: Vec<Vec<f64>> = Vec::with_capacity(MEMORY);
+    let mut rho_hist: Vec<f64> = Vec::with_capacity(MEMORY);
+    let mut new_v = vec![0f64; n];
+    let mut new_grad = vec![0f64; n];
+    let mut direction = vec![0f64; n];
+    let mut alpha = [0f64; MEMORY];
+
+    for iteration in 0..opts.max_iter {
+        if gmax <= opts.tol {
+            return (v, iteration, true);
+        }
+        // Two-loop recursion: direction = −H·grad.
+        direction.copy_from_slice(&grad);
+        for i in (0..s_hist.len()).rev() {
+            alpha[i] = rho_hist[i] * dot64(&s_hist[i], &direction);
+            axpy64(-alpha[i], &y_hist[i], &mut direction);
+        }
+        if let (Some(s), Some(y)) = (s_hist.last(), y_hist.last()) {
+            let gamma = dot64(s, y) / dot64(y, y);
+            direction.iter_mut().for_each(|d| *d *= gamma);
+        }
+        for i in 0..s_hist.len() {
+            let beta = rho_hist[i] * dot64(&y_hist[i], &direction);
+            axpy64(alpha[i] - beta, &s_hist[i], &mut direction);
+        }
+        direction.iter_mut().for_each(|d| *d = -*d);
+        let mut slope = dot64(&grad, &direction);
+        if slope >= 0.0 {
+            // Not a descent direction (numerical trouble): restart from steepest descent.
+            s_hist.clear();
+            y_hist.clear();
+            rho_hist.clear();
+            for (d, g) in direction.iter_mut().zip(&grad) {
+                *d = -g;
+            }
+            slope = -dot64(&grad, &grad);
+        }
+        let mut step = if s_hist.is_empty() {
+            1.0 / dot64(&grad, &grad).sqrt().max(1.0)
+        } else {
+            1.0
+        };
+        let mut accepted = None;
+        for _ in 0..40 {
+            for ((nv, &a), &d) in new_v.iter_mut().zip(&v).zip(&direction) {
+                *nv = a + step * d;
+            }
+            let (nf, ngmax) = problem.value_grad(&new_v, &mut new_grad);
+            if nf <= f + 1e-4 * step * slope {
+                accepted = Some((nf, ngmax));
+                break;
+            }
+            step *= 0.5;
+        }
+        let Some((nf, ngmax)) = accepted else {
+            // No decrease possible at machine precision: this is as converged as it gets.
+            return (v, iteration, gmax <= opts.tol);
+        };
+        let s: Vec<f64> = new_v.iter().zip(&v).map(|(a, b)| a - b).collect();
+        let y: Vec<f64> = new_grad.iter().zip(&grad).map(|(a, b)| a - b).collect();
+        let sy = dot64(&s, &y);
+        if sy > 1e-16 * dot64(&y, &y) && sy > 0.0 {
+            if s_hist.len() == MEMORY {
+                s_hist.remove(0);
+                y_hist.remove(0);
+                rho_hist.remove(0);
+            }
+            s_hist.push(s);
+            y_hist.push(y);
+            rho_hist.push(1.0 / sy);
+        }
+        let relative_decrease = (f - nf) / f.abs().max(nf.abs()).max(1.0);
+        std::mem::swap(&mut v, &mut new_v);
+        std::mem::swap(&mut grad, &mut new_grad);
+        f = nf;
+        gmax = ngmax;
+        // SciPy's L-BFGS-B `ftol` rule, which scikit-learn's fit also stops on.
+        if relative_decrease <= 64.0 * f64::EPSILON {
+            return (v, iteration + 1, gmax <= opts.tol);
+        }
+    }
+    (v, opts.max_iter, gmax <= opts.tol)
+}
+
+fn sigmoid(z: f64) -> f64 {
+    if z >= 0.0 {
+        1.0 / (1.0 + (-z).exp())
+    } else {
+        let e = z.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// ln(1 + eᶻ) without overflow.
+fn softplus(z: f64) -> f64 {
+    if z > 0.0 {
+        z + (-z).exp().ln_1p()
+    } else {
+        z.exp().ln_1p()
+    }
+}
+
+/// f32 dot product in eight independent lanes, so the compiler vectorises it.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let chunks = a.len() / 8;
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            lanes[l] += ca[l] * cb[l];
+        }
+    }
+    let mut total: f32 = lanes.iter().sum();
+    for i in chunks * 8..a.len() {
+        total += a[i] * b[i];
+    }
+    total
+}
+
+#[inline]
+fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+fn dot64(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn axpy64(alpha: f64, x: &[f64], y: &mut [f64]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// The gradient of scikit-learn's objective written out plainly in f64, independent of the
+    /// optimised code path: for the fitted raw weights it must vanish.
+    fn reference_gradient(x: &[f32], dim: usize, y: &[u32], model: &LogReg, c: f64) -> Vec<f64> {
+        let (w, b) = model.coefficients();
+        let outputs = b.len();
+        let mut g = vec![0f64; outputs * (dim + 1)];
+        for (row, &yi) in x.chunks_exact(dim).zip(y) {
+            let z: Vec<f64> = (0..outputs)
+                .map(|k| {
+                    b[k] as f64
+                        + (0..dim)
+                            .map(|j| w[k * dim + j] as f64 * row[j] as f64)
+                            .sum::<f64>()
+                })
+                .collect();
+            let r: Vec<f64> = if outputs == 1 {
+                vec![1.0 / (1.0 + (-z[0]).exp()) - yi as f64]
+            } else {
+                let m = z.iter().cloned().fold(f64::MIN, f64::max);
+                let s: f64 = z.iter().map(|a| (a - m).exp()).sum();
+                (0..outputs)
+                    .map(|k| (z[k] - m).exp() / s - f64::from(k as u32 == yi))
+                    .collect()
+            };
+            for k in 0..outputs {
+                for j in 0..dim {
+                    g[k * dim + j] += c * r[k] * row[j] as f64;
+                }
+                g[outputs * dim + k] += c * r[k];
+            }
+        }
+        for k in 0..outputs * dim {
+            g[k] += w[k] as f64;
+        }
+        g
+    }
+
+    fn blobs(rows: usize, dim: usize, classes: u32, seed: u64) -> (Vec<f32>, Vec<u32>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut x = Vec::with_capacity(rows * dim);
+        let mut y = Vec::with_capacity(rows);
+        for _ in 0..rows {
+            let c = rng.random_range(0..classes);
+            for j in 0..dim {
+                let centre = if j as u32 % classes == c { 1.0 } else { 0.0 };
+                // Offset 3: centring must not be needed by the caller.
+                x.push(3.0 + centre + rng.random_range(-1.5f32..1.5));
+            }
+            y.push(c);
+        }
+        (x, y)
+    }
+
+    #[test]
+    fn binary_fit_zeroes_the_reference_gradient() {
+        let (x, y) = blobs(400, 7, 2, 1);
+        let opts = FitOptions {
+            tol: 1e-7,
+            ..Default::default()
+        };
+        let model = LogReg::fit(&x, 7, &y, &opts);
+        assert!(model.converged);
+        let g = reference_gradient(&x, 7, &y, &model, 1.0);
+        let worst = g.iter().fold(0f64, |a, b| a.max(b.abs()));
+        // The summed objective's gradient is 400× the per-row one; f32 weights bound precision.
+        assert!(worst < 1e-2, "largest gradient entry {worst}");
+        // And the solution is not trivial.
+        assert!(model.coefficients().0.iter().any(|w| w.abs() > 0.1));
+    }
+
+    #[test]
+    fn multinomial_fit_zeroes_the_reference_gradient() {
+        let (x, y) = blobs(600, 6, 3, 2);
+        let opts = FitOptions {
+            tol: 1e-5,
+            ..Default::default()
+        };
+        let model = LogReg::fit(&x, 6, &y, &opts);
+        assert!(model.converged);
+        assert_eq!(model.coefficients().1.len(), 3);
+        let g = reference_gradient(&x, 6, &y, &model, 1.0);
+        let worst = g.iter().fold(0f64, |a, b| a.max(b.abs()));
+        // Summed over 600 rows: below 1e-4 per row, against entries of order 100 at w = 0.
+        assert!(worst < 0.06, "largest gradient entry {worst}");
+        let correct = x
+            .chunks_exact(6)
+            .zip(&y)
+            .filter(|(row, &c)| model.predict(row) == c)
+            .count();
+        assert!(correct as f64 / 600.0 > 0.8, "train accuracy {correct}/600");
+    }
+
+    /// One feature, two points (x = −1, y = 0) and (x = 1, y = 1): by symmetry b = 0 and the
+    /// weight solves w = 2C·σ(−w), i.e. w = 2C / (1 + eʷ).
+    #[test]
+    fn matches_the_closed_form_symmetric_solution() {
+        let x = [-1.0f32, 1.0];
+        let y = [0u32, 1];
+        for c in [0.5, 1.0, 4.0] {
+            let model = LogReg::fit(
+                &x,
+                1,
+                &y,
+                &FitOptions {
+                    c,
+                    tol: 1e-10,
+                    max_iter: 1000,
+                },
+            );
+            let (w, b) = model.coefficients();
+            let w = w[0] as f64;
+            // Solve the fixed point by bisection.
+            let (mut lo, mut hi) = (0.0f64, 2.0 * c);
+            for _ in 0..100 {
+                let mid = 0.5 * (lo + hi);
+                if mid - 2.0 * c / (1.0 + mid.exp()) > 0.0 {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            assert!((w - lo).abs() < 1e-5, "C={c}: w={w}, closed form {lo}");
+            assert!(b[0].abs() < 1e-5, "C={c}: b={}", b[0]);
+        }
+    }
+
+    #[test]
+    fn single_class_training_set_predicts_that_class() {
+        let model = LogReg::fit(&[0.0, 1.0, 2.0], 1, &[4, 4, 4], &FitOptions::default());
+        assert_eq!(model.predict(&[10.0]), 4);
+    }
+
+    #[test]
+    fn fit_is_deterministic() {
+        let (x, y) = blobs(300, 5, 3, 3);
+        let a = LogReg::fit(&x, 5, &y, &FitOptions::default());
+        let b = LogReg::fit(&x, 5, &y, &FitOptions::default());
+        assert_eq!(a.coefficients(), b.coefficients());
+    }
+}

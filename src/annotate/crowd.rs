@@ -1,0 +1,339 @@
+//! Crowdsourcing round trip: tasks out as CSV (one row per item), results back in, either in
+//! afkit's own result columns or in Mechanical Turk's batch-results layout. Every result row is
+//! validated; the valid ones are imported in one transaction, the others reported by line.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::store::annotate::{self as db, Judgement, NewSubmission, Origin, TaskView};
+use crate::store::Store;
+
+use super::tasks::ENDINGS_PER_TASK;
+use super::verdict;
+
+/// Columns of `afkit crowd export`, in order (`ending_1` .. `ending_6` follow `sent2`).
+pub const EXPORT_COLUMNS: [&str; 5] = ["item_id", "assignments", "context", "sent1", "sent2"];
+
+/// Writes every open item that still needs annotators (all open items with `all`) to `out`,
+/// atomically (a temporary file renamed into place). Returns the number of rows.
+pub fn export(store: &Store, out: &Path, all: bool) -> Result<usize> {
+    let tasks = db::open_tasks(store.conn(), !all)?;
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+    {
+        let mut w = csv::Writer::from_writer(tmp.as_file());
+        let mut header: Vec<String> = EXPORT_COLUMNS.iter().map(|s| s.to_string()).collect();
+        header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
+        w.write_record(&header)?;
+        for task in &tasks {
+            let done = submissions_of(store, task.task_id)?;
+            let mut row = vec![
+                task.task_id.to_string(),
+                (task.replicas - done).max(0).to_string(),
+                task.startphrase(),
+                task.sent1.clone(),
+                task.sent2.clone(),
+            ];
+            row.extend((0..ENDINGS_PER_TASK).map(|i| {
+                task.endings
+                    .get(i)
+                    .map_or_else(String::new, |e| e.text.clone())
+            }));
+            w.write_record(&row)?;
+        }
+        w.flush()?;
+    }
+    tmp.persist(out)
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(tasks.len())
+}
+
+fn submissions_of(store: &Store, task_id: i64) -> Result<i64> {
+    Ok(store.conn().query_row(
+        "SELECT COUNT(*) FROM submissions WHERE task_id = ?1",
+        [task_id],
+        |r| r.get(0),
+    )?)
+}
+
+/// Which result layout a file uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `worker_id, item_id, label_1..label_6, best, second[, seconds, submitted_at]`
+    Afkit,
+    /// Mechanical Turk batch results: `WorkerId`, `Input.item_id`, `Answer.label_1`, ...,
+    /// `WorkTimeInSeconds`, `AssignmentStatus`.
+    MTurk,
+}
+
+/// Reads fields of one row by logical name, whatever the layout.
+struct Columns {
+    layout: Layout,
+    index: HashMap<String, usize>,
+}
+
+impl Columns {
+    fn new(header: &csv::StringRecord) -> Columns {
+        let index: HashMap<String, usize> = header
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.trim().to_string(), i))
+            .collect();
+        let layout =
+            if index.contains_key("WorkerId") || index.keys().any(|k| k.starts_with("Answer.")) {
+                Layout::MTurk
+            } else {
+                Layout::Afkit
+            };
+        Columns { layout, index }
+    }
+
+    fn raw<'r>(&self, row: &'r csv::StringRecord, column: &str) -> Option<&'r str> {
+        self.index
+            .get(column)
+            .and_then(|&i| row.get(i))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// An answer field: the column itself (`Answer.best` = "3"), or, as Mechanical Turk's
+    /// crowd-radio-group writes it, one true/false column per choice (`Answer.best.3` = "true").
+    fn answer(&self, row: &csv::StringRecord, name: &str) -> Option<String> {
+        let column = match self.layout {
+            Layout::Afkit => name.to_string(),
+            Layout::MTurk => format!("Answer.{name}"),
+        };
+        if let Some(v) = self.raw(row, &column) {
+            return Some(v.to_string());
+        }
+        let prefix = format!("{column}.");
+        let mut chosen = self.index.iter().filter_map(|(h, &i)| {
+            let choice = h.strip_prefix(&prefix)?;
+            let v = row.get(i)?.trim().to_ascii_lowercase();
+            matches!(v.as_str(), "true" | "on" | "1" | "yes").then(|| choice.to_string())
+        });
+        chosen.next()
+    }
+
+    fn worker(&self, row: &csv::StringRecord) -> Option<String> {
+        let column = match self.layout {
+            Layout::Afkit => "worker_id",
+            Layout::MTurk => "WorkerId",
+        };
+        self.raw(row, column).map(str::to_string)
+    }
+
+    fn item(&self, row: &csv::StringRecord) -> Option<String> {
+        match self.layout {
+            Layout::Afkit => self.raw(row, "item_id"),
+            Layout::MTurk => self
+                .raw(row, "Input.item_id")
+                .or_else(|| self.raw(row, "Answer.item_id")),
+        }
+        .map(str::to_string)
+    }
+
+    fn seconds<'r>(&self, row: &'r csv::StringRecord) -> Option<&'r str> {
+        match self.layout {
+            Layout::Afkit => self.raw(row, "seconds"),
+            Layout::MTurk => self.raw(row, "WorkTimeInSeconds"),
+        }
+    }
+}
+
+/// A row that was not imported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejected {
+    /// Line in the file (the header is line 1).
+    pub line: u64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportOutcome {
+    pub imported: usize,
+    pub rejected: Vec<Rejected>,
+    pub mturk_layout: bool,
+}
+
+/// Validates every row of `file` and imports the valid ones in one transaction (none at all with
+/// `strict` when any row is invalid).
+pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<ImportOutcome> {
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(false)
+        .from_path(file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let header = reader
+        .headers()
+        .with_context(|| format!("{}: cannot read the header line", file.display()))?
+        .clone();
+    let columns = Columns::new(&header);
+    let required: &[&str] = match columns.layout {
+        Layout::Afkit => &["worker_id", "item_id"],
+        Layout::MTurk => &["WorkerId"],
+    };
+    for name in required {
+        if !columns.index.contains_key(*name) {
+            bail!(
+                "{}: no {name:?} column; expected afkit's result columns (worker_id, item_id, \
+                 label_1..label_6, best, second) or Mechanical Turk batch results (WorkerId, \
+                 Input.item_id, Answer.label_1, ...)",
+                file.display()
+            );
+        }
+    }
+    let mut valid: Vec<NewSubmission> = Vec::new();
+    let mut rejected = Vec::new();
+    let mut first_line: HashMap<(String, i64), u64> = HashMap::new();
+    let mut tasks: HashMap<i64, Option<TaskView>> = HashMap::new();
+    for record in reader.records() {
+        let row = record.with_context(|| format!("{}: malformed CSV", file.display()))?;
+        let line = row.position().map_or(0, |p| p.line());
+        match parse_row(store, &columns, &row, &mut tasks) {
+            Err(reason) => rejected.push(Rejected { line, reason }),
+            Ok(sub) => {
+                let key = (sub.annotator.clone(), sub.task_id);
+                if let Some(first) = first_line.get(&key) {
+                    rejected.push(Rejected {
+                        line,
+                        reason: format!(
+                            "duplicate: worker {} already answered item {} on line {first}",
+                            sub.annotator, sub.task_id
+                        ),
+                    });
+                } else if db::has_submitted(store.conn(), sub.task_id, &sub.annotator)? {
+                    rejected.push(Rejected {
+                        line,
+                        reason: format!(
+                            "duplicate: worker {} already has a submission for item {} in the project",
+                            sub.annotator, sub.task_id
+                        ),
+                    });
+                } else {
+                    first_line.insert(key, line);
+                    valid.push(sub);
+                }
+            }
+        }
+    }
+    if strict && !rejected.is_empty() {
+        return Ok(ImportOutcome {
+            imported: 0,
+            rejected,
+            mturk_layout: columns.layout == Layout::MTurk,
+        });
+    }
+    let tx = store.write_transaction()?;
+    for sub in &valid {
+        db::insert_submission(&tx, sub)?;
+    }
+    tx.commit()?;
+    Ok(ImportOutcome {
+        imported: valid.len(),
+        rejected,
+        mturk_layout: columns.layout == Layout::MTurk,
+    })
+}
+
+fn parse_row(
+    store: &Store,
+    columns: &Columns,
+    row: &csv::StringRecord,
+    tasks: &mut HashMap<i64, Option<TaskView>>,
+) -> std::result::Result<NewSubmission, String> {
+    if columns.layout == Layout::MTurk {
+        if let Some(status) = columns.raw(row, "AssignmentStatus") {
+            if status.eq_ignore_ascii_case("Rejected") {
+                return Err("the assignment was rejected on Mechanical Turk".into());
+            }
+        }
+    }
+    let worker = columns.worker(row).ok_or("the worker id is empty")?;
+    let item = columns.item(row).ok_or("the item id is empty")?;
+    let task_id: i64 = item
+        .parse()
+        .map_err(|_| format!("item id {item:?} is not a number"))?;
+    let task = match tasks.get(&task_id) {
+        Some(t) => t.clone(),
+        None => {
+            let t = db::task_view(store.conn(), task_id).map_err(|e| e.to_string())?;
+            tasks.insert(task_id, t.clone());
+            t
+        }
+    }
+    .ok_or_else(|| format!("unknown item {task_id}"))?;
+    if !task.open {
+        return Err(format!(
+            "item {task_id} was replaced by a re-annotation round; export again"
+        ));
+    }
+    let n = task.endings.len();
+    let mut judgements = Vec::with_capacity(n);
+    for k in 1..=ENDINGS_PER_TASK {
+        let value = columns.answer(row, &format!("label_{k}"));
+        match (k <= n, value) {
+            (true, None) => judgements.push(None),
+            (true, Some(v)) => judgements.push(Some(Judgement::parse(&v).ok_or_else(|| {
+                format!("label_{k} = {v:?}; expected likely, unlikely or gibberish")
+            })?)),
+            (false, Some(v)) => {
+                return Err(format!(
+                    "label_{k} = {v:?}, but item {task_id} has only {n} endings"
+                ))
+            }
+            (false, None) => {}
+        }
+    }
+    let position = |name: &str| -> std::result::Result<Option<usize>, String> {
+        match columns.answer(row, name) {
+            None => Ok(None),
+            Some(v) => match v.trim_start_matches("ending_").parse::<usize>() {
+                Ok(p) if (1..=n).contains(&p) => Ok(Some(p - 1)),
+                _ => Err(format!(
+                    "{name} = {v:?}; expected an ending number 1 to {n}"
+                )),
+            },
+        }
+    };
+    let (best, second) = (position("best")?, position("second")?);
+    let problems = verdict::problems(&judgements, best, second);
+    if !problems.is_empty() {
+        return Err(format!(
+            "incomplete or invalid: {}",
+            verdict::describe(&problems)
+        ));
+    }
+    let seconds = match columns.seconds(row) {
+        None => None,
+        Some(v) => Some(
+            v.parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .ok_or_else(|| format!("time {v:?} is not a number of seconds"))?,
+        ),
+    };
+    let submitted_at = match columns.raw(row, "submitted_at") {
+        None => None,
+        Some(v) => {
+            super::agreement::parse_timestamp(v)
+                .ok_or_else(|| format!("submitted_at {v:?} is not an RFC 3339 UTC time"))?;
+            Some(v.to_string())
+        }
+    };
+    let ids: Vec<i64> = task.endings.iter().map(|e| e.ending_id).collect();
+    Ok(NewSubmission {
+        task_id,
+        annotator: worker,
+        origin: Origin::Crowd,
+        broken: false,
+        seconds,
+        submitted_at,
+        labels: verdict::labels(&ids, &judgements, best, second),
+    })
+}

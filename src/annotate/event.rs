@@ -1,0 +1,199 @@
+//! Input for the annotation session: key presses from the terminal (crossterm) or replayed
+//! from a script file, and the signals that end a session cleanly (SIGTERM, SIGHUP from a
+//! closed terminal or dropped SSH connection, SIGINT through [`crate::interrupt`]).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+
+use super::app::Key;
+
+/// What the session loop gets next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    Key(Key),
+    /// Nothing happened for a while (or the terminal was resized): redraw, heartbeat.
+    Tick,
+    /// A signal asked the session to end, or the script is over.
+    Stop,
+}
+
+pub trait Keys {
+    /// Waits at most `timeout` for the next input.
+    fn next(&mut self, timeout: Duration) -> Result<Input>;
+}
+
+/// A flag raised by SIGTERM or SIGHUP; the session polls it between inputs.
+pub fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    #[cfg(unix)]
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(signal, Arc::clone(&flag))
+            .context("cannot install the SIGTERM/SIGHUP handler")?;
+    }
+    Ok(flag)
+}
+
+fn stop_requested(flag: &AtomicBool) -> bool {
+    flag.load(Ordering::SeqCst) || crate::interrupt::check().is_err()
+}
+
+/// Keys from the terminal.
+pub struct TerminalKeys {
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Signals are noticed within this time even while no key is pressed.
+const POLL: Duration = Duration::from_millis(200);
+
+impl Keys for TerminalKeys {
+    fn next(&mut self, timeout: Duration) -> Result<Input> {
+        if stop_requested(&self.stop) {
+            return Ok(Input::Stop);
+        }
+        // An interrupted wait (EINTR from a signal) is a tick: the flag is checked next time.
+        match event::poll(timeout.min(POLL)) {
+            Ok(true) => {}
+            Ok(false) => return Ok(Input::Tick),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(Input::Tick),
+            Err(e) => return Err(e).context("cannot read the terminal"),
+        }
+        Ok(match event::read().context("cannot read the terminal")? {
+            Event::Key(k) if k.kind != KeyEventKind::Release => {
+                map_key(k).map_or(Input::Tick, Input::Key)
+            }
+            _ => Input::Tick,
+        })
+    }
+}
+
+fn map_key(k: KeyEvent) -> Option<Key> {
+    Some(match k.code {
+        KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => Key::CtrlC,
+        KeyCode::Char(_) if k.modifiers.contains(KeyModifiers::CONTROL) => return None,
+        KeyCode::Char(c) => Key::Char(c),
+        KeyCode::Enter => Key::Enter,
+        KeyCode::Esc => Key::Esc,
+        KeyCode::Up => Key::Up,
+        KeyCode::Down => Key::Down,
+        KeyCode::PageUp => Key::PageUp,
+        KeyCode::PageDown => Key::PageDown,
+        KeyCode::Home => Key::Home,
+        KeyCode::End => Key::End,
+        KeyCode::Backspace | KeyCode::Delete => Key::Backspace,
+        KeyCode::Tab => Key::Char('\t'),
+        _ => return None,
+    })
+}
+
+/// Keys replayed from a file (the hidden `--script` mode used by tests and benchmarks).
+///
+/// The file holds whitespace-separated tokens: the names `Enter`, `Esc`, `Up`, `Down`,
+/// `PageUp`, `PageDown`, `Home`, `End`, `Backspace`, `Tab`, `Space`, `C-c`; any other token is
+/// typed character by character (`lulugl 1b3s Enter` labels and submits an item). When the
+/// script ends, the session ends as if `q` was pressed.
+pub struct ScriptKeys {
+    keys: std::vec::IntoIter<Key>,
+    delay: Duration,
+    stop: Arc<AtomicBool>,
+}
+
+impl ScriptKeys {
+    pub fn load(path: &Path, delay: Duration, stop: Arc<AtomicBool>) -> Result<ScriptKeys> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read key script {}", path.display()))?;
+        let keys =
+            parse_script(&text).with_context(|| format!("in key script {}", path.display()))?;
+        Ok(ScriptKeys {
+            keys: keys.into_iter(),
+            delay,
+            stop,
+        })
+    }
+}
+
+impl Keys for ScriptKeys {
+    fn next(&mut self, _timeout: Duration) -> Result<Input> {
+        if stop_requested(&self.stop) {
+            return Ok(Input::Stop);
+        }
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        Ok(self.keys.next().map_or(Input::Stop, Input::Key))
+    }
+}
+
+pub fn parse_script(text: &str) -> Result<Vec<Key>> {
+    let mut keys = Vec::new();
+    for token in text.split_whitespace() {
+        let named = match token {
+            "Enter" => Some(Key::Enter),
+            "Esc" => Some(Key::Esc),
+            "Up" => Some(Key::Up),
+            "Down" => Some(Key::Down),
+            "PageUp" => Some(Key::PageUp),
+            "PageDown" => Some(Key::PageDown),
+            "Home" => Some(Key::Home),
+            "End" => Some(Key::End),
+            "Backspace" => Some(Key::Backspace),
+            "Tab" => Some(Key::Char('\t')),
+            "Space" => Some(Key::Char(' ')),
+            "C-c" => Some(Key::CtrlC),
+            _ => None,
+        };
+        match named {
+            Some(k) => keys.push(k),
+            None if token.chars().next().is_some_and(char::is_uppercase) && token.len() > 1 => {
+                bail!("unknown key name {token:?} (names: Enter Esc Up Down PageUp PageDown Home End Backspace Tab Space C-c)")
+            }
+            None => keys.extend(token.chars().map(Key::Char)),
+        }
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_mix_names_and_typed_keys() {
+        let keys = parse_script("lu 1b\nEnter C-c").unwrap();
+        assert_eq!(
+            keys,
+            [
+                Key::Char('l'),
+                Key::Char('u'),
+                Key::Char('1'),
+                Key::Char('b'),
+                Key::Enter,
+                Key::CtrlC
+            ]
+        );
+        assert!(parse_script("Entr").is_err());
+    }
+
+    #[test]
+    fn terminal_keys_map_to_app_keys() {
+        let k = |code, m| map_key(KeyEvent::new(code, m));
+        assert_eq!(
+            k(KeyCode::Char('c'), KeyModifiers::CONTROL),
+            Some(Key::CtrlC)
+        );
+        assert_eq!(
+            k(KeyCode::Char('l'), KeyModifiers::NONE),
+            Some(Key::Char('l'))
+        );
+        assert_eq!(
+            k(KeyCode::Char('?'), KeyModifiers::SHIFT),
+            Some(Key::Char('?'))
+        );
+        assert_eq!(k(KeyCode::Delete, KeyModifiers::NONE), Some(Key::Backspace));
+        assert_eq!(k(KeyCode::F(1), KeyModifiers::NONE), None);
+    }
+}

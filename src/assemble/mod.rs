@@ -1,0 +1,427 @@
+//! Assemble: turn verified (or unverified) candidates into final examples and splits (SPEC §5).
+//!
+//! Order of work, all inside one transaction so that a re-run replaces the previous assembly
+//! atomically: (1) split every group of the project (see [`split`]); (2) for every context of
+//! the latest finished AF run, apply the rules of [`rules`] to its current annotation task, or,
+//! with `--unverified`, take the gold and the hardest assigned negatives; (3) queue the items
+//! that need re-annotation as new tasks; (4) record the parameters.
+//!
+//! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
+//! the next-hardest endings of the context that have a final AF score and were never shown to
+//! annotators: first the remaining assigned negatives, then any other pool ending the AF run
+//! scored. Pool endings without a final score cannot be ranked by hardness, so they are not used;
+//! an item that cannot be refilled to its task's size stays out and is reported.
+
+pub mod rules;
+pub mod split;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::store::assemble::{
+    self as db, AssembledDistractor, CurrentTask, Judgement, NewAssembled, Rank,
+};
+use crate::store::Store;
+use rules::{Built, Decision};
+use split::Fractions;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Rules (SWAG §3.5, SPEC §5): the found ending ranked best or second is gold \
+(gold0/gold1, -orig or -reannot by annotation round) with the hardest generations not ranked best \
+and not gibberish as distractors; a generation ranked best over a second-ranked found ending adds a \
+training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
+than three usable distractors, is queued for re-annotation with those endings replaced by the \
+next-hardest scored pool endings. Several annotators: a judgement needs half the votes (ties go to \
+the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
+ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
+fractions are unchanged."
+)]
+pub struct Args {
+    /// The project file.
+    pub project: PathBuf,
+    /// Skip verification: gold + the three hardest assigned negatives, marked unverified.
+    #[arg(long)]
+    pub unverified: bool,
+    /// Train,val,test fractions; groups (videos) never straddle two splits.
+    #[arg(long, default_value = "0.8,0.1,0.1")]
+    pub split: String,
+    /// Seed for the split and the order of re-annotation tasks (recorded).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What one assembly produced; printed by `afkit assemble`.
+#[derive(Debug, Default, Serialize, PartialEq)]
+pub struct Summary {
+    pub af_run: i64,
+    pub unverified: bool,
+    /// Examples per split.
+    pub examples: BTreeMap<String, usize>,
+    /// Examples per gold source (gold0-orig, gen-orig, unverified, ...).
+    pub gold_sources: BTreeMap<String, usize>,
+    /// Groups per split.
+    pub groups: BTreeMap<String, usize>,
+    /// Items sent back to annotation, by reason.
+    pub reannotation_queued: BTreeMap<String, usize>,
+    /// Items that need re-annotation but have too few scored, unseen pool endings to refill.
+    pub cannot_refill: Vec<String>,
+    /// Contexts of the AF run without a label yet (no task, or no submission on the current task).
+    pub awaiting_labels: usize,
+    /// Items whose only submissions flag them as broken.
+    pub broken: usize,
+    /// Items that yield nothing, by reason.
+    pub dropped: BTreeMap<String, usize>,
+    /// Generation-as-gold candidates left out because their context is in val or test (fn. 5).
+    pub generated_gold_withheld_from_eval: usize,
+    /// Generation-as-gold candidates left out because fewer than three distractors remain.
+    pub generated_gold_too_few_distractors: usize,
+    /// Contexts with fewer than three assigned negatives (only with `--unverified`).
+    pub too_few_negatives: usize,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let fractions = Fractions::parse(&args.split)?;
+    let mut store = Store::open(&args.project)?;
+    let summary = assemble(&mut store, fractions, args.seed, args.unverified)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print_summary(&summary);
+    }
+    Ok(())
+}
+
+/// The recorded parameters of the last assembly (`meta` key `assemble`).
+#[derive(Debug, Serialize, serde::Deserialize, PartialEq)]
+struct Recorded {
+    seed: u64,
+    split: String,
+    unverified: bool,
+    af_run: i64,
+}
+
+/// Runs the whole assembly in one transaction; see the module docs.
+pub fn assemble(
+    store: &mut Store,
+    fractions: Fractions,
+    seed: u64,
+    unverified: bool,
+) -> Result<Summary> {
+    let conn = store.conn();
+    let Some(run) = db::latest_finished_run(conn)? else {
+        bail!(
+            "no finished AF run in {}: run `afkit filter` first",
+            store.path().display()
+        );
+    };
+    let examples = store.examples()?;
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for ex in &examples {
+        *sizes.entry(ex.group.clone()).or_default() += 1;
+    }
+    let previous: Option<Recorded> = match store.meta("assemble")? {
+        Some(text) => serde_json::from_str(&text).ok(),
+        None => None,
+    };
+    let same_split = previous
+        .as_ref()
+        .is_some_and(|p| p.seed == seed && p.split == fractions.to_text());
+    let recorded = if same_split {
+        db::load_splits(conn)?
+    } else {
+        BTreeMap::new()
+    };
+    let splits = split::assign(&sizes, fractions, seed, &recorded);
+
+    let assignments = db::assignments(conn, run.id)?;
+    let scores = db::scores(conn, run.id)?;
+    let folds = db::folds(conn, run.id)?;
+    let score = |e: i64| scores.get(&e).copied();
+    let mut summary = Summary {
+        af_run: run.id,
+        unverified,
+        ..Summary::default()
+    };
+    for split in &splits {
+        *summary.groups.entry(split.1.clone()).or_default() += 1;
+    }
+
+    let mut built: Vec<NewAssembled> = Vec::new();
+    let mut reannotations: Vec<(i64, Vec<i64>, u64)> = Vec::new();
+    if unverified {
+        for ex in &examples {
+            let Some(assigned) = assignments.get(&ex.id) else {
+                continue;
+            };
+            let hardest = rules::hardest_first(assigned.iter().copied(), &score);
+            if hardest.len() < 3 {
+                summary.too_few_negatives += 1;
+                continue;
+            }
+            built.push(NewAssembled {
+                example_id: ex.id,
+                split: splits[&ex.group].clone(),
+                gold_ending_id: ex.gold_ending_id,
+                gold_source: "unverified".into(),
+                gold_type: None,
+                verified: false,
+                fold: folds.get(&ex.id).copied(),
+                distractors: hardest
+                    .into_iter()
+                    .take(4)
+                    .map(|ending_id| AssembledDistractor {
+                        ending_id,
+                        kind: None,
+                    })
+                    .collect(),
+            });
+        }
+    } else {
+        let tasks = db::current_tasks(conn)?;
+        let shown = db::shown_endings(conn)?;
+        let pool = db::pool_endings(conn)?;
+        for ex in &examples {
+            if !assignments.contains_key(&ex.id) {
+                continue;
+            }
+            let Some(task) = tasks.get(&ex.id) else {
+                summary.awaiting_labels += 1;
+                continue;
+            };
+            let submissions: Vec<_> = task.submissions.iter().filter(|s| !s.broken).collect();
+            if submissions.is_empty() {
+                if task.submissions.is_empty() {
+                    summary.awaiting_labels += 1;
+                } else {
+                    summary.broken += 1;
+                }
+                continue;
+            }
+            let labels: HashMap<i64, rules::Consensus> = task
+                .endings
+                .iter()
+                .filter_map(|&e| {
+                    let votes: Vec<(Judgement, Rank)> = submissions
+                        .iter()
+                        .filter_map(|s| s.labels.get(&e).copied())
+                        .collect();
+                    rules::consensus(&votes).map(|c| (e, c))
+                })
+                .collect();
+            let split = &splits[&ex.group];
+            let fold = folds.get(&ex.id).copied();
+            match rules::decide(ex.gold_ending_id, &task.endings, &labels, &score) {
+                Decision::Gold {
+                    found_rank,
+                    example,
+                    generated_gold,
+                } => {
+                    let stage = if task.round == 0 { "orig" } else { "reannot" };
+                    let which = if found_rank == Rank::Best {
+                        "gold0"
+                    } else {
+                        "gold1"
+                    };
+                    built.push(verified(
+                        ex.id,
+                        split,
+                        fold,
+                        format!("{which}-{stage}"),
+                        &example,
+                    ));
+                    if let Some(generated) = generated_gold {
+                        if split != "train" {
+                            summary.generated_gold_withheld_from_eval += 1;
+                        } else if generated.distractors.len() < 3 {
+                            summary.generated_gold_too_few_distractors += 1;
+                        } else {
+                            built.push(verified(ex.id, split, fold, "gen-orig".into(), &generated));
+                        }
+                    }
+                }
+                Decision::Reannotate { reason, keep } => {
+                    match refill(task, &keep, shown.get(&ex.id), pool.get(&ex.id), &score) {
+                        Some(endings) => {
+                            let task_seed =
+                                derive_seed(&[seed, ex.id as u64, task.round as u64 + 1]);
+                            *summary
+                                .reannotation_queued
+                                .entry(reason.as_str().into())
+                                .or_default() += 1;
+                            reannotations.push((task.task_id, endings, task_seed));
+                        }
+                        None => summary.cannot_refill.push(ex.ext_id.clone()),
+                    }
+                }
+                Decision::Drop(reason) => {
+                    *summary.dropped.entry(reason.as_str().into()).or_default() += 1;
+                }
+            }
+        }
+    }
+    for ex in &built {
+        *summary.examples.entry(ex.split.clone()).or_default() += 1;
+        *summary
+            .gold_sources
+            .entry(ex.gold_source.clone())
+            .or_default() += 1;
+    }
+    // Train first, then val, then test; assembly order within a split follows the examples.
+    built.sort_by_key(|ex| split::SPLIT_NAMES.iter().position(|s| *s == ex.split));
+
+    let record = Recorded {
+        seed,
+        split: fractions.to_text(),
+        unverified,
+        af_run: run.id,
+    };
+    let tx = store.transaction()?;
+    db::replace_splits(&tx, &splits)?;
+    db::replace_assembly(&tx, &built)?;
+    for (old_task, mut endings, task_seed) in reannotations {
+        endings.shuffle(&mut ChaCha8Rng::seed_from_u64(task_seed));
+        db::insert_reannotation_task(&tx, old_task, &endings, task_seed)
+            .with_context(|| format!("queueing re-annotation of task {old_task}"))?;
+    }
+    crate::store::set_meta(&tx, "assemble", &serde_json::to_string(&record)?)?;
+    tx.commit()?;
+    Ok(summary)
+}
+
+fn verified(
+    example_id: i64,
+    split: &str,
+    fold: Option<i64>,
+    gold_source: String,
+    b: &Built,
+) -> NewAssembled {
+    NewAssembled {
+        example_id,
+        split: split.to_string(),
+        gold_ending_id: b.gold,
+        gold_source,
+        gold_type: Some(b.gold_type),
+        verified: true,
+        fold,
+        distractors: b
+            .distractors
+            .iter()
+            .map(|&(ending_id, kind)| AssembledDistractor {
+                ending_id,
+                kind: Some(kind),
+            })
+            .collect(),
+    }
+}
+
+/// The endings of a re-annotation task: `keep` plus the next-hardest scored pool endings never
+/// shown before, up to the old task's size; `None` when the pool cannot fill it.
+fn refill(
+    task: &CurrentTask,
+    keep: &[i64],
+    shown: Option<&std::collections::BTreeSet<i64>>,
+    pool: Option<&Vec<i64>>,
+    score: &dyn Fn(i64) -> Option<f64>,
+) -> Option<Vec<i64>> {
+    let need = task.endings.len().saturating_sub(keep.len());
+    let fresh = pool.into_iter().flatten().copied().filter(|e| {
+        score(*e).is_some() && !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e)
+    });
+    let candidates = rules::hardest_first(fresh, score);
+    if candidates.len() < need {
+        return None;
+    }
+    Some(
+        keep.iter()
+            .copied()
+            .chain(candidates.into_iter().take(need))
+            .collect(),
+    )
+}
+
+/// A seed for one sub-task derived from the recorded seed and the sub-task's identity
+/// (SplitMix64 over the parts), so that each shuffle is reproducible on its own.
+pub fn derive_seed(parts: &[u64]) -> u64 {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    for &part in parts {
+        state ^= part;
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        state = z ^ (z >> 31);
+    }
+    state
+}
+
+fn print_summary(s: &Summary) {
+    let kind = if s.unverified {
+        "unverified"
+    } else {
+        "verified"
+    };
+    println!("assembled {kind} examples from AF run {}", s.af_run);
+    for name in split::SPLIT_NAMES {
+        println!(
+            "  {name:<6} {:>7} examples  {:>6} groups",
+            s.examples.get(name).copied().unwrap_or(0),
+            s.groups.get(name).copied().unwrap_or(0)
+        );
+    }
+    for (source, n) in &s.gold_sources {
+        println!("  {source:<14} {n:>7}");
+    }
+    if !s.unverified {
+        let queued: usize = s.reannotation_queued.values().sum();
+        println!("re-annotation queued: {queued}");
+        for (reason, n) in &s.reannotation_queued {
+            println!("  {reason:<24} {n}");
+        }
+        if !s.cannot_refill.is_empty() {
+            println!(
+                "cannot be refilled (too few scored pool endings left): {} ({})",
+                s.cannot_refill.len(),
+                s.cannot_refill
+                    .iter()
+                    .take(10)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        println!("awaiting labels: {}", s.awaiting_labels);
+        if s.broken > 0 {
+            println!("flagged broken: {}", s.broken);
+        }
+        for (reason, n) in &s.dropped {
+            println!("dropped ({reason}): {n}");
+        }
+        if s.generated_gold_withheld_from_eval > 0 {
+            println!(
+                "generation-as-gold withheld from val/test contexts: {}",
+                s.generated_gold_withheld_from_eval
+            );
+        }
+        if s.generated_gold_too_few_distractors > 0 {
+            println!(
+                "generation-as-gold skipped (fewer than 3 distractors): {}",
+                s.generated_gold_too_few_distractors
+            );
+        }
+    } else if s.too_few_negatives > 0 {
+        println!(
+            "skipped (fewer than 3 assigned negatives): {}",
+            s.too_few_negatives
+        );
+    }
+}

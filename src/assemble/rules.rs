@@ -1,0 +1,405 @@
+//! SWAG's assembly rules (§3.5, footnotes 5 and 6; SPEC §5) as pure functions over one labelled
+//! item, so each rule can be tested on hand-made labels.
+//!
+//! Several annotators per item are combined per ending, as medians on ordered scales:
+//! - judgement (likely < unlikely < gibberish): gibberish when at least half of the submissions
+//!   say gibberish, else unlikely when at least half say unlikely or gibberish, else likely. A tie
+//!   goes to the more severe label, so a distractor that half the annotators found gibberish is
+//!   not kept, and a found ending that half found unlikely is typed unlikely.
+//! - rank (neither < second < best): best when more than half rank it best, else second when more
+//!   than half rank it best or second, else neither. A tie goes to the lower rank: a rank needs a
+//!   strict majority, so an even split sends the item back to annotation rather than into the
+//!   dataset on a coin flip. With one annotator both rules return that annotator's labels.
+
+use std::collections::HashMap;
+
+use crate::store::assemble::{Judgement, Rank};
+
+/// The combined labels of one ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Consensus {
+    pub judgement: Judgement,
+    pub rank: Rank,
+}
+
+/// Combines the votes (one per non-broken submission) on one ending; `None` without votes.
+pub fn consensus(votes: &[(Judgement, Rank)]) -> Option<Consensus> {
+    let n = votes.len();
+    if n == 0 {
+        return None;
+    }
+    let count_j = |j: Judgement| votes.iter().filter(|(v, _)| *v >= j).count();
+    let judgement = if 2 * count_j(Judgement::Gibberish) >= n {
+        Judgement::Gibberish
+    } else if 2 * count_j(Judgement::Unlikely) >= n {
+        Judgement::Unlikely
+    } else {
+        Judgement::Likely
+    };
+    let count_r = |r: Rank| votes.iter().filter(|(_, v)| *v >= r).count();
+    let rank = if 2 * count_r(Rank::Best) > n {
+        Rank::Best
+    } else if 2 * count_r(Rank::Second) > n {
+        Rank::Second
+    } else {
+        Rank::Neither
+    };
+    Some(Consensus { judgement, rank })
+}
+
+/// A verified example built from an item: a gold ending and its distractors, hardest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Built {
+    pub gold: i64,
+    pub gold_type: Judgement,
+    /// (ending id, judgement), hardest first, at most four.
+    pub distractors: Vec<(i64, Judgement)>,
+}
+
+/// Why an item goes back to the annotation queue (SWAG fn. 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReannotateReason {
+    /// The found ending was not ranked best or second best.
+    FoundOutsideTopTwo,
+    /// Fewer than three usable distractors (fewer than four non-gibberish endings for a 4-way
+    /// example once the generation ranked best is set aside).
+    TooFewNonGibberish,
+}
+
+impl ReannotateReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReannotateReason::FoundOutsideTopTwo => "found_outside_top_two",
+            ReannotateReason::TooFewNonGibberish => "too_few_non_gibberish",
+        }
+    }
+}
+
+/// What assemble does with one labelled item.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// The found ending is gold (`found_rank` is best or second → `gold0`/`gold1`), plus the
+    /// generation-as-gold example when a generation was ranked best above the found ending.
+    Gold {
+        found_rank: Rank,
+        example: Built,
+        generated_gold: Option<Built>,
+    },
+    /// Back to the queue: `keep` are the endings that stay (the found one first, then the
+    /// generations that are neither gibberish nor ranked above it, hardest first); the rest of
+    /// the task is refilled from the pool.
+    Reannotate {
+        reason: ReannotateReason,
+        keep: Vec<i64>,
+    },
+    /// The item yields nothing and re-annotation cannot help.
+    Drop(DropReason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// The annotators ranked the found ending in the top two but judged it gibberish.
+    FoundGibberish,
+    /// Some ending of the task has no label in any non-broken submission.
+    IncompleteLabels,
+}
+
+impl DropReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::FoundGibberish => "found_gibberish",
+            DropReason::IncompleteLabels => "incomplete_labels",
+        }
+    }
+}
+
+/// Applies SPEC §5 to one item. `endings` are the task's endings (the found one among them),
+/// `labels` their combined labels, `score` the final AF ensemble score (higher = harder; endings
+/// without a score sort last).
+pub fn decide(
+    found: i64,
+    endings: &[i64],
+    labels: &HashMap<i64, Consensus>,
+    score: &dyn Fn(i64) -> Option<f64>,
+) -> Decision {
+    if endings.iter().any(|e| !labels.contains_key(e)) || !labels.contains_key(&found) {
+        return Decision::Drop(DropReason::IncompleteLabels);
+    }
+    let found_label = labels[&found];
+    let generations: Vec<i64> =
+        hardest_first(endings.iter().copied().filter(|&e| e != found), score);
+    let usable = |e: &i64| labels[e].judgement != Judgement::Gibberish;
+    if found_label.rank == Rank::Neither {
+        let keep = std::iter::once(found)
+            .chain(
+                generations
+                    .iter()
+                    .copied()
+                    .filter(|e| usable(e) && labels[e].rank == Rank::Neither),
+            )
+            .collect();
+        return Decision::Reannotate {
+            reason: ReannotateReason::FoundOutsideTopTwo,
+            keep,
+        };
+    }
+    if found_label.judgement == Judgement::Gibberish {
+        return Decision::Drop(DropReason::FoundGibberish);
+    }
+    let typed = |ids: Vec<i64>| -> Vec<(i64, Judgement)> {
+        ids.into_iter()
+            .take(4)
+            .map(|e| (e, labels[&e].judgement))
+            .collect()
+    };
+    let distractors: Vec<i64> = generations
+        .iter()
+        .copied()
+        .filter(|e| usable(e) && labels[e].rank != Rank::Best)
+        .collect();
+    if distractors.len() < 3 {
+        let keep = std::iter::once(found)
+            .chain(
+                generations
+                    .iter()
+                    .copied()
+                    .filter(|e| usable(e) && labels[e].rank <= found_label.rank),
+            )
+            .collect();
+        return Decision::Reannotate {
+            reason: ReannotateReason::TooFewNonGibberish,
+            keep,
+        };
+    }
+    let generated_gold = if found_label.rank == Rank::Second {
+        generations
+            .iter()
+            .copied()
+            .find(|e| usable(e) && labels[e].rank == Rank::Best)
+            .map(|gold| Built {
+                gold,
+                gold_type: labels[&gold].judgement,
+                distractors: typed(
+                    generations
+                        .iter()
+                        .copied()
+                        .filter(|e| *e != gold && usable(e))
+                        .collect(),
+                ),
+            })
+    } else {
+        None
+    };
+    Decision::Gold {
+        found_rank: found_label.rank,
+        example: Built {
+            gold: found,
+            gold_type: found_label.judgement,
+            distractors: typed(distractors),
+        },
+        generated_gold,
+    }
+}
+
+/// Orders endings by final ensemble score, highest (hardest) first; ties and unscored endings by id.
+pub fn hardest_first(
+    endings: impl Iterator<Item = i64>,
+    score: &dyn Fn(i64) -> Option<f64>,
+) -> Vec<i64> {
+    let mut v: Vec<(i64, Option<f64>)> = endings.map(|e| (e, score(e))).collect();
+    v.sort_by(|(ea, sa), (eb, sb)| match (sa, sb) {
+        (Some(a), Some(b)) => b.total_cmp(a).then(ea.cmp(eb)),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => ea.cmp(eb),
+    });
+    v.into_iter().map(|(e, _)| e).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Judgement::*;
+    use Rank::*;
+
+    fn c(judgement: Judgement, rank: Rank) -> Consensus {
+        Consensus { judgement, rank }
+    }
+
+    #[test]
+    fn one_vote_is_its_own_consensus() {
+        assert_eq!(consensus(&[(Unlikely, Second)]), Some(c(Unlikely, Second)));
+        assert_eq!(consensus(&[]), None);
+    }
+
+    #[test]
+    fn judgement_ties_go_to_the_more_severe_label() {
+        assert_eq!(
+            consensus(&[(Likely, Neither), (Gibberish, Neither)])
+                .unwrap()
+                .judgement,
+            Gibberish
+        );
+        assert_eq!(
+            consensus(&[(Likely, Neither), (Unlikely, Neither)])
+                .unwrap()
+                .judgement,
+            Unlikely
+        );
+        // Median of likely, unlikely, gibberish is unlikely.
+        let three = [(Likely, Neither), (Unlikely, Neither), (Gibberish, Neither)];
+        assert_eq!(consensus(&three).unwrap().judgement, Unlikely);
+        let majority = [(Likely, Neither), (Likely, Neither), (Gibberish, Neither)];
+        assert_eq!(consensus(&majority).unwrap().judgement, Likely);
+    }
+
+    #[test]
+    fn rank_needs_a_strict_majority() {
+        assert_eq!(
+            consensus(&[(Likely, Best), (Likely, Second)]).unwrap().rank,
+            Second
+        );
+        assert_eq!(
+            consensus(&[(Likely, Best), (Likely, Neither)])
+                .unwrap()
+                .rank,
+            Neither
+        );
+        let three = [(Likely, Best), (Likely, Best), (Likely, Neither)];
+        assert_eq!(consensus(&three).unwrap().rank, Best);
+    }
+
+    fn labels(list: &[(i64, Judgement, Rank)]) -> (Vec<i64>, HashMap<i64, Consensus>) {
+        (
+            list.iter().map(|x| x.0).collect(),
+            list.iter().map(|&(e, j, r)| (e, c(j, r))).collect(),
+        )
+    }
+
+    /// Scores: ending id 10 + i has score i, so higher ids are harder.
+    fn score(e: i64) -> Option<f64> {
+        (e != 1).then_some(e as f64)
+    }
+
+    #[test]
+    fn found_best_keeps_hardest_non_gibberish_generations() {
+        let (endings, l) = labels(&[
+            (1, Likely, Best),
+            (11, Likely, Second),
+            (12, Gibberish, Neither),
+            (13, Unlikely, Neither),
+            (14, Unlikely, Neither),
+            (15, Likely, Neither),
+        ]);
+        let Decision::Gold {
+            found_rank,
+            example,
+            generated_gold,
+        } = decide(1, &endings, &l, &score)
+        else {
+            panic!("expected gold")
+        };
+        assert_eq!(found_rank, Best);
+        assert_eq!(
+            example.distractors,
+            vec![(15, Likely), (14, Unlikely), (13, Unlikely), (11, Likely)]
+        );
+        assert!(generated_gold.is_none());
+    }
+
+    #[test]
+    fn generation_best_with_found_second_adds_a_generated_gold() {
+        let (endings, l) = labels(&[
+            (1, Likely, Second),
+            (11, Unlikely, Neither),
+            (12, Unlikely, Neither),
+            (13, Likely, Neither),
+            (14, Likely, Best),
+            (15, Gibberish, Neither),
+        ]);
+        let Decision::Gold {
+            found_rank,
+            example,
+            generated_gold,
+        } = decide(1, &endings, &l, &score)
+        else {
+            panic!("expected gold")
+        };
+        assert_eq!(found_rank, Second);
+        assert_eq!(
+            example.distractors.iter().map(|d| d.0).collect::<Vec<_>>(),
+            vec![13, 12, 11]
+        );
+        let gen = generated_gold.unwrap();
+        assert_eq!(gen.gold, 14);
+        assert_eq!(
+            gen.distractors.iter().map(|d| d.0).collect::<Vec<_>>(),
+            vec![13, 12, 11]
+        );
+    }
+
+    #[test]
+    fn found_outside_top_two_is_reannotated_without_the_endings_that_beat_it() {
+        let (endings, l) = labels(&[
+            (1, Likely, Neither),
+            (11, Likely, Best),
+            (12, Gibberish, Neither),
+            (13, Unlikely, Second),
+            (14, Unlikely, Neither),
+            (15, Likely, Neither),
+        ]);
+        assert_eq!(
+            decide(1, &endings, &l, &score),
+            Decision::Reannotate {
+                reason: ReannotateReason::FoundOutsideTopTwo,
+                keep: vec![1, 15, 14]
+            }
+        );
+    }
+
+    #[test]
+    fn too_few_non_gibberish_is_reannotated() {
+        let (endings, l) = labels(&[
+            (1, Likely, Second),
+            (11, Gibberish, Neither),
+            (12, Gibberish, Neither),
+            (13, Likely, Best),
+            (14, Unlikely, Neither),
+            (15, Likely, Neither),
+        ]);
+        assert_eq!(
+            decide(1, &endings, &l, &score),
+            Decision::Reannotate {
+                reason: ReannotateReason::TooFewNonGibberish,
+                keep: vec![1, 15, 14]
+            }
+        );
+    }
+
+    #[test]
+    fn gibberish_found_ending_and_missing_labels_are_dropped() {
+        let (endings, l) = labels(&[
+            (1, Gibberish, Best),
+            (11, Likely, Second),
+            (12, Likely, Neither),
+            (13, Likely, Neither),
+            (14, Likely, Neither),
+        ]);
+        assert_eq!(
+            decide(1, &endings, &l, &score),
+            Decision::Drop(DropReason::FoundGibberish)
+        );
+        let mut partial = l.clone();
+        partial.remove(&13);
+        assert_eq!(
+            decide(1, &endings, &partial, &score),
+            Decision::Drop(DropReason::IncompleteLabels)
+        );
+    }
+
+    #[test]
+    fn unscored_endings_sort_last() {
+        let order = hardest_first([3, 1, 2].into_iter(), &|e| (e != 2).then_some(-(e as f64)));
+        assert_eq!(order, vec![1, 3, 2]);
+    }
+}

@@ -1,0 +1,166 @@
+//! Reading SWAG-format splits for the audit and for `afkit score`: the regular CSV columns
+//! (`sent1`, `sent2`, `ending0..3`, `label`; `video-id` and an id column when present) found by
+//! header name, so the SWAG release (with its leading unnamed index column) and afkit's own
+//! exports both read; JSONL in afkit's export form (`id`, `sent1`, `sent2`, `endings`, `label`).
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+/// One 4-way question.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Question {
+    /// The id column (`id` or the release's unnamed index), else the 0-based row number.
+    pub id: String,
+    pub sent1: String,
+    pub sent2: String,
+    pub endings: [String; 4],
+    pub label: Option<usize>,
+}
+
+/// Reads a split; `need_labels` makes a missing or empty label an error.
+pub fn read_split(path: &Path, need_labels: bool) -> Result<Vec<Question>> {
+    let is_jsonl = path.extension().is_some_and(|e| e == "jsonl");
+    let questions = if is_jsonl {
+        read_jsonl(path)?
+    } else {
+        read_csv(path)?
+    };
+    if need_labels {
+        if let Some(i) = questions.iter().position(|q| q.label.is_none()) {
+            bail!(
+                "{}: record {} has no label (expected 0-3)",
+                path.display(),
+                i + 1
+            );
+        }
+    }
+    Ok(questions)
+}
+
+fn read_csv(path: &Path) -> Result<Vec<Question>> {
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(false)
+        .from_path(path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let headers = reader
+        .headers()
+        .with_context(|| format!("{}: cannot read the header line", path.display()))?
+        .clone();
+    let col = |name: &str| headers.iter().position(|h| h == name);
+    let required = ["sent1", "sent2", "ending0", "ending1", "ending2", "ending3"];
+    let mut idx = [0usize; 6];
+    for (slot, name) in idx.iter_mut().zip(required) {
+        *slot = col(name).with_context(|| {
+            format!(
+                "{}: no column {name:?} in the header (expected SWAG regular columns: sent1, sent2, ending0..ending3, label)",
+                path.display()
+            )
+        })?;
+    }
+    let label_col = col("label");
+    let id_col = col("id").or_else(|| col(""));
+    let mut out = Vec::new();
+    for (i, record) in reader.records().enumerate() {
+        let line = i + 2;
+        let record = record
+            .with_context(|| format!("{}: line {line}: malformed CSV record", path.display()))?;
+        let field = |c: usize| record.get(c).unwrap_or("").to_string();
+        let label = match label_col.map(|c| record.get(c).unwrap_or("").trim()) {
+            None | Some("") => None,
+            Some(text) => match text.parse::<usize>() {
+                Ok(l) if l < 4 => Some(l),
+                _ => bail!(
+                    "{}: line {line}: label {text:?} is not 0, 1, 2 or 3",
+                    path.display()
+                ),
+            },
+        };
+        out.push(Question {
+            id: id_col.map(field).unwrap_or_else(|| i.to_string()),
+            sent1: field(idx[0]),
+            sent2: field(idx[1]),
+            endings: [field(idx[2]), field(idx[3]), field(idx[4]), field(idx[5])],
+            label,
+        });
+    }
+    Ok(out)
+}
+
+#[derive(serde::Deserialize)]
+struct JsonQuestion {
+    id: serde_json::Value,
+    #[serde(default)]
+    sent1: String,
+    #[serde(default)]
+    sent2: String,
+    endings: [String; 4],
+    label: Option<usize>,
+}
+
+fn read_jsonl(path: &Path) -> Result<Vec<Question>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let q: JsonQuestion = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{}: line {}: expected {{\"id\", \"sent1\", \"sent2\", \"endings\": [4 strings], \"label\"}}",
+                path.display(),
+                i + 1
+            )
+        })?;
+        if q.label.is_some_and(|l| l > 3) {
+            bail!("{}: line {}: label must be 0-3", path.display(), i + 1);
+        }
+        out.push(Question {
+            id: id_text(&q.id),
+            sent1: q.sent1,
+            sent2: q.sent2,
+            endings: q.endings,
+            label: q.label,
+        });
+    }
+    Ok(out)
+}
+
+/// An id as text, whether the JSON gave a string or a number.
+pub fn id_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_swag_release_layout_and_reports_bad_labels() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("val.csv");
+        std::fs::write(
+            &path,
+            ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n\
+             7,anetv_x,5,\"A b. C\",A b.,C,gold0-orig,e0,e1,e2,e3,2\n",
+        )
+        .unwrap();
+        let q = read_split(&path, true).unwrap();
+        assert_eq!(q[0].id, "7");
+        assert_eq!(q[0].label, Some(2));
+        assert_eq!(q[0].endings[3], "e3");
+        std::fs::write(
+            &path,
+            "sent1,sent2,ending0,ending1,ending2,ending3,label\na,b,c,d,e,f,9\n",
+        )
+        .unwrap();
+        let err = format!("{:#}", read_split(&path, true).unwrap_err());
+        assert!(err.contains("line 2") && err.contains("label"), "{err}");
+        std::fs::write(&path, "sent1,ending0\na,b\n").unwrap();
+        assert!(format!("{:#}", read_split(&path, true).unwrap_err()).contains("sent2"));
+    }
+}

@@ -1,0 +1,356 @@
+//! The exported rows: each assembled example as a 4-way question with shuffled ending
+//! positions, and the SWAG CSV / JSONL encodings of SPEC §9.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::assemble::derive_seed;
+use crate::store::assemble::AssembledExample;
+use crate::store::examples::startphrase;
+
+/// Column order of SWAG's regular CSV (SPEC §9).
+pub const REGULAR_COLUMNS: [&str; 11] = [
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "sent1",
+    "sent2",
+    "gold-source",
+    "ending0",
+    "ending1",
+    "ending2",
+    "ending3",
+    "label",
+];
+
+/// Column order of SWAG's full CSV (SPEC §9).
+pub const FULL_COLUMNS: [&str; 16] = [
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "sent1",
+    "sent2",
+    "gold-ending",
+    "distractor-0",
+    "distractor-1",
+    "distractor-2",
+    "distractor-3",
+    "gold-source",
+    "gold-type",
+    "distractor-0-type",
+    "distractor-1-type",
+    "distractor-2-type",
+    "distractor-3-type",
+];
+
+/// A question as exported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub id: String,
+    pub group: String,
+    pub fold: Option<i64>,
+    pub sent1: String,
+    pub sent2: String,
+    pub split: String,
+    pub gold: String,
+    pub gold_source: String,
+    pub gold_type: Option<String>,
+    pub verified: bool,
+    /// Distractors with their types, hardest first (three or four).
+    pub distractors: Vec<(String, Option<String>)>,
+    /// The four options in shuffled order and the gold's position among them.
+    pub endings: [String; 4],
+    pub label: usize,
+}
+
+/// Builds the rows of `examples`, shuffling each example's four options with its own seeded
+/// generator (derived from `seed` and the example), so every position is equally likely to hold
+/// the gold and each example's order is independent of the others.
+pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
+    examples
+        .iter()
+        .map(|ex| {
+            let generated = ex.gold_ending_id != ex.found_ending_id;
+            let mut options: Vec<(bool, String)> = std::iter::once((true, ex.gold.clone()))
+                .chain(ex.distractors.iter().take(3).map(|d| (false, d.1.clone())))
+                .collect();
+            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(&[
+                seed,
+                ex.example_id as u64,
+                generated as u64,
+            ]));
+            options.shuffle(&mut rng);
+            let label = options
+                .iter()
+                .position(|o| o.0)
+                .expect("gold is among the options");
+            let endings: [String; 4] = std::array::from_fn(|i| options[i].1.clone());
+            Row {
+                id: if generated {
+                    format!("{}:gen", ex.ext_id)
+                } else {
+                    ex.ext_id.clone()
+                },
+                group: ex.group.clone(),
+                fold: ex.fold,
+                sent1: ex.sent1.clone(),
+                sent2: ex.sent2.clone(),
+                split: ex.split.clone(),
+                gold: ex.gold.clone(),
+                gold_source: ex.gold_source.clone(),
+                gold_type: ex.gold_type.clone(),
+                verified: ex.verified,
+                distractors: ex
+                    .distractors
+                    .iter()
+                    .map(|d| (d.1.clone(), d.2.clone()))
+                    .collect(),
+                endings,
+                label,
+            }
+        })
+        .collect()
+}
+
+/// Replaces every example's distractors by endings drawn at random from its context's pre-AF
+/// pool (`pool`: example id → candidate ending ids with their texts), excluding the gold and the
+/// found ending. Examples whose pool has fewer than three such endings are left out; their ids
+/// are returned.
+pub fn randomise(
+    examples: &mut Vec<AssembledExample>,
+    pool: &BTreeMap<i64, Vec<(i64, String)>>,
+    seed: u64,
+) -> Vec<String> {
+    let mut left_out = Vec::new();
+    examples.retain_mut(|ex| {
+        let generated = ex.gold_ending_id != ex.found_ending_id;
+        let mut candidates: Vec<&(i64, String)> = pool
+            .get(&ex.example_id)
+            .into_iter()
+            .flatten()
+            .filter(|(id, _)| *id != ex.gold_ending_id && *id != ex.found_ending_id)
+            .collect();
+        if candidates.len() < 3 {
+            left_out.push(ex.ext_id.clone());
+            return false;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(&[
+            seed,
+            ex.example_id as u64,
+            generated as u64,
+            0x7261_6e64,
+        ]));
+        candidates.shuffle(&mut rng);
+        ex.distractors = candidates
+            .into_iter()
+            .take(4)
+            .map(|(id, text)| (*id, text.clone(), None))
+            .collect();
+        true
+    });
+    left_out
+}
+
+fn fold_text(fold: Option<i64>) -> String {
+    fold.map(|f| f.to_string()).unwrap_or_default()
+}
+
+fn writer(out: &mut Vec<u8>) -> csv::Writer<&mut Vec<u8>> {
+    csv::WriterBuilder::new()
+        .terminator(csv::Terminator::Any(b'\n'))
+        .from_writer(out)
+}
+
+/// SWAG regular CSV; `with_label = false` gives the leaderboard file without the label column.
+pub fn regular_csv(rows: &[&Row], with_label: bool) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    {
+        let mut w = writer(&mut out);
+        let columns = if with_label {
+            &REGULAR_COLUMNS[..]
+        } else {
+            &REGULAR_COLUMNS[..10]
+        };
+        w.write_record(columns)?;
+        for r in rows {
+            let mut record = vec![
+                r.group.clone(),
+                fold_text(r.fold),
+                startphrase(&r.sent1, &r.sent2),
+                r.sent1.clone(),
+                r.sent2.clone(),
+                r.gold_source.clone(),
+            ];
+            record.extend(r.endings.iter().cloned());
+            if with_label {
+                record.push(r.label.to_string());
+            }
+            w.write_record(&record)?;
+        }
+        w.flush()?;
+    }
+    Ok(out)
+}
+
+/// SWAG full CSV: gold and distractors in their own columns (hardest first), with types.
+pub fn full_csv(rows: &[&Row]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    {
+        let mut w = writer(&mut out);
+        w.write_record(FULL_COLUMNS)?;
+        for r in rows {
+            let distractor = |i: usize| {
+                r.distractors
+                    .get(i)
+                    .map(|d| d.0.clone())
+                    .unwrap_or_default()
+            };
+            let kind = |i: usize| {
+                r.distractors
+                    .get(i)
+                    .and_then(|d| d.1.clone())
+                    .unwrap_or_default()
+            };
+            let mut record = vec![
+                r.group.clone(),
+                fold_text(r.fold),
+                startphrase(&r.sent1, &r.sent2),
+                r.sent1.clone(),
+                r.sent2.clone(),
+                r.gold.clone(),
+            ];
+            record.extend((0..4).map(distractor));
+            record.push(r.gold_source.clone());
+            record.push(r.gold_type.clone().unwrap_or_default());
+            record.extend((0..4).map(kind));
+            w.write_record(&record)?;
+        }
+        w.flush()?;
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct JsonRow<'a> {
+    id: &'a str,
+    group: &'a str,
+    sent1: &'a str,
+    sent2: &'a str,
+    startphrase: String,
+    endings: &'a [String; 4],
+    label: usize,
+    gold_source: &'a str,
+    verified: bool,
+}
+
+/// One JSON object per line, fields of SPEC §9.
+pub fn jsonl(rows: &[&Row]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for r in rows {
+        serde_json::to_writer(
+            &mut out,
+            &JsonRow {
+                id: &r.id,
+                group: &r.group,
+                sent1: &r.sent1,
+                sent2: &r.sent2,
+                startphrase: startphrase(&r.sent1, &r.sent2),
+                endings: &r.endings,
+                label: r.label,
+                gold_source: &r.gold_source,
+                verified: r.verified,
+            },
+        )?;
+        out.push(b'\n');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(i: i64) -> AssembledExample {
+        AssembledExample {
+            id: i,
+            example_id: i,
+            ext_id: format!("v{i}#0"),
+            group: format!("v{i}"),
+            sent1: "A man walks in.".into(),
+            sent2: "He".into(),
+            split: "train".into(),
+            gold_ending_id: 1000 + i,
+            gold: format!("gold {i}."),
+            gold_source: "unverified".into(),
+            gold_type: None,
+            verified: false,
+            fold: Some(1),
+            distractors: (0..4)
+                .map(|d| (d, format!("wrong {d}, \"quoted\"."), None))
+                .collect(),
+            found_ending_id: 1000 + i,
+        }
+    }
+
+    #[test]
+    fn gold_positions_are_uniform_and_reproducible() {
+        let examples: Vec<_> = (0..4000).map(example).collect();
+        let rows = build(&examples, 3);
+        assert_eq!(rows, build(&examples, 3));
+        let mut counts = [0usize; 4];
+        for r in &rows {
+            assert_eq!(r.endings[r.label], r.gold);
+            counts[r.label] += 1;
+        }
+        for c in counts {
+            assert!((900..1100).contains(&c), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn csv_columns_follow_swag() {
+        let rows = build(&[example(1)], 0);
+        let refs: Vec<&Row> = rows.iter().collect();
+        let text = String::from_utf8(regular_csv(&refs, true).unwrap()).unwrap();
+        assert!(text.starts_with(
+            "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
+        ));
+        assert!(text.contains("v1,1,A man walks in. He,A man walks in.,He,unverified,"));
+        let unlabeled = String::from_utf8(regular_csv(&refs, false).unwrap()).unwrap();
+        assert!(unlabeled.lines().next().unwrap().ends_with("ending3"));
+        let full = String::from_utf8(full_csv(&refs).unwrap()).unwrap();
+        assert!(full.contains("gold 1.,\"wrong 0, \"\"quoted\"\".\""));
+        assert_eq!(full.lines().next().unwrap().split(',').count(), 16);
+    }
+
+    #[test]
+    fn random_negatives_skip_gold_and_found() {
+        let mut examples = vec![example(1), example(2)];
+        let mut pool = BTreeMap::new();
+        pool.insert(
+            1,
+            (0..10)
+                .map(|i| (i, format!("pool {i}.")))
+                .chain([(1001, "gold 1.".to_string())])
+                .collect(),
+        );
+        pool.insert(
+            2,
+            vec![
+                (5, "a.".to_string()),
+                (1002, "gold 2.".to_string()),
+                (6, "b.".to_string()),
+            ],
+        );
+        let left_out = randomise(&mut examples, &pool, 9);
+        assert_eq!(left_out, vec!["v2#0".to_string()]);
+        assert_eq!(examples.len(), 1);
+        assert_eq!(examples[0].distractors.len(), 4);
+        assert!(examples[0].distractors.iter().all(|d| d.0 < 10));
+    }
+}

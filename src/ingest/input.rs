@@ -1,0 +1,456 @@
+//! Readers for the three input formats. Each turns a whole file into [`Record`]s or fails with
+//! an error naming the file, the line or record, and what was expected; nothing is written to
+//! the project before every file has been read.
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::de::{MapAccess, Visitor};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// One input record: a first sentence and its (possibly unsplit) second sentence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub ext_id: String,
+    pub group: String,
+    pub sent1: String,
+    pub second: Second,
+    /// Provenance carried over from a SWAG CSV.
+    pub gold_source: Option<String>,
+    /// Where the record is, for messages: "file:line" or "file: video ID".
+    pub origin: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Second {
+    /// The whole second sentence; afkit splits it.
+    Unsplit(String),
+    /// `sent2` and the ending as given by the input.
+    Split { sent2: String, ending: String },
+}
+
+/// A file read whole: its raw bytes (for the source checksum) and its records.
+pub struct Parsed {
+    pub sha256: String,
+    pub records: Vec<Record>,
+    /// Every sentence of the input once, for the rare-token counts.
+    pub sentences: Vec<String>,
+}
+
+/// Reads a file as UTF-8 text; an empty file, a missing file or invalid UTF-8 is an error.
+fn read_text(path: &Path, expected: &str) -> Result<(String, String)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let sha256 = format!("{:x}", Sha256::digest(&bytes));
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        anyhow!(
+            "{}:{line}: invalid UTF-8 (byte {}); expected UTF-8 {expected}",
+            path.display(),
+            valid.len()
+        )
+    })?;
+    if text.trim().is_empty() {
+        bail!("{}: the file is empty; expected {expected}", path.display());
+    }
+    Ok((text, sha256))
+}
+
+// ----- ActivityNet Captions JSON -----
+
+const ACTIVITYNET: &str =
+    "ActivityNet Captions JSON: {\"VIDEO_ID\": {\"sentences\": [\"...\", ...], ...}, ...}";
+
+#[derive(Deserialize)]
+struct Video {
+    sentences: Vec<String>,
+}
+
+/// The top-level object, videos in file order (the record order of the project follows it).
+struct Videos(Vec<(String, Video)>);
+
+impl<'de> Deserialize<'de> for Videos {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Videos;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object mapping video ids to {\"sentences\": [...]}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Videos, A::Error> {
+                let mut videos = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Video>()? {
+                    videos.push(entry);
+                }
+                Ok(Videos(videos))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Every consecutive pair of a video's sentences is a record `"<video>#<i>"` (pair `i` =
+/// sentences `i` and `i + 1`, from 0), grouped by video.
+pub fn read_activitynet(path: &Path) -> Result<Parsed> {
+    let (text, sha256) = read_text(path, ACTIVITYNET)?;
+    let videos: Videos = serde_json::from_str(&text).map_err(|e| {
+        anyhow!(
+            "{}:{}:{}: {e}; expected {ACTIVITYNET}",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    let mut records = Vec::new();
+    let mut sentences = Vec::new();
+    for (video, v) in videos.0 {
+        let captions: Vec<String> = v.sentences.iter().map(|s| clean_sentence(s)).collect();
+        for (i, pair) in captions.windows(2).enumerate() {
+            records.push(Record {
+                ext_id: format!("{video}#{i}"),
+                group: video.clone(),
+                sent1: pair[0].clone(),
+                second: Second::Unsplit(pair[1].clone()),
+                gold_source: None,
+                origin: format!("{}: video {video}, pair {i}", path.display()),
+            });
+        }
+        sentences.extend(captions);
+    }
+    Ok(Parsed {
+        sha256,
+        records,
+        sentences,
+    })
+}
+
+// ----- JSONL -----
+
+const JSONL: &str =
+    "one JSON object per line: {\"id\", \"sent1\", \"sent2\" (optional), \"ending\", \"group\" (optional)}";
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Id {
+    Text(String),
+    Number(i64),
+}
+
+#[derive(Deserialize)]
+struct JsonlRecord {
+    id: Id,
+    sent1: String,
+    sent2: Option<String>,
+    ending: String,
+    group: Option<String>,
+}
+
+/// One record per non-blank line; without `sent2`, `ending` is the whole second sentence.
+pub fn read_jsonl(path: &Path) -> Result<Parsed> {
+    let (text, sha256) = read_text(path, JSONL)?;
+    let mut records = Vec::new();
+    let mut sentences = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: JsonlRecord = serde_json::from_str(line).map_err(|e| {
+            anyhow!(
+                "{}:{line_no}:{}: {e}; expected {JSONL}",
+                path.display(),
+                e.column()
+            )
+        })?;
+        let id = match r.id {
+            Id::Text(s) => s.trim().to_string(),
+            Id::Number(n) => n.to_string(),
+        };
+        if id.is_empty() {
+            bail!(
+                "{}:{line_no}: empty \"id\"; expected a non-empty id",
+                path.display()
+            );
+        }
+        let sent1 = clean_sentence(&r.sent1);
+        let second = match r.sent2 {
+            Some(sent2) => Second::Split {
+                sent2: normalise_space(&sent2),
+                ending: clean_sentence(&r.ending),
+            },
+            None => Second::Unsplit(clean_sentence(&r.ending)),
+        };
+        sentences.push(sent1.clone());
+        sentences.push(match &second {
+            Second::Unsplit(s) => s.clone(),
+            Second::Split { sent2, ending } => format!("{sent2} {ending}"),
+        });
+        records.push(Record {
+            group: r.group.map_or_else(|| id.clone(), |g| g.trim().to_string()),
+            ext_id: id,
+            sent1,
+            second,
+            gold_source: None,
+            origin: format!("{}:{line_no}", path.display()),
+        });
+    }
+    Ok(Parsed {
+        sha256,
+        records,
+        sentences,
+    })
+}
+
+// ----- SWAG CSV -----
+
+const SWAG_REGULAR: &[&str] = &[
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "sent1",
+    "sent2",
+    "gold-source",
+    "ending0",
+    "ending1",
+    "ending2",
+    "ending3",
+    "label",
+];
+const SWAG_FULL: &[&str] = &[
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "sent1",
+    "sent2",
+    "gold-ending",
+    "distractor-0",
+    "distractor-1",
+    "distractor-2",
+    "distractor-3",
+    "gold-source",
+];
+
+/// SWAG release CSV, regular or full columns, taken as already split. The gold ending is
+/// `ending<label>` (regular) or `gold-ending` (full). The id is `"<video-id>:<h>"` with `h` the
+/// first 12 hex digits of the SHA-256 of `sent1`, `sent2` and the gold ending (NUL-separated):
+/// stable across row order and across regular/full files, so re-ingesting (or ingesting an
+/// afkit export) never duplicates an example.
+pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
+    let expected = format!(
+        "a SWAG CSV with the regular columns ({}) or the full columns ({}, ...)",
+        SWAG_REGULAR.join(", "),
+        SWAG_FULL.join(", ")
+    );
+    let (text, sha256) = read_text(path, &expected)?;
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let header: Vec<String> = reader
+        .headers()
+        .map_err(|e| anyhow!("{}:1: {e}; expected {expected}", path.display()))?
+        .iter()
+        .map(|h| h.trim().to_string())
+        .collect();
+    let column = |name: &str| header.iter().position(|h| h == name);
+    let full = column("gold-ending").is_some();
+    let required = if full { SWAG_FULL } else { SWAG_REGULAR };
+    let mut index = std::collections::HashMap::new();
+    for &name in required {
+        let i = column(name).with_context(|| {
+            format!(
+                "{}:1: the header has no column `{name}`; expected {expected}",
+                path.display()
+            )
+        })?;
+        index.insert(name, i);
+    }
+    let mut records = Vec::new();
+    let mut sentences = Vec::new();
+    for row in reader.records() {
+        let row = row.map_err(|e| anyhow!("{}: {e}; expected {expected}", path.display()))?;
+        let line = row.position().map_or(0, |p| p.line());
+        if row.len() != header.len() {
+            bail!(
+                "{}:{line}: expected {} fields like the header, found {}",
+                path.display(),
+                header.len(),
+                row.len()
+            );
+        }
+        let get = |name: &str| row[index[name]].trim().to_string();
+        let gold = if full {
+            get("gold-ending")
+        } else {
+            let label = get("label");
+            match label.parse::<usize>() {
+                Ok(l) if l < 4 => get(&format!("ending{l}")),
+                _ => bail!(
+                    "{}:{line}: label {label:?}; expected 0, 1, 2 or 3",
+                    path.display()
+                ),
+            }
+        };
+        let (video, sent1, sent2) = (get("video-id"), get("sent1"), get("sent2"));
+        let digest = Sha256::digest(format!("{sent1}\0{sent2}\0{gold}").as_bytes());
+        let hash: String = format!("{digest:x}").chars().take(12).collect();
+        sentences.push(sent1.clone());
+        sentences.push(format!("{sent2} {gold}"));
+        records.push(Record {
+            ext_id: format!("{video}:{hash}"),
+            group: video,
+            sent1,
+            second: Second::Split {
+                sent2,
+                ending: gold,
+            },
+            gold_source: Some(get("gold-source")).filter(|s| !s.is_empty()),
+            origin: format!("{}:{line}", path.display()),
+        });
+    }
+    if records.is_empty() {
+        bail!(
+            "{}: a header but no rows; expected {expected}",
+            path.display()
+        );
+    }
+    Ok(Parsed {
+        sha256,
+        records,
+        sentences,
+    })
+}
+
+// ----- normalisation -----
+
+/// Collapses runs of whitespace into single spaces and trims.
+pub fn normalise_space(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A caption as a sentence: whitespace normalised, ending with punctuation (a period is added
+/// when the caption has none, as many ActivityNet captions lack it).
+pub fn clean_sentence(s: &str) -> String {
+    let mut s = normalise_space(s);
+    let ends_with_punct = s
+        .chars()
+        .next_back()
+        .is_some_and(|c| matches!(c, '.' | '!' | '?' | '"' | '\'' | '”' | '’' | ')'));
+    if !s.is_empty() && !ends_with_punct {
+        s.push('.');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &tempfile::TempDir, name: &str, content: &[u8]) -> std::path::PathBuf {
+        let p = dir.path().join(name);
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    #[test]
+    fn activitynet_pairs_in_file_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            &dir,
+            "a.json",
+            br#"{"v_b": {"sentences": ["A man walks in.", "  He sits   down"], "timestamps": []},
+                 "v_a": {"sentences": ["One.", "Two.", "Three."]}}"#,
+        );
+        let parsed = read_activitynet(&p).unwrap();
+        let ids: Vec<_> = parsed.records.iter().map(|r| r.ext_id.as_str()).collect();
+        assert_eq!(ids, ["v_b#0", "v_a#0", "v_a#1"]);
+        assert_eq!(
+            parsed.records[0].second,
+            Second::Unsplit("He sits down.".into())
+        );
+        assert_eq!(parsed.records[2].group, "v_a");
+        assert_eq!(parsed.sentences.len(), 5);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_expectation() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(&dir, "bad.json", b"{\"v\": {\"sentences\": [\"a\",]}}");
+        let err = format!("{:#}", read_activitynet(&p).err().unwrap());
+        assert!(
+            err.contains("bad.json:1:") && err.contains("expected ActivityNet"),
+            "{err}"
+        );
+        let p = write(&dir, "missing.json", b"{\"v\": {\"timestamps\": []}}");
+        let err = format!("{:#}", read_activitynet(&p).err().unwrap());
+        assert!(err.contains("sentences"), "{err}");
+        let p = write(
+            &dir,
+            "x.jsonl",
+            b"{\"id\": \"1\", \"sent1\": \"a\", \"ending\": \"b\"}\n{\"id\": 2}\n",
+        );
+        let err = format!("{:#}", read_jsonl(&p).err().unwrap());
+        assert!(err.contains("x.jsonl:2:") && err.contains("sent1"), "{err}");
+        let p = write(&dir, "utf.jsonl", b"{\"id\": 1}\n\n{\"id\": \"\xff\"}\n");
+        let err = format!("{:#}", read_jsonl(&p).err().unwrap());
+        assert!(err.contains("utf.jsonl:3: invalid UTF-8"), "{err}");
+        let p = write(&dir, "empty.csv", b"  \n");
+        let err = format!("{:#}", read_swag_csv(&p).err().unwrap());
+        assert!(err.contains("empty.csv: the file is empty"), "{err}");
+        let err = format!(
+            "{:#}",
+            read_jsonl(&dir.path().join("nope.jsonl")).err().unwrap()
+        );
+        assert!(err.contains("nope.jsonl"), "{err}");
+    }
+
+    #[test]
+    fn swag_csv_regular_and_full_give_the_same_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let regular = write(
+            &dir,
+            "r.csv",
+            b",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n\
+              0,anetv_x,7,A man sits. He,A man sits.,He,gold0-orig,runs.,\"stands up, then waves.\",jumps.,eats.,1\n",
+        );
+        let full = write(
+            &dir,
+            "f.csv",
+            b"video-id,fold-ind,startphrase,sent1,sent2,gold-ending,distractor-0,distractor-1,distractor-2,distractor-3,gold-source,gold-type\n\
+              anetv_x,7,A man sits. He,A man sits.,He,\"stands up, then waves.\",runs.,jumps.,eats.,,gold0-orig,likely\n",
+        );
+        let r = read_swag_csv(&regular).unwrap().records;
+        let f = read_swag_csv(&full).unwrap().records;
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].ext_id, f[0].ext_id);
+        assert_eq!(
+            r[0].second,
+            Second::Split {
+                sent2: "He".into(),
+                ending: "stands up, then waves.".into()
+            }
+        );
+        assert_eq!(r[0].gold_source.as_deref(), Some("gold0-orig"));
+        let short = write(
+            &dir,
+            "short.csv",
+            b"video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n\
+              v,1,a b,a,b,gold0-orig,x,y,z,w,0\nv,2,a b,a,b,gold0-orig,x,y,z\n",
+        );
+        let err = format!("{:#}", read_swag_csv(&short).err().unwrap());
+        assert!(err.contains("short.csv:3: expected 11 fields"), "{err}");
+        let no_col = write(&dir, "nc.csv", b"video-id,sent1\nv,a\n");
+        let err = format!("{:#}", read_swag_csv(&no_col).err().unwrap());
+        assert!(
+            err.contains("nc.csv:1: the header has no column `fold-ind`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn clean_sentence_adds_a_period() {
+        assert_eq!(clean_sentence(" a  man walks "), "a man walks.");
+        assert_eq!(clean_sentence("Really?"), "Really?");
+        assert_eq!(clean_sentence("   "), "");
+    }
+}

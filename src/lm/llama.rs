@@ -1,0 +1,484 @@
+//! A llama-family decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) over f32
+//! weights dequantised from a GGUF file at load time.
+//!
+//! Why not candle-transformers' `quantized_llama`: generation here decodes a batch of B rows that
+//! all continue one context. The context's keys and values are computed once (the *prefix*) and
+//! shared by every row; each row only caches the tokens it generated itself. Attention therefore
+//! has two parts — queries against the shared prefix (one GEMM for the whole batch) and queries
+//! against the row's own tokens — joined in one softmax. With f32 weights every projection of
+//! the batch is one GEMM, which candle runs far faster on CPU than its quantised matmul.
+//!
+//! Rotary layout: llama.cpp's converter permutes the Q and K weights of `llama` GGUF files so
+//! that rotary pairs are adjacent (interleaved), hence `rope_i`.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::ops::{rms_norm, silu, softmax_last_dim};
+use candle_nn::rotary_emb::rope_i;
+
+/// Longest sequence (context + ending) the rotary tables cover.
+pub const MAX_POSITIONS: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    pub vocab: usize,
+    pub d_model: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub d_ff: usize,
+    pub rope_theta: f32,
+    pub rms_eps: f32,
+}
+
+impl LlamaConfig {
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_head
+    }
+
+    /// Multiply-adds ×2 of one token's forward pass through the weight matrices (attention
+    /// scores excluded): the yardstick for GFLOP/s figures.
+    pub fn flops_per_token(&self) -> f64 {
+        let hd = self.head_dim();
+        let qkv = self.d_model * (self.n_head + 2 * self.n_kv_head) * hd;
+        let per_layer = qkv + self.d_model * self.d_model + 3 * self.d_model * self.d_ff;
+        2.0 * (self.n_layer * per_layer + self.d_model * self.vocab) as f64
+    }
+
+    fn from_gguf(content: &Content) -> Result<Self> {
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .map(String::as_str)
+            .unwrap_or("llama");
+        if arch != "llama" {
+            bail!("architecture `{arch}` is not supported: afkit runs llama-family GGUF models (general.architecture = llama)");
+        }
+        let get = |key: &str| -> Result<&Value> {
+            content
+                .metadata
+                .get(&format!("llama.{key}"))
+                .with_context(|| format!("the GGUF metadata has no `llama.{key}`"))
+        };
+        let u = |key: &str| -> Result<usize> { Ok(get(key)?.to_u32()? as usize) };
+        if let Some(kind) = content.metadata.get("llama.rope.scaling.type") {
+            let kind = kind.to_string()?;
+            if kind != "none" {
+                bail!("rope scaling `{kind}` is not supported");
+            }
+        }
+        if content.tensor_infos.contains_key("rope_freqs.weight") {
+            bail!("rope frequency factors (rope_freqs.weight, Llama 3.1 style) are not supported");
+        }
+        let d_model = u("embedding_length")?;
+        let n_head = u("attention.head_count")?;
+        let cfg = LlamaConfig {
+            vocab: content
+                .tensor_infos
+                .get("token_embd.weight")
+                .context("the GGUF has no token_embd.weight tensor")?
+                .shape
+                .dims()[0],
+            d_model,
+            n_layer: u("block_count")?,
+            n_head,
+            n_kv_head: u("attention.head_count_kv").unwrap_or(n_head),
+            d_ff: u("feed_forward_length")?,
+            rope_theta: get("rope.freq_base")
+                .and_then(|v| Ok(v.to_f32()?))
+                .unwrap_or(10_000.0),
+            rms_eps: get("attention.layer_norm_rms_epsilon")?.to_f32()?,
+        };
+        if let Ok(rope_dim) = u("rope.dimension_count") {
+            if rope_dim != cfg.head_dim() {
+                bail!(
+                    "partial rotary embeddings ({rope_dim} of {} dims) are not supported",
+                    cfg.head_dim()
+                );
+            }
+        }
+        if n_head % cfg.n_kv_head != 0 {
+            bail!(
+                "{n_head} query heads cannot share {} key/value heads",
+                cfg.n_kv_head
+            );
+        }
+        Ok(cfg)
+    }
+}
+
+/// One decoder block. Projection matrices are stored transposed (in × out) so that `x.matmul(w)`
+/// maps a (tokens × in) activation; Q, K and V share one matrix, as do the gate and up
+/// projections, so each is a single GEMM.
+struct Block {
+    attn_norm: Tensor,
+    wqkv: Tensor,
+    wo: Tensor,
+    ffn_norm: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+}
+
+pub struct Llama {
+    pub cfg: LlamaConfig,
+    embed: Tensor,
+    /// The output head, transposed (d_model × vocab); the embedding matrix when tied.
+    head: Tensor,
+    blocks: Vec<Block>,
+    final_norm: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// Keys and values of a context, shared by every row decoded after it: per layer
+/// (kv_heads × len × head_dim).
+pub struct Prefix {
+    kv: Vec<(Tensor, Tensor)>,
+    pub len: usize,
+    /// Log-probabilities of the next token after the prefix.
+    pub next_logprobs: Vec<f32>,
+}
+
+/// Keys and values of the tokens each row generated itself: per layer (rows × kv_heads × len ×
+/// head_dim).
+#[derive(Default)]
+pub struct RowCache {
+    kv: Vec<(Tensor, Tensor)>,
+    pub len: usize,
+}
+
+impl RowCache {
+    /// Keeps only the given rows (in that order): finished rows leave the batch.
+    pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
+        if self.kv.is_empty() {
+            return Ok(());
+        }
+        let idx = Tensor::new(rows, &Device::Cpu)?;
+        for (k, v) in self.kv.iter_mut() {
+            *k = k.index_select(&idx, 0)?;
+            *v = v.index_select(&idx, 0)?;
+        }
+        Ok(())
+    }
+}
+
+fn dequantised(content: &Content, file: &mut BufReader<File>, name: &str) -> Result<Tensor> {
+    let q = content
+        .tensor(file, name, &Device::Cpu)
+        .with_context(|| format!("cannot read tensor `{name}`"))?;
+    Ok(q.dequantize(&Device::Cpu)?)
+}
+
+impl Llama {
+    /// Reads the weights of a llama-family GGUF file (`content` is its parsed header).
+    pub fn from_gguf(content: &Content, file: &mut BufReader<File>, path: &Path) -> Result<Self> {
+        let cfg = LlamaConfig::from_gguf(content)
+            .with_context(|| format!("{} is not a usable llama model", path.display()))?;
+        let mut load = |name: &str| dequantised(content, file, name);
+        let embed = load("token_embd.weight")?;
+        let head = if content.tensor_infos.contains_key("output.weight") {
+            load("output.weight")?.t()?.contiguous()?
+        } else {
+            embed.t()?.contiguous()?
+        };
+        let mut blocks = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let mut w = |part: &str| load(&format!("blk.{i}.{part}.weight"));
+            let (q, k, v) = (w("attn_q")?, w("attn_k")?, w("attn_v")?);
+            let (gate, up) = (w("ffn_gate")?, w("ffn_up")?);
+            blocks.push(Block {
+                attn_norm: w("attn_norm")?,
+                wqkv: Tensor::cat(&[q, k, v], 0)?.t()?.contiguous()?,
+                wo: w("attn_output")?.t()?.contiguous()?,
+                ffn_norm: w("ffn_norm")?,
+                w_gate_up: Tensor::cat(&[gate, up], 0)?.t()?.contiguous()?,
+                w_down: w("ffn_down")?.t()?.contiguous()?,
+            });
+        }
+        let final_norm = load("output_norm.weight")?;
+        Llama::assemble(cfg, embed, head, blocks, final_norm)
+    }
+
+    fn assemble(
+        cfg: LlamaConfig,
+        embed: Tensor,
+        head: Tensor,
+        blocks: Vec<Block>,
+        final_norm: Tensor,
+    ) -> Result<Self> {
+        let half = cfg.head_dim() / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim() as f32))
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), &Device::Cpu)?;
+        let positions = Tensor::arange(0u32, MAX_POSITIONS as u32, &Device::Cpu)?
+            .to_dtype(DType::F32)?
+            .reshape((MAX_POSITIONS, 1))?;
+        let angles = positions.matmul(&inv_freq)?;
+        Ok(Llama {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+            cfg,
+            embed,
+            head,
+            blocks,
+            final_norm,
+        })
+    }
+
+    /// Runs a whole token sequence from position 0 and keeps its keys and values as a prefix.
+    /// Also returns the log-probability of each token after the first, given those before it.
+    pub fn prefill(&self, ids: &[u32]) -> Result<(Prefix, Vec<f32>)> {
+        if ids.is_empty() {
+            bail!("cannot run the model on an empty token sequence");
+        }
+        if ids.len() >= MAX_POSITIONS {
+            bail!(
+                "sequence of {} tokens is longer than {MAX_POSITIONS}",
+                ids.len()
+            );
+        }
+        let input = Tensor::new(ids, &Device::Cpu)?.reshape((1, ids.len()))?;
+        let mut cache = RowCache::default();
+        let hidden = self.forward(&input, None, &mut cache)?.squeeze(0)?;
+        let token_logprobs = if ids.len() > 1 {
+            self.target_logprobs(&hidden.narrow(0, 0, ids.len() - 1)?, &ids[1..])?
+        } else {
+            Vec::new()
+        };
+        let last = hidden.narrow(0, ids.len() - 1, 1)?;
+        let next_logprobs = self.log_softmax_rows(&last)?.remove(0);
+        let kv = cache
+            .kv
+            .into_iter()
+            .map(|(k, v)| Ok((k.squeeze(0)?, v.squeeze(0)?)))
+            .collect::<Result<_>>()?;
+        Ok((
+            Prefix {
+                kv,
+                len: ids.len(),
+                next_logprobs,
+            },
+            token_logprobs,
+        ))
+    }
+
+    /// The model's hidden states (after the final norm) for `ids` (rows × tokens), which
+    /// continue `prefix` (if any) and the rows' own cache; appends the new keys and values to
+    /// `cache`. Every row is at the same position: rows are right-padded, and padding only ever
+    /// follows a row's real tokens, which causal attention keeps from looking at it.
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        prefix: Option<&Prefix>,
+        cache: &mut RowCache,
+    ) -> Result<Tensor> {
+        let (rows, steps) = ids.dims2()?;
+        let start = prefix.map_or(0, |p| p.len) + cache.len;
+        if start + steps > MAX_POSITIONS {
+            bail!("sequence longer than {MAX_POSITIONS} tokens");
+        }
+        let cos = self.cos.narrow(0, start, steps)?;
+        let sin = self.sin.narrow(0, start, steps)?;
+        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?;
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let h = rms_norm(&x, &block.attn_norm, self.cfg.rms_eps)?;
+            let attn = self.attention(
+                block,
+                &h,
+                rows,
+                steps,
+                (&cos, &sin),
+                prefix.map(|p| &p.kv[layer]),
+                cache,
+                layer,
+            )?;
+            x = (x + attn.matmul(&block.wo)?)?;
+            let h = rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps)?;
+            let gate_up = h.matmul(&block.w_gate_up)?;
+            let gate = gate_up.narrow(1, 0, self.cfg.d_ff)?;
+            let up = gate_up.narrow(1, self.cfg.d_ff, self.cfg.d_ff)?;
+            x = (x + (silu(&gate)? * up)?.matmul(&block.w_down)?)?;
+        }
+        cache.len += steps;
+        rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
+            .reshape((rows, steps, self.cfg.d_model))
+            .map_err(Into::into)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        block: &Block,
+        h: &Tensor,
+        rows: usize,
+        steps: usize,
+        (cos, sin): (&Tensor, &Tensor),
+        prefix: Option<&(Tensor, Tensor)>,
+        cache: &mut RowCache,
+        layer: usize,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
+        let group = nh / nkv;
+        let qkv = h.matmul(&block.wqkv)?;
+        let heads = |offset: usize, n: usize| -> Result<Tensor> {
+            Ok(qkv
+                .narrow(1, offset * hd, n * hd)?
+                .reshape((rows, steps, n, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let q = rope_i(&heads(0, nh)?, cos, sin)?;
+        let k = rope_i(&heads(nh, nkv)?, cos, sin)?;
+        let v = heads(nh + nkv, nkv)?;
+        let (k, v) = match cache.kv.get(layer) {
+            Some((k0, v0)) => (Tensor::cat(&[k0, &k], 2)?, Tensor::cat(&[v0, &v], 2)?),
+            None => (k, v),
+        };
+        if cache.kv.len() > layer {
+            cache.kv[layer] = (k.clone(), v.clone());
+        } else {
+            cache.kv.push((k.clone(), v.clone()));
+        }
+        let own_len = k.dim(2)?;
+        // Query heads of one key/value group are adjacent: (rows, kv_heads, group·steps, hd).
+        let q = (q.reshape((rows, nkv, group * steps, hd))? * (1.0 / (hd as f64).sqrt()))?;
+        // Scores against the row's own tokens, causal: query t sits at own position
+        // own_len - steps + t.
+        let own = q.matmul(&k.transpose(2, 3)?)?;
+        let own = if steps > 1 {
+            let mask: Vec<f32> = (0..steps)
+                .flat_map(|t| {
+                    (0..own_len).map(move |s| {
+                        if s > own_len - steps + t {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (steps, own_len), &Device::Cpu)?;
+            own.reshape((rows, nkv, group, steps, own_len))?
+                .broadcast_add(&mask)?
+                .reshape((rows, nkv, group * steps, own_len))?
+        } else {
+            own
+        };
+        let out = match prefix {
+            None => softmax_last_dim(&own)?.matmul(&v)?,
+            Some((pk, pv)) => {
+                let plen = pk.dim(1)?;
+                // All rows' queries against the shared prefix in one GEMM per key/value head.
+                let q_shared =
+                    q.transpose(0, 1)?
+                        .contiguous()?
+                        .reshape((nkv, rows * group * steps, hd))?;
+                let shared = q_shared
+                    .matmul(&pk.t()?)?
+                    .reshape((nkv, rows, group * steps, plen))?
+                    .transpose(0, 1)?
+                    .contiguous()?;
+                let probs = softmax_last_dim(&Tensor::cat(&[&shared, &own], 3)?)?;
+                let p_shared = probs
+                    .narrow(3, 0, plen)?
+                    .transpose(0, 1)?
+                    .contiguous()?
+                    .reshape((nkv, rows * group * steps, plen))?;
+                let from_shared = p_shared
+                    .matmul(pv)?
+                    .reshape((nkv, rows, group * steps, hd))?
+                    .transpose(0, 1)?;
+                let from_own = probs.narrow(3, plen, own_len)?.contiguous()?.matmul(&v)?;
+                (from_shared + from_own)?
+            }
+        };
+        // (rows, kv, group·steps, hd) → (rows·steps, heads·hd)
+        Ok(out
+            .reshape((rows, nh, steps, hd))?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((rows * steps, nh * hd))?)
+    }
+
+    /// Log-softmax over the vocabulary for each row of `hidden` (n × d_model).
+    pub fn log_softmax_rows(&self, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
+        let logits = hidden.matmul(&self.head)?;
+        Ok(candle_nn::ops::log_softmax(&logits, D::Minus1)?.to_vec2()?)
+    }
+
+    /// Raw logits (n × vocab) for each row of `hidden`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden.matmul(&self.head)?)
+    }
+
+    /// `log p(targets[i] | hidden[i])` for each row, computing the output head in chunks so
+    /// that a long batch never holds all its logits at once.
+    pub fn target_logprobs(&self, hidden: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
+        const CHUNK: usize = 256;
+        let n = hidden.dim(0)?;
+        if n != targets.len() {
+            bail!("{n} hidden states for {} targets", targets.len());
+        }
+        let mut out = Vec::with_capacity(n);
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            let logits = hidden.narrow(0, start, len)?.matmul(&self.head)?;
+            let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            let idx = Tensor::new(&targets[start..start + len], &Device::Cpu)?.reshape((len, 1))?;
+            out.extend(lsm.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// Per-token log-probabilities of each sequence in `seqs` as a continuation of `prefix`:
+    /// `result[r][j] = log p(seqs[r][j] | prefix, seqs[r][..j])`. Rows run as one batch.
+    pub fn score_continuations(&self, prefix: &Prefix, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
+        let mut out: Vec<Vec<f32>> = seqs
+            .iter()
+            .map(|s| {
+                s.first()
+                    .map(|&t| vec![prefix.next_logprobs[t as usize]])
+                    .unwrap_or_default()
+            })
+            .collect();
+        if longest < 2 {
+            return Ok(out);
+        }
+        // Feed every token but the last; pad with token 0 (never attended to by real tokens).
+        let steps = longest - 1;
+        let mut ids = vec![0u32; seqs.len() * steps];
+        for (r, s) in seqs.iter().enumerate() {
+            for (j, &t) in s.iter().take(steps).enumerate() {
+                ids[r * steps + j] = t;
+            }
+        }
+        let input = Tensor::from_vec(ids, (seqs.len(), steps), &Device::Cpu)?;
+        let hidden = self
+            .forward(&input, Some(prefix), &mut RowCache::default())?
+            .reshape((seqs.len() * steps, self.cfg.d_model))?;
+        // Only the positions that predict a real token.
+        let mut positions = Vec::new();
+        let mut targets = Vec::new();
+        for (r, s) in seqs.iter().enumerate() {
+            for (j, &token) in s.iter().enumerate().skip(1) {
+                positions.push((r * steps + j - 1) as u32);
+                targets.push(token);
+            }
+        }
+        let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &Device::Cpu)?, 0)?;
+        let mut lps = self.target_logprobs(&picked, &targets)?.into_iter();
+        for (r, s) in seqs.iter().enumerate() {
+            out[r].extend(lps.by_ref().take(s.len().saturating_sub(1)));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,272 @@
+//! What a generation backend does — sample N⁻ unique endings for a context — and the token
+//! sampler itself.
+//!
+//! SPEC §2: plain ancestral sampling at temperature 1 with no truncation is the default, because
+//! truncated or beam-searched text has lower perplexity than human text: exactly the artifact
+//! adversarial filtering has to remove. The knobs exist for experiments and are off by default.
+
+use serde::Serialize;
+
+/// How tokens are drawn and when an ending stops.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// Keep only the k most probable tokens (off: `None`).
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p (off: `None`).
+    pub top_p: Option<f32>,
+    /// Keep tokens at least `min_p` times as probable as the most probable one (off: `None`).
+    pub min_p: Option<f32>,
+    /// Token cap per ending; a row that reaches it without ending a sentence is discarded.
+    pub max_tokens: usize,
+    /// Longest ending kept, in words (SWAG's endings are at most 25 tokens).
+    pub max_words: usize,
+    /// Most rows decoded together.
+    pub batch: usize,
+    /// Draws allowed per requested ending before a context's shortfall is accepted.
+    pub max_draws_per_ending: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            max_tokens: 40,
+            max_words: 25,
+            batch: 128,
+            max_draws_per_ending: 4,
+        }
+    }
+}
+
+impl SamplingParams {
+    fn truncates(&self) -> bool {
+        self.top_k.is_some() || self.top_p.is_some() || self.min_p.is_some()
+    }
+}
+
+/// One context's sampling job.
+#[derive(Debug, Clone)]
+pub struct SampleRequest {
+    /// The text the endings continue (the filled prompt template).
+    pub prompt: String,
+    /// Endings never to return (the found ending), compared after whitespace normalisation.
+    pub exclude: Vec<String>,
+    /// Unique endings wanted (N⁻).
+    pub n: usize,
+    /// The context's own seed (derived from the run's seed and the example id).
+    pub seed: u64,
+}
+
+/// An ending as sampled: its normalised text and, when the backend knows them, its tokens with
+/// their log-probabilities under the untruncated temperature-1 model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledEnding {
+    pub text: String,
+    pub tokens: Option<(Vec<u32>, Vec<f32>)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SampledPool {
+    /// Unique endings in the order they were drawn (at most `n`).
+    pub endings: Vec<SampledEnding>,
+    /// Sequences drawn, kept or not.
+    pub draws: usize,
+    /// Tokens generated over all draws.
+    pub tokens_generated: usize,
+}
+
+/// A generation backend. The local candle model implements it; a remote completions server can
+/// sit behind the same interface.
+pub trait EndingSampler {
+    /// `(backend, model name, model SHA-256)` for the generation record.
+    fn describe(&self) -> (String, String, Option<String>);
+    fn sample(&self, request: &SampleRequest) -> anyhow::Result<SampledPool>;
+}
+
+/// Collapses runs of whitespace and trims: the form endings are compared and stored in.
+pub fn normalise_ending(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Whether a sampled ending may enter the pool: non-empty, a whole sentence, not too long.
+pub fn acceptable_ending(text: &str, max_words: usize) -> bool {
+    !text.is_empty()
+        && text.ends_with(['.', '!', '?'])
+        && text.split_whitespace().count() <= max_words
+}
+
+/// Draws one token from `logits` with the uniform variate `u` ∈ [0, 1). Returns the token and its
+/// log-probability under the *untruncated, temperature-1* distribution — the LM feature, whatever
+/// the sampler's settings. `scratch` is reused between calls to avoid allocation.
+pub fn sample_token(
+    logits: &[f32],
+    u: f64,
+    params: &SamplingParams,
+    scratch: &mut Vec<f32>,
+) -> (u32, f32) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let plain = params.temperature == 1.0 && !params.truncates();
+    scratch.clear();
+    let mut log_z = 0f64;
+    if plain {
+        scratch.extend(logits.iter().map(|&l| (l - max).exp()));
+        let total: f64 = scratch.iter().map(|&w| w as f64).sum();
+        log_z = total.ln();
+        let token = inverse_cdf(scratch, u * total);
+        return (token, logits[token as usize] - max - log_z as f32);
+    }
+    let total: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    log_z += total.ln();
+    let inv_t = 1.0 / params.temperature.max(1e-6);
+    // Weights at the chosen temperature, relative to the most probable token (weight 1).
+    scratch.extend(logits.iter().map(|&l| ((l - max) * inv_t).exp()));
+    if let Some(min_p) = params.min_p {
+        scratch
+            .iter_mut()
+            .filter(|w| **w < min_p)
+            .for_each(|w| *w = 0.0);
+    }
+    if let Some(k) = params.top_k.filter(|&k| k > 0 && k < scratch.len()) {
+        let mut sorted = scratch.clone();
+        let (_, kth, _) = sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        let kth = *kth;
+        let mut ties_left = sorted[..k].iter().filter(|&&w| w == kth).count();
+        for w in scratch.iter_mut() {
+            if *w < kth || (*w == kth && ties_left == 0) {
+                *w = 0.0;
+            } else if *w == kth {
+                ties_left -= 1;
+            }
+        }
+    }
+    if let Some(p) = params.top_p.filter(|&p| p < 1.0) {
+        let mut order: Vec<u32> = (0..scratch.len() as u32)
+            .filter(|&i| scratch[i as usize] > 0.0)
+            .collect();
+        order.sort_unstable_by(|&a, &b| scratch[b as usize].total_cmp(&scratch[a as usize]));
+        let total: f64 = order.iter().map(|&i| scratch[i as usize] as f64).sum();
+        let mut cumulative = 0f64;
+        let mut cut = order.len();
+        for (rank, &i) in order.iter().enumerate() {
+            cumulative += scratch[i as usize] as f64;
+            if cumulative >= p as f64 * total {
+                cut = rank + 1;
+                break;
+            }
+        }
+        for &i in &order[cut..] {
+            scratch[i as usize] = 0.0;
+        }
+    }
+    let total: f64 = scratch.iter().map(|&w| w as f64).sum();
+    let token = inverse_cdf(scratch, u * total);
+    (token, logits[token as usize] - max - log_z as f32)
+}
+
+/// The first index whose cumulative weight exceeds `target` (the last non-zero one on rounding).
+fn inverse_cdf(weights: &[f32], target: f64) -> u32 {
+    let mut cumulative = 0f64;
+    let mut last_nonzero = 0;
+    for (i, &w) in weights.iter().enumerate() {
+        if w > 0.0 {
+            cumulative += w as f64;
+            last_nonzero = i;
+            if cumulative > target {
+                return i as u32;
+            }
+        }
+    }
+    last_nonzero as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn histogram(logits: &[f32], params: &SamplingParams, draws: usize) -> Vec<f64> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut counts = vec![0f64; logits.len()];
+        let mut scratch = Vec::new();
+        for _ in 0..draws {
+            let (t, _) = sample_token(logits, rng.random::<f64>(), params, &mut scratch);
+            counts[t as usize] += 1.0 / draws as f64;
+        }
+        counts
+    }
+
+    #[test]
+    fn untruncated_sampling_follows_the_softmax() {
+        let logits = [0.0f32, 1.0, 2.0, -1.0];
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        let freq = histogram(&logits, &SamplingParams::default(), 40_000);
+        for (f, l) in freq.iter().zip(logits) {
+            assert!((f - (l.exp() / z) as f64).abs() < 0.01, "{freq:?}");
+        }
+    }
+
+    #[test]
+    fn reported_logprob_is_the_untruncated_model_logprob() {
+        let logits = [0.5f32, 3.0, 1.0];
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        let params = SamplingParams {
+            top_k: Some(1),
+            temperature: 0.5,
+            ..Default::default()
+        };
+        let (t, lp) = sample_token(&logits, 0.3, &params, &mut Vec::new());
+        assert_eq!(t, 1);
+        assert!((lp - (3.0f32.exp() / z).ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn truncation_knobs_remove_the_tail() {
+        let logits = [0.0f32, 2.0, 1.9, -3.0, -4.0];
+        let top_k = SamplingParams {
+            top_k: Some(2),
+            ..Default::default()
+        };
+        let freq = histogram(&logits, &top_k, 5_000);
+        assert_eq!(freq[0] + freq[3] + freq[4], 0.0);
+        let min_p = SamplingParams {
+            min_p: Some(0.5),
+            ..Default::default()
+        };
+        let freq = histogram(&logits, &min_p, 5_000);
+        assert_eq!(freq[0] + freq[3] + freq[4], 0.0);
+        let top_p = SamplingParams {
+            top_p: Some(0.4),
+            ..Default::default()
+        };
+        let freq = histogram(&logits, &top_p, 5_000);
+        assert!(freq[1] > 0.999, "{freq:?}");
+        let cold = SamplingParams {
+            temperature: 0.05,
+            ..Default::default()
+        };
+        assert!(histogram(&logits, &cold, 2_000)[1] > 0.85);
+    }
+
+    #[test]
+    fn endings_are_normalised_and_filtered() {
+        assert_eq!(
+            normalise_ending("  dances \n around\tthe room. "),
+            "dances around the room."
+        );
+        assert!(acceptable_ending("dances around the room.", 25));
+        assert!(!acceptable_ending("dances around the", 25));
+        assert!(!acceptable_ending("", 25));
+        assert!(!acceptable_ending(
+            &format!("{}.", vec!["w"; 30].join(" ")),
+            25
+        ));
+        assert!(acceptable_ending(
+            &format!("{}.", vec!["w"; 25].join(" ")),
+            25
+        ));
+    }
+}

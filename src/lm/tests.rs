@@ -1,0 +1,252 @@
+//! Properties of the model, sampler and features on a tiny random llama written as a real GGUF
+//! file (so loading and tokenising run the production code paths).
+
+use std::collections::HashSet;
+
+use candle_core::{Device, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::llama::{LlamaConfig, RowCache};
+use super::local::{LocalLm, Stop};
+use super::model::{write_random_gguf, LanguageModel, RANDOM_GGUF_VOCAB};
+use super::sampler::{acceptable_ending, EndingSampler, SampleRequest, SamplingParams};
+
+fn tiny_config() -> LlamaConfig {
+    LlamaConfig {
+        vocab: RANDOM_GGUF_VOCAB,
+        d_model: 64,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        d_ff: 128,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-5,
+    }
+}
+
+fn tiny_lm(params: SamplingParams) -> LocalLm {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    write_random_gguf(&path, &tiny_config(), 11).unwrap();
+    LocalLm::new(LanguageModel::load(&path).unwrap(), params, None)
+}
+
+fn params() -> SamplingParams {
+    SamplingParams {
+        max_tokens: 12,
+        batch: 16,
+        ..SamplingParams::default()
+    }
+}
+
+#[test]
+fn tokenizer_round_trips_text() {
+    let lm = tiny_lm(params());
+    let tok = &lm.model.tokenizer;
+    for text in [
+        "The girl dances around the room.",
+        "  two  spaces, 1234 digits!",
+        "naïve café — ünïcödé ✓",
+    ] {
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+    }
+    // Digits are split one by one (pre-tokenizer `smollm`), merges apply ("Ġthe").
+    let ids = tok.encode(" the 42").unwrap();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+}
+
+#[test]
+fn shared_prefix_decoding_matches_full_recomputation() {
+    let lm = tiny_lm(params());
+    let llama = &lm.model.llama;
+    let prompt = lm
+        .prefix("A man is seen speaking to the camera. He")
+        .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let rows = lm.decode_batch(&prompt.prefix, 8, &mut rng).unwrap();
+    let seqs: Vec<Vec<u32>> = rows.iter().map(|r| r.tokens.clone()).collect();
+    // Log-probs recorded while decoding the batch = the same tokens scored as one batch
+    // = each scored alone = a plain causal pass over prefix + tokens.
+    let batch = llama.score_continuations(&prompt.prefix, &seqs).unwrap();
+    let mut full_ids = vec![lm.model.tokenizer.doc_start];
+    full_ids.extend(lm.model.tokenizer.encode(&prompt.prompt).unwrap());
+    for (r, row) in rows.iter().enumerate() {
+        let alone = llama
+            .score_continuations(&prompt.prefix, &seqs[r..r + 1])
+            .unwrap();
+        let mut ids = full_ids.clone();
+        ids.extend(&row.tokens);
+        let (_, full) = llama.prefill(&ids).unwrap();
+        let full = &full[full.len() - row.tokens.len()..];
+        for j in 0..row.tokens.len() {
+            assert!(
+                (row.logprobs[j] - batch[r][j]).abs() < 1e-3,
+                "row {r} token {j}"
+            );
+            assert!(
+                (batch[r][j] - alone[0][j]).abs() < 1e-3,
+                "row {r} token {j}"
+            );
+            assert!((alone[0][j] - full[j]).abs() < 1e-3, "row {r} token {j}");
+        }
+    }
+}
+
+#[test]
+fn rows_stop_at_sentence_end_end_of_text_or_the_cap() {
+    let lm = tiny_lm(params());
+    let tok = &lm.model.tokenizer;
+    let prompt = lm
+        .prefix("Two dogs are running through a field. They")
+        .unwrap();
+    let rows = lm
+        .decode_batch(&prompt.prefix, 64, &mut ChaCha8Rng::seed_from_u64(1))
+        .unwrap();
+    let mut stops = HashSet::new();
+    for row in &rows {
+        stops.insert(format!("{:?}", row.stop));
+        assert!(row.tokens.iter().all(|&t| !tok.is_end_of_generation(t)));
+        let body = &row.tokens[..row.tokens.len().saturating_sub(1)];
+        assert!(
+            body.iter().all(|&t| !tok.ends_sentence[t as usize]),
+            "sentence end inside a row"
+        );
+        match row.stop {
+            Stop::SentenceEnd => assert!(tok.ends_sentence[*row.tokens.last().unwrap() as usize]),
+            Stop::TokenCap => assert_eq!(row.tokens.len(), 12),
+            Stop::EndOfText => assert!(row.tokens.len() < 12),
+            Stop::TooLong => {
+                let words = row
+                    .tokens
+                    .iter()
+                    .filter(|&&t| tok.starts_word[t as usize])
+                    .count();
+                assert_eq!(words, 26);
+            }
+        }
+    }
+    assert!(
+        stops.contains("SentenceEnd") && stops.contains("TokenCap"),
+        "{stops:?}"
+    );
+}
+
+#[test]
+fn sampling_gives_unique_complete_endings_reproducibly() {
+    let lm = tiny_lm(params());
+    let request = |seed| SampleRequest {
+        prompt: "A woman is outside on a frozen lake. She".into(),
+        exclude: vec![],
+        n: 10,
+        seed,
+    };
+    let a = lm.sample(&request(3)).unwrap();
+    let texts: Vec<&str> = a.endings.iter().map(|e| e.text.as_str()).collect();
+    assert!(!texts.is_empty() && texts.len() <= 10);
+    assert_eq!(
+        texts.iter().collect::<HashSet<_>>().len(),
+        texts.len(),
+        "duplicates"
+    );
+    assert!(texts.iter().all(|t| acceptable_ending(t, 25)));
+    assert!(a.draws <= 40, "retry cap ignored: {} draws", a.draws);
+    let b = lm.sample(&request(3)).unwrap();
+    assert_eq!(a.endings, b.endings, "same seed, different endings");
+    let c = lm.sample(&request(4)).unwrap();
+    assert_ne!(a.endings, c.endings, "different seeds, same endings");
+    // Excluding an ending (the gold) keeps it out.
+    let mut excluding = request(3);
+    excluding.exclude = vec![format!("  {} ", texts[0])];
+    let d = lm.sample(&excluding).unwrap();
+    assert!(d.endings.iter().all(|e| e.text != texts[0]));
+}
+
+#[test]
+fn features_reuse_sampled_logprobs_exactly() {
+    let lm = tiny_lm(params());
+    let prompt = "A man is kneeling on a frozen lake. He";
+    let pool = lm
+        .sample(&SampleRequest {
+            prompt: prompt.into(),
+            exclude: vec![],
+            n: 6,
+            seed: 9,
+        })
+        .unwrap();
+    let gold = "is using a tool to drill a hole.";
+    let f = lm
+        .features(
+            prompt,
+            "A man is kneeling on a frozen lake.",
+            "He",
+            gold,
+            &pool.endings,
+        )
+        .unwrap();
+    assert_eq!(f.endings.len(), pool.endings.len());
+    // Re-scoring the endings from scratch (no sampled log-probs) gives the same features.
+    let plain: Vec<_> = pool
+        .endings
+        .iter()
+        .map(|e| super::sampler::SampledEnding {
+            text: e.text.clone(),
+            tokens: None,
+        })
+        .collect();
+    let g = lm
+        .features(
+            prompt,
+            "A man is kneeling on a frozen lake.",
+            "He",
+            gold,
+            &plain,
+        )
+        .unwrap();
+    for (x, y) in f.endings.iter().zip(&g.endings) {
+        assert!((x.lp_cond - y.lp_cond).abs() < 1e-3);
+        assert!((x.lp_alone - y.lp_alone).abs() < 1e-6);
+        assert_eq!(x.n_tok, y.n_tok);
+    }
+    assert_eq!(f.gold.n_tok, lm.ending_tokens(gold).unwrap().len());
+    assert!(f.gold.lp_cond < 0.0 && f.gold.lp_alone < 0.0 && f.ctx_logprob < 0.0);
+    assert!(f.gold.lp_final_punct.is_some());
+    assert!(f.n_tok_sent1 > 0 && f.n_tok_sent2 > 0);
+}
+
+#[test]
+fn row_cache_selection_keeps_the_chosen_rows() {
+    let lm = tiny_lm(params());
+    let llama = &lm.model.llama;
+    let prompt = lm.prefix("Someone is cooking.").unwrap();
+    let ids = Tensor::new(&[[3u32, 4], [5, 6], [7, 8]], &Device::Cpu).unwrap();
+    let mut cache = RowCache::default();
+    llama
+        .forward(&ids, Some(&prompt.prefix), &mut cache)
+        .unwrap();
+    cache.select_rows(&[2, 0]).unwrap();
+    let next = Tensor::new(&[[9u32], [10]], &Device::Cpu).unwrap();
+    let h = llama
+        .forward(&next, Some(&prompt.prefix), &mut cache)
+        .unwrap();
+    let mut single = RowCache::default();
+    let ids7 = Tensor::new(&[[7u32, 8]], &Device::Cpu).unwrap();
+    llama
+        .forward(&ids7, Some(&prompt.prefix), &mut single)
+        .unwrap();
+    let h7 = llama
+        .forward(
+            &Tensor::new(&[[9u32]], &Device::Cpu).unwrap(),
+            Some(&prompt.prefix),
+            &mut single,
+        )
+        .unwrap();
+    let diff = (h.narrow(0, 0, 1).unwrap() - h7)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);
+}

@@ -1,0 +1,199 @@
+//! The tokenizer of a GGUF file, rebuilt from its metadata with the `tokenizers` crate, so that
+//! one `.gguf` file is a whole model.
+//!
+//! llama.cpp's BPE vocabularies (`tokenizer.ggml.model = "gpt2"`) are byte-level BPE: the text is
+//! split by a pre-tokenizer regex chosen by `tokenizer.ggml.pre`, each piece is mapped to
+//! GPT-2's byte alphabet, and the merges are applied. The regexes below are llama.cpp's, per
+//! pre-tokenizer type, so ids equal llama.cpp's (checked against its output in the tests).
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::quantized::gguf_file::{Content, Value};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{SplitDelimiterBehavior, Tokenizer};
+
+/// GPT-2's split: contractions, letters, numbers, other symbols, whitespace.
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// Llama 3's split (numbers in groups of up to three digits).
+const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen 2's split (single digits).
+const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The regexes llama.cpp applies, in order, for a `tokenizer.ggml.pre` type.
+fn pre_tokenizer_regexes(pre: &str) -> Option<&'static [&'static str]> {
+    Some(match pre {
+        "default" | "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" => &[GPT2_REGEX],
+        // Single digits first, then GPT-2's split (llama.cpp groups these types together).
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+            &[r"\p{N}", GPT2_REGEX]
+        }
+        "llama3" | "llama-v3" | "llama-bpe" | "dbrx" | "smaug-bpe" | "falcon3" => &[LLAMA3_REGEX],
+        "qwen2" | "stablelm2" | "deepseek-r1-qwen" => &[QWEN2_REGEX],
+        _ => return None,
+    })
+}
+
+/// A GGUF model's tokenizer plus the token facts generation needs.
+pub struct GgufTokenizer {
+    inner: Tokenizer,
+    /// The token a document starts with (`<|endoftext|>` when the vocabulary has it, as in
+    /// SmolLM2's pre-training data; otherwise the GGUF's BOS token).
+    pub doc_start: u32,
+    /// Tokens that end generation (EOS, end-of-turn and end-of-text tokens).
+    pub end_of_generation: Vec<u32>,
+    /// `ends_sentence[id]`: the token's text ends with `.`, `!` or `?`.
+    pub ends_sentence: Vec<bool>,
+    /// `starts_word[id]`: the token's text starts with a space (byte-level `Ġ`).
+    pub starts_word: Vec<bool>,
+}
+
+fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value> {
+    content
+        .metadata
+        .get(key)
+        .ok_or_else(|| anyhow!("the GGUF metadata has no `{key}`"))
+}
+
+fn meta_u32(content: &Content, key: &str) -> Option<u32> {
+    content.metadata.get(key).and_then(|v| v.to_u32().ok())
+}
+
+fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
+    meta(content, key)?
+        .to_vec()
+        .with_context(|| format!("`{key}` is not an array"))?
+        .iter()
+        .map(|v| {
+            Ok(v.to_string()
+                .with_context(|| format!("`{key}` holds a non-string"))?
+                .clone())
+        })
+        .collect()
+}
+
+impl GgufTokenizer {
+    pub fn from_gguf(content: &Content) -> Result<Self> {
+        let model = meta(content, "tokenizer.ggml.model")?.to_string()?.clone();
+        if model != "gpt2" {
+            bail!(
+                "tokenizer model `{model}` is not supported: afkit reads byte-level BPE vocabularies \
+                 (`tokenizer.ggml.model = gpt2`, as in SmolLM2, Llama 3, Qwen 2)"
+            );
+        }
+        let pre = content
+            .metadata
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_else(|| "default".to_string());
+        let regexes = pre_tokenizer_regexes(&pre).with_context(|| {
+            format!("pre-tokenizer type `{pre}` (tokenizer.ggml.pre) is not supported")
+        })?;
+        let tokens = string_array(content, "tokenizer.ggml.tokens")?;
+        let merges = string_array(content, "tokenizer.ggml.merges")?
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .with_context(|| format!("merge {i} `{m}` is not two tokens"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| anyhow!("cannot build the BPE tokenizer: {e}"))?;
+        let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
+        for re in regexes {
+            let split = Split::new(
+                SplitPattern::Regex(re.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| anyhow!("bad pre-tokenizer regex: {e}"))?;
+            steps.push(split.into());
+        }
+        steps.push(ByteLevel::new(false, false, false).into());
+        let mut inner = Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(Sequence::new(steps)));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+
+        let by_text: HashMap<&str, u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.as_str(), i as u32))
+            .collect();
+        let bos = meta_u32(content, "tokenizer.ggml.bos_token_id");
+        let doc_start = by_text
+            .get("<|endoftext|>")
+            .copied()
+            .or(bos)
+            .context("the GGUF names no BOS token and has no <|endoftext|> token")?;
+        let mut end_of_generation: Vec<u32> = [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ]
+        .iter()
+        .filter_map(|k| meta_u32(content, k))
+        .chain(
+            [
+                "<|endoftext|>",
+                "<|im_end|>",
+                "<|eot_id|>",
+                "<|end_of_text|>",
+                "</s>",
+            ]
+            .iter()
+            .filter_map(|t| by_text.get(t).copied()),
+        )
+        .collect();
+        end_of_generation.sort_unstable();
+        end_of_generation.dedup();
+        let ends_sentence = tokens
+            .iter()
+            .map(|t| t.ends_with(['.', '!', '?']))
+            .collect();
+        let starts_word = tokens.iter().map(|t| t.starts_with('Ġ')).collect();
+        Ok(GgufTokenizer {
+            inner,
+            doc_start,
+            end_of_generation,
+            ends_sentence,
+            starts_word,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.ends_sentence.len()
+    }
+
+    /// Token ids of `text`, without BOS.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| anyhow!("cannot tokenise {text:?}: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| anyhow!("cannot decode token ids: {e}"))
+    }
+
+    pub fn is_end_of_generation(&self, id: u32) -> bool {
+        self.end_of_generation.binary_search(&id).is_ok()
+    }
+}

@@ -1,0 +1,952 @@
+//! Annotate's tables: tasks (items to verify), claims (who holds which item), skips,
+//! submissions and labels; plus the reads of the filter stage's results that tasks are made from.
+//!
+//! Every write that decides who gets what runs in a `BEGIN IMMEDIATE` transaction: it takes the
+//! file's write lock before reading, so two annotator processes never both see an item as free.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+
+use super::{get_meta, now, set_meta, Store};
+
+/// An annotator's judgement of one ending (SWAG Figure 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Judgement {
+    Likely,
+    Unlikely,
+    Gibberish,
+}
+
+impl Judgement {
+    pub const ALL: [Judgement; 3] = [Judgement::Likely, Judgement::Unlikely, Judgement::Gibberish];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Judgement::Likely => "likely",
+            Judgement::Unlikely => "unlikely",
+            Judgement::Gibberish => "gibberish",
+        }
+    }
+
+    /// Parses the stored name, case-insensitively; also accepts the UI's keys `l`, `u`, `g`.
+    pub fn parse(text: &str) -> Option<Judgement> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "likely" | "l" => Some(Judgement::Likely),
+            "unlikely" | "u" => Some(Judgement::Unlikely),
+            "gibberish" | "g" => Some(Judgement::Gibberish),
+            _ => None,
+        }
+    }
+}
+
+/// Best or second-best mark of an ending; every other ending is "neither".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rank {
+    Best,
+    Second,
+}
+
+impl Rank {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rank::Best => "best",
+            Rank::Second => "second",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Rank> {
+        match text {
+            "best" => Some(Rank::Best),
+            "second" => Some(Rank::Second),
+            _ => None,
+        }
+    }
+}
+
+/// How items are handed out: the first `agreement_items` round-0 tasks go to `replicas`
+/// annotators each, the rest to one; `seed` fixes the order of contexts and every shuffle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub agreement_items: i64,
+    pub replicas: i64,
+    pub seed: u64,
+}
+
+impl Policy {
+    const KEYS: [&'static str; 3] = [
+        "annotate.agreement_items",
+        "annotate.replicas",
+        "annotate.seed",
+    ];
+}
+
+/// The policy recorded in the project, if tasks were made before.
+pub fn stored_policy(conn: &Connection) -> Result<Option<Policy>> {
+    let mut values = Vec::new();
+    for key in Policy::KEYS {
+        match get_meta(conn, key)? {
+            Some(v) => values.push(v),
+            None => return Ok(None),
+        }
+    }
+    let parse = |i: usize| -> Result<i64> {
+        values[i].parse().with_context(|| {
+            format!(
+                "meta {} = {:?} is not an integer",
+                Policy::KEYS[i],
+                values[i]
+            )
+        })
+    };
+    Ok(Some(Policy {
+        agreement_items: parse(0)?,
+        replicas: parse(1)?,
+        seed: parse(2)? as u64,
+    }))
+}
+
+pub fn record_policy(conn: &Connection, policy: &Policy) -> Result<()> {
+    set_meta(conn, Policy::KEYS[0], &policy.agreement_items.to_string())?;
+    set_meta(conn, Policy::KEYS[1], &policy.replicas.to_string())?;
+    set_meta(conn, Policy::KEYS[2], &(policy.seed as i64).to_string())?;
+    Ok(())
+}
+
+/// Sets `replicas` of every round-0 task from the policy: R for the first M by id, else 1.
+pub fn apply_replicas(conn: &Connection, policy: &Policy) -> Result<()> {
+    conn.execute(
+        "UPDATE tasks SET replicas = CASE WHEN id IN
+            (SELECT id FROM tasks WHERE round = 0 ORDER BY id LIMIT ?1) THEN ?2 ELSE 1 END
+         WHERE round = 0",
+        params![policy.agreement_items, policy.replicas],
+    )?;
+    Ok(())
+}
+
+/// The latest AF run whose final cross-fitted scores are stored.
+pub fn latest_finished_run(conn: &Connection) -> Result<Option<i64>> {
+    Ok(conn.query_row(
+        "SELECT MAX(id) FROM af_runs WHERE finished_at IS NOT NULL",
+        [],
+        |r| r.get(0),
+    )?)
+}
+
+/// A context of an AF run that has no task yet, with its candidates for one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UntaskedContext {
+    pub example_id: i64,
+    pub gold_ending_id: i64,
+    /// The assigned negatives, hardest (highest final ensemble score) first; endings without a
+    /// score come last, in id order.
+    pub negatives: Vec<i64>,
+}
+
+/// Contexts of `run_id` that no task (of any run or round) shows yet, in example id order.
+pub fn untasked_contexts(conn: &Connection, run_id: i64) -> Result<Vec<UntaskedContext>> {
+    let mut stmt = conn.prepare(
+        "SELECT a.example_id, g.id, a.ending_id
+         FROM af_assignments a
+         JOIN endings g ON g.example_id = a.example_id AND g.is_gold = 1
+         LEFT JOIN af_scores s ON s.run_id = a.run_id AND s.ending_id = a.ending_id
+         WHERE a.run_id = ?1
+           AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.example_id = a.example_id)
+         ORDER BY a.example_id, s.score IS NULL, s.score DESC, a.ending_id",
+    )?;
+    let mut out: Vec<UntaskedContext> = Vec::new();
+    let mut rows = stmt.query([run_id])?;
+    while let Some(r) = rows.next()? {
+        let (example_id, gold, ending): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+        match out.last_mut() {
+            Some(last) if last.example_id == example_id => last.negatives.push(ending),
+            _ => out.push(UntaskedContext {
+                example_id,
+                gold_ending_id: gold,
+                negatives: vec![ending],
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// A task to store: `endings` in the order they are shown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    pub example_id: i64,
+    pub run_id: i64,
+    pub round: i64,
+    pub replicas: i64,
+    pub seed: u64,
+    pub endings: Vec<i64>,
+}
+
+pub fn insert_task(conn: &Connection, task: &NewTask) -> Result<i64> {
+    conn.execute(
+        "INSERT INTO tasks(example_id, run_id, round, replicas, seed, status, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)",
+        params![
+            task.example_id,
+            task.run_id,
+            task.round,
+            task.replicas,
+            task.seed as i64,
+            now()
+        ],
+    )?;
+    let task_id = conn.last_insert_rowid();
+    let mut stmt =
+        conn.prepare("INSERT INTO task_endings(task_id, position, ending_id) VALUES (?1, ?2, ?3)")?;
+    for (position, ending) in task.endings.iter().enumerate() {
+        stmt.execute(params![task_id, position as i64, ending])?;
+    }
+    Ok(task_id)
+}
+
+pub fn count_round0_tasks(conn: &Connection) -> Result<i64> {
+    Ok(
+        conn.query_row("SELECT COUNT(*) FROM tasks WHERE round = 0", [], |r| {
+            r.get(0)
+        })?,
+    )
+}
+
+/// The open task of a context (its latest round), if any: `(task_id, run_id, round)`.
+pub fn open_task_of(conn: &Connection, example_id: i64) -> Result<Option<(i64, i64, i64)>> {
+    Ok(conn
+        .query_row(
+            "SELECT id, run_id, round FROM tasks WHERE example_id = ?1 AND status = 'open'
+             ORDER BY round DESC LIMIT 1",
+            [example_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?)
+}
+
+pub fn max_round(conn: &Connection, example_id: i64) -> Result<Option<i64>> {
+    Ok(conn.query_row(
+        "SELECT MAX(round) FROM tasks WHERE example_id = ?1",
+        [example_id],
+        |r| r.get(0),
+    )?)
+}
+
+/// Marks every open task of a context superseded and drops claims on them.
+pub fn supersede_tasks_of(conn: &Connection, example_id: i64) -> Result<()> {
+    conn.execute(
+        "DELETE FROM claims WHERE task_id IN
+           (SELECT id FROM tasks WHERE example_id = ?1 AND status = 'open')",
+        [example_id],
+    )?;
+    conn.execute(
+        "UPDATE tasks SET status = 'superseded' WHERE example_id = ?1 AND status = 'open'",
+        [example_id],
+    )?;
+    Ok(())
+}
+
+/// Endings of a context that the caller may show: `(ending_id, is_gold)` of every ending row.
+pub fn endings_of_example(conn: &Connection, example_id: i64) -> Result<HashMap<i64, bool>> {
+    let mut stmt = conn.prepare("SELECT id, is_gold FROM endings WHERE example_id = ?1")?;
+    let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? != 0)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// One ending as a task shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskEnding {
+    pub ending_id: i64,
+    pub text: String,
+    pub is_gold: bool,
+}
+
+/// Everything a task shows (the found ending is among `endings`; the UI never says which).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskView {
+    pub task_id: i64,
+    pub example_id: i64,
+    pub ext_id: String,
+    pub round: i64,
+    pub replicas: i64,
+    pub open: bool,
+    pub sent1: String,
+    pub sent2: String,
+    /// In display order (position 0 is "1" on screen).
+    pub endings: Vec<TaskEnding>,
+}
+
+impl TaskView {
+    pub fn startphrase(&self) -> String {
+        super::examples::startphrase(&self.sent1, &self.sent2)
+    }
+}
+
+pub fn task_view(conn: &Connection, task_id: i64) -> Result<Option<TaskView>> {
+    let head = conn
+        .query_row(
+            "SELECT t.id, t.example_id, x.ext_id, t.round, t.replicas, t.status = 'open', x.sent1, x.sent2
+             FROM tasks t JOIN examples x ON x.id = t.example_id WHERE t.id = ?1",
+            [task_id],
+            |r| {
+                Ok(TaskView {
+                    task_id: r.get(0)?,
+                    example_id: r.get(1)?,
+                    ext_id: r.get(2)?,
+                    round: r.get(3)?,
+                    replicas: r.get(4)?,
+                    open: r.get(5)?,
+                    sent1: r.get(6)?,
+                    sent2: r.get(7)?,
+                    endings: Vec::new(),
+                })
+            },
+        )
+        .optional()?;
+    let Some(mut view) = head else {
+        return Ok(None);
+    };
+    let mut stmt = conn.prepare_cached(
+        "SELECT e.id, e.text, e.is_gold FROM task_endings te JOIN endings e ON e.id = te.ending_id
+         WHERE te.task_id = ?1 ORDER BY te.position",
+    )?;
+    let rows = stmt.query_map([task_id], |r| {
+        Ok(TaskEnding {
+            ending_id: r.get(0)?,
+            text: r.get(1)?,
+            is_gold: r.get::<_, i64>(2)? != 0,
+        })
+    })?;
+    view.endings = rows.collect::<rusqlite::Result<_>>()?;
+    Ok(Some(view))
+}
+
+/// Open tasks in hand-out order; with `unfinished_only`, only those still short of annotators.
+pub fn open_tasks(conn: &Connection, unfinished_only: bool) -> Result<Vec<TaskView>> {
+    let mut stmt = conn.prepare(
+        "SELECT t.id FROM tasks t WHERE t.status = 'open'
+           AND (?1 = 0 OR (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id) < t.replicas)
+         ORDER BY t.id",
+    )?;
+    let ids: Vec<i64> = stmt
+        .query_map([unfinished_only as i64], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    ids.into_iter()
+        .map(|id| Ok(task_view(conn, id)?.expect("task listed above exists")))
+        .collect()
+}
+
+/// The process that holds claims for an annotator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub annotator: String,
+    pub pid: u32,
+    pub host: String,
+}
+
+impl Holder {
+    /// This process, on this machine.
+    pub fn this_process(annotator: &str) -> Holder {
+        Holder {
+            annotator: annotator.to_string(),
+            pid: std::process::id(),
+            host: hostname(),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".to_string())
+}
+
+/// Whether a process of this machine still runs. Without /proc (not Linux) nothing is known, and
+/// claims expire by age only.
+fn process_alive(pid: u32) -> bool {
+    let proc_root = std::path::Path::new("/proc");
+    !proc_root.join("self").exists() || proc_root.join(pid.to_string()).exists()
+}
+
+/// A claim not refreshed for this long no longer reserves its item (the holder heartbeats
+/// every [`HEARTBEAT`] while the item is on screen).
+pub const STALE_AFTER: Duration = Duration::from_secs(10 * 60);
+/// How often a running session refreshes its claim.
+pub const HEARTBEAT: Duration = Duration::from_secs(60);
+
+fn cutoff(age: Duration) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+        - age.as_secs_f64();
+    super::format_timestamp(secs)
+}
+
+/// SQL condition: task `t` can take one more annotator other than ?1 (annotator) given the live
+/// claims of others (?2 = stale cutoff), and ?1 has neither submitted nor skipped it.
+const ELIGIBLE: &str = "t.status = 'open'
+    AND NOT EXISTS (SELECT 1 FROM submissions s WHERE s.task_id = t.id AND s.annotator = ?1)
+    AND NOT EXISTS (SELECT 1 FROM skips k WHERE k.task_id = t.id AND k.annotator = ?1)
+    AND (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id)
+      + (SELECT COUNT(*) FROM claims c WHERE c.task_id = t.id AND c.annotator <> ?1
+           AND c.pid IS NOT NULL AND c.seen_at > ?2) < t.replicas";
+
+impl Store {
+    /// A write transaction that holds the write lock from its first statement (`BEGIN
+    /// IMMEDIATE`), so what it reads cannot change before it writes.
+    pub fn write_transaction(&mut self) -> Result<Transaction<'_>> {
+        Ok(self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?)
+    }
+
+    /// Makes every commit reach the disk before it returns (`synchronous = FULL`): a label,
+    /// once the next item shows, survives even a power cut, not only a killed process.
+    pub fn sync_every_commit(&self) -> Result<()> {
+        self.conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok(())
+    }
+}
+
+/// Hands `holder` its next item, atomically: its own unfinished claim first (the item it had on
+/// screen when it stopped), else the first eligible open task in id order. `None` when nothing
+/// is left for this annotator.
+pub fn claim_next(store: &mut Store, holder: &Holder) -> Result<Option<TaskView>> {
+    let tx = store.write_transaction()?;
+    forget_dead_holders(&tx, holder)?;
+    let stale = cutoff(STALE_AFTER);
+    let mine: Option<i64> = tx
+        .query_row(
+            "SELECT task_id FROM claims WHERE annotator = ?1 ORDER BY claimed_at DESC LIMIT 1",
+            [&holder.annotator],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let still_eligible = match mine {
+        Some(task) => tx
+            .query_row(
+                &format!("SELECT 1 FROM tasks t WHERE t.id = ?3 AND {ELIGIBLE}"),
+                params![holder.annotator, stale, task],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some(),
+        None => false,
+    };
+    let task = if still_eligible {
+        mine
+    } else {
+        tx.query_row(
+            &format!("SELECT t.id FROM tasks t WHERE {ELIGIBLE} ORDER BY t.id LIMIT 1"),
+            params![holder.annotator, stale],
+            |r| r.get(0),
+        )
+        .optional()?
+    };
+    tx.execute(
+        "DELETE FROM claims WHERE annotator = ?1 AND task_id IS NOT ?2",
+        params![holder.annotator, task],
+    )?;
+    let Some(task) = task else {
+        tx.commit()?;
+        return Ok(None);
+    };
+    let at = now();
+    tx.execute(
+        "INSERT INTO claims(task_id, annotator, claimed_at, seen_at, pid, host)
+         VALUES (?1, ?2, ?3, ?3, ?4, ?5)
+         ON CONFLICT(task_id, annotator) DO UPDATE
+           SET seen_at = excluded.seen_at, pid = excluded.pid, host = excluded.host",
+        params![task, holder.annotator, at, holder.pid, holder.host],
+    )?;
+    let view = task_view(&tx, task)?.expect("claimed task exists");
+    tx.commit()?;
+    Ok(Some(view))
+}
+
+/// Claims held by processes of this machine that have exited lose their pid: their items are
+/// free for others at once (their annotators still get them back first).
+fn forget_dead_holders(conn: &Connection, holder: &Holder) -> Result<()> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT pid FROM claims WHERE host = ?1 AND pid IS NOT NULL AND pid <> ?2",
+    )?;
+    let pids: Vec<u32> = stmt
+        .query_map(params![holder.host, holder.pid], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for pid in pids.into_iter().filter(|&p| !process_alive(p)) {
+        conn.execute(
+            "UPDATE claims SET pid = NULL WHERE host = ?1 AND pid = ?2",
+            params![holder.host, pid],
+        )?;
+    }
+    Ok(())
+}
+
+/// Refreshes the holder's claim on `task_id` so that it stays reserved while on screen.
+pub fn heartbeat(conn: &Connection, holder: &Holder, task_id: i64) -> Result<()> {
+    conn.execute(
+        "UPDATE claims SET seen_at = ?3, pid = ?4, host = ?5 WHERE task_id = ?1 AND annotator = ?2",
+        params![task_id, holder.annotator, now(), holder.pid, holder.host],
+    )?;
+    Ok(())
+}
+
+/// Where a submission came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Tui,
+    Crowd,
+}
+
+impl Origin {
+    fn as_str(self) -> &'static str {
+        match self {
+            Origin::Tui => "tui",
+            Origin::Crowd => "crowd",
+        }
+    }
+}
+
+/// One ending's label in a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndingLabel {
+    pub ending_id: i64,
+    pub judgement: Judgement,
+    pub rank: Option<Rank>,
+}
+
+/// A complete submission to store: labels for every ending, or `broken` with no labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSubmission {
+    pub task_id: i64,
+    pub annotator: String,
+    pub origin: Origin,
+    pub broken: bool,
+    /// Time the annotator spent on the item.
+    pub seconds: Option<f64>,
+    /// When it was submitted; `None` = now.
+    pub submitted_at: Option<String>,
+    pub labels: Vec<EndingLabel>,
+}
+
+/// Inserts a submission and its labels (the caller provides the transaction).
+pub fn insert_submission(conn: &Connection, sub: &NewSubmission) -> Result<i64> {
+    let at = sub.submitted_at.clone().unwrap_or_else(now);
+    conn.execute(
+        "INSERT INTO submissions(task_id, annotator, origin, broken, seconds, submitted_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            sub.task_id,
+            sub.annotator,
+            sub.origin.as_str(),
+            sub.broken,
+            sub.seconds,
+            at
+        ],
+    )
+    .with_context(|| {
+        format!(
+            "cannot store the submission of task {} by {}",
+            sub.task_id, sub.annotator
+        )
+    })?;
+    let id = conn.last_insert_rowid();
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO labels(submission_id, ending_id, judgement, rank) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for l in &sub.labels {
+        stmt.execute(params![
+            id,
+            l.ending_id,
+            l.judgement.as_str(),
+            l.rank.map(Rank::as_str)
+        ])?;
+    }
+    Ok(id)
+}
+
+/// Stores a submission from the UI and releases the claim, in one durable transaction.
+pub fn submit(store: &mut Store, sub: &NewSubmission) -> Result<i64> {
+    let tx = store.write_transaction()?;
+    let id = insert_submission(&tx, sub)?;
+    tx.execute(
+        "DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2",
+        params![sub.task_id, sub.annotator],
+    )?;
+    tx.commit()?;
+    Ok(id)
+}
+
+/// Records that the holder skips `task_id` (it will not be offered to them again).
+pub fn skip(store: &mut Store, holder: &Holder, task_id: i64) -> Result<()> {
+    let tx = store.write_transaction()?;
+    tx.execute(
+        "INSERT OR IGNORE INTO skips(task_id, annotator, skipped_at) VALUES (?1, ?2, ?3)",
+        params![task_id, holder.annotator, now()],
+    )?;
+    tx.execute(
+        "DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2",
+        params![task_id, holder.annotator],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// What an undo brought back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Undone {
+    pub task: TaskView,
+    /// The labels of the undone submission (empty for a skip or a broken flag).
+    pub labels: Vec<EndingLabel>,
+    pub was: UndoneKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UndoneKind {
+    Submission,
+    Broken,
+    Skip,
+}
+
+/// Takes back the annotator's latest UI submission, broken flag or skip (whichever came last),
+/// and claims its item again, in one transaction. `None` when there is nothing to undo.
+pub fn undo_last(store: &mut Store, holder: &Holder) -> Result<Option<Undone>> {
+    let tx = store.write_transaction()?;
+    let last_submission: Option<(i64, i64, bool, String)> = tx
+        .query_row(
+            "SELECT id, task_id, broken, submitted_at FROM submissions
+             WHERE annotator = ?1 AND origin = 'tui' ORDER BY submitted_at DESC, id DESC LIMIT 1",
+            [&holder.annotator],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?;
+    let last_skip: Option<(i64, String)> = tx
+        .query_row(
+            "SELECT task_id, skipped_at FROM skips WHERE annotator = ?1
+             ORDER BY skipped_at DESC, rowid DESC LIMIT 1",
+            [&holder.annotator],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let skip_is_later = match (&last_submission, &last_skip) {
+        (Some((_, _, _, sub_at)), Some((_, skip_at))) => skip_at > sub_at,
+        (None, Some(_)) => true,
+        _ => false,
+    };
+    let (task_id, labels, was) = if skip_is_later {
+        let (task_id, _) = last_skip.expect("checked above");
+        tx.execute(
+            "DELETE FROM skips WHERE task_id = ?1 AND annotator = ?2",
+            params![task_id, holder.annotator],
+        )?;
+        (task_id, Vec::new(), UndoneKind::Skip)
+    } else if let Some((id, task_id, broken, _)) = last_submission {
+        let labels = submission_labels(&tx, id)?;
+        tx.execute("DELETE FROM submissions WHERE id = ?1", [id])?;
+        let was = if broken {
+            UndoneKind::Broken
+        } else {
+            UndoneKind::Submission
+        };
+        (task_id, labels, was)
+    } else {
+        return Ok(None);
+    };
+    tx.execute(
+        "DELETE FROM claims WHERE annotator = ?1",
+        [&holder.annotator],
+    )?;
+    let at = now();
+    tx.execute(
+        "INSERT INTO claims(task_id, annotator, claimed_at, seen_at, pid, host)
+         VALUES (?1, ?2, ?3, ?3, ?4, ?5)",
+        params![task_id, holder.annotator, at, holder.pid, holder.host],
+    )?;
+    let task = task_view(&tx, task_id)?.expect("undone task exists");
+    tx.commit()?;
+    Ok(Some(Undone { task, labels, was }))
+}
+
+fn submission_labels(conn: &Connection, submission_id: i64) -> Result<Vec<EndingLabel>> {
+    let mut stmt = conn.prepare(
+        "SELECT ending_id, judgement, rank FROM labels WHERE submission_id = ?1 ORDER BY ending_id",
+    )?;
+    let mut rows = stmt.query([submission_id])?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(label_from_row(
+            r.get(0)?,
+            &r.get::<_, String>(1)?,
+            r.get(2)?,
+        )?);
+    }
+    Ok(out)
+}
+
+fn label_from_row(ending_id: i64, judgement: &str, rank: Option<String>) -> Result<EndingLabel> {
+    let Some(j) = Judgement::parse(judgement) else {
+        bail!("unknown judgement {judgement:?} stored for ending {ending_id}");
+    };
+    let rank = match rank {
+        None => None,
+        Some(r) => Some(
+            Rank::parse(&r)
+                .with_context(|| format!("unknown rank {r:?} stored for ending {ending_id}"))?,
+        ),
+    };
+    Ok(EndingLabel {
+        ending_id,
+        judgement: j,
+        rank,
+    })
+}
+
+/// An annotator's standing, for the progress line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnnotatorProgress {
+    /// Submissions (labelled or flagged broken).
+    pub done: i64,
+    /// `(submitted_at, seconds on the item)` of each submission, oldest first.
+    pub items: Vec<(String, Option<f64>)>,
+    /// Items this annotator could still be given (the one on screen included).
+    pub remaining: i64,
+}
+
+pub fn annotator_progress(conn: &Connection, annotator: &str) -> Result<AnnotatorProgress> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT submitted_at, seconds FROM submissions WHERE annotator = ?1 ORDER BY submitted_at",
+    )?;
+    let items: Vec<(String, Option<f64>)> = stmt
+        .query_map([annotator], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let remaining = conn.query_row(
+        &format!("SELECT COUNT(*) FROM tasks t WHERE {ELIGIBLE}"),
+        params![annotator, cutoff(STALE_AFTER)],
+        |r| r.get(0),
+    )?;
+    Ok(AnnotatorProgress {
+        done: items.len() as i64,
+        items,
+        remaining,
+    })
+}
+
+/// Whether `annotator` already submitted `task_id` (any origin).
+pub fn has_submitted(conn: &Connection, task_id: i64, annotator: &str) -> Result<bool> {
+    Ok(conn
+        .query_row(
+            "SELECT 1 FROM submissions WHERE task_id = ?1 AND annotator = ?2",
+            params![task_id, annotator],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+/// A stored submission with its labels, for agreement statistics and assembly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubmissionRecord {
+    pub submission_id: i64,
+    pub task_id: i64,
+    pub example_id: i64,
+    pub annotator: String,
+    pub broken: bool,
+    pub seconds: Option<f64>,
+    pub submitted_at: String,
+    /// `(label, is_gold)` per ending; empty when broken.
+    pub labels: Vec<(EndingLabel, bool)>,
+}
+
+/// Every submission, ordered by task then submission id.
+pub fn all_submissions(conn: &Connection) -> Result<Vec<SubmissionRecord>> {
+    let mut stmt = conn.prepare(
+        "SELECT s.id, s.task_id, t.example_id, s.annotator, s.broken, s.seconds, s.submitted_at,
+                l.ending_id, l.judgement, l.rank, e.is_gold
+         FROM submissions s JOIN tasks t ON t.id = s.task_id
+         LEFT JOIN labels l ON l.submission_id = s.id
+         LEFT JOIN endings e ON e.id = l.ending_id
+         ORDER BY s.task_id, s.id, l.ending_id",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut out: Vec<SubmissionRecord> = Vec::new();
+    while let Some(r) = rows.next()? {
+        let id: i64 = r.get(0)?;
+        if out.last().map(|s| s.submission_id) != Some(id) {
+            out.push(SubmissionRecord {
+                submission_id: id,
+                task_id: r.get(1)?,
+                example_id: r.get(2)?,
+                annotator: r.get(3)?,
+                broken: r.get(4)?,
+                seconds: r.get(5)?,
+                submitted_at: r.get(6)?,
+                labels: Vec::new(),
+            });
+        }
+        if let Some(ending_id) = r.get::<_, Option<i64>>(7)? {
+            let label = label_from_row(ending_id, &r.get::<_, String>(8)?, r.get(9)?)?;
+            let is_gold = r.get::<_, i64>(10)? != 0;
+            out.last_mut()
+                .expect("pushed above")
+                .labels
+                .push((label, is_gold));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotate::tasks::{ensure_tasks, PolicyRequest};
+    use crate::store::fixture::synthetic_af_project;
+
+    /// A pid no process has (above Linux's pid_max).
+    const DEAD_PID: u32 = 4_000_000_000;
+
+    fn project(contexts: usize, m: i64, r: i64) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
+        synthetic_af_project(&mut store, contexts, 6, 3).unwrap();
+        ensure_tasks(
+            &mut store,
+            PolicyRequest {
+                agreement_items: Some(m),
+                replicas: Some(r),
+                seed: None,
+            },
+        )
+        .unwrap();
+        (dir, store)
+    }
+
+    fn holder(name: &str, pid: u32) -> Holder {
+        Holder {
+            annotator: name.into(),
+            pid,
+            host: "testhost".into(),
+        }
+    }
+
+    fn complete(task: &TaskView, who: &str) -> NewSubmission {
+        NewSubmission {
+            task_id: task.task_id,
+            annotator: who.into(),
+            origin: Origin::Tui,
+            broken: false,
+            seconds: Some(1.0),
+            submitted_at: None,
+            labels: task
+                .endings
+                .iter()
+                .enumerate()
+                .map(|(i, e)| EndingLabel {
+                    ending_id: e.ending_id,
+                    judgement: Judgement::Likely,
+                    rank: [Some(Rank::Best), Some(Rank::Second)]
+                        .get(i)
+                        .copied()
+                        .flatten(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn claims_fill_replicas_and_nobody_gets_an_item_twice() {
+        let (_dir, mut store) = project(3, 1, 2);
+        let me = std::process::id();
+        let (a, b, c) = (holder("a", me), holder("b", me), holder("c", me));
+        let ta = claim_next(&mut store, &a).unwrap().unwrap();
+        let tb = claim_next(&mut store, &b).unwrap().unwrap();
+        assert_eq!(
+            ta.task_id, tb.task_id,
+            "the agreement item goes to two annotators"
+        );
+        assert_eq!(ta.replicas, 2);
+        let tc = claim_next(&mut store, &c).unwrap().unwrap();
+        assert_ne!(
+            tc.task_id, ta.task_id,
+            "a third annotator gets the next item"
+        );
+        // Asking again returns the same claimed item (the resume point).
+        assert_eq!(
+            claim_next(&mut store, &a).unwrap().unwrap().task_id,
+            ta.task_id
+        );
+        submit(&mut store, &complete(&ta, "a")).unwrap();
+        let next = claim_next(&mut store, &a).unwrap().unwrap();
+        assert!(next.task_id != ta.task_id && next.task_id != tc.task_id);
+        submit(&mut store, &complete(&next, "a")).unwrap();
+        assert_eq!(
+            claim_next(&mut store, &a).unwrap(),
+            None,
+            "c holds the last item"
+        );
+        assert_eq!(annotator_progress(store.conn(), "a").unwrap().done, 2);
+    }
+
+    #[test]
+    fn items_of_dead_processes_go_to_others_but_come_back_to_their_owner_first() {
+        let (_dir, mut store) = project(2, 0, 1);
+        let me = std::process::id();
+        let ghost = holder("ghost", DEAD_PID);
+        let held = claim_next(&mut store, &ghost).unwrap().unwrap();
+        // The ghost's process is gone: its item is free for others.
+        let other = claim_next(&mut store, &holder("other", me))
+            .unwrap()
+            .unwrap();
+        assert_eq!(other.task_id, held.task_id);
+        // Back under the same name, the ghost gets another item, since "other" holds its old one.
+        let back = claim_next(&mut store, &holder("ghost", me))
+            .unwrap()
+            .unwrap();
+        assert_ne!(back.task_id, held.task_id);
+        // Without competition the owner's claim comes back first.
+        let (_d2, mut store) = project(2, 0, 1);
+        let first = claim_next(&mut store, &holder("ann", DEAD_PID))
+            .unwrap()
+            .unwrap();
+        let resumed = claim_next(&mut store, &holder("ann", me)).unwrap().unwrap();
+        assert_eq!(resumed.task_id, first.task_id);
+    }
+
+    #[test]
+    fn skip_and_undo() {
+        let (_dir, mut store) = project(2, 0, 1);
+        let a = holder("a", std::process::id());
+        let first = claim_next(&mut store, &a).unwrap().unwrap();
+        skip(&mut store, &a, first.task_id).unwrap();
+        let second = claim_next(&mut store, &a).unwrap().unwrap();
+        assert_ne!(
+            second.task_id, first.task_id,
+            "a skipped item is not offered again"
+        );
+        submit(&mut store, &complete(&second, "a")).unwrap();
+        assert_eq!(claim_next(&mut store, &a).unwrap(), None);
+        // Undo takes back the submission (the latest action) with its labels, then the skip.
+        let undone = undo_last(&mut store, &a).unwrap().unwrap();
+        assert_eq!(
+            (undone.task.task_id, undone.was),
+            (second.task_id, UndoneKind::Submission)
+        );
+        assert_eq!(undone.labels.len(), second.endings.len());
+        assert_eq!(annotator_progress(store.conn(), "a").unwrap().done, 0);
+        assert_eq!(
+            claim_next(&mut store, &a).unwrap().unwrap().task_id,
+            second.task_id
+        );
+        let undone = undo_last(&mut store, &a).unwrap().unwrap();
+        assert_eq!(
+            (undone.task.task_id, undone.was),
+            (first.task_id, UndoneKind::Skip)
+        );
+        assert_eq!(undo_last(&mut store, &a).unwrap(), None);
+    }
+}

@@ -1,0 +1,425 @@
+//! Assemble's tables (`splits`, `assembled`, `assembled_distractors`) and the reads assemble makes
+//! of the filter and annotate stages' tables (latest finished AF run, current tasks and labels).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use anyhow::{bail, Context, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::now;
+
+/// The AF run that downstream stages read: the latest one whose final scoring pass finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AfRun {
+    pub id: i64,
+    pub k: i64,
+    pub seed: i64,
+    pub params: String,
+}
+
+pub fn latest_finished_run(conn: &Connection) -> Result<Option<AfRun>> {
+    Ok(conn
+        .query_row(
+            "SELECT id, k, seed, params FROM af_runs WHERE finished_at IS NOT NULL
+             ORDER BY id DESC LIMIT 1",
+            [],
+            |r| {
+                Ok(AfRun {
+                    id: r.get(0)?,
+                    k: r.get(1)?,
+                    seed: r.get(2)?,
+                    params: r.get(3)?,
+                })
+            },
+        )
+        .optional()?)
+}
+
+/// The assigned negatives of every context in a run, in slot order.
+pub fn assignments(conn: &Connection, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
+    let mut stmt = conn.prepare(
+        "SELECT example_id, ending_id FROM af_assignments WHERE run_id = ?1
+         ORDER BY example_id, slot",
+    )?;
+    let mut out: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for row in stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))? {
+        let (example, ending) = row?;
+        out.entry(example).or_default().push(ending);
+    }
+    Ok(out)
+}
+
+/// Final cross-fitted ensemble score of every scored ending of a run (higher = harder).
+pub fn scores(conn: &Connection, run_id: i64) -> Result<HashMap<i64, f64>> {
+    let mut stmt = conn.prepare("SELECT ending_id, score FROM af_scores WHERE run_id = ?1")?;
+    let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The cross-fitting fold (SWAG's `fold-ind`) of every context of a run.
+pub fn folds(conn: &Connection, run_id: i64) -> Result<HashMap<i64, i64>> {
+    let mut stmt = conn.prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
+    let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Every generated candidate of a context (the pre-AF pool), in id order.
+pub fn pool_endings(conn: &Connection) -> Result<BTreeMap<i64, Vec<i64>>> {
+    let mut stmt = conn
+        .prepare("SELECT example_id, id FROM endings WHERE is_gold = 0 ORDER BY example_id, id")?;
+    let mut out: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
+        let (example, ending) = row?;
+        out.entry(example).or_default().push(ending);
+    }
+    Ok(out)
+}
+
+/// An annotator's plausibility judgement of one ending (SWAG Figure 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Judgement {
+    Likely,
+    Unlikely,
+    Gibberish,
+}
+
+impl Judgement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Judgement::Likely => "likely",
+            Judgement::Unlikely => "unlikely",
+            Judgement::Gibberish => "gibberish",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Judgement> {
+        Ok(match s {
+            "likely" => Judgement::Likely,
+            "unlikely" => Judgement::Unlikely,
+            "gibberish" => Judgement::Gibberish,
+            other => bail!("unknown judgement {other:?} in labels"),
+        })
+    }
+}
+
+/// An annotator's ranking of one ending: best, second best, or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rank {
+    Neither,
+    Second,
+    Best,
+}
+
+impl Rank {
+    fn parse(s: Option<&str>) -> Result<Rank> {
+        Ok(match s {
+            None => Rank::Neither,
+            Some("best") => Rank::Best,
+            Some("second") => Rank::Second,
+            Some(other) => bail!("unknown rank {other:?} in labels"),
+        })
+    }
+}
+
+/// One submission of a task: the labels an annotator gave, per ending id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    pub annotator: String,
+    pub broken: bool,
+    pub labels: HashMap<i64, (Judgement, Rank)>,
+}
+
+/// The current (highest-round, open) annotation task of a context with its submissions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurrentTask {
+    pub task_id: i64,
+    pub example_id: i64,
+    pub round: i64,
+    /// Ending ids in the shown order.
+    pub endings: Vec<i64>,
+    pub submissions: Vec<Submission>,
+}
+
+/// The open task of every context that has one (the latest round), with all its submissions.
+pub fn current_tasks(conn: &Connection) -> Result<BTreeMap<i64, CurrentTask>> {
+    let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT t.id, t.example_id, t.round FROM tasks t
+         WHERE t.status = 'open'
+           AND t.round = (SELECT MAX(round) FROM tasks u WHERE u.example_id = t.example_id)
+         ORDER BY t.example_id",
+    )?;
+    let mut by_task: HashMap<i64, i64> = HashMap::new();
+    for row in stmt.query_map([], |r| {
+        Ok(CurrentTask {
+            task_id: r.get(0)?,
+            example_id: r.get(1)?,
+            round: r.get(2)?,
+            endings: Vec::new(),
+            submissions: Vec::new(),
+        })
+    })? {
+        let task = row?;
+        by_task.insert(task.task_id, task.example_id);
+        tasks.insert(task.example_id, task);
+    }
+    let mut stmt =
+        conn.prepare("SELECT task_id, ending_id FROM task_endings ORDER BY task_id, position")?;
+    for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
+        let (task, ending) = row?;
+        if let Some(example) = by_task.get(&task) {
+            tasks
+                .get_mut(example)
+                .expect("task indexed")
+                .endings
+                .push(ending);
+        }
+    }
+    let mut stmt = conn.prepare(
+        "SELECT s.id, s.task_id, s.annotator, s.broken, l.ending_id, l.judgement, l.rank
+         FROM submissions s LEFT JOIN labels l ON l.submission_id = s.id
+         ORDER BY s.task_id, s.id, l.ending_id",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut last_submission = None;
+    while let Some(r) = rows.next()? {
+        let submission_id: i64 = r.get(0)?;
+        let task_id: i64 = r.get(1)?;
+        let Some(example) = by_task.get(&task_id) else {
+            continue;
+        };
+        let task = tasks.get_mut(example).expect("task indexed");
+        if last_submission != Some(submission_id) {
+            last_submission = Some(submission_id);
+            task.submissions.push(Submission {
+                annotator: r.get(2)?,
+                broken: r.get::<_, i64>(3)? != 0,
+                labels: HashMap::new(),
+            });
+        }
+        if let Some(ending) = r.get::<_, Option<i64>>(4)? {
+            let judgement: String = r.get(5)?;
+            let rank: Option<String> = r.get(6)?;
+            let label = (
+                Judgement::parse(&judgement)
+                    .with_context(|| format!("submission {submission_id}"))?,
+                Rank::parse(rank.as_deref())
+                    .with_context(|| format!("submission {submission_id}"))?,
+            );
+            task.submissions
+                .last_mut()
+                .expect("pushed above")
+                .labels
+                .insert(ending, label);
+        }
+    }
+    Ok(tasks)
+}
+
+/// Every ending ever shown to annotators for each context (all rounds), so that a re-annotation
+/// never brings back an ending people already judged.
+pub fn shown_endings(conn: &Connection) -> Result<HashMap<i64, BTreeSet<i64>>> {
+    let mut stmt = conn.prepare(
+        "SELECT t.example_id, te.ending_id FROM task_endings te JOIN tasks t ON t.id = te.task_id",
+    )?;
+    let mut out: HashMap<i64, BTreeSet<i64>> = HashMap::new();
+    for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
+        let (example, ending) = row?;
+        out.entry(example).or_default().insert(ending);
+    }
+    Ok(out)
+}
+
+/// Which split each group (video) belongs to.
+pub fn load_splits(conn: &Connection) -> Result<BTreeMap<String, String>> {
+    let mut stmt = conn.prepare("SELECT grp, split FROM splits")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Replaces the split table with `splits` (call inside the assembly transaction).
+pub fn replace_splits(conn: &Connection, splits: &BTreeMap<String, String>) -> Result<()> {
+    conn.execute("DELETE FROM splits", [])?;
+    let mut stmt = conn.prepare("INSERT INTO splits(grp, split) VALUES (?1, ?2)")?;
+    for (group, split) in splits {
+        stmt.execute(params![group, split])?;
+    }
+    Ok(())
+}
+
+/// One distractor of an assembled example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AssembledDistractor {
+    pub ending_id: i64,
+    /// `likely` / `unlikely`; `None` when unverified.
+    pub kind: Option<Judgement>,
+}
+
+/// A final example as assemble writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewAssembled {
+    pub example_id: i64,
+    pub split: String,
+    pub gold_ending_id: i64,
+    pub gold_source: String,
+    pub gold_type: Option<Judgement>,
+    pub verified: bool,
+    pub fold: Option<i64>,
+    /// Hardest first; up to four (`ending1..3` take three, `distractor-3` the fourth).
+    pub distractors: Vec<AssembledDistractor>,
+}
+
+/// Deletes the previous assembly and writes `examples` in the given order (call inside a
+/// transaction so that the swap is atomic).
+pub fn replace_assembly(conn: &Connection, examples: &[NewAssembled]) -> Result<()> {
+    conn.execute("DELETE FROM assembled_distractors", [])?;
+    conn.execute("DELETE FROM assembled", [])?;
+    let mut insert = conn.prepare(
+        "INSERT INTO assembled(example_id, split, gold_ending_id, gold_source, gold_type, verified, fold)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut insert_distractor = conn.prepare(
+        "INSERT INTO assembled_distractors(assembled_id, position, ending_id, type)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for ex in examples {
+        insert.execute(params![
+            ex.example_id,
+            ex.split,
+            ex.gold_ending_id,
+            ex.gold_source,
+            ex.gold_type.map(Judgement::as_str),
+            ex.verified,
+            ex.fold
+        ])?;
+        let id = conn.last_insert_rowid();
+        for (position, d) in ex.distractors.iter().enumerate() {
+            insert_distractor.execute(params![
+                id,
+                position as i64,
+                d.ending_id,
+                d.kind.map(Judgement::as_str)
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// A stored final example with the texts export needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AssembledExample {
+    pub id: i64,
+    pub example_id: i64,
+    pub ext_id: String,
+    pub group: String,
+    pub sent1: String,
+    pub sent2: String,
+    pub split: String,
+    pub gold_ending_id: i64,
+    pub gold: String,
+    pub gold_source: String,
+    pub gold_type: Option<String>,
+    pub verified: bool,
+    pub fold: Option<i64>,
+    /// (ending id, text, type), hardest first.
+    pub distractors: Vec<(i64, String, Option<String>)>,
+    /// The context's found ending (differs from `gold` for `gen-orig` examples).
+    pub found_ending_id: i64,
+}
+
+/// All assembled examples in assembly order.
+pub fn assembled_examples(conn: &Connection) -> Result<Vec<AssembledExample>> {
+    let mut stmt = conn.prepare(
+        "SELECT a.id, a.example_id, x.ext_id, x.grp, x.sent1, x.sent2, a.split, a.gold_ending_id,
+                g.text, a.gold_source, a.gold_type, a.verified, a.fold, f.id
+         FROM assembled a
+         JOIN examples x ON x.id = a.example_id
+         JOIN endings g ON g.id = a.gold_ending_id
+         JOIN endings f ON f.example_id = a.example_id AND f.is_gold = 1
+         ORDER BY a.id",
+    )?;
+    let mut out: Vec<AssembledExample> = stmt
+        .query_map([], |r| {
+            Ok(AssembledExample {
+                id: r.get(0)?,
+                example_id: r.get(1)?,
+                ext_id: r.get(2)?,
+                group: r.get(3)?,
+                sent1: r.get(4)?,
+                sent2: r.get(5)?,
+                split: r.get(6)?,
+                gold_ending_id: r.get(7)?,
+                gold: r.get(8)?,
+                gold_source: r.get(9)?,
+                gold_type: r.get(10)?,
+                verified: r.get::<_, i64>(11)? != 0,
+                fold: r.get(12)?,
+                distractors: Vec::new(),
+                found_ending_id: r.get(13)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let index: HashMap<i64, usize> = out.iter().enumerate().map(|(i, a)| (a.id, i)).collect();
+    let mut stmt = conn.prepare(
+        "SELECT d.assembled_id, d.ending_id, e.text, d.type FROM assembled_distractors d
+         JOIN endings e ON e.id = d.ending_id ORDER BY d.assembled_id, d.position",
+    )?;
+    for row in stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, Option<String>>(3)?,
+        ))
+    })? {
+        let (assembled, ending, text, kind) = row?;
+        out[index[&assembled]]
+            .distractors
+            .push((ending, text, kind));
+    }
+    Ok(out)
+}
+
+/// Texts of endings by id (for the random-negatives control).
+pub fn ending_texts(conn: &Connection, ids: &[i64]) -> Result<HashMap<i64, String>> {
+    let mut stmt = conn.prepare("SELECT text FROM endings WHERE id = ?1")?;
+    let mut out = HashMap::new();
+    for &id in ids {
+        let text: String = stmt.query_row([id], |r| r.get(0))?;
+        out.insert(id, text);
+    }
+    Ok(out)
+}
+
+/// Queues a re-annotation (SWAG fn. 6): a new open task one round after `old_task_id` showing
+/// `endings` in the given order, and the old task marked superseded.
+pub fn insert_reannotation_task(
+    conn: &Connection,
+    old_task_id: i64,
+    endings: &[i64],
+    seed: u64,
+) -> Result<i64> {
+    let (example_id, run_id, round): (i64, i64, i64) = conn.query_row(
+        "SELECT example_id, run_id, round FROM tasks WHERE id = ?1",
+        [old_task_id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    // One annotator per re-annotated item, as SWAG did after its first 1000 items; the agreement
+    // sample (several replicas) is drawn from first-round items only.
+    conn.execute(
+        "INSERT INTO tasks(example_id, run_id, round, replicas, seed, status, created_at)
+         VALUES (?1, ?2, ?3, 1, ?4, 'open', ?5)",
+        params![example_id, run_id, round + 1, seed as i64, now()],
+    )?;
+    let task_id = conn.last_insert_rowid();
+    let mut stmt =
+        conn.prepare("INSERT INTO task_endings(task_id, position, ending_id) VALUES (?1, ?2, ?3)")?;
+    for (position, ending) in endings.iter().enumerate() {
+        stmt.execute(params![task_id, position as i64, ending])?;
+    }
+    conn.execute(
+        "UPDATE tasks SET status = 'superseded' WHERE id = ?1",
+        [old_task_id],
+    )?;
+    Ok(task_id)
+}

@@ -1,0 +1,179 @@
+//! Direct writers for the generate, filter and annotate tables, so that tests of the later
+//! stages (assemble, export) can build an exact project state by hand — a label fixture per
+//! assembly rule — without running a language model, AF or a terminal UI.
+
+use anyhow::Result;
+use rusqlite::{params, Connection};
+
+use super::now;
+
+/// A generation job row; returns its id.
+pub fn insert_generation(
+    conn: &Connection,
+    model: &str,
+    model_sha256: &str,
+    seed: u64,
+) -> Result<i64> {
+    conn.execute(
+        "INSERT INTO generations(backend, model, model_sha256, prompt, params, seed, started_at)
+         VALUES ('local', ?1, ?2, 'continuation', '{\"n_neg\":8}', ?3, ?4)",
+        params![model, model_sha256, seed as i64, now()],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// A generated candidate ending with its conditional log-prob; returns the ending id.
+pub fn insert_candidate(
+    conn: &Connection,
+    example_id: i64,
+    generation_id: i64,
+    text: &str,
+    lp_cond: f64,
+) -> Result<i64> {
+    conn.execute(
+        "INSERT INTO endings(example_id, text, is_gold, generation_id, lp_cond) VALUES (?1, ?2, 0, ?3, ?4)",
+        params![example_id, text, generation_id, lp_cond],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// Sets the conditional log-prob of an ending (the found one gets it from the LM stage).
+pub fn set_lp_cond(conn: &Connection, ending_id: i64, lp_cond: f64) -> Result<()> {
+    conn.execute(
+        "UPDATE endings SET lp_cond = ?2 WHERE id = ?1",
+        params![ending_id, lp_cond],
+    )?;
+    Ok(())
+}
+
+/// Marks a context's pool complete.
+pub fn insert_pool(
+    conn: &Connection,
+    example_id: i64,
+    generation_id: i64,
+    produced: i64,
+) -> Result<()> {
+    conn.execute(
+        "INSERT INTO pools(example_id, generation_id, requested, produced, seconds, finished_at)
+         VALUES (?1, ?2, ?3, ?3, 0.0, ?4)",
+        params![example_id, generation_id, produced, now()],
+    )?;
+    Ok(())
+}
+
+/// An AF run (finished or not); returns its id.
+pub fn insert_af_run(conn: &Connection, k: i64, seed: u64, finished: bool) -> Result<i64> {
+    let at = now();
+    conn.execute(
+        "INSERT INTO af_runs(k, seed, params, started_at, finished_at, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            k,
+            seed as i64,
+            format!("{{\"k\":{k}}}"),
+            at,
+            finished.then_some(&at),
+            if finished { "done" } else { "running" }
+        ],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// One AF iteration's held-out accuracies (ensemble-phase style when `ensemble` is given).
+pub fn insert_af_iteration(
+    conn: &Connection,
+    run_id: i64,
+    iteration: i64,
+    acc_mlp: f64,
+    acc_ensemble: Option<f64>,
+) -> Result<()> {
+    conn.execute(
+        "INSERT INTO af_iterations(run_id, iteration, phase, swaps, seconds, n_test, acc_mlp, acc_ensemble, finished_at)
+         VALUES (?1, ?2, ?3, 0, 0.1, 10, ?4, ?5, ?6)",
+        params![
+            run_id,
+            iteration,
+            if acc_ensemble.is_some() { "ensemble" } else { "mlp" },
+            acc_mlp,
+            acc_ensemble,
+            now()
+        ],
+    )?;
+    Ok(())
+}
+
+/// Assigns `endings` (slots in order) to a context and stores its fold.
+pub fn insert_assignment(
+    conn: &Connection,
+    run_id: i64,
+    example_id: i64,
+    endings: &[i64],
+    fold: i64,
+) -> Result<()> {
+    for (slot, ending) in endings.iter().enumerate() {
+        conn.execute(
+            "INSERT INTO af_assignments(run_id, example_id, slot, ending_id, since_iteration)
+             VALUES (?1, ?2, ?3, ?4, -1)",
+            params![run_id, example_id, slot as i64, ending],
+        )?;
+    }
+    conn.execute(
+        "INSERT INTO af_folds(run_id, example_id, fold) VALUES (?1, ?2, ?3)",
+        params![run_id, example_id, fold],
+    )?;
+    Ok(())
+}
+
+/// The final ensemble score of an ending.
+pub fn insert_score(conn: &Connection, run_id: i64, ending_id: i64, score: f64) -> Result<()> {
+    conn.execute(
+        "INSERT INTO af_scores(run_id, ending_id, score) VALUES (?1, ?2, ?3)",
+        params![run_id, ending_id, score],
+    )?;
+    Ok(())
+}
+
+/// An open annotation task showing `endings` in order; returns the task id.
+pub fn insert_task(
+    conn: &Connection,
+    example_id: i64,
+    run_id: i64,
+    round: i64,
+    endings: &[i64],
+) -> Result<i64> {
+    conn.execute(
+        "INSERT INTO tasks(example_id, run_id, round, replicas, seed, status, created_at)
+         VALUES (?1, ?2, ?3, 1, 0, 'open', ?4)",
+        params![example_id, run_id, round, now()],
+    )?;
+    let task = conn.last_insert_rowid();
+    for (position, ending) in endings.iter().enumerate() {
+        conn.execute(
+            "INSERT INTO task_endings(task_id, position, ending_id) VALUES (?1, ?2, ?3)",
+            params![task, position as i64, ending],
+        )?;
+    }
+    Ok(task)
+}
+
+/// A submission with one `(ending, judgement, rank)` label per ending; rank is `best`,
+/// `second` or `None`.
+pub fn insert_submission(
+    conn: &Connection,
+    task_id: i64,
+    annotator: &str,
+    broken: bool,
+    labels: &[(i64, &str, Option<&str>)],
+) -> Result<i64> {
+    conn.execute(
+        "INSERT INTO submissions(task_id, annotator, origin, broken, submitted_at) VALUES (?1, ?2, 'tui', ?3, ?4)",
+        params![task_id, annotator, broken, now()],
+    )?;
+    let submission = conn.last_insert_rowid();
+    for (ending, judgement, rank) in labels {
+        conn.execute(
+            "INSERT INTO labels(submission_id, ending_id, judgement, rank) VALUES (?1, ?2, ?3, ?4)",
+            params![submission, ending, judgement, rank],
+        )?;
+    }
+    Ok(submission)
+}

@@ -1,0 +1,310 @@
+//! Generate's tables: generation jobs, per-context pools and the LM features of every ending.
+//!
+//! A context's pool (its candidate endings, the gold ending's features and the `pools` row) is
+//! written by [`write_pool`] inside one transaction: a context either has a whole pool or none,
+//! so an interrupted `afkit generate` resumes at the first context without a `pools` row.
+
+use anyhow::Result;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::examples::Example;
+use super::{now, Store};
+
+/// A generation job: backend, model, prompt template, sampling parameters and seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewGeneration {
+    pub backend: String,
+    pub model: String,
+    pub model_sha256: Option<String>,
+    pub prompt: String,
+    /// JSON object of every sampling parameter.
+    pub params_json: String,
+    pub seed: u64,
+}
+
+/// The LM features of one ending (SPEC §2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndingLmFeatures {
+    pub lp_cond: f64,
+    pub lp_alone: f64,
+    pub lp_final_punct: Option<f64>,
+    pub n_tok_ending: usize,
+}
+
+/// Everything stored for one context's pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewPool {
+    pub example_id: i64,
+    pub generation_id: i64,
+    pub requested: usize,
+    pub ctx_logprob: f64,
+    pub n_tok_sent1: usize,
+    pub n_tok_sent2: usize,
+    pub seconds: f64,
+    pub gold: EndingLmFeatures,
+    /// Candidate endings (unique, normalised, gold excluded) with their features.
+    pub candidates: Vec<(String, EndingLmFeatures)>,
+}
+
+/// A stored ending with its features.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEnding {
+    pub id: i64,
+    pub text: String,
+    pub is_gold: bool,
+    pub features: Option<EndingLmFeatures>,
+}
+
+/// Reuses the row of an identical earlier job (a resumed run), else records a new one.
+pub fn find_or_insert_generation(conn: &Connection, g: &NewGeneration) -> Result<i64> {
+    let seed = g.seed as i64;
+    let existing: Option<i64> = conn
+        .query_row(
+            "SELECT id FROM generations WHERE backend = ?1 AND model = ?2 AND model_sha256 IS ?3
+               AND prompt = ?4 AND params = ?5 AND seed = ?6 ORDER BY id DESC LIMIT 1",
+            params![
+                g.backend,
+                g.model,
+                g.model_sha256,
+                g.prompt,
+                g.params_json,
+                seed
+            ],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(id) = existing {
+        return Ok(id);
+    }
+    conn.execute(
+        "INSERT INTO generations(backend, model, model_sha256, prompt, params, seed, started_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            g.backend,
+            g.model,
+            g.model_sha256,
+            g.prompt,
+            g.params_json,
+            seed,
+            now()
+        ],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// Stores a context's candidates, the gold ending's features and the pool row. Call inside a
+/// transaction. Returns the number of candidates stored (`pools.produced`).
+pub fn write_pool(conn: &Connection, pool: &NewPool) -> Result<usize> {
+    let gold_updated = conn.execute(
+        "UPDATE endings SET lp_cond = ?2, lp_alone = ?3, lp_final_punct = ?4, n_tok_ending = ?5
+         WHERE example_id = ?1 AND is_gold = 1",
+        params![
+            pool.example_id,
+            pool.gold.lp_cond,
+            pool.gold.lp_alone,
+            pool.gold.lp_final_punct,
+            pool.gold.n_tok_ending as i64
+        ],
+    )?;
+    if gold_updated != 1 {
+        anyhow::bail!("example {} has no found ending to score", pool.example_id);
+    }
+    let mut insert = conn.prepare_cached(
+        "INSERT OR IGNORE INTO endings(example_id, text, is_gold, generation_id, lp_cond, lp_alone,
+                                       lp_final_punct, n_tok_ending)
+         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut produced = 0;
+    for (text, f) in &pool.candidates {
+        produced += insert.execute(params![
+            pool.example_id,
+            text,
+            pool.generation_id,
+            f.lp_cond,
+            f.lp_alone,
+            f.lp_final_punct,
+            f.n_tok_ending as i64
+        ])?;
+    }
+    conn.execute(
+        "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
+                           n_tok_sent1, n_tok_sent2, seconds, finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            pool.example_id,
+            pool.generation_id,
+            pool.requested as i64,
+            produced as i64,
+            pool.ctx_logprob,
+            pool.n_tok_sent1 as i64,
+            pool.n_tok_sent2 as i64,
+            pool.seconds,
+            now()
+        ],
+    )?;
+    Ok(produced)
+}
+
+fn features_from_row(
+    r: &rusqlite::Row<'_>,
+    first: usize,
+) -> rusqlite::Result<Option<EndingLmFeatures>> {
+    let lp_cond: Option<f64> = r.get(first)?;
+    Ok(match lp_cond {
+        None => None,
+        Some(lp_cond) => Some(EndingLmFeatures {
+            lp_cond,
+            lp_alone: r.get(first + 1)?,
+            lp_final_punct: r.get(first + 2)?,
+            n_tok_ending: r.get::<_, i64>(first + 3)? as usize,
+        }),
+    })
+}
+
+impl Store {
+    /// Examples that have no pool yet, in insertion order (at most `limit`).
+    pub fn examples_without_pool(&self, limit: Option<usize>) -> Result<Vec<Example>> {
+        let limit = limit.map_or(-1, |l| l as i64);
+        let mut stmt = self.conn().prepare(
+            "SELECT x.id FROM examples x
+             WHERE NOT EXISTS (SELECT 1 FROM pools p WHERE p.example_id = x.id)
+             ORDER BY x.id LIMIT ?1",
+        )?;
+        let ids: Vec<i64> = stmt
+            .query_map([limit], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        ids.into_iter()
+            .map(|id| Ok(self.example(id)?.expect("example exists")))
+            .collect()
+    }
+
+    /// An example by its external id (`video#index` or the input's id).
+    pub fn example_id_by_ext_id(&self, ext_id: &str) -> Result<Option<i64>> {
+        Ok(self
+            .conn()
+            .query_row("SELECT id FROM examples WHERE ext_id = ?1", [ext_id], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
+    pub fn has_pool(&self, example_id: i64) -> Result<bool> {
+        Ok(self.conn().query_row(
+            "SELECT EXISTS (SELECT 1 FROM pools WHERE example_id = ?1)",
+            [example_id],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// The gold ending and every candidate of a context, gold first, with their features.
+    pub fn pool_endings(&self, example_id: i64) -> Result<Vec<StoredEnding>> {
+        let mut stmt = self.conn().prepare_cached(
+            "SELECT id, text, is_gold, lp_cond, lp_alone, lp_final_punct, n_tok_ending
+             FROM endings WHERE example_id = ?1 ORDER BY is_gold DESC, id",
+        )?;
+        let rows = stmt.query_map([example_id], |r| {
+            Ok(StoredEnding {
+                id: r.get(0)?,
+                text: r.get(1)?,
+                is_gold: r.get(2)?,
+                features: features_from_row(r, 3)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Per-context LM features of a pool: `(ctx_logprob, n_tok_sent1, n_tok_sent2)`.
+    pub fn pool_context_features(&self, example_id: i64) -> Result<Option<(f64, i64, i64)>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT ctx_logprob, n_tok_sent1, n_tok_sent2 FROM pools WHERE example_id = ?1",
+                [example_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::examples::{insert_example, upsert_source, NewExample};
+
+    fn features(x: f64) -> EndingLmFeatures {
+        EndingLmFeatures {
+            lp_cond: x,
+            lp_alone: x - 1.0,
+            lp_final_punct: Some(-0.5),
+            n_tok_ending: 4,
+        }
+    }
+
+    #[test]
+    fn a_pool_is_written_whole_and_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
+        let src = upsert_source(store.conn(), "a", "jsonl", "h", "{}").unwrap();
+        for id in ["v#0", "v#1"] {
+            let ex = NewExample {
+                ext_id: id.into(),
+                group: "v".into(),
+                sent1: "A man stands.".into(),
+                sent2: "He".into(),
+                ending: "sits down.".into(),
+                gold_source: None,
+            };
+            insert_example(store.conn(), src, &ex).unwrap();
+        }
+        let g = NewGeneration {
+            backend: "local".into(),
+            model: "m.gguf".into(),
+            model_sha256: None,
+            prompt: "continuation".into(),
+            params_json: "{}".into(),
+            seed: 3,
+        };
+        let gen = find_or_insert_generation(store.conn(), &g).unwrap();
+        assert_eq!(find_or_insert_generation(store.conn(), &g).unwrap(), gen);
+        let todo = store.examples_without_pool(None).unwrap();
+        assert_eq!(todo.len(), 2);
+        let pool = NewPool {
+            example_id: todo[0].id,
+            generation_id: gen,
+            requested: 3,
+            ctx_logprob: -3.0,
+            n_tok_sent1: 4,
+            n_tok_sent2: 1,
+            seconds: 0.1,
+            gold: features(-2.0),
+            candidates: vec![
+                ("runs away.".into(), features(-3.0)),
+                ("jumps.".into(), features(-4.0)),
+            ],
+        };
+        let tx = store.transaction().unwrap();
+        assert_eq!(write_pool(&tx, &pool).unwrap(), 2);
+        tx.commit().unwrap();
+        assert_eq!(store.examples_without_pool(None).unwrap()[0].ext_id, "v#1");
+        assert_eq!(store.examples_without_pool(Some(0)).unwrap().len(), 0);
+        let endings = store.pool_endings(todo[0].id).unwrap();
+        assert_eq!(endings.len(), 3);
+        assert!(endings[0].is_gold);
+        assert_eq!(endings[0].features, Some(features(-2.0)));
+        assert_eq!(endings[2].features, Some(features(-4.0)));
+        assert_eq!(
+            store.pool_context_features(todo[0].id).unwrap(),
+            Some((-3.0, 4, 1))
+        );
+        assert!(store.has_pool(todo[0].id).unwrap());
+        let status = store.status().unwrap();
+        assert_eq!(
+            (
+                status.contexts_with_pool,
+                status.candidates,
+                status.pool_shortfalls
+            ),
+            (1, 2, 1)
+        );
+    }
+}

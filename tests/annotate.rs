@@ -1,0 +1,677 @@
+//! End-to-end tests of `afkit annotate`, `afkit agreement` and `afkit crowd` on synthetic
+//! projects (a finished AF run written directly): the real UI under tmux with kill -9 and resume,
+//! two annotator processes on one file, crowd import validation, and agreement on known labels.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use afkit::store::fixture::synthetic_af_project;
+use afkit::store::Store;
+use rusqlite::Connection;
+
+const BIN: &str = env!("CARGO_BIN_EXE_afkit");
+
+fn project(dir: &Path, contexts: usize) -> PathBuf {
+    let path = dir.join("p.sqlite");
+    let mut store = Store::create(&path).unwrap();
+    synthetic_af_project(&mut store, contexts, 9, 11).unwrap();
+    path
+}
+
+fn afkit(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("AFKIT_NO_PROGRESS", "1")
+        .output()
+        .unwrap()
+}
+
+fn count(db: &Path, sql: &str) -> i64 {
+    Connection::open(db)
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
+}
+
+/// tmux on a private socket, so tests never touch a user's sessions.
+struct Tmux {
+    socket: PathBuf,
+}
+
+impl Tmux {
+    fn available() -> bool {
+        Command::new("tmux")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    fn cmd(&self, args: &[&str]) -> Output {
+        Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Starts `command` in a detached 80×24 session whose pane stays after the command exits.
+    fn start(&self, name: &str, command: &str) {
+        let out = self.cmd(&[
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            "80",
+            "-y",
+            "24",
+            command,
+        ]);
+        assert!(
+            out.status.success(),
+            "tmux: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.cmd(&["set-option", "-t", name, "remain-on-exit", "on"]);
+    }
+
+    fn keys(&self, name: &str, keys: &[&str]) {
+        for k in keys {
+            self.cmd(&["send-keys", "-t", name, k]);
+        }
+    }
+
+    fn screen(&self, name: &str) -> String {
+        String::from_utf8_lossy(
+            &self
+                .cmd(&["capture-pane", "-p", "-J", "-S", "-100", "-t", name])
+                .stdout,
+        )
+        .into_owned()
+    }
+
+    fn wait_for(&self, name: &str, needle: &str) -> String {
+        self.wait_for_all(name, &[needle])
+    }
+
+    /// Waits until the screen shows all of `needles` (a screen may be captured mid-redraw).
+    fn wait_for_all(&self, name: &str, needles: &[&str]) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen(name);
+            if needles.iter().all(|n| screen.contains(n)) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {needles:?}; screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn pane_pid(&self, name: &str) -> u32 {
+        let out = self.cmd(&["display-message", "-p", "-t", name, "#{pane_pid}"]);
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    fn pane_dead(&self, name: &str) -> bool {
+        let out = self.cmd(&["display-message", "-p", "-t", name, "#{pane_dead}"]);
+        String::from_utf8_lossy(&out.stdout).trim() == "1"
+    }
+
+    fn wait_dead(&self, name: &str) {
+        let start = Instant::now();
+        while !self.pane_dead(name) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{name} did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+/// Labels the item on screen completely and submits it.
+const ITEM_KEYS: &[&str] = &["l", "u", "l", "u", "g", "l", "1", "b", "3", "s"];
+
+fn claimed_sent1(db: &Path, annotator: &str) -> String {
+    Connection::open(db)
+        .unwrap()
+        .query_row(
+            "SELECT x.sent1 FROM claims c JOIN tasks t ON t.id = c.task_id
+             JOIN examples x ON x.id = t.example_id WHERE c.annotator = ?1",
+            [annotator],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+#[test]
+fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
+    if !Tmux::available() {
+        eprintln!("skipping: tmux is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = project(dir.path(), 8);
+    let tmux = Tmux {
+        socket: dir.path().join("tmux.sock"),
+    };
+    let command = format!("exec {BIN} annotate {} --annotator alice", db.display());
+    tmux.start("a", &command);
+    let screen = tmux.wait_for_all("a", &["done 0", "Enter submit"]);
+    assert!(
+        screen.contains("to do: label endings 1, 2, 3, 4, 5, 6"),
+        "{screen}"
+    );
+    for n in 1..=6 {
+        assert!(
+            screen.contains(&format!("{n} ·")),
+            "ending {n} unlabelled:\n{screen}"
+        );
+    }
+    tmux.keys("a", &["Enter"]);
+    tmux.wait_for("a", "not yet:");
+
+    for done in 1..=2 {
+        tmux.keys("a", ITEM_KEYS);
+        tmux.wait_for("a", "complete: Enter to submit");
+        tmux.keys("a", &["Enter"]);
+        tmux.wait_for("a", &format!("done {done}"));
+    }
+    // Half-label the third item, then kill the process without warning.
+    tmux.keys("a", &["l", "u"]);
+    tmux.wait_for("a", "to do: label endings 3, 4, 5, 6");
+    let on_screen = claimed_sent1(&db, "alice");
+    let visible: String = on_screen.chars().take(30).collect();
+    assert!(
+        tmux.screen("a").contains(&visible),
+        "the claimed item is the one on screen"
+    );
+    let pid = tmux.pane_pid("a");
+    assert!(Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    tmux.wait_dead("a");
+
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE annotator = 'alice'"
+        ),
+        2
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM labels l JOIN submissions s ON s.id = l.submission_id
+             WHERE s.annotator = 'alice'"
+        ),
+        12
+    );
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM labels WHERE rank = 'best'"),
+        2
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM labels WHERE judgement = 'gibberish'"
+        ),
+        2
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM labels WHERE rank IS NOT NULL AND judgement = 'gibberish'"
+        ),
+        0
+    );
+
+    // Restart: the item that was on screen comes back first.
+    tmux.cmd(&["kill-session", "-t", "a"]);
+    tmux.start("b", &command);
+    // (Waiting for all three: a timeout here means it resumed elsewhere.)
+    tmux.wait_for_all(
+        "b",
+        &["done 2", &visible, "to do: label endings 1, 2, 3, 4, 5, 6"],
+    );
+    tmux.keys("b", &["?"]);
+    tmux.wait_for("b", "Instructions");
+    tmux.keys("b", &["Escape"]);
+    tmux.wait_for("b", "Enter submit");
+    // z brings back the last submission with its labels.
+    tmux.keys("b", &["z"]);
+    let screen = tmux.wait_for("b", "undone");
+    assert!(
+        screen.contains("BEST") && screen.contains("2ND"),
+        "{screen}"
+    );
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 1);
+    tmux.keys("b", &["Enter"]);
+    tmux.wait_for("b", "done 2");
+    // q restores the terminal: the summary line is printed on the normal screen.
+    tmux.keys("b", &["q"]);
+    tmux.wait_dead("b");
+    let screen = tmux.screen("b");
+    assert!(
+        screen.contains("alice: 1 submitted this session, 2 in all"),
+        "{screen}"
+    );
+    assert!(
+        !screen.contains("Enter submit"),
+        "the alternate screen was left:\n{screen}"
+    );
+
+    // SIGTERM (and SIGHUP, from a closed terminal) end the session cleanly too.
+    tmux.start("c", &command);
+    tmux.wait_for("c", "Enter submit");
+    let pid = tmux.pane_pid("c");
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    tmux.wait_dead("c");
+    let screen = tmux.screen("c");
+    assert!(
+        screen.contains("alice: 0 submitted this session"),
+        "{screen}"
+    );
+}
+
+fn script(dir: &Path, name: &str, items: usize) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, "lulugl 1b 3s Enter\n".repeat(items)).unwrap();
+    path
+}
+
+#[test]
+fn two_annotators_at_once_lose_no_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = project(dir.path(), 30);
+    let spawn = |who: &str| {
+        let keys = script(dir.path(), &format!("{who}.keys"), 40);
+        let timings = dir.path().join(format!("{who}.jsonl"));
+        let child = Command::new(BIN)
+            .args(["annotate", db.to_str().unwrap(), "--annotator", who])
+            .args(["--agreement-items", "10", "--replicas", "2"])
+            .arg("--script")
+            .arg(&keys)
+            .arg("--timings")
+            .arg(&timings)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, timings)
+    };
+    let (a, a_timings) = spawn("ann");
+    let (b, b_timings) = spawn("bob");
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let commits = |path: &Path| {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"commit\""))
+            .count() as i64
+    };
+    let (na, nb) = (commits(&a_timings), commits(&b_timings));
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE annotator = 'ann'"
+        ),
+        na
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE annotator = 'bob'"
+        ),
+        nb
+    );
+    // 10 agreement items × 2 + 20 items × 1: every slot filled exactly once.
+    assert_eq!(na + nb, 40);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM tasks t WHERE
+               (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id) <> t.replicas"
+        ),
+        0
+    );
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM tasks WHERE replicas = 2"),
+        10
+    );
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM labels"), 40 * 6);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM claims"), 0);
+}
+
+#[test]
+fn annotate_needs_a_finished_filter_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("p.sqlite");
+    Store::create(&db).unwrap();
+    let out = afkit(&["annotate", db.to_str().unwrap(), "--annotator", "x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("afkit filter"));
+}
+
+fn csv_rows(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let header = r.headers().unwrap().iter().map(str::to_string).collect();
+    let rows = r
+        .records()
+        .map(|rec| rec.unwrap().iter().map(str::to_string).collect())
+        .collect();
+    (header, rows)
+}
+
+fn write_csv(path: &Path, rows: &[Vec<&str>]) {
+    let mut w = csv::Writer::from_path(path).unwrap();
+    for r in rows {
+        w.write_record(r).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+#[test]
+fn crowd_round_trip_validates_rows_and_feeds_agreement() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = project(dir.path(), 5);
+    let p = db.to_str().unwrap();
+    let tasks_csv = dir.path().join("tasks.csv");
+    let out = afkit(&["crowd", "export", p, "--out", tasks_csv.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (header, rows) = csv_rows(&tasks_csv);
+    assert_eq!(
+        header,
+        [
+            "item_id",
+            "assignments",
+            "context",
+            "sent1",
+            "sent2",
+            "ending_1",
+            "ending_2",
+            "ending_3",
+            "ending_4",
+            "ending_5",
+            "ending_6"
+        ]
+    );
+    assert_eq!(rows.len(), 5);
+    assert!(rows
+        .iter()
+        .all(|r| r[1] == "3" && r[2] == format!("{} {}", r[3], r[4])));
+    let item = rows[0][0].as_str();
+
+    let results = dir.path().join("results.csv");
+    let head = vec![
+        "worker_id",
+        "item_id",
+        "label_1",
+        "label_2",
+        "label_3",
+        "label_4",
+        "label_5",
+        "label_6",
+        "best",
+        "second",
+    ];
+    write_csv(
+        &results,
+        &[
+            head,
+            vec![
+                "w1",
+                item,
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w1",
+                "9999",
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w3",
+                item,
+                "likely",
+                "unlikely",
+                "",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w4",
+                item,
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "1",
+            ],
+            vec![
+                "w1",
+                item,
+                "likely",
+                "likely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "2",
+            ],
+            vec![
+                "w5",
+                item,
+                "maybe",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "1",
+                "3",
+            ],
+            vec![
+                "w6",
+                item,
+                "likely",
+                "unlikely",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "likely",
+                "5",
+                "3",
+            ],
+            vec![
+                "w2",
+                item,
+                "Likely",
+                "l",
+                "likely",
+                "unlikely",
+                "gibberish",
+                "unlikely",
+                "1",
+                "2",
+            ],
+        ],
+    );
+    let r = results.to_str().unwrap();
+    let out = afkit(&["crowd", "import", p, r, "--strict"]);
+    assert!(
+        !out.status.success(),
+        "--strict refuses a file with invalid rows"
+    );
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 0);
+
+    let out = afkit(&["crowd", "import", p, r]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for (line, reason) in [
+        (3, "unknown item 9999"),
+        (4, "label ending 3"),
+        (5, "best and second must differ"),
+        (6, "duplicate: worker w1 already answered item"),
+        (7, "label_1 = \"maybe\""),
+        (8, "best (5) is gibberish"),
+    ] {
+        assert!(
+            stderr.contains(&format!("results.csv:{line}: ")) && stderr.contains(reason),
+            "line {line} ({reason}) not reported:\n{stderr}"
+        );
+    }
+    assert!(String::from_utf8_lossy(&out.stdout).contains("imported 2 submissions"));
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM submissions WHERE origin = 'crowd'"
+        ),
+        2
+    );
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM labels"), 12);
+
+    // Mechanical Turk batch results: Input./Answer. prefixes, a radio group as true/false columns.
+    let mturk = dir.path().join("Batch_1_batch_results.csv");
+    let mut head = vec![
+        "HITId",
+        "WorkerId",
+        "AssignmentStatus",
+        "WorkTimeInSeconds",
+        "Input.item_id",
+    ];
+    let label_cols: Vec<String> = (1..=6).map(|k| format!("Answer.label_{k}")).collect();
+    head.extend(label_cols.iter().map(String::as_str));
+    head.push("Answer.best");
+    let second_cols: Vec<String> = (1..=6).map(|k| format!("Answer.second.{k}")).collect();
+    head.extend(second_cols.iter().map(String::as_str));
+    let mut ok = vec![
+        "H1",
+        "m1",
+        "Submitted",
+        "42",
+        item,
+        "likely",
+        "unlikely",
+        "likely",
+        "unlikely",
+        "gibberish",
+        "likely",
+        "3",
+    ];
+    ok.extend(["true", "false", "false", "false", "false", "false"]);
+    let mut rejected = vec![
+        "H1",
+        "m2",
+        "Rejected",
+        "40",
+        item,
+        "likely",
+        "unlikely",
+        "likely",
+        "unlikely",
+        "gibberish",
+        "likely",
+        "3",
+    ];
+    rejected.extend(["true", "false", "false", "false", "false", "false"]);
+    write_csv(&mturk, &[head, ok, rejected]);
+    let out = afkit(&["crowd", "import", p, mturk.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Mechanical Turk"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(":3: the assignment was rejected"));
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 3);
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM submissions WHERE seconds = 42"),
+        1
+    );
+
+    // Agreement on the one item with three annotators, computed by hand (endings by position):
+    //   ranks  w1 B N S N N N · w2 B S N N N N · m1 S N B N N N
+    //   labels w1 L U L U G L · w2 L L L U G U · m1 L U L U G L
+    // ppa_rank = (1+1+0+3+3+3)/18; α_rank = 1 − 17·7/(18² − (3²+3²+12²)) = 43/162.
+    // ppa_label = (3+1+3+3+3+1)/18; α_label = 1 − 17·4/(18² − (9²+6²+3²)) = 130/198.
+    let out = afkit(&["agreement", p, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let close = |key: &str, want: f64| {
+        let got = json[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing: {json}"));
+        assert!((got - want).abs() < 1e-9, "{key}: {got} vs {want}");
+    };
+    close("ppa_rank", 11.0 / 18.0);
+    close("alpha_rank", 43.0 / 162.0);
+    close("ppa_label", 14.0 / 18.0);
+    close("alpha_label", 130.0 / 198.0);
+    assert_eq!(json["items"], 1);
+    assert_eq!(json["annotators"].as_array().unwrap().len(), 3);
+    let found = &json["distribution"]["found"];
+    assert_eq!(found["n"], 3);
+    let text = afkit(&["agreement", p]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("Found end") && text.contains("Gibberish"),
+        "{text}"
+    );
+}

@@ -1,0 +1,565 @@
+//! `afkit generate` / `import-pool` end to end, and the real SmolLM2 model against llama.cpp's
+//! reference outputs (fixtures in ../shared; those tests skip when it is absent).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use afkit::lm::llama::LlamaConfig;
+use afkit::lm::model::{write_random_gguf, LanguageModel, RANDOM_GGUF_VOCAB};
+use afkit::lm::{LocalLm, SamplingParams};
+use afkit::models::DefaultModel;
+use afkit::store::examples::{insert_example, upsert_source, NewExample};
+use afkit::store::Store;
+use serde_json::Value;
+
+fn shared() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
+    dir.is_dir().then_some(dir)
+}
+
+fn afkit() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_afkit"));
+    cmd.env("AFKIT_NO_PROGRESS", "1");
+    cmd
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A project holding `examples` as (id, sent1, sent2, ending).
+fn project(dir: &Path, examples: &[(String, String, String, String)]) -> PathBuf {
+    let path = dir.join("p.sqlite");
+    Store::create(&path).unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let src = upsert_source(&conn, "test.jsonl", "jsonl", "test", "{}").unwrap();
+    for (id, sent1, sent2, ending) in examples {
+        let ex = NewExample {
+            ext_id: id.clone(),
+            group: id.split('#').next().unwrap().to_string(),
+            sent1: sent1.clone(),
+            sent2: sent2.clone(),
+            ending: ending.clone(),
+            gold_source: None,
+        };
+        insert_example(&conn, src, &ex).unwrap();
+    }
+    path
+}
+
+fn synthetic_examples(n: usize) -> Vec<(String, String, String, String)> {
+    (0..n)
+        .map(|i| {
+            (
+                format!("v{}#{}", i / 3, i % 3),
+                format!("A person number {i} walks into a large room."),
+                "The person".to_string(),
+                format!("sits down on chair {i}."),
+            )
+        })
+        .collect()
+}
+
+fn tiny_gguf(dir: &Path, d_model: usize, n_layer: usize) -> PathBuf {
+    let path = dir.join("tiny.gguf");
+    let cfg = LlamaConfig {
+        vocab: RANDOM_GGUF_VOCAB,
+        d_model,
+        n_layer,
+        n_head: 4,
+        n_kv_head: 2,
+        d_ff: 2 * d_model,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-5,
+    };
+    write_random_gguf(&path, &cfg, 1).unwrap();
+    path
+}
+
+fn query_i64(path: &Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
+}
+
+/// Every context's candidate texts, in a canonical order.
+fn pools(path: &Path) -> Vec<(String, String, f64)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT x.ext_id, e.text, e.lp_cond FROM endings e JOIN examples x ON x.id = e.example_id
+             WHERE e.is_gold = 0 ORDER BY x.ext_id, e.text",
+        )
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
+#[test]
+fn generate_writes_whole_pools_and_resumes_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 64, 2);
+    let examples = synthetic_examples(60);
+    let args = |p: &Path| {
+        let mut cmd = afkit();
+        cmd.arg("generate").arg(p).arg("--model").arg(&model);
+        cmd.args(["--n-neg", "6", "--max-tokens", "16", "--seed", "7"]);
+        cmd
+    };
+    let first = dir.path().join("a");
+    std::fs::create_dir(&first).unwrap();
+    let p = project(&first, &examples);
+    let mut child = args(&p)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut at_kill = 0;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        at_kill = query_i64(&p, "SELECT COUNT(*) FROM pools");
+        if at_kill >= 3 {
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let at_kill = query_i64(&p, "SELECT COUNT(*) FROM pools").max(at_kill);
+    assert!((3..60).contains(&at_kill), "kill landed at {at_kill} pools");
+    // No candidates of a context without a pool: the context in flight left nothing behind.
+    assert_eq!(
+        query_i64(
+            &p,
+            "SELECT COUNT(*) FROM endings e WHERE e.is_gold = 0
+             AND NOT EXISTS (SELECT 1 FROM pools p WHERE p.example_id = e.example_id)"
+        ),
+        0
+    );
+    run_ok(&mut args(&p));
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 60);
+    assert_eq!(
+        query_i64(&p, "SELECT COUNT(*) FROM generations"),
+        1,
+        "a resumed run reuses its job"
+    );
+    // Same seed, uninterrupted, in a fresh project: the same pools.
+    let second = dir.path().join("b");
+    std::fs::create_dir(&second).unwrap();
+    let q = project(&second, &examples);
+    run_ok(&mut args(&q));
+    assert_eq!(pools(&p), pools(&q));
+    // Every candidate and every gold ending has its features; shortfalls are recorded.
+    assert_eq!(
+        query_i64(
+            &p,
+            "SELECT COUNT(*) FROM endings WHERE lp_cond IS NULL OR lp_alone IS NULL"
+        ),
+        0
+    );
+    assert_eq!(
+        query_i64(&p, "SELECT COUNT(*) FROM pools p WHERE produced != (SELECT COUNT(*) FROM endings e WHERE e.example_id = p.example_id AND e.is_gold = 0)"),
+        0
+    );
+    let status: Value =
+        serde_json::from_str(&run_ok(afkit().args(["status", "--json"]).arg(&p))).unwrap();
+    assert_eq!(status["contexts_with_pool"], 60);
+    assert_eq!(
+        status["candidates"],
+        query_i64(&p, "SELECT COUNT(*) FROM endings WHERE is_gold = 0")
+    );
+}
+
+#[test]
+fn generate_respects_limit_and_reports_in_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let p = project(dir.path(), &synthetic_examples(6));
+    let out = run_ok(
+        afkit()
+            .arg("generate")
+            .arg(&p)
+            .arg("--model")
+            .arg(&model)
+            .args([
+                "--n-neg",
+                "5",
+                "--limit",
+                "2",
+                "--json",
+                "--max-tokens",
+                "12",
+            ]),
+    );
+    let summary: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["contexts"], 2);
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 2);
+    let produced = query_i64(&p, "SELECT SUM(produced) FROM pools");
+    assert_eq!(summary["endings"].as_i64().unwrap(), produced);
+    assert_eq!(summary["shortfall"].as_i64().unwrap(), 10 - produced);
+    let recorded = query_i64(&p, "SELECT seed FROM generations");
+    assert_eq!(recorded, 0);
+}
+
+#[test]
+fn corrupt_or_truncated_gguf_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let p = project(dir.path(), &synthetic_examples(1));
+    let bytes = std::fs::read(&model).unwrap();
+    let truncated = dir.path().join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let garbage = dir.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"definitely not a gguf file, just some bytes").unwrap();
+    for (file, expected) in [(&truncated, "truncated"), (&garbage, "not a readable GGUF")] {
+        let out = afkit()
+            .arg("generate")
+            .arg(&p)
+            .arg("--model")
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(expected) && stderr.contains(file.to_str().unwrap()),
+            "{stderr}"
+        );
+    }
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 0);
+}
+
+#[test]
+fn import_pool_scores_endings_and_rejects_bad_lines_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let p = project(dir.path(), &synthetic_examples(3));
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"id\": \"v0#0\", \"endings\": [\"runs.\"]}\n{\"id\": \"v0#1\", \"endings\": 3}\n",
+    )
+    .unwrap();
+    let out = afkit()
+        .arg("import-pool")
+        .arg(&p)
+        .arg(&bad)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.jsonl:2"));
+    assert_eq!(
+        query_i64(&p, "SELECT COUNT(*) FROM pools"),
+        0,
+        "nothing written from a bad file"
+    );
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(
+        &good,
+        "{\"id\": \"v0#0\", \"endings\": [\"runs  away.\", \"runs away.\", \"sits down on chair 0.\", \"jumps!\"]}\n\
+         {\"id\": \"v0#2\", \"endings\": [\"falls.\"]}\n",
+    )
+    .unwrap();
+    run_ok(
+        afkit()
+            .arg("import-pool")
+            .arg(&p)
+            .arg(&good)
+            .arg("--model")
+            .arg(&model),
+    );
+    // Duplicates (after whitespace normalisation) and the gold ending are dropped.
+    assert_eq!(
+        query_i64(&p, "SELECT produced FROM pools WHERE example_id = 1"),
+        2
+    );
+    assert_eq!(
+        query_i64(&p, "SELECT requested FROM pools WHERE example_id = 1"),
+        4
+    );
+    assert_eq!(
+        query_i64(
+            &p,
+            "SELECT COUNT(*) FROM endings WHERE lp_cond IS NULL AND example_id IN (1, 3)"
+        ),
+        0
+    );
+    assert_eq!(
+        query_i64(
+            &p,
+            "SELECT COUNT(*) FROM endings WHERE lp_final_punct IS NULL AND example_id IN (1, 3)"
+        ),
+        0
+    );
+    // Importing again skips contexts that have a pool.
+    let out = run_ok(
+        afkit()
+            .arg("import-pool")
+            .arg(&p)
+            .arg(&good)
+            .arg("--model")
+            .arg(&model),
+    );
+    assert!(out.contains("2 contexts skipped"), "{out}");
+}
+
+// ---------- the real model (SmolLM2-135M-Instruct Q4_1) ----------
+
+fn smollm2() -> &'static LocalLm {
+    static LM: OnceLock<LocalLm> = OnceLock::new();
+    LM.get_or_init(|| {
+        DefaultModel::SmolLm2.ensure().expect("fetch SmolLM2");
+        let model = LanguageModel::load(&DefaultModel::smollm2_gguf()).unwrap();
+        LocalLm::new(model, SamplingParams::default(), None)
+    })
+}
+
+fn fixture_lines(name: &str) -> Option<Vec<Value>> {
+    let Some(shared) = shared() else {
+        eprintln!("skipping: ../shared (fixtures) is absent");
+        return None;
+    };
+    let text = std::fs::read_to_string(shared.join("fixtures").join(name)).unwrap();
+    Some(
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    )
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn smollm2_tokenizer_matches_llama_cpp() {
+    let Some(lines) = fixture_lines("smollm2_token_ids.jsonl") else {
+        return;
+    };
+    let tok = &smollm2().model.tokenizer;
+    for line in &lines {
+        let text = line["text"].as_str().unwrap();
+        let got = tok.encode(text).unwrap();
+        assert_eq!(got, ids(&line["ids"]), "{text:?}");
+        assert_eq!(tok.decode(&got).unwrap(), text);
+    }
+}
+
+#[test]
+fn smollm2_forward_pass_matches_llama_cpp() {
+    let Some(lines) = fixture_lines("smollm2_logprobs.jsonl") else {
+        return;
+    };
+    let lm = smollm2();
+    let tok = &lm.model.tokenizer;
+    for line in &lines {
+        let context = ids(&line["context_ids"]);
+        let ending = ids(&line["ending_ids"]);
+        assert_eq!(
+            tok.encode(line["context"].as_str().unwrap()).unwrap(),
+            context
+        );
+        assert_eq!(
+            tok.encode(line["ending"].as_str().unwrap()).unwrap(),
+            ending
+        );
+        let (prefix, _) = lm.model.llama.prefill(&context).unwrap();
+        let top = line["next_token_top5"][0][0].as_u64().unwrap() as usize;
+        let argmax = (0..prefix.next_logprobs.len())
+            .max_by(|&a, &b| prefix.next_logprobs[a].total_cmp(&prefix.next_logprobs[b]))
+            .unwrap();
+        assert_eq!(argmax, top, "top-1 next token after {:?}", line["context"]);
+        for pair in line["next_token_top5"].as_array().unwrap() {
+            let (id, lp) = (
+                pair[0].as_u64().unwrap() as usize,
+                pair[1].as_f64().unwrap(),
+            );
+            // llama.cpp quantises activations to 8 bits; an f32 pass differs by up to ~0.15 per token.
+            let got = prefix.next_logprobs[id] as f64;
+            assert!(
+                (got - lp).abs() < 0.2,
+                "next-token log-prob of {id}: {got} vs llama.cpp {lp}"
+            );
+        }
+        let got = lm
+            .model
+            .llama
+            .score_continuations(&prefix, std::slice::from_ref(&ending))
+            .unwrap()
+            .remove(0);
+        let want: Vec<f64> = line["ending_token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let mean_got = got.iter().map(|&x| x as f64).sum::<f64>() / got.len() as f64;
+        let mean_want = line["ending_mean_logprob"].as_f64().unwrap();
+        assert!(
+            (mean_got - mean_want).abs() < 0.05,
+            "mean {mean_got} vs llama.cpp {mean_want}"
+        );
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (*g as f64 - w).abs() < 0.25,
+                "token log-prob {g} vs llama.cpp {w}"
+            );
+        }
+    }
+}
+
+/// (sent1, second sentence) of consecutive captions of the first videos in the shared data.
+fn activitynet_pairs(n: usize) -> Option<Vec<(String, String)>> {
+    let Some(shared) = shared() else {
+        eprintln!("skipping: ../shared (ActivityNet captions) is absent");
+        return None;
+    };
+    let text =
+        std::fs::read_to_string(shared.join("data/activitynet-captions/train.json")).unwrap();
+    let data: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
+    let mut pairs = Vec::new();
+    for video in data.values() {
+        let s: Vec<&str> = video["sentences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().trim())
+            .collect();
+        if s.len() >= 2 && pairs.len() < n {
+            pairs.push((s[0].to_string(), s[1].to_string()));
+        }
+    }
+    Some(pairs)
+}
+
+#[test]
+fn smollm2_found_ending_is_likelier_after_its_own_context() {
+    let Some(pairs) = activitynet_pairs(20) else {
+        return;
+    };
+    let lm = smollm2();
+    let (mut own, mut shuffled) = (0.0, 0.0);
+    for (i, (sent1, second)) in pairs.iter().enumerate() {
+        // sent2 = the first word of the second sentence; the ending is the rest.
+        let (sent2, ending) = second.split_once(' ').unwrap();
+        let other = &pairs[(i + 7) % pairs.len()].0;
+        let real = lm
+            .features(&format!("{sent1} {sent2}"), sent1, sent2, ending, &[])
+            .unwrap();
+        let fake = lm
+            .features(&format!("{other} {sent2}"), other, sent2, ending, &[])
+            .unwrap();
+        assert_eq!(
+            real.gold.lp_alone, fake.gold.lp_alone,
+            "context-free score depends on the context"
+        );
+        own += real.gold.lp_cond / pairs.len() as f64;
+        shuffled += fake.gold.lp_cond / pairs.len() as f64;
+    }
+    assert!(
+        own > shuffled + 0.1,
+        "mean lp_cond {own} with the real context vs {shuffled} shuffled"
+    );
+}
+
+#[test]
+fn smollm2_generate_end_to_end() {
+    let Some(pairs) = activitynet_pairs(2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let examples: Vec<_> = pairs
+        .iter()
+        .enumerate()
+        .map(|(i, (s1, s2))| {
+            let (sent2, ending) = s2.split_once(' ').unwrap();
+            (
+                format!("v{i}#0"),
+                s1.clone(),
+                sent2.to_string(),
+                ending.to_string(),
+            )
+        })
+        .collect();
+    let p = project(dir.path(), &examples);
+    DefaultModel::SmolLm2.ensure().unwrap();
+    run_ok(
+        afkit()
+            .arg("generate")
+            .arg(&p)
+            .args(["--n-neg", "6", "--seed", "1"]),
+    );
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 2);
+    assert!(query_i64(&p, "SELECT SUM(produced) FROM pools") >= 10);
+    let conn = rusqlite::Connection::open(&p).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT text, lp_cond, lp_alone, n_tok_ending FROM endings WHERE is_gold = 0")
+        .unwrap();
+    let rows: Vec<(String, f64, f64, i64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (text, cond, alone, n) in rows {
+        assert!(
+            text.ends_with(['.', '!', '?']) && text.split_whitespace().count() <= 25,
+            "{text:?}"
+        );
+        assert!(cond < 0.0 && alone < 0.0 && n > 0 && n <= 40, "{text:?}");
+    }
+    assert_eq!(
+        query_i64(
+            &p,
+            "SELECT COUNT(*) FROM generations WHERE model_sha256 IS NOT NULL"
+        ),
+        1
+    );
+}
+
+/// candle's f32 GEMM throughput at the decode's shapes (rows × 576 times the model's weight
+/// matrices): the arithmetic limit the batched decode is compared with in BENCHMARKS.md.
+/// `cargo test --release --test generate -- --ignored gemm --nocapture`
+#[test]
+#[ignore]
+fn gemm_throughput_at_decode_shapes() {
+    use candle_core::{Device, Tensor};
+    for rows in [8, 32, 64, 128, 256] {
+        let mut line = format!("rows {rows:>3}:");
+        for (k, n) in [
+            (576, 960),
+            (576, 576),
+            (576, 3072),
+            (1536, 576),
+            (576, 49152),
+        ] {
+            let a = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu).unwrap();
+            let b = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu).unwrap();
+            a.matmul(&b).unwrap();
+            let iters = (2e9 / (2.0 * (rows * k * n) as f64)).ceil() as usize;
+            let t = Instant::now();
+            for _ in 0..iters {
+                a.matmul(&b).unwrap();
+            }
+            let gflops = 2.0 * (rows * k * n * iters) as f64 / t.elapsed().as_secs_f64() / 1e9;
+            line += &format!("  {k}x{n}: {gflops:5.1}");
+        }
+        println!("{line}  GFLOP/s");
+    }
+}
