@@ -106,6 +106,8 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
     chart
         .configure_mesh()
         .x_desc("AF iteration")
+        .x_labels((last + 2).min(12))
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .y_desc("accuracy on the held-out 20%")
         .axis_desc_style((font, 18))
         .label_style((font, 15))
@@ -122,20 +124,19 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
             )))
             .map_err(draw_err)?;
         let label_style = TextStyle::from((font, 16).into_font()).color(&RGBColor(90, 90, 90));
-        chart
-            .draw_series([
-                Text::new(
-                    "MLP only".to_string(),
-                    (0.0, y_max * 0.97),
-                    label_style.clone(),
-                ),
-                Text::new(
-                    "ensemble".to_string(),
-                    (boundary + 0.3, y_max * 0.97),
-                    label_style,
-                ),
-            ])
-            .map_err(draw_err)?;
+        let mut labels = vec![Text::new(
+            "MLP only".to_string(),
+            (-0.3, y_max * 0.04),
+            label_style.clone(),
+        )];
+        if iterations.iter().any(|r| r.phase == "ensemble") {
+            labels.push(Text::new(
+                "ensemble".to_string(),
+                (boundary + 0.2, y_max * 0.04),
+                label_style,
+            ));
+        }
+        chart.draw_series(labels).map_err(draw_err)?;
     }
     chart
         .draw_series(DashedLineSeries::new(
