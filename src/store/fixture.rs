@@ -80,8 +80,8 @@ pub fn synthetic_af_project(
         "{}",
     )?;
     tx.execute(
-        "INSERT INTO af_runs(k, seed, params, started_at, finished_at, status)
-         VALUES (?1, ?2, '{\"synthetic\":true}', ?3, ?3, 'done')",
+        "INSERT INTO af_runs(k, seed, params, started_at, finished_at, status, pool_fingerprint)
+         VALUES (?1, ?2, '{\"synthetic\":true}', ?3, ?3, 'done', 'synthetic')",
         params![negatives as i64, seed as i64, now()],
     )?;
     let run = tx.last_insert_rowid();

@@ -65,7 +65,7 @@ pub fn insert_pool(
 pub fn insert_af_run(conn: &Connection, k: i64, seed: u64, finished: bool) -> Result<i64> {
     let at = now();
     conn.execute(
-        "INSERT INTO af_runs(k, seed, params, started_at, finished_at, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO af_runs(k, seed, params, started_at, finished_at, status, pool_fingerprint) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'synthetic')",
         params![
             k,
             seed as i64,
