@@ -31,10 +31,13 @@ enum Reply {
 
 type Behaviour = dyn Fn(usize, &Value) -> Reply + Send + Sync;
 
+/// Every request body the fake server saw, with its Authorization header.
+type RequestLog = Arc<Mutex<Vec<(Value, Option<String>)>>>;
+
 struct FakeServer {
     url: String,
     stop: Arc<AtomicBool>,
-    requests: Arc<Mutex<Vec<(Value, Option<String>)>>>,
+    requests: RequestLog,
 }
 
 impl Drop for FakeServer {
