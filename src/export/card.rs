@@ -286,8 +286,8 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
 fn source_licence(format: &str) -> &'static str {
     match format {
         "activitynet" => {
-            "ActivityNet Captions (Krishna et al., 2017): captions of YouTube videos, released for research; \
-             see the dataset's terms of use"
+            "ActivityNet Captions format: if this is the ActivityNet Captions release (Krishna et al., \
+             2017), its terms of use apply; otherwise that file's own terms (afkit's sample is Apache-2.0)"
         }
         "swag-csv" => "SWAG (Zellers et al., 2018): MIT licence, if this is the SWAG release; otherwise that file's terms",
         _ => "user-supplied file: state its licence here",
