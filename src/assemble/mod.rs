@@ -19,9 +19,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::store::assemble::{
@@ -157,7 +154,7 @@ pub fn assemble(
     }
 
     let mut built: Vec<NewAssembled> = Vec::new();
-    let mut reannotations: Vec<(i64, Vec<i64>, u64)> = Vec::new();
+    let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
     if unverified {
         for ex in &examples {
             let Some(assigned) = assignments.get(&ex.id) else {
@@ -252,13 +249,11 @@ pub fn assemble(
                 Decision::Reannotate { reason, keep } => {
                     match refill(task, &keep, shown.get(&ex.id), pool.get(&ex.id), &score) {
                         Some(endings) => {
-                            let task_seed =
-                                derive_seed(&[seed, ex.id as u64, task.round as u64 + 1]);
                             *summary
                                 .reannotation_queued
                                 .entry(reason.as_str().into())
                                 .or_default() += 1;
-                            reannotations.push((task.task_id, endings, task_seed));
+                            reannotations.push((ex.id, endings));
                         }
                         None => summary.cannot_refill.push(ex.ext_id.clone()),
                     }
@@ -288,10 +283,9 @@ pub fn assemble(
     let tx = store.transaction()?;
     db::replace_splits(&tx, &splits)?;
     db::replace_assembly(&tx, &built)?;
-    for (old_task, mut endings, task_seed) in reannotations {
-        endings.shuffle(&mut ChaCha8Rng::seed_from_u64(task_seed));
-        db::insert_reannotation_task(&tx, old_task, &endings, task_seed)
-            .with_context(|| format!("queueing re-annotation of task {old_task}"))?;
+    for (example_id, endings) in reannotations {
+        crate::annotate::tasks::create_reannotation_task(&tx, example_id, &endings)
+            .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
     }
     crate::store::set_meta(&tx, "assemble", &serde_json::to_string(&record)?)?;
     tx.commit()?;

@@ -6,8 +6,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use anyhow::{bail, Context, Result};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::now;
-
 /// The AF run that downstream stages read: the latest one whose final scoring pass finished.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AfRun {
@@ -389,37 +387,4 @@ pub fn ending_texts(conn: &Connection, ids: &[i64]) -> Result<HashMap<i64, Strin
         out.insert(id, text);
     }
     Ok(out)
-}
-
-/// Queues a re-annotation (SWAG fn. 6): a new open task one round after `old_task_id` showing
-/// `endings` in the given order, and the old task marked superseded.
-pub fn insert_reannotation_task(
-    conn: &Connection,
-    old_task_id: i64,
-    endings: &[i64],
-    seed: u64,
-) -> Result<i64> {
-    let (example_id, run_id, round): (i64, i64, i64) = conn.query_row(
-        "SELECT example_id, run_id, round FROM tasks WHERE id = ?1",
-        [old_task_id],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-    )?;
-    // One annotator per re-annotated item, as SWAG did after its first 1000 items; the agreement
-    // sample (several replicas) is drawn from first-round items only.
-    conn.execute(
-        "INSERT INTO tasks(example_id, run_id, round, replicas, seed, status, created_at)
-         VALUES (?1, ?2, ?3, 1, ?4, 'open', ?5)",
-        params![example_id, run_id, round + 1, seed as i64, now()],
-    )?;
-    let task_id = conn.last_insert_rowid();
-    let mut stmt =
-        conn.prepare("INSERT INTO task_endings(task_id, position, ending_id) VALUES (?1, ?2, ?3)")?;
-    for (position, ending) in endings.iter().enumerate() {
-        stmt.execute(params![task_id, position as i64, ending])?;
-    }
-    conn.execute(
-        "UPDATE tasks SET status = 'superseded' WHERE id = ?1",
-        [old_task_id],
-    )?;
-    Ok(task_id)
 }
