@@ -204,32 +204,9 @@ pub fn read_jsonl(path: &Path) -> Result<Parsed> {
 
 // ----- SWAG CSV -----
 
-const SWAG_REGULAR: &[&str] = &[
-    "video-id",
-    "fold-ind",
-    "startphrase",
-    "sent1",
-    "sent2",
-    "gold-source",
-    "ending0",
-    "ending1",
-    "ending2",
-    "ending3",
-    "label",
-];
-const SWAG_FULL: &[&str] = &[
-    "video-id",
-    "fold-ind",
-    "startphrase",
-    "sent1",
-    "sent2",
-    "gold-ending",
-    "distractor-0",
-    "distractor-1",
-    "distractor-2",
-    "distractor-3",
-    "gold-source",
-];
+// The columns are the ones afkit's export writes; the full set's type columns are optional here.
+const SWAG_REGULAR: &[&str] = &crate::export::rows::REGULAR_COLUMNS;
+const SWAG_FULL: &[&str] = crate::export::rows::FULL_COLUMNS.split_at(11).0;
 
 /// SWAG release CSV, regular or full columns, taken as already split. The gold ending is
 /// `ending<label>` (regular) or `gold-ending` (full). The id is `"<video-id>:<h>"` with `h` the
