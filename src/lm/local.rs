@@ -5,7 +5,6 @@
 //! finished rows leave the batch. Every row's tokens and their log-probabilities are kept, so an
 //! ending's conditional log-probability costs nothing extra (SPEC §2 features).
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
@@ -168,25 +167,13 @@ impl EndingSampler for LocalLm {
     fn sample(&self, request: &SampleRequest) -> Result<SampledPool> {
         let prompt = self.prefix(&request.prompt)?;
         let mut rng = ChaCha8Rng::seed_from_u64(request.seed);
-        let mut seen: HashSet<String> = request
-            .exclude
-            .iter()
-            .map(|e| normalise_ending(e))
-            .collect();
+        let mut seen = request.seen_endings();
         let mut pool = SampledPool::default();
         let max_draws = request.n * self.params.max_draws_per_ending.max(1);
         while pool.endings.len() < request.n && pool.draws < max_draws {
-            let missing = request.n - pool.endings.len();
-            // Draw enough rows to cover the endings lost to caps, EOS and duplicates so far
-            // (assuming 80% survive before anything is known).
-            let survival = if pool.draws == 0 {
-                0.8
-            } else {
-                (pool.endings.len() as f64 / pool.draws as f64).max(0.1)
-            };
-            let rows = ((missing as f64 / survival).ceil() as usize)
-                .clamp(1, self.params.batch)
-                .min(max_draws - pool.draws);
+            let rows = pool
+                .draws_to_cover(request.n, max_draws)
+                .clamp(1, self.params.batch);
             for row in self.decode_batch(&prompt.prefix, rows, &mut rng)? {
                 pool.draws += 1;
                 pool.tokens_generated += row.tokens.len();

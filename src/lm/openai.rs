@@ -14,7 +14,6 @@
 //! (llama.cpp's server keeps the stopping token there) or from vLLM's `stop_reason`; a draw whose
 //! end cannot be recovered is discarded like a draw that hit the token cap.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -429,22 +428,12 @@ impl EndingSampler for OpenAiSampler<'_> {
     }
 
     fn sample(&self, request: &SampleRequest) -> Result<SampledPool> {
-        let mut seen: HashSet<String> = request
-            .exclude
-            .iter()
-            .map(|e| normalise_ending(e))
-            .collect();
+        let mut seen = request.seen_endings();
         let mut pool = SampledPool::default();
         let max_draws = request.n * self.params.max_draws_per_ending.max(1);
         let mut seed_rng = ChaCha8Rng::seed_from_u64(request.seed);
         while pool.endings.len() < request.n && pool.draws < max_draws {
-            let missing = request.n - pool.endings.len();
-            let survival = if pool.draws == 0 {
-                0.8
-            } else {
-                (pool.endings.len() as f64 / pool.draws as f64).max(0.1)
-            };
-            let draws = ((missing as f64 / survival).ceil() as usize).min(max_draws - pool.draws);
+            let draws = pool.draws_to_cover(request.n, max_draws);
             let requests = draws.div_ceil(self.args.n_per_request).max(1);
             let seeds: Vec<u64> = (0..requests).map(|_| seed_rng.random()).collect();
             for completion in self

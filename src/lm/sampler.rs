@@ -61,6 +61,14 @@ pub struct SampleRequest {
     pub seed: u64,
 }
 
+impl SampleRequest {
+    /// The normalised endings a pool must not contain yet (the excluded ones); grows as the
+    /// backend keeps endings, so that every kept ending is unique.
+    pub fn seen_endings(&self) -> std::collections::HashSet<String> {
+        self.exclude.iter().map(|e| normalise_ending(e)).collect()
+    }
+}
+
 /// An ending as sampled: its normalised text and, when the backend knows them, its tokens with
 /// their log-probabilities under the untruncated temperature-1 model.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,6 +85,21 @@ pub struct SampledPool {
     pub draws: usize,
     /// Tokens generated over all draws.
     pub tokens_generated: usize,
+}
+
+impl SampledPool {
+    /// How many more sequences to draw towards `n` unique endings, never past `max_draws`: the
+    /// endings still missing divided by the share of draws kept so far (80% assumed before the
+    /// first draw), so one round usually covers what caps, EOS and duplicates take away.
+    pub fn draws_to_cover(&self, n: usize, max_draws: usize) -> usize {
+        let missing = n.saturating_sub(self.endings.len());
+        let survival = if self.draws == 0 {
+            0.8
+        } else {
+            (self.endings.len() as f64 / self.draws as f64).max(0.1)
+        };
+        ((missing as f64 / survival).ceil() as usize).min(max_draws.saturating_sub(self.draws))
+    }
 }
 
 /// A generation backend. The local candle model implements it; a remote completions server can
