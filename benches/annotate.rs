@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use afkit::store::fixture::synthetic_af_project;
+use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
 
 const BIN: &str = env!("CARGO_BIN_EXE_afkit");

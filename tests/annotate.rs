@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use afkit::store::fixture::synthetic_af_project;
+use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
 use rusqlite::Connection;
 

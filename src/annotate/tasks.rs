@@ -210,7 +210,7 @@ fn mix(a: u64, b: u64, c: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::fixture::synthetic_af_project;
+    use crate::store::fixtures::synthetic_af_project;
 
     fn project(contexts: usize, negatives: usize) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();

@@ -805,7 +805,7 @@ pub fn all_submissions(conn: &Connection) -> Result<Vec<SubmissionRecord>> {
 mod tests {
     use super::*;
     use crate::annotate::tasks::{ensure_tasks, PolicyRequest};
-    use crate::store::fixture::synthetic_af_project;
+    use crate::store::fixtures::synthetic_af_project;
 
     /// A pid no process has (above Linux's pid_max).
     const DEAD_PID: u32 = 4_000_000_000;

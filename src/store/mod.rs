@@ -14,7 +14,6 @@ pub mod annotate;
 pub mod assemble;
 pub mod examples;
 pub mod export;
-pub mod fixture;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod pool;
