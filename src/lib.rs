@@ -17,5 +17,6 @@ pub mod lm;
 pub mod models;
 pub mod plot;
 pub mod progress;
+pub mod simd;
 pub mod store;
 pub mod text;

@@ -40,21 +40,37 @@ fn mean(xs: &[f32]) -> f64 {
     xs.iter().map(|&x| x as f64).sum::<f64>() / xs.len() as f64
 }
 
-/// Scores `seqs` after `prefix` in batches of similar length (less padding).
+/// Positions (rows × longest row) one scoring batch may hold: big enough for efficient matrix
+/// products, small enough that rows of similar length share a batch and little is padding.
+const SCORE_BATCH_POSITIONS: usize = 1024;
+
+/// Scores `seqs` after `prefix`, shortest first, in batches of similar length (little padding)
+/// of at most `max_rows` rows.
 fn score_batched(
     llama: &Llama,
     prefix: &Prefix,
     seqs: &[&[u32]],
-    batch: usize,
+    max_rows: usize,
 ) -> Result<Vec<Vec<f32>>> {
     let mut order: Vec<usize> = (0..seqs.len()).collect();
     order.sort_by_key(|&i| seqs[i].len());
     let mut out = vec![Vec::new(); seqs.len()];
-    for chunk in order.chunks(batch.max(1)) {
+    let mut rest = order.as_slice();
+    while !rest.is_empty() {
+        // Rows are sorted, so the batch's longest row is its last.
+        let mut take = 1;
+        while take < rest.len()
+            && take < max_rows.max(1)
+            && (take + 1) * seqs[rest[take]].len() <= SCORE_BATCH_POSITIONS
+        {
+            take += 1;
+        }
+        let (chunk, tail) = rest.split_at(take);
         let rows: Vec<Vec<u32>> = chunk.iter().map(|&i| seqs[i].to_vec()).collect();
         for (&i, lps) in chunk.iter().zip(llama.score_continuations(prefix, &rows)?) {
             out[i] = lps;
         }
+        rest = tail;
     }
     Ok(out)
 }

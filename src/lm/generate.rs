@@ -170,48 +170,63 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let bar = crate::progress::bar(todo.len() as u64, "contexts");
     let started = Instant::now();
     let mut summary = Summary::default();
-    for ex in &todo {
+    for chunk in todo.chunks(sampler.contexts_per_call(args.n_neg)) {
         crate::interrupt::check()?;
         let t0 = Instant::now();
-        let prompt = template.render(&ex.sent1, &ex.sent2);
-        let sampled = sampler
-            .sample(&SampleRequest {
-                prompt: prompt.clone(),
+        let requests: Vec<SampleRequest> = chunk
+            .iter()
+            .map(|ex| SampleRequest {
+                prompt: template.render(&ex.sent1, &ex.sent2),
                 exclude: vec![ex.ending.clone()],
                 n: args.n_neg,
                 seed: context_seed(args.seed, &ex.ext_id),
             })
-            .with_context(|| format!("sampling endings for {}", ex.ext_id))?;
-        let t1 = Instant::now();
-        let features = lm
-            .features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &sampled.endings)
-            .with_context(|| format!("scoring endings of {}", ex.ext_id))?;
-        let seconds = t0.elapsed().as_secs_f64();
-        let tx = store.transaction()?;
-        pool::write_pool(
-            &tx,
-            &new_pool(
-                ex,
-                generation_id,
-                args.n_neg,
-                &sampled.endings,
-                &features,
-                seconds,
-            ),
-        )?;
-        tx.commit()?;
-        summary.contexts += 1;
-        summary.endings += sampled.endings.len();
-        summary.shortfall += args.n_neg - sampled.endings.len();
-        summary.draws += sampled.draws;
-        summary.tokens_generated += sampled.tokens_generated;
-        summary.sampling_seconds += (t1 - t0).as_secs_f64();
-        summary.feature_seconds += t1.elapsed().as_secs_f64();
-        bar.inc(1);
-        bar.set_message(format!(
-            "{:.1} endings/s",
-            summary.endings as f64 / started.elapsed().as_secs_f64()
-        ));
+            .collect();
+        let pools = sampler.sample_many(&requests).with_context(|| {
+            let ids: Vec<&str> = chunk.iter().map(|ex| ex.ext_id.as_str()).collect();
+            format!("sampling endings for {}", ids.join(", "))
+        })?;
+        let sampling_seconds = t0.elapsed().as_secs_f64();
+        summary.sampling_seconds += sampling_seconds;
+        for ((ex, request), sampled) in chunk.iter().zip(&requests).zip(pools) {
+            crate::interrupt::check()?;
+            let t1 = Instant::now();
+            let features = lm
+                .features(
+                    &request.prompt,
+                    &ex.sent1,
+                    &ex.sent2,
+                    &ex.ending,
+                    &sampled.endings,
+                )
+                .with_context(|| format!("scoring endings of {}", ex.ext_id))?;
+            // The batch's sampling time is shared equally by its contexts.
+            let seconds = sampling_seconds / chunk.len() as f64 + t1.elapsed().as_secs_f64();
+            let tx = store.transaction()?;
+            pool::write_pool(
+                &tx,
+                &new_pool(
+                    ex,
+                    generation_id,
+                    args.n_neg,
+                    &sampled.endings,
+                    &features,
+                    seconds,
+                ),
+            )?;
+            tx.commit()?;
+            summary.contexts += 1;
+            summary.endings += sampled.endings.len();
+            summary.shortfall += args.n_neg - sampled.endings.len();
+            summary.draws += sampled.draws;
+            summary.tokens_generated += sampled.tokens_generated;
+            summary.feature_seconds += t1.elapsed().as_secs_f64();
+            bar.inc(1);
+            bar.set_message(format!(
+                "{:.1} endings/s",
+                summary.endings as f64 / started.elapsed().as_secs_f64()
+            ));
+        }
     }
     bar.finish_and_clear();
     summary.total_seconds = started.elapsed().as_secs_f64();

@@ -18,8 +18,11 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor, D};
-use candle_nn::ops::{rms_norm, silu, softmax_last_dim};
+use candle_nn::ops::{rms_norm, softmax_last_dim};
 use candle_nn::rotary_emb::rope_i;
+use rayon::prelude::*;
+
+use crate::simd::{axpy_lanes, dot_lanes};
 
 /// Longest sequence (context + ending) the rotary tables cover.
 pub const MAX_POSITIONS: usize = 4096;
@@ -134,15 +137,60 @@ pub struct Llama {
     final_norm: Tensor,
     cos: Tensor,
     sin: Tensor,
+    /// `cos`/`sin` as plain rows (position × head_dim/2), for the decode step.
+    cos_raw: Vec<f32>,
+    sin_raw: Vec<f32>,
 }
 
 /// Keys and values of a context, shared by every row decoded after it: per layer
 /// (kv_heads × len × head_dim).
 pub struct Prefix {
     kv: Vec<(Tensor, Tensor)>,
+    /// The same keys, transposed (kv_heads × head_dim × len), and values (kv_heads × len ×
+    /// head_dim) as plain rows, for the decode step: with keys transposed, a query's scores
+    /// against the whole prefix are a sum of scaled key rows (vertical vector arithmetic, no
+    /// per-key horizontal sums).
+    raw_kv: Vec<(Vec<f32>, Vec<f32>)>,
     pub len: usize,
     /// Log-probabilities of the next token after the prefix.
     pub next_logprobs: Vec<f32>,
+}
+
+/// Where a row of a decode step stands: its cache slot, its prefix and the own position of the
+/// token it feeds (0 for the first token after the prefix).
+pub struct SlotRow<'a> {
+    pub slot: usize,
+    pub prefix: &'a Prefix,
+    pub position: usize,
+}
+
+/// Keys and values of the tokens each decoding row generated itself, in fixed slots: a slot
+/// holds one row at a time and is reused as soon as its row finishes (continuous batching).
+/// Per layer, (slot × position × kv_heads × head_dim), allocated once.
+pub struct SlotCache {
+    kv: Vec<(Vec<f32>, Vec<f32>)>,
+    slots: usize,
+    max_len: usize,
+    row_stride: usize,
+}
+
+impl SlotCache {
+    /// Room for `slots` rows of up to `max_len` own tokens each.
+    pub fn new(cfg: &LlamaConfig, slots: usize, max_len: usize) -> Self {
+        let row_stride = max_len * cfg.n_kv_head * cfg.head_dim();
+        let layer = || {
+            (
+                vec![0f32; slots * row_stride],
+                vec![0f32; slots * row_stride],
+            )
+        };
+        SlotCache {
+            kv: (0..cfg.n_layer).map(|_| layer()).collect(),
+            slots,
+            max_len,
+            row_stride,
+        }
+    }
 }
 
 /// Keys and values of the tokens each row generated itself: per layer (rows × kv_heads × len ×
@@ -151,21 +199,6 @@ pub struct Prefix {
 pub struct RowCache {
     kv: Vec<(Tensor, Tensor)>,
     pub len: usize,
-}
-
-impl RowCache {
-    /// Keeps only the given rows (in that order): finished rows leave the batch.
-    pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
-        if self.kv.is_empty() {
-            return Ok(());
-        }
-        let idx = Tensor::new(rows, &Device::Cpu)?;
-        for (k, v) in self.kv.iter_mut() {
-            *k = k.index_select(&idx, 0)?;
-            *v = v.index_select(&idx, 0)?;
-        }
-        Ok(())
-    }
 }
 
 fn dequantised(content: &Content, file: &mut BufReader<File>, name: &str) -> Result<Tensor> {
@@ -221,9 +254,12 @@ impl Llama {
             .to_dtype(DType::F32)?
             .reshape((MAX_POSITIONS, 1))?;
         let angles = positions.matmul(&inv_freq)?;
+        let (cos, sin) = (angles.cos()?, angles.sin()?);
         Ok(Llama {
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            cos_raw: cos.flatten_all()?.to_vec1()?,
+            sin_raw: sin.flatten_all()?.to_vec1()?,
+            cos,
+            sin,
             cfg,
             embed,
             head,
@@ -254,14 +290,24 @@ impl Llama {
         };
         let last = hidden.narrow(0, ids.len() - 1, 1)?;
         let next_logprobs = self.log_softmax_rows(&last)?.remove(0);
-        let kv = cache
+        let kv: Vec<(Tensor, Tensor)> = cache
             .kv
             .into_iter()
             .map(|(k, v)| Ok((k.squeeze(0)?, v.squeeze(0)?)))
             .collect::<Result<_>>()?;
+        let raw_kv = kv
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    k.transpose(1, 2)?.flatten_all()?.to_vec1()?,
+                    v.flatten_all()?.to_vec1()?,
+                ))
+            })
+            .collect::<Result<_>>()?;
         Ok((
             Prefix {
                 kv,
+                raw_kv,
                 len: ids.len(),
                 next_logprobs,
             },
@@ -301,10 +347,8 @@ impl Llama {
             )?;
             x = (x + attn.matmul(&block.wo)?)?;
             let h = rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps)?;
-            let gate_up = h.matmul(&block.w_gate_up)?;
-            let gate = gate_up.narrow(1, 0, self.cfg.d_ff)?;
-            let up = gate_up.narrow(1, self.cfg.d_ff, self.cfg.d_ff)?;
-            x = (x + (silu(&gate)? * up)?.matmul(&block.w_down)?)?;
+            let act = swiglu(&h.matmul(&block.w_gate_up)?)?;
+            x = (x + act.matmul(&block.w_down)?)?;
         }
         cache.len += steps;
         rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
@@ -408,6 +452,89 @@ impl Llama {
             .reshape((rows * steps, nh * hd))?)
     }
 
+    /// One decode step of continuous batching: `rows[i]` feeds `tokens[i]`, its own token at
+    /// position `rows[i].position` after its prefix. Each row's key and value go into its slot of
+    /// `cache`; attention runs per row over its prefix and its own cached tokens, so rows of any
+    /// context, length and age share the step. Returns hidden states (rows × d_model) after the
+    /// final norm.
+    pub fn decode_step(
+        &self,
+        tokens: &[u32],
+        rows: &[SlotRow],
+        cache: &mut SlotCache,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
+        if tokens.len() != rows.len() {
+            bail!("{} tokens for {} rows", tokens.len(), rows.len());
+        }
+        if let Some(r) = rows
+            .iter()
+            .find(|r| r.position >= cache.max_len || r.slot >= cache.slots)
+        {
+            bail!(
+                "row at own position {} in slot {} is outside the cache ({} slots × {} tokens)",
+                r.position,
+                r.slot,
+                cache.slots,
+                cache.max_len
+            );
+        }
+        let n = rows.len();
+        let ids = Tensor::new(tokens, &Device::Cpu)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
+            let mut qkv = h.matmul(&block.wqkv)?.flatten_all()?.to_vec1::<f32>()?;
+            let width = (nh + 2 * nkv) * hd;
+            let (cache_k, cache_v) = &mut cache.kv[layer];
+            for (row, qkv) in rows.iter().zip(qkv.chunks_exact_mut(width)) {
+                let position = row.prefix.len + row.position;
+                let (q, kv) = qkv.split_at_mut(nh * hd);
+                let (k, v) = kv.split_at_mut(nkv * hd);
+                self.rotate(q, position);
+                self.rotate(k, position);
+                let at = cache.row_stride * row.slot + row.position * nkv * hd;
+                cache_k[at..at + nkv * hd].copy_from_slice(k);
+                cache_v[at..at + nkv * hd].copy_from_slice(v);
+            }
+            let mut attn = vec![0f32; n * nh * hd];
+            let (cache_k, cache_v) = (&cache.kv[layer].0, &cache.kv[layer].1);
+            attn.par_chunks_mut(nh * hd)
+                .zip(qkv.par_chunks(width))
+                .zip(rows.par_iter())
+                .for_each_init(Vec::new, |scores, ((out, qkv), row)| {
+                    let slot = cache.row_stride * row.slot;
+                    let own = (
+                        &cache_k[slot..slot + (row.position + 1) * nkv * hd],
+                        &cache_v[slot..slot + (row.position + 1) * nkv * hd],
+                    );
+                    let (pk, pv) = &row.prefix.raw_kv[layer];
+                    attend_one_row(&qkv[..nh * hd], (pk, pv), own, (nh, nkv, hd), scores, out);
+                });
+            let attn = Tensor::from_vec(attn, (n, nh * hd), &Device::Cpu)?;
+            x = (x + attn.matmul(&block.wo)?)?;
+            let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
+            let act = swiglu(&h.matmul(&block.w_gate_up)?)?;
+            x = (x + act.matmul(&block.w_down)?)?;
+        }
+        Ok(rms_norm(&x, &self.final_norm, c.rms_eps)?)
+    }
+
+    /// Rotary embedding of the heads in `x` (heads × head_dim, pairs adjacent) at `position`.
+    fn rotate(&self, x: &mut [f32], position: usize) {
+        let half = self.cfg.head_dim() / 2;
+        let cos = &self.cos_raw[position * half..(position + 1) * half];
+        let sin = &self.sin_raw[position * half..(position + 1) * half];
+        for head in x.chunks_exact_mut(2 * half) {
+            for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                let (a, b) = (pair[0], pair[1]);
+                pair[0] = a * cos[i] - b * sin[i];
+                pair[1] = a * sin[i] + b * cos[i];
+            }
+        }
+    }
+
     /// Log-softmax over the vocabulary for each row of `hidden` (n × d_model).
     pub fn log_softmax_rows(&self, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
         let logits = hidden.matmul(&self.head)?;
@@ -480,5 +607,105 @@ impl Llama {
             out[r].extend(lps.by_ref().take(s.len().saturating_sub(1)));
         }
         Ok(out)
+    }
+}
+
+/// SwiGLU of the gate and up projections side by side in each row (rows × 2·d_ff):
+/// `silu(gate) ⊙ up`, in one parallel pass over contiguous rows (candle's elementwise ops on the
+/// two strided halves cost as much as the matrix products at decode batch sizes).
+fn swiglu(gate_up: &Tensor) -> Result<Tensor> {
+    let (rows, width) = gate_up.dims2()?;
+    let d_ff = width / 2;
+    let input = gate_up.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; rows * d_ff];
+    out.par_chunks_mut(d_ff)
+        .zip(input.par_chunks(width))
+        .for_each(|(out, row)| {
+            let (gate, up) = row.split_at(d_ff);
+            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                *o = g / (1.0 + (-g).exp()) * u;
+            }
+        });
+    Ok(Tensor::from_vec(out, (rows, d_ff), &Device::Cpu)?)
+}
+
+/// One row's attention in a decode step: each query head against the prefix's keys and then the
+/// row's own keys (one softmax over both), values summed into `out` (heads × head_dim).
+/// Prefix keys are (kv_heads × hd × len), prefix values (kv_heads × len × hd); own keys and
+/// values (len × kv_heads × hd).
+fn attend_one_row(
+    q: &[f32],
+    (pk, pv): (&[f32], &[f32]),
+    (own_k, own_v): (&[f32], &[f32]),
+    (nh, nkv, hd): (usize, usize, usize),
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::avx2_fma() {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            return unsafe {
+                attend_one_row_avx2_fma(q, (pk, pv), (own_k, own_v), (nh, nkv, hd), scores, out)
+            };
+        }
+    }
+    attend_one_row_generic::<false>(q, (pk, pv), (own_k, own_v), (nh, nkv, hd), scores, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_one_row_avx2_fma(
+    q: &[f32],
+    prefix: (&[f32], &[f32]),
+    own: (&[f32], &[f32]),
+    dims: (usize, usize, usize),
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_one_row_generic::<true>(q, prefix, own, dims, scores, out)
+}
+
+#[inline(always)]
+fn attend_one_row_generic<const FMA: bool>(
+    q: &[f32],
+    (pk, pv): (&[f32], &[f32]),
+    (own_k, own_v): (&[f32], &[f32]),
+    (nh, nkv, hd): (usize, usize, usize),
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let group = nh / nkv;
+    let plen = pk.len() / (nkv * hd);
+    let own_len = own_k.len() / (nkv * hd);
+    let scale = 1.0 / (hd as f32).sqrt();
+    for head in 0..nh {
+        let kv_head = head / group;
+        let qh = &q[head * hd..(head + 1) * hd];
+        // Plain loops, no closures: a closure is compiled without the caller's target features.
+        scores.clear();
+        scores.resize(plen, 0.0);
+        for (d, &qd) in qh.iter().enumerate() {
+            let keys_d = &pk[(kv_head * hd + d) * plen..][..plen];
+            axpy_lanes::<FMA>(qd * scale, keys_d, scores);
+        }
+        for j in 0..own_len {
+            let key = &own_k[(j * nkv + kv_head) * hd..][..hd];
+            scores.push(dot_lanes::<FMA>(qh, key) * scale);
+        }
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        let oh = &mut out[head * hd..(head + 1) * hd];
+        oh.fill(0.0);
+        for (j, &p) in scores[..plen].iter().enumerate() {
+            axpy_lanes::<FMA>(p / total, &pv[(kv_head * plen + j) * hd..][..hd], oh);
+        }
+        for (j, &p) in scores[plen..].iter().enumerate() {
+            axpy_lanes::<FMA>(p / total, &own_v[(j * nkv + kv_head) * hd..][..hd], oh);
+        }
     }
 }

@@ -5,15 +5,15 @@
 //! finished rows leave the batch. Every row's tokens and their log-probabilities are kept, so an
 //! ending's conditional log-probability costs nothing extra (SPEC §2 features).
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use super::llama::{Prefix, RowCache};
+use super::llama::{Prefix, SlotCache, SlotRow};
 use super::model::LanguageModel;
 use super::sampler::{
     acceptable_ending, normalise_ending, sample_token, EndingSampler, SampleRequest, SampledEnding,
@@ -25,8 +25,9 @@ pub struct LocalLm {
     pub model: LanguageModel,
     pub params: SamplingParams,
     model_sha256: Option<String>,
-    /// The last context's prefix, so that scoring right after sampling reuses the prefill.
-    last_prefix: Mutex<Option<Arc<PromptPrefix>>>,
+    /// The prefixes of the latest contexts (at most [`MAX_CONTEXTS_PER_BATCH`]), so that the
+    /// feature passes right after sampling reuse their prefill.
+    recent_prefixes: Mutex<VecDeque<Arc<PromptPrefix>>>,
 }
 
 /// A prompt run through the model: `[doc_start] + prompt tokens`.
@@ -55,20 +56,31 @@ pub struct DecodedRow {
     words: usize,
 }
 
+impl Default for DecodedRow {
+    fn default() -> Self {
+        DecodedRow {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stop: Stop::TokenCap,
+            words: 0,
+        }
+    }
+}
+
 impl LocalLm {
     pub fn new(model: LanguageModel, params: SamplingParams, model_sha256: Option<String>) -> Self {
         LocalLm {
             model,
             params,
             model_sha256,
-            last_prefix: Mutex::new(None),
+            recent_prefixes: Mutex::new(VecDeque::new()),
         }
     }
 
-    /// The prompt's prefix, computed once for consecutive calls with the same prompt.
+    /// The prompt's prefix, computed once while the prompt is among the latest few.
     pub fn prefix(&self, prompt: &str) -> Result<Arc<PromptPrefix>> {
-        let mut last = self.last_prefix.lock().expect("prefix cache poisoned");
-        if let Some(p) = last.as_ref().filter(|p| p.prompt == prompt) {
+        let mut recent = self.recent_prefixes.lock().expect("prefix cache poisoned");
+        if let Some(p) = recent.iter().find(|p| p.prompt == prompt) {
             return Ok(Arc::clone(p));
         }
         let mut ids = vec![self.model.tokenizer.doc_start];
@@ -79,79 +91,177 @@ impl LocalLm {
             prefix,
             token_logprobs,
         });
-        *last = Some(Arc::clone(&p));
+        if recent.len() == MAX_CONTEXTS_PER_BATCH {
+            recent.pop_front();
+        }
+        recent.push_back(Arc::clone(&p));
         Ok(p)
     }
 
-    /// Decodes `rows` sequences after `prefix` together until each stops.
-    pub fn decode_batch(
-        &self,
-        prefix: &Prefix,
-        rows: usize,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<DecodedRow>> {
-        let tok = &self.model.tokenizer;
-        let vocab = self.model.llama.cfg.vocab;
-        let mut out: Vec<DecodedRow> = (0..rows)
-            .map(|_| DecodedRow {
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                stop: Stop::TokenCap,
-                words: 0,
-            })
+    /// Decodes every group's rows until each stops, by continuous batching: at most `batch` rows
+    /// are in flight, one decode step advances all of them, and a finished row's slot goes at
+    /// once to the next waiting row (of any group), so the matrix products stay large until the
+    /// queue runs dry. Every row draws from its own generator, seeded from its group's generator
+    /// in row order: a context samples the same endings whichever contexts share the batch.
+    pub fn decode_groups(&self, groups: &mut [DecodeGroup]) -> Result<Vec<Vec<DecodedRow>>> {
+        let llama = &self.model.llama;
+        let vocab = llama.cfg.vocab;
+        let mut out: Vec<Vec<DecodedRow>> = groups
+            .iter()
+            .map(|g| (0..g.rows).map(|_| DecodedRow::default()).collect())
             .collect();
-        // The first token of every row comes from the prefix's own next-token distribution.
-        let mut logits: Vec<f32> = prefix.next_logprobs.repeat(rows);
-        let mut active: Vec<usize> = (0..rows).collect();
-        let mut cache = RowCache::default();
+        let mut waiting: VecDeque<LiveRow> = VecDeque::new();
+        for (g, group) in groups.iter_mut().enumerate() {
+            for row in 0..group.rows {
+                let seed = group.rng.random::<u64>();
+                waiting.push_back(LiveRow {
+                    group: g,
+                    row,
+                    slot: 0,
+                    rng: ChaCha8Rng::seed_from_u64(seed),
+                });
+            }
+        }
+        let prefixes: Vec<&Prefix> = groups.iter().map(|g| g.prefix).collect();
+        let slots = self.params.batch.clamp(1, waiting.len().max(1));
+        let mut cache = SlotCache::new(&llama.cfg, slots, self.params.max_tokens);
+        let mut free_slots: Vec<usize> = (0..slots).rev().collect();
+        let mut live: Vec<LiveRow> = Vec::new();
         loop {
-            let uniforms: Vec<f64> = active.iter().map(|_| rng.random::<f64>()).collect();
-            let params = &self.params;
-            let drawn: Vec<(u32, f32)> = logits
-                .par_chunks(vocab)
-                .zip(uniforms.par_iter())
-                .map_init(Vec::new, |scratch, (row_logits, &u)| {
-                    sample_token(row_logits, u, params, scratch)
+            // Admit waiting rows into free slots. A row's first token comes from its prefix's
+            // next-token distribution, so it is drawn at once; rows that stop there free the
+            // slot again.
+            while !free_slots.is_empty() && !waiting.is_empty() {
+                let take = free_slots.len().min(waiting.len());
+                let mut newcomers: Vec<LiveRow> = waiting.drain(..take).collect();
+                for row in &mut newcomers {
+                    row.slot = free_slots.pop().expect("a free slot per newcomer");
+                }
+                let drawn =
+                    self.draw_tokens(&mut newcomers, |_, r| &prefixes[r.group].next_logprobs);
+                self.advance(newcomers, drawn, &mut out, &mut live, &mut free_slots);
+            }
+            if live.is_empty() {
+                return Ok(out);
+            }
+            let tokens: Vec<u32> = live
+                .iter()
+                .map(|r| *out[r.group][r.row].tokens.last().expect("a token"))
+                .collect();
+            let positions: Vec<SlotRow> = live
+                .iter()
+                .map(|r| SlotRow {
+                    slot: r.slot,
+                    prefix: prefixes[r.group],
+                    position: out[r.group][r.row].tokens.len() - 1,
                 })
                 .collect();
-            let mut still = Vec::with_capacity(active.len());
-            let mut kept_positions = Vec::with_capacity(active.len());
-            for (pos, (&row, &(token, lp))) in active.iter().zip(&drawn).enumerate() {
-                let r = &mut out[row];
-                if tok.is_end_of_generation(token) {
-                    r.stop = Stop::EndOfText;
-                    continue;
-                }
+            let hidden = llama.decode_step(&tokens, &positions, &mut cache)?;
+            let logits: Vec<f32> = llama.logits(&hidden)?.flatten_all()?.to_vec1()?;
+            let mut stepped = std::mem::take(&mut live);
+            let drawn = self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);
+            self.advance(stepped, drawn, &mut out, &mut live, &mut free_slots);
+        }
+    }
+
+    /// One token per row, each from the row's own generator and the distribution `dist` gives
+    /// the row (by its index in `rows`).
+    fn draw_tokens<'d>(
+        &self,
+        rows: &mut [LiveRow],
+        dist: impl Fn(usize, &LiveRow) -> &'d [f32] + Sync,
+    ) -> Vec<(u32, f32)> {
+        let params = &self.params;
+        rows.par_iter_mut()
+            .enumerate()
+            .map_init(Vec::new, |scratch, (i, row)| {
+                let u = row.rng.random::<f64>();
+                sample_token(dist(i, row), u, params, scratch)
+            })
+            .collect()
+    }
+
+    /// Appends each row's drawn token; rows that go on join `live`, the others free their slot.
+    fn advance(
+        &self,
+        rows: Vec<LiveRow>,
+        drawn: Vec<(u32, f32)>,
+        out: &mut [Vec<DecodedRow>],
+        live: &mut Vec<LiveRow>,
+        free_slots: &mut Vec<usize>,
+    ) {
+        let tok = &self.model.tokenizer;
+        for (row, (token, lp)) in rows.into_iter().zip(drawn) {
+            let r = &mut out[row.group][row.row];
+            let goes_on = if tok.is_end_of_generation(token) {
+                r.stop = Stop::EndOfText;
+                false
+            } else {
                 r.tokens.push(token);
                 r.logprobs.push(lp);
                 r.words += usize::from(tok.starts_word[token as usize]);
                 if r.words > self.params.max_words {
                     r.stop = Stop::TooLong;
+                    false
                 } else if tok.ends_sentence[token as usize] {
                     r.stop = Stop::SentenceEnd;
-                } else if r.tokens.len() < self.params.max_tokens {
-                    still.push(row);
-                    kept_positions.push(pos as u32);
+                    false
+                } else {
+                    r.tokens.len() < self.params.max_tokens
                 }
+            };
+            if goes_on {
+                live.push(row);
+            } else {
+                free_slots.push(row.slot);
             }
-            if still.is_empty() {
-                return Ok(out);
-            }
-            if still.len() < active.len() {
-                cache.select_rows(&kept_positions)?;
-            }
-            active = still;
-            let last: Vec<u32> = active
-                .iter()
-                .map(|&r| *out[r].tokens.last().expect("a token"))
-                .collect();
-            let input = Tensor::from_vec(last, (active.len(), 1), &Device::Cpu)?;
-            let hidden = self.model.llama.forward(&input, Some(prefix), &mut cache)?;
-            let hidden = hidden.reshape((active.len(), self.model.llama.cfg.d_model))?;
-            logits = self.model.llama.logits(&hidden)?.flatten_all()?.to_vec1()?;
         }
     }
 }
+
+/// A row in flight: which group and row it is, its cache slot and its generator.
+struct LiveRow {
+    group: usize,
+    row: usize,
+    slot: usize,
+    rng: ChaCha8Rng,
+}
+
+/// One context's share of a decode batch: `rows` sequences continuing `prefix`, drawn from the
+/// context's own generator.
+pub struct DecodeGroup<'a> {
+    pub prefix: &'a Prefix,
+    pub rows: usize,
+    pub rng: &'a mut ChaCha8Rng,
+}
+
+/// A context being sampled: its prompt, generator, the endings kept so far and its draw budget.
+struct Sampling<'a> {
+    request: &'a SampleRequest,
+    prompt: Arc<PromptPrefix>,
+    rng: ChaCha8Rng,
+    seen: HashSet<String>,
+    pool: SampledPool,
+    max_draws: usize,
+}
+
+impl Sampling<'_> {
+    /// Rows this context wants in the next round (0 when done).
+    fn wanted(&self) -> usize {
+        if self.pool.endings.len() >= self.request.n || self.pool.draws >= self.max_draws {
+            return 0;
+        }
+        self.pool
+            .draws_to_cover(self.request.n, self.max_draws)
+            .max(1)
+    }
+}
+
+/// Most contexts decoded in one batch: their prefixes stay cached for the feature passes.
+const MAX_CONTEXTS_PER_BATCH: usize = 16;
+
+/// Rows queued per batch slot when contexts are sampled together.
+const ROWS_PER_SLOT: usize = 4;
 
 impl EndingSampler for LocalLm {
     fn describe(&self) -> (String, String, Option<String>) {
@@ -165,30 +275,77 @@ impl EndingSampler for LocalLm {
     }
 
     fn sample(&self, request: &SampleRequest) -> Result<SampledPool> {
-        let prompt = self.prefix(&request.prompt)?;
-        let mut rng = ChaCha8Rng::seed_from_u64(request.seed);
-        let mut seen = request.seen_endings();
-        let mut pool = SampledPool::default();
-        let max_draws = request.n * self.params.max_draws_per_ending.max(1);
-        while pool.endings.len() < request.n && pool.draws < max_draws {
-            let rows = pool
-                .draws_to_cover(request.n, max_draws)
-                .clamp(1, self.params.batch);
-            for row in self.decode_batch(&prompt.prefix, rows, &mut rng)? {
-                pool.draws += 1;
-                pool.tokens_generated += row.tokens.len();
-                if row.stop != Stop::SentenceEnd || pool.endings.len() >= request.n {
-                    continue;
-                }
-                let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
-                if acceptable_ending(&text, self.params.max_words) && seen.insert(text.clone()) {
-                    pool.endings.push(SampledEnding {
-                        text,
-                        tokens: Some((row.tokens, row.logprobs)),
-                    });
-                }
+        let mut pools = self.sample_many(std::slice::from_ref(request))?;
+        Ok(pools.pop().expect("one pool per request"))
+    }
+
+    /// Enough contexts that their rows fill the batch's slots several times over: slots freed
+    /// by finished rows are refilled, and only the last rows decode in a thinning batch.
+    fn contexts_per_call(&self, n: usize) -> usize {
+        let first_round = SampledPool::default().draws_to_cover(n, usize::MAX).max(1);
+        (ROWS_PER_SLOT * self.params.batch / first_round).clamp(1, MAX_CONTEXTS_PER_BATCH)
+    }
+
+    /// Rounds of decoding: each round decodes the rows every unfinished context still wants, all
+    /// contexts in one continuous batch, until each context has its N⁻ unique endings or has
+    /// spent its draws.
+    fn sample_many(&self, requests: &[SampleRequest]) -> Result<Vec<SampledPool>> {
+        let mut states: Vec<Sampling> = requests
+            .iter()
+            .map(|request| {
+                Ok(Sampling {
+                    request,
+                    prompt: self.prefix(&request.prompt)?,
+                    rng: ChaCha8Rng::seed_from_u64(request.seed),
+                    seen: request.seen_endings(),
+                    pool: SampledPool::default(),
+                    max_draws: request.n * self.params.max_draws_per_ending.max(1),
+                })
+            })
+            .collect::<Result<_>>()?;
+        loop {
+            let wanted: Vec<usize> = states.iter().map(Sampling::wanted).collect();
+            if wanted.iter().all(|&w| w == 0) {
+                break;
+            }
+            let mut groups: Vec<DecodeGroup> = states
+                .iter_mut()
+                .zip(&wanted)
+                .filter(|(_, &w)| w > 0)
+                .map(|(s, &rows)| DecodeGroup {
+                    prefix: &s.prompt.prefix,
+                    rows,
+                    rng: &mut s.rng,
+                })
+                .collect();
+            let decoded = self.decode_groups(&mut groups)?;
+            drop(groups);
+            let sampling = states.iter_mut().zip(&wanted).filter(|(_, &w)| w > 0);
+            for ((state, _), rows) in sampling.zip(decoded) {
+                self.keep_endings(state, rows)?;
             }
         }
-        Ok(pool)
+        Ok(states.into_iter().map(|s| s.pool).collect())
+    }
+}
+
+impl LocalLm {
+    /// Adds a context's decoded rows to its pool: whole sentences, not too long, unique.
+    fn keep_endings(&self, state: &mut Sampling, rows: Vec<DecodedRow>) -> Result<()> {
+        for row in rows {
+            state.pool.draws += 1;
+            state.pool.tokens_generated += row.tokens.len();
+            if row.stop != Stop::SentenceEnd || state.pool.endings.len() >= state.request.n {
+                continue;
+            }
+            let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
+            if acceptable_ending(&text, self.params.max_words) && state.seen.insert(text.clone()) {
+                state.pool.endings.push(SampledEnding {
+                    text,
+                    tokens: Some((row.tokens, row.logprobs)),
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -36,7 +36,7 @@ impl Default for SamplingParams {
             min_p: None,
             max_tokens: 40,
             max_words: 25,
-            batch: 128,
+            batch: 256,
             max_draws_per_ending: 4,
         }
     }
@@ -108,6 +108,17 @@ pub trait EndingSampler {
     /// `(backend, model name, model SHA-256)` for the generation record.
     fn describe(&self) -> (String, String, Option<String>);
     fn sample(&self, request: &SampleRequest) -> anyhow::Result<SampledPool>;
+
+    /// How many contexts of `n` endings each [`EndingSampler::sample_many`] should be given at
+    /// once: more than one where the backend decodes several contexts in one batch.
+    fn contexts_per_call(&self, _n: usize) -> usize {
+        1
+    }
+
+    /// One pool per request, in order.
+    fn sample_many(&self, requests: &[SampleRequest]) -> anyhow::Result<Vec<SampledPool>> {
+        requests.iter().map(|r| self.sample(r)).collect()
+    }
 }
 
 /// Collapses runs of whitespace and trims: the form endings are compared and stored in.

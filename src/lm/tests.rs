@@ -3,12 +3,11 @@
 
 use std::collections::HashSet;
 
-use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::llama::{LlamaConfig, RowCache};
-use super::local::{LocalLm, Stop};
+use super::llama::{LlamaConfig, Prefix};
+use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::{write_random_gguf, LanguageModel, RANDOM_GGUF_VOCAB};
 use super::sampler::{acceptable_ending, EndingSampler, SampleRequest, SamplingParams};
 
@@ -40,6 +39,77 @@ fn params() -> SamplingParams {
     }
 }
 
+/// Decodes `rows` rows of one context.
+fn decode(lm: &LocalLm, prefix: &Prefix, rows: usize, rng: &mut ChaCha8Rng) -> Vec<DecodedRow> {
+    let mut groups = [DecodeGroup { prefix, rows, rng }];
+    lm.decode_groups(&mut groups).unwrap().pop().unwrap()
+}
+
+#[test]
+fn contexts_decoded_in_one_batch_sample_what_they_sample_alone() {
+    // Four slots for 13 rows: finished rows hand their slot to waiting ones.
+    let lm = tiny_lm(SamplingParams {
+        batch: 4,
+        ..params()
+    });
+    let prompts = [
+        "A man is seen speaking to the camera. He",
+        "Two dogs",
+        "A woman in a red coat walks slowly along the beach while the sun sets. She",
+    ];
+    let prefixes: Vec<_> = prompts.iter().map(|p| lm.prefix(p).unwrap()).collect();
+    let mut rngs: Vec<ChaCha8Rng> = (0..3).map(ChaCha8Rng::seed_from_u64).collect();
+    let mut groups: Vec<DecodeGroup> = prefixes
+        .iter()
+        .zip(rngs.iter_mut())
+        .zip([5, 1, 7])
+        .map(|((p, rng), rows)| DecodeGroup {
+            prefix: &p.prefix,
+            rows,
+            rng,
+        })
+        .collect();
+    let together = lm.decode_groups(&mut groups).unwrap();
+    // Alone, with a slot for every row (no reuse).
+    let roomy = tiny_lm(params());
+    for (i, (p, rows)) in prefixes.iter().zip([5, 1, 7]).enumerate() {
+        let alone = decode(
+            &lm,
+            &p.prefix,
+            rows,
+            &mut ChaCha8Rng::seed_from_u64(i as u64),
+        );
+        assert_eq!(together[i].len(), rows);
+        for (a, b) in together[i].iter().zip(&alone) {
+            assert_eq!(a.tokens, b.tokens, "context {i}");
+            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                assert!((x - y).abs() < 1e-4, "context {i}: {x} vs {y}");
+            }
+        }
+    }
+    // The same through the sampler interface: pools of several contexts at once equal the
+    // pools sampled one by one.
+    let requests: Vec<SampleRequest> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| SampleRequest {
+            prompt: p.to_string(),
+            exclude: vec![],
+            n: 6,
+            seed: 40 + i as u64,
+        })
+        .collect();
+    let many = lm.sample_many(&requests).unwrap();
+    for (request, pool) in requests.iter().zip(&many) {
+        let single = roomy.sample(request).unwrap();
+        let texts = |p: &super::sampler::SampledPool| -> Vec<String> {
+            p.endings.iter().map(|e| e.text.clone()).collect()
+        };
+        assert_eq!(texts(pool), texts(&single));
+        assert_eq!(pool.draws, single.draws);
+    }
+}
+
 #[test]
 fn tokenizer_round_trips_text() {
     let lm = tiny_lm(params());
@@ -65,7 +135,7 @@ fn shared_prefix_decoding_matches_full_recomputation() {
         .prefix("A man is seen speaking to the camera. He")
         .unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let rows = lm.decode_batch(&prompt.prefix, 8, &mut rng).unwrap();
+    let rows = decode(&lm, &prompt.prefix, 8, &mut rng);
     let seqs: Vec<Vec<u32>> = rows.iter().map(|r| r.tokens.clone()).collect();
     // Log-probs recorded while decoding the batch = the same tokens scored as one batch
     // = each scored alone = a plain causal pass over prefix + tokens.
@@ -101,9 +171,7 @@ fn rows_stop_at_sentence_end_end_of_text_or_the_cap() {
     let prompt = lm
         .prefix("Two dogs are running through a field. They")
         .unwrap();
-    let rows = lm
-        .decode_batch(&prompt.prefix, 64, &mut ChaCha8Rng::seed_from_u64(1))
-        .unwrap();
+    let rows = decode(&lm, &prompt.prefix, 64, &mut ChaCha8Rng::seed_from_u64(1));
     let mut stops = HashSet::new();
     for row in &rows {
         stops.insert(format!("{:?}", row.stop));
@@ -213,40 +281,4 @@ fn features_reuse_sampled_logprobs_exactly() {
     assert!(f.gold.lp_cond < 0.0 && f.gold.lp_alone < 0.0 && f.ctx_logprob < 0.0);
     assert!(f.gold.lp_final_punct.is_some());
     assert!(f.n_tok_sent1 > 0 && f.n_tok_sent2 > 0);
-}
-
-#[test]
-fn row_cache_selection_keeps_the_chosen_rows() {
-    let lm = tiny_lm(params());
-    let llama = &lm.model.llama;
-    let prompt = lm.prefix("Someone is cooking.").unwrap();
-    let ids = Tensor::new(&[[3u32, 4], [5, 6], [7, 8]], &Device::Cpu).unwrap();
-    let mut cache = RowCache::default();
-    llama
-        .forward(&ids, Some(&prompt.prefix), &mut cache)
-        .unwrap();
-    cache.select_rows(&[2, 0]).unwrap();
-    let next = Tensor::new(&[[9u32], [10]], &Device::Cpu).unwrap();
-    let h = llama
-        .forward(&next, Some(&prompt.prefix), &mut cache)
-        .unwrap();
-    let mut single = RowCache::default();
-    let ids7 = Tensor::new(&[[7u32, 8]], &Device::Cpu).unwrap();
-    llama
-        .forward(&ids7, Some(&prompt.prefix), &mut single)
-        .unwrap();
-    let h7 = llama
-        .forward(
-            &Tensor::new(&[[9u32]], &Device::Cpu).unwrap(),
-            Some(&prompt.prefix),
-            &mut single,
-        )
-        .unwrap();
-    let diff = (h.narrow(0, 0, 1).unwrap() - h7)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap();
-    assert!(diff.to_scalar::<f32>().unwrap() < 1e-4);
 }
