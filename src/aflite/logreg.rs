@@ -195,7 +195,7 @@ impl<'a> Problem<'a> {
         let w: Vec<f64> = v.iter().zip(&self.scale).map(|(a, s)| a * s).collect();
         let (weights, bias) = self.raw_parameters(v);
 
-        let (loss, residual_sum, xtr) = data_term(self.x, dim, self.y, outputs, &weights, &bias);
+        let (loss, residual_sum, xtr) = self.data_term(&weights, &bias);
 
         let n = rows as f64;
         let mut penalty = 0f64;
@@ -238,90 +238,82 @@ fn column_sums(x: &[f32], dim: usize, f: impl Fn(f32, usize) -> f32) -> Vec<f64>
     total
 }
 
-/// The data part of the objective at raw `weights`/`bias`: the summed cross-entropy, the summed
-/// residuals `Σ r` and `Xᵀr` (the hot loop of every fit: one dot and one axpy per row and output).
-/// Runs the AVX2+FMA build of the loop where the CPU has it (see [`crate::simd`]).
-fn data_term(
-    x: &[f32],
-    dim: usize,
-    y: &[u32],
-    outputs: usize,
-    weights: &[f32],
-    bias: &[f32],
-) -> (f64, Vec<f64>, Vec<f64>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::simd::avx2_fma() {
-            // SAFETY: the CPU supports the features the function is compiled for.
-            return unsafe { data_term_avx2_fma(x, dim, y, outputs, weights, bias) };
-        }
-    }
-    data_term_generic::<false>(x, dim, y, outputs, weights, bias)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn data_term_avx2_fma(
-    x: &[f32],
-    dim: usize,
-    y: &[u32],
-    outputs: usize,
-    weights: &[f32],
-    bias: &[f32],
-) -> (f64, Vec<f64>, Vec<f64>) {
-    data_term_generic::<true>(x, dim, y, outputs, weights, bias)
-}
-
-#[inline(always)]
-fn data_term_generic<const FMA: bool>(
-    x: &[f32],
-    dim: usize,
-    y: &[u32],
-    outputs: usize,
-    weights: &[f32],
-    bias: &[f32],
-) -> (f64, Vec<f64>, Vec<f64>) {
-    let rows = y.len();
-    let nw = outputs * dim;
-    let mut loss = 0f64;
-    let mut residual_sum = vec![0f64; outputs];
-    let mut xtr = vec![0f64; nw];
-    // Accumulate Xᵀr in f32 over blocks of rows, then in f64, for speed without drift.
-    const BLOCK: usize = 256;
-    let mut block_acc = vec![0f32; nw];
-    let mut z = vec![0f64; outputs];
-    let mut r = vec![0f32; outputs];
-    for (block_start, xb) in (0..rows).step_by(BLOCK).zip(x.chunks(BLOCK * dim)) {
-        block_acc.fill(0.0);
-        for (i, row) in (block_start..).zip(xb.chunks_exact(dim)) {
-            for k in 0..outputs {
-                z[k] = (dot_lanes::<FMA>(&weights[k * dim..(k + 1) * dim], row) + bias[k]) as f64;
+impl Problem<'_> {
+    /// The data part of the objective at raw `weights`/`bias`: the summed cross-entropy, the
+    /// summed residuals `Σ r` and `Xᵀr` (the hot loop of every fit: one dot and one axpy per row
+    /// and output). Runs the AVX2+FMA build of the loop where the CPU has it (see
+    /// [`crate::simd`]).
+    fn data_term(&self, weights: &[f32], bias: &[f32]) -> (f64, Vec<f64>, Vec<f64>) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::avx2_fma() {
+                // SAFETY: the CPU supports the features the function is compiled for.
+                return unsafe { self.data_term_avx2_fma(weights, bias) };
             }
-            let yi = y[i] as usize;
-            if outputs == 1 {
-                let target = yi as f64; // class index 0 or 1
-                let (softplus, sigmoid) = softplus_sigmoid(z[0]);
-                loss += softplus - target * z[0];
-                r[0] = (sigmoid - target) as f32;
-            } else {
-                let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = z.iter().map(|&a| (a - max).exp()).sum();
-                loss += max + sum.ln() - z[yi];
+        }
+        self.data_term_generic::<false>(weights, bias)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn data_term_avx2_fma(
+        &self,
+        weights: &[f32],
+        bias: &[f32],
+    ) -> (f64, Vec<f64>, Vec<f64>) {
+        self.data_term_generic::<true>(weights, bias)
+    }
+
+    #[inline(always)]
+    fn data_term_generic<const FMA: bool>(
+        &self,
+        weights: &[f32],
+        bias: &[f32],
+    ) -> (f64, Vec<f64>, Vec<f64>) {
+        let (x, dim, y, outputs) = (self.x, self.dim, self.y, self.outputs);
+        let rows = y.len();
+        let nw = outputs * dim;
+        let mut loss = 0f64;
+        let mut residual_sum = vec![0f64; outputs];
+        let mut xtr = vec![0f64; nw];
+        // Accumulate Xᵀr in f32 over blocks of rows, then in f64, for speed without drift.
+        const BLOCK: usize = 256;
+        let mut block_acc = vec![0f32; nw];
+        let mut z = vec![0f64; outputs];
+        let mut r = vec![0f32; outputs];
+        for (block_start, xb) in (0..rows).step_by(BLOCK).zip(x.chunks(BLOCK * dim)) {
+            block_acc.fill(0.0);
+            for (i, row) in (block_start..).zip(xb.chunks_exact(dim)) {
                 for k in 0..outputs {
-                    let p = (z[k] - max).exp() / sum;
-                    r[k] = (p - if k == yi { 1.0 } else { 0.0 }) as f32;
+                    z[k] =
+                        (dot_lanes::<FMA>(&weights[k * dim..(k + 1) * dim], row) + bias[k]) as f64;
+                }
+                let yi = y[i] as usize;
+                if outputs == 1 {
+                    let target = yi as f64; // class index 0 or 1
+                    let (softplus, sigmoid) = softplus_sigmoid(z[0]);
+                    loss += softplus - target * z[0];
+                    r[0] = (sigmoid - target) as f32;
+                } else {
+                    let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = z.iter().map(|&a| (a - max).exp()).sum();
+                    loss += max + sum.ln() - z[yi];
+                    for k in 0..outputs {
+                        let p = (z[k] - max).exp() / sum;
+                        r[k] = (p - if k == yi { 1.0 } else { 0.0 }) as f32;
+                    }
+                }
+                for k in 0..outputs {
+                    residual_sum[k] += r[k] as f64;
+                    axpy_lanes::<FMA>(r[k], row, &mut block_acc[k * dim..(k + 1) * dim]);
                 }
             }
-            for k in 0..outputs {
-                residual_sum[k] += r[k] as f64;
-                axpy_lanes::<FMA>(r[k], row, &mut block_acc[k * dim..(k + 1) * dim]);
+            for (acc, &b) in xtr.iter_mut().zip(&block_acc) {
+                *acc += b as f64;
             }
         }
-        for (acc, &b) in xtr.iter_mut().zip(&block_acc) {
-            *acc += b as f64;
-        }
+        (loss, residual_sum, xtr)
     }
-    (loss, residual_sum, xtr)
 }
 
 /// Limited-memory BFGS with a backtracking (Armijo) line search; returns the scaled

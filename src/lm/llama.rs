@@ -510,7 +510,13 @@ impl Llama {
                         &cache_v[slot..slot + (row.position + 1) * nkv * hd],
                     );
                     let (pk, pv) = &row.prefix.raw_kv[layer];
-                    attend_one_row(&qkv[..nh * hd], (pk, pv), own, (nh, nkv, hd), scores, out);
+                    RowAttention {
+                        q: &qkv[..nh * hd],
+                        prefix: (pk, pv),
+                        own,
+                        heads: (nh, nkv, hd),
+                    }
+                    .run(scores, out);
                 });
             let attn = Tensor::from_vec(attn, (n, nh * hd), &Device::Cpu)?;
             x = (x + attn.matmul(&block.wo)?)?;
@@ -630,82 +636,72 @@ fn swiglu(gate_up: &Tensor) -> Result<Tensor> {
 }
 
 /// One row's attention in a decode step: each query head against the prefix's keys and then the
-/// row's own keys (one softmax over both), values summed into `out` (heads × head_dim).
+/// row's own keys (one softmax over both), values summed into the output (heads × head_dim).
 /// Prefix keys are (kv_heads × hd × len), prefix values (kv_heads × len × hd); own keys and
 /// values (len × kv_heads × hd).
-fn attend_one_row(
-    q: &[f32],
-    (pk, pv): (&[f32], &[f32]),
-    (own_k, own_v): (&[f32], &[f32]),
-    (nh, nkv, hd): (usize, usize, usize),
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::simd::avx2_fma() {
-            // SAFETY: the CPU supports the features the function is compiled for.
-            return unsafe {
-                attend_one_row_avx2_fma(q, (pk, pv), (own_k, own_v), (nh, nkv, hd), scores, out)
-            };
+struct RowAttention<'a> {
+    q: &'a [f32],
+    prefix: (&'a [f32], &'a [f32]),
+    own: (&'a [f32], &'a [f32]),
+    /// (query heads, key/value heads, head dim).
+    heads: (usize, usize, usize),
+}
+
+impl RowAttention<'_> {
+    /// Writes the row's attention output into `out`; `scores` is scratch space.
+    fn run(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::avx2_fma() {
+                // SAFETY: the CPU supports the features the function is compiled for.
+                return unsafe { self.run_avx2_fma(scores, out) };
+            }
         }
+        self.run_generic::<false>(scores, out)
     }
-    attend_one_row_generic::<false>(q, (pk, pv), (own_k, own_v), (nh, nkv, hd), scores, out)
-}
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_one_row_avx2_fma(
-    q: &[f32],
-    prefix: (&[f32], &[f32]),
-    own: (&[f32], &[f32]),
-    dims: (usize, usize, usize),
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    attend_one_row_generic::<true>(q, prefix, own, dims, scores, out)
-}
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2_fma(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+        self.run_generic::<true>(scores, out)
+    }
 
-#[inline(always)]
-fn attend_one_row_generic<const FMA: bool>(
-    q: &[f32],
-    (pk, pv): (&[f32], &[f32]),
-    (own_k, own_v): (&[f32], &[f32]),
-    (nh, nkv, hd): (usize, usize, usize),
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let group = nh / nkv;
-    let plen = pk.len() / (nkv * hd);
-    let own_len = own_k.len() / (nkv * hd);
-    let scale = 1.0 / (hd as f32).sqrt();
-    for head in 0..nh {
-        let kv_head = head / group;
-        let qh = &q[head * hd..(head + 1) * hd];
-        // Plain loops, no closures: a closure is compiled without the caller's target features.
-        scores.clear();
-        scores.resize(plen, 0.0);
-        for (d, &qd) in qh.iter().enumerate() {
-            let keys_d = &pk[(kv_head * hd + d) * plen..][..plen];
-            axpy_lanes::<FMA>(qd * scale, keys_d, scores);
-        }
-        for j in 0..own_len {
-            let key = &own_k[(j * nkv + kv_head) * hd..][..hd];
-            scores.push(dot_lanes::<FMA>(qh, key) * scale);
-        }
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            total += *s;
-        }
-        let oh = &mut out[head * hd..(head + 1) * hd];
-        oh.fill(0.0);
-        for (j, &p) in scores[..plen].iter().enumerate() {
-            axpy_lanes::<FMA>(p / total, &pv[(kv_head * plen + j) * hd..][..hd], oh);
-        }
-        for (j, &p) in scores[plen..].iter().enumerate() {
-            axpy_lanes::<FMA>(p / total, &own_v[(j * nkv + kv_head) * hd..][..hd], oh);
+    #[inline(always)]
+    fn run_generic<const FMA: bool>(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+        let (q, (pk, pv), (own_k, own_v), (nh, nkv, hd)) =
+            (self.q, self.prefix, self.own, self.heads);
+        let group = nh / nkv;
+        let plen = pk.len() / (nkv * hd);
+        let own_len = own_k.len() / (nkv * hd);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for head in 0..nh {
+            let kv_head = head / group;
+            let qh = &q[head * hd..(head + 1) * hd];
+            // Plain loops, no closures: a closure is compiled without the caller's target features.
+            scores.clear();
+            scores.resize(plen, 0.0);
+            for (d, &qd) in qh.iter().enumerate() {
+                let keys_d = &pk[(kv_head * hd + d) * plen..][..plen];
+                axpy_lanes::<FMA>(qd * scale, keys_d, scores);
+            }
+            for j in 0..own_len {
+                let key = &own_k[(j * nkv + kv_head) * hd..][..hd];
+                scores.push(dot_lanes::<FMA>(qh, key) * scale);
+            }
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            let oh = &mut out[head * hd..(head + 1) * hd];
+            oh.fill(0.0);
+            for (j, &p) in scores[..plen].iter().enumerate() {
+                axpy_lanes::<FMA>(p / total, &pv[(kv_head * plen + j) * hd..][..hd], oh);
+            }
+            for (j, &p) in scores[plen..].iter().enumerate() {
+                axpy_lanes::<FMA>(p / total, &own_v[(j * nkv + kv_head) * hd..][..hd], oh);
+            }
         }
     }
 }

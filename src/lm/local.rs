@@ -1,9 +1,10 @@
 //! The local backend: batched ancestral sampling on the candle model.
 //!
-//! A context is run through the model once (its *prefix*). All rows of a batch start from that
-//! prefix's next-token distribution and decode in lock-step, one GEMM per projection per step;
-//! finished rows leave the batch. Every row's tokens and their log-probabilities are kept, so an
-//! ending's conditional log-probability costs nothing extra (SPEC §2 features).
+//! A context is run through the model once (its *prefix*). Rows of several contexts decode
+//! together by continuous batching: each step is one GEMM per projection over every row in
+//! flight, and a finished row's slot goes at once to a waiting row. Every row's tokens and their
+//! log-probabilities are kept, so an ending's conditional log-probability costs nothing extra
+//! (SPEC §2 features).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -148,7 +149,7 @@ impl LocalLm {
                 .iter()
                 .map(|r| *out[r.group][r.row].tokens.last().expect("a token"))
                 .collect();
-            let positions: Vec<SlotRow> = live
+            let rows: Vec<SlotRow> = live
                 .iter()
                 .map(|r| SlotRow {
                     slot: r.slot,
@@ -156,7 +157,7 @@ impl LocalLm {
                     position: out[r.group][r.row].tokens.len() - 1,
                 })
                 .collect();
-            let hidden = llama.decode_step(&tokens, &positions, &mut cache)?;
+            let hidden = llama.decode_step(&tokens, &rows, &mut cache)?;
             let logits: Vec<f32> = llama.logits(&hidden)?.flatten_all()?.to_vec1()?;
             let mut stepped = std::mem::take(&mut live);
             let drawn = self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);
