@@ -533,13 +533,24 @@ fn smollm2_generate_end_to_end() {
     );
 }
 
-/// candle's f32 GEMM throughput at the decode's shapes (rows × 576 times the model's weight
-/// matrices): the arithmetic limit the batched decode is compared with in BENCHMARKS.md.
+/// f32 GEMM throughput at the decode's shapes (rows × 576 times the model's weight matrices),
+/// candle's GEMM and afkit's packed AVX-512 kernel (where the CPU has it) side by side: the
+/// arithmetic limit the batched decode is compared with in BENCHMARKS.md.
 /// `cargo test --release --test generate -- --ignored gemm --nocapture`
 #[test]
 #[ignore]
 fn gemm_throughput_at_decode_shapes() {
+    use afkit::lm::linear::{packed_kernel_available, PackedMatrix};
     use candle_core::{Device, Tensor};
+    let gflops = |rows: usize, k: usize, n: usize, run: &dyn Fn()| {
+        run();
+        let iters = (2e9 / (2.0 * (rows * k * n) as f64)).ceil() as usize;
+        let t = Instant::now();
+        for _ in 0..iters {
+            run();
+        }
+        2.0 * (rows * k * n * iters) as f64 / t.elapsed().as_secs_f64() / 1e9
+    };
     for rows in [8, 32, 64, 128, 256] {
         let mut line = format!("rows {rows:>3}:");
         for (k, n) in [
@@ -551,14 +562,18 @@ fn gemm_throughput_at_decode_shapes() {
         ] {
             let a = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu).unwrap();
             let b = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu).unwrap();
-            a.matmul(&b).unwrap();
-            let iters = (2e9 / (2.0 * (rows * k * n) as f64)).ceil() as usize;
-            let t = Instant::now();
-            for _ in 0..iters {
+            let candle = gflops(rows, k, n, &|| {
                 a.matmul(&b).unwrap();
+            });
+            line += &format!("  {k}x{n}: candle {candle:5.1}");
+            if packed_kernel_available() {
+                let packed = PackedMatrix::pack(&b).unwrap();
+                let x: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
+                let p = gflops(rows, k, n, &|| {
+                    packed.apply(&x, rows).unwrap();
+                });
+                line += &format!(" packed {p:5.1}");
             }
-            let gflops = 2.0 * (rows * k * n * iters) as f64 / t.elapsed().as_secs_f64() / 1e9;
-            line += &format!("  {k}x{n}: {gflops:5.1}");
         }
         println!("{line}  GFLOP/s");
     }

@@ -22,6 +22,7 @@ use candle_nn::ops::{rms_norm, softmax_last_dim};
 use candle_nn::rotary_emb::rope_i;
 use rayon::prelude::*;
 
+use super::linear::Linear;
 use crate::simd::{axpy_lanes, dot_lanes};
 
 /// Longest sequence (context + ending) the rotary tables cover.
@@ -121,18 +122,18 @@ impl LlamaConfig {
 /// projections, so each is a single GEMM.
 struct Block {
     attn_norm: Tensor,
-    wqkv: Tensor,
-    wo: Tensor,
+    wqkv: Linear,
+    wo: Linear,
     ffn_norm: Tensor,
-    w_gate_up: Tensor,
-    w_down: Tensor,
+    w_gate_up: Linear,
+    w_down: Linear,
 }
 
 pub struct Llama {
     pub cfg: LlamaConfig,
     embed: Tensor,
     /// The output head, transposed (d_model × vocab); the embedding matrix when tied.
-    head: Tensor,
+    head: Linear,
     blocks: Vec<Block>,
     final_norm: Tensor,
     cos: Tensor,
@@ -216,9 +217,9 @@ impl Llama {
         let mut load = |name: &str| dequantised(content, file, name);
         let embed = load("token_embd.weight")?;
         let head = if content.tensor_infos.contains_key("output.weight") {
-            load("output.weight")?.t()?.contiguous()?
+            Linear::new(load("output.weight")?.t()?)?
         } else {
-            embed.t()?.contiguous()?
+            Linear::new(embed.t()?)?
         };
         let mut blocks = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
@@ -227,11 +228,11 @@ impl Llama {
             let (gate, up) = (w("ffn_gate")?, w("ffn_up")?);
             blocks.push(Block {
                 attn_norm: w("attn_norm")?,
-                wqkv: Tensor::cat(&[q, k, v], 0)?.t()?.contiguous()?,
-                wo: w("attn_output")?.t()?.contiguous()?,
+                wqkv: Linear::new(Tensor::cat(&[q, k, v], 0)?.t()?)?,
+                wo: Linear::new(w("attn_output")?.t()?)?,
                 ffn_norm: w("ffn_norm")?,
-                w_gate_up: Tensor::cat(&[gate, up], 0)?.t()?.contiguous()?,
-                w_down: w("ffn_down")?.t()?.contiguous()?,
+                w_gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?.t()?)?,
+                w_down: Linear::new(w("ffn_down")?.t()?)?,
             });
         }
         let final_norm = load("output_norm.weight")?;
@@ -241,7 +242,7 @@ impl Llama {
     fn assemble(
         cfg: LlamaConfig,
         embed: Tensor,
-        head: Tensor,
+        head: Linear,
         blocks: Vec<Block>,
         final_norm: Tensor,
     ) -> Result<Self> {
@@ -345,10 +346,10 @@ impl Llama {
                 cache,
                 layer,
             )?;
-            x = (x + attn.matmul(&block.wo)?)?;
+            x = (x + block.wo.forward(&attn)?)?;
             let h = rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps)?;
-            let act = swiglu(&h.matmul(&block.w_gate_up)?)?;
-            x = (x + act.matmul(&block.w_down)?)?;
+            let act = swiglu(&block.w_gate_up.forward(&h)?)?;
+            x = (x + block.w_down.forward(&act)?)?;
         }
         cache.len += steps;
         rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
@@ -371,7 +372,7 @@ impl Llama {
         let c = &self.cfg;
         let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
         let group = nh / nkv;
-        let qkv = h.matmul(&block.wqkv)?;
+        let qkv = block.wqkv.forward(&h)?;
         let heads = |offset: usize, n: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(1, offset * hd, n * hd)?
@@ -485,7 +486,7 @@ impl Llama {
         let mut x = self.embed.index_select(&ids, 0)?;
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
-            let mut qkv = h.matmul(&block.wqkv)?.flatten_all()?.to_vec1::<f32>()?;
+            let mut qkv = block.wqkv.forward_rows(&h)?;
             let width = (nh + 2 * nkv) * hd;
             let (cache_k, cache_v) = &mut cache.kv[layer];
             for (row, qkv) in rows.iter().zip(qkv.chunks_exact_mut(width)) {
@@ -519,10 +520,10 @@ impl Llama {
                     .run(scores, out);
                 });
             let attn = Tensor::from_vec(attn, (n, nh * hd), &Device::Cpu)?;
-            x = (x + attn.matmul(&block.wo)?)?;
+            x = (x + block.wo.forward(&attn)?)?;
             let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
-            let act = swiglu(&h.matmul(&block.w_gate_up)?)?;
-            x = (x + act.matmul(&block.w_down)?)?;
+            let act = swiglu(&block.w_gate_up.forward(&h)?)?;
+            x = (x + block.w_down.forward(&act)?)?;
         }
         Ok(rms_norm(&x, &self.final_norm, c.rms_eps)?)
     }
@@ -543,13 +544,13 @@ impl Llama {
 
     /// Log-softmax over the vocabulary for each row of `hidden` (n × d_model).
     pub fn log_softmax_rows(&self, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
-        let logits = hidden.matmul(&self.head)?;
+        let logits = self.head.forward(hidden)?;
         Ok(candle_nn::ops::log_softmax(&logits, D::Minus1)?.to_vec2()?)
     }
 
-    /// Raw logits (n × vocab) for each row of `hidden`.
-    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(hidden.matmul(&self.head)?)
+    /// Raw logits for each row of `hidden`, as plain rows (n × vocab).
+    pub fn logits(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+        self.head.forward_rows(hidden)
     }
 
     /// `log p(targets[i] | hidden[i])` for each row, computing the output head in chunks so
@@ -563,7 +564,7 @@ impl Llama {
         let mut out = Vec::with_capacity(n);
         for start in (0..n).step_by(CHUNK) {
             let len = CHUNK.min(n - start);
-            let logits = hidden.narrow(0, start, len)?.matmul(&self.head)?;
+            let logits = self.head.forward(&hidden.narrow(0, start, len)?)?;
             let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
             let idx = Tensor::new(&targets[start..start + len], &Device::Cpu)?.reshape((len, 1))?;
             out.extend(lsm.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?);

@@ -158,7 +158,7 @@ impl LocalLm {
                 })
                 .collect();
             let hidden = llama.decode_step(&tokens, &rows, &mut cache)?;
-            let logits: Vec<f32> = llama.logits(&hidden)?.flatten_all()?.to_vec1()?;
+            let logits = llama.logits(&hidden)?;
             let mut stepped = std::mem::take(&mut live);
             let drawn = self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);
             self.advance(stepped, drawn, &mut out, &mut live, &mut free_slots);

@@ -3,6 +3,7 @@
 
 pub mod features;
 mod generate;
+pub mod linear;
 pub mod llama;
 pub mod local;
 pub mod model;
