@@ -13,6 +13,7 @@ pub mod model;
 pub mod report;
 pub mod run;
 pub mod train;
+pub mod windows;
 
 use std::path::PathBuf;
 

@@ -5,8 +5,8 @@
 //! - [`BowModel`]: the mean of trainable word embeddings.
 //! - [`CnnModel`]: one convolution layer per filter width (2, 3, 4, 5) over word embedding ⊕
 //!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time. The convolution is
-//!   written as windows → linear layer (im2col), because candle's CPU conv1d backward pass goes
-//!   through a naive transposed convolution that dominated training time.
+//!   written as windows ([`super::windows`]) → linear layer (im2col), because candle's CPU conv1d
+//!   backward pass goes through a naive transposed convolution that dominated training time.
 //! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled
 //!   ([`super::bilstm`]).
 //! - The ensemble: the four representations concatenated into a one-hidden-layer MLP.
@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use super::bilstm::{BiLstm, BiLstmInput};
 use super::data::LM_FEATURES;
+use super::windows::time_windows;
 
 /// Filter widths of the CNN (SWAG: "filter sizes ranging from 2-5").
 pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
@@ -191,18 +192,12 @@ impl CnnModel {
             ],
             2,
         )?;
-        let len = xs.dim(1)?;
         let pooled = CNN_WIDTHS
             .iter()
             .zip(&self.convs)
             .zip(&text.conv_masks)
             .map(|((w, conv), mask)| {
-                // (rows, windows, w·channels): window t holds tokens t..t+w side by side.
-                let windows = len - w + 1;
-                let shifted = (0..*w)
-                    .map(|i| xs.narrow(1, i, windows))
-                    .collect::<Result<Vec<_>>>()?;
-                let features = conv.forward(&Tensor::cat(&shifted, 2)?)?.relu()?;
+                let features = conv.forward(&time_windows(&xs, *w)?)?.relu()?;
                 masked_max_over_time(&features, mask)
             })
             .collect::<Result<Vec<_>>>()?;
