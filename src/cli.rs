@@ -114,7 +114,10 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Models(command) => crate::lm::run_models(command),
         Command::Generate(args) => crate::lm::run_generate(args),
         Command::ImportPool(args) => crate::lm::run_import_pool(args),
-        Command::Filter(args) => crate::af::run_filter(args),
+        Command::Filter(args) => {
+            crate::af::use_one_candle_thread();
+            crate::af::run_filter(args)
+        }
         Command::Report(args) => crate::af::run_report(args),
         Command::Annotate(args) => crate::annotate::run(args),
         Command::Agreement(args) => crate::annotate::run_agreement(args),

@@ -5,9 +5,10 @@
 //! - [`BowModel`]: the mean of trainable word embeddings.
 //! - [`CnnModel`]: one convolution layer per filter width (2, 3, 4, 5) over word embedding ⊕
 //!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time. The convolution is
-//!   written as windows → linear layer (im2col), because candle's CPU conv1d backward pass goes
-//!   through a naive transposed convolution that dominated training time.
-//! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled.
+//!   written as windows ([`super::windows`]) → linear layer (im2col), because candle's CPU conv1d
+//!   backward pass goes through a naive transposed convolution that dominated training time.
+//! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled
+//!   ([`super::bilstm`]).
 //! - The ensemble: the four representations concatenated into a one-hidden-layer MLP.
 //!
 //! Every model has its own linear scoring head, and all heads are trained jointly (the sum of
@@ -15,11 +16,12 @@
 //! be reported on its own. In MLP-only iterations only the MLP and its head exist.
 
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::rnn::{Direction, LSTMConfig, RNN};
-use candle_nn::{embedding, linear, lstm, Embedding, Linear, VarBuilder};
+use candle_nn::{embedding, linear, Embedding, Linear, VarBuilder};
 use serde::Serialize;
 
+use super::bilstm::{BiLstm, BiLstmInput};
 use super::data::LM_FEATURES;
+use super::windows::time_windows;
 
 /// Filter widths of the CNN (SWAG: "filter sizes ranging from 2-5").
 pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
@@ -190,18 +192,12 @@ impl CnnModel {
             ],
             2,
         )?;
-        let len = xs.dim(1)?;
         let pooled = CNN_WIDTHS
             .iter()
             .zip(&self.convs)
             .zip(&text.conv_masks)
             .map(|((w, conv), mask)| {
-                // (rows, windows, w·channels): window t holds tokens t..t+w side by side.
-                let windows = len - w + 1;
-                let shifted = (0..*w)
-                    .map(|i| xs.narrow(1, i, windows))
-                    .collect::<Result<Vec<_>>>()?;
-                let features = conv.forward(&Tensor::cat(&shifted, 2)?)?.relu()?;
+                let features = conv.forward(&time_windows(&xs, *w)?)?.relu()?;
                 masked_max_over_time(&features, mask)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -210,45 +206,29 @@ impl CnnModel {
 }
 
 pub struct LstmModel {
-    embed: Embedding,
-    indicator: Embedding,
-    forward: candle_nn::LSTM,
-    backward: candle_nn::LSTM,
+    bilstm: BiLstm,
 }
 
 impl LstmModel {
     fn new(vocab: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
-        let input = cfg.word_dim + cfg.indicator_dim;
-        let backward_cfg = LSTMConfig {
-            direction: Direction::Backward,
-            ..LSTMConfig::default()
-        };
         Ok(LstmModel {
-            embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
-            indicator: embedding(2, cfg.indicator_dim, vb.pp("indicator"))?,
-            forward: lstm(input, cfg.lstm_hidden, LSTMConfig::default(), vb.pp("lstm"))?,
-            backward: lstm(input, cfg.lstm_hidden, backward_cfg, vb.pp("lstm"))?,
+            bilstm: BiLstm::new(vocab, cfg.word_dim, cfg.indicator_dim, cfg.lstm_hidden, vb)?,
         })
-    }
-
-    fn run(&self, lstm: &candle_nn::LSTM, ids: &Tensor, in_sent2: &Tensor) -> Result<Tensor> {
-        let xs = Tensor::cat(
-            &[self.embed.forward(ids)?, self.indicator.forward(in_sent2)?],
-            2,
-        )?;
-        let states = lstm.seq(&xs)?;
-        lstm.states_to_tensor(&states)
     }
 
     fn forward(&self, text: &TextBatch) -> Result<Tensor> {
         // Padding sits at the end of both the forward and the reversed rows, so each direction
         // starts on a real token; padded steps are ignored by the masked max.
-        let fwd = self.run(&self.forward, &text.lstm_ids, &text.in_sent2)?;
-        let bwd = self.run(&self.backward, &text.lstm_ids_rev, &text.in_sent2_rev)?;
+        let states = self.bilstm.hidden_states(&BiLstmInput {
+            ids: &text.lstm_ids,
+            in_sent2: &text.in_sent2,
+            ids_rev: &text.lstm_ids_rev,
+            in_sent2_rev: &text.in_sent2_rev,
+        })?;
         Tensor::cat(
             &[
-                masked_max_over_time(&fwd, &text.mask)?,
-                masked_max_over_time(&bwd, &text.mask)?,
+                masked_max_over_time(&states.get(0)?, &text.mask)?,
+                masked_max_over_time(&states.get(1)?, &text.mask)?,
             ],
             1,
         )
