@@ -372,7 +372,7 @@ impl Llama {
         let c = &self.cfg;
         let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
         let group = nh / nkv;
-        let qkv = block.wqkv.forward(&h)?;
+        let qkv = block.wqkv.forward(h)?;
         let heads = |offset: usize, n: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(1, offset * hd, n * hd)?
