@@ -35,9 +35,8 @@ impl Linear {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?),
             Linear::Packed(p) => {
-                let rows = x.dim(0)?;
-                let out = p.apply(&x.flatten_all()?.to_vec1::<f32>()?, rows)?;
-                Ok(Tensor::from_vec(out, (rows, p.n), &Device::Cpu)?)
+                let out = self.forward_rows(x)?;
+                Ok(Tensor::from_vec(out, (x.dim(0)?, p.n), &Device::Cpu)?)
             }
         }
     }
