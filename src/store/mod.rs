@@ -27,7 +27,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 /// Schema migrations, in order. Index `i` upgrades `user_version` from `i` to `i + 1`.
 /// Never edit a migration that has shipped: append a new one.
-const MIGRATIONS: &[&str] = &[include_str!("schema.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("schema.sql"), include_str!("migration_2.sql")];
 
 /// The schema version this build of afkit writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -207,6 +207,46 @@ mod tests {
         let store = Store::open(&path).unwrap();
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         assert!(store.meta("created_at").unwrap().is_some());
+    }
+
+    #[test]
+    fn a_version_1_project_keeps_its_af_scores_through_the_migrations() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute_batch(
+                "INSERT INTO sources VALUES (1, 'in.jsonl', 'jsonl', 'x', '{}', 'now');
+                 INSERT INTO examples VALUES (1, 'a#0', 'a', 's1', 's2', 'ends.', 1, NULL, 'now');
+                 INSERT INTO endings(id, example_id, text, is_gold) VALUES (1, 1, 'ends.', 1),
+                                                                           (2, 1, 'stops.', 0);
+                 INSERT INTO af_runs VALUES (1, 1, 0, '{}', 'now', 'fp', 'now', NULL, 'done');
+                 INSERT INTO af_scores VALUES (1, 1, 0.5), (1, 2, -1.25);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        let scores: Vec<(i64, f64)> = store
+            .conn()
+            .prepare("SELECT ending_id, score FROM af_scores WHERE run_id = 1 ORDER BY ending_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(scores, vec![(1, 0.5), (2, -1.25)]);
+        let ddl: String = store
+            .conn()
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'af_scores'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(ddl.contains("WITHOUT ROWID"), "{ddl}");
     }
 
     #[test]
