@@ -404,6 +404,101 @@ fn killed_run_resumes_to_the_same_final_state() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("seed"));
 }
 
+/// MLP-only AF (`--ensemble-iterations 0`, what a project too big for the text models runs):
+/// every iteration and the final pass use the MLP, and every pool ending gets a final score.
+/// 600 contexts cross the boundary between the chunks the pools stream in.
+#[test]
+fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 600,
+        candidates: 6,
+        clean: 3,
+        seed: 21,
+    };
+    let project = build_project(dir.path(), "mlp.sqlite", spec);
+    let out = run_ok(afkit().args(filter_args(
+        &project,
+        &[
+            "--k",
+            "4",
+            "--mlp-iterations",
+            "2",
+            "--ensemble-iterations",
+            "0",
+        ],
+    )));
+    assert!(
+        out.contains("final cross-fitted pass (5 folds, mlp)"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("texts encoded"),
+        "the texts are never needed: {out}"
+    );
+    let state = run_state(&project);
+    assert!(state.finished);
+    assert!(state.iterations.iter().all(|i| i.1 == "mlp"));
+    let store = Store::open(&project).unwrap();
+    let run = store.latest_af_run().unwrap().unwrap();
+    let accuracy = run.final_accuracy.unwrap();
+    assert!(accuracy.mlp.is_some() && accuracy.ensemble.is_none());
+    assert_eq!(state.scores.len(), spec.contexts * (spec.candidates + 1));
+    assert!(state.scores.values().all(|s| s.is_finite()));
+    assert_eq!(state.folds.len(), spec.contexts);
+}
+
+/// The pools stream in chunks: loaded with or without the texts, the dataset holds every context
+/// with its endings in id order and the same standardised LM features.
+#[test]
+fn dataset_streams_every_pool_whole_with_or_without_text() {
+    use afkit::af::data::{Dataset, EncodeConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 1100,
+        candidates: 5,
+        clean: 2,
+        seed: 4,
+    };
+    let project = build_project(dir.path(), "d.sqlite", spec);
+    let store = Store::open(&project).unwrap();
+    let cfg = EncodeConfig::default();
+    let lean = Dataset::load(&store, 3, &cfg, false).unwrap();
+    let full = Dataset::load(&store, 3, &cfg, true).unwrap();
+    assert_eq!(lean.contexts.len(), spec.contexts);
+    assert_eq!(lean.fingerprint(), full.fingerprint());
+    let conn = Connection::open(&project).unwrap();
+    let stored: Vec<(i64, i64)> = conn
+        .prepare("SELECT example_id, id FROM endings WHERE is_gold = 0 ORDER BY example_id, id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let loaded: Vec<(i64, i64)> = lean
+        .contexts
+        .iter()
+        .flat_map(|c| {
+            c.candidates
+                .iter()
+                .map(move |e| (c.example_id, e.ending_id))
+        })
+        .collect();
+    assert_eq!(loaded, stored);
+    for (a, b) in lean.contexts.iter().zip(&full.contexts) {
+        assert_eq!(a.gold.lm, b.gold.lm);
+        assert!(a.gold.words.is_empty() && !b.gold.words.is_empty());
+        assert_eq!(b.gold.words.len(), b.gold.lstm.len());
+        for (x, y) in a.candidates.iter().zip(&b.candidates) {
+            assert_eq!(x.lm, y.lm);
+        }
+    }
+    assert!(full.vocab_size > 2 && full.with_text && !lean.with_text);
+    // Too few candidates for k: every context is left out, and counted.
+    let none = Dataset::load(&store, 6, &cfg, false).unwrap();
+    assert_eq!((none.contexts.len(), none.excluded), (0, spec.contexts));
+}
+
 /// Runs AF in-process with tiny models on `project`.
 fn filter_in_process(project: &Path, k: usize, seed: u64) {
     let args = afkit::af::FilterArgs {

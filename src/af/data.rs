@@ -12,13 +12,21 @@
 //! The vocabulary is built from all texts of the run (no labels are involved, so it leaks
 //! nothing about which ending is gold); words seen only in held-out contexts keep untrained
 //! embeddings.
+//!
+//! Memory: the pools are streamed from the project file a chunk of contexts at a time and never
+//! held as text. MLP-only iterations need only the LM features, so the text ids are encoded only
+//! when asked for ([`Dataset::load`]'s `with_text`): a pool ending then costs 80 bytes, which
+//! keeps a 100k-context × 256-ending project near 2 GB (BENCHMARKS.md, "Big projects").
 
 use std::collections::HashMap;
 
+use anyhow::Result;
 use rayon::prelude::*;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
-use crate::store::af::{EndingLm, PoolContext, PoolEnding};
+use crate::store::af::{EndingLm, PoolContext};
+use crate::store::Store;
 
 /// The 17 universal POS tags, the BiLSTM's stand-ins for rare words.
 pub const UPOS_TAGS: [&str; 17] = [
@@ -32,6 +40,9 @@ pub const UNK: u32 = 1;
 
 /// Number of MLP inputs per option; see [`lm_features`].
 pub const LM_FEATURES: usize = 10;
+
+/// Contexts tokenised (and tagged) together, in parallel, while the pools stream in.
+const CHUNK_CONTEXTS: usize = 512;
 
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct EncodeConfig {
@@ -60,9 +71,10 @@ pub struct EncodedEnding {
     /// Standardised LM features and lengths.
     pub lm: [f32; LM_FEATURES],
     /// Word ids of `sent2 + ending`; the first `EncodedContext::n_sent2` belong to `sent2`.
-    pub words: Vec<u32>,
+    /// Empty when the dataset was loaded without text.
+    pub words: Box<[u32]>,
     /// BiLSTM ids of the same tokens (top words, else UPOS tags).
-    pub lstm: Vec<u32>,
+    pub lstm: Box<[u32]>,
 }
 
 #[derive(Debug, Clone)]
@@ -87,144 +99,241 @@ pub struct Dataset {
     pub contexts: Vec<EncodedContext>,
     pub vocab_size: usize,
     pub lstm_vocab_size: usize,
+    /// Whether the word and BiLSTM ids are there (the text models need them; the MLP does not).
+    pub with_text: bool,
+    /// Contexts with a complete pool left out for having fewer than k candidates.
+    pub excluded: usize,
 }
 
 impl Dataset {
-    /// Tokenises and tags every `sent2 + ending` (in parallel), builds both vocabularies and
-    /// standardises the LM features.
-    pub fn encode(pool: &[PoolContext], cfg: &EncodeConfig) -> Dataset {
-        let sent2_tokens: Vec<Vec<String>> = pool
-            .par_iter()
-            .map(|c| crate::text::tokenize(&c.sent2))
-            .collect();
-        let endings: Vec<(usize, &PoolEnding)> = pool
-            .iter()
-            .enumerate()
-            .flat_map(|(i, c)| {
-                std::iter::once(&c.gold)
-                    .chain(&c.candidates)
-                    .map(move |e| (i, e))
-            })
-            .collect();
-        // Tokens and tags of each option's full second sentence; tagging sees the whole sentence.
-        let tagger = crate::text::Tagger::shipped();
-        let tokenised: Vec<(Vec<String>, Vec<&'static str>)> = endings
-            .par_iter()
-            .map(|(ctx, ending)| {
-                let mut tokens = sent2_tokens[*ctx].clone();
-                tokens.extend(crate::text::tokenize(&ending.text));
-                tokens.truncate(cfg.max_tokens);
-                let tags = tagger.tag(&tokens).iter().map(|t| t.as_str()).collect();
-                (tokens, tags)
-            })
-            .collect();
-
-        let counts = count_tokens(&sent2_tokens, &endings, &tokenised);
-        let mut by_frequency: Vec<(&str, usize)> = counts.into_iter().collect();
-        by_frequency.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let word_ids: HashMap<&str, u32> = by_frequency
-            .iter()
-            .filter(|(_, n)| *n >= cfg.min_count)
-            .enumerate()
-            .map(|(i, (w, _))| (*w, i as u32 + 2))
-            .collect();
-        let lstm_ids: HashMap<&str, u32> = by_frequency
-            .iter()
-            .take(cfg.lstm_top_words)
-            .enumerate()
-            .map(|(i, (w, _))| (*w, i as u32 + 2))
-            .collect();
-        let tag_base = lstm_ids.len() as u32 + 2;
-        let tag_id = |tag: &str| {
-            UPOS_TAGS
-                .iter()
-                .position(|t| *t == tag)
-                .map_or(UNK, |i| tag_base + i as u32)
-        };
-
-        let raw: Vec<[Option<f64>; LM_FEATURES]> = endings
-            .iter()
-            .zip(&tokenised)
-            .map(|((ctx, ending), (tokens, _))| {
-                let n_words = tokens.len().saturating_sub(sent2_tokens[*ctx].len());
-                lm_features(&pool[*ctx], &ending.lm, n_words)
-            })
-            .collect();
-        let standardised = standardise(&raw);
-
-        let mut contexts: Vec<EncodedContext> = pool
-            .iter()
-            .zip(&sent2_tokens)
-            .map(|(c, s2)| EncodedContext {
-                example_id: c.example_id,
-                n_sent2: s2.len().min(cfg.max_tokens),
-                gold: placeholder(c.gold.id),
-                candidates: Vec::with_capacity(c.candidates.len()),
-            })
-            .collect();
-        for (((ctx, ending), (tokens, tags)), lm) in
-            endings.iter().zip(&tokenised).zip(standardised)
-        {
-            let encoded = EncodedEnding {
-                ending_id: ending.id,
-                lm,
-                words: tokens
-                    .iter()
-                    .map(|t| word_ids.get(t.as_str()).copied().unwrap_or(UNK))
-                    .collect(),
-                lstm: tokens
-                    .iter()
-                    .zip(tags)
-                    .map(|(t, tag)| {
-                        lstm_ids
-                            .get(t.as_str())
-                            .copied()
-                            .unwrap_or_else(|| tag_id(tag))
-                    })
-                    .collect(),
-            };
-            let context = &mut contexts[*ctx];
-            if ending.id == pool[*ctx].gold.id {
-                context.gold = encoded;
-            } else {
-                context.candidates.push(encoded);
+    /// Streams every complete pool with at least `k` candidates from the project, tokenising
+    /// (and, `with_text`, tagging) a chunk of contexts at a time in parallel, then builds both
+    /// vocabularies and standardises the LM features.
+    pub fn load(store: &Store, k: usize, cfg: &EncodeConfig, with_text: bool) -> Result<Dataset> {
+        let mut builder = Builder::new(*cfg, with_text);
+        let mut chunk: Vec<PoolContext> = Vec::with_capacity(CHUNK_CONTEXTS);
+        store.for_each_pool_context(|context| {
+            if context.candidates.len() < k {
+                builder.excluded += 1;
+                return Ok(());
             }
+            chunk.push(context);
+            if chunk.len() == CHUNK_CONTEXTS {
+                builder.add(std::mem::take(&mut chunk));
+            }
+            Ok(())
+        })?;
+        builder.add(chunk);
+        Ok(builder.finish())
+    }
+
+    /// SHA-256 over the ids of every context and ending that takes part: any change to the pools
+    /// (a new context, a regenerated ending) changes it.
+    pub fn fingerprint(&self) -> String {
+        let mut hasher = Sha256::new();
+        for c in &self.contexts {
+            hasher.update(format!("{}:{}", c.example_id, c.gold.ending_id));
+            for e in &c.candidates {
+                hasher.update(format!(",{}", e.ending_id));
+            }
+            hasher.update(";");
         }
+        format!("{:x}", hasher.finalize())
+    }
+}
+
+/// Accumulates encoded contexts while the pools stream in. Tokens are interned (one id per
+/// distinct string) so that no token string is stored per ending; interned ids become vocabulary
+/// ids in [`Builder::finish`], once every token has been counted.
+struct Builder {
+    cfg: EncodeConfig,
+    with_text: bool,
+    tagger: &'static crate::text::Tagger,
+    interned: HashMap<String, u32>,
+    /// Occurrences per interned id: each `sent2` once, each ending once.
+    counts: Vec<usize>,
+    contexts: Vec<EncodedContext>,
+    excluded: usize,
+}
+
+/// One option after tokenising: words of the ending (after the cut at `max_tokens`), and with
+/// text, the whole sequence's tokens and UPOS tag positions.
+struct Tokenised {
+    n_words: usize,
+    tokens: Vec<String>,
+    tags: Vec<u32>,
+}
+
+impl Builder {
+    fn new(cfg: EncodeConfig, with_text: bool) -> Builder {
+        Builder {
+            cfg,
+            with_text,
+            tagger: crate::text::Tagger::shipped(),
+            interned: HashMap::new(),
+            counts: Vec::new(),
+            contexts: Vec::new(),
+            excluded: 0,
+        }
+    }
+
+    fn add(&mut self, chunk: Vec<PoolContext>) {
+        let (cfg, with_text, tagger) = (self.cfg, self.with_text, self.tagger);
+        let tokenised: Vec<(Vec<String>, Vec<Tokenised>)> = chunk
+            .par_iter()
+            .map(|c| {
+                let sent2 = crate::text::tokenize(&c.sent2);
+                let options = std::iter::once(&c.gold)
+                    .chain(&c.candidates)
+                    .map(|ending| {
+                        let mut tokens = sent2.clone();
+                        tokens.extend(crate::text::tokenize(&ending.text));
+                        tokens.truncate(cfg.max_tokens);
+                        let n_words = tokens.len().saturating_sub(sent2.len());
+                        if !with_text {
+                            return Tokenised {
+                                n_words,
+                                tokens: Vec::new(),
+                                tags: Vec::new(),
+                            };
+                        }
+                        // Tagging sees the option's whole second sentence.
+                        let tags = tagger
+                            .tag(&tokens)
+                            .iter()
+                            .map(|t| upos_index(t.as_str()))
+                            .collect();
+                        Tokenised {
+                            n_words,
+                            tokens,
+                            tags,
+                        }
+                    })
+                    .collect();
+                (sent2, options)
+            })
+            .collect();
+        for (c, (sent2, options)) in chunk.iter().zip(tokenised) {
+            if with_text {
+                for t in &sent2 {
+                    self.count(t);
+                }
+            }
+            let mut encoded = std::iter::once(&c.gold)
+                .chain(&c.candidates)
+                .zip(options)
+                .map(|(ending, option)| {
+                    let words: Box<[u32]> = if with_text {
+                        let ids: Vec<u32> = option.tokens.iter().map(|t| self.intern(t)).collect();
+                        for &id in &ids[sent2.len().min(ids.len())..] {
+                            self.counts[id as usize] += 1;
+                        }
+                        ids.into()
+                    } else {
+                        Box::default()
+                    };
+                    EncodedEnding {
+                        ending_id: ending.id,
+                        lm: raw_features(lm_features(c, &ending.lm, option.n_words)),
+                        words,
+                        lstm: option.tags.into(),
+                    }
+                });
+            let gold = encoded.next().expect("the gold ending comes first");
+            let candidates = encoded.collect();
+            self.contexts.push(EncodedContext {
+                example_id: c.example_id,
+                n_sent2: sent2.len().min(cfg.max_tokens),
+                gold,
+                candidates,
+            });
+        }
+    }
+
+    fn intern(&mut self, token: &str) -> u32 {
+        if let Some(&id) = self.interned.get(token) {
+            return id;
+        }
+        let id = self.counts.len() as u32;
+        self.interned.insert(token.to_string(), id);
+        self.counts.push(0);
+        id
+    }
+
+    fn count(&mut self, token: &str) {
+        let id = self.intern(token);
+        self.counts[id as usize] += 1;
+    }
+
+    fn finish(mut self) -> Dataset {
+        standardise(&mut self.contexts);
+        let mut by_frequency: Vec<(&str, u32)> = self
+            .interned
+            .iter()
+            .map(|(w, id)| (w.as_str(), *id))
+            .collect();
+        let counts = &self.counts;
+        by_frequency.sort_by(|a, b| {
+            counts[b.1 as usize]
+                .cmp(&counts[a.1 as usize])
+                .then(a.0.cmp(b.0))
+        });
+        // Interned id → vocabulary id (UNK below min_count) and → BiLSTM id (None: use the tag).
+        let mut word_id = vec![UNK; counts.len()];
+        let mut lstm_id: Vec<Option<u32>> = vec![None; counts.len()];
+        for (rank, (_, id)) in by_frequency
+            .iter()
+            .filter(|(_, id)| counts[*id as usize] >= self.cfg.min_count)
+            .enumerate()
+        {
+            word_id[*id as usize] = rank as u32 + 2;
+        }
+        for (rank, (_, id)) in by_frequency
+            .iter()
+            .take(self.cfg.lstm_top_words)
+            .enumerate()
+        {
+            lstm_id[*id as usize] = Some(rank as u32 + 2);
+        }
+        let n_words_kept = by_frequency
+            .iter()
+            .filter(|(_, id)| counts[*id as usize] >= self.cfg.min_count)
+            .count();
+        let tag_base = by_frequency.len().min(self.cfg.lstm_top_words) as u32 + 2;
+        self.contexts.par_iter_mut().for_each(|c| {
+            for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
+                for (word, tag) in e.words.iter_mut().zip(e.lstm.iter_mut()) {
+                    let interned = *word as usize;
+                    *tag = lstm_id[interned].unwrap_or(if (*tag as usize) < UPOS_TAGS.len() {
+                        tag_base + *tag
+                    } else {
+                        UNK
+                    });
+                    *word = word_id[interned];
+                }
+            }
+        });
         Dataset {
-            contexts,
-            vocab_size: word_ids.len() + 2,
+            contexts: self.contexts,
+            vocab_size: n_words_kept + 2,
             lstm_vocab_size: tag_base as usize + UPOS_TAGS.len(),
+            with_text: self.with_text,
+            excluded: self.excluded,
         }
     }
 }
 
-fn placeholder(ending_id: i64) -> EncodedEnding {
-    EncodedEnding {
-        ending_id,
-        lm: [0.0; LM_FEATURES],
-        words: Vec::new(),
-        lstm: Vec::new(),
-    }
+/// Position of a tag in [`UPOS_TAGS`] (`UPOS_TAGS.len()` for a tag outside them).
+fn upos_index(tag: &str) -> u32 {
+    UPOS_TAGS
+        .iter()
+        .position(|t| *t == tag)
+        .unwrap_or(UPOS_TAGS.len()) as u32
 }
 
-/// Token frequencies over the run's distinct texts: each `sent2` once, each ending once.
-fn count_tokens<'a>(
-    sent2_tokens: &'a [Vec<String>],
-    endings: &[(usize, &PoolEnding)],
-    tokenised: &'a [(Vec<String>, Vec<&'static str>)],
-) -> HashMap<&'a str, usize> {
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for tokens in sent2_tokens {
-        for t in tokens {
-            *counts.entry(t.as_str()).or_default() += 1;
-        }
-    }
-    for ((ctx, _), (tokens, _)) in endings.iter().zip(tokenised) {
-        for t in tokens.iter().skip(sent2_tokens[*ctx].len()) {
-            *counts.entry(t.as_str()).or_default() += 1;
-        }
-    }
-    counts
+/// Raw features as f32, NaN where missing, until [`standardise`] replaces them.
+fn raw_features(raw: [Option<f64>; LM_FEATURES]) -> [f32; LM_FEATURES] {
+    raw.map(|v| v.map_or(f32::NAN, |v| v as f32))
 }
 
 /// The MLP's raw inputs for one option (SWAG §3.4: "LM perplexity features and context/ending
@@ -250,45 +359,93 @@ fn lm_features(ctx: &PoolContext, lm: &EndingLm, n_words: usize) -> [Option<f64>
     ]
 }
 
-/// Zero mean, unit variance per feature over all rows; a missing value becomes the mean (0) and
-/// a constant feature becomes 0.
-fn standardise(raw: &[[Option<f64>; LM_FEATURES]]) -> Vec<[f32; LM_FEATURES]> {
-    let mut mean = [0.0f64; LM_FEATURES];
-    let mut std = [1.0f64; LM_FEATURES];
-    for f in 0..LM_FEATURES {
-        let values: Vec<f64> = raw.iter().filter_map(|r| r[f]).collect();
-        if values.is_empty() {
-            continue;
-        }
-        let n = values.len() as f64;
-        mean[f] = values.iter().sum::<f64>() / n;
-        let var = values.iter().map(|v| (v - mean[f]).powi(2)).sum::<f64>() / n;
-        std[f] = if var > 1e-12 { var.sqrt() } else { 1.0 };
-    }
-    raw.iter()
-        .map(|r| {
-            let mut out = [0.0f32; LM_FEATURES];
-            for f in 0..LM_FEATURES {
-                out[f] = r[f].map_or(0.0, |v| ((v - mean[f]) / std[f]) as f32);
+/// Zero mean, unit variance per feature over every option of the run, in place; a missing
+/// value (NaN) becomes the mean (0) and a constant feature becomes 0. Two passes in f64.
+fn standardise(contexts: &mut [EncodedContext]) {
+    let mut sum = [0.0f64; LM_FEATURES];
+    let mut n = [0usize; LM_FEATURES];
+    for_each_option(contexts, |lm| {
+        for f in 0..LM_FEATURES {
+            if !lm[f].is_nan() {
+                sum[f] += f64::from(lm[f]);
+                n[f] += 1;
             }
-            out
-        })
-        .collect()
+        }
+    });
+    let mean: [f64; LM_FEATURES] =
+        std::array::from_fn(|f| if n[f] > 0 { sum[f] / n[f] as f64 } else { 0.0 });
+    let mut squares = [0.0f64; LM_FEATURES];
+    for_each_option(contexts, |lm| {
+        for f in 0..LM_FEATURES {
+            if !lm[f].is_nan() {
+                squares[f] += (f64::from(lm[f]) - mean[f]).powi(2);
+            }
+        }
+    });
+    let std: [f64; LM_FEATURES] = std::array::from_fn(|f| {
+        let var = if n[f] > 0 {
+            squares[f] / n[f] as f64
+        } else {
+            0.0
+        };
+        if var > 1e-12 {
+            var.sqrt()
+        } else {
+            1.0
+        }
+    });
+    contexts.par_iter_mut().for_each(|c| {
+        for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
+            for f in 0..LM_FEATURES {
+                let v = e.lm[f];
+                e.lm[f] = if v.is_nan() {
+                    0.0
+                } else {
+                    ((f64::from(v) - mean[f]) / std[f]) as f32
+                };
+            }
+        }
+    });
+}
+
+fn for_each_option(contexts: &[EncodedContext], mut visit: impl FnMut(&[f32; LM_FEATURES])) {
+    for c in contexts {
+        for e in std::iter::once(&c.gold).chain(&c.candidates) {
+            visit(&e.lm);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn option(lm: [f32; LM_FEATURES]) -> EncodedEnding {
+        EncodedEnding {
+            ending_id: 0,
+            lm,
+            words: Box::default(),
+            lstm: Box::default(),
+        }
+    }
+
     #[test]
     fn standardise_centres_scales_and_imputes_the_mean() {
-        let mut rows = vec![[Some(1.0); LM_FEATURES], [Some(3.0); LM_FEATURES]];
-        rows[1][0] = None;
-        rows[0][2] = Some(5.0);
-        let out = standardise(&rows);
-        assert_eq!(out[1][0], 0.0, "missing → mean");
-        assert_eq!(out[0][1], -1.0);
-        assert_eq!(out[1][1], 1.0);
-        assert_eq!(out[0][0], 0.0, "a constant feature carries no signal");
+        let mut first = [1.0; LM_FEATURES];
+        let mut second = [3.0; LM_FEATURES];
+        second[0] = f32::NAN;
+        first[2] = 5.0;
+        let mut contexts = vec![EncodedContext {
+            example_id: 1,
+            n_sent2: 0,
+            gold: option(first),
+            candidates: vec![option(second)],
+        }];
+        standardise(&mut contexts);
+        let (a, b) = (contexts[0].gold.lm, contexts[0].candidates[0].lm);
+        assert_eq!(b[0], 0.0, "missing → mean");
+        assert_eq!(a[1], -1.0);
+        assert_eq!(b[1], 1.0);
+        assert_eq!(a[0], 0.0, "a constant feature carries no signal");
     }
 }

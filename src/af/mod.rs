@@ -1,7 +1,8 @@
 //! Adversarial Filtering (SWAG Algorithm 1) with the four-model stylistic ensemble (SPEC §3).
 //!
-//! Data flow: `store::af_pool` (contexts with complete pools) → [`data::Dataset`] (tokens, tags,
-//! vocabularies, standardised LM features; built once per invocation) → per iteration
+//! Data flow: `Store::for_each_pool_context` (contexts with complete pools, streamed) →
+//! [`data::Dataset`] (standardised LM features; tokens, tags and vocabularies once the ensemble
+//! needs them) → per iteration
 //! [`run`]: split, [`train::train`] a fresh [`model::StylisticModel`], score the held-out pools,
 //! [`algorithm::choose_swaps`], commit → final cross-fitted pass → `af_folds`, `af_scores`.
 //! [`report`] reads the stored iterations back for the plot, the markdown and the JSON.
@@ -31,7 +32,9 @@ pub struct FilterArgs {
     pub mlp_iterations: Option<usize>,
     /// Cap on the full-ensemble iterations (SWAG: 50). The phase stops earlier once it has
     /// converged: 2 iterations in a row with swaps below 1% of the held-out contexts or ensemble
-    /// accuracy within two standard errors of chance [default: 10].
+    /// accuracy within two standard errors of chance [default: 10]. 0 runs MLP-only AF (for
+    /// projects too big for the text models on this machine): the final cross-fitted pass then
+    /// scores with the MLP, and the pools' texts are never loaded.
     #[arg(long)]
     pub ensemble_iterations: Option<usize>,
     /// Seed for splits, initial assignment, model initialisation and batch order (recorded).

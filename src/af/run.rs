@@ -8,15 +8,15 @@
 //!    its randomness comes from (seed, iteration) alone, so a run interrupted by Ctrl-C or
 //!    `kill -9` resumes after its last stored iteration and ends exactly where an uninterrupted
 //!    run with the same seed ends.
-//! 4. The final cross-fitted pass splits contexts into folds, trains the ensemble on all folds
-//!    but one and scores the held-out fold's gold and every pool ending: `af_folds`, `af_scores`.
+//! 4. The final cross-fitted pass splits contexts into folds, trains the ensemble (the MLP when
+//!    the run has no ensemble phase) on all folds but one and scores the held-out fold's gold and
+//!    every pool ending: `af_folds`, `af_scores`.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rand::RngCore;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use super::algorithm::{
     choose_swaps, folds, initial_draw, iteration_stream, solved, split_80_20, stream_rng,
@@ -26,7 +26,7 @@ use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
 use super::model::{Family, ModelConfig};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use super::{FilterArgs, DEFAULT_ENSEMBLE_ITERATIONS, DEFAULT_MLP_ITERATIONS};
-use crate::store::af::{AfRun, Assignment, HeadAccuracy, IterationRecord, PoolContext, Swap};
+use crate::store::af::{AfRun, Assignment, HeadAccuracy, IterationRecord, Swap};
 use crate::store::Store;
 
 /// Every setting of a run, stored as `af_runs.params`.
@@ -59,10 +59,7 @@ impl RunParams {
             folds: args.folds,
             train_fraction: 0.8,
             convergence: Convergence::default(),
-            encode: EncodeConfig {
-                min_count: args.min_count,
-                ..EncodeConfig::default()
-            },
+            encode: encode_config(args),
             train: TrainConfig {
                 mlp_epochs: args.mlp_epochs,
                 ensemble_epochs: args.ensemble_epochs,
@@ -84,6 +81,13 @@ impl RunParams {
     }
 }
 
+fn encode_config(args: &FilterArgs) -> EncodeConfig {
+    EncodeConfig {
+        min_count: args.min_count,
+        ..EncodeConfig::default()
+    }
+}
+
 pub fn filter(args: FilterArgs) -> Result<()> {
     if args.k == 0 {
         bail!("--k must be at least 1");
@@ -92,40 +96,37 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         bail!("--folds must be at least 2 (train on all folds but one, score that one)");
     }
     let mut store = Store::open(&args.project)?;
-    let (pool, n_excluded) = usable_pool(store.af_pool()?, args.k);
-    if n_excluded > 0 {
+    let started = Instant::now();
+    // MLP-only iterations read LM features alone; the text ids are loaded when the ensemble
+    // first needs them (see `ensure_text`), so a big project's MLP phase stays small.
+    let mut data = Dataset::load(&store, args.k, &encode_config(&args), false)?;
+    if data.excluded > 0 {
         println!(
-            "{n_excluded} contexts have fewer than k = {} candidate endings and are left out",
-            args.k
+            "{} contexts have fewer than k = {} candidate endings and are left out",
+            data.excluded, args.k
         );
     }
-    if pool.len() < 2 * args.folds.max(5) {
+    if data.contexts.len() < 2 * args.folds.max(5) {
         bail!(
             "{}: only {} contexts have a pool of at least k = {} candidates; AF needs at least {} \
              (run `afkit generate` first, or lower --k)",
             args.project.display(),
-            pool.len(),
+            data.contexts.len(),
             args.k,
             2 * args.folds.max(5)
         );
     }
-    let params = RunParams::from_args(&args, pool.len(), n_excluded);
-    let fingerprint = pool_fingerprint(&pool);
-    let Some(run) = resolve_run(&mut store, &args, &params, &fingerprint, &pool)? else {
+    let params = RunParams::from_args(&args, data.contexts.len(), data.excluded);
+    let fingerprint = data.fingerprint();
+    let Some(run) = resolve_run(&mut store, &args, &params, &fingerprint, &data)? else {
         return Ok(());
     };
-
-    let started = Instant::now();
-    let data = Dataset::encode(&pool, &params.encode);
     println!(
-        "AF run {}: {} contexts, k = {}, chance = {:.3}; vocabulary {} words, BiLSTM {} ids \
-         (encoded in {:.1} s)",
+        "AF run {}: {} contexts, k = {}, chance = {:.3} (pools read in {:.1} s)",
         run.id,
         data.contexts.len(),
         params.k,
         1.0 / (params.k as f64 + 1.0),
-        data.vocab_size,
-        data.lstm_vocab_size,
         started.elapsed().as_secs_f64()
     );
     let mut assignment = store.af_assignment(run.id)?;
@@ -139,6 +140,9 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         if iteration == 0 || history[iteration - 1].phase != family.name() {
             bar.suspend(|| println!("phase: {} iterations", family.name()));
         }
+        if family == Family::Ensemble {
+            ensure_text(&mut data, &store, &params, &fingerprint)?;
+        }
         let (record, swaps, train_seconds) =
             run_iteration(&data, &assignment, family, iteration, &params)?;
         store.commit_af_iteration(run.id, &record, &swaps)?;
@@ -150,8 +154,15 @@ pub fn filter(args: FilterArgs) -> Result<()> {
     bar.finish_and_clear();
     crate::interrupt::check()?;
 
+    let family = final_family(&params);
+    if family == Family::Ensemble {
+        ensure_text(&mut data, &store, &params, &fingerprint)?;
+    }
     let fold_bar = crate::progress::bar(params.folds as u64, "folds");
-    let (fold_of, scores, accuracy) = final_pass(&data, &assignment, &params, &fold_bar)?;
+    let (fold_of, mut scores, accuracy) =
+        final_pass(&data, &assignment, family, &params, &fold_bar)?;
+    // In key order, SQLite appends to the scores' B-tree instead of splitting pages all over it.
+    scores.sort_unstable_by_key(|(ending_id, _)| *ending_id);
     fold_bar.finish_and_clear();
     let folds: Vec<(i64, usize)> = data
         .contexts
@@ -161,8 +172,9 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         .collect();
     store.finish_af_run(run.id, &folds, &scores, &accuracy)?;
     println!(
-        "final cross-fitted pass ({} folds): {}",
+        "final cross-fitted pass ({} folds, {}): {}",
         params.folds,
+        family.name(),
         accuracy_text(&accuracy)
     );
     println!(
@@ -174,29 +186,40 @@ pub fn filter(args: FilterArgs) -> Result<()> {
     Ok(())
 }
 
-/// Contexts with at least k candidates, and how many were left out.
-fn usable_pool(pool: Vec<PoolContext>, k: usize) -> (Vec<PoolContext>, usize) {
-    let total = pool.len();
-    let usable: Vec<PoolContext> = pool
-        .into_iter()
-        .filter(|c| c.candidates.len() >= k)
-        .collect();
-    let excluded = total - usable.len();
-    (usable, excluded)
+/// Loads the text ids (words, BiLSTM ids) that the ensemble reads, once, by streaming the pools
+/// again; the pools must be the ones the run started on.
+fn ensure_text(
+    data: &mut Dataset,
+    store: &Store,
+    params: &RunParams,
+    fingerprint: &str,
+) -> Result<()> {
+    if data.with_text {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let with_text = Dataset::load(store, params.k, &params.encode, true)?;
+    if with_text.fingerprint() != fingerprint {
+        bail!("the pools changed while AF was running; run `afkit filter` again to start over");
+    }
+    *data = with_text;
+    println!(
+        "texts encoded for the ensemble: vocabulary {} words, BiLSTM {} ids ({:.1} s)",
+        data.vocab_size,
+        data.lstm_vocab_size,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
-/// SHA-256 over the ids of every context and ending that takes part: any change to the pools
-/// (a new context, a regenerated ending) changes it.
-fn pool_fingerprint(pool: &[PoolContext]) -> String {
-    let mut hasher = Sha256::new();
-    for c in pool {
-        hasher.update(format!("{}:{}", c.example_id, c.gold.id));
-        for e in &c.candidates {
-            hasher.update(format!(",{}", e.id));
-        }
-        hasher.update(";");
+/// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
+/// phase (`--ensemble-iterations 0`), when the MLP that did the filtering also scores.
+pub fn final_family(params: &RunParams) -> Family {
+    if params.ensemble_iterations > 0 {
+        Family::Ensemble
+    } else {
+        Family::Mlp
     }
-    format!("{:x}", hasher.finalize())
 }
 
 /// Picks the run to work on: resumes an unfinished run with the same parameters and pools,
@@ -207,7 +230,7 @@ fn resolve_run(
     args: &FilterArgs,
     params: &RunParams,
     fingerprint: &str,
-    pool: &[PoolContext],
+    data: &Dataset,
 ) -> Result<Option<AfRun>> {
     let params_json = serde_json::to_value(params)?;
     if let Some(run) = store.latest_af_run()? {
@@ -256,10 +279,11 @@ fn resolve_run(
         }
     }
     let mut rng = stream_rng(params.seed, INITIAL_STREAM);
-    let initial: Assignment = pool
+    let initial: Assignment = data
+        .contexts
         .iter()
         .map(|c| {
-            let ids: Vec<i64> = c.candidates.iter().map(|e| e.id).collect();
+            let ids: Vec<i64> = c.candidates.iter().map(|e| e.ending_id).collect();
             (c.example_id, initial_draw(&ids, params.k, &mut rng))
         })
         .collect();
@@ -505,6 +529,7 @@ fn apply_swaps(assignment: &mut Assignment, swaps: &[Swap]) {
 fn final_pass(
     data: &Dataset,
     assignment: &Assignment,
+    family: Family,
     params: &RunParams,
     bar: &indicatif::ProgressBar,
 ) -> Result<(Vec<usize>, Vec<(i64, f32)>, HeadAccuracy)> {
@@ -521,7 +546,7 @@ fn final_pass(
             .iter()
             .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
             .collect();
-        let model = train(data, &choices, Family::Ensemble, &params.train, model_seed)?;
+        let model = train(data, &choices, family, &params.train, model_seed)?;
         let held_out = score_held_out(&model, data, &test_ids)?;
         for h in &held_out {
             let ensemble = h.decisive();

@@ -94,14 +94,18 @@ pub struct Swap {
 pub type Assignment = BTreeMap<i64, Vec<i64>>;
 
 impl Store {
-    /// Every context with a complete pool, with its gold ending and candidates, in example order.
-    pub fn af_pool(&self) -> Result<Vec<PoolContext>> {
-        let mut contexts: Vec<PoolContext> = Vec::new();
-        let mut stmt = self.conn().prepare(
+    /// Visits every context with a complete pool, in example order, with its gold ending and its
+    /// candidates (in id order). One context is in memory at a time, so a pool far larger than
+    /// memory can be read: the endings come from one scan of the `endings_example` index.
+    pub fn for_each_pool_context(
+        &self,
+        mut visit: impl FnMut(PoolContext) -> Result<()>,
+    ) -> Result<()> {
+        let mut contexts_stmt = self.conn().prepare(
             "SELECT x.id, x.sent1, x.sent2, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2
              FROM examples x JOIN pools p ON p.example_id = x.id ORDER BY x.id",
         )?;
-        let rows = stmt.query_map([], |r| {
+        let mut contexts = contexts_stmt.query_map([], |r| {
             Ok(PoolContext {
                 example_id: r.get(0)?,
                 sent1: r.get(1)?,
@@ -117,48 +121,60 @@ impl Store {
                 candidates: Vec::new(),
             })
         })?;
-        for row in rows {
-            contexts.push(row?);
-        }
-        let index: BTreeMap<i64, usize> = contexts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.example_id, i))
-            .collect();
-        let mut stmt = self.conn().prepare(
-            "SELECT e.example_id, e.id, e.text, e.is_gold, e.lp_cond, e.lp_alone, e.lp_final_punct,
-                    e.n_tok_ending
-             FROM endings e JOIN pools p ON p.example_id = e.example_id
-             ORDER BY e.example_id, e.id",
+        // Candidates (is_gold = 0) before the gold ending, each group in id order: the index's
+        // own order, so SQLite streams the rows without sorting them.
+        let mut endings_stmt = self.conn().prepare(
+            "SELECT e.example_id, e.id, e.text, e.is_gold, e.lp_cond, e.lp_alone,
+                    e.lp_final_punct, e.n_tok_ending
+             FROM endings e INDEXED BY endings_example
+             WHERE e.example_id IN (SELECT example_id FROM pools)
+             ORDER BY e.example_id, e.is_gold, e.id",
         )?;
-        let mut rows = stmt.query([])?;
-        while let Some(r) = rows.next()? {
-            let example_id: i64 = r.get(0)?;
-            let ending = PoolEnding {
-                id: r.get(1)?,
-                text: r.get(2)?,
-                lm: EndingLm {
-                    lp_cond: r.get(4)?,
-                    lp_alone: r.get(5)?,
-                    lp_final_punct: r.get(6)?,
-                    n_tok_ending: r.get(7)?,
-                },
-            };
-            let ctx = &mut contexts[index[&example_id]];
-            if r.get::<_, i64>(3)? != 0 {
-                ctx.gold = ending;
-            } else {
-                ctx.candidates.push(ending);
+        let mut endings = endings_stmt.query([])?;
+        let mut pending: Option<(i64, PoolEnding, bool)> = None;
+        while let Some(context) = contexts.next() {
+            let mut context = context?;
+            loop {
+                let (example_id, ending, is_gold) = match pending.take() {
+                    Some(row) => row,
+                    None => match endings.next()? {
+                        Some(r) => (
+                            r.get::<_, i64>(0)?,
+                            PoolEnding {
+                                id: r.get(1)?,
+                                text: r.get(2)?,
+                                lm: EndingLm {
+                                    lp_cond: r.get(4)?,
+                                    lp_alone: r.get(5)?,
+                                    lp_final_punct: r.get(6)?,
+                                    n_tok_ending: r.get(7)?,
+                                },
+                            },
+                            r.get::<_, i64>(3)? != 0,
+                        ),
+                        None => break,
+                    },
+                };
+                if example_id != context.example_id {
+                    pending = Some((example_id, ending, is_gold));
+                    break;
+                }
+                if is_gold {
+                    context.gold = ending;
+                } else {
+                    context.candidates.push(ending);
+                }
             }
+            if context.gold.id < 0 {
+                bail!(
+                    "{}: example {} has a pool but no gold ending row in `endings`",
+                    self.path().display(),
+                    context.example_id
+                );
+            }
+            visit(context)?;
         }
-        if let Some(ctx) = contexts.iter().find(|c| c.gold.id < 0) {
-            bail!(
-                "{}: example {} has a pool but no gold ending row in `endings`",
-                self.path().display(),
-                ctx.example_id
-            );
-        }
-        Ok(contexts)
+        Ok(())
     }
 
     /// The most recent AF run, finished or not.
