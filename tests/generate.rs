@@ -316,6 +316,109 @@ fn import_pool_scores_endings_and_rejects_bad_lines_whole() {
     assert!(out.contains("2 contexts skipped"), "{out}");
 }
 
+#[test]
+fn import_pool_takes_scored_pools_without_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = project(dir.path(), &synthetic_examples(3));
+    let scored = |id: &str, endings: &str| {
+        format!(
+            "{{\"id\": \"{id}\", \"endings\": [{endings}], \
+             \"gold\": {{\"lp_cond\": -1.5, \"lp_alone\": -2.5, \"lp_final_punct\": -0.25, \"n_tok\": 6}}, \
+             \"context\": {{\"ctx_logprob\": -3.25, \"n_tok_sent1\": 11, \"n_tok_sent2\": 2}}}}\n"
+        )
+    };
+    let ending = |text: &str, lp: f64| {
+        format!(
+            "{{\"text\": \"{text}\", \"lp_cond\": {lp}, \"lp_alone\": -4.0, \"lp_final_punct\": null, \"n_tok\": 5}}"
+        )
+    };
+    // A line whose endings are only partly scored is rejected with its line number, whole.
+    let mixed = dir.path().join("mixed.jsonl");
+    std::fs::write(
+        &mixed,
+        scored("v0#0", &ending("runs away.", -2.0))
+            + &scored("v0#1", &format!("{}, \"jumps.\"", ending("waves.", -2.0))),
+    )
+    .unwrap();
+    // No --model and no cached model: a scored file must not need one.
+    let out = afkit()
+        .env("AFKIT_HOME", dir.path().join("empty-home"))
+        .arg("import-pool")
+        .arg(&p)
+        .arg(&mixed)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("mixed.jsonl:2") && err.contains("some endings"),
+        "{err}"
+    );
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 0);
+
+    let good = dir.path().join("scored.jsonl");
+    std::fs::write(
+        &good,
+        scored(
+            "v0#0",
+            &[
+                ending("runs away.", -2.0),
+                ending("runs  away.", -9.0),
+                ending("jumps!", -1.75),
+            ]
+            .join(", "),
+        ) + &scored("v0#1", &ending("waves.", -2.5)),
+    )
+    .unwrap();
+    let out = run_ok(
+        afkit()
+            .env("AFKIT_HOME", dir.path().join("empty-home"))
+            .arg("import-pool")
+            .arg(&p)
+            .arg(&good),
+    );
+    assert!(
+        out.contains("2 contexts came with their own LM features"),
+        "{out}"
+    );
+    assert_eq!(
+        query_i64(&p, "SELECT produced FROM pools WHERE example_id = 1"),
+        2,
+        "the duplicate after normalisation is dropped, with its features"
+    );
+    let conn = rusqlite::Connection::open(&p).unwrap();
+    let stored: Vec<(String, f64, Option<f64>, i64)> = conn
+        .prepare(
+            "SELECT text, lp_cond, lp_final_punct, n_tok_ending FROM endings
+             WHERE example_id = 1 ORDER BY is_gold, id",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        stored,
+        vec![
+            ("runs away.".to_string(), -2.0, None, 5),
+            ("jumps!".to_string(), -1.75, None, 5),
+            ("sits down on chair 0.".to_string(), -1.5, Some(-0.25), 6),
+        ]
+    );
+    let (ctx, n1, n2): (f64, i64, i64) = conn
+        .query_row(
+            "SELECT ctx_logprob, n_tok_sent1, n_tok_sent2 FROM pools WHERE example_id = 2",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((ctx, n1, n2), (-3.25, 11, 2));
+    let model: String = conn
+        .query_row("SELECT model FROM generations", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(model, "features imported");
+}
+
 // ---------- the real model (SmolLM2-135M-Instruct Q4_1) ----------
 
 fn smollm2() -> &'static LocalLm {

@@ -255,59 +255,180 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// LM features computed elsewhere (SPEC §2), as `import-pool` reads them.
+#[derive(serde::Deserialize)]
+struct ImportedFeatures {
+    lp_cond: f64,
+    lp_alone: f64,
+    #[serde(default)]
+    lp_final_punct: Option<f64>,
+    n_tok: usize,
+}
+
+impl ImportedFeatures {
+    fn to_features(&self) -> EndingFeatures {
+        EndingFeatures {
+            lp_cond: self.lp_cond,
+            lp_alone: self.lp_alone,
+            lp_final_punct: self.lp_final_punct,
+            n_tok: self.n_tok,
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum ImportedEnding {
+    Text(String),
+    Scored {
+        text: String,
+        #[serde(flatten)]
+        features: ImportedFeatures,
+    },
+}
+
+impl ImportedEnding {
+    fn text(&self) -> &str {
+        match self {
+            ImportedEnding::Text(text) | ImportedEnding::Scored { text, .. } => text,
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ImportedContext {
+    ctx_logprob: f64,
+    n_tok_sent1: usize,
+    n_tok_sent2: usize,
+}
+
+/// One line of an `import-pool` file. Either every ending is a plain string (afkit scores them
+/// with `--model`), or the pool comes scored: every ending an object with its features, plus the
+/// gold ending's and the context's features.
 #[derive(serde::Deserialize)]
 struct ImportRecord {
     id: String,
-    endings: Vec<String>,
+    endings: Vec<ImportedEnding>,
+    #[serde(default)]
+    gold: Option<ImportedFeatures>,
+    #[serde(default)]
+    context: Option<ImportedContext>,
 }
 
-/// Reads and checks the whole file before anything is written: every line must parse and name
-/// a known example.
-fn read_import_file(store: &Store, path: &Path) -> Result<Vec<(i64, ImportRecord)>> {
+const IMPORT_FORMAT: &str = "expected {\"id\": string, \"endings\": [string, ...]} or, scored, \
+     {\"id\", \"endings\": [{\"text\", \"lp_cond\", \"lp_alone\", \"lp_final_punct\", \"n_tok\"}, ...], \
+     \"gold\": {\"lp_cond\", \"lp_alone\", \"lp_final_punct\", \"n_tok\"}, \
+     \"context\": {\"ctx_logprob\", \"n_tok_sent1\", \"n_tok_sent2\"}}";
+
+impl ImportRecord {
+    /// Whether the line brings its own features; an error for a line that brings only some.
+    fn is_scored(&self) -> std::result::Result<bool, &'static str> {
+        let scored = self
+            .endings
+            .iter()
+            .filter(|e| matches!(e, ImportedEnding::Scored { .. }))
+            .count();
+        match (scored, &self.gold, &self.context) {
+            (0, None, None) => Ok(false),
+            (n, Some(_), Some(_)) if n == self.endings.len() => Ok(true),
+            (n, _, _) if n != 0 && n != self.endings.len() => {
+                Err("some endings have features and some do not")
+            }
+            _ => Err("scored endings need both \"gold\" and \"context\" features"),
+        }
+    }
+}
+
+/// The lines of an import file, parsed one at a time, with their line numbers.
+fn import_lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, ImportRecord)>> + '_> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut records = Vec::new();
+    Ok(std::io::BufReader::new(file)
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| line.as_ref().map_or(true, |l| !l.trim().is_empty()))
+        .map(move |(i, line)| {
+            let line = line
+                .with_context(|| format!("{}:{}: cannot read the line", path.display(), i + 1))?;
+            let rec: ImportRecord = serde_json::from_str(&line)
+                .with_context(|| format!("{}:{}: {IMPORT_FORMAT}", path.display(), i + 1))?;
+            Ok((i + 1, rec))
+        }))
+}
+
+/// What a first pass over the whole file found: every line parses, names a known example once,
+/// and is consistently scored or not. Nothing is written unless the whole file passes.
+struct ImportCheck {
+    contexts: usize,
+    unscored: usize,
+    /// Lines for records that ingest dropped (a pool made elsewhere for every input record).
+    dropped_at_ingest: usize,
+}
+
+fn check_import_file(store: &Store, path: &Path) -> Result<ImportCheck> {
     let mut seen = HashSet::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line =
-            line.with_context(|| format!("{}:{}: cannot read the line", path.display(), i + 1))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let rec: ImportRecord = serde_json::from_str(&line).with_context(|| {
-            format!(
-                "{}:{}: expected {{\"id\": string, \"endings\": [string, ...]}}",
-                path.display(),
-                i + 1
-            )
-        })?;
+    let mut check = ImportCheck {
+        contexts: 0,
+        unscored: 0,
+        dropped_at_ingest: 0,
+    };
+    for line in import_lines(path)? {
+        let (n, rec) = line?;
         let Some(example_id) = store.example_id_by_ext_id(&rec.id)? else {
+            if store.dropped_reason(&rec.id)?.is_some() {
+                check.dropped_at_ingest += 1;
+                continue;
+            }
             bail!(
-                "{}:{}: no example with id {:?} in the project",
+                "{}:{n}: no example with id {:?} in the project",
                 path.display(),
-                i + 1,
                 rec.id
             );
         };
         if !seen.insert(example_id) {
-            bail!(
-                "{}:{}: id {:?} appears twice",
-                path.display(),
-                i + 1,
-                rec.id
-            );
+            bail!("{}:{n}: id {:?} appears twice", path.display(), rec.id);
         }
-        records.push((example_id, rec));
+        match rec.is_scored() {
+            Ok(scored) => check.unscored += usize::from(!scored),
+            Err(why) => bail!("{}:{n}: {why}; {IMPORT_FORMAT}", path.display()),
+        }
+        check.contexts += 1;
     }
-    Ok(records)
+    Ok(check)
+}
+
+/// Endings a pool commit gathers before it is written: big enough that SQLite's per-transaction
+/// cost vanishes, small enough that an interrupted import loses seconds of work.
+const IMPORT_COMMIT_ENDINGS: usize = 8192;
+
+/// Writes whole pools in one transaction; returns the candidates stored.
+fn write_pools(store: &mut Store, batch: &mut Vec<NewPool>) -> Result<usize> {
+    let tx = store.transaction()?;
+    let mut written = 0;
+    for p in batch.drain(..) {
+        written += pool::write_pool(&tx, &p)?;
+    }
+    tx.commit()?;
+    Ok(written)
 }
 
 pub fn import(args: ImportPoolArgs) -> Result<()> {
     let mut store = Store::open(&args.project)?;
     let template = PromptTemplate::load(&args.prompt)?;
-    let records = read_import_file(&store, &args.file)?;
-    let lm = load_local(&args.model, SamplingParams::default())?;
-    let (_, scorer, sha) = lm.describe();
+    let check = check_import_file(&store, &args.file)?;
+    // The scoring model is loaded only when some line brings no features of its own.
+    let lm = if check.unscored > 0 {
+        Some(load_local(&args.model, SamplingParams::default())?)
+    } else {
+        None
+    };
+    let (scorer, sha) = match &lm {
+        Some(lm) => {
+            let (_, scorer, sha) = lm.describe();
+            (scorer, sha)
+        }
+        None => ("features imported".to_string(), None),
+    };
     let params = serde_json::json!({ "file": args.file.display().to_string(), "scorer": scorer });
     let generation_id = pool::find_or_insert_generation(
         store.conn(),
@@ -320,51 +441,92 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             seed: 0,
         },
     )?;
-    let bar = crate::progress::bar(records.len() as u64, "contexts");
-    let (mut imported, mut skipped, mut endings) = (0, 0, 0);
-    for (example_id, rec) in &records {
-        crate::interrupt::check()?;
+    let bar = crate::progress::bar(check.contexts as u64, "contexts");
+    let (mut imported, mut skipped, mut endings, mut incomplete) = (0, 0, 0, 0);
+    let mut batch: Vec<NewPool> = Vec::new();
+    for line in import_lines(&args.file)? {
+        if let Err(stop) = crate::interrupt::check() {
+            write_pools(&mut store, &mut batch)?;
+            return Err(stop.into());
+        }
+        let (_, rec) = line?;
+        let Some(example_id) = store.example_id_by_ext_id(&rec.id)? else {
+            continue; // dropped at ingest (checked by the first pass)
+        };
         bar.inc(1);
-        if store.has_pool(*example_id)? {
+        if store.has_pool(example_id)? {
             skipped += 1;
             continue;
         }
         let t0 = Instant::now();
-        let ex = store.example(*example_id)?.expect("checked above");
-        let mut seen: HashSet<String> = HashSet::from([normalise_ending(&ex.ending)]);
-        let kept: Vec<SampledEnding> = rec
+        let ex = store
+            .example(example_id)?
+            .expect("checked by the first pass");
+        incomplete += rec
             .endings
             .iter()
-            .map(|e| normalise_ending(e))
-            .filter(|e| !e.is_empty() && seen.insert(e.clone()))
-            .map(|text| SampledEnding { text, tokens: None })
+            .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
+            .count();
+        let mut seen: HashSet<String> = HashSet::from([normalise_ending(&ex.ending)]);
+        let kept: Vec<(SampledEnding, &ImportedEnding)> = rec
+            .endings
+            .iter()
+            .map(|e| (normalise_ending(e.text()), e))
+            .filter(|(text, _)| !text.is_empty() && seen.insert(text.clone()))
+            .map(|(text, e)| (SampledEnding { text, tokens: None }, e))
             .collect();
-        let prompt = template.render(&ex.sent1, &ex.sent2);
-        let features = lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?;
-        let tx = store.transaction()?;
-        endings += pool::write_pool(
-            &tx,
-            &new_pool(
-                &ex,
-                generation_id,
-                rec.endings.len(),
-                &kept,
-                &features,
-                t0.elapsed().as_secs_f64(),
-            ),
-        )?;
-        tx.commit()?;
+        let sampled: Vec<SampledEnding> = kept.iter().map(|(s, _)| s.clone()).collect();
+        let features = match (&lm, &rec.gold, &rec.context) {
+            (_, Some(gold), Some(context)) => ContextFeatures {
+                ctx_logprob: context.ctx_logprob,
+                n_tok_sent1: context.n_tok_sent1,
+                n_tok_sent2: context.n_tok_sent2,
+                gold: gold.to_features(),
+                endings: kept
+                    .iter()
+                    .map(|(_, e)| match e {
+                        ImportedEnding::Scored { features, .. } => features.to_features(),
+                        ImportedEnding::Text(_) => unreachable!("checked by the first pass"),
+                    })
+                    .collect(),
+            },
+            (Some(lm), _, _) => {
+                let prompt = template.render(&ex.sent1, &ex.sent2);
+                lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &sampled)?
+            }
+            (None, _, _) => unreachable!("the model is loaded when a line has no features"),
+        };
+        batch.push(new_pool(
+            &ex,
+            generation_id,
+            rec.endings.len(),
+            &sampled,
+            &features,
+            t0.elapsed().as_secs_f64(),
+        ));
         imported += 1;
+        if batch.iter().map(|p| p.candidates.len()).sum::<usize>() >= IMPORT_COMMIT_ENDINGS {
+            endings += write_pools(&mut store, &mut batch)?;
+        }
     }
+    endings += write_pools(&mut store, &mut batch)?;
     bar.finish_and_clear();
-    let incomplete = records
-        .iter()
-        .flat_map(|(_, r)| &r.endings)
-        .filter(|e| !acceptable_ending(&normalise_ending(e), usize::MAX))
-        .count();
     println!(
         "imported {endings} endings for {imported} contexts; {skipped} contexts skipped (they already have a pool)"
     );
+    if check.dropped_at_ingest > 0 {
+        println!(
+            "{} lines skipped: their records were dropped at ingest (see `afkit status`)",
+            check.dropped_at_ingest
+        );
+    }
+    if check.unscored < check.contexts {
+        println!(
+            "{} contexts came with their own LM features; {} were scored with the local model",
+            check.contexts - check.unscored,
+            check.unscored
+        );
+    }
     if incomplete > 0 {
         eprintln!("note: {incomplete} imported endings do not end with . ! or ? (kept as given)");
     }

@@ -108,9 +108,15 @@ pub enum Backend {
 pub struct ImportPoolArgs {
     /// The project file.
     pub project: PathBuf,
-    /// JSONL with {"id", "endings": [...]} per context; `id` is the example's id.
+    /// JSONL, one context per line: {"id", "endings": ["...", ...]} (`id` is the example's id),
+    /// or a pool scored elsewhere, {"id", "endings": [{"text", "lp_cond", "lp_alone",
+    /// "lp_final_punct", "n_tok"}, ...], "gold": {"lp_cond", "lp_alone", "lp_final_punct",
+    /// "n_tok"}, "context": {"ctx_logprob", "n_tok_sent1", "n_tok_sent2"}} (SPEC §2 features:
+    /// mean log-probs, the final punctuation's log-prob or null, lengths in LM tokens). The whole
+    /// file is checked before anything is written.
     pub file: PathBuf,
-    /// The model that scores the imported endings (LM features): `smollm2` or a GGUF path.
+    /// The model that scores endings imported without features: `smollm2` or a GGUF path (not
+    /// loaded when every line brings its features).
     #[arg(long, default_value = "smollm2")]
     pub model: String,
     /// Prompt template the endings are scored after (see `generate --prompt`).

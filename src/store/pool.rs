@@ -188,6 +188,18 @@ impl Store {
             .optional()?)
     }
 
+    /// Why ingest dropped the record with this external id, if it did.
+    pub fn dropped_reason(&self, ext_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT reason FROM dropped WHERE ext_id = ?1",
+                [ext_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     pub fn has_pool(&self, example_id: i64) -> Result<bool> {
         Ok(self.conn().query_row(
             "SELECT EXISTS (SELECT 1 FROM pools WHERE example_id = ?1)",
