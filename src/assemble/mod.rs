@@ -141,7 +141,7 @@ pub fn assemble(
     let splits = split::assign(&sizes, fractions, seed, &recorded);
 
     let assignments = db::assignments(conn, run.id)?;
-    let scores = db::scores(conn, run.id)?;
+    let scores = db::decision_scores(conn, run.id)?;
     let folds = db::folds(conn, run.id)?;
     let score = |e: i64| scores.get(&e).copied();
     let mut summary = Summary {
@@ -186,7 +186,6 @@ pub fn assemble(
     } else {
         let tasks = db::current_tasks(conn)?;
         let shown = db::shown_endings(conn)?;
-        let pool = db::pool_endings(conn)?;
         for ex in &examples {
             if !assignments.contains_key(&ex.id) {
                 continue;
@@ -247,7 +246,8 @@ pub fn assemble(
                     }
                 }
                 Decision::Reannotate { reason, keep } => {
-                    match refill(task, &keep, shown.get(&ex.id), pool.get(&ex.id), &score) {
+                    let pool = db::scored_pool(conn, run.id, ex.id)?;
+                    match refill(task, &keep, shown.get(&ex.id), &pool) {
                         Some(endings) => {
                             *summary
                                 .reannotation_queued
@@ -318,20 +318,22 @@ fn verified(
     }
 }
 
-/// The endings of a re-annotation task: `keep` plus the next-hardest scored pool endings never
-/// shown before, up to the old task's size; `None` when the pool cannot fill it.
+/// The endings of a re-annotation task: `keep` plus the next-hardest scored pool endings
+/// (`pool`: the context's candidates with their final scores) never shown before, up to the old
+/// task's size; `None` when the pool cannot fill it.
 fn refill(
     task: &CurrentTask,
     keep: &[i64],
     shown: Option<&std::collections::BTreeSet<i64>>,
-    pool: Option<&Vec<i64>>,
-    score: &dyn Fn(i64) -> Option<f64>,
+    pool: &[(i64, f64)],
 ) -> Option<Vec<i64>> {
     let need = task.endings.len().saturating_sub(keep.len());
-    let fresh = pool.into_iter().flatten().copied().filter(|e| {
-        score(*e).is_some() && !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e)
-    });
-    let candidates = rules::hardest_first(fresh, score);
+    let scores: HashMap<i64, f64> = pool.iter().copied().collect();
+    let fresh = pool
+        .iter()
+        .map(|(e, _)| *e)
+        .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e));
+    let candidates = rules::hardest_first(fresh, &|e| scores.get(&e).copied());
     if candidates.len() < need {
         return None;
     }

@@ -77,22 +77,11 @@ pub fn export(
         );
     }
     let left_out = if negatives == Negatives::Random {
-        let ids = assembled_db::pool_endings(conn)?;
-        let all: Vec<i64> = ids.values().flatten().copied().collect();
-        let texts = assembled_db::ending_texts(conn, &all)?;
-        let pool: BTreeMap<i64, Vec<(i64, String)>> = ids
-            .into_iter()
-            .map(|(ex, endings)| {
-                (
-                    ex,
-                    endings
-                        .into_iter()
-                        .map(|e| (e, texts[&e].clone()))
-                        .collect(),
-                )
-            })
-            .collect();
-        rows::randomise(&mut examples, &pool, seed)
+        rows::randomise(
+            &mut examples,
+            |example_id| assembled_db::pool_texts(conn, example_id),
+            seed,
+        )?
     } else {
         Vec::new()
     };

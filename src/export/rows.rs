@@ -1,8 +1,6 @@
 //! The exported rows: each assembled example as a 4-way question with shuffled ending
 //! positions, and the SWAG CSV / JSONL encodings of SPEC §9.
 
-use std::collections::BTreeMap;
-
 use anyhow::Result;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -118,26 +116,25 @@ pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
 }
 
 /// Replaces every example's distractors by endings drawn at random from its context's pre-AF
-/// pool (`pool`: example id → candidate ending ids with their texts), excluding the gold and the
-/// found ending. Examples whose pool has fewer than three such endings are left out; their ids
-/// are returned.
+/// pool (`pool`: example id → candidate ending ids with their texts, read one context at a time),
+/// excluding the gold and the found ending. Examples whose pool has fewer than three such endings
+/// are left out; their ids are returned.
 pub fn randomise(
     examples: &mut Vec<AssembledExample>,
-    pool: &BTreeMap<i64, Vec<(i64, String)>>,
+    mut pool: impl FnMut(i64) -> anyhow::Result<Vec<(i64, String)>>,
     seed: u64,
-) -> Vec<String> {
+) -> anyhow::Result<Vec<String>> {
     let mut left_out = Vec::new();
-    examples.retain_mut(|ex| {
+    let mut kept = Vec::with_capacity(examples.len());
+    for mut ex in examples.drain(..) {
         let generated = ex.gold_ending_id != ex.found_ending_id;
-        let mut candidates: Vec<&(i64, String)> = pool
-            .get(&ex.example_id)
+        let mut candidates: Vec<(i64, String)> = pool(ex.example_id)?
             .into_iter()
-            .flatten()
             .filter(|(id, _)| *id != ex.gold_ending_id && *id != ex.found_ending_id)
             .collect();
         if candidates.len() < 3 {
             left_out.push(ex.ext_id.clone());
-            return false;
+            continue;
         }
         let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(&[
             seed,
@@ -149,11 +146,12 @@ pub fn randomise(
         ex.distractors = candidates
             .into_iter()
             .take(4)
-            .map(|(id, text)| (*id, text.clone(), None))
+            .map(|(id, text)| (id, text, None))
             .collect();
-        true
-    });
-    left_out
+        kept.push(ex);
+    }
+    *examples = kept;
+    Ok(left_out)
 }
 
 fn fold_text(fold: Option<i64>) -> String {
@@ -273,6 +271,8 @@ pub fn jsonl(rows: &[&Row]) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn example(i: i64) -> AssembledExample {
@@ -347,7 +347,12 @@ mod tests {
                 (6, "b.".to_string()),
             ],
         );
-        let left_out = randomise(&mut examples, &pool, 9);
+        let left_out = randomise(
+            &mut examples,
+            |id| Ok(pool.get(&id).cloned().unwrap_or_default()),
+            9,
+        )
+        .unwrap();
         assert_eq!(left_out, vec!["v2#0".to_string()]);
         assert_eq!(examples.len(), 1);
         assert_eq!(examples[0].distractors.len(), 4);

@@ -47,10 +47,30 @@ pub fn assignments(conn: &Connection, run_id: i64) -> Result<BTreeMap<i64, Vec<i
     Ok(out)
 }
 
-/// Final cross-fitted ensemble score of every scored ending of a run (higher = harder).
-pub fn scores(conn: &Connection, run_id: i64) -> Result<HashMap<i64, f64>> {
-    let mut stmt = conn.prepare("SELECT ending_id, score FROM af_scores WHERE run_id = ?1")?;
+/// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
+/// assigned negatives and every ending shown in a task. The rest of the pool (most of the
+/// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
+/// ([`scored_pool`]).
+pub fn decision_scores(conn: &Connection, run_id: i64) -> Result<HashMap<i64, f64>> {
+    let mut stmt = conn.prepare(
+        "SELECT s.ending_id, s.score FROM af_scores s
+         WHERE s.run_id = ?1 AND s.ending_id IN
+           (SELECT ending_id FROM af_assignments WHERE run_id = ?1
+            UNION SELECT ending_id FROM task_endings)",
+    )?;
     let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Every scored generated candidate of one context (its pre-AF pool), with its final score, in
+/// id order.
+pub fn scored_pool(conn: &Connection, run_id: i64, example_id: i64) -> Result<Vec<(i64, f64)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT e.id, s.score FROM endings e
+         JOIN af_scores s ON s.run_id = ?1 AND s.ending_id = e.id
+         WHERE e.example_id = ?2 AND e.is_gold = 0 ORDER BY e.id",
+    )?;
+    let rows = stmt.query_map([run_id, example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
@@ -61,16 +81,13 @@ pub fn folds(conn: &Connection, run_id: i64) -> Result<HashMap<i64, i64>> {
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Every generated candidate of a context (the pre-AF pool), in id order.
-pub fn pool_endings(conn: &Connection) -> Result<BTreeMap<i64, Vec<i64>>> {
-    let mut stmt = conn
-        .prepare("SELECT example_id, id FROM endings WHERE is_gold = 0 ORDER BY example_id, id")?;
-    let mut out: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
-        let (example, ending) = row?;
-        out.entry(example).or_default().push(ending);
-    }
-    Ok(out)
+/// Every generated candidate of one context (its pre-AF pool) with its text, in id order.
+pub fn pool_texts(conn: &Connection, example_id: i64) -> Result<Vec<(i64, String)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, text FROM endings WHERE example_id = ?1 AND is_gold = 0 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 /// An annotator's plausibility judgement of one ending (SWAG Figure 3).
@@ -374,17 +391,6 @@ pub fn assembled_examples(conn: &Connection) -> Result<Vec<AssembledExample>> {
         out[index[&assembled]]
             .distractors
             .push((ending, text, kind));
-    }
-    Ok(out)
-}
-
-/// Texts of endings by id (for the random-negatives control).
-pub fn ending_texts(conn: &Connection, ids: &[i64]) -> Result<HashMap<i64, String>> {
-    let mut stmt = conn.prepare("SELECT text FROM endings WHERE id = ?1")?;
-    let mut out = HashMap::new();
-    for &id in ids {
-        let text: String = stmt.query_row([id], |r| r.get(0))?;
-        out.insert(id, text);
     }
     Ok(out)
 }
