@@ -50,7 +50,8 @@ stage() {
   tail -n 3 "$OUT/$name.log"
   read -r wall rss < "$OUT/$name.time"
   # The file and its write-ahead log together: what the stage leaves on disk.
-  size=$(cat "$project" "$project-wal" 2>/dev/null | wc -c)
+  size=$(stat -c %s "$project")
+  [ -f "$project-wal" ] && size=$((size + $(stat -c %s "$project-wal")))
   printf '| %s | %.1f | %d | %d |\n' "$name" "$wall" $((rss / 1024)) $((size / 1048576)) >> "$summary"
 }
 
@@ -63,13 +64,15 @@ stage report report "$project" --out "$OUT/report" --json
 stage assemble assemble "$project" --unverified --seed 0
 stage export export "$project" --out "$OUT/export"
 stage export-random export "$project" --out "$OUT/export-random" --negatives random
+stage status-after status "$project" --json
 
 {
   echo
   echo "filter iterations (seconds each):"
   grep -E '^iteration' "$OUT/filter.log" | sed 's/^/    /'
   echo
-  echo "status: $(cat "$OUT/status.log")"
+  echo "status after import: $(cat "$OUT/status.log")"
+  echo "status at the end: $(cat "$OUT/status-after.log")"
   echo "export: $(du -sh "$OUT/export" | cut -f1) in $(ls "$OUT/export" | wc -l) files"
 } >> "$summary"
 cat "$summary"

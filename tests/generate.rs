@@ -419,6 +419,83 @@ fn import_pool_takes_scored_pools_without_a_model() {
     assert_eq!(model, "features imported");
 }
 
+/// `kill -9` in the middle of a scored import leaves whole pools only; running it again finishes
+/// the file and skips what was stored.
+#[test]
+fn import_pool_resumes_after_kill_9_with_whole_pools_only() {
+    const CONTEXTS: usize = 4000;
+    const ENDINGS: usize = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.sqlite");
+    run_ok(afkit().arg("init").arg(&p));
+    let examples: String = synthetic_examples(CONTEXTS)
+        .iter()
+        .map(|(id, s1, s2, ending)| {
+            serde_json::json!({"id": id, "sent1": s1, "sent2": s2, "ending": ending}).to_string()
+                + "\n"
+        })
+        .collect();
+    std::fs::write(dir.path().join("examples.jsonl"), examples).unwrap();
+    run_ok(
+        afkit()
+            .args(["ingest", "--format", "jsonl"])
+            .arg(&p)
+            .arg(dir.path().join("examples.jsonl")),
+    );
+    let pools: String = synthetic_examples(CONTEXTS)
+        .iter()
+        .map(|(id, ..)| {
+            let endings: Vec<Value> = (0..ENDINGS)
+                .map(|j| {
+                    serde_json::json!({"text": format!("waves flag number {j} twice."),
+                        "lp_cond": -2.0, "lp_alone": -3.0, "lp_final_punct": -0.5, "n_tok": 6})
+                })
+                .collect();
+            serde_json::json!({"id": id, "endings": endings,
+                "gold": {"lp_cond": -1.0, "lp_alone": -2.0, "lp_final_punct": -0.5, "n_tok": 6},
+                "context": {"ctx_logprob": -3.0, "n_tok_sent1": 12, "n_tok_sent2": 2}})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let file = dir.path().join("pools.jsonl");
+    std::fs::write(&file, pools).unwrap();
+    let mut child = afkit()
+        .arg("import-pool")
+        .arg(&p)
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline && query_i64(&p, "SELECT COUNT(*) FROM pools") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let at_kill = query_i64(&p, "SELECT COUNT(*) FROM pools");
+    assert!(
+        (1..CONTEXTS as i64).contains(&at_kill),
+        "kill landed at {at_kill} pools"
+    );
+    let whole_pools_only = "SELECT COUNT(*) FROM examples x WHERE
+        (SELECT COUNT(*) FROM endings e WHERE e.example_id = x.id AND e.is_gold = 0)
+        != IFNULL((SELECT produced FROM pools p WHERE p.example_id = x.id), 0)";
+    assert_eq!(query_i64(&p, whole_pools_only), 0);
+    let out = run_ok(afkit().arg("import-pool").arg(&p).arg(&file));
+    assert!(
+        out.contains(&format!("{at_kill} contexts skipped")),
+        "{out}"
+    );
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), CONTEXTS as i64);
+    assert_eq!(query_i64(&p, whole_pools_only), 0);
+    assert_eq!(
+        query_i64(&p, "SELECT COUNT(*) FROM endings WHERE is_gold = 0"),
+        (CONTEXTS * ENDINGS) as i64
+    );
+}
+
 // ---------- the real model (SmolLM2-135M-Instruct Q4_1) ----------
 
 fn smollm2() -> &'static LocalLm {
