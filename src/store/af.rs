@@ -105,7 +105,7 @@ impl Store {
             "SELECT x.id, x.sent1, x.sent2, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2
              FROM examples x JOIN pools p ON p.example_id = x.id ORDER BY x.id",
         )?;
-        let mut contexts = contexts_stmt.query_map([], |r| {
+        let contexts = contexts_stmt.query_map([], |r| {
             Ok(PoolContext {
                 example_id: r.get(0)?,
                 sent1: r.get(1)?,
@@ -132,7 +132,7 @@ impl Store {
         )?;
         let mut endings = endings_stmt.query([])?;
         let mut pending: Option<(i64, PoolEnding, bool)> = None;
-        while let Some(context) = contexts.next() {
+        for context in contexts {
             let mut context = context?;
             loop {
                 let (example_id, ending, is_gold) = match pending.take() {
