@@ -26,6 +26,7 @@ use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
 use super::model::{Family, ModelConfig};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use super::{FilterArgs, DEFAULT_ENSEMBLE_ITERATIONS, DEFAULT_MLP_ITERATIONS};
+use crate::device::Compute;
 use crate::store::af::{AfRun, Assignment, HeadAccuracy, IterationRecord, PoolContext, Swap};
 use crate::store::Store;
 
@@ -47,7 +48,12 @@ pub struct RunParams {
 }
 
 impl RunParams {
-    fn from_args(args: &FilterArgs, n_contexts: usize, n_excluded: usize) -> RunParams {
+    fn from_args(
+        args: &FilterArgs,
+        n_contexts: usize,
+        n_excluded: usize,
+        compute: Compute,
+    ) -> RunParams {
         RunParams {
             k: args.k,
             seed: args.seed,
@@ -76,6 +82,7 @@ impl RunParams {
                     lstm_hidden: (args.hidden / 2).max(1),
                     ..ModelConfig::default()
                 },
+                compute,
                 ..TrainConfig::default()
             },
             n_contexts,
@@ -85,6 +92,7 @@ impl RunParams {
 }
 
 pub fn filter(args: FilterArgs) -> Result<()> {
+    let compute = args.device.open()?;
     if args.k == 0 {
         bail!("--k must be at least 1");
     }
@@ -109,7 +117,7 @@ pub fn filter(args: FilterArgs) -> Result<()> {
             2 * args.folds.max(5)
         );
     }
-    let params = RunParams::from_args(&args, pool.len(), n_excluded);
+    let params = RunParams::from_args(&args, pool.len(), n_excluded, compute);
     let fingerprint = pool_fingerprint(&pool);
     let Some(run) = resolve_run(&mut store, &args, &params, &fingerprint, &pool)? else {
         return Ok(());
