@@ -9,6 +9,7 @@ pub mod annotate;
 pub mod assemble;
 pub mod audit;
 pub mod cli;
+pub mod device;
 pub mod embed;
 pub mod export;
 pub mod ingest;

@@ -517,6 +517,7 @@ fn filter_in_process(project: &Path, k: usize, seed: u64) {
         hidden: 8,
         min_count: 1,
         folds: 5,
+        device: Default::default(),
     };
     afkit::af::run_filter(args).unwrap();
 }

@@ -17,6 +17,9 @@
 //! - Nothing slices a tensor that spans all time steps: in candle the gradient of a slice is
 //!   materialised at the full size of what was sliced, which makes per-step slicing quadratic in
 //!   the padded length.
+//!
+//! It is built from candle ops only, so it runs unchanged on any device (the CPU-specific part
+//! of the ensemble is the CNN's window op, [`super::windows`]).
 
 use candle_core::{Result, Tensor, D};
 use candle_nn::{embedding, Embedding, Init, VarBuilder};

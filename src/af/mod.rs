@@ -71,6 +71,8 @@ pub struct FilterArgs {
     /// Folds of the final cross-fitted scoring pass.
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
 }
 
 /// Default caps, scaled for a two-core CPU (see BENCHMARKS.md, "Filter").

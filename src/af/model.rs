@@ -7,6 +7,7 @@
 //!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time. The convolution is
 //!   written as windows ([`super::windows`]) → linear layer (im2col), because candle's CPU conv1d
 //!   backward pass goes through a naive transposed convolution that dominated training time.
+//!   The windows are afkit's CPU op with afkit's CPU kernels, candle ops otherwise (any device).
 //! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled
 //!   ([`super::bilstm`]).
 //! - The ensemble: the four representations concatenated into a one-hidden-layer MLP.
@@ -21,7 +22,7 @@ use serde::Serialize;
 
 use super::bilstm::{BiLstm, BiLstmInput};
 use super::data::LM_FEATURES;
-use super::windows::time_windows;
+use super::windows::{shifted_windows, time_windows};
 
 /// Filter widths of the CNN (SWAG: "filter sizes ranging from 2-5").
 pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
@@ -168,10 +169,12 @@ pub struct CnnModel {
     indicator: Embedding,
     /// Per width w: a linear map of the w concatenated token vectors of a window to the filters.
     convs: Vec<Linear>,
+    /// Windows from afkit's CPU op rather than candle ops.
+    cpu_kernels: bool,
 }
 
 impl CnnModel {
-    fn new(vocab: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    fn new(vocab: usize, cfg: &ModelConfig, cpu_kernels: bool, vb: VarBuilder) -> Result<Self> {
         let channels = cfg.word_dim + cfg.indicator_dim;
         let convs = CNN_WIDTHS
             .iter()
@@ -181,6 +184,7 @@ impl CnnModel {
             embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
             indicator: embedding(2, cfg.indicator_dim, vb.pp("indicator"))?,
             convs,
+            cpu_kernels,
         })
     }
 
@@ -197,7 +201,12 @@ impl CnnModel {
             .zip(&self.convs)
             .zip(&text.conv_masks)
             .map(|((w, conv), mask)| {
-                let features = conv.forward(&time_windows(&xs, *w)?)?.relu()?;
+                let windows = if self.cpu_kernels {
+                    time_windows(&xs, *w)?
+                } else {
+                    shifted_windows(&xs, *w)?
+                };
+                let features = conv.forward(&windows)?.relu()?;
                 masked_max_over_time(&features, mask)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -255,11 +264,13 @@ pub struct StylisticModel {
 }
 
 impl StylisticModel {
+    /// `cpu_kernels`: afkit's CPU ops where it has them (CPU tensors only), else candle ops.
     pub fn new(
         family: Family,
         vocab: usize,
         lstm_vocab: usize,
         cfg: &ModelConfig,
+        cpu_kernels: bool,
         vb: VarBuilder,
     ) -> Result<Self> {
         let mlp = MlpModel::new(cfg, vb.pp("mlp"))?;
@@ -272,7 +283,7 @@ impl StylisticModel {
                 let concat = cfg.mlp_hidden + cfg.word_dim + cnn_dim + lstm_dim;
                 Some(TextModels {
                     bow: BowModel::new(vocab, cfg, vb.pp("bow"))?,
-                    cnn: CnnModel::new(vocab, cfg, vb.pp("cnn"))?,
+                    cnn: CnnModel::new(vocab, cfg, cpu_kernels, vb.pp("cnn"))?,
                     lstm: LstmModel::new(lstm_vocab, cfg, vb.pp("bilstm"))?,
                     bow_head: linear(cfg.word_dim, 1, vb.pp("bow_head"))?,
                     cnn_head: linear(cnn_dim, 1, vb.pp("cnn_head"))?,

@@ -26,6 +26,7 @@ use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
 use super::model::{Family, ModelConfig};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use super::{FilterArgs, DEFAULT_ENSEMBLE_ITERATIONS, DEFAULT_MLP_ITERATIONS};
+use crate::device::Compute;
 use crate::store::af::{AfRun, Assignment, HeadAccuracy, IterationRecord, Swap};
 use crate::store::Store;
 
@@ -47,7 +48,12 @@ pub struct RunParams {
 }
 
 impl RunParams {
-    fn from_args(args: &FilterArgs, n_contexts: usize, n_excluded: usize) -> RunParams {
+    fn from_args(
+        args: &FilterArgs,
+        n_contexts: usize,
+        n_excluded: usize,
+        compute: Compute,
+    ) -> RunParams {
         RunParams {
             k: args.k,
             seed: args.seed,
@@ -73,6 +79,7 @@ impl RunParams {
                     lstm_hidden: (args.hidden / 2).max(1),
                     ..ModelConfig::default()
                 },
+                compute,
                 ..TrainConfig::default()
             },
             n_contexts,
@@ -89,6 +96,7 @@ fn encode_config(args: &FilterArgs) -> EncodeConfig {
 }
 
 pub fn filter(args: FilterArgs) -> Result<()> {
+    let compute = args.device.open()?;
     if args.k == 0 {
         bail!("--k must be at least 1");
     }
@@ -116,7 +124,7 @@ pub fn filter(args: FilterArgs) -> Result<()> {
             2 * args.folds.max(5)
         );
     }
-    let params = RunParams::from_args(&args, data.contexts.len(), data.excluded);
+    let params = RunParams::from_args(&args, data.contexts.len(), data.excluded, compute);
     let fingerprint = data.fingerprint();
     let Some(run) = resolve_run(&mut store, &args, &params, &fingerprint, &data)? else {
         return Ok(());

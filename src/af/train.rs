@@ -4,8 +4,9 @@
 //! k assigned negatives) as one padded batch of rows, scores every row with every head, and
 //! reshapes each head's scores to (contexts, k+1) for a softmax cross-entropy with target 0. The
 //! loss is the sum over heads. AdamW with gradient clipping by global norm. Parameters are
-//! initialised from the seed (candle's CPU initialisers cannot be seeded), so a fixed seed gives
-//! identical models on the same machine.
+//! initialised from the seed (candle's CPU initialisers cannot be seeded) on the host and then
+//! placed on the run's device, so a fixed seed gives identical initial models on every device
+//! and identical trained models on the same machine and device.
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
@@ -20,9 +21,10 @@ use serde::Serialize;
 
 use super::data::{Dataset, EncodedEnding};
 use super::model::{make_batch, Family, ModelConfig, StylisticModel, DTYPE};
+use crate::device::Compute;
 
 /// Optimisation settings of one training run.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct TrainConfig {
     /// Passes over the training contexts in MLP-only iterations.
     pub mlp_epochs: usize,
@@ -35,6 +37,10 @@ pub struct TrainConfig {
     /// Gradients are rescaled when their global L2 norm exceeds this.
     pub clip_norm: f64,
     pub model: ModelConfig,
+    /// Where training and scoring run. Not a setting of the run's results (they agree across
+    /// devices up to rounding), so it is not stored with them and a run may resume elsewhere.
+    #[serde(skip)]
+    pub compute: Compute,
 }
 
 impl Default for TrainConfig {
@@ -47,6 +53,7 @@ impl Default for TrainConfig {
             weight_decay: 0.01,
             clip_norm: 5.0,
             model: ModelConfig::default(),
+            compute: Compute::cpu(),
         }
     }
 }
@@ -82,7 +89,7 @@ pub fn train(
     cfg: &TrainConfig,
     seed: u64,
 ) -> anyhow::Result<Trained> {
-    let device = Device::Cpu;
+    let device = cfg.compute.device.clone();
     let varmap = VarMap::new();
     let init = SeededInit {
         varmap: varmap.clone(),
@@ -94,6 +101,7 @@ pub fn train(
         data.vocab_size,
         data.lstm_vocab_size,
         &cfg.model,
+        cfg.compute.cpu_kernels,
         vb,
     )?;
     // Sorted by name: the var map's HashMap order is arbitrary, and the order of the gradient
@@ -305,5 +313,102 @@ impl SimpleBackend for SeededInit {
             .lock()
             .map(|d| d.contains_key(name))
             .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::af::data::EncodedContext;
+
+    /// Contexts of a gold ending and three negatives with random words, tags and LM features.
+    fn synthetic_dataset(contexts: usize) -> Dataset {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut ending = |id: i64| {
+            let len = rng.random_range(3..14);
+            EncodedEnding {
+                ending_id: id,
+                lm: std::array::from_fn(|_| rng.random_range(-2.0..2.0)),
+                words: (0..len).map(|_| rng.random_range(1..40)).collect(),
+                lstm: (0..len).map(|_| rng.random_range(1..20)).collect(),
+            }
+        };
+        let contexts = (0..contexts as i64)
+            .map(|c| EncodedContext {
+                example_id: c,
+                n_sent2: 2,
+                gold: ending(10 * c),
+                candidates: (1..4).map(|j| ending(10 * c + j)).collect(),
+            })
+            .collect();
+        Dataset {
+            contexts,
+            vocab_size: 40,
+            lstm_vocab_size: 20,
+        }
+    }
+
+    /// The generic path (candle ops only, what a GPU runs) scores like afkit's CPU kernels: the
+    /// same initial model gives the same scores; after training, where rounding differences in
+    /// the gradients reach the parameters through AdamW (which scales every update to about the
+    /// learning rate), they stay within a few steps' worth. On the CPU, and on the first GPU in
+    /// a build with the `cuda` feature.
+    #[test]
+    fn generic_path_scores_like_the_cpu_kernels() -> anyhow::Result<()> {
+        let data = synthetic_dataset(24);
+        let choices: Vec<Choice> = data
+            .contexts
+            .iter()
+            .map(|c| Choice {
+                options: std::iter::once(&c.gold).chain(&c.candidates).collect(),
+                n_sent2: c.n_sent2,
+            })
+            .collect();
+        let options: Vec<(&EncodedEnding, usize)> = choices
+            .iter()
+            .flat_map(|c| c.options.iter().map(move |e| (*e, c.n_sent2)))
+            .collect();
+        let scores = |epochs: usize, compute: Compute| -> anyhow::Result<Vec<Vec<f32>>> {
+            let cfg = TrainConfig {
+                ensemble_epochs: epochs,
+                batch_contexts: 8,
+                compute,
+                ..TrainConfig::default()
+            };
+            let s = train(&data, &choices, Family::Ensemble, &cfg, 5)?.score(&options)?;
+            Ok([s.bow, s.cnn, s.lstm, s.ensemble]
+                .into_iter()
+                .map(|h| h.expect("an ensemble head"))
+                .chain([s.mlp])
+                .collect())
+        };
+        let mut devices = vec![Device::Cpu];
+        if cfg!(feature = "cuda") {
+            devices.push(Device::new_cuda(0)?);
+        }
+        for (epochs, tolerance) in [(0, 1e-5), (3, 1e-2)] {
+            let kernels = scores(epochs, Compute::cpu())?;
+            for device in &devices {
+                let generic = Compute {
+                    device: device.clone(),
+                    cpu_kernels: false,
+                };
+                for (k, g) in kernels.iter().zip(scores(epochs, generic)?) {
+                    let worst = k
+                        .iter()
+                        .zip(&g)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(
+                        worst < tolerance,
+                        "{device:?}, {epochs} epochs: scores differ by up to {worst}"
+                    );
+                }
+            }
+            // Scores vary across options (a broken model scoring all alike would pass).
+            let cnn = &kernels[1];
+            assert!(cnn.iter().any(|&x| (x - cnn[0]).abs() > 1e-3));
+        }
+        Ok(())
     }
 }

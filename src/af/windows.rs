@@ -5,14 +5,25 @@
 //! sliced tensor and then accumulated, so the backward pass of the four CNN widths made and
 //! summed fourteen full-size tensors per batch and dominated training time. Here the forward
 //! pass copies each window (w consecutive tokens are one contiguous span of a row) and the
-//! backward pass adds each window's gradient back onto that span.
+//! backward pass adds each window's gradient back onto that span. The op has a CPU kernel
+//! only; on other devices the CNN uses [`shifted_windows`].
 
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 /// (rows, len, channels) → (rows, len - width + 1, width · channels): window t holds tokens
-/// t..t + width side by side. `len` must be at least `width`.
+/// t..t + width side by side. `len` must be at least `width`. CPU tensors only.
 pub fn time_windows(xs: &Tensor, width: usize) -> Result<Tensor> {
     xs.contiguous()?.apply_op1(Windows { width })
+}
+
+/// The same windows from candle ops (shifted slices concatenated along the channels): slower
+/// to train on the CPU, but it runs on any device.
+pub fn shifted_windows(xs: &Tensor, width: usize) -> Result<Tensor> {
+    let windows = xs.dim(1)? + 1 - width;
+    let shifted = (0..width)
+        .map(|i| xs.narrow(1, i, windows))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&shifted, 2)
 }
 
 struct Windows {
@@ -100,22 +111,13 @@ mod tests {
     use super::*;
     use candle_core::{Device, Var};
 
-    /// The windows as candle ops: shifted slices concatenated along the channels.
-    fn reference(xs: &Tensor, width: usize) -> Result<Tensor> {
-        let windows = xs.dim(1)? + 1 - width;
-        let shifted = (0..width)
-            .map(|i| xs.narrow(1, i, windows))
-            .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&shifted, 2)
-    }
-
     #[test]
     fn equals_shifted_slices_forward_and_gradient() -> Result<()> {
         let device = Device::Cpu;
         let xs = Var::randn(0f32, 1.0, (3, 7, 4), &device)?;
         for width in [1, 2, 5, 7] {
             let ours = time_windows(&xs, width)?;
-            let theirs = reference(&xs, width)?;
+            let theirs = shifted_windows(&xs, width)?;
             assert_eq!(ours.dims(), theirs.dims());
             let diff = (&ours - &theirs)?.abs()?.flatten_all()?.max(0)?;
             assert_eq!(diff.to_scalar::<f32>()?, 0.0, "width {width}");

@@ -20,6 +20,7 @@ use super::sampler::{
     SamplingParams,
 };
 use super::{Backend, GenerateArgs, ImportPoolArgs};
+use crate::device::Compute;
 use crate::models::{sha256_file, DefaultModel};
 use crate::store::examples::Example;
 use crate::store::pool::{self, EndingLmFeatures, NewGeneration, NewPool};
@@ -38,11 +39,18 @@ pub fn resolve_model(model: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The local model on the CPU with afkit's kernels (`import-pool` scores there).
 fn load_local(model: &str, params: SamplingParams) -> Result<LocalLm> {
+    load_local_on(model, params, &Compute::cpu())
+}
+
+/// The local model on `compute`'s device.
+fn load_local_on(model: &str, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
     let path = resolve_model(model)?;
     let sha = sha256_file(&path)?;
     eprintln!("loading {}", path.display());
-    Ok(LocalLm::new(LanguageModel::load(&path)?, params, Some(sha)))
+    let model = LanguageModel::load_on(&path, compute)?;
+    Ok(LocalLm::new(model, params, Some(sha)))
 }
 
 /// A context's own sampling seed: the run's seed and the example id, hashed. Independent of the
@@ -109,6 +117,7 @@ struct Summary {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
+    let compute = args.device.open()?;
     let mut store = Store::open(&args.project)?;
     let template = PromptTemplate::load(&args.prompt)?;
     if args.n_neg == 0 {
@@ -129,7 +138,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("every context already has a pool; nothing to generate");
         return Ok(());
     }
-    let lm = load_local(&args.model, params.clone())?;
+    let lm = load_local_on(&args.model, params.clone(), &compute)?;
     let remote = match args.backend {
         Backend::Local => None,
         Backend::Openai => Some(OpenAiSampler::new(

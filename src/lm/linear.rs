@@ -5,7 +5,8 @@
 //! GEMM runs its AVX2 kernels here and packs the weight matrix again on every call. On CPUs
 //! with AVX-512 the weights are packed once, at load time, into column panels laid out in the
 //! order a 512-bit micro-kernel reads them, which doubles the arithmetic per instruction and
-//! leaves only the (small) activation block to pack per call. Other CPUs keep candle's GEMM.
+//! leaves only the (small) activation block to pack per call. Other CPUs keep candle's GEMM, and
+//! so do other devices (the `generic` engine: candle's matmul wherever the tensor lives).
 //! `AFKIT_GEMM=candle` forces candle's GEMM, to compare the two on one machine.
 
 use anyhow::{bail, Result};
@@ -14,16 +15,17 @@ use rayon::prelude::*;
 
 /// A weight matrix (in × out) applied to activation rows.
 pub enum Linear {
-    /// candle's GEMM (any CPU).
+    /// candle's matmul (any CPU, any device).
     Dense(Tensor),
     /// Panels for the AVX-512 micro-kernel.
     Packed(PackedMatrix),
 }
 
 impl Linear {
-    /// `w` is (in × out). Packs it when this CPU runs the AVX-512 kernel.
-    pub fn new(w: Tensor) -> Result<Self> {
-        if packed_kernel_available() {
+    /// `w` is (in × out). Packs it when afkit's CPU kernels run the model and this CPU has the
+    /// AVX-512 one.
+    pub fn new(w: Tensor, cpu_kernels: bool) -> Result<Self> {
+        if cpu_kernels && packed_kernel_available() {
             Ok(Linear::Packed(PackedMatrix::pack(&w)?))
         } else {
             Ok(Linear::Dense(w.contiguous()?))
@@ -333,7 +335,7 @@ mod tests {
             .unwrap()
             .to_vec1()
             .unwrap();
-        let linear = Linear::new(w).unwrap();
+        let linear = Linear::new(w, true).unwrap();
         let got: Vec<f32> = linear
             .forward(&x)
             .unwrap()

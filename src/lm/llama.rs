@@ -10,6 +10,12 @@
 //!
 //! Rotary layout: llama.cpp's converter permutes the Q and K weights of `llama` GGUF files so
 //! that rotary pairs are adjacent (interleaved), hence `rope_i`.
+//!
+//! Two engines ([`crate::device`]): with afkit's CPU kernels, the weights are packed for its
+//! GEMM, SwiGLU is one pass over host memory and [`Llama::decode_step`] decodes by continuous
+//! batching with per-row attention. The generic engine keeps every tensor on the model's device
+//! and uses candle ops only: [`Llama::prefill`], [`Llama::forward`] (which also decodes a batch
+//! of rows of one context in lockstep) and the scoring functions run on any device.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -23,6 +29,7 @@ use candle_nn::rotary_emb::rope_i;
 use rayon::prelude::*;
 
 use super::linear::Linear;
+use crate::device::Compute;
 use crate::simd::{axpy_lanes, dot_lanes};
 
 /// Longest sequence (context + ending) the rotary tables cover.
@@ -131,6 +138,10 @@ struct Block {
 
 pub struct Llama {
     pub cfg: LlamaConfig,
+    /// Where every tensor of the model lives.
+    device: Device,
+    /// afkit's CPU kernels run the model (see the module doc).
+    cpu_kernels: bool,
     embed: Tensor,
     /// The output head, transposed (d_model × vocab); the embedding matrix when tied.
     head: Linear,
@@ -150,7 +161,7 @@ pub struct Prefix {
     /// The same keys, transposed (kv_heads × head_dim × len), and values (kv_heads × len ×
     /// head_dim) as plain rows, for the decode step: with keys transposed, a query's scores
     /// against the whole prefix are a sum of scaled key rows (vertical vector arithmetic, no
-    /// per-key horizontal sums).
+    /// per-key horizontal sums). Empty under the generic engine, which has no decode step.
     raw_kv: Vec<(Vec<f32>, Vec<f32>)>,
     pub len: usize,
     /// Log-probabilities of the next token after the prefix.
@@ -202,24 +213,54 @@ pub struct RowCache {
     pub len: usize,
 }
 
-fn dequantised(content: &Content, file: &mut BufReader<File>, name: &str) -> Result<Tensor> {
+impl RowCache {
+    /// Keeps only the rows at `rows` (indices into the current rows, in their new order): the
+    /// lockstep decode drops rows that have stopped.
+    pub fn keep_rows(&mut self, rows: &[u32]) -> Result<()> {
+        let Some((k, _)) = self.kv.first() else {
+            return Ok(());
+        };
+        let rows = Tensor::new(rows, k.device())?;
+        for (k, v) in &mut self.kv {
+            *k = k.index_select(&rows, 0)?;
+            *v = v.index_select(&rows, 0)?;
+        }
+        Ok(())
+    }
+}
+
+/// A weight dequantised to f32 on the CPU (the same values on every device), then moved to
+/// `device`.
+fn dequantised(
+    content: &Content,
+    file: &mut BufReader<File>,
+    name: &str,
+    device: &Device,
+) -> Result<Tensor> {
     let q = content
         .tensor(file, name, &Device::Cpu)
         .with_context(|| format!("cannot read tensor `{name}`"))?;
-    Ok(q.dequantize(&Device::Cpu)?)
+    Ok(q.dequantize(&Device::Cpu)?.to_device(device)?)
 }
 
 impl Llama {
-    /// Reads the weights of a llama-family GGUF file (`content` is its parsed header).
-    pub fn from_gguf(content: &Content, file: &mut BufReader<File>, path: &Path) -> Result<Self> {
+    /// Reads the weights of a llama-family GGUF file (`content` is its parsed header) onto
+    /// `compute`'s device.
+    pub fn from_gguf(
+        content: &Content,
+        file: &mut BufReader<File>,
+        path: &Path,
+        compute: &Compute,
+    ) -> Result<Self> {
         let cfg = LlamaConfig::from_gguf(content)
             .with_context(|| format!("{} is not a usable llama model", path.display()))?;
-        let mut load = |name: &str| dequantised(content, file, name);
+        let mut load = |name: &str| dequantised(content, file, name, &compute.device);
+        let linear = |w: Tensor| Linear::new(w, compute.cpu_kernels);
         let embed = load("token_embd.weight")?;
         let head = if content.tensor_infos.contains_key("output.weight") {
-            Linear::new(load("output.weight")?.t()?)?
+            linear(load("output.weight")?.t()?)?
         } else {
-            Linear::new(embed.t()?)?
+            linear(embed.t()?)?
         };
         let mut blocks = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
@@ -228,19 +269,20 @@ impl Llama {
             let (gate, up) = (w("ffn_gate")?, w("ffn_up")?);
             blocks.push(Block {
                 attn_norm: w("attn_norm")?,
-                wqkv: Linear::new(Tensor::cat(&[q, k, v], 0)?.t()?)?,
-                wo: Linear::new(w("attn_output")?.t()?)?,
+                wqkv: linear(Tensor::cat(&[q, k, v], 0)?.t()?)?,
+                wo: linear(w("attn_output")?.t()?)?,
                 ffn_norm: w("ffn_norm")?,
-                w_gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?.t()?)?,
-                w_down: Linear::new(w("ffn_down")?.t()?)?,
+                w_gate_up: linear(Tensor::cat(&[gate, up], 0)?.t()?)?,
+                w_down: linear(w("ffn_down")?.t()?)?,
             });
         }
         let final_norm = load("output_norm.weight")?;
-        Llama::assemble(cfg, embed, head, blocks, final_norm)
+        Llama::assemble(cfg, compute, embed, head, blocks, final_norm)
     }
 
     fn assemble(
         cfg: LlamaConfig,
+        compute: &Compute,
         embed: Tensor,
         head: Linear,
         blocks: Vec<Block>,
@@ -259,14 +301,21 @@ impl Llama {
         Ok(Llama {
             cos_raw: cos.flatten_all()?.to_vec1()?,
             sin_raw: sin.flatten_all()?.to_vec1()?,
-            cos,
-            sin,
+            cos: cos.to_device(&compute.device)?,
+            sin: sin.to_device(&compute.device)?,
             cfg,
+            device: compute.device.clone(),
+            cpu_kernels: compute.cpu_kernels,
             embed,
             head,
             blocks,
             final_norm,
         })
+    }
+
+    /// Whether afkit's CPU kernels run the model (else the generic engine, on any device).
+    pub fn cpu_kernels(&self) -> bool {
+        self.cpu_kernels
     }
 
     /// Runs a whole token sequence from position 0 and keeps its keys and values as a prefix.
@@ -281,7 +330,7 @@ impl Llama {
                 ids.len()
             );
         }
-        let input = Tensor::new(ids, &Device::Cpu)?.reshape((1, ids.len()))?;
+        let input = Tensor::new(ids, &self.device)?.reshape((1, ids.len()))?;
         let mut cache = RowCache::default();
         let hidden = self.forward(&input, None, &mut cache)?.squeeze(0)?;
         let token_logprobs = if ids.len() > 1 {
@@ -296,15 +345,18 @@ impl Llama {
             .into_iter()
             .map(|(k, v)| Ok((k.squeeze(0)?, v.squeeze(0)?)))
             .collect::<Result<_>>()?;
-        let raw_kv = kv
-            .iter()
-            .map(|(k, v)| {
-                Ok((
-                    k.transpose(1, 2)?.flatten_all()?.to_vec1()?,
-                    v.flatten_all()?.to_vec1()?,
-                ))
-            })
-            .collect::<Result<_>>()?;
+        let raw_kv = if self.cpu_kernels {
+            kv.iter()
+                .map(|(k, v)| {
+                    Ok((
+                        k.transpose(1, 2)?.flatten_all()?.to_vec1()?,
+                        v.flatten_all()?.to_vec1()?,
+                    ))
+                })
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
         Ok((
             Prefix {
                 kv,
@@ -348,7 +400,7 @@ impl Llama {
             )?;
             x = (x + block.wo.forward(&attn)?)?;
             let h = rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps)?;
-            let act = swiglu(&block.w_gate_up.forward(&h)?)?;
+            let act = self.swiglu(&block.w_gate_up.forward(&h)?)?;
             x = (x + block.w_down.forward(&act)?)?;
         }
         cache.len += steps;
@@ -410,7 +462,7 @@ impl Llama {
                     })
                 })
                 .collect();
-            let mask = Tensor::from_vec(mask, (steps, own_len), &Device::Cpu)?;
+            let mask = Tensor::from_vec(mask, (steps, own_len), &self.device)?;
             own.reshape((rows, nkv, group, steps, own_len))?
                 .broadcast_add(&mask)?
                 .reshape((rows, nkv, group * steps, own_len))?
@@ -453,17 +505,37 @@ impl Llama {
             .reshape((rows * steps, nh * hd))?)
     }
 
+    /// One step of the generic engine's lockstep decode: `tokens[i]` continues row i of `cache`,
+    /// every row at the same position after `prefix`. Returns each row's logits as plain rows
+    /// (rows × vocab) for the sampler.
+    pub fn step_lockstep(
+        &self,
+        tokens: &[u32],
+        prefix: &Prefix,
+        cache: &mut RowCache,
+    ) -> Result<Vec<f32>> {
+        let rows = tokens.len();
+        let ids = Tensor::from_slice(tokens, (rows, 1), &self.device)?;
+        let hidden = self
+            .forward(&ids, Some(prefix), cache)?
+            .reshape((rows, self.cfg.d_model))?;
+        self.logits(&hidden)
+    }
+
     /// One decode step of continuous batching: `rows[i]` feeds `tokens[i]`, its own token at
     /// position `rows[i].position` after its prefix. Each row's key and value go into its slot of
     /// `cache`; attention runs per row over its prefix and its own cached tokens, so rows of any
     /// context, length and age share the step. Returns hidden states (rows × d_model) after the
-    /// final norm.
+    /// final norm. Runs with afkit's CPU kernels only.
     pub fn decode_step(
         &self,
         tokens: &[u32],
         rows: &[SlotRow],
         cache: &mut SlotCache,
     ) -> Result<Tensor> {
+        if !self.cpu_kernels {
+            bail!("the continuous-batching decode step runs with afkit's CPU kernels only");
+        }
         let c = &self.cfg;
         let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
         if tokens.len() != rows.len() {
@@ -522,7 +594,7 @@ impl Llama {
             let attn = Tensor::from_vec(attn, (n, nh * hd), &Device::Cpu)?;
             x = (x + block.wo.forward(&attn)?)?;
             let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
-            let act = swiglu(&block.w_gate_up.forward(&h)?)?;
+            let act = self.swiglu(&block.w_gate_up.forward(&h)?)?;
             x = (x + block.w_down.forward(&act)?)?;
         }
         Ok(rms_norm(&x, &self.final_norm, c.rms_eps)?)
@@ -566,7 +638,7 @@ impl Llama {
             let len = CHUNK.min(n - start);
             let logits = self.head.forward(&hidden.narrow(0, start, len)?)?;
             let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-            let idx = Tensor::new(&targets[start..start + len], &Device::Cpu)?.reshape((len, 1))?;
+            let idx = Tensor::new(&targets[start..start + len], &self.device)?.reshape((len, 1))?;
             out.extend(lsm.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?);
         }
         Ok(out)
@@ -595,7 +667,7 @@ impl Llama {
                 ids[r * steps + j] = t;
             }
         }
-        let input = Tensor::from_vec(ids, (seqs.len(), steps), &Device::Cpu)?;
+        let input = Tensor::from_vec(ids, (seqs.len(), steps), &self.device)?;
         let hidden = self
             .forward(&input, Some(prefix), &mut RowCache::default())?
             .reshape((seqs.len() * steps, self.cfg.d_model))?;
@@ -608,21 +680,32 @@ impl Llama {
                 targets.push(token);
             }
         }
-        let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &Device::Cpu)?, 0)?;
+        let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &self.device)?, 0)?;
         let mut lps = self.target_logprobs(&picked, &targets)?.into_iter();
         for (r, s) in seqs.iter().enumerate() {
             out[r].extend(lps.by_ref().take(s.len().saturating_sub(1)));
         }
         Ok(out)
     }
+
+    /// SwiGLU of the gate and up projections side by side in each row (rows × 2·d_ff):
+    /// `silu(gate) ⊙ up`. With afkit's CPU kernels, one parallel pass over contiguous rows
+    /// (candle's elementwise ops on the two strided halves cost as much as the matrix products
+    /// at decode batch sizes); otherwise candle ops on the model's device.
+    fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor> {
+        let (rows, width) = gate_up.dims2()?;
+        let d_ff = width / 2;
+        if !self.cpu_kernels {
+            let gate = gate_up.narrow(1, 0, d_ff)?;
+            return Ok((gate.silu()? * gate_up.narrow(1, d_ff, d_ff)?)?);
+        }
+        swiglu_rows(gate_up, rows, d_ff)
+    }
 }
 
-/// SwiGLU of the gate and up projections side by side in each row (rows × 2·d_ff):
-/// `silu(gate) ⊙ up`, in one parallel pass over contiguous rows (candle's elementwise ops on the
-/// two strided halves cost as much as the matrix products at decode batch sizes).
-fn swiglu(gate_up: &Tensor) -> Result<Tensor> {
-    let (rows, width) = gate_up.dims2()?;
-    let d_ff = width / 2;
+/// [`Llama::swiglu`] as one pass over host memory.
+fn swiglu_rows(gate_up: &Tensor, rows: usize, d_ff: usize) -> Result<Tensor> {
+    let width = 2 * d_ff;
     let input = gate_up.flatten_all()?.to_vec1::<f32>()?;
     let mut out = vec![0f32; rows * d_ff];
     out.par_chunks_mut(d_ff)

@@ -1,10 +1,12 @@
 //! The local backend: batched ancestral sampling on the candle model.
 //!
-//! A context is run through the model once (its *prefix*). Rows of several contexts decode
-//! together by continuous batching: each step is one GEMM per projection over every row in
-//! flight, and a finished row's slot goes at once to a waiting row. Every row's tokens and their
-//! log-probabilities are kept, so an ending's conditional log-probability costs nothing extra
-//! (SPEC §2 features).
+//! A context is run through the model once (its *prefix*). With afkit's CPU kernels, rows of
+//! several contexts decode together by continuous batching: each step is one GEMM per projection
+//! over every row in flight, and a finished row's slot goes at once to a waiting row. The generic
+//! engine (any device, [`crate::device`]) decodes one context's rows in lockstep through candle
+//! ops, dropping rows as they stop. Both draw the same tokens from the same per-row generators
+//! with the same stop rules. Every row's tokens and their log-probabilities are kept, so an
+//! ending's conditional log-probability costs nothing extra (SPEC §2 features).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -14,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use super::llama::{Prefix, SlotCache, SlotRow};
+use super::llama::{Prefix, RowCache, SlotCache, SlotRow};
 use super::model::LanguageModel;
 use super::sampler::{
     acceptable_ending, normalise_ending, sample_token, EndingSampler, SampleRequest, SampledEnding,
@@ -99,14 +101,11 @@ impl LocalLm {
         Ok(p)
     }
 
-    /// Decodes every group's rows until each stops, by continuous batching: at most `batch` rows
-    /// are in flight, one decode step advances all of them, and a finished row's slot goes at
-    /// once to the next waiting row (of any group), so the matrix products stay large until the
-    /// queue runs dry. Every row draws from its own generator, seeded from its group's generator
-    /// in row order: a context samples the same endings whichever contexts share the batch.
+    /// Decodes every group's rows until each stops. Every row draws from its own generator,
+    /// seeded from its group's generator in row order: a context samples the same endings
+    /// whichever contexts share the batch and whichever engine decodes it (up to the rounding of
+    /// the logits).
     pub fn decode_groups(&self, groups: &mut [DecodeGroup]) -> Result<Vec<Vec<DecodedRow>>> {
-        let llama = &self.model.llama;
-        let vocab = llama.cfg.vocab;
         let mut out: Vec<Vec<DecodedRow>> = groups
             .iter()
             .map(|g| (0..g.rows).map(|_| DecodedRow::default()).collect())
@@ -124,6 +123,25 @@ impl LocalLm {
             }
         }
         let prefixes: Vec<&Prefix> = groups.iter().map(|g| g.prefix).collect();
+        if self.model.llama.cpu_kernels() {
+            self.decode_continuous(&prefixes, waiting, &mut out)?;
+        } else {
+            self.decode_lockstep(&prefixes, waiting, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Continuous batching (afkit's CPU kernels): at most `batch` rows are in flight, one decode
+    /// step advances all of them, and a finished row's slot goes at once to the next waiting row
+    /// (of any group), so the matrix products stay large until the queue runs dry.
+    fn decode_continuous(
+        &self,
+        prefixes: &[&Prefix],
+        mut waiting: VecDeque<LiveRow>,
+        out: &mut [Vec<DecodedRow>],
+    ) -> Result<()> {
+        let llama = &self.model.llama;
+        let vocab = llama.cfg.vocab;
         let slots = self.params.batch.clamp(1, waiting.len().max(1));
         let mut cache = SlotCache::new(&llama.cfg, slots, self.params.max_tokens);
         let mut free_slots: Vec<usize> = (0..slots).rev().collect();
@@ -140,10 +158,10 @@ impl LocalLm {
                 }
                 let drawn =
                     self.draw_tokens(&mut newcomers, |_, r| &prefixes[r.group].next_logprobs);
-                self.advance(newcomers, drawn, &mut out, &mut live, &mut free_slots);
+                self.advance(newcomers, drawn, out, &mut live, &mut free_slots);
             }
             if live.is_empty() {
-                return Ok(out);
+                return Ok(());
             }
             let tokens: Vec<u32> = live
                 .iter()
@@ -161,8 +179,56 @@ impl LocalLm {
             let logits = llama.logits(&hidden)?;
             let mut stepped = std::mem::take(&mut live);
             let drawn = self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);
-            self.advance(stepped, drawn, &mut out, &mut live, &mut free_slots);
+            self.advance(stepped, drawn, out, &mut live, &mut free_slots);
         }
+    }
+
+    /// Lockstep decoding (the generic engine): the rows of one context at a time, at most `batch`
+    /// together, all at the same position after their shared prefix, so that one
+    /// [`super::llama::Llama::step_lockstep`] advances them through candle ops on any device.
+    /// A row's slot is its row in the batch's cache; rows that stop leave the cache.
+    fn decode_lockstep(
+        &self,
+        prefixes: &[&Prefix],
+        mut waiting: VecDeque<LiveRow>,
+        out: &mut [Vec<DecodedRow>],
+    ) -> Result<()> {
+        let llama = &self.model.llama;
+        let vocab = llama.cfg.vocab;
+        while let Some(first) = waiting.front() {
+            let prefix = prefixes[first.group];
+            let group = first.group;
+            let take = waiting
+                .iter()
+                .take(self.params.batch.max(1))
+                .take_while(|r| r.group == group)
+                .count();
+            let mut batch: Vec<LiveRow> = waiting.drain(..take).collect();
+            let drawn = self.draw_tokens(&mut batch, |_, _| &prefix.next_logprobs);
+            let (mut live, mut stopped) = (Vec::new(), Vec::new());
+            self.advance(batch, drawn, out, &mut live, &mut stopped);
+            let mut cache = RowCache::default();
+            while !live.is_empty() {
+                if !stopped.is_empty() {
+                    let kept: Vec<u32> = live.iter().map(|r| r.slot as u32).collect();
+                    cache.keep_rows(&kept)?;
+                    stopped.clear();
+                }
+                for (i, row) in live.iter_mut().enumerate() {
+                    row.slot = i;
+                }
+                let tokens: Vec<u32> = live
+                    .iter()
+                    .map(|r| *out[r.group][r.row].tokens.last().expect("a token"))
+                    .collect();
+                let logits = llama.step_lockstep(&tokens, prefix, &mut cache)?;
+                let mut stepped = std::mem::take(&mut live);
+                let drawn =
+                    self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);
+                self.advance(stepped, drawn, out, &mut live, &mut stopped);
+            }
+        }
+        Ok(())
     }
 
     /// One token per row, each from the row's own generator and the distribution `dist` gives

@@ -96,6 +96,9 @@ pub struct GenerateArgs {
     /// Print a JSON summary (counts, timings) on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Where the local model samples (`--backend local`) and scores the LM features.
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,6 +14,7 @@ use rand_distr::{Distribution, Normal};
 
 use super::llama::{Llama, LlamaConfig, Prefix};
 use super::tokenizer::GgufTokenizer;
+use crate::device::Compute;
 
 pub struct LanguageModel {
     pub llama: Llama,
@@ -25,8 +26,13 @@ pub struct LanguageModel {
 }
 
 impl LanguageModel {
-    /// Loads a llama-family GGUF file, dequantising its weights to f32.
+    /// Loads a llama-family GGUF file onto the CPU, run by afkit's kernels.
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_on(path, &Compute::cpu())
+    }
+
+    /// Loads a llama-family GGUF file, dequantising its weights to f32, onto `compute`'s device.
+    pub fn load_on(path: &Path, compute: &Compute) -> Result<Self> {
         let file = File::open(path)
             .with_context(|| format!("cannot open model file {}", path.display()))?;
         let mut reader = BufReader::new(file);
@@ -39,7 +45,7 @@ impl LanguageModel {
         check_complete(&content, path)?;
         let tokenizer = GgufTokenizer::from_gguf(&content)
             .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
-        let llama = Llama::from_gguf(&content, &mut reader, path)
+        let llama = Llama::from_gguf(&content, &mut reader, path, compute)
             .with_context(|| format!("cannot load the weights of {}", path.display()))?;
         if tokenizer.vocab_size() != llama.cfg.vocab {
             bail!(
