@@ -345,6 +345,8 @@ mod tests {
             contexts,
             vocab_size: 40,
             lstm_vocab_size: 20,
+            with_text: true,
+            excluded: 0,
         }
     }
 
