@@ -130,35 +130,29 @@ impl Store {
              WHERE e.example_id IN (SELECT example_id FROM pools)
              ORDER BY e.example_id, e.is_gold, e.id",
         )?;
-        let mut endings = endings_stmt.query([])?;
-        let mut pending: Option<(i64, PoolEnding, bool)> = None;
-        for context in contexts {
-            let mut context = context?;
-            loop {
-                let (example_id, ending, is_gold) = match pending.take() {
-                    Some(row) => row,
-                    None => match endings.next()? {
-                        Some(r) => (
-                            r.get::<_, i64>(0)?,
-                            PoolEnding {
-                                id: r.get(1)?,
-                                text: r.get(2)?,
-                                lm: EndingLm {
-                                    lp_cond: r.get(4)?,
-                                    lp_alone: r.get(5)?,
-                                    lp_final_punct: r.get(6)?,
-                                    n_tok_ending: r.get(7)?,
-                                },
-                            },
-                            r.get::<_, i64>(3)? != 0,
-                        ),
-                        None => break,
+        let mut endings = endings_stmt
+            .query_map([], |r| {
+                let ending = PoolEnding {
+                    id: r.get(1)?,
+                    text: r.get(2)?,
+                    lm: EndingLm {
+                        lp_cond: r.get(4)?,
+                        lp_alone: r.get(5)?,
+                        lp_final_punct: r.get(6)?,
+                        n_tok_ending: r.get(7)?,
                     },
                 };
-                if example_id != context.example_id {
-                    pending = Some((example_id, ending, is_gold));
-                    break;
-                }
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(3)? != 0, ending))
+            })?
+            .peekable();
+        for context in contexts {
+            let mut context = context?;
+            // This context's rows (an error is taken too, to be returned).
+            while let Some(row) = endings.next_if(|row| {
+                row.as_ref()
+                    .map_or(true, |(example_id, ..)| *example_id == context.example_id)
+            }) {
+                let (_, is_gold, ending) = row?;
                 if is_gold {
                     context.gold = ending;
                 } else {
