@@ -186,10 +186,12 @@ impl Builder {
                 let options = std::iter::once(&c.gold)
                     .chain(&c.candidates)
                     .map(|ending| {
-                        let mut tokens = sent2.clone();
-                        tokens.extend(crate::text::tokenize(&ending.text));
-                        tokens.truncate(cfg.max_tokens);
-                        let n_words = tokens.len().saturating_sub(sent2.len());
+                        // Without text only the ending's length is needed: count its tokens
+                        // without making strings of them (this runs for every pool ending).
+                        let ending_tokens = crate::text::token_spans(&ending.text).len();
+                        let n_words = (sent2.len() + ending_tokens)
+                            .min(cfg.max_tokens)
+                            .saturating_sub(sent2.len());
                         if !with_text {
                             return Tokenised {
                                 n_words,
@@ -197,6 +199,12 @@ impl Builder {
                                 tags: Vec::new(),
                             };
                         }
+                        let tokens: Vec<String> = sent2
+                            .iter()
+                            .cloned()
+                            .chain(crate::text::tokenize(&ending.text))
+                            .take(cfg.max_tokens)
+                            .collect();
                         // Tagging sees the option's whole second sentence.
                         let tags = tagger
                             .tag(&tokens)
@@ -279,13 +287,14 @@ impl Builder {
                 .then(a.0.cmp(b.0))
         });
         // Interned id → vocabulary id (UNK below min_count) and → BiLSTM id (None: use the tag).
+        let frequent: Vec<u32> = by_frequency
+            .iter()
+            .map(|(_, id)| *id)
+            .filter(|id| counts[*id as usize] >= self.cfg.min_count)
+            .collect();
         let mut word_id = vec![UNK; counts.len()];
         let mut lstm_id: Vec<Option<u32>> = vec![None; counts.len()];
-        for (rank, (_, id)) in by_frequency
-            .iter()
-            .filter(|(_, id)| counts[*id as usize] >= self.cfg.min_count)
-            .enumerate()
-        {
+        for (rank, id) in frequent.iter().enumerate() {
             word_id[*id as usize] = rank as u32 + 2;
         }
         for (rank, (_, id)) in by_frequency
@@ -295,10 +304,6 @@ impl Builder {
         {
             lstm_id[*id as usize] = Some(rank as u32 + 2);
         }
-        let n_words_kept = by_frequency
-            .iter()
-            .filter(|(_, id)| counts[*id as usize] >= self.cfg.min_count)
-            .count();
         let tag_base = by_frequency.len().min(self.cfg.lstm_top_words) as u32 + 2;
         self.contexts.par_iter_mut().for_each(|c| {
             for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
@@ -315,7 +320,7 @@ impl Builder {
         });
         Dataset {
             contexts: self.contexts,
-            vocab_size: n_words_kept + 2,
+            vocab_size: frequent.len() + 2,
             lstm_vocab_size: tag_base as usize + UPOS_TAGS.len(),
             with_text: self.with_text,
             excluded: self.excluded,

@@ -1,8 +1,8 @@
 //! Adversarial Filtering (SWAG Algorithm 1) with the four-model stylistic ensemble (SPEC §3).
 //!
 //! Data flow: `Store::for_each_pool_context` (contexts with complete pools, streamed) →
-//! [`data::Dataset`] (standardised LM features; tokens, tags and vocabularies once the ensemble
-//! needs them) → per iteration
+//! [`data::Dataset`] (standardised LM features; tokens, tags and vocabularies when the run has an
+//! ensemble phase) → per iteration
 //! [`run`]: split, [`train::train`] a fresh [`model::StylisticModel`], score the held-out pools,
 //! [`algorithm::choose_swaps`], commit → final cross-fitted pass → `af_folds`, `af_scores`.
 //! [`report`] reads the stored iterations back for the plot, the markdown and the JSON.

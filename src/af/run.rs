@@ -105,9 +105,14 @@ pub fn filter(args: FilterArgs) -> Result<()> {
     }
     let mut store = Store::open(&args.project)?;
     let started = Instant::now();
-    // MLP-only iterations read LM features alone; the text ids are loaded when the ensemble
-    // first needs them (see `ensure_text`), so a big project's MLP phase stays small.
-    let mut data = Dataset::load(&store, args.k, &encode_config(&args), false)?;
+    let final_family = final_family(
+        args.ensemble_iterations
+            .unwrap_or(DEFAULT_ENSEMBLE_ITERATIONS),
+    );
+    // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
+    // reads the LM features alone, which keeps a big project small.
+    let with_text = final_family == Family::Ensemble;
+    let data = Dataset::load(&store, args.k, &encode_config(&args), with_text)?;
     if data.excluded > 0 {
         println!(
             "{} contexts have fewer than k = {} candidate endings and are left out",
@@ -137,6 +142,12 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         1.0 / (params.k as f64 + 1.0),
         started.elapsed().as_secs_f64()
     );
+    if data.with_text {
+        println!(
+            "texts encoded for the ensemble: vocabulary {} words, BiLSTM {} ids",
+            data.vocab_size, data.lstm_vocab_size
+        );
+    }
     let mut assignment = store.af_assignment(run.id)?;
     let mut history = store.af_iterations(run.id)?;
     let total = (params.mlp_iterations + params.ensemble_iterations) as u64;
@@ -147,9 +158,6 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         let iteration = history.len();
         if iteration == 0 || history[iteration - 1].phase != family.name() {
             bar.suspend(|| println!("phase: {} iterations", family.name()));
-        }
-        if family == Family::Ensemble {
-            ensure_text(&mut data, &store, &params, &fingerprint)?;
         }
         let (record, swaps, train_seconds) =
             run_iteration(&data, &assignment, family, iteration, &params)?;
@@ -162,13 +170,9 @@ pub fn filter(args: FilterArgs) -> Result<()> {
     bar.finish_and_clear();
     crate::interrupt::check()?;
 
-    let family = final_family(&params);
-    if family == Family::Ensemble {
-        ensure_text(&mut data, &store, &params, &fingerprint)?;
-    }
     let fold_bar = crate::progress::bar(params.folds as u64, "folds");
     let (fold_of, mut scores, accuracy) =
-        final_pass(&data, &assignment, family, &params, &fold_bar)?;
+        final_pass(&data, &assignment, final_family, &params, &fold_bar)?;
     // In key order, SQLite appends to the scores' B-tree instead of splitting pages all over it.
     scores.sort_unstable_by_key(|(ending_id, _)| *ending_id);
     fold_bar.finish_and_clear();
@@ -182,7 +186,7 @@ pub fn filter(args: FilterArgs) -> Result<()> {
     println!(
         "final cross-fitted pass ({} folds, {}): {}",
         params.folds,
-        family.name(),
+        final_family.name(),
         accuracy_text(&accuracy)
     );
     println!(
@@ -194,36 +198,10 @@ pub fn filter(args: FilterArgs) -> Result<()> {
     Ok(())
 }
 
-/// Loads the text ids (words, BiLSTM ids) that the ensemble reads, once, by streaming the pools
-/// again; the pools must be the ones the run started on.
-fn ensure_text(
-    data: &mut Dataset,
-    store: &Store,
-    params: &RunParams,
-    fingerprint: &str,
-) -> Result<()> {
-    if data.with_text {
-        return Ok(());
-    }
-    let started = Instant::now();
-    let with_text = Dataset::load(store, params.k, &params.encode, true)?;
-    if with_text.fingerprint() != fingerprint {
-        bail!("the pools changed while AF was running; run `afkit filter` again to start over");
-    }
-    *data = with_text;
-    println!(
-        "texts encoded for the ensemble: vocabulary {} words, BiLSTM {} ids ({:.1} s)",
-        data.vocab_size,
-        data.lstm_vocab_size,
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
 /// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
 /// phase (`--ensemble-iterations 0`), when the MLP that did the filtering also scores.
-pub fn final_family(params: &RunParams) -> Family {
-    if params.ensemble_iterations > 0 {
+pub fn final_family(ensemble_iterations: usize) -> Family {
+    if ensemble_iterations > 0 {
         Family::Ensemble
     } else {
         Family::Mlp
