@@ -13,7 +13,9 @@ use super::llama::{Llama, Prefix};
 use super::local::LocalLm;
 use super::sampler::SampledEnding;
 
-#[derive(Debug, Clone, PartialEq)]
+/// Also the form `import-pool` reads features computed elsewhere in (a missing
+/// `lp_final_punct` is null).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct EndingFeatures {
     pub lp_cond: f64,
     pub lp_alone: f64,

@@ -39,13 +39,8 @@ pub fn resolve_model(model: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The local model on the CPU with afkit's kernels (`import-pool` scores there).
-fn load_local(model: &str, params: SamplingParams) -> Result<LocalLm> {
-    load_local_on(model, params, &Compute::cpu())
-}
-
 /// The local model on `compute`'s device.
-fn load_local_on(model: &str, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
+fn load_local(model: &str, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
     let path = resolve_model(model)?;
     let sha = sha256_file(&path)?;
     eprintln!("loading {}", path.display());
@@ -138,7 +133,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("every context already has a pool; nothing to generate");
         return Ok(());
     }
-    let lm = load_local_on(&args.model, params.clone(), &compute)?;
+    let lm = load_local(&args.model, params.clone(), &compute)?;
     let remote = match args.backend {
         Backend::Local => None,
         Backend::Openai => Some(OpenAiSampler::new(
@@ -264,27 +259,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// LM features computed elsewhere (SPEC §2), as `import-pool` reads them.
-#[derive(serde::Deserialize)]
-struct ImportedFeatures {
-    lp_cond: f64,
-    lp_alone: f64,
-    #[serde(default)]
-    lp_final_punct: Option<f64>,
-    n_tok: usize,
-}
-
-impl ImportedFeatures {
-    fn to_features(&self) -> EndingFeatures {
-        EndingFeatures {
-            lp_cond: self.lp_cond,
-            lp_alone: self.lp_alone,
-            lp_final_punct: self.lp_final_punct,
-            n_tok: self.n_tok,
-        }
-    }
-}
-
 #[derive(serde::Deserialize)]
 #[serde(untagged)]
 enum ImportedEnding {
@@ -292,7 +266,7 @@ enum ImportedEnding {
     Scored {
         text: String,
         #[serde(flatten)]
-        features: ImportedFeatures,
+        features: EndingFeatures,
     },
 }
 
@@ -300,6 +274,13 @@ impl ImportedEnding {
     fn text(&self) -> &str {
         match self {
             ImportedEnding::Text(text) | ImportedEnding::Scored { text, .. } => text,
+        }
+    }
+
+    fn features(&self) -> Option<&EndingFeatures> {
+        match self {
+            ImportedEnding::Text(_) => None,
+            ImportedEnding::Scored { features, .. } => Some(features),
         }
     }
 }
@@ -319,7 +300,7 @@ struct ImportRecord {
     id: String,
     endings: Vec<ImportedEnding>,
     #[serde(default)]
-    gold: Option<ImportedFeatures>,
+    gold: Option<EndingFeatures>,
     #[serde(default)]
     context: Option<ImportedContext>,
 }
@@ -335,7 +316,7 @@ impl ImportRecord {
         let scored = self
             .endings
             .iter()
-            .filter(|e| matches!(e, ImportedEnding::Scored { .. }))
+            .filter(|e| e.features().is_some())
             .count();
         match (scored, &self.gold, &self.context) {
             (0, None, None) => Ok(false),
@@ -368,24 +349,33 @@ fn import_lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, Impor
 /// What a first pass over the whole file found: every line parses, names a known example once,
 /// and is consistently scored or not. Nothing is written unless the whole file passes.
 struct ImportCheck {
-    contexts: usize,
+    /// Per line, in order: its example, or `None` for a record that ingest dropped (a pool made
+    /// elsewhere for every input record).
+    example_ids: Vec<Option<i64>>,
     unscored: usize,
-    /// Lines for records that ingest dropped (a pool made elsewhere for every input record).
-    dropped_at_ingest: usize,
+}
+
+impl ImportCheck {
+    fn contexts(&self) -> usize {
+        self.example_ids.iter().flatten().count()
+    }
+
+    fn dropped_at_ingest(&self) -> usize {
+        self.example_ids.len() - self.contexts()
+    }
 }
 
 fn check_import_file(store: &Store, path: &Path) -> Result<ImportCheck> {
     let mut seen = HashSet::new();
     let mut check = ImportCheck {
-        contexts: 0,
+        example_ids: Vec::new(),
         unscored: 0,
-        dropped_at_ingest: 0,
     };
     for line in import_lines(path)? {
         let (n, rec) = line?;
         let Some(example_id) = store.example_id_by_ext_id(&rec.id)? else {
             if store.dropped_reason(&rec.id)?.is_some() {
-                check.dropped_at_ingest += 1;
+                check.example_ids.push(None);
                 continue;
             }
             bail!(
@@ -401,7 +391,7 @@ fn check_import_file(store: &Store, path: &Path) -> Result<ImportCheck> {
             Ok(scored) => check.unscored += usize::from(!scored),
             Err(why) => bail!("{}:{n}: {why}; {IMPORT_FORMAT}", path.display()),
         }
-        check.contexts += 1;
+        check.example_ids.push(Some(example_id));
     }
     Ok(check)
 }
@@ -427,7 +417,11 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
     let check = check_import_file(&store, &args.file)?;
     // The scoring model is loaded only when some line brings no features of its own.
     let lm = if check.unscored > 0 {
-        Some(load_local(&args.model, SamplingParams::default())?)
+        Some(load_local(
+            &args.model,
+            SamplingParams::default(),
+            &Compute::cpu(),
+        )?)
     } else {
         None
     };
@@ -450,17 +444,18 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             seed: 0,
         },
     )?;
-    let bar = crate::progress::bar(check.contexts as u64, "contexts");
+    let bar = crate::progress::bar(check.contexts() as u64, "contexts");
     let (mut imported, mut skipped, mut endings, mut incomplete) = (0, 0, 0, 0);
     let mut batch: Vec<NewPool> = Vec::new();
-    for line in import_lines(&args.file)? {
+    let mut batch_endings = 0;
+    for (line, example_id) in import_lines(&args.file)?.zip(&check.example_ids) {
         if let Err(stop) = crate::interrupt::check() {
             write_pools(&mut store, &mut batch)?;
             return Err(stop.into());
         }
         let (_, rec) = line?;
-        let Some(example_id) = store.example_id_by_ext_id(&rec.id)? else {
-            continue; // dropped at ingest (checked by the first pass)
+        let Some(example_id) = *example_id else {
+            continue; // dropped at ingest
         };
         bar.inc(1);
         if store.has_pool(example_id)? {
@@ -477,45 +472,43 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
             .count();
         let mut seen: HashSet<String> = HashSet::from([normalise_ending(&ex.ending)]);
-        let kept: Vec<(SampledEnding, &ImportedEnding)> = rec
+        let (kept, imported_endings): (Vec<SampledEnding>, Vec<&ImportedEnding>) = rec
             .endings
             .iter()
             .map(|e| (normalise_ending(e.text()), e))
             .filter(|(text, _)| !text.is_empty() && seen.insert(text.clone()))
             .map(|(text, e)| (SampledEnding { text, tokens: None }, e))
-            .collect();
-        let sampled: Vec<SampledEnding> = kept.iter().map(|(s, _)| s.clone()).collect();
-        let features = match (&lm, &rec.gold, &rec.context) {
-            (_, Some(gold), Some(context)) => ContextFeatures {
+            .unzip();
+        let features = match (&rec.gold, &rec.context) {
+            (Some(gold), Some(context)) => ContextFeatures {
                 ctx_logprob: context.ctx_logprob,
                 n_tok_sent1: context.n_tok_sent1,
                 n_tok_sent2: context.n_tok_sent2,
-                gold: gold.to_features(),
-                endings: kept
+                gold: gold.clone(),
+                endings: imported_endings
                     .iter()
-                    .map(|(_, e)| match e {
-                        ImportedEnding::Scored { features, .. } => features.to_features(),
-                        ImportedEnding::Text(_) => unreachable!("checked by the first pass"),
-                    })
+                    .map(|e| e.features().cloned().expect("checked by the first pass"))
                     .collect(),
             },
-            (Some(lm), _, _) => {
+            _ => {
+                let lm = lm.as_ref().expect("loaded when a line has no features");
                 let prompt = template.render(&ex.sent1, &ex.sent2);
-                lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &sampled)?
+                lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?
             }
-            (None, _, _) => unreachable!("the model is loaded when a line has no features"),
         };
+        batch_endings += kept.len();
         batch.push(new_pool(
             &ex,
             generation_id,
             rec.endings.len(),
-            &sampled,
+            &kept,
             &features,
             t0.elapsed().as_secs_f64(),
         ));
         imported += 1;
-        if batch.iter().map(|p| p.candidates.len()).sum::<usize>() >= IMPORT_COMMIT_ENDINGS {
+        if batch_endings >= IMPORT_COMMIT_ENDINGS {
             endings += write_pools(&mut store, &mut batch)?;
+            batch_endings = 0;
         }
     }
     endings += write_pools(&mut store, &mut batch)?;
@@ -523,16 +516,16 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
     println!(
         "imported {endings} endings for {imported} contexts; {skipped} contexts skipped (they already have a pool)"
     );
-    if check.dropped_at_ingest > 0 {
+    if check.dropped_at_ingest() > 0 {
         println!(
             "{} lines skipped: their records were dropped at ingest (see `afkit status`)",
-            check.dropped_at_ingest
+            check.dropped_at_ingest()
         );
     }
-    if check.unscored < check.contexts {
+    if check.unscored < check.contexts() {
         println!(
             "{} contexts came with their own LM features; {} were scored with the local model",
-            check.contexts - check.unscored,
+            check.contexts() - check.unscored,
             check.unscored
         );
     }
