@@ -295,14 +295,7 @@ fn features_reuse_sampled_logprobs_exactly() {
             .unwrap();
         assert_eq!(f.endings.len(), pool.endings.len());
         // Re-scoring the endings from scratch (no sampled log-probs) gives the same features.
-        let plain: Vec<_> = pool
-            .endings
-            .iter()
-            .map(|e| super::sampler::SampledEnding {
-                text: e.text.clone(),
-                tokens: None,
-            })
-            .collect();
+        let plain: Vec<_> = pool.endings.iter().map(|e| e.text_only()).collect();
         let g = lm
             .features(
                 prompt,
@@ -369,14 +362,7 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
     };
     let pool = generic.sample(&request).unwrap();
     assert!(!pool.endings.is_empty());
-    let plain: Vec<_> = pool
-        .endings
-        .iter()
-        .map(|e| super::sampler::SampledEnding {
-            text: e.text.clone(),
-            tokens: None,
-        })
-        .collect();
+    let plain: Vec<_> = pool.endings.iter().map(|e| e.text_only()).collect();
     let (sent1, gold) = ("A man is kneeling on a frozen lake.", "drills a hole.");
     let f = generic
         .features(prompt, sent1, "He", gold, &pool.endings)
