@@ -12,6 +12,7 @@ pub mod cli;
 pub mod device;
 pub mod embed;
 pub mod export;
+pub mod generate;
 pub mod ingest;
 pub mod interrupt;
 pub mod lm;

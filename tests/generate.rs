@@ -118,6 +118,8 @@ fn generate_writes_whole_pools_and_resumes_after_kill_9() {
         let mut cmd = afkit();
         cmd.arg("generate").arg(p).arg("--model").arg(&model);
         cmd.args(["--n-neg", "6", "--max-tokens", "16", "--seed", "7"]);
+        // The random model's token soup never meets the found endings' rules.
+        cmd.arg("--no-ending-rules");
         cmd
     };
     let first = dir.path().join("a");
@@ -213,6 +215,174 @@ fn generate_respects_limit_and_reports_in_json() {
     assert_eq!(summary["shortfall"].as_i64().unwrap(), 10 - produced);
     let recorded = query_i64(&p, "SELECT seed FROM generations");
     assert_eq!(recorded, 0);
+}
+
+#[test]
+fn generate_primes_each_context_with_other_groups_and_accounts_for_every_draw() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let p = project(dir.path(), &synthetic_examples(30));
+    run_ok(
+        afkit()
+            .arg("generate")
+            .arg(&p)
+            .arg("--model")
+            .arg(&model)
+            .args([
+                "--n-neg",
+                "4",
+                "--max-tokens",
+                "12",
+                "--style-examples",
+                "5",
+            ]),
+    );
+    let conn = rusqlite::Connection::open(&p).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT x.grp, p.style_examples, p.draws, p.produced, p.rejected
+             FROM pools p JOIN examples x ON x.id = p.example_id",
+        )
+        .unwrap();
+    let rows: Vec<(String, String, i64, i64, String)> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 30);
+    let mut primers = std::collections::HashSet::new();
+    for (group, style, draws, produced, rejected) in rows {
+        let ids: Vec<i64> = serde_json::from_str(&style).unwrap();
+        assert_eq!(ids.len(), 5, "{style}");
+        for id in &ids {
+            let other: String = conn
+                .query_row("SELECT grp FROM examples WHERE id = ?1", [id], |r| r.get(0))
+                .unwrap();
+            assert_ne!(other, group, "a primer pair from the context's own video");
+        }
+        primers.insert(ids);
+        let rejected: std::collections::BTreeMap<String, i64> =
+            serde_json::from_str(&rejected).unwrap();
+        assert_eq!(draws, produced + rejected.values().sum::<i64>());
+    }
+    assert!(primers.len() > 20, "primers differ between contexts");
+}
+
+/// Pools whose found ending outscored every candidate in the latest finished AF run.
+fn starved_count(p: &Path) -> i64 {
+    query_i64(
+        p,
+        "SELECT COUNT(*) FROM (SELECT e.example_id FROM af_scores s JOIN endings e ON e.id = s.ending_id
+         WHERE s.run_id = (SELECT MAX(id) FROM af_runs WHERE finished_at IS NOT NULL)
+         GROUP BY e.example_id
+         HAVING MAX(CASE WHEN e.is_gold = 1 THEN s.score END) > MAX(CASE WHEN e.is_gold = 0 THEN s.score END))",
+    )
+}
+
+#[test]
+fn grow_samples_more_for_starved_pools_and_resumes_after_kill_9_to_the_same_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let examples = synthetic_examples(60);
+    let generate = |p: &Path, extra: &[&str]| {
+        let mut cmd = afkit();
+        cmd.arg("generate").arg(p).arg("--model").arg(&model);
+        cmd.args(["--n-neg", "4", "--max-tokens", "12", "--seed", "3"]);
+        cmd.args(["--no-ending-rules", "--style-examples", "2"]);
+        cmd.args(extra);
+        cmd
+    };
+    let build = |name: &str| {
+        let sub = dir.path().join(name);
+        std::fs::create_dir(&sub).unwrap();
+        let p = project(&sub, &examples);
+        run_ok(&mut generate(&p, &[]));
+        run_ok(afkit().arg("filter").arg(&p).args([
+            "--k",
+            "2",
+            "--hidden",
+            "8",
+            "--word-dim",
+            "8",
+            "--mlp-epochs",
+            "2",
+            "--ensemble-epochs",
+            "1",
+            "--mlp-iterations",
+            "1",
+            "--ensemble-iterations",
+            "1",
+            "--batch-contexts",
+            "8",
+            "--seed",
+            "1",
+        ]));
+        p
+    };
+    let a = build("a");
+    let starved = starved_count(&a);
+    assert!(
+        starved > 0,
+        "the tiny model's endings are easy to tell from the found ones"
+    );
+    let before = query_i64(&a, "SELECT SUM(produced) FROM pools");
+    run_ok(&mut generate(&a, &["--grow", "3"]));
+    assert_eq!(query_i64(&a, "SELECT COUNT(*) FROM pool_growth"), starved);
+    let grown = query_i64(&a, "SELECT SUM(produced) FROM pool_growth");
+    assert!(grown > 0);
+    assert_eq!(
+        query_i64(&a, "SELECT SUM(produced) FROM pools"),
+        before + grown
+    );
+    assert_eq!(
+        query_i64(&a, "SELECT SUM(produced) FROM pools"),
+        query_i64(&a, "SELECT COUNT(*) FROM endings WHERE is_gold = 0")
+    );
+    // Asked again for the same AF run, nothing more is sampled.
+    run_ok(&mut generate(&a, &["--grow", "3"]));
+    assert_eq!(
+        query_i64(&a, "SELECT SUM(produced) FROM pool_growth"),
+        grown
+    );
+    // A growth interrupted by kill -9 resumes to what an uninterrupted one stored.
+    let b = build("b");
+    let mut child = generate(&b, &["--grow", "3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && query_i64(&b, "SELECT COUNT(*) FROM pool_growth") == 0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    run_ok(&mut generate(&b, &["--grow", "3"]));
+    assert_eq!(pools(&a), pools(&b));
+    // The next filter run works on the grown pools.
+    let out = run_ok(afkit().arg("filter").arg(&a).args([
+        "--k",
+        "2",
+        "--hidden",
+        "8",
+        "--word-dim",
+        "8",
+        "--mlp-epochs",
+        "2",
+        "--ensemble-epochs",
+        "1",
+        "--mlp-iterations",
+        "1",
+        "--ensemble-iterations",
+        "1",
+        "--batch-contexts",
+        "8",
+        "--seed",
+        "1",
+    ]));
+    assert!(out.contains("AF run 2"), "{out}");
 }
 
 #[test]
@@ -944,6 +1114,7 @@ fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels(
             exclude: vec![gold.to_string()],
             n: 8,
             seed: i as u64,
+            rule: Default::default(),
         };
         let ours = generic.sample(&request).unwrap();
         assert!(ours.endings.len() >= 6, "{} endings", ours.endings.len());

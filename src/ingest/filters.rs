@@ -1,5 +1,5 @@
-//! From records to examples: split second sentences and apply SPEC §1's filters, each drop
-//! with its reason. Token counts are PTB tokens (punctuation included) from
+//! From records to examples: split second sentences and apply the dataset's filters
+//! ([`crate::text::rules`]), each drop with its reason. Token counts are PTB tokens (punctuation included) from
 //! [`crate::text::tokenize`].
 //!
 //! Checked in this order, the first failing one is the recorded reason:
@@ -18,11 +18,8 @@ use rayon::prelude::*;
 
 use super::input::{Record, Second};
 use crate::store::examples::NewExample;
+use crate::text::rules::{ending_length_problem, MIN_CONTEXT_TOKENS};
 use crate::text::{split_second_sentence, tokenize};
-
-pub const MIN_CONTEXT_TOKENS: usize = 6;
-pub const MIN_ENDING_TOKENS: usize = 5;
-pub const MAX_ENDING_TOKENS: usize = 25;
 
 /// What becomes of one record.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,11 +88,8 @@ fn process(record: &Record, filtered: bool, rare: Option<(u32, &TokenCounts)>) -
         if sent1_tokens.len() + sent2_tokens.len() < MIN_CONTEXT_TOKENS {
             return Outcome::Dropped("short_context");
         }
-        if ending_tokens.len() < MIN_ENDING_TOKENS {
-            return Outcome::Dropped("short_ending");
-        }
-        if ending_tokens.len() > MAX_ENDING_TOKENS {
-            return Outcome::Dropped("long_ending");
+        if let Some(problem) = ending_length_problem(ending_tokens.len()) {
+            return Outcome::Dropped(problem);
         }
         if let Some((min, counts)) = rare {
             let mut all = sent1_tokens

@@ -1,4 +1,4 @@
-//! LM features of SPEC §2, the inputs of the AF perplexity MLP, for a context and its endings:
+//! The LM features, the inputs of the AF perplexity MLP (as in SWAG), for a context and its endings:
 //! mean log-prob of the ending given the context, mean log-prob of the ending alone (after the
 //! document-start token), mean log-prob of the context, log-prob of the ending's final
 //! punctuation token, and token lengths.
@@ -78,6 +78,11 @@ fn score_batched(
 }
 
 impl LocalLm {
+    /// Mean log-prob of a prompt's tokens, each given the document start and those before it.
+    pub fn prompt_logprob(&self, prompt: &str) -> Result<f64> {
+        Ok(mean(&self.prefix(prompt)?.token_logprobs))
+    }
+
     /// Tokens of an ending as it follows the context.
     pub fn ending_tokens(&self, ending: &str) -> Result<Vec<u32>> {
         self.model.tokenizer.encode(&format!(" {ending}"))

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::llama::{Prefix, RowCache, SlotCache, SlotRow};
 use super::model::LanguageModel;
 use super::sampler::{
-    acceptable_ending, normalise_ending, sample_token, EndingSampler, SampleRequest, SampledEnding,
+    normalise_ending, sample_token, EndingSampler, Rejection, SampleRequest, SampledEnding,
     SampledPool, SamplingParams,
 };
 
@@ -402,16 +402,28 @@ impl LocalLm {
         for row in rows {
             state.pool.draws += 1;
             state.pool.tokens_generated += row.tokens.len();
-            if row.stop != Stop::SentenceEnd || state.pool.endings.len() >= state.request.n {
-                continue;
+            match row.stop {
+                Stop::SentenceEnd => {}
+                Stop::TooLong => {
+                    state.pool.reject(Rejection::TooLong);
+                    continue;
+                }
+                Stop::EndOfText | Stop::TokenCap => {
+                    state.pool.reject(Rejection::NoSentenceEnd);
+                    continue;
+                }
             }
             let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
-            if acceptable_ending(&text, self.params.max_words) && state.seen.insert(text.clone()) {
-                state.pool.endings.push(SampledEnding {
-                    text,
-                    tokens: Some((row.tokens, row.logprobs)),
-                });
-            }
+            let ending = SampledEnding {
+                text,
+                tokens: Some((row.tokens, row.logprobs)),
+            };
+            state.pool.offer(
+                ending,
+                state.request,
+                self.params.max_words,
+                &mut state.seen,
+            );
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Map, Value};
 
 use super::sampler::{
-    acceptable_ending, normalise_ending, EndingSampler, SampleRequest, SampledEnding, SampledPool,
+    normalise_ending, EndingSampler, Rejection, SampleRequest, SampledEnding, SampledPool,
     SamplingParams,
 };
 use super::tokenizer::GgufTokenizer;
@@ -444,16 +444,21 @@ impl EndingSampler for OpenAiSampler<'_> {
                 pool.draws += 1;
                 pool.tokens_generated += completion.logprobs.as_ref().map_or(0, |(t, _)| t.len());
                 if pool.endings.len() >= request.n {
+                    pool.reject(Rejection::Surplus);
                     continue;
                 }
                 let Some((raw, tokens)) = recover_ending(&completion, &self.args.stop) else {
+                    pool.reject(Rejection::NoSentenceEnd);
                     continue;
                 };
                 let text = normalise_ending(&raw);
-                if acceptable_ending(&text, self.params.max_words) && seen.insert(text.clone()) {
-                    let tokens = tokens.and_then(|t| self.aligned(&text, &t));
-                    pool.endings.push(SampledEnding { text, tokens });
-                }
+                let tokens = tokens.and_then(|t| self.aligned(&text, &t));
+                pool.offer(
+                    SampledEnding { text, tokens },
+                    request,
+                    self.params.max_words,
+                    &mut seen,
+                );
             }
         }
         Ok(pool)

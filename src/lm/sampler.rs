@@ -5,6 +5,8 @@
 //! truncated or beam-searched text has lower perplexity than human text: exactly the artifact
 //! adversarial filtering has to remove. The knobs exist for experiments and are off by default.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 /// How tokens are drawn and when an ending stops.
@@ -59,6 +61,35 @@ pub struct SampleRequest {
     pub n: usize,
     /// The context's own seed (derived from the run's seed and the example id).
     pub seed: u64,
+    /// What else an ending must be to enter the pool (the corpus's rules for endings).
+    pub rule: EndingRule,
+}
+
+/// A check on an ending's text that the caller brings: `None` if the ending may enter the pool,
+/// else the reason it may not (recorded with the draw counts). The default accepts everything.
+#[derive(Clone, Default)]
+pub struct EndingRule(Option<Arc<RuleFn>>);
+
+type RuleFn = dyn Fn(&str) -> Option<&'static str> + Send + Sync;
+
+impl EndingRule {
+    pub fn new(check: impl Fn(&str) -> Option<&'static str> + Send + Sync + 'static) -> Self {
+        EndingRule(Some(Arc::new(check)))
+    }
+
+    pub fn check(&self, ending: &str) -> Option<&'static str> {
+        self.0.as_ref().and_then(|check| check(ending))
+    }
+}
+
+impl std::fmt::Debug for EndingRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "EndingRule(..)"
+        } else {
+            "EndingRule(none)"
+        })
+    }
 }
 
 impl SampleRequest {
@@ -96,9 +127,74 @@ pub struct SampledPool {
     pub draws: usize,
     /// Tokens generated over all draws.
     pub tokens_generated: usize,
+    /// Draws not kept, by reason ([`Rejection::as_str`]).
+    pub rejected: std::collections::BTreeMap<&'static str, usize>,
+}
+
+/// Why a drawn sequence did not enter the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// Stopped at the token cap or the end-of-text token before ending a sentence.
+    NoSentenceEnd,
+    /// More words than an ending may have.
+    TooLong,
+    /// Empty, or not ending with `.`, `!` or `?` (a server's stop rules can cut there).
+    NotASentence,
+    /// The same text as an ending already in the pool, or as the found ending.
+    Duplicate,
+    /// Drawn in the last round after the pool had filled up.
+    Surplus,
+    /// Refused by the request's [`EndingRule`], for the reason it gave.
+    Rule(&'static str),
+}
+
+impl Rejection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::NoSentenceEnd => "no_sentence_end",
+            Rejection::TooLong => "too_long",
+            Rejection::NotASentence => "not_a_sentence",
+            Rejection::Duplicate => "duplicate",
+            Rejection::Surplus => "surplus",
+            Rejection::Rule(why) => why,
+        }
+    }
 }
 
 impl SampledPool {
+    pub fn reject(&mut self, why: Rejection) {
+        *self.rejected.entry(why.as_str()).or_insert(0) += 1;
+    }
+
+    /// Keeps `ending` (normalised text) when the pool still wants endings and it is a whole
+    /// sentence of at most `max_words` words that passes the request's rule and is not in
+    /// `seen`; otherwise counts why not.
+    pub fn offer(
+        &mut self,
+        ending: SampledEnding,
+        request: &SampleRequest,
+        max_words: usize,
+        seen: &mut std::collections::HashSet<String>,
+    ) {
+        let rejection = if self.endings.len() >= request.n {
+            Some(Rejection::Surplus)
+        } else if ending.text.split_whitespace().count() > max_words {
+            Some(Rejection::TooLong)
+        } else if !acceptable_ending(&ending.text, max_words) {
+            Some(Rejection::NotASentence)
+        } else if let Some(why) = request.rule.check(&ending.text) {
+            Some(Rejection::Rule(why))
+        } else if !seen.insert(ending.text.clone()) {
+            Some(Rejection::Duplicate)
+        } else {
+            None
+        };
+        match rejection {
+            Some(why) => self.reject(why),
+            None => self.endings.push(ending),
+        }
+    }
+
     /// How many more sequences to draw towards `n` unique endings, never past `max_draws`: the
     /// endings still missing divided by the share of draws kept so far (80% assumed before the
     /// first draw), so one round usually covers what caps, EOS and duplicates take away.

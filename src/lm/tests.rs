@@ -127,6 +127,7 @@ fn contexts_decoded_in_one_batch_sample_what_they_sample_alone() {
                 exclude: vec![],
                 n: 6,
                 seed: 40 + i as u64,
+                rule: Default::default(),
             })
             .collect();
         let many = lm.sample_many(&requests).unwrap();
@@ -247,6 +248,7 @@ fn sampling_gives_unique_complete_endings_reproducibly() {
             exclude: vec![],
             n: 10,
             seed,
+            rule: Default::default(),
         };
         let a = lm.sample(&request(3)).unwrap();
         let texts: Vec<&str> = a.endings.iter().map(|e| e.text.as_str()).collect();
@@ -281,6 +283,7 @@ fn features_reuse_sampled_logprobs_exactly() {
                 exclude: vec![],
                 n: 6,
                 seed: 9,
+                rule: Default::default(),
             })
             .unwrap();
         let gold = "is using a tool to drill a hole.";
@@ -359,6 +362,7 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
         exclude: vec![],
         n: 8,
         seed: 2,
+        rule: Default::default(),
     };
     let pool = generic.sample(&request).unwrap();
     assert!(!pool.endings.is_empty());

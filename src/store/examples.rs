@@ -157,6 +157,19 @@ impl Store {
             )
             .optional()?)
     }
+
+    /// Every example, in id order (one query: the style primer reads the whole corpus).
+    pub fn all_examples(&self) -> Result<Vec<Example>> {
+        let mut stmt = self.conn().prepare(
+            "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
+             FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
+             ORDER BY x.id",
+        )?;
+        let examples = stmt
+            .query_map([], example_from_row)?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(examples)
+    }
 }
 
 fn example_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Example> {

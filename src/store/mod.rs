@@ -27,7 +27,11 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 /// Schema migrations, in order. Index `i` upgrades `user_version` from `i` to `i + 1`.
 /// Never edit a migration that has shipped: append a new one.
-const MIGRATIONS: &[&str] = &[include_str!("schema.sql"), include_str!("migration_2.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("schema.sql"),
+    include_str!("migration_2.sql"),
+    include_str!("migration_3.sql"),
+];
 
 /// The schema version this build of afkit writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -44,6 +44,10 @@ pub struct NewPool {
     pub gold: EndingLmFeatures,
     /// Candidate endings (unique, normalised, gold excluded) with their features.
     pub candidates: Vec<(String, EndingLmFeatures)>,
+    /// Examples whose pairs were shown before the context (style priming).
+    pub style_examples: Vec<i64>,
+    /// Sequences sampled and why the ones not kept were rejected (`None` for imported pools).
+    pub draws: Option<(usize, std::collections::BTreeMap<&'static str, usize>)>,
 }
 
 /// A stored ending with its features.
@@ -128,8 +132,9 @@ pub fn write_pool(conn: &Connection, pool: &NewPool) -> Result<usize> {
     }
     conn.execute(
         "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
-                           n_tok_sent1, n_tok_sent2, seconds, finished_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                           n_tok_sent1, n_tok_sent2, seconds, finished_at, style_examples,
+                           draws, rejected)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             pool.example_id,
             pool.generation_id,
@@ -139,7 +144,15 @@ pub fn write_pool(conn: &Connection, pool: &NewPool) -> Result<usize> {
             pool.n_tok_sent1 as i64,
             pool.n_tok_sent2 as i64,
             pool.seconds,
-            now()
+            now(),
+            (!pool.style_examples.is_empty())
+                .then(|| serde_json::to_string(&pool.style_examples))
+                .transpose()?,
+            pool.draws.as_ref().map(|(n, _)| *n as i64),
+            pool.draws
+                .as_ref()
+                .map(|(_, why)| serde_json::to_string(why))
+                .transpose()?
         ],
     )?;
     Ok(produced)
@@ -161,7 +174,116 @@ fn features_from_row(
     })
 }
 
+/// A pool whose found ending outscored all of its candidates in an AF run's final pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StarvedPool {
+    pub example_id: i64,
+    pub candidates: usize,
+    pub style_examples: Vec<i64>,
+    /// Growth rounds the pool has had so far.
+    pub rounds: usize,
+    /// Whether it has been grown in answer to this very run.
+    pub grown_for_run: bool,
+}
+
+/// Adds a growth round's endings to an existing pool (`pool.candidates`, already scored after the
+/// pool's own prompt) and records the round; returns the candidates stored.
+pub fn write_growth(conn: &Connection, pool: &NewPool, af_run_id: i64) -> Result<usize> {
+    let mut insert = conn.prepare_cached(
+        "INSERT OR IGNORE INTO endings(example_id, text, is_gold, generation_id, lp_cond, lp_alone,
+                                       lp_final_punct, n_tok_ending)
+         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut produced = 0;
+    for (text, f) in &pool.candidates {
+        produced += insert.execute(params![
+            pool.example_id,
+            text,
+            pool.generation_id,
+            f.lp_cond,
+            f.lp_alone,
+            f.lp_final_punct,
+            f.n_tok_ending as i64
+        ])?;
+    }
+    let (draws, rejected) = pool.draws.clone().unwrap_or_default();
+    conn.execute(
+        "INSERT INTO pool_growth(example_id, af_run_id, generation_id, requested, produced, draws,
+                                 rejected, seconds, finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            pool.example_id,
+            af_run_id,
+            pool.generation_id,
+            pool.requested as i64,
+            produced as i64,
+            draws as i64,
+            serde_json::to_string(&rejected)?,
+            pool.seconds,
+            now()
+        ],
+    )?;
+    conn.execute(
+        "UPDATE pools SET produced = produced + ?2 WHERE example_id = ?1",
+        params![pool.example_id, produced as i64],
+    )?;
+    Ok(produced)
+}
+
 impl Store {
+    /// The pools whose found ending scored above every candidate in AF run `run_id`'s final
+    /// pass, in example id order.
+    pub fn starved_pools(&self, run_id: i64) -> Result<Vec<StarvedPool>> {
+        let mut stmt = self.conn().prepare(
+            "SELECT e.example_id,
+                    SUM(e.is_gold = 0),
+                    (SELECT style_examples FROM pools p WHERE p.example_id = e.example_id),
+                    (SELECT COUNT(*) FROM pool_growth g WHERE g.example_id = e.example_id),
+                    EXISTS (SELECT 1 FROM pool_growth g
+                            WHERE g.example_id = e.example_id AND g.af_run_id = ?1)
+             FROM af_scores s JOIN endings e ON e.id = s.ending_id
+             WHERE s.run_id = ?1
+             GROUP BY e.example_id
+             HAVING MAX(CASE WHEN e.is_gold = 1 THEN s.score END)
+                  > MAX(CASE WHEN e.is_gold = 0 THEN s.score END)
+             ORDER BY e.example_id",
+        )?;
+        let rows = stmt.query_map([run_id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, bool>(4)?,
+            ))
+        })?;
+        rows.map(|row| {
+            let (example_id, candidates, style, rounds, grown_for_run) = row?;
+            Ok(StarvedPool {
+                example_id,
+                candidates: candidates as usize,
+                style_examples: style
+                    .map(|s| serde_json::from_str(&s))
+                    .transpose()?
+                    .unwrap_or_default(),
+                rounds: rounds as usize,
+                grown_for_run,
+            })
+        })
+        .collect()
+    }
+
+    /// The texts of a context's candidate endings.
+    pub fn pool_texts(&self, example_id: i64) -> Result<Vec<String>> {
+        let mut stmt = self
+            .conn()
+            .prepare_cached("SELECT text FROM endings WHERE example_id = ?1 AND is_gold = 0")?;
+        let texts = stmt
+            .query_map([example_id], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(texts)
+    }
+
     /// Examples that have no pool yet, in insertion order (at most `limit`).
     pub fn examples_without_pool(&self, limit: Option<usize>) -> Result<Vec<Example>> {
         let limit = limit.map_or(-1, |l| l as i64);
@@ -293,6 +415,8 @@ mod tests {
                 ("runs away.".into(), features(-3.0)),
                 ("jumps.".into(), features(-4.0)),
             ],
+            style_examples: vec![2],
+            draws: Some((5, [("duplicate", 3)].into())),
         };
         let tx = store.transaction().unwrap();
         assert_eq!(write_pool(&tx, &pool).unwrap(), 2);

@@ -2,6 +2,7 @@
 //! splitter that cuts a second sentence into `sent2` and its ending before the main verb phrase.
 
 pub mod conllu;
+pub mod rules;
 pub mod split;
 pub mod tagger;
 pub mod tokenize;

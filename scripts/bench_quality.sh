@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Quality benchmark: does a dataset built by afkit fool stylistic classifiers?
+#
+# From ActivityNet Captions (../shared by default) it takes a seeded set of videos from one half
+# of the corpus (`dev` to tune on, `test` to report on: the halves never share a video), runs
+#   init → ingest → generate → filter → assemble --unverified → export
+# and exports the same pools twice: with the AF negatives, and with random pool negatives (the
+# control, which shows what the generator alone achieves). Both are scored with
+# `afkit audit --cv 5` (5 folds by video, mean ± standard error per baseline). Chance is 0.25.
+#
+#   scripts/bench_quality.sh [--half dev|test] [--pairs N] [--contexts N] [--seed S]
+#                            [--label NAME] [-- GENERATE/FILTER FLAGS ...]
+#
+#   --pairs     sentence pairs to take (before ingest's filters; default 1.25 × --contexts)
+#   --contexts  contexts that get a pool (default 1000)
+#   --label     name of the recipe; the project goes to $AFKIT_HOME/bench/quality/LABEL-HALF-N
+#   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a
+#   second `--` go to `afkit filter`.
+#
+# Resumable: re-running with the same arguments continues the stage that was interrupted.
+# Prints one table (baseline, AF mean ± se, control mean ± se) and the time of every stage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+AFKIT=${AFKIT:-target/release/afkit}
+CAPTIONS=${CAPTIONS:-../shared/data/activitynet-captions/train.json}
+HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --half) HALF=$2; shift 2 ;;
+    --pairs) PAIRS=$2; shift 2 ;;
+    --contexts) CONTEXTS=$2; shift 2 ;;
+    --seed) SEED=$2; shift 2 ;;
+    --label) LABEL=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+GEN_FLAGS=() FILTER_FLAGS=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do GEN_FLAGS+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+FILTER_FLAGS=("$@")
+PAIRS=${PAIRS:-$(( CONTEXTS * 5 / 4 ))}
+if [ ! -f "$CAPTIONS" ]; then
+  echo "no ActivityNet captions at $CAPTIONS (set CAPTIONS=...)" >&2
+  exit 1
+fi
+HOME_DIR=${AFKIT_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/afkit}
+DIR="$HOME_DIR/bench/quality/$LABEL-$HALF-$CONTEXTS"
+P="$DIR/project.sqlite"
+mkdir -p "$DIR"
+TIMES="$DIR/times.txt"
+stage() { # stage NAME COMMAND...: runs and records its wall time
+  local name=$1; shift
+  local t0; t0=$(date +%s%N)
+  "$@"
+  awk -v n="$name" -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%s %.1f\n", n, (b - a) / 1e9 }' >> "$TIMES"
+}
+if [ ! -f "$P" ]; then
+  : > "$TIMES"
+  python3 scripts/activitynet_subset.py "$CAPTIONS" --half "$HALF" --pairs "$PAIRS" --seed "$SEED" > "$DIR/captions.json"
+  $AFKIT init "$P.partial" >/dev/null
+  stage ingest $AFKIT ingest "$P.partial" --format activitynet "$DIR/captions.json"
+  mv "$P.partial" "$P"
+fi
+pooled() { $AFKIT status "$P" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["contexts_with_pool"])'; }
+missing=$(( CONTEXTS - $(pooled) ))
+if [ "$missing" -gt 0 ]; then
+  stage generate $AFKIT generate "$P" --limit "$missing" --seed "$SEED" "${GEN_FLAGS[@]}"
+fi
+if [ "$(pooled)" -lt "$CONTEXTS" ]; then
+  echo "only $(pooled) of $CONTEXTS contexts have a pool (the subset is too small: raise --pairs)" >&2
+  exit 1
+fi
+stage filter $AFKIT filter "$P" --seed "$SEED" "${FILTER_FLAGS[@]}"
+stage assemble $AFKIT assemble "$P" --unverified --seed "$SEED" >/dev/null
+TEST_LABELS=()
+if $AFKIT export --help | grep -q -- --with-test-labels; then TEST_LABELS=(--with-test-labels); fi
+for negatives in adversarial random; do
+  stage "export-$negatives" $AFKIT export "$P" --out "$DIR/$negatives" --negatives "$negatives" --seed "$SEED" "${TEST_LABELS[@]}" >/dev/null
+  stage "audit-$negatives" $AFKIT audit "$DIR/$negatives" --cv 5 --seed "$SEED" --json > "$DIR/$negatives.audit.json"
+done
+python3 - "$DIR" "$LABEL" "$HALF" "$CONTEXTS" <<'EOF'
+import json, sqlite3, sys
+d, label, half, contexts = sys.argv[1:5]
+af = json.load(open(f"{d}/adversarial.audit.json"))["cv"]
+ctl = json.load(open(f"{d}/random.audit.json"))["cv"]
+db = sqlite3.connect(f"{d}/project.sqlite")
+drawn, kept = db.execute("SELECT AVG(draws), AVG(produced) FROM pools").fetchone()
+print(f"recipe {label} on the {half} half, {contexts} contexts; {af['questions']} questions, "
+      f"{af['folds']} folds by video; per context {drawn or 0:.1f} endings drawn, {kept:.1f} kept")
+print(f"{'baseline':<14} {'AF export':>16} {'random control':>16}")
+for name, b in af["baselines"].items():
+    c = ctl["baselines"].get(name)
+    if "mean" not in b:
+        print(f"{name:<14} {b.get('skipped', 'not measured'):>16}")
+        continue
+    right = f"{c['mean']:.3f} ± {c['se']:.3f}" if c and "mean" in c else "-"
+    print(f"{name:<14} {b['mean']:.3f} ± {b['se']:.3f}   {right:>16}")
+print("wall time per stage (s): " + ", ".join(
+    f"{n} {t}" for n, t in (l.split() for l in open(f"{d}/times.txt"))))
+EOF
