@@ -9,10 +9,13 @@
 # `afkit audit --cv 5` (5 folds by video, mean ± standard error per baseline). Chance is 0.25.
 #
 #   scripts/bench_quality.sh [--half dev|test] [--pairs N] [--contexts N] [--seed S]
-#                            [--label NAME] [-- GENERATE/FILTER FLAGS ...]
+#                            [--grow N --grow-rounds R] [--label NAME] [-- GENERATE FLAGS ...
+#                            [-- FILTER FLAGS ...]]
 #
 #   --pairs     sentence pairs to take (before ingest's filters; default 1.25 × --contexts)
 #   --contexts  contexts that get a pool (default 1000)
+#   --grow N --grow-rounds R: after filtering, R times: `generate --grow N` (more endings for the
+#               pools AF found starved), then filter again
 #   --label     name of the recipe; the project goes to $AFKIT_HOME/bench/quality/LABEL-HALF-N
 #   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a
 #   second `--` go to `afkit filter`.
@@ -23,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 AFKIT=${AFKIT:-target/release/afkit}
 CAPTIONS=${CAPTIONS:-../shared/data/activitynet-captions/train.json}
-HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default
+HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default GROW=32 GROW_ROUNDS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --half) HALF=$2; shift 2 ;;
@@ -31,6 +34,8 @@ while [ $# -gt 0 ]; do
     --contexts) CONTEXTS=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --label) LABEL=$2; shift 2 ;;
+    --grow) GROW=$2; shift 2 ;;
+    --grow-rounds) GROW_ROUNDS=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -72,6 +77,10 @@ if [ "$(pooled)" -lt "$CONTEXTS" ]; then
   exit 1
 fi
 stage filter $AFKIT filter "$P" --seed "$SEED" "${FILTER_FLAGS[@]}"
+for round in $(seq 1 "$GROW_ROUNDS"); do
+  stage "grow-$round" $AFKIT generate "$P" --grow "$GROW" --seed "$SEED" "${GEN_FLAGS[@]}"
+  stage "filter-$round" $AFKIT filter "$P" --seed "$SEED" "${FILTER_FLAGS[@]}"
+done
 stage assemble $AFKIT assemble "$P" --unverified --seed "$SEED" >/dev/null
 TEST_LABELS=()
 if $AFKIT export --help | grep -q -- --with-test-labels; then TEST_LABELS=(--with-test-labels); fi
@@ -85,7 +94,9 @@ d, label, half, contexts = sys.argv[1:5]
 af = json.load(open(f"{d}/adversarial.audit.json"))["cv"]
 ctl = json.load(open(f"{d}/random.audit.json"))["cv"]
 db = sqlite3.connect(f"{d}/project.sqlite")
-drawn, kept = db.execute("SELECT AVG(draws), AVG(produced) FROM pools").fetchone()
+drawn, kept = db.execute(
+    "SELECT AVG(p.draws + COALESCE((SELECT SUM(g.draws) FROM pool_growth g"
+    " WHERE g.example_id = p.example_id), 0)), AVG(p.produced) FROM pools p").fetchone()
 print(f"recipe {label} on the {half} half, {contexts} contexts; {af['questions']} questions, "
       f"{af['folds']} folds by video; per context {drawn or 0:.1f} endings drawn, {kept:.1f} kept")
 print(f"{'baseline':<14} {'AF export':>16} {'random control':>16}")

@@ -182,11 +182,6 @@ impl Tagger {
         tags
     }
 
-    /// Tags many sentences in parallel.
-    pub fn tag_all<S: AsRef<str> + Sync>(&self, sentences: &[Vec<S>]) -> Vec<Vec<Upos>> {
-        sentences.par_iter().map(|s| self.tag(s)).collect()
-    }
-
     fn scores(&self, feats: &[u32]) -> [f32; N_TAGS] {
         let mut scores = [0f32; N_TAGS];
         for f in feats {
