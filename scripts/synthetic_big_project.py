@@ -31,7 +31,7 @@ def caption_pairs(path):
         sentences = [s.strip() for s in videos[video]["sentences"]]
         for i in range(len(sentences) - 1):
             words = sentences[i + 1].split()
-            # Inside ingest's length filters (SPEC §1), so that every context is kept.
+            # Inside ingest's length filters, so that every context is kept.
             if 6 <= len(words) <= 20 and len(sentences[i].split()) >= 6:
                 pairs.append((sentences[i], " ".join(words[:2]), " ".join(words[2:])))
     return pairs

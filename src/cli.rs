@@ -1,6 +1,6 @@
 //! The command line: one subcommand per pipeline stage, each delegating to its module.
 //!
-//! The names and flags here are the stable contract of SPEC §8; stage modules own their own
+//! The names and flags here are a stable interface for scripts; stage modules own their own
 //! argument structs so that a stage's options live next to the code that reads them.
 
 use std::path::PathBuf;

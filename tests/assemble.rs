@@ -1,5 +1,5 @@
 //! End-to-end tests of assemble, export, audit and score through the `afkit` binary, on
-//! hand-made projects: one label fixture per assembly rule (SPEC §5) and edge case.
+//! hand-made projects: one label fixture per assembly rule and edge case.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

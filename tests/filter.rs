@@ -269,7 +269,7 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     assert_eq!(
         value.as_object().unwrap().len(),
         1,
-        "exactly SPEC §8's object"
+        "exactly the documented object"
     );
     let first = &iterations[0];
     assert_eq!(first["phase"], "mlp");

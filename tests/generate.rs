@@ -1081,7 +1081,7 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
     );
 }
 
-/// SmolLM2 on the generic engine: valid, unique endings, and the same LM features (SPEC §2) as
+/// SmolLM2 on the generic engine: valid, unique endings, and the same LM features as
 /// afkit's CPU kernels compute for them from scratch. (That both engines sample the same tokens
 /// from the same seeds is tested on a tiny model: afkit's own kernels are slow in a debug build.)
 #[test]

@@ -2,15 +2,15 @@
 //! which negatives to swap, and when to stop. No models and no I/O here, so the invariants are
 //! tested directly (see the property tests below and `tests/filter.rs`).
 //!
-//! Swap rule (SPEC §3 step 3). For a held-out context with gold score g:
+//! Swap rule (SWAG Algorithm 1, the replacement step). For a held-out context with gold score g:
 //! - easy negatives: assigned endings x_j with g > f(x_j);
 //! - adversarial candidates: unassigned pool endings x with f(x) > f(x_easy).
 //!
 //! We pair the easiest easy negative (lowest score) with the highest-scoring unassigned ending,
 //! the second easiest with the second highest, and so on, up to N_easy pairs, and swap a pair
 //! only if the candidate outscores the easy negative it replaces. This is the paper's rule; the
-//! reference code's stricter variant (candidates must also outscore the gold) is not used, as
-//! SPEC §3 asks.
+//! reference code's stricter variant (candidates must also outscore the gold) is not used: it
+//! would leave a context's easy negatives in place whenever its gold is hard to beat.
 
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;

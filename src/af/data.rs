@@ -2,7 +2,7 @@
 //! the numbers the four models read.
 //!
 //! Each option of a (k+1)-way choice is the second sentence `sent2 + ending`:
-//! - LM features and lengths (SPEC §2) for the MLP, standardised over all endings of the run;
+//! - LM features and lengths for the MLP, standardised over all endings of the run;
 //! - word ids for the bag-of-words and the CNN (vocabulary: every token seen at least
 //!   `min_count` times in the run's texts, the rest UNK), with the "token is in `sent2`" indicator
 //!   implied by the context's `sent2` length;

@@ -1,4 +1,4 @@
-//! Adversarial Filtering (SWAG Algorithm 1) with the four-model stylistic ensemble (SPEC §3).
+//! Adversarial Filtering (SWAG Algorithm 1) with the four-model stylistic ensemble.
 //!
 //! Data flow: `Store::for_each_pool_context` (contexts with complete pools, streamed) →
 //! [`data::Dataset`] (standardised LM features; tokens, tags and vocabularies when the run has an

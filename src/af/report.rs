@@ -1,5 +1,5 @@
 //! `afkit report`: the latest AF run as SWAG's Figure 2 on the user's data (`af_accuracy.png`),
-//! a markdown summary (`report.md`) and, with `--json`, the per-iteration record of SPEC §8.
+//! a markdown summary (`report.md`) and, with `--json`, the per-iteration record.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -12,7 +12,7 @@ use super::ReportArgs;
 use crate::store::af::{AfRun, HeadAccuracy, IterationRecord};
 use crate::store::Store;
 
-/// One element of the `--json` output's `iterations` array (SPEC §8).
+/// One element of the `--json` output's `iterations` array (a stable interface for scripts).
 #[derive(Serialize)]
 struct JsonIteration<'a> {
     iteration: usize,

@@ -1,4 +1,4 @@
-//! `afkit filter`: a resumable AF run (SPEC §3).
+//! `afkit filter`: a resumable AF run.
 //!
 //! 1. Contexts with a complete pool of at least k candidates take part; each starts with k
 //!    distinct pool endings drawn at random (`since_iteration = -1`).

@@ -1,4 +1,4 @@
-//! AFLite's filtering loop (Le Bras et al., Algorithm 1; SPEC §6).
+//! AFLite's filtering loop (Le Bras et al., Algorithm 1).
 //!
 //! While |S| > n: train the linear model on m random subsets of t examples of S, predict the
 //! rest of S with each, and give every example its predictability p̃(i) = correct / predicted.

@@ -1,4 +1,4 @@
-//! AFLite: lightweight adversarial filtering of an existing labelled dataset (SPEC §6).
+//! AFLite: lightweight adversarial filtering of an existing labelled dataset.
 //!
 //! `data` reads and writes the dataset, `features` gives Φ (MiniLM or user vectors), `warmup`
 //! optionally learns Φ on a held-out part, `logreg` is the linear model family and `filter` the
@@ -432,7 +432,7 @@ fn write_outputs(
     Ok(())
 }
 
-/// `OUT` + suffix, as SPEC §8 names the side files (`FILE.scores.jsonl`).
+/// `OUT` + suffix, the name of the side files (`FILE.scores.jsonl`).
 pub fn suffixed(out: &Path, suffix: &str) -> PathBuf {
     let mut s = out.as_os_str().to_owned();
     s.push(suffix);

@@ -1,4 +1,4 @@
-//! Assemble: turn verified (or unverified) candidates into final examples and splits (SPEC §5).
+//! Assemble: turn verified (or unverified) candidates into final examples and splits.
 //!
 //! Order of work, all inside one transaction so that a re-run replaces the previous assembly
 //! atomically: (1) split every group of the project (see [`split`]); (2) for every context of
@@ -30,7 +30,7 @@ use split::Fractions;
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Rules (SWAG §3.5, SPEC §5): the found ending ranked best or second is gold \
+    after_help = "Rules (SWAG §3.5): the found ending ranked best or second is gold \
 (gold0/gold1, -orig or -reannot by annotation round) with the hardest generations not ranked best \
 and not gibberish as distractors; a generation ranked best over a second-ranked found ending adds a \
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \

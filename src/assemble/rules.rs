@@ -1,4 +1,4 @@
-//! SWAG's assembly rules (§3.5, footnotes 5 and 6; SPEC §5) as pure functions over one labelled
+//! SWAG's assembly rules (§3.5, footnotes 5 and 6) as pure functions over one labelled
 //! item, so each rule can be tested on hand-made labels.
 //!
 //! Several annotators per item are combined per ending, as medians on ordered scales:
@@ -113,7 +113,7 @@ impl DropReason {
     }
 }
 
-/// Applies SPEC §5 to one item. `endings` are the task's endings (the found one among them),
+/// Applies the assembly rules to one item. `endings` are the task's endings (the found one among them),
 /// `labels` their combined labels, `score` the final AF ensemble score (higher = harder; endings
 /// without a score sort last).
 pub fn decide(

@@ -6,7 +6,7 @@
 //! engine (any device, [`crate::device`]) decodes one context's rows in lockstep through candle
 //! ops, dropping rows as they stop. Both draw the same tokens from the same per-row generators
 //! with the same stop rules. Every row's tokens and their log-probabilities are kept, so an
-//! ending's conditional log-probability costs nothing extra (SPEC §2 features).
+//! ending's conditional log-probability costs nothing extra (an LM feature).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! What a generation backend does — sample N⁻ unique endings for a context — and the token
 //! sampler itself.
 //!
-//! SPEC §2: plain ancestral sampling at temperature 1 with no truncation is the default, because
+//! Plain ancestral sampling at temperature 1 with no truncation is the default, because
 //! truncated or beam-searched text has lower perplexity than human text: exactly the artifact
 //! adversarial filtering has to remove. The knobs exist for experiments and are off by default.
 

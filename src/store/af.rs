@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{now, Store};
 
-/// The LM features of one ending (SPEC §2); `None` where the generate stage stored NULL.
+/// The LM features of one ending; `None` where the generate stage stored NULL.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EndingLm {
     pub lp_cond: Option<f64>,

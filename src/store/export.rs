@@ -83,7 +83,7 @@ pub fn generations(conn: &Connection) -> Result<Vec<GenerationInfo>> {
 }
 
 /// Mean conditional log-prob (per token) of found vs generated endings, over contexts that have
-/// a pool (SPEC §2: the LM may have seen the found endings).
+/// a pool (the LM may have seen the found endings).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogProbGap {
     pub found_mean: f64,

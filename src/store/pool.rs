@@ -22,7 +22,7 @@ pub struct NewGeneration {
     pub seed: u64,
 }
 
-/// The LM features of one ending (SPEC §2).
+/// The LM features of one ending, the inputs of the AF perplexity MLP.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndingLmFeatures {
     pub lp_cond: f64,

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::Store;
 
-/// Counts for `afkit status --json`; the field names are a stable interface (SPEC §8).
+/// Counts for `afkit status --json`; the field names are a stable interface for scripts.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Status {
     /// Kept examples (contexts with a found ending).
