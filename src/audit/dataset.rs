@@ -1,7 +1,8 @@
 //! Reading SWAG-format splits for the audit and for `afkit score`: the regular CSV columns
 //! (`sent1`, `sent2`, `ending0..3`, `label`; `video-id` and an id column when present) found by
 //! header name, so the SWAG release (with its leading unnamed index column) and afkit's own
-//! exports both read; JSONL in afkit's export form (`id`, `sent1`, `sent2`, `endings`, `label`).
+//! exports both read; JSONL in afkit's export form (`id`, `group`, `sent1`, `sent2`, `endings`,
+//! `label`).
 
 use std::path::Path;
 
@@ -12,6 +13,9 @@ use anyhow::{bail, Context, Result};
 pub struct Question {
     /// The id column (`id` or the release's unnamed index), else the 0-based row number.
     pub id: String,
+    /// The `video-id` column (JSONL: `group`), when present and not empty: questions of one group
+    /// share a source video, so cross-validation keeps them in one fold.
+    pub group: Option<String>,
     pub sent1: String,
     pub sent2: String,
     pub endings: [String; 4],
@@ -60,6 +64,7 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
     }
     let label_col = col("label");
     let id_col = col("id").or_else(|| col(""));
+    let group_col = col("video-id");
     let mut out = Vec::new();
     for (i, record) in reader.records().enumerate() {
         let line = i + 2;
@@ -78,6 +83,7 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
         };
         out.push(Question {
             id: id_col.map(field).unwrap_or_else(|| i.to_string()),
+            group: group_col.map(field).filter(|g| !g.is_empty()),
             sent1: field(idx[0]),
             sent2: field(idx[1]),
             endings: [field(idx[2]), field(idx[3]), field(idx[4]), field(idx[5])],
@@ -87,9 +93,62 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
     Ok(out)
 }
 
+/// The split files a cross-validated audit pools, in this order.
+pub const SPLIT_FILES: [&str; 3] = ["train.csv", "val.csv", "test.csv"];
+
+/// The `skipped` reason of a split file whose labels are all empty (or that has no label column).
+pub const NO_LABELS: &str = "no labels";
+
+/// What became of one split file when pooling.
+#[derive(Debug, Clone, serde::Serialize, PartialEq)]
+pub struct PooledFile {
+    pub file: String,
+    /// Questions taken from it (0 when skipped).
+    pub questions: usize,
+    /// Why it was not pooled (absent, or has no labels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+/// The labelled questions of every split file in `dir`, pooled in [`SPLIT_FILES`] order. A file
+/// that is absent, has no label column or has only empty labels (an unlabelled test split) is
+/// skipped and reported as such; a file where some labels are empty and others not is an error.
+pub fn read_labelled_splits(dir: &Path) -> Result<(Vec<Question>, Vec<PooledFile>)> {
+    let mut pooled = Vec::new();
+    let mut files = Vec::new();
+    for name in SPLIT_FILES {
+        let path = dir.join(name);
+        let skip = |why: &str| PooledFile {
+            file: name.into(),
+            questions: 0,
+            skipped: Some(why.into()),
+        };
+        if !path.exists() {
+            files.push(skip("absent"));
+            continue;
+        }
+        let questions = read_split(&path, false)?;
+        if questions.iter().all(|q| q.label.is_none()) {
+            files.push(skip(NO_LABELS));
+            continue;
+        }
+        // Some labels but not all: name the first unlabelled record.
+        let questions = read_split(&path, true)?;
+        files.push(PooledFile {
+            file: name.into(),
+            questions: questions.len(),
+            skipped: None,
+        });
+        pooled.extend(questions);
+    }
+    Ok((pooled, files))
+}
+
 #[derive(serde::Deserialize)]
 struct JsonQuestion {
     id: serde_json::Value,
+    #[serde(default)]
+    group: Option<String>,
     #[serde(default)]
     sent1: String,
     #[serde(default)]
@@ -118,6 +177,7 @@ fn read_jsonl(path: &Path) -> Result<Vec<Question>> {
         }
         out.push(Question {
             id: id_text(&q.id),
+            group: q.group.filter(|g| !g.is_empty()),
             sent1: q.sent1,
             sent2: q.sent2,
             endings: q.endings,
@@ -151,6 +211,7 @@ mod tests {
         .unwrap();
         let q = read_split(&path, true).unwrap();
         assert_eq!(q[0].id, "7");
+        assert_eq!(q[0].group.as_deref(), Some("anetv_x"));
         assert_eq!(q[0].label, Some(2));
         assert_eq!(q[0].endings[3], "e3");
         std::fs::write(

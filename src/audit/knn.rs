@@ -190,6 +190,7 @@ mod tests {
         };
         let q = |gold: &str| Question {
             id: "0".into(),
+            group: None,
             sent1: "Kids play.".into(),
             sent2: "They".into(),
             endings: [gold.to_string(), "xa.".into(), "xb.".into(), "xc.".into()],

@@ -6,7 +6,10 @@
 //! training items (KNN distances, AFLite Table 3). It reads only the dataset directory, so it
 //! works on afkit's exports, the SWAG release, or anyone's SWAG-format data.
 
+pub mod cv;
 pub mod dataset;
+pub mod folds;
+pub mod grams;
 pub mod knn;
 pub mod ngram;
 pub mod ppmi;
@@ -31,10 +34,22 @@ pub use score::{run_score, ScoreArgs};
 Baselines, scored on val as a 4-way choice: random (expected accuracy of a uniform guess), \
 shortest and longest ending (ties split evenly), and 1-2-gram logistic regressions trained on \
 train over the ending (ngram_end), sent2 + ending (ngram_s2) and sent1 + sent2 + ending \
-(ngram_ctx); PPMI word-label associations; KNN distances with MiniLM embeddings."
+(ngram_ctx); PPMI word-label associations; KNN distances with MiniLM embeddings.
+
+With --cv K the audit cross-validates instead, the figure to trust: the labelled questions of \
+train.csv, val.csv and test.csv are pooled (a file without labels is skipped with a note), cut \
+into K folds by video-id (one video never in two folds; seeded by --seed), and every baseline is \
+trained on K-1 folds and tested on the held-out one. Baselines: shortest, longest, word 1-2-gram \
+LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR (char_end, char_s2, char_ctx: \
+subwords of each word, case and punctuation kept) and LR on the MiniLM embedding of sent2 + \
+ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
+\"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
+\"folds\": [accuracy per fold], \"lambda\": [chosen per fold]} or {\"skipped\": WHY}}}, \
+\"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..]}; mean is the mean fold \
+accuracy and se the standard deviation of the fold accuracies / sqrt(K)."
 )]
 pub struct Args {
-    /// A directory with train.csv and val.csv (SWAG regular columns).
+    /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
     pub dataset: PathBuf,
     /// Print one JSON object.
     #[arg(long)]
@@ -57,6 +72,13 @@ pub struct Args {
     /// KNN: at most this many questions per split are embedded (a seeded sample).
     #[arg(long, default_value_t = 2000)]
     pub knn_max: usize,
+    /// Cross-validate over all labelled splits in K folds (K >= 2) instead of train -> val.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(2..))]
+    pub cv: Option<u64>,
+    /// Skip everything that needs the MiniLM encoder: the KNN distances and the minilm_s2
+    /// baseline of --cv.
+    #[arg(long)]
+    pub no_embed: bool,
 }
 
 /// KNN result, or why it was not measured.
@@ -99,6 +121,9 @@ impl AuditReport {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if let Some(k) = args.cv {
+        return run_cv(&args, k as usize);
+    }
     let train = dataset::read_split(&args.dataset.join("train.csv"), true)?;
     let val = dataset::read_split(&args.dataset.join("val.csv"), true)?;
     if train.is_empty() || val.is_empty() {
@@ -109,9 +134,14 @@ pub fn run(args: Args) -> Result<()> {
             val.len()
         );
     }
-    let knn = if args.no_knn {
+    let knn = if args.no_knn || args.no_embed {
         Knn::Skipped {
-            skipped: "--no-knn".into(),
+            skipped: if args.no_knn {
+                "--no-knn"
+            } else {
+                "--no-embed"
+            }
+            .into(),
         }
     } else {
         measure_knn(&train, &val, args.knn_max, args.seed)?
@@ -135,6 +165,91 @@ pub fn run(args: Args) -> Result<()> {
         println!("report: {}", out.join("audit.md").display());
     }
     Ok(())
+}
+
+/// The cross-validated audit; `--cv K --json` prints this.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CvAudit {
+    pub cv: cv::CvReport,
+    /// The split files and how many questions each gave to the pool.
+    pub files: Vec<dataset::PooledFile>,
+    /// PPMI word-label associations over the pooled questions.
+    pub ppmi: Vec<ppmi::Association>,
+}
+
+fn run_cv(args: &Args, k: usize) -> Result<()> {
+    let (questions, files) = dataset::read_labelled_splits(&args.dataset)?;
+    for f in files
+        .iter()
+        .filter(|f| f.skipped.as_deref() == Some(dataset::NO_LABELS))
+    {
+        eprintln!(
+            "note: {} skipped: it has no labels",
+            args.dataset.join(&f.file).display()
+        );
+    }
+    let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
+    let n_groups = folds::count_groups(&groups);
+    if n_groups < k {
+        bail!(
+            "{}: --cv {k} needs at least {k} groups (video-id values) of labelled questions in {}; found {n_groups} in {} questions",
+            args.dataset.display(),
+            dataset::SPLIT_FILES.join(", "),
+            questions.len()
+        );
+    }
+    let encoder = if args.no_embed {
+        Err("--no-embed".to_string())
+    } else {
+        crate::embed::SentenceEncoder::load_default().map_err(|err| {
+            eprintln!("minilm_s2 skipped: {err:#}");
+            format!("MiniLM encoder unavailable: {err:#}")
+        })
+    };
+    let encode = |texts: &[&str], progress: &mut dyn FnMut(usize)| match &encoder {
+        Ok(encoder) => encoder.encode_with_progress(texts, progress),
+        Err(why) => bail!("{why}"),
+    };
+    let embedder = match &encoder {
+        Ok(_) => cv::Embedder::Encoder(&encode),
+        Err(why) => cv::Embedder::Unavailable(why.clone()),
+    };
+    let cv = cv::cross_validate(&questions, k, args.seed, &cv::Baseline::ALL, &embedder)?;
+    let pooled: Vec<&Question> = questions.iter().collect();
+    let audit = CvAudit {
+        cv,
+        files,
+        ppmi: ppmi::top_associations(&pooled, args.ppmi_top, args.ppmi_min_count),
+    };
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.dataset.join("audit"));
+    report::write_cv(&out, &audit)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&audit)?);
+    } else {
+        print_cv_table(&audit.cv);
+        println!("report: {}", out.join("audit.md").display());
+    }
+    Ok(())
+}
+
+fn print_cv_table(cv: &cv::CvReport) {
+    println!(
+        "{}-fold cross-validation by group: {} questions, {} groups, seed {} (chance 0.250)",
+        cv.folds, cv.questions, cv.groups, cv.seed
+    );
+    println!("{:<10} {:>6} {:>7}", "baseline", "mean", "± se");
+    for (baseline, result) in &cv.baselines {
+        let name = baseline.name();
+        match result {
+            cv::CvResult::Measured { mean, se, .. } => {
+                println!("{name:<10} {mean:>6.3} {:>7}", format!("± {se:.3}"))
+            }
+            cv::CvResult::Skipped { skipped } => println!("{name:<10} skipped: {skipped}"),
+        }
+    }
 }
 
 /// The text of option `o` of a question that one n-gram classifier sees.

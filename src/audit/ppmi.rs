@@ -85,6 +85,7 @@ mod tests {
         let q: Vec<Question> = (0..20)
             .map(|i| Question {
                 id: i.to_string(),
+                group: None,
                 sent1: String::new(),
                 sent2: String::new(),
                 endings: [

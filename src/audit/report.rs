@@ -6,7 +6,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 
-use super::{AuditReport, Knn};
+use super::cv::CvResult;
+use super::ppmi::Association;
+use super::{AuditReport, CvAudit, Knn};
 use crate::plot::{register_font, FONT};
 
 /// Writes audit.md, audit.json, accuracy.png, ppmi.png and (when measured) knn.png into `dir`.
@@ -24,17 +26,7 @@ pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
         1.08,
         Some(0.25),
     )?;
-    let gold: Vec<_> = r.ppmi.iter().filter(|a| a.label == "gold").collect();
-    if !gold.is_empty() {
-        bar_chart(
-            &dir.join("ppmi.png"),
-            "Words most associated with gold endings (PPMI)",
-            &gold.iter().map(|a| a.word.clone()).collect::<Vec<_>>(),
-            &gold.iter().map(|a| a.ppmi).collect::<Vec<_>>(),
-            gold.iter().map(|a| a.ppmi).fold(0.0, f64::max) * 1.1,
-            None,
-        )?;
-    }
+    ppmi_chart(dir, &r.ppmi)?;
     if let Knn::Measured(k) = &r.knn {
         let mut labels = Vec::new();
         let mut values = Vec::new();
@@ -108,24 +100,7 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
         r.lambda[0], r.lambda[1], r.lambda[2]
     )?;
     writeln!(md, "![accuracy](accuracy.png)\n")?;
-    writeln!(md, "## Word–label associations (PPMI)\n")?;
-    writeln!(
-        md,
-        "| label | word | PPMI | count |\n| --- | --- | ---: | ---: |"
-    )?;
-    for a in &r.ppmi {
-        writeln!(
-            md,
-            "| {} | {} | {:.3} | {} |",
-            a.label,
-            a.word.replace('|', "\\|"),
-            a.ppmi,
-            a.count
-        )?;
-    }
-    if r.ppmi.iter().any(|a| a.label == "gold") {
-        writeln!(md, "\n![ppmi](ppmi.png)")?;
-    }
+    write_ppmi(md, &r.ppmi)?;
     writeln!(md, "\n## KNN distances (MiniLM)\n")?;
     match &r.knn {
         Knn::Skipped { skipped } => writeln!(md, "Not measured: {skipped}.")?,
@@ -157,6 +132,141 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
         }
     }
     Ok(())
+}
+
+/// The bar chart of the words most associated with gold endings, when there are any.
+fn ppmi_chart(dir: &Path, ppmi: &[Association]) -> Result<()> {
+    let gold: Vec<_> = ppmi.iter().filter(|a| a.label == "gold").collect();
+    if gold.is_empty() {
+        return Ok(());
+    }
+    bar_chart(
+        &dir.join("ppmi.png"),
+        "Words most associated with gold endings (PPMI)",
+        &gold.iter().map(|a| a.word.clone()).collect::<Vec<_>>(),
+        &gold.iter().map(|a| a.ppmi).collect::<Vec<_>>(),
+        gold.iter().map(|a| a.ppmi).fold(0.0, f64::max) * 1.1,
+        None,
+    )
+}
+
+fn write_ppmi(md: &mut String, ppmi: &[Association]) -> std::fmt::Result {
+    writeln!(md, "## Word–label associations (PPMI)\n")?;
+    writeln!(
+        md,
+        "| label | word | PPMI | count |\n| --- | --- | ---: | ---: |"
+    )?;
+    for a in ppmi {
+        writeln!(
+            md,
+            "| {} | {} | {:.3} | {} |",
+            a.label,
+            a.word.replace('|', "\\|"),
+            a.ppmi,
+            a.count
+        )?;
+    }
+    if ppmi.iter().any(|a| a.label == "gold") {
+        writeln!(md, "\n![ppmi](ppmi.png)")?;
+    }
+    Ok(())
+}
+
+/// Writes the cross-validated audit: audit.md, audit.json, accuracy.png (mean fold accuracy of
+/// every measured baseline) and ppmi.png into `dir`.
+pub fn write_cv(dir: &Path, r: &CvAudit) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let measured: Vec<(&str, f64)> =
+        r.cv.baselines
+            .iter()
+            .filter_map(|(baseline, result)| match result {
+                CvResult::Measured { mean, .. } => Some((baseline.name(), *mean)),
+                CvResult::Skipped { .. } => None,
+            })
+            .collect();
+    bar_chart(
+        &dir.join("accuracy.png"),
+        &format!(
+            "{}-fold cross-validated accuracy (4-way; dashed: chance)",
+            r.cv.folds
+        ),
+        &measured.iter().map(|m| m.0.to_string()).collect::<Vec<_>>(),
+        &measured.iter().map(|m| m.1).collect::<Vec<_>>(),
+        1.08,
+        Some(0.25),
+    )?;
+    ppmi_chart(dir, &r.ppmi)?;
+    let json = dir.join("audit.json");
+    std::fs::write(&json, serde_json::to_string_pretty(r)? + "\n")
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    let mut md = String::new();
+    let _ = write_cv_markdown(&mut md, r);
+    std::fs::write(dir.join("audit.md"), md)
+        .with_context(|| format!("cannot write {}", dir.join("audit.md").display()))?;
+    Ok(())
+}
+
+fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
+    let cv = &r.cv;
+    writeln!(md, "# Bias audit ({}-fold cross-validation)\n", cv.folds)?;
+    let pooled: Vec<String> = r
+        .files
+        .iter()
+        .map(|f| match &f.skipped {
+            None => format!("{} ({})", f.file, f.questions),
+            Some(why) => format!("{} (skipped: {why})", f.file),
+        })
+        .collect();
+    writeln!(
+        md,
+        "{} labelled questions pooled from {}, in {} groups (video ids), cut into {} folds by group \
+         (seed {}; fold sizes {:?}). Every baseline is trained on {} folds and tested on the held-out \
+         one, so each question is answered once by a model that never saw its video. Mean is the \
+         mean fold accuracy (4-way, chance 0.250, ties split evenly); ± is its standard error, the \
+         sample standard deviation of the fold accuracies / √{}.\n",
+        cv.questions,
+        pooled.join(", "),
+        cv.groups,
+        cv.folds,
+        cv.seed,
+        cv.fold_sizes,
+        cv.folds - 1,
+        cv.folds
+    )?;
+    writeln!(
+        md,
+        "| baseline | what it sees | mean | ± se | per fold |\n| --- | --- | ---: | ---: | --- |"
+    )?;
+    for (baseline, result) in &cv.baselines {
+        let name = baseline.name();
+        match result {
+            CvResult::Measured {
+                mean, se, folds, ..
+            } => {
+                let per_fold: Vec<String> = folds.iter().map(|a| format!("{a:.3}")).collect();
+                writeln!(
+                    md,
+                    "| {name} | {} | {mean:.3} | {se:.3} | {} |",
+                    baseline.description(),
+                    per_fold.join(" ")
+                )?;
+            }
+            CvResult::Skipped { skipped } => writeln!(
+                md,
+                "| {name} | {} | — | — | not measured: {skipped} |",
+                baseline.description()
+            )?,
+        }
+    }
+    writeln!(
+        md,
+        "\nThe LR baselines average their features per option (as fastText does), score each option \
+         linearly, softmax over the four, and are fitted with L2-regularised L-BFGS; λ is chosen \
+         inside each training fold on a seeded 80/20 split. Character n-grams are the 2–5-grams of \
+         every whitespace-separated word between `<` and `>`, case and punctuation kept.\n"
+    )?;
+    writeln!(md, "![accuracy](accuracy.png)\n")?;
+    write_ppmi(md, &r.ppmi)
 }
 
 fn bar_chart(

@@ -1,0 +1,297 @@
+//! Cross-validated style baselines (`afkit audit DIR --cv K`).
+//!
+//! A val split of a few dozen to a few hundred questions measures a baseline's accuracy with a
+//! standard error of several points, too coarse to tell whether a change to generation helped.
+//! Here every labelled question of the dataset is pooled, the pool is cut into K folds by group
+//! (`folds`), and every baseline is trained on K − 1 folds and tested on the held-out one, K
+//! times: each question is tested once, by a model that never saw its video. The report gives the
+//! mean of the K fold accuracies and its standard error (sample standard deviation / √K).
+//!
+//! Every baseline is a 4-way choice: a score per option, the highest wins, ties split evenly
+//! (`ngram::tie_aware_accuracy`). The trained ones are `ngram`'s logistic regression (linear score
+//! per option, softmax over the four, L2-regularised L-BFGS, λ chosen on a seeded split of the
+//! training folds alone) on different features: word 1–2-grams, character 2–5-grams (`grams`),
+//! or MiniLM sentence embeddings.
+
+use anyhow::Result;
+use rayon::prelude::*;
+use serde::{Serialize, Serializer};
+
+use super::dataset::Question;
+use super::grams::{self, Grams, View};
+use super::knn::Encode;
+use super::ngram::{self, Features};
+
+/// One baseline of the cross-validated audit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    /// Picks the ending with the fewest word tokens.
+    Shortest,
+    /// Picks the ending with the most word tokens.
+    Longest,
+    /// Word 1–2-gram logistic regression.
+    Words(View),
+    /// Character 2–5-gram (subword) logistic regression.
+    Chars(View),
+    /// Logistic regression on the MiniLM embedding of sent2 + ending.
+    MiniLm,
+}
+
+impl Baseline {
+    /// Every baseline, in report order.
+    pub const ALL: [Baseline; 9] = [
+        Baseline::Shortest,
+        Baseline::Longest,
+        Baseline::Words(View::Ending),
+        Baseline::Words(View::Sent2),
+        Baseline::Words(View::Context),
+        Baseline::Chars(View::Ending),
+        Baseline::Chars(View::Sent2),
+        Baseline::Chars(View::Context),
+        Baseline::MiniLm,
+    ];
+
+    /// The key in the report.
+    pub fn name(self) -> &'static str {
+        let view = |v: View| match v {
+            View::Ending => 0,
+            View::Sent2 => 1,
+            View::Context => 2,
+        };
+        match self {
+            Baseline::Shortest => "shortest",
+            Baseline::Longest => "longest",
+            Baseline::Words(v) => ["ngram_end", "ngram_s2", "ngram_ctx"][view(v)],
+            Baseline::Chars(v) => ["char_end", "char_s2", "char_ctx"][view(v)],
+            Baseline::MiniLm => "minilm_s2",
+        }
+    }
+
+    /// What the baseline sees, for the report.
+    pub fn description(self) -> &'static str {
+        match self {
+            Baseline::Shortest => "picks the ending with the fewest word tokens",
+            Baseline::Longest => "picks the ending with the most word tokens",
+            Baseline::Words(View::Ending) => "word 1–2-gram LR on the ending",
+            Baseline::Words(View::Sent2) => "word 1–2-gram LR on sent2 + ending",
+            Baseline::Words(View::Context) => "word 1–2-gram LR on sent1 + sent2 + ending",
+            Baseline::Chars(View::Ending) => "character 2–5-gram LR on the ending",
+            Baseline::Chars(View::Sent2) => "character 2–5-gram LR on sent2 + ending",
+            Baseline::Chars(View::Context) => "character 2–5-gram LR on sent1 + sent2 + ending",
+            Baseline::MiniLm => "LR on the MiniLM embedding of sent2 + ending",
+        }
+    }
+}
+
+/// One baseline's cross-validated accuracy, or why it was not measured.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum CvResult {
+    Measured {
+        /// Mean of the fold accuracies.
+        mean: f64,
+        /// Sample standard deviation of the fold accuracies / √K.
+        se: f64,
+        /// Accuracy on each held-out fold.
+        folds: Vec<f64>,
+        /// The λ chosen in each fold (trained baselines only).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        lambda: Vec<f64>,
+    },
+    Skipped {
+        skipped: String,
+    },
+}
+
+/// The cross-validated audit (`--json`'s `cv` object).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CvReport {
+    /// K.
+    pub folds: usize,
+    /// Labelled questions pooled from the split files.
+    pub questions: usize,
+    /// Distinct groups (video ids) among them.
+    pub groups: usize,
+    pub seed: u64,
+    /// Questions in each fold.
+    pub fold_sizes: Vec<usize>,
+    /// Baseline → result, in report order (a map from `Baseline::name` in JSON).
+    #[serde(serialize_with = "ordered_map")]
+    pub baselines: Vec<(Baseline, CvResult)>,
+}
+
+fn ordered_map<S: Serializer>(rows: &[(Baseline, CvResult)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(rows.iter().map(|(b, v)| (b.name(), v)))
+}
+
+/// Where the MiniLM baseline gets its embeddings.
+pub enum Embedder<'a> {
+    Encoder(&'a Encode<'a>),
+    /// Not available; the reason goes into the report.
+    Unavailable(String),
+}
+
+/// How a baseline scores the options of every question before the folds are cut.
+enum Prepared {
+    /// Fixed scores, no training.
+    Scores(Vec<[f64; 4]>),
+    /// Features for a logistic regression trained per fold.
+    Features(Vec<[Features; 4]>),
+    Skipped(String),
+}
+
+/// Cross-validates `baselines` over `questions` (all labelled) in `k` folds assigned by group
+/// with `seed`; the same input and seed give the same report.
+pub fn cross_validate(
+    questions: &[Question],
+    k: usize,
+    seed: u64,
+    baselines: &[Baseline],
+    embedder: &Embedder,
+) -> Result<CvReport> {
+    let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
+    let fold_of = super::folds::assign(&groups, k, seed);
+    let gold: Vec<usize> = questions
+        .iter()
+        .map(|q| q.label.expect("labels checked on read"))
+        .collect();
+    let prepared = baselines
+        .iter()
+        .map(|&b| prepare(b, questions, embedder))
+        .collect::<Result<Vec<_>>>()?;
+    let trained = fit_folds(&prepared, &fold_of, &gold, k, seed);
+    let results = prepared.iter().zip(trained).map(|(p, fits)| match p {
+        Prepared::Skipped(why) => CvResult::Skipped {
+            skipped: why.clone(),
+        },
+        Prepared::Scores(scores) => {
+            let accs = (0..k)
+                .map(|f| fold_accuracy(scores, &gold, &fold_of, f))
+                .collect();
+            summarise(accs, Vec::new())
+        }
+        Prepared::Features(_) => {
+            let (accs, lambdas) = fits.into_iter().unzip();
+            summarise(accs, lambdas)
+        }
+    });
+    Ok(CvReport {
+        folds: k,
+        questions: questions.len(),
+        groups: super::folds::count_groups(&groups),
+        seed,
+        fold_sizes: (0..k)
+            .map(|f| fold_of.iter().filter(|&&x| x == f).count())
+            .collect(),
+        baselines: baselines.iter().copied().zip(results).collect(),
+    })
+}
+
+fn prepare(b: Baseline, questions: &[Question], embedder: &Embedder) -> Result<Prepared> {
+    let lengths = |q: &Question| -> [f64; 4] {
+        std::array::from_fn(|o| ngram::words(&q.endings[o]).len() as f64)
+    };
+    Ok(match b {
+        Baseline::Shortest => {
+            Prepared::Scores(questions.iter().map(|q| lengths(q).map(|l| -l)).collect())
+        }
+        Baseline::Longest => Prepared::Scores(questions.iter().map(lengths).collect()),
+        Baseline::Words(view) => {
+            Prepared::Features(grams::featurise(questions, view, Grams::Words))
+        }
+        Baseline::Chars(view) => {
+            Prepared::Features(grams::featurise(questions, view, Grams::Chars))
+        }
+        Baseline::MiniLm => match embedder {
+            Embedder::Unavailable(why) => Prepared::Skipped(why.clone()),
+            Embedder::Encoder(encode) => {
+                Prepared::Features(grams::dense(&embed_options(questions, encode)?))
+            }
+        },
+    })
+}
+
+/// The MiniLM embedding of sent2 + " " + ending for every option (each distinct text once).
+fn embed_options(questions: &[Question], encode: &Encode) -> Result<Vec<[Vec<f32>; 4]>> {
+    let texts: Vec<String> = questions
+        .iter()
+        .flat_map(|q| (0..4).map(move |o| View::Sent2.text(q, o)))
+        .collect();
+    let mut unique: Vec<&str> = Vec::new();
+    let mut slot: std::collections::HashMap<&str, usize> = Default::default();
+    let position: Vec<usize> = texts
+        .iter()
+        .map(|t| {
+            *slot.entry(t.as_str()).or_insert_with(|| {
+                unique.push(t.as_str());
+                unique.len() - 1
+            })
+        })
+        .collect();
+    let bar = crate::progress::bar(unique.len() as u64, "texts embedded");
+    let vectors = encode(&unique, &mut |n| bar.inc(n as u64))?;
+    bar.finish_and_clear();
+    Ok(position
+        .chunks_exact(4)
+        .map(|p| std::array::from_fn(|o| vectors[p[o]].clone()))
+        .collect())
+}
+
+/// Trains and tests every (feature baseline, fold) pair in parallel; per baseline, the fold
+/// accuracies and chosen λs in fold order (empty for baselines without features).
+fn fit_folds(
+    prepared: &[Prepared],
+    fold_of: &[usize],
+    gold: &[usize],
+    k: usize,
+    seed: u64,
+) -> Vec<Vec<(f64, f64)>> {
+    let jobs: Vec<(usize, usize)> = prepared
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p, Prepared::Features(_)))
+        .flat_map(|(b, _)| (0..k).map(move |f| (b, f)))
+        .collect();
+    let bar = crate::progress::bar(jobs.len() as u64, "fits");
+    let done: Vec<(f64, f64)> = jobs
+        .par_iter()
+        .map(|&(b, f)| {
+            let Prepared::Features(features) = &prepared[b] else {
+                unreachable!("jobs are made for feature baselines only")
+            };
+            let train: Vec<usize> = (0..gold.len()).filter(|&q| fold_of[q] != f).collect();
+            let test: Vec<usize> = (0..gold.len()).filter(|&q| fold_of[q] == f).collect();
+            let (train, test, dim) = grams::restrict(features, gold, &train, &test);
+            let fit = ngram::train_and_evaluate(&train, &test, dim, seed.wrapping_add(f as u64));
+            bar.inc(1);
+            fit
+        })
+        .collect();
+    bar.finish_and_clear();
+    let mut out: Vec<Vec<(f64, f64)>> = vec![Vec::new(); prepared.len()];
+    for (&(b, _), fit) in jobs.iter().zip(done) {
+        out[b].push(fit);
+    }
+    out
+}
+
+fn fold_accuracy(scores: &[[f64; 4]], gold: &[usize], fold_of: &[usize], f: usize) -> f64 {
+    let (s, g): (Vec<[f64; 4]>, Vec<usize>) = (0..gold.len())
+        .filter(|&q| fold_of[q] == f)
+        .map(|q| (scores[q], gold[q]))
+        .unzip();
+    ngram::tie_aware_accuracy(&s, &g)
+}
+
+/// Mean and standard error (sample standard deviation / √K) of the fold accuracies.
+fn summarise(folds: Vec<f64>, lambda: Vec<f64>) -> CvResult {
+    let k = folds.len() as f64;
+    let mean = folds.iter().sum::<f64>() / k;
+    let var = folds.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (k - 1.0).max(1.0);
+    CvResult::Measured {
+        mean,
+        se: (var / k).sqrt(),
+        folds,
+        lambda,
+    }
+}

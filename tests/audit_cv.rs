@@ -1,0 +1,279 @@
+//! The cross-validated audit (`afkit audit DIR --cv K`): it finds planted artifacts, stays at
+//! chance where there are none, keeps every video in one fold, and reads a dataset directory the
+//! way an export writes it (an unlabelled test.csv is skipped with a note).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use afkit::audit::cv::{cross_validate, Baseline, CvReport, CvResult, Embedder};
+use afkit::audit::dataset::Question;
+use afkit::audit::grams::View;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+
+fn afkit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_afkit"))
+        .args(args)
+        .env("AFKIT_NO_PROGRESS", "1")
+        .output()
+        .expect("run afkit")
+}
+
+const VERBS: [&str; 8] = [
+    "walks", "jumps", "talks", "waves", "sits", "runs", "laughs", "turns",
+];
+const THINGS: [&str; 6] = [
+    "a ball", "the rope", "a bike", "the dog", "a cup", "the kite",
+];
+const PLACES: [&str; 5] = [
+    "outside",
+    "in the park",
+    "at home",
+    "on stage",
+    "by the lake",
+];
+
+/// A random ending; every part drawn from the same lists, so endings carry no signal of their own.
+fn ending(rng: &mut ChaCha8Rng) -> String {
+    format!(
+        "{} with {} {}.",
+        VERBS.choose(rng).unwrap(),
+        THINGS.choose(rng).unwrap(),
+        PLACES.choose(rng).unwrap()
+    )
+}
+
+/// `n` questions, `per_video` to a video. With `tell`, the gold ending ends in "!" after the word
+/// "happily" (a marker word for word n-grams, a punctuation habit for character n-grams) and the
+/// label is where the gold is; without it the four endings are exchangeable and the label random.
+fn questions(n: usize, per_video: usize, tell: bool, seed: u64) -> Vec<Question> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let mut endings: [String; 4] = std::array::from_fn(|_| ending(&mut rng));
+            let label = rng.random_range(0..4);
+            if tell {
+                endings[label] = endings[label].replace('.', " happily!");
+            }
+            Question {
+                id: i.to_string(),
+                group: Some(format!("v{}", i / per_video)),
+                sent1: format!("Someone is seen in clip {}.", i / per_video),
+                sent2: ["They", "The man", "A girl"][i % 3].to_string(),
+                endings,
+                label: Some(label),
+            }
+        })
+        .collect()
+}
+
+fn mean(report: &CvReport, name: &str) -> f64 {
+    match report.baselines.iter().find(|(b, _)| b.name() == name) {
+        Some((_, CvResult::Measured { mean, .. })) => *mean,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn cv_finds_a_planted_tell_with_words_and_characters() {
+    let qs = questions(120, 3, true, 1);
+    let baselines = [
+        Baseline::Words(View::Ending),
+        Baseline::Chars(View::Ending),
+        Baseline::Chars(View::Context),
+    ];
+    let r = cross_validate(&qs, 5, 7, &baselines, &Embedder::Unavailable("test".into())).unwrap();
+    for name in ["ngram_end", "char_end", "char_ctx"] {
+        assert_eq!(mean(&r, name), 1.0, "{name}: {r:?}");
+    }
+}
+
+/// Without a signal every held-out label is uniform and independent of everything a model saw,
+/// so each of the N pooled test answers is right with probability exactly 1/4 (a tie among m
+/// options earns 1/m: same mean, smaller variance) and the mean of equal folds is within
+/// sd = sqrt(3/16 / N) of 0.25. N = 1200 gives sd = 0.0125, so ±0.05 is 4 sd: a seed that fails
+/// one of these four baselines by chance turns up about once in 4,000 seeds.
+#[test]
+fn cv_stays_at_chance_without_a_signal() {
+    let qs = questions(1200, 4, false, 2);
+    let baselines = [
+        Baseline::Shortest,
+        Baseline::Longest,
+        Baseline::Words(View::Ending),
+        Baseline::Chars(View::Ending),
+    ];
+    let r = cross_validate(&qs, 5, 3, &baselines, &Embedder::Unavailable("test".into())).unwrap();
+    assert_eq!(r.questions, 1200);
+    assert_eq!(r.groups, 300);
+    assert_eq!(r.fold_sizes, vec![240; 5], "300 groups of 4 deal evenly");
+    for b in baselines {
+        let acc = mean(&r, b.name());
+        assert!((acc - 0.25).abs() < 0.05, "{}: {acc}", b.name());
+    }
+}
+
+#[test]
+fn the_minilm_baseline_learns_from_the_embeddings() {
+    // A fake encoder: the first coordinate says whether the text has the tell, so a linear model
+    // on it is perfect; the texts must be sent2 + ending.
+    let encode =
+        |texts: &[&str], progress: &mut dyn FnMut(usize)| -> anyhow::Result<Vec<Vec<f32>>> {
+            progress(texts.len());
+            assert!(texts.iter().all(|t| ["They ", "The man ", "A girl "]
+                .iter()
+                .any(|s| t.starts_with(s))));
+            Ok(texts
+                .iter()
+                .map(|t| vec![if t.contains('!') { 1.0 } else { 0.0 }, 0.5])
+                .collect())
+        };
+    let qs = questions(60, 2, true, 4);
+    let r = cross_validate(&qs, 3, 0, &[Baseline::MiniLm], &Embedder::Encoder(&encode)).unwrap();
+    assert_eq!(mean(&r, "minilm_s2"), 1.0);
+    let skipped = cross_validate(
+        &qs,
+        3,
+        0,
+        &[Baseline::MiniLm],
+        &Embedder::Unavailable("why".into()),
+    )
+    .unwrap();
+    assert_eq!(
+        skipped.baselines[0].1,
+        CvResult::Skipped {
+            skipped: "why".into()
+        }
+    );
+}
+
+/// Writes `qs` as a SWAG regular CSV; `labelled: false` leaves the label column empty, as an
+/// export with a hidden test split does.
+fn write_split(path: &Path, qs: &[Question], labelled: bool) {
+    let mut w = csv::Writer::from_path(path).unwrap();
+    w.write_record([
+        "video-id",
+        "fold-ind",
+        "startphrase",
+        "sent1",
+        "sent2",
+        "gold-source",
+        "ending0",
+        "ending1",
+        "ending2",
+        "ending3",
+        "label",
+    ])
+    .unwrap();
+    for q in qs {
+        let label = if labelled {
+            q.label.unwrap().to_string()
+        } else {
+            String::new()
+        };
+        let startphrase = format!("{} {}", q.sent1, q.sent2);
+        let mut rec = vec![
+            q.group.clone().unwrap(),
+            "0".into(),
+            startphrase,
+            q.sent1.clone(),
+        ];
+        rec.extend([q.sent2.clone(), "gold0-orig".into()]);
+        rec.extend(q.endings.iter().cloned());
+        rec.push(label);
+        w.write_record(&rec).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+#[test]
+fn cli_cross_validates_the_labelled_splits_and_skips_an_unlabelled_test() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut qs = questions(90, 3, true, 5);
+    qs.shuffle(&mut ChaCha8Rng::seed_from_u64(6));
+    write_split(&dir.path().join("train.csv"), &qs[..60], true);
+    write_split(&dir.path().join("val.csv"), &qs[60..75], true);
+    write_split(&dir.path().join("test.csv"), &qs[75..], false);
+    let run = || {
+        let d = dir.path().to_str().unwrap();
+        let out = afkit(&[
+            "audit",
+            d,
+            "--cv",
+            "3",
+            "--no-embed",
+            "--json",
+            "--seed",
+            "9",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        (
+            serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+            stderr,
+        )
+    };
+    let (a, stderr) = run();
+    assert!(stderr.contains("test.csv skipped"), "{stderr}");
+    let cv = &a["cv"];
+    assert_eq!(
+        (cv["folds"].as_u64(), cv["questions"].as_u64()),
+        (Some(3), Some(75))
+    );
+    assert_eq!(cv["fold_sizes"].as_array().unwrap().len(), 3);
+    assert_eq!(a["files"][2]["skipped"], "no labels");
+    assert_eq!(a["files"][1]["questions"], 15);
+    let baselines = cv["baselines"].as_object().unwrap();
+    for name in [
+        "shortest",
+        "longest",
+        "ngram_s2",
+        "ngram_ctx",
+        "char_s2",
+        "char_ctx",
+    ] {
+        let b = &baselines[name];
+        let folds = b["folds"].as_array().unwrap();
+        assert_eq!(folds.len(), 3, "{name}");
+        let m = b["mean"].as_f64().unwrap();
+        assert!(
+            (0.0..=1.0).contains(&m) && b["se"].as_f64().unwrap() >= 0.0,
+            "{name}: {b}"
+        );
+    }
+    for name in ["ngram_end", "char_end"] {
+        assert_eq!(baselines[name]["mean"], 1.0, "{name}");
+        assert_eq!(baselines[name]["se"], 0.0, "{name}");
+    }
+    assert_eq!(baselines["minilm_s2"]["skipped"], "--no-embed");
+    for f in ["audit.md", "audit.json", "accuracy.png"] {
+        assert!(dir.path().join("audit").join(f).exists(), "{f} missing");
+    }
+    let md = std::fs::read_to_string(dir.path().join("audit/audit.md")).unwrap();
+    assert!(md.contains("| char_end |") && md.contains("test.csv (skipped: no labels)"));
+    assert_eq!(run().0, a, "same data and seed, same report");
+}
+
+#[test]
+fn cli_refuses_fewer_groups_than_folds() {
+    let dir = tempfile::tempdir().unwrap();
+    write_split(
+        &dir.path().join("train.csv"),
+        &questions(6, 3, true, 8),
+        true,
+    );
+    let out = afkit(&[
+        "audit",
+        dir.path().to_str().unwrap(),
+        "--cv",
+        "3",
+        "--no-embed",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cv 3 needs at least 3 groups") && err.contains("found 2"),
+        "{err}"
+    );
+}
