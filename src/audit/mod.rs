@@ -10,6 +10,7 @@ pub mod dataset;
 pub mod knn;
 pub mod ngram;
 pub mod ppmi;
+pub mod predictions;
 pub mod report;
 pub mod score;
 
