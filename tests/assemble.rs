@@ -1,190 +1,17 @@
 //! End-to-end tests of assemble, export, audit and score through the `afkit` binary, on
 //! hand-made projects: one label fixture per assembly rule and edge case.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-use afkit::store::examples::{insert_example, upsert_source, NewExample};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
 use afkit::store::fixtures as fx;
-use afkit::store::Store;
+use common::{afkit, example_texts, ok, read, unverified_project, Ctx, Project};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rusqlite::Connection;
 use serde_json::Value;
-
-fn afkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_afkit"))
-        .args(args)
-        .env("AFKIT_NO_PROGRESS", "1")
-        .output()
-        .expect("run afkit")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = afkit(args);
-    assert!(
-        out.status.success(),
-        "afkit {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A context as the fixture built it: its example id, found ending id and candidate ending ids
-/// hardest first (candidate i has AF score 100 - i; the first `k` are assigned).
-struct Ctx {
-    example: i64,
-    found: i64,
-    cands: Vec<i64>,
-}
-
-impl Ctx {
-    /// The six endings of its first task: the found one and the five hardest assigned negatives.
-    fn shown(&self) -> Vec<i64> {
-        std::iter::once(self.found)
-            .chain(self.cands[..5].iter().copied())
-            .collect()
-    }
-}
-
-struct Project {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-    conn: Connection,
-    source: i64,
-    generation: i64,
-    run: i64,
-}
-
-impl Project {
-    fn new() -> Project {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.sqlite");
-        let store = Store::create(&path).unwrap();
-        drop(store);
-        let conn = Connection::open(&path).unwrap();
-        conn.pragma_update(None, "foreign_keys", true).unwrap();
-        let source = upsert_source(&conn, "captions.json", "activitynet", "abc123", "{}").unwrap();
-        let generation =
-            fx::insert_generation(&conn, "SmolLM2-135M-Instruct.Q4_1.gguf", "b179c952", 5).unwrap();
-        let run = fx::insert_af_run(&conn, 8, 11, true).unwrap();
-        fx::insert_af_iteration(&conn, run, 0, 0.61, None).unwrap();
-        fx::insert_af_iteration(&conn, run, 1, 0.40, Some(0.35)).unwrap();
-        Project {
-            _dir: dir,
-            path,
-            conn,
-            source,
-            generation,
-            run,
-        }
-    }
-
-    fn p(&self) -> &str {
-        self.path.to_str().unwrap()
-    }
-
-    /// A context of `group` with `n` candidates of which the `k` hardest are assigned.
-    fn context(&self, group: &str, index: usize, n: usize, k: usize) -> Ctx {
-        let ext_id = format!("{group}#{index}");
-        let ex = NewExample {
-            ext_id: ext_id.clone(),
-            group: group.into(),
-            sent1: format!("A person in video {group} walks into room {index}."),
-            sent2: "The person".into(),
-            ending: format!("sits down at table {index}."),
-            gold_source: None,
-        };
-        assert!(insert_example(&self.conn, self.source, &ex).unwrap());
-        let (example, found): (i64, i64) = self
-            .conn
-            .query_row(
-                "SELECT x.id, e.id FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
-                 WHERE x.ext_id = ?1",
-                [&ext_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap();
-        fx::set_lp_cond(&self.conn, found, -2.0).unwrap();
-        let cands: Vec<i64> = (0..n)
-            .map(|i| {
-                fx::insert_candidate(
-                    &self.conn,
-                    example,
-                    self.generation,
-                    &format!("does thing {i} in {ext_id}."),
-                    -3.0,
-                )
-                .unwrap()
-            })
-            .collect();
-        fx::insert_pool(&self.conn, example, self.generation, n as i64).unwrap();
-        fx::insert_assignment(&self.conn, self.run, example, &cands[..k], example % 5).unwrap();
-        for (i, &c) in cands[..k].iter().enumerate() {
-            fx::insert_score(&self.conn, self.run, c, 100.0 - i as f64).unwrap();
-        }
-        fx::insert_score(&self.conn, self.run, found, 50.0).unwrap();
-        Ctx {
-            example,
-            found,
-            cands,
-        }
-    }
-
-    fn task(&self, ctx: &Ctx, round: i64, endings: &[i64]) -> i64 {
-        fx::insert_task(&self.conn, ctx.example, self.run, round, endings).unwrap()
-    }
-
-    /// Labels a first-round task: `found` for the found ending, `gens[i]` for the i-th hardest.
-    fn label(
-        &self,
-        task: i64,
-        ctx: &Ctx,
-        annotator: &str,
-        found: (&str, Option<&str>),
-        gens: [(&str, Option<&str>); 5],
-    ) {
-        let mut labels = vec![(ctx.found, found.0, found.1)];
-        labels.extend(
-            gens.iter()
-                .enumerate()
-                .map(|(i, g)| (ctx.cands[i], g.0, g.1)),
-        );
-        fx::insert_submission(&self.conn, task, annotator, false, &labels).unwrap();
-    }
-
-    fn assemble(&self, extra: &[&str]) -> Value {
-        let mut args = vec!["assemble", self.p(), "--json"];
-        args.extend_from_slice(extra);
-        serde_json::from_str(&ok(&args)).unwrap()
-    }
-
-    /// (gold-source, gold ending id, split, distractor ids) of every assembled example.
-    fn assembled(&self) -> Vec<(String, i64, String, Vec<i64>)> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT id, gold_source, gold_ending_id, split FROM assembled ORDER BY id")
-            .unwrap();
-        let rows: Vec<(i64, String, i64, String)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        rows.into_iter()
-            .map(|(id, source, gold, split)| {
-                let mut stmt = self
-                    .conn
-                    .prepare("SELECT ending_id FROM assembled_distractors WHERE assembled_id = ?1 ORDER BY position")
-                    .unwrap();
-                let d = stmt.query_map([id], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
-                (source, gold, split, d)
-            })
-            .collect()
-    }
-}
 
 const L: &str = "likely";
 const U: &str = "unlikely";
@@ -551,33 +378,18 @@ fn splits_keep_groups_whole_and_are_stable() {
     assert_ne!(splits(&p), after);
 }
 
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn unverified_project(groups: usize) -> Project {
-    let p = Project::new();
-    for g in 0..groups {
-        for i in 0..2 {
-            p.context(&format!("vid{g:02}"), i, 10, 8);
-        }
-    }
-    p.assemble(&["--unverified", "--seed", "1"]);
-    p
-}
-
 const FILES: [&str; 11] = [
     "train.csv",
     "val.csv",
     "test.csv",
-    "test_unlabeled.csv",
     "train_full.csv",
     "val_full.csv",
-    "test_full.csv",
-    "train.jsonl",
-    "val.jsonl",
-    "test.jsonl",
-    "DATASET_CARD.md",
+    "jsonl/train.jsonl",
+    "jsonl/val.jsonl",
+    "jsonl/test.jsonl",
+    "lm_eval/afkit_swag.yaml",
+    "lm_eval/afkit_hellaswag.yaml",
+    "README.md",
 ];
 
 #[test]
@@ -595,16 +407,37 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
             "{f} differs between two exports"
         );
     }
+    let answers = |dir: &Path| {
+        dir.with_file_name(format!(
+            "{}-test-answers.csv",
+            dir.file_name().unwrap().to_str().unwrap()
+        ))
+    };
+    assert_eq!(read(&answers(&a)), read(&answers(&b)));
+    assert!(
+        !a.join("test_full.csv").exists(),
+        "the full test CSV names the answers"
+    );
     let train = String::from_utf8(read(&a.join("train.csv"))).unwrap();
-    assert!(train.starts_with("video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"));
-    let full = String::from_utf8(read(&a.join("test_full.csv"))).unwrap();
+    assert!(train.starts_with(",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n0,"));
+    let full = String::from_utf8(read(&a.join("val_full.csv"))).unwrap();
     assert!(full.starts_with(
-        "video-id,fold-ind,startphrase,sent1,sent2,gold-ending,distractor-0,distractor-1,distractor-2,distractor-3,\
-         gold-source,gold-type,distractor-0-type,distractor-1-type,distractor-2-type,distractor-3-type\n"
+        "video-id,fold-ind,startphrase,gold-ending,distractor-0,distractor-1,distractor-2,distractor-3,\
+         gold-source,gold-type,distractor-0-type,distractor-1-type,distractor-2-type,distractor-3-type,sent1,sent2\n"
     ));
-    let unlabeled = String::from_utf8(read(&a.join("test_unlabeled.csv"))).unwrap();
-    assert!(unlabeled.lines().next().unwrap().ends_with(",ending3"));
-    let jsonl = String::from_utf8(read(&a.join("val.jsonl"))).unwrap();
+    // The published test split withholds its labels; the answers file beside it has them.
+    let test = String::from_utf8(read(&a.join("test.csv"))).unwrap();
+    let labelled = String::from_utf8(read(&answers(&a))).unwrap();
+    assert!(test.lines().skip(1).all(|l| l.ends_with(",-1")), "{test}");
+    assert_eq!(test.lines().count(), labelled.lines().count());
+    for (hidden, known) in test.lines().zip(labelled.lines()).skip(1) {
+        assert_eq!(
+            hidden.rsplit_once(',').unwrap().0,
+            known.rsplit_once(',').unwrap().0
+        );
+        assert!(["0", "1", "2", "3"].contains(&known.rsplit_once(',').unwrap().1));
+    }
+    let jsonl = String::from_utf8(read(&a.join("jsonl/val.jsonl"))).unwrap();
     let first: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
     for key in [
         "id",
@@ -616,9 +449,15 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
         "label",
         "gold_source",
         "verified",
+        "activity_label",
+        "ctx_a",
+        "ctx_b",
+        "ctx",
     ] {
         assert!(first.get(key).is_some(), "jsonl lacks {key}");
     }
+    assert_eq!(first["ctx_a"], first["sent1"]);
+    assert_eq!(first["ctx"], first["startphrase"]);
     assert_eq!(
         first["endings"][first["label"].as_u64().unwrap() as usize]
             .as_str()
@@ -629,8 +468,11 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
             format!("sits down at table {index}.")
         }
     );
-    let card = String::from_utf8(read(&a.join("DATASET_CARD.md"))).unwrap();
+    let card = String::from_utf8(read(&a.join("README.md"))).unwrap();
     for needle in [
+        "---\npretty_name: \"p.sqlite\"\nlicense: \"unknown\"\n",
+        "  - split: validation\n    path: val_full.csv\n  keep_default_na: false\n",
+        "lm_eval --model MODEL --model_args ARGS --include_path lm_eval --tasks afkit_swag,afkit_hellaswag",
         "b179c952",
         "SmolLM2",
         "gap found − generated = +1.0000",
@@ -690,8 +532,8 @@ fn random_negatives_export_the_same_contexts_with_pool_distractors() {
     ]);
     let rows = |dir: &Path| -> Vec<Value> {
         let mut all = Vec::new();
-        for split in ["train", "val", "test"] {
-            let text = String::from_utf8(read(&dir.join(format!("{split}.jsonl")))).unwrap();
+        for split in ["train", "val"] {
+            let text = String::from_utf8(read(&dir.join(format!("jsonl/{split}.jsonl")))).unwrap();
             all.extend(
                 text.lines()
                     .map(|l| serde_json::from_str::<Value>(l).unwrap()),
@@ -728,7 +570,7 @@ fn random_negatives_export_the_same_contexts_with_pool_distractors() {
         differ > a.len() / 2,
         "random distractors should mostly differ from the AF ones"
     );
-    let card = String::from_utf8(read(&rnd.join("DATASET_CARD.md"))).unwrap();
+    let card = String::from_utf8(read(&rnd.join("README.md"))).unwrap();
     assert!(card.contains("Negatives: **random**"));
 }
 
@@ -898,17 +740,6 @@ fn score_grades_line_and_jsonl_predictions() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 3"));
 }
 
-/// The (group, sent1, sent2, found ending) of every example of a project.
-fn example_texts(path: &Path) -> BTreeSet<(String, String, String, String)> {
-    Store::open(path)
-        .unwrap()
-        .examples()
-        .unwrap()
-        .into_iter()
-        .map(|e| (e.group, e.sent1, e.sent2, e.ending))
-        .collect()
-}
-
 #[test]
 fn exported_csvs_ingest_back_to_the_same_examples() {
     let p = unverified_project(12);
@@ -918,7 +749,12 @@ fn exported_csvs_ingest_back_to_the_same_examples() {
     let back = dir.path().join("back.sqlite");
     ok(&["init", back.to_str().unwrap()]);
     let csv = |name: &str| out.join(name).to_str().unwrap().to_string();
-    let (train, val, test) = (csv("train.csv"), csv("val.csv"), csv("test.csv"));
+    let answers = dir.path().join("export-test-answers.csv");
+    let (train, val, test) = (
+        csv("train.csv"),
+        csv("val.csv"),
+        answers.to_str().unwrap().to_string(),
+    );
     let ingest = afkit(&[
         "ingest",
         back.to_str().unwrap(),
@@ -939,7 +775,7 @@ fn exported_csvs_ingest_back_to_the_same_examples() {
     assert!(ingest.status.success(), "ingest failed: {stderr}");
     assert_eq!(example_texts(&back), example_texts(&p.path));
     // The full CSVs describe the same examples: ingesting them adds nothing.
-    let full: Vec<String> = ["train_full.csv", "val_full.csv", "test_full.csv"]
+    let full: Vec<String> = ["train_full.csv", "val_full.csv"]
         .iter()
         .map(|f| csv(f))
         .collect();

@@ -266,7 +266,7 @@ fn bad_input_is_reported_and_leaves_the_project_unchanged() {
         ("activitynet", "list.json", b"[1, 2]", "expected ActivityNet"),
         ("activitynet", "empty.json", b"", "empty.json: the file is empty"),
         ("jsonl", "bad.jsonl", b"{\"id\": \"1\", \"sent1\": \"A b c d e f.\", \"ending\": \"He x y z w.\"}\n\n{\"id\": \"2\", \"sent1\": \n", "bad.jsonl:3:"),
-        ("jsonl", "noend.jsonl", b"{\"id\": \"1\", \"sent1\": \"a\"}\n", "missing field `ending`"),
+        ("jsonl", "noend.jsonl", b"{\"id\": \"1\", \"sent1\": \"a\"}\n", "noend.jsonl:1: no \"ending\" and no \"endings\""),
         ("jsonl", "latin1.jsonl", b"{\"id\": \"1\", \"sent1\": \"caf\xe9\", \"ending\": \"x\"}\n", "latin1.jsonl:1: invalid UTF-8"),
         ("swag-csv", "short.csv", b"video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\nv,1,s,a,b,gold0-orig,w,x,y\n", "short.csv:2: expected 11 fields"),
         ("swag-csv", "nocol.csv", b"video-id,fold-ind,sent1\nv,1,a\n", "no column `startphrase`"),

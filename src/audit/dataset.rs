@@ -2,7 +2,7 @@
 //! (`sent1`, `sent2`, `ending0..3`, `label`; `video-id` and an id column when present) found by
 //! header name, so the SWAG release (with its leading unnamed index column) and afkit's own
 //! exports both read; JSONL in afkit's export form (`id`, `group`, `sent1`, `sent2`, `endings`,
-//! `label`).
+//! `label`). A label of -1 (how a published split withholds its answers) reads as no label.
 
 use std::path::Path;
 
@@ -33,7 +33,8 @@ pub fn read_split(path: &Path, need_labels: bool) -> Result<Vec<Question>> {
     if need_labels {
         if let Some(i) = questions.iter().position(|q| q.label.is_none()) {
             bail!(
-                "{}: record {} has no label (expected 0-3)",
+                "{}: record {} has no label (expected 0-3; a published afkit export withholds its \
+                 test answers: use OUT-test-answers.csv)",
                 path.display(),
                 i + 1
             );
@@ -72,7 +73,7 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
             .with_context(|| format!("{}: line {line}: malformed CSV record", path.display()))?;
         let field = |c: usize| record.get(c).unwrap_or("").to_string();
         let label = match label_col.map(|c| record.get(c).unwrap_or("").trim()) {
-            None | Some("") => None,
+            None | Some("") | Some("-1") => None,
             Some(text) => match text.parse::<usize>() {
                 Ok(l) if l < 4 => Some(l),
                 _ => bail!(
@@ -154,7 +155,7 @@ struct JsonQuestion {
     #[serde(default)]
     sent2: String,
     endings: [String; 4],
-    label: Option<usize>,
+    label: Option<i64>,
 }
 
 fn read_jsonl(path: &Path) -> Result<Vec<Question>> {
@@ -172,16 +173,22 @@ fn read_jsonl(path: &Path) -> Result<Vec<Question>> {
                 i + 1
             )
         })?;
-        if q.label.is_some_and(|l| l > 3) {
-            bail!("{}: line {}: label must be 0-3", path.display(), i + 1);
-        }
+        let label = match q.label {
+            None | Some(-1) => None,
+            Some(l @ 0..=3) => Some(l as usize),
+            Some(_) => bail!(
+                "{}: line {}: label must be 0-3 (or -1 for none)",
+                path.display(),
+                i + 1
+            ),
+        };
         out.push(Question {
             id: id_text(&q.id),
             group: q.group.filter(|g| !g.is_empty()),
             sent1: q.sent1,
             sent2: q.sent2,
             endings: q.endings,
-            label: q.label,
+            label,
         });
     }
     Ok(out)

@@ -13,6 +13,7 @@ pub mod grams;
 pub mod knn;
 pub mod ngram;
 pub mod ppmi;
+pub mod predictions;
 pub mod report;
 pub mod score;
 

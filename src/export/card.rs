@@ -1,6 +1,7 @@
-//! DATASET_CARD.md: what a reviewer needs to trust and reproduce the export — sizes, sources
-//! and their licences, the generator and its SHA-256, the found-vs-generated log-prob gap, the
-//! AF run, the human verification and its agreement, and every seed and parameter.
+//! The dataset card (the body of the export's README.md): what a reviewer needs to trust and
+//! reproduce the export — sizes, files and how to load them, sources and their licences, the
+//! generator and its SHA-256, the found-vs-generated log-prob gap, the AF run, the human
+//! verification and its agreement, and every seed and parameter.
 //!
 //! The card holds nothing that changes between two exports of the same project with the same
 //! arguments (no clock time, no output path), so exports stay byte-identical.
@@ -10,7 +11,10 @@ use std::fmt::Write;
 
 use anyhow::Result;
 
+use super::harness;
+use super::layout::{Layout, HF_SPLITS};
 use super::rows::Row;
+use super::Options;
 use crate::assemble::split::SPLIT_NAMES;
 use crate::store::export::{
     self as db, GenerationInfo, IterationInfo, LabelRow, LogProbGap, SourceInfo,
@@ -22,6 +26,8 @@ pub struct CardInputs {
     pub project_name: String,
     pub negatives: &'static str,
     pub seed: u64,
+    pub layout: Layout,
+    pub license: String,
     pub assemble_params: Option<String>,
     pub sources: Vec<SourceInfo>,
     pub generations: Vec<GenerationInfo>,
@@ -34,12 +40,7 @@ pub struct CardInputs {
 }
 
 impl CardInputs {
-    pub fn read(
-        store: &Store,
-        negatives: &'static str,
-        seed: u64,
-        left_out: Vec<String>,
-    ) -> Result<CardInputs> {
+    pub fn read(store: &Store, options: &Options, left_out: Vec<String>) -> Result<CardInputs> {
         let conn = store.conn();
         let af_run = crate::store::assemble::latest_finished_run(conn)?;
         let iterations = match &af_run {
@@ -52,8 +53,10 @@ impl CardInputs {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            negatives,
-            seed,
+            negatives: options.negatives.as_str(),
+            seed: options.seed,
+            layout: options.layout,
+            license: options.license.clone(),
             assemble_params: store.meta("assemble")?,
             sources: db::sources(conn)?,
             generations: db::generations(conn)?,
@@ -145,24 +148,16 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         )?;
     }
 
-    writeln!(md, "\n## Files\n")?;
-    writeln!(
-        md,
-        "- `train.csv`, `val.csv`, `test.csv` — SWAG regular columns: video-id, fold-ind, startphrase, sent1, \
-         sent2, gold-source, ending0..ending3, label (the gold's position, shuffled per example with a \
-         seeded generator). `test_unlabeled.csv` is `test.csv` without the label.\n\
-         - `*_full.csv` — SWAG full columns: gold-ending, distractor-0..3 (hardest first), gold-source, \
-         gold-type and distractor types (likely/unlikely; empty when unverified or random).\n\
-         - `*.jsonl` — id, group, sent1, sent2, startphrase, endings, label, gold_source, verified.\n\
-         - fold-ind is the context's fold in AF's final cross-fitted scoring pass."
-    )?;
+    write_files(md, &c.layout)?;
+    write_usage(md, &c.layout)?;
 
     writeln!(md, "\n## Sources\n")?;
     writeln!(
         md,
         "| file | format | SHA-256 | examples kept | licence |\n| --- | --- | --- | ---: | --- |"
     )?;
-    for s in &c.sources {
+    // Inputs that contributed no example (such as this export ingested back) are not its sources.
+    for s in c.sources.iter().filter(|s| s.examples > 0) {
         writeln!(
             md,
             "| {} | {} | `{}` | {} | {} |",
@@ -196,7 +191,7 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     match &c.gap {
         Some(gap) => writeln!(
             md,
-            "\nMean log-prob per token of the ending given its context (SPEC §2; the LM may have seen the \
+            "\nMean log-prob per token of the ending given its context (the LM may have seen the \
              found endings, SWAG fn. 3): found {:.4} (n = {}), generated {:.4} (n = {}), gap found − generated \
              = {:+.4}.",
             gap.found_mean,
@@ -269,17 +264,84 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     )?;
     writeln!(
         md,
-        "- export: negatives = {}, seed = {}",
-        c.negatives, c.seed
+        "- export: negatives = {}, seed = {}, test labels {}",
+        c.negatives,
+        c.seed,
+        if c.layout.with_test_labels {
+            "kept (`--with-test-labels`: an internal export, not for publishing)"
+        } else {
+            "withheld"
+        }
     )?;
 
     writeln!(md, "\n## Licences\n")?;
     writeln!(
         md,
-        "The dataset inherits the terms of its inputs (table above) and of the generator's outputs. afkit \
-         itself is Apache-2.0; it adds no data of its own."
+        "Declared licence: `{}`. The dataset inherits the terms of its inputs (table above) and of the \
+         generator's outputs. afkit itself is Apache-2.0; it adds no data of its own.",
+        c.license
     )?;
     Ok(())
+}
+
+fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
+    writeln!(md, "\n## Files\n")?;
+    let test = if layout.with_test_labels {
+        "The test split's labels are in the folder (an internal export)."
+    } else {
+        "The test split's labels are withheld: its `label` is -1 and there is no `test_full.csv`; \
+         the maintainer keeps the answers."
+    };
+    writeln!(
+        md,
+        "- `train.csv`, `val.csv`, `test.csv` — SWAG's regular columns after an unnamed row-number \
+         column (as in the SWAG release): video-id, fold-ind, startphrase, sent1, sent2, gold-source, \
+         ending0..ending3, label (the gold's position, shuffled per example with a seeded generator). \
+         {test}\n\
+         - `train_full.csv`, `val_full.csv`{} — SWAG's full columns in the release's order: video-id, \
+         fold-ind, startphrase, gold-ending, distractor-0..3 (hardest first), gold-source, gold-type, \
+         distractor-0-type..distractor-3-type (likely/unlikely; empty when unverified or random), \
+         sent1, sent2.\n\
+         - `jsonl/train.jsonl`, `jsonl/val.jsonl`, `jsonl/test.jsonl` — id, group, sent1, sent2, \
+         startphrase, endings, label, gold_source, verified, and HellaSwag's fields: activity_label \
+         (the group), ctx_a (sent1), ctx_b (sent2), ctx (the startphrase).\n\
+         - `lm_eval/` — lm-evaluation-harness tasks `{}` (SWAG-style: the startphrase and \
+         ending0..ending3) and `{}` (HellaSwag-style: \"activity_label: ctx\" and the endings).\n\
+         - fold-ind is the context's fold in AF's final cross-fitted scoring pass.",
+        if layout.has_full("test") {
+            ", `test_full.csv`"
+        } else {
+            ""
+        },
+        harness::SWAG_TASK,
+        harness::HELLASWAG_TASK
+    )
+}
+
+fn write_usage(md: &mut String, layout: &Layout) -> std::fmt::Result {
+    let splits: Vec<&str> = HF_SPLITS.iter().map(|(_, hf)| *hf).collect();
+    writeln!(md, "\n## Use\n")?;
+    writeln!(
+        md,
+        "With Hugging Face `datasets`, from this folder (or with its path or Hub name for `.`):\n\n\
+         ```python\n\
+         from datasets import load_dataset\n\
+         regular = load_dataset(\".\")          # splits {}\n\
+         full = load_dataset(\".\", \"full\")     # gold, distractors and their types\n\
+         hellaswag_style = load_dataset(\"json\", data_dir=\"jsonl\")\n\
+         ```\n",
+        splits.join(", ")
+    )?;
+    writeln!(
+        md,
+        "With lm-evaluation-harness, from this folder (it reports the {} split):\n\n```\n{}\n```",
+        if layout.labelled("test") {
+            "test"
+        } else {
+            "validation"
+        },
+        harness::command()
+    )
 }
 
 /// The terms that come with each input format, as far as afkit can know them.

@@ -1,5 +1,7 @@
 //! The exported rows: each assembled example as a 4-way question with shuffled ending
-//! positions, and the SWAG CSV / JSONL encodings of SPEC §9.
+//! positions, and their encodings: the SWAG release's CSVs (regular and full, in the release's
+//! column order, so readers that go by position read the right fields) and JSONL with both
+//! afkit's and HellaSwag's field names.
 
 use anyhow::Result;
 use rand::seq::SliceRandom;
@@ -11,7 +13,9 @@ use crate::assemble::derive_seed;
 use crate::store::assemble::AssembledExample;
 use crate::store::examples::startphrase;
 
-/// Column order of SWAG's regular CSV (SPEC §9).
+/// Column order of SWAG's regular CSV after its leading index column. The release's regular files
+/// begin with an unnamed column holding the row number, and the public `swag` loader reads them by
+/// position (`video-id` is field 1), so afkit writes that column too.
 pub const REGULAR_COLUMNS: [&str; 11] = [
     "video-id",
     "fold-ind",
@@ -26,13 +30,11 @@ pub const REGULAR_COLUMNS: [&str; 11] = [
     "label",
 ];
 
-/// Column order of SWAG's full CSV (SPEC §9).
+/// Column order of SWAG's full CSV, as in the release (no index column; `sent1` and `sent2` last).
 pub const FULL_COLUMNS: [&str; 16] = [
     "video-id",
     "fold-ind",
     "startphrase",
-    "sent1",
-    "sent2",
     "gold-ending",
     "distractor-0",
     "distractor-1",
@@ -44,7 +46,13 @@ pub const FULL_COLUMNS: [&str; 16] = [
     "distractor-1-type",
     "distractor-2-type",
     "distractor-3-type",
+    "sent1",
+    "sent2",
 ];
+
+/// The label written where the answers are withheld (the test split of a published export): the
+/// convention of Hugging Face datasets for unlabelled splits, so every split has the same schema.
+pub const HIDDEN_LABEL: i64 = -1;
 
 /// A question as exported.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,19 +172,24 @@ fn writer(out: &mut Vec<u8>) -> csv::Writer<&mut Vec<u8>> {
         .from_writer(out)
 }
 
-/// SWAG regular CSV; `with_label = false` gives the leaderboard file without the label column.
-pub fn regular_csv(rows: &[&Row], with_label: bool) -> Result<Vec<u8>> {
+/// The label as exported: the gold's position, or [`HIDDEN_LABEL`] when the answers are withheld.
+fn exported_label(row: &Row, with_labels: bool) -> i64 {
+    if with_labels {
+        row.label as i64
+    } else {
+        HIDDEN_LABEL
+    }
+}
+
+/// SWAG regular CSV: the unnamed index column (0-based row number), then [`REGULAR_COLUMNS`].
+pub fn regular_csv(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     {
         let mut w = writer(&mut out);
-        let columns = if with_label {
-            &REGULAR_COLUMNS[..]
-        } else {
-            &REGULAR_COLUMNS[..10]
-        };
-        w.write_record(columns)?;
-        for r in rows {
+        w.write_record(std::iter::once("").chain(REGULAR_COLUMNS))?;
+        for (index, r) in rows.iter().enumerate() {
             let mut record = vec![
+                index.to_string(),
                 r.group.clone(),
                 fold_text(r.fold),
                 startphrase(&r.sent1, &r.sent2),
@@ -185,9 +198,7 @@ pub fn regular_csv(rows: &[&Row], with_label: bool) -> Result<Vec<u8>> {
                 r.gold_source.clone(),
             ];
             record.extend(r.endings.iter().cloned());
-            if with_label {
-                record.push(r.label.to_string());
-            }
+            record.push(exported_label(r, with_labels).to_string());
             w.write_record(&record)?;
         }
         w.flush()?;
@@ -195,7 +206,8 @@ pub fn regular_csv(rows: &[&Row], with_label: bool) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// SWAG full CSV: gold and distractors in their own columns (hardest first), with types.
+/// SWAG full CSV: gold and distractors in their own columns (hardest first), with types (empty
+/// when unknown: unverified or random distractors, or a missing fourth distractor).
 pub fn full_csv(rows: &[&Row]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     {
@@ -218,14 +230,14 @@ pub fn full_csv(rows: &[&Row]) -> Result<Vec<u8>> {
                 r.group.clone(),
                 fold_text(r.fold),
                 startphrase(&r.sent1, &r.sent2),
-                r.sent1.clone(),
-                r.sent2.clone(),
                 r.gold.clone(),
             ];
             record.extend((0..4).map(distractor));
             record.push(r.gold_source.clone());
             record.push(r.gold_type.clone().unwrap_or_default());
             record.extend((0..4).map(kind));
+            record.push(r.sent1.clone());
+            record.push(r.sent2.clone());
             w.write_record(&record)?;
         }
         w.flush()?;
@@ -233,23 +245,30 @@ pub fn full_csv(rows: &[&Row]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// A JSONL line: afkit's fields, then HellaSwag's (`ctx_a`, `ctx_b`, `ctx`, `activity_label`;
+/// `endings` and `label` are shared), so HellaSwag-style evaluation code reads it unchanged.
 #[derive(Serialize)]
 struct JsonRow<'a> {
     id: &'a str,
     group: &'a str,
     sent1: &'a str,
     sent2: &'a str,
-    startphrase: String,
+    startphrase: &'a str,
     endings: &'a [String; 4],
-    label: usize,
+    label: i64,
     gold_source: &'a str,
     verified: bool,
+    activity_label: &'a str,
+    ctx_a: &'a str,
+    ctx_b: &'a str,
+    ctx: &'a str,
 }
 
-/// One JSON object per line, fields of SPEC §9.
-pub fn jsonl(rows: &[&Row]) -> Result<Vec<u8>> {
+/// One JSON object per line. `activity_label` is the group: afkit keeps no label for a group.
+pub fn jsonl(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     for r in rows {
+        let context = startphrase(&r.sent1, &r.sent2);
         serde_json::to_writer(
             &mut out,
             &JsonRow {
@@ -257,11 +276,15 @@ pub fn jsonl(rows: &[&Row]) -> Result<Vec<u8>> {
                 group: &r.group,
                 sent1: &r.sent1,
                 sent2: &r.sent2,
-                startphrase: startphrase(&r.sent1, &r.sent2),
+                startphrase: &context,
                 endings: &r.endings,
-                label: r.label,
+                label: exported_label(r, with_labels),
                 gold_source: &r.gold_source,
                 verified: r.verified,
+                activity_label: &r.group,
+                ctx_a: &r.sent1,
+                ctx_b: &r.sent2,
+                ctx: &context,
             },
         )?;
         out.push(b'\n');
@@ -318,14 +341,19 @@ mod tests {
         let refs: Vec<&Row> = rows.iter().collect();
         let text = String::from_utf8(regular_csv(&refs, true).unwrap()).unwrap();
         assert!(text.starts_with(
-            "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
+            ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
         ));
-        assert!(text.contains("v1,1,A man walks in. He,A man walks in.,He,unverified,"));
+        assert!(text.contains("\n0,v1,1,A man walks in. He,A man walks in.,He,unverified,"));
+        assert!(text.ends_with(&format!(",{}\n", rows[0].label)));
         let unlabeled = String::from_utf8(regular_csv(&refs, false).unwrap()).unwrap();
-        assert!(unlabeled.lines().next().unwrap().ends_with("ending3"));
+        assert!(unlabeled.ends_with(",-1\n"), "{unlabeled}");
         let full = String::from_utf8(full_csv(&refs).unwrap()).unwrap();
+        assert!(full.starts_with(
+            "video-id,fold-ind,startphrase,gold-ending,distractor-0,distractor-1,distractor-2,distractor-3,\
+             gold-source,gold-type,distractor-0-type,distractor-1-type,distractor-2-type,distractor-3-type,sent1,sent2\n"
+        ));
         assert!(full.contains("gold 1.,\"wrong 0, \"\"quoted\"\".\""));
-        assert_eq!(full.lines().next().unwrap().split(',').count(), 16);
+        assert!(full.ends_with(",,,,,,A man walks in.,He\n"), "{full}");
     }
 
     #[test]

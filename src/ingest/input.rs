@@ -127,8 +127,10 @@ pub fn read_activitynet(path: &Path) -> Result<Parsed> {
 
 // ----- JSONL -----
 
-const JSONL: &str =
-    "one JSON object per line: {\"id\", \"sent1\", \"sent2\" (optional), \"ending\", \"group\" (optional)}";
+const JSONL: &str = "one JSON object per line: a context with its ending, {\"id\", \"sent1\", \
+     \"sent2\" (optional), \"ending\", \"group\" (optional)}, or a question as afkit's export or \
+     HellaSwag writes it, {\"id\" or \"ind\", \"sent1\" or \"ctx_a\", \"sent2\" or \"ctx_b\", \
+     \"endings\", \"label\", \"group\" or \"source_id\" (optional)}";
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -137,62 +139,105 @@ enum Id {
     Number(i64),
 }
 
-#[derive(Deserialize)]
-struct JsonlRecord {
-    id: Id,
-    sent1: String,
-    sent2: Option<String>,
-    ending: String,
-    group: Option<String>,
+impl Id {
+    fn text(&self) -> String {
+        match self {
+            Id::Text(s) => s.trim().to_string(),
+            Id::Number(n) => n.to_string(),
+        }
+    }
 }
 
-/// One record per non-blank line; without `sent2`, `ending` is the whole second sentence.
+/// A line in any of the accepted forms; afkit's export has both its own and HellaSwag's names.
+#[derive(Deserialize)]
+struct JsonlLine {
+    id: Option<Id>,
+    ind: Option<Id>,
+    sent1: Option<String>,
+    ctx_a: Option<String>,
+    sent2: Option<String>,
+    ctx_b: Option<String>,
+    ending: Option<String>,
+    endings: Option<Vec<String>>,
+    /// A number in afkit's export, a string ("0".."3", "" when withheld) in HellaSwag.
+    label: Option<Id>,
+    group: Option<String>,
+    source_id: Option<String>,
+    gold_source: Option<String>,
+}
+
+/// The found ending of a line: `ending`, or the labelled one of `endings`.
+fn found_ending(line: &JsonlLine, at: &str) -> Result<String> {
+    if let Some(ending) = &line.ending {
+        return Ok(ending.clone());
+    }
+    let Some(endings) = &line.endings else {
+        bail!("{at}: no \"ending\" and no \"endings\"; expected {JSONL}");
+    };
+    let label = line.label.as_ref().map(Id::text).unwrap_or_default();
+    match label.parse::<usize>() {
+        Ok(i) if i < endings.len() => Ok(endings[i].clone()),
+        _ if label == "-1" || label.is_empty() => bail!(
+            "{at}: the label is withheld ({label:?}), so the found ending is unknown; expected a \
+             labelled split (a published afkit export keeps its test answers in OUT-test-answers.csv: \
+             ingest that with --format swag-csv)"
+        ),
+        _ => bail!(
+            "{at}: label {label:?}; expected the position of the found ending among the {} endings",
+            endings.len()
+        ),
+    }
+}
+
+/// One record per non-blank line; without `sent2`, the ending is the whole second sentence.
+/// Questions whose gold is a generated ending (afkit's `gen-orig` training examples) are skipped:
+/// their context comes with its found ending on another line.
 pub fn read_jsonl(path: &Path) -> Result<Parsed> {
     let (text, sha256) = read_text(path, JSONL)?;
     let mut records = Vec::new();
     let mut sentences = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let line_no = i + 1;
+        let at = format!("{}:{}", path.display(), i + 1);
         if line.trim().is_empty() {
             continue;
         }
-        let r: JsonlRecord = serde_json::from_str(line).map_err(|e| {
-            anyhow!(
-                "{}:{line_no}:{}: {e}; expected {JSONL}",
-                path.display(),
-                e.column()
-            )
-        })?;
-        let id = match r.id {
-            Id::Text(s) => s.trim().to_string(),
-            Id::Number(n) => n.to_string(),
-        };
-        if id.is_empty() {
-            bail!(
-                "{}:{line_no}: empty \"id\"; expected a non-empty id",
-                path.display()
-            );
+        let r: JsonlLine = serde_json::from_str(line)
+            .map_err(|e| anyhow!("{at}:{}: {e}; expected {JSONL}", e.column()))?;
+        if r.gold_source
+            .as_deref()
+            .is_some_and(|s| s.starts_with("gen"))
+        {
+            continue;
         }
-        let sent1 = clean_sentence(&r.sent1);
-        let second = match r.sent2 {
+        let id = r.id.as_ref().or(r.ind.as_ref()).map(Id::text);
+        let Some(id) = id.filter(|id| !id.is_empty()) else {
+            bail!("{at}: no \"id\" (or \"ind\"), or an empty one; expected a non-empty id");
+        };
+        let Some(sent1) = r.sent1.as_ref().or(r.ctx_a.as_ref()) else {
+            bail!("{at}: no \"sent1\" (or \"ctx_a\"); expected {JSONL}");
+        };
+        let sent1 = clean_sentence(sent1);
+        let ending = found_ending(&r, &at)?;
+        let second = match r.sent2.as_ref().or(r.ctx_b.as_ref()) {
             Some(sent2) => Second::Split {
-                sent2: normalise_space(&sent2),
-                ending: clean_sentence(&r.ending),
+                sent2: normalise_space(sent2),
+                ending: clean_sentence(&ending),
             },
-            None => Second::Unsplit(clean_sentence(&r.ending)),
+            None => Second::Unsplit(clean_sentence(&ending)),
         };
         sentences.push(sent1.clone());
         sentences.push(match &second {
             Second::Unsplit(s) => s.clone(),
             Second::Split { sent2, ending } => format!("{sent2} {ending}"),
         });
+        let group = r.group.or(r.source_id);
         records.push(Record {
-            group: r.group.map_or_else(|| id.clone(), |g| g.trim().to_string()),
+            group: group.map_or_else(|| id.clone(), |g| g.trim().to_string()),
             ext_id: id,
             sent1,
             second,
             gold_source: None,
-            origin: format!("{}:{line_no}", path.display()),
+            origin: at,
         });
     }
     Ok(Parsed {
@@ -206,7 +251,19 @@ pub fn read_jsonl(path: &Path) -> Result<Parsed> {
 
 // The columns are the ones afkit's export writes; the full set's type columns are optional here.
 const SWAG_REGULAR: &[&str] = &crate::export::rows::REGULAR_COLUMNS;
-const SWAG_FULL: &[&str] = crate::export::rows::FULL_COLUMNS.split_at(11).0;
+const SWAG_FULL: &[&str] = &[
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "gold-ending",
+    "distractor-0",
+    "distractor-1",
+    "distractor-2",
+    "distractor-3",
+    "gold-source",
+    "sent1",
+    "sent2",
+];
 
 /// SWAG release CSV, regular or full columns, taken as already split. The gold ending is
 /// `ending<label>` (regular) or `gold-ending` (full). The id is `"<video-id>:<h>"` with `h` the
@@ -262,6 +319,11 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
             let label = get("label");
             match label.parse::<usize>() {
                 Ok(l) if l < 4 => get(&format!("ending{l}")),
+                _ if label == "-1" => bail!(
+                    "{}:{line}: label -1: this split's answers are withheld; expected a labelled \
+                     file (a published afkit export keeps its test answers in OUT-test-answers.csv)",
+                    path.display()
+                ),
                 _ => bail!(
                     "{}:{line}: label {label:?}; expected 0, 1, 2 or 3",
                     path.display()
@@ -379,6 +441,38 @@ mod tests {
             read_jsonl(&dir.path().join("nope.jsonl")).err().unwrap()
         );
         assert!(err.contains("nope.jsonl"), "{err}");
+    }
+
+    #[test]
+    fn jsonl_questions_give_their_labelled_ending_and_skip_generated_golds() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            &dir,
+            "q.jsonl",
+            br#"{"id": "v1#0", "group": "v1", "sent1": "A man sits.", "sent2": "He", "ctx_a": "A man sits.", "ctx_b": "He", "endings": ["runs.", "stands up."], "label": 1, "gold_source": "gold1-orig"}
+{"id": "v1#0:gen", "group": "v1", "sent1": "A man sits.", "sent2": "He", "endings": ["runs.", "stands up."], "label": 0, "gold_source": "gen-orig"}
+"#,
+        );
+        let records = read_jsonl(&p).unwrap().records;
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].ext_id, "v1#0");
+        assert_eq!(
+            records[0].second,
+            Second::Split {
+                sent2: "He".into(),
+                ending: "stands up.".into()
+            }
+        );
+        let p = write(
+            &dir,
+            "bad.jsonl",
+            br#"{"ind": 4, "ctx_a": "A man sits.", "endings": ["runs."], "label": "2"}"#,
+        );
+        let err = format!("{:#}", read_jsonl(&p).err().unwrap());
+        assert!(
+            err.contains("bad.jsonl:1: label \"2\"; expected the position"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -33,7 +33,10 @@ use input::{Parsed, Record};
     example (id \"VIDEO#i\", group = video). The second caption is tokenised, tagged with afkit's \
     tagger and split before its main verb phrase into sent2 and the ending.\n\
     jsonl: {\"id\", \"sent1\", \"sent2\"?, \"ending\", \"group\"?} per line; without sent2 the \
-    ending is the whole second sentence and is split as above; group defaults to the id.\n\
+    ending is the whole second sentence and is split as above; group defaults to the id. Questions \
+    as afkit's export (jsonl/*.jsonl) or HellaSwag write them read too: \"ctx_a\"/\"ctx_b\" for \
+    sent1/sent2, \"ind\" for the id, \"source_id\" for the group, and the found ending is \
+    endings[label]; afkit's gen-orig questions (a generated gold) are skipped.\n\
     swag-csv: a SWAG release CSV (regular or full columns), taken as already split, unfiltered.\n\n\
     ActivityNet and JSONL records are filtered, each drop counted by reason: no_verb_phrase, \
     short_context (sent1 + sent2 under 6 tokens), short_ending (under 5 tokens), long_ending \
@@ -65,7 +68,8 @@ pub enum Format {
     Activitynet,
     /// SWAG release CSV (regular or full column set), taken as already split.
     SwagCsv,
-    /// JSON Lines: {"id", "sent1", "sent2"?, "ending", "group"?} per line.
+    /// JSON Lines: {"id", "sent1", "sent2"?, "ending", "group"?} per line, or questions as
+    /// afkit's export or HellaSwag write them.
     Jsonl,
 }
 

@@ -1,0 +1,51 @@
+//! Where each file of an export lives, relative to the export folder, and which files a
+//! published export leaves out (the test split's answers).
+
+/// afkit's split names and the names `datasets` and the evaluation harness use for them.
+pub const HF_SPLITS: [(&str, &str); 3] =
+    [("train", "train"), ("val", "validation"), ("test", "test")];
+
+/// The dataset card, with the YAML header the Hugging Face Hub reads.
+pub const CARD: &str = "README.md";
+
+/// The card's name before the export became a Hub dataset folder; such a folder is a previous
+/// export, so `export` may replace it.
+pub const LEGACY_CARD: &str = "DATASET_CARD.md";
+
+/// The folder of the lm-evaluation-harness task files.
+pub const HARNESS_DIR: &str = "lm_eval";
+
+/// The files of one export.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    /// Keep the test split's labels in the folder (internal use) instead of withholding them.
+    pub with_test_labels: bool,
+}
+
+impl Layout {
+    /// The regular SWAG CSV of `split` (afkit's split name).
+    pub fn regular(&self, split: &str) -> String {
+        format!("{split}.csv")
+    }
+
+    /// The full SWAG CSV of `split`.
+    pub fn full(&self, split: &str) -> String {
+        format!("{split}_full.csv")
+    }
+
+    /// The JSONL of `split`, in its own folder so that the CSV configurations never match it.
+    pub fn jsonl(&self, split: &str) -> String {
+        format!("jsonl/{split}.jsonl")
+    }
+
+    /// Whether `split`'s labels are in the folder.
+    pub fn labelled(&self, split: &str) -> bool {
+        split != "test" || self.with_test_labels
+    }
+
+    /// Whether `split` has a full CSV: it names the gold ending, so not where labels are withheld
+    /// (as in the SWAG release, whose full set has no test split).
+    pub fn has_full(&self, split: &str) -> bool {
+        self.labelled(split)
+    }
+}

@@ -1,0 +1,212 @@
+//! The hand-made projects of the export tests: contexts with candidate endings, AF assignments
+//! and scores written straight into the project file (no model runs), and the helpers that run
+//! the `afkit` binary on them. Each test crate uses a part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use afkit::store::examples::{insert_example, upsert_source, NewExample};
+use afkit::store::fixtures as fx;
+use afkit::store::Store;
+use rusqlite::Connection;
+use serde_json::Value;
+
+pub fn afkit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_afkit"))
+        .args(args)
+        .env("AFKIT_NO_PROGRESS", "1")
+        .output()
+        .expect("run afkit")
+}
+
+pub fn ok(args: &[&str]) -> String {
+    let out = afkit(args);
+    assert!(
+        out.status.success(),
+        "afkit {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A context as the fixture built it: its example id, found ending id and candidate ending ids
+/// hardest first (candidate i has AF score 100 - i; the first `k` are assigned).
+pub struct Ctx {
+    pub example: i64,
+    pub found: i64,
+    pub cands: Vec<i64>,
+}
+
+impl Ctx {
+    /// The six endings of its first task: the found one and the five hardest assigned negatives.
+    pub fn shown(&self) -> Vec<i64> {
+        std::iter::once(self.found)
+            .chain(self.cands[..5].iter().copied())
+            .collect()
+    }
+}
+
+pub struct Project {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub conn: Connection,
+    pub source: i64,
+    pub generation: i64,
+    pub run: i64,
+}
+
+impl Project {
+    pub fn new() -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sqlite");
+        let store = Store::create(&path).unwrap();
+        drop(store);
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "foreign_keys", true).unwrap();
+        let source = upsert_source(&conn, "captions.json", "activitynet", "abc123", "{}").unwrap();
+        let generation =
+            fx::insert_generation(&conn, "SmolLM2-135M-Instruct.Q4_1.gguf", "b179c952", 5).unwrap();
+        let run = fx::insert_af_run(&conn, 8, 11, true).unwrap();
+        fx::insert_af_iteration(&conn, run, 0, 0.61, None).unwrap();
+        fx::insert_af_iteration(&conn, run, 1, 0.40, Some(0.35)).unwrap();
+        Project {
+            _dir: dir,
+            path,
+            conn,
+            source,
+            generation,
+            run,
+        }
+    }
+
+    pub fn p(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+
+    /// A context of `group` with `n` candidates of which the `k` hardest are assigned.
+    pub fn context(&self, group: &str, index: usize, n: usize, k: usize) -> Ctx {
+        let ext_id = format!("{group}#{index}");
+        let ex = NewExample {
+            ext_id: ext_id.clone(),
+            group: group.into(),
+            sent1: format!("A person in video {group} walks into room {index}."),
+            sent2: "The person".into(),
+            ending: format!("sits down at table {index}."),
+            gold_source: None,
+        };
+        assert!(insert_example(&self.conn, self.source, &ex).unwrap());
+        let (example, found): (i64, i64) = self
+            .conn
+            .query_row(
+                "SELECT x.id, e.id FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
+                 WHERE x.ext_id = ?1",
+                [&ext_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        fx::set_lp_cond(&self.conn, found, -2.0).unwrap();
+        let cands: Vec<i64> = (0..n)
+            .map(|i| {
+                fx::insert_candidate(
+                    &self.conn,
+                    example,
+                    self.generation,
+                    &format!("does thing {i} in {ext_id}."),
+                    -3.0,
+                )
+                .unwrap()
+            })
+            .collect();
+        fx::insert_pool(&self.conn, example, self.generation, n as i64).unwrap();
+        fx::insert_assignment(&self.conn, self.run, example, &cands[..k], example % 5).unwrap();
+        for (i, &c) in cands[..k].iter().enumerate() {
+            fx::insert_score(&self.conn, self.run, c, 100.0 - i as f64).unwrap();
+        }
+        fx::insert_score(&self.conn, self.run, found, 50.0).unwrap();
+        Ctx {
+            example,
+            found,
+            cands,
+        }
+    }
+
+    pub fn task(&self, ctx: &Ctx, round: i64, endings: &[i64]) -> i64 {
+        fx::insert_task(&self.conn, ctx.example, self.run, round, endings).unwrap()
+    }
+
+    /// Labels a first-round task: `found` for the found ending, `gens[i]` for the i-th hardest.
+    pub fn label(
+        &self,
+        task: i64,
+        ctx: &Ctx,
+        annotator: &str,
+        found: (&str, Option<&str>),
+        gens: [(&str, Option<&str>); 5],
+    ) {
+        let mut labels = vec![(ctx.found, found.0, found.1)];
+        labels.extend(
+            gens.iter()
+                .enumerate()
+                .map(|(i, g)| (ctx.cands[i], g.0, g.1)),
+        );
+        fx::insert_submission(&self.conn, task, annotator, false, &labels).unwrap();
+    }
+
+    pub fn assemble(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["assemble", self.p(), "--json"];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&ok(&args)).unwrap()
+    }
+
+    /// (gold-source, gold ending id, split, distractor ids) of every assembled example.
+    pub fn assembled(&self) -> Vec<(String, i64, String, Vec<i64>)> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, gold_source, gold_ending_id, split FROM assembled ORDER BY id")
+            .unwrap();
+        let rows: Vec<(i64, String, i64, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        rows.into_iter()
+            .map(|(id, source, gold, split)| {
+                let mut stmt = self
+                    .conn
+                    .prepare("SELECT ending_id FROM assembled_distractors WHERE assembled_id = ?1 ORDER BY position")
+                    .unwrap();
+                let d = stmt.query_map([id], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+                (source, gold, split, d)
+            })
+            .collect()
+    }
+}
+
+pub fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+pub fn unverified_project(groups: usize) -> Project {
+    let p = Project::new();
+    for g in 0..groups {
+        for i in 0..2 {
+            p.context(&format!("vid{g:02}"), i, 10, 8);
+        }
+    }
+    p.assemble(&["--unverified", "--seed", "1"]);
+    p
+}
+
+/// The (group, sent1, sent2, found ending) of every example of a project.
+pub fn example_texts(path: &Path) -> BTreeSet<(String, String, String, String)> {
+    Store::open(path)
+        .unwrap()
+        .examples()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.group, e.sent1, e.sent2, e.ending))
+        .collect()
+}
