@@ -39,10 +39,11 @@ train over the ending (ngram_end), sent2 + ending (ngram_s2) and sent1 + sent2 +
 With --cv K the audit cross-validates instead, the figure to trust: the labelled questions of \
 train.csv, val.csv and test.csv are pooled (a file without labels is skipped with a note), cut \
 into K folds by video-id (one video never in two folds; seeded by --seed), and every baseline is \
-trained on K-1 folds and tested on the held-out one. Baselines: shortest, longest, word 1-2-gram \
-LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR (char_end, char_s2, char_ctx: \
-subwords of each word, case and punctuation kept) and LR on the MiniLM embedding of sent2 + \
-ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
+trained on K-1 folds and tested on the held-out one; audit.md, audit.json and accuracy.png then \
+hold this table and the PPMI words of the pool (no train/val table, no KNN). Baselines: \
+shortest, longest, word 1-2-gram LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR \
+(char_end, char_s2, char_ctx: subwords of each word, case and punctuation kept) and LR on the \
+MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
 \"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
 \"folds\": [accuracy per fold], \"lambda\": [chosen per fold]} or {\"skipped\": WHY}}}, \
 \"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..]}; mean is the mean fold \
@@ -57,7 +58,7 @@ pub struct Args {
     /// Where to write audit.md and the PNG charts (default: DATASET/audit).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Seed for the λ-selection split and the KNN sample (recorded in the report).
+    /// Seed for the λ-selection split, the KNN sample and the --cv folds (recorded in the report).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// PPMI: words listed per label.
