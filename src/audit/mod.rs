@@ -18,7 +18,7 @@ pub mod score;
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -189,16 +189,6 @@ fn run_cv(args: &Args, k: usize) -> Result<()> {
             args.dataset.join(&f.file).display()
         );
     }
-    let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
-    let n_groups = folds::count_groups(&groups);
-    if n_groups < k {
-        bail!(
-            "{}: --cv {k} needs at least {k} groups (video-id values) of labelled questions in {}; found {n_groups} in {} questions",
-            args.dataset.display(),
-            dataset::SPLIT_FILES.join(", "),
-            questions.len()
-        );
-    }
     let encoder = if args.no_embed {
         Err("--no-embed".to_string())
     } else {
@@ -215,7 +205,9 @@ fn run_cv(args: &Args, k: usize) -> Result<()> {
         Ok(_) => cv::Embedder::Encoder(&encode),
         Err(why) => cv::Embedder::Unavailable(why.clone()),
     };
-    let cv = cv::cross_validate(&questions, k, args.seed, &cv::Baseline::ALL, &embedder)?;
+    let files_read = dataset::SPLIT_FILES.map(|f| args.dataset.join(f).display().to_string());
+    let cv = cv::cross_validate(&questions, k, args.seed, &cv::Baseline::ALL, &embedder)
+        .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
     let pooled: Vec<&Question> = questions.iter().collect();
     let audit = CvAudit {
         cv,
