@@ -1,4 +1,4 @@
-//! Bias audit of any SWAG-format dataset, and grading of predictions (SPEC §7).
+//! Bias audit of any SWAG-format dataset, and grading of predictions.
 //!
 //! The audit asks how far a 4-way question can be answered without understanding it: by chance,
 //! by ending length, by n-gram style of the ending / second sentence / whole text (SWAG Table 3,
@@ -90,7 +90,7 @@ pub enum Knn {
     Skipped { skipped: String },
 }
 
-/// The audit's findings; `--json` prints this (keys of SPEC §8; accuracies are fractions).
+/// The audit's findings; `--json` prints this (accuracies are fractions).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuditReport {
     pub n_train: usize,
