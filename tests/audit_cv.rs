@@ -273,7 +273,8 @@ fn cli_refuses_fewer_groups_than_folds() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--cv 3 needs at least 3 groups") && err.contains("found 2"),
+        err.contains("--cv 3") && err.contains("train.csv") && err.contains("at least 3 groups"),
         "{err}"
     );
+    assert!(err.contains("found 2 in 6 questions"), "{err}");
 }

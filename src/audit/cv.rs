@@ -13,7 +13,7 @@
 //! training folds alone) on different features: word 1–2-grams, character 2–5-grams (`grams`),
 //! or MiniLM sentence embeddings.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use rayon::prelude::*;
 use serde::{Serialize, Serializer};
 
@@ -141,7 +141,8 @@ enum Prepared {
 }
 
 /// Cross-validates `baselines` over `questions` (all labelled) in `k` folds assigned by group
-/// with `seed`; the same input and seed give the same report.
+/// with `seed`; the same input and seed give the same report. Fewer than `k` groups is an error
+/// (a fold would be empty).
 pub fn cross_validate(
     questions: &[Question],
     k: usize,
@@ -150,6 +151,13 @@ pub fn cross_validate(
     embedder: &Embedder,
 ) -> Result<CvReport> {
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
+    let n_groups = super::folds::count_groups(&groups);
+    if n_groups < k {
+        bail!(
+            "{k} folds need at least {k} groups (video-id values) of labelled questions; found {n_groups} in {} questions",
+            questions.len()
+        );
+    }
     let fold_of = super::folds::assign(&groups, k, seed);
     let gold: Vec<usize> = questions
         .iter()
@@ -178,7 +186,7 @@ pub fn cross_validate(
     Ok(CvReport {
         folds: k,
         questions: questions.len(),
-        groups: super::folds::count_groups(&groups),
+        groups: n_groups,
         seed,
         fold_sizes: (0..k)
             .map(|f| fold_of.iter().filter(|&&x| x == f).count())

@@ -228,6 +228,14 @@ mod tests {
         .unwrap();
         let err = format!("{:#}", read_split(&path, true).unwrap_err());
         assert!(err.contains("line 2") && err.contains("label"), "{err}");
+        let jsonl = dir.path().join("val.jsonl");
+        std::fs::write(
+            &jsonl,
+            r#"{"id": 3, "group": "v9", "sent1": "a", "sent2": "b", "endings": ["c", "d", "e", "f"], "label": 1}"#,
+        )
+        .unwrap();
+        let q = read_split(&jsonl, true).unwrap();
+        assert_eq!((q[0].id.as_str(), q[0].group.as_deref()), ("3", Some("v9")));
         std::fs::write(&path, "sent1,ending0\na,b\n").unwrap();
         assert!(format!("{:#}", read_split(&path, true).unwrap_err()).contains("sent2"));
     }
