@@ -3,6 +3,8 @@
 //! [`crate::text::tokenize`].
 //!
 //! Checked in this order, the first failing one is the recorded reason:
+//! - `long_context` (every format, SWAG CSV included): `sent1` + `sent2` have more than
+//!   [`MAX_CONTEXT_TOKENS`] tokens (`sent1` alone is checked before the second sentence is split);
 //! - `no_verb_phrase`: the second sentence has no main verb phrase with a subject before it;
 //! - `short_context`: `sent1` + `sent2` have fewer than 6 tokens;
 //! - `short_ending`: the ending has fewer than 5 tokens;
@@ -23,6 +25,10 @@ use crate::text::{split_second_sentence, tokenize};
 pub const MIN_CONTEXT_TOKENS: usize = 6;
 pub const MIN_ENDING_TOKENS: usize = 5;
 pub const MAX_ENDING_TOKENS: usize = 25;
+/// Longer contexts are no captions (a pasted document, a broken export): they would only slow
+/// generation down, or not fit the model at all. Every context of ActivityNet Captions' train
+/// split is far below it: its longest sentence pair, ending included, is 136 tokens.
+pub const MAX_CONTEXT_TOKENS: usize = 256;
 
 /// What becomes of one record.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,6 +83,11 @@ pub fn process_all(
 }
 
 fn process(record: &Record, filtered: bool, rare: Option<(u32, &TokenCounts)>) -> Outcome {
+    // Checked before the split, so that a huge first sentence costs no tagging.
+    let sent1_tokens = tokenize(&record.sent1);
+    if sent1_tokens.len() > MAX_CONTEXT_TOKENS {
+        return Outcome::Dropped("long_context");
+    }
     let (sent2, ending) = match &record.second {
         Second::Split { sent2, ending } => (sent2.clone(), ending.clone()),
         Second::Unsplit(sentence) => match split_second_sentence(sentence) {
@@ -84,9 +95,11 @@ fn process(record: &Record, filtered: bool, rare: Option<(u32, &TokenCounts)>) -
             None => return Outcome::Dropped("no_verb_phrase"),
         },
     };
+    let sent2_tokens = tokenize(&sent2);
+    if sent1_tokens.len() + sent2_tokens.len() > MAX_CONTEXT_TOKENS {
+        return Outcome::Dropped("long_context");
+    }
     if filtered {
-        let sent1_tokens = tokenize(&record.sent1);
-        let sent2_tokens = tokenize(&sent2);
         let ending_tokens = tokenize(&ending);
         if sent1_tokens.len() + sent2_tokens.len() < MIN_CONTEXT_TOKENS {
             return Outcome::Dropped("short_context");
