@@ -6,7 +6,7 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -25,6 +25,31 @@ use crate::models::{sha256_file, DefaultModel};
 use crate::store::examples::Example;
 use crate::store::pool::{self, EndingLmFeatures, NewGeneration, NewPool};
 use crate::store::Store;
+
+/// The contexts of `chunk` that fit the model. The others are recorded as unusable with the
+/// reason and reported, so that one overlong context does not stop this run or the next ones.
+fn fitting_contexts<'e>(
+    store: &Store,
+    lm: &LocalLm,
+    template: &PromptTemplate,
+    generation_id: i64,
+    chunk: &'e [Example],
+    bar: &indicatif::ProgressBar,
+) -> Result<Vec<&'e Example>> {
+    let mut fitting = Vec::with_capacity(chunk.len());
+    for ex in chunk {
+        let prompt = template.render(&ex.sent1, &ex.sent2);
+        match lm.misfit(&prompt, &ex.ending)? {
+            None => fitting.push(ex),
+            Some(reason) => {
+                store.record_unusable_context(ex.id, generation_id, &reason)?;
+                bar.suspend(|| eprintln!("skipping {}: {reason}", ex.ext_id));
+                bar.inc(1);
+            }
+        }
+    }
+    Ok(fitting)
+}
 
 /// The GGUF file for `--model`: the default model (fetched if needed) or a path.
 pub fn resolve_model(model: &str) -> Result<PathBuf> {
@@ -94,6 +119,8 @@ fn new_pool(
 #[derive(Debug, Default, Serialize)]
 struct Summary {
     contexts: usize,
+    /// Contexts skipped because they do not fit the model (recorded with the reason).
+    unusable: usize,
     endings: usize,
     shortfall: usize,
     draws: usize,
@@ -176,6 +203,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut summary = Summary::default();
     for chunk in todo.chunks(sampler.contexts_per_call(args.n_neg)) {
         crate::interrupt::check()?;
+        let all = chunk.len();
+        let chunk = fitting_contexts(&store, &lm, &template, generation_id, chunk, &bar)?;
+        summary.unusable += all - chunk.len();
+        if chunk.is_empty() {
+            continue;
+        }
         let t0 = Instant::now();
         let requests: Vec<SampleRequest> = chunk
             .iter()
@@ -246,6 +279,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
+        if summary.unusable > 0 {
+            println!(
+                "{} contexts skipped: too long for the model (listed above, counted by `afkit status`)",
+                summary.unusable
+            );
+        }
         println!(
             "{} contexts: {} endings (shortfall {}), {:.1} endings/s overall; sampling {:.1} endings/s, {:.0} tokens/s",
             summary.contexts,
@@ -329,8 +368,11 @@ impl ImportRecord {
     }
 }
 
-/// The lines of an import file, parsed one at a time, with their line numbers.
-fn import_lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, ImportRecord)>> + '_> {
+/// The lines of an import file, parsed and checked one at a time, with their line numbers and
+/// whether they bring their own features.
+fn import_lines(
+    path: &Path,
+) -> Result<impl Iterator<Item = Result<(usize, ImportRecord, bool)>> + '_> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     Ok(std::io::BufReader::new(file)
@@ -340,10 +382,37 @@ fn import_lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, Impor
         .map(move |(i, line)| {
             let line = line
                 .with_context(|| format!("{}:{}: cannot read the line", path.display(), i + 1))?;
-            let rec: ImportRecord = serde_json::from_str(&line)
-                .with_context(|| format!("{}:{}: {IMPORT_FORMAT}", path.display(), i + 1))?;
-            Ok((i + 1, rec))
+            let (rec, scored) = parse_import_line(&line)
+                .map_err(|why| anyhow!("{}:{}{why}; {IMPORT_FORMAT}", path.display(), i + 1))?;
+            Ok((i + 1, rec, scored))
         }))
+}
+
+/// One line: well-formed, with at least one ending, and scored either fully or not at all. The
+/// error starts with `:COLUMN: ` when the JSON itself is malformed, else with `: `.
+fn parse_import_line(line: &str) -> std::result::Result<(ImportRecord, bool), String> {
+    let rec: ImportRecord = serde_json::from_str(line).map_err(|e| {
+        format!(
+            ":{}: {}",
+            e.column(),
+            crate::ingest::input::json_error_without_position(&e)
+        )
+    })?;
+    if rec.endings.is_empty() {
+        return Err(
+            ": \"endings\" is empty, so the context would count as done without a pool \
+                    to filter"
+                .into(),
+        );
+    }
+    let scored = rec.is_scored().map_err(|why| format!(": {why}"))?;
+    Ok((rec, scored))
+}
+
+/// Reads every line of an `import-pool` file as the command does before it looks the ids up in
+/// the project; returns the number of records. The entry point of the parser's fuzz target.
+pub fn check_import_lines(path: &Path) -> Result<usize> {
+    import_lines(path)?.try_fold(0, |records, line| line.map(|_| records + 1))
 }
 
 /// What a first pass over the whole file found: every line parses, names a known example once,
@@ -372,7 +441,7 @@ fn check_import_file(store: &Store, path: &Path) -> Result<ImportCheck> {
         unscored: 0,
     };
     for line in import_lines(path)? {
-        let (n, rec) = line?;
+        let (n, rec, scored) = line?;
         let Some(example_id) = store.example_id_by_ext_id(&rec.id)? else {
             if store.dropped_reason(&rec.id)?.is_some() {
                 check.example_ids.push(None);
@@ -387,10 +456,7 @@ fn check_import_file(store: &Store, path: &Path) -> Result<ImportCheck> {
         if !seen.insert(example_id) {
             bail!("{}:{n}: id {:?} appears twice", path.display(), rec.id);
         }
-        match rec.is_scored() {
-            Ok(scored) => check.unscored += usize::from(!scored),
-            Err(why) => bail!("{}:{n}: {why}; {IMPORT_FORMAT}", path.display()),
-        }
+        check.unscored += usize::from(!scored);
         check.example_ids.push(Some(example_id));
     }
     Ok(check)
@@ -453,7 +519,7 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             write_pools(&mut store, &mut batch)?;
             return Err(stop.into());
         }
-        let (_, rec) = line?;
+        let (_, rec, _) = line?;
         let Some(example_id) = *example_id else {
             continue; // dropped at ingest
         };

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+pub use generate::check_import_lines;
 pub use local::LocalLm;
 pub use model::LanguageModel;
 pub use sampler::{EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams};
