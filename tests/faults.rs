@@ -287,7 +287,7 @@ fn annotate_ends_cleanly_on_sigterm_and_restores_the_terminal() {
     let mut screen = String::new();
     while !screen.contains(summary) && started.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(50));
-        screen = stdout(&tmux.cmd(&["capture-pane", "-p", "-t", "t"]));
+        screen = stdout(&tmux.cmd(&["capture-pane", "-p", "-J", "-S", "-100", "-t", "t"]));
     }
     assert!(screen.contains(summary), "{screen}");
 }
@@ -483,6 +483,8 @@ fn crowd_task_files_neutralise_formulas() {
 fn two_imports_of_one_crowd_file_at_once_give_plain_duplicate_messages() {
     let dir = tempfile::tempdir().unwrap();
     let db = af_project(dir.path(), 40);
+    let tasks = dir.path().join("tasks.csv");
+    ok(afkit(&[&"crowd", &"export", &db, &"--out", &tasks]));
     let mut text =
         "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second\n"
             .to_string();
