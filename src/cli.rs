@@ -148,10 +148,15 @@ fn status(args: StatusArgs) -> Result<()> {
         "pools        {} contexts, {} candidate endings ({} short of the requested count)",
         s.contexts_with_pool, s.candidates, s.pool_shortfalls
     );
-    if s.contexts_without_pool > 0 && s.contexts_with_pool > 0 {
+    let waiting = s.contexts_without_pool - s.unusable_contexts;
+    if waiting > 0 && s.contexts_with_pool > 0 {
+        println!("  {waiting} contexts have no pool yet: run `afkit generate` again");
+    }
+    if s.unusable_contexts > 0 {
         println!(
-            "  {} contexts have no pool yet: run `afkit generate` again",
-            s.contexts_without_pool
+            "  {} contexts are too long for the generating model and were skipped \
+             (`afkit generate` lists them)",
+            s.unusable_contexts
         );
     }
     println!(

@@ -9,6 +9,7 @@ pub mod annotate;
 pub mod assemble;
 pub mod audit;
 pub mod cli;
+pub mod csv_lines;
 pub mod device;
 pub mod embed;
 pub mod export;

@@ -6,7 +6,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::csv_lines::RecordLines;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -206,12 +208,15 @@ fn read_jsonl(path: &Path) -> Result<(Vec<Example>, Vec<Raw>)> {
 }
 
 fn read_csv(path: &Path) -> Result<(Vec<Example>, Vec<Raw>, csv::StringRecord)> {
-    let mut reader = csv::ReaderBuilder::new()
-        .from_path(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
+    let bytes = std::fs::read(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut lines = RecordLines::new(&bytes);
+    let mut reader = csv::ReaderBuilder::new().from_reader(bytes.as_slice());
     let header = reader
         .headers()
-        .with_context(|| format!("{}: cannot read the header row", path.display()))?
+        .map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!("{}:{line}: cannot read the header row: {e}", path.display())
+        })?
         .clone();
     let column = |name: &str| header.iter().position(|h| h.trim() == name);
     let (id_col, text_col, a_col, b_col) = (
@@ -235,8 +240,11 @@ fn read_csv(path: &Path) -> Result<(Vec<Example>, Vec<Raw>, csv::StringRecord)> 
     let mut examples = Vec::new();
     let mut raw = Vec::new();
     for record in reader.records() {
-        let record = record.with_context(|| format!("{}: malformed CSV", path.display()))?;
-        let line = record.position().map(|p| p.line()).unwrap_or(0);
+        let record = record.map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!("{}:{line}: malformed CSV: {e}", path.display())
+        })?;
+        let line = lines.line_of_position(record.position());
         let get = |col: Option<usize>| -> Option<String> {
             col.and_then(|c| record.get(c))
                 .filter(|s| !s.is_empty())

@@ -138,6 +138,7 @@ impl SizeSpec {
 
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
+    refuse_overwriting_the_input(&args.input, &args.out)?;
     let dataset = Dataset::read(&args.input)?;
     let label_names = dataset.label_names();
     let labels: Vec<u32> = dataset
@@ -428,6 +429,29 @@ fn write_outputs(
     ] {
         file.persist(&target)
             .with_context(|| format!("cannot write {}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// AFLite writes OUT and its two side files; none of them may be the input, which would be lost
+/// (replaced by the kept subset) the moment the outputs are renamed into place.
+fn refuse_overwriting_the_input(input: &Path, out: &Path) -> Result<()> {
+    let Ok(input_file) = input.canonicalize() else {
+        return Ok(()); // reading the input reports it
+    };
+    for target in [
+        out.to_path_buf(),
+        suffixed(out, ".scores.jsonl"),
+        suffixed(out, ".summary.json"),
+    ] {
+        if target.canonicalize().is_ok_and(|t| t == input_file) {
+            bail!(
+                "{} is the input file; with --out {} AFLite would write its output over it: \
+                 choose another --out",
+                input.display(),
+                out.display()
+            );
+        }
     }
     Ok(())
 }

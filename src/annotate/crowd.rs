@@ -5,8 +5,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use rusqlite::Connection;
 
+use crate::csv_lines::RecordLines;
 use crate::store::annotate::{self as db, Judgement, NewSubmission, Origin, TaskView};
 use crate::store::Store;
 
@@ -16,9 +18,17 @@ use super::verdict;
 /// Columns of `afkit crowd export`, in order (`ending_1` .. `ending_6` follow `sent2`).
 pub const EXPORT_COLUMNS: [&str; 5] = ["item_id", "assignments", "context", "sent1", "sent2"];
 
+/// What `export` wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exported {
+    pub rows: usize,
+    /// Text cells that began like a spreadsheet formula and were written with a leading `'`.
+    pub neutralised: usize,
+}
+
 /// Writes every open item that still needs annotators (all open items with `all`) to `out`,
-/// atomically (a temporary file renamed into place). Returns the number of rows.
-pub fn export(store: &Store, out: &Path, all: bool) -> Result<usize> {
+/// atomically (a temporary file renamed into place).
+pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
     let tasks = db::open_tasks(store.conn(), !all)?;
     let dir = out
         .parent()
@@ -26,36 +36,54 @@ pub fn export(store: &Store, out: &Path, all: bool) -> Result<usize> {
         .unwrap_or(Path::new("."));
     let tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+    let mut neutralised = 0;
     {
         let mut w = csv::Writer::from_writer(tmp.as_file());
         let mut header: Vec<String> = EXPORT_COLUMNS.iter().map(|s| s.to_string()).collect();
         header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
         w.write_record(&header)?;
         for task in &tasks {
-            let done = submissions_of(store, task.task_id)?;
-            let mut row = vec![
-                task.task_id.to_string(),
-                (task.replicas - done).max(0).to_string(),
-                task.startphrase(),
-                task.sent1.clone(),
-                task.sent2.clone(),
-            ];
-            row.extend((0..ENDINGS_PER_TASK).map(|i| {
+            let done = submissions_of(store.conn(), task.task_id)?;
+            let mut texts = vec![task.startphrase(), task.sent1.clone(), task.sent2.clone()];
+            texts.extend((0..ENDINGS_PER_TASK).map(|i| {
                 task.endings
                     .get(i)
                     .map_or_else(String::new, |e| e.text.clone())
             }));
+            let mut row = vec![
+                task.task_id.to_string(),
+                (task.replicas - done).max(0).to_string(),
+            ];
+            for text in texts {
+                let safe = spreadsheet_safe(&text);
+                neutralised += usize::from(safe.len() != text.len());
+                row.push(safe);
+            }
             w.write_record(&row)?;
         }
         w.flush()?;
     }
     tmp.persist(out)
         .with_context(|| format!("cannot write {}", out.display()))?;
-    Ok(tasks.len())
+    Ok(Exported {
+        rows: tasks.len(),
+        neutralised,
+    })
 }
 
-fn submissions_of(store: &Store, task_id: i64) -> Result<i64> {
-    Ok(store.conn().query_row(
+/// Task files are opened in spreadsheets by requesters: a cell that begins with `=`, `+`, `-`,
+/// `@`, a tab or a carriage return would be run as a formula there (CSV injection), so it gets a
+/// leading `'`, which spreadsheets take as "this is text" and do not show.
+pub fn spreadsheet_safe(text: &str) -> String {
+    if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{text}")
+    } else {
+        text.to_string()
+    }
+}
+
+fn submissions_of(conn: &Connection, task_id: i64) -> Result<i64> {
+    Ok(conn.query_row(
         "SELECT COUNT(*) FROM submissions WHERE task_id = ?1",
         [task_id],
         |r| r.get(0),
@@ -163,15 +191,52 @@ pub struct ImportOutcome {
 }
 
 /// Validates every row of `file` and imports the valid ones in one transaction (none at all with
-/// `strict` when any row is invalid).
+/// `strict` when any row is invalid). The rows are checked inside the write transaction, so two
+/// imports of one file at the same time do not both pass the duplicate check: the second finds
+/// the first's submissions and reports its rows as duplicates.
 pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<ImportOutcome> {
-    let mut reader = csv::ReaderBuilder::new()
-        .flexible(false)
-        .from_path(file)
-        .with_context(|| format!("cannot read {}", file.display()))?;
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let tx = store.write_transaction()?;
+    let checked = check_results(&tx, file, &bytes)?;
+    let mut outcome = ImportOutcome {
+        imported: 0,
+        rejected: checked.rejected,
+        mturk_layout: checked.mturk_layout,
+    };
+    if strict && !outcome.rejected.is_empty() {
+        return Ok(outcome);
+    }
+    for sub in &checked.valid {
+        db::insert_submission(&tx, sub)?;
+    }
+    tx.commit()?;
+    outcome.imported = checked.valid.len();
+    Ok(outcome)
+}
+
+/// The rows of a results file, validated against the project; nothing written yet.
+pub struct CheckedResults {
+    pub valid: Vec<NewSubmission>,
+    pub rejected: Vec<Rejected>,
+    pub mturk_layout: bool,
+}
+
+/// Reads crowd results from `bytes` (the contents of `file`, which messages name) and checks
+/// every row against the project's tasks and submissions: known open item, complete and valid
+/// labels, one submission per worker and item, no more submissions than the item's replicas.
+/// Writes nothing.
+pub fn check_results(conn: &Connection, file: &Path, bytes: &[u8]) -> Result<CheckedResults> {
+    let mut lines = RecordLines::new(bytes);
+    let mut reader = csv::ReaderBuilder::new().flexible(false).from_reader(bytes);
     let header = reader
         .headers()
-        .with_context(|| format!("{}: cannot read the header line", file.display()))?
+        .map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!(
+                "{}:{line}: cannot read the header line: {e}",
+                file.display()
+            )
+        })?
         .clone();
     let columns = Columns::new(&header);
     let required: &[&str] = match columns.layout {
@@ -181,68 +246,96 @@ pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<ImportOutc
     for name in required {
         if !columns.index.contains_key(*name) {
             bail!(
-                "{}: no {name:?} column; expected afkit's result columns (worker_id, item_id, \
+                "{}:1: no {name:?} column; expected afkit's result columns (worker_id, item_id, \
                  label_1..label_6, best, second) or Mechanical Turk batch results (WorkerId, \
                  Input.item_id, Answer.label_1, ...)",
                 file.display()
             );
         }
     }
-    let mut valid: Vec<NewSubmission> = Vec::new();
-    let mut rejected = Vec::new();
-    let mut first_line: HashMap<(String, i64), u64> = HashMap::new();
-    let mut tasks: HashMap<i64, Option<TaskView>> = HashMap::new();
+    let mut rows = RowChecks {
+        conn,
+        columns: &columns,
+        tasks: HashMap::new(),
+        first_line: HashMap::new(),
+        taken: HashMap::new(),
+        valid: Vec::new(),
+        rejected: Vec::new(),
+    };
     for record in reader.records() {
-        let row = record.with_context(|| format!("{}: malformed CSV", file.display()))?;
-        let line = row.position().map_or(0, |p| p.line());
-        match parse_row(store, &columns, &row, &mut tasks) {
-            Err(reason) => rejected.push(Rejected { line, reason }),
-            Ok(sub) => {
-                let key = (sub.annotator.clone(), sub.task_id);
-                if let Some(first) = first_line.get(&key) {
-                    rejected.push(Rejected {
-                        line,
-                        reason: format!(
-                            "duplicate: worker {} already answered item {} on line {first}",
-                            sub.annotator, sub.task_id
-                        ),
-                    });
-                } else if db::has_submitted(store.conn(), sub.task_id, &sub.annotator)? {
-                    rejected.push(Rejected {
-                        line,
-                        reason: format!(
-                            "duplicate: worker {} already has a submission for item {} in the project",
-                            sub.annotator, sub.task_id
-                        ),
-                    });
-                } else {
-                    first_line.insert(key, line);
-                    valid.push(sub);
-                }
-            }
-        }
+        let row = record.map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!("{}:{line}: malformed CSV: {e}", file.display())
+        })?;
+        let line = lines.line_of_position(row.position());
+        rows.check(&row, line)?;
     }
-    if strict && !rejected.is_empty() {
-        return Ok(ImportOutcome {
-            imported: 0,
-            rejected,
-            mturk_layout: columns.layout == Layout::MTurk,
-        });
-    }
-    let tx = store.write_transaction()?;
-    for sub in &valid {
-        db::insert_submission(&tx, sub)?;
-    }
-    tx.commit()?;
-    Ok(ImportOutcome {
-        imported: valid.len(),
-        rejected,
+    Ok(CheckedResults {
+        valid: rows.valid,
+        rejected: rows.rejected,
         mturk_layout: columns.layout == Layout::MTurk,
     })
 }
 
+/// The state of a check over a file's rows.
+struct RowChecks<'a> {
+    conn: &'a Connection,
+    columns: &'a Columns,
+    tasks: HashMap<i64, Option<TaskView>>,
+    /// Line of the first valid row of each (worker, item).
+    first_line: HashMap<(String, i64), u64>,
+    /// Submissions per item: in the project, plus the valid rows so far.
+    taken: HashMap<i64, i64>,
+    valid: Vec<NewSubmission>,
+    rejected: Vec<Rejected>,
+}
+
+impl RowChecks<'_> {
+    fn check(&mut self, row: &csv::StringRecord, line: u64) -> Result<()> {
+        let sub = match parse_row(self.conn, self.columns, row, &mut self.tasks) {
+            Ok(sub) => sub,
+            Err(reason) => {
+                self.rejected.push(Rejected { line, reason });
+                return Ok(());
+            }
+        };
+        let key = (sub.annotator.clone(), sub.task_id);
+        let reason = if let Some(first) = self.first_line.get(&key) {
+            format!(
+                "duplicate: worker {} already answered item {} on line {first}",
+                sub.annotator, sub.task_id
+            )
+        } else if db::has_submitted(self.conn, sub.task_id, &sub.annotator)? {
+            format!(
+                "duplicate: worker {} already has a submission for item {} in the project",
+                sub.annotator, sub.task_id
+            )
+        } else {
+            let replicas = self.tasks[&sub.task_id].as_ref().map_or(0, |t| t.replicas);
+            let taken = match self.taken.get(&sub.task_id) {
+                Some(&n) => n,
+                None => submissions_of(self.conn, sub.task_id)?,
+            };
+            if taken >= replicas {
+                format!(
+                    "item {} wants {replicas} annotators and has {taken} already (in the \
+                     project or on earlier lines)",
+                    sub.task_id
+                )
+            } else {
+                self.taken.insert(sub.task_id, taken + 1);
+                self.first_line.insert(key, line);
+                self.valid.push(sub);
+                return Ok(());
+            }
+        };
+        self.rejected.push(Rejected { line, reason });
+        Ok(())
+    }
+}
+
 fn parse_row(
-    store: &Store,
+    conn: &Connection,
     columns: &Columns,
     row: &csv::StringRecord,
     tasks: &mut HashMap<i64, Option<TaskView>>,
@@ -262,7 +355,7 @@ fn parse_row(
     let task = match tasks.get(&task_id) {
         Some(t) => t.clone(),
         None => {
-            let t = db::task_view(store.conn(), task_id).map_err(|e| e.to_string())?;
+            let t = db::task_view(conn, task_id).map_err(|e| e.to_string())?;
             tasks.insert(task_id, t.clone());
             t
         }

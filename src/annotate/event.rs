@@ -2,8 +2,10 @@
 //! from a script file, and the signals that end a session cleanly (SIGTERM, SIGHUP from a
 //! closed terminal or dropped SSH connection, SIGINT through [`crate::interrupt`]).
 
+use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,32 +44,133 @@ fn stop_requested(flag: &AtomicBool) -> bool {
     flag.load(Ordering::SeqCst) || crate::interrupt::check().is_err()
 }
 
-/// Keys from the terminal.
-pub struct TerminalKeys {
-    pub stop: Arc<AtomicBool>,
-}
-
 /// Signals are noticed within this time even while no key is pressed.
 const POLL: Duration = Duration::from_millis(200);
+
+/// Keys from the terminal, read on a thread of their own.
+///
+/// crossterm's reader loops without end once the terminal is gone (a closed tmux session or
+/// dropped SSH connection: every read returns end-of-file), so the session loop never waits on
+/// crossterm itself. The reader thread first waits for the terminal with `poll(2)`, which
+/// reports the hang-up, and only then lets crossterm read; the session loop waits on the thread's
+/// channel, so it still sees SIGHUP/SIGTERM within [`POLL`] even if crossterm were stuck.
+pub struct TerminalKeys {
+    stop: Arc<AtomicBool>,
+    inputs: Receiver<Input>,
+}
+
+impl TerminalKeys {
+    pub fn start(stop: Arc<AtomicBool>) -> Result<TerminalKeys> {
+        let tty = Tty::open()?;
+        let (send, inputs) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("terminal-keys".into())
+            .spawn(move || read_terminal(&tty, &send))
+            .context("cannot start the terminal reader")?;
+        Ok(TerminalKeys { stop, inputs })
+    }
+}
 
 impl Keys for TerminalKeys {
     fn next(&mut self, timeout: Duration) -> Result<Input> {
         if stop_requested(&self.stop) {
             return Ok(Input::Stop);
         }
-        // An interrupted wait (EINTR from a signal) is a tick: the flag is checked next time.
-        match event::poll(timeout.min(POLL)) {
-            Ok(true) => {}
-            Ok(false) => return Ok(Input::Tick),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(Input::Tick),
-            Err(e) => return Err(e).context("cannot read the terminal"),
+        match self.inputs.recv_timeout(timeout.min(POLL)) {
+            Ok(input) => Ok(input),
+            Err(RecvTimeoutError::Timeout) => Ok(Input::Tick),
+            Err(RecvTimeoutError::Disconnected) => Ok(Input::Stop),
         }
-        Ok(match event::read().context("cannot read the terminal")? {
-            Event::Key(k) if k.kind != KeyEventKind::Release => {
-                map_key(k).map_or(Input::Tick, Input::Key)
-            }
-            _ => Input::Tick,
+    }
+}
+
+/// The reader thread: sends every key, and `Stop` when the terminal hangs up or fails. Ends
+/// when the session is over (its receiver dropped).
+fn read_terminal(tty: &Tty, send: &Sender<Input>) {
+    loop {
+        let input = match tty.wait(POLL) {
+            Ok(Readiness::Idle) => Input::Tick,
+            Ok(Readiness::HungUp) | Err(_) => Input::Stop,
+            Ok(Readiness::Readable) => match event::poll(Duration::ZERO).and_then(|ready| {
+                if ready {
+                    event::read().map(Some)
+                } else {
+                    Ok(None)
+                }
+            }) {
+                Ok(Some(Event::Key(k))) if k.kind != KeyEventKind::Release => {
+                    map_key(k).map_or(Input::Tick, Input::Key)
+                }
+                Ok(_) => Input::Tick,
+                Err(_) => Input::Stop,
+            },
+        };
+        let stop = input == Input::Stop;
+        if (input != Input::Tick && send.send(input).is_err()) || stop {
+            return;
+        }
+    }
+}
+
+/// The terminal crossterm reads keys from: standard input when it is a terminal, else the
+/// process's controlling terminal.
+struct Tty {
+    fd: std::os::fd::RawFd,
+    /// Keeps `/dev/tty` open when it was opened here.
+    _owned: Option<std::fs::File>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Readiness {
+    Readable,
+    Idle,
+    /// The other side closed: a killed tmux session, a dropped SSH connection, a closed window.
+    HungUp,
+}
+
+impl Tty {
+    fn open() -> Result<Tty> {
+        use std::os::fd::AsRawFd;
+        if std::io::stdin().is_terminal() {
+            return Ok(Tty {
+                fd: std::io::stdin().as_raw_fd(),
+                _owned: None,
+            });
+        }
+        let file = std::fs::File::open("/dev/tty").context("cannot open the terminal /dev/tty")?;
+        Ok(Tty {
+            fd: file.as_raw_fd(),
+            _owned: Some(file),
         })
+    }
+
+    /// Waits at most `timeout` for input or a hang-up.
+    fn wait(&self, timeout: Duration) -> std::io::Result<Readiness> {
+        let mut pollfd = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd, whose fd stays open as long as `self` lives.
+        let n = unsafe { libc::poll(&mut pollfd, 1, millis) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == std::io::ErrorKind::Interrupted {
+                Ok(Readiness::Idle)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(
+            if pollfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                Readiness::HungUp
+            } else if pollfd.revents & libc::POLLIN != 0 {
+                Readiness::Readable
+            } else {
+                Readiness::Idle
+            },
+        )
     }
 }
 

@@ -15,7 +15,7 @@ pub mod text;
 pub mod ui;
 pub mod verdict;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -99,7 +99,11 @@ pub enum CrowdCommand {
         Columns: item_id (quote it back in the results), assignments (annotators still wanted), \
         context (sent1 + sent2), sent1, sent2, ending_1 .. ending_6 (the endings in the item's \
         recorded shuffled order; empty when an item has fewer). Tasks are made from the latest \
-        finished AF run if they do not exist yet."
+        finished AF run if they do not exist yet.\n\n\
+        Text cells that begin with =, +, -, @, a tab or a carriage return are written with a \
+        leading ' (apostrophe), so that a spreadsheet shows them as text instead of running them \
+        as a formula; the command says how many. The dataset files of `afkit export` keep every \
+        text as it is."
     )]
     Export {
         project: PathBuf,
@@ -165,22 +169,28 @@ pub fn run(args: Args) -> Result<()> {
             if !std::io::stdout().is_terminal() {
                 bail!("afkit annotate needs a terminal; for batch work use `afkit crowd export`");
             }
-            with_terminal(&mut session, &mut TerminalKeys { stop })?
+            with_terminal(&mut session, &mut TerminalKeys::start(stop)?)?
         }
     };
     if let Some(path) = &args.timings {
         session.timings.write(path)?;
     }
+    // After a hang-up there is no terminal left to print to; the work is saved either way.
     if setup.without_negatives > 0 {
-        eprintln!(
+        let _ = writeln!(
+            std::io::stderr(),
             "note: {} contexts of AF run {} have no assigned negatives and got no task",
-            setup.without_negatives, setup.run_id
+            setup.without_negatives,
+            setup.run_id
         );
     }
-    println!(
+    let _ = writeln!(
+        std::io::stdout(),
         "{name}: {} submitted this session, {} in all; {} items left for you. \
          Run the same command to continue.",
-        summary.submitted, summary.done_total, summary.remaining
+        summary.submitted,
+        summary.done_total,
+        summary.remaining
     );
     Ok(())
 }
@@ -223,8 +233,15 @@ pub fn run_crowd(command: CrowdCommand) -> Result<()> {
         CrowdCommand::Export { project, out, all } => {
             let mut store = Store::open(&project)?;
             tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
-            let rows = crowd::export(&store, &out, all)?;
-            println!("wrote {rows} items to {}", out.display());
+            let exported = crowd::export(&store, &out, all)?;
+            println!("wrote {} items to {}", exported.rows, out.display());
+            if exported.neutralised > 0 {
+                println!(
+                    "note: {} text cells began with =, +, -, @, a tab or a carriage return and \
+                     were written with a leading ' so that spreadsheets show them as text",
+                    exported.neutralised
+                );
+            }
             Ok(())
         }
         CrowdCommand::Import {

@@ -76,11 +76,30 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Runs the session until the annotator quits, a signal arrives or the terminal goes away;
+    /// on every way out the claim on the item on screen is released.
     pub fn run<B: Backend>(
         &mut self,
         terminal: &mut Terminal<B>,
         keys: &mut dyn Keys,
     ) -> Result<Summary> {
+        let ended = self.run_until_stopped(terminal, keys);
+        let released = db::release_claims(self.store.conn(), &self.holder);
+        ended?;
+        released?;
+        let progress = db::annotator_progress(self.store.conn(), &self.holder.annotator)?;
+        Ok(Summary {
+            submitted: self.submitted,
+            done_total: progress.done,
+            remaining: progress.remaining,
+        })
+    }
+
+    fn run_until_stopped<B: Backend>(
+        &mut self,
+        terminal: &mut Terminal<B>,
+        keys: &mut dyn Keys,
+    ) -> Result<()> {
         self.next_item()?;
         let mut last_heartbeat = Instant::now();
         loop {
@@ -115,12 +134,7 @@ impl<'a> Session<'a> {
                 Action::Undo => self.undo()?,
             }
         }
-        let progress = db::annotator_progress(self.store.conn(), &self.holder.annotator)?;
-        Ok(Summary {
-            submitted: self.submitted,
-            done_total: progress.done,
-            remaining: progress.remaining,
-        })
+        Ok(())
     }
 
     fn store_submission(

@@ -6,7 +6,7 @@ use std::io::BufRead;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 use super::prompt::PromptTemplate;
 use super::{load_local, new_pool, ImportPoolArgs};
@@ -88,8 +88,11 @@ impl ImportRecord {
     }
 }
 
-/// The lines of an import file, parsed one at a time, with their line numbers.
-fn import_lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, ImportRecord)>> + '_> {
+/// The lines of an import file, parsed and checked one at a time, with their line numbers and
+/// whether they bring their own features.
+fn import_lines(
+    path: &Path,
+) -> Result<impl Iterator<Item = Result<(usize, ImportRecord, bool)>> + '_> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     Ok(std::io::BufReader::new(file)
@@ -99,10 +102,37 @@ fn import_lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, Impor
         .map(move |(i, line)| {
             let line = line
                 .with_context(|| format!("{}:{}: cannot read the line", path.display(), i + 1))?;
-            let rec: ImportRecord = serde_json::from_str(&line)
-                .with_context(|| format!("{}:{}: {IMPORT_FORMAT}", path.display(), i + 1))?;
-            Ok((i + 1, rec))
+            let (rec, scored) = parse_import_line(&line)
+                .map_err(|why| anyhow!("{}:{}{why}; {IMPORT_FORMAT}", path.display(), i + 1))?;
+            Ok((i + 1, rec, scored))
         }))
+}
+
+/// One line: well-formed, with at least one ending, and scored either fully or not at all. The
+/// error starts with `:COLUMN: ` when the JSON itself is malformed, else with `: `.
+fn parse_import_line(line: &str) -> std::result::Result<(ImportRecord, bool), String> {
+    let rec: ImportRecord = serde_json::from_str(line).map_err(|e| {
+        format!(
+            ":{}: {}",
+            e.column(),
+            crate::ingest::input::json_error_without_position(&e)
+        )
+    })?;
+    if rec.endings.is_empty() {
+        return Err(
+            ": \"endings\" is empty, so the context would count as done without a pool \
+                    to filter"
+                .into(),
+        );
+    }
+    let scored = rec.is_scored().map_err(|why| format!(": {why}"))?;
+    Ok((rec, scored))
+}
+
+/// Reads every line of an `import-pool` file as the command does before it looks the ids up in
+/// the project; returns the number of records. The entry point of the parser's fuzz target.
+pub fn check_import_lines(path: &Path) -> Result<usize> {
+    import_lines(path)?.try_fold(0, |records, line| line.map(|_| records + 1))
 }
 
 /// What a first pass over the whole file found: every line parses, names a known example once,
@@ -131,7 +161,7 @@ fn check_import_file(store: &Store, path: &Path) -> Result<ImportCheck> {
         unscored: 0,
     };
     for line in import_lines(path)? {
-        let (n, rec) = line?;
+        let (n, rec, scored) = line?;
         let Some(example_id) = store.example_id_by_ext_id(&rec.id)? else {
             if store.dropped_reason(&rec.id)?.is_some() {
                 check.example_ids.push(None);
@@ -146,10 +176,7 @@ fn check_import_file(store: &Store, path: &Path) -> Result<ImportCheck> {
         if !seen.insert(example_id) {
             bail!("{}:{n}: id {:?} appears twice", path.display(), rec.id);
         }
-        match rec.is_scored() {
-            Ok(scored) => check.unscored += usize::from(!scored),
-            Err(why) => bail!("{}:{n}: {why}; {IMPORT_FORMAT}", path.display()),
-        }
+        check.unscored += usize::from(!scored);
         check.example_ids.push(Some(example_id));
     }
     Ok(check)
@@ -212,7 +239,7 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             write_pools(&mut store, &mut batch)?;
             return Err(stop.into());
         }
-        let (_, rec) = line?;
+        let (_, rec, _) = line?;
         let Some(example_id) = *example_id else {
             continue; // dropped at ingest
         };

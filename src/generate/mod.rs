@@ -6,7 +6,7 @@ mod import;
 pub mod prompt;
 pub mod style;
 
-pub use import::import;
+pub use import::{check_import_lines, import};
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -239,6 +239,8 @@ pub(crate) fn new_pool(
 #[derive(Debug, Default, Serialize)]
 struct Summary {
     contexts: usize,
+    /// Contexts skipped because they do not fit the model (recorded with the reason).
+    unusable: usize,
     endings: usize,
     shortfall: usize,
     draws: usize,
@@ -320,6 +322,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Todo::NewPools(examples) => {
             for chunk in examples.chunks(per_call) {
                 let chunk: Vec<Job> = chunk.iter().map(|ex| jobs.new_pool(ex)).collect();
+                let chunk = fitting(chunk, &lm, &store, generation_id, &mut summary, &bar)?;
+                if chunk.is_empty() {
+                    continue;
+                }
                 sample_and_store(
                     &chunk,
                     sampler,
@@ -502,6 +508,31 @@ impl Jobs<'_> {
     }
 }
 
+/// The jobs whose context fits the model. The others are recorded as unusable with the reason
+/// and reported, so that one overlong context does not stop this run or the next ones.
+fn fitting(
+    jobs: Vec<Job>,
+    lm: &LocalLm,
+    store: &Store,
+    generation_id: i64,
+    summary: &mut Summary,
+    bar: &indicatif::ProgressBar,
+) -> Result<Vec<Job>> {
+    let mut fitting = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match lm.misfit(&job.prompt.text, &job.ex.ending)? {
+            None => fitting.push(job),
+            Some(reason) => {
+                store.record_unusable_context(job.ex.id, generation_id, &reason)?;
+                bar.suspend(|| eprintln!("skipping {}: {reason}", job.ex.ext_id));
+                bar.inc(1);
+                summary.unusable += 1;
+            }
+        }
+    }
+    Ok(fitting)
+}
+
 /// Samples a chunk of contexts together, scores each context's endings and stores each
 /// context in its own transaction.
 fn sample_and_store(
@@ -600,6 +631,12 @@ impl Summary {
         if json {
             println!("{}", serde_json::to_string(self)?);
             return Ok(());
+        }
+        if self.unusable > 0 {
+            println!(
+                "{} contexts skipped: too long for the model (listed above, counted by `afkit status`)",
+                self.unusable
+            );
         }
         println!(
             "{} contexts: {} endings (shortfall {}), {:.1} endings/s overall; sampling {:.1} endings/s, {:.0} tokens/s",

@@ -3,6 +3,8 @@
 //! [`crate::text::tokenize`].
 //!
 //! Checked in this order, the first failing one is the recorded reason:
+//! - `long_context` (every format, SWAG CSV included): `sent1` + `sent2` have more than
+//!   [`MAX_CONTEXT_TOKENS`] tokens (`sent1` alone is checked before the second sentence is split);
 //! - `no_verb_phrase`: the second sentence has no main verb phrase with a subject before it;
 //! - `short_context`: `sent1` + `sent2` have fewer than 6 tokens;
 //! - `short_ending`: the ending has fewer than 5 tokens;
@@ -18,7 +20,7 @@ use rayon::prelude::*;
 
 use super::input::{Record, Second};
 use crate::store::examples::NewExample;
-use crate::text::rules::{ending_length_problem, MIN_CONTEXT_TOKENS};
+use crate::text::rules::{ending_length_problem, MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS};
 use crate::text::{split_second_sentence, tokenize};
 
 /// What becomes of one record.
@@ -74,6 +76,11 @@ pub fn process_all(
 }
 
 fn process(record: &Record, filtered: bool, rare: Option<(u32, &TokenCounts)>) -> Outcome {
+    // Checked before the split, so that a huge first sentence costs no tagging.
+    let sent1_tokens = tokenize(&record.sent1);
+    if sent1_tokens.len() > MAX_CONTEXT_TOKENS {
+        return Outcome::Dropped("long_context");
+    }
     let (sent2, ending) = match &record.second {
         Second::Split { sent2, ending } => (sent2.clone(), ending.clone()),
         Second::Unsplit(sentence) => match split_second_sentence(sentence) {
@@ -81,9 +88,11 @@ fn process(record: &Record, filtered: bool, rare: Option<(u32, &TokenCounts)>) -
             None => return Outcome::Dropped("no_verb_phrase"),
         },
     };
+    let sent2_tokens = tokenize(&sent2);
+    if sent1_tokens.len() + sent2_tokens.len() > MAX_CONTEXT_TOKENS {
+        return Outcome::Dropped("long_context");
+    }
     if filtered {
-        let sent1_tokens = tokenize(&record.sent1);
-        let sent2_tokens = tokenize(&sent2);
         let ending_tokens = tokenize(&ending);
         if sent1_tokens.len() + sent2_tokens.len() < MIN_CONTEXT_TOKENS {
             return Outcome::Dropped("short_context");

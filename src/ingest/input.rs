@@ -9,6 +9,8 @@ use serde::de::{MapAccess, Visitor};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::csv_lines::RecordLines;
+
 /// One input record: a first sentence and its (possibly unsplit) second sentence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
@@ -96,10 +98,11 @@ pub fn read_activitynet(path: &Path) -> Result<Parsed> {
     let (text, sha256) = read_text(path, ACTIVITYNET)?;
     let videos: Videos = serde_json::from_str(&text).map_err(|e| {
         anyhow!(
-            "{}:{}:{}: {e}; expected {ACTIVITYNET}",
+            "{}:{}:{}: {}; expected {ACTIVITYNET}",
             path.display(),
             e.line(),
-            e.column()
+            e.column(),
+            json_error_without_position(&e)
         )
     })?;
     let mut records = Vec::new();
@@ -117,6 +120,12 @@ pub fn read_activitynet(path: &Path) -> Result<Parsed> {
             });
         }
         sentences.extend(captions);
+    }
+    if records.is_empty() {
+        bail!(
+            "{}: no video has two or more sentences, so there is no example; expected {ACTIVITYNET}",
+            path.display()
+        );
     }
     Ok(Parsed {
         sha256,
@@ -201,8 +210,13 @@ pub fn read_jsonl(path: &Path) -> Result<Parsed> {
         if line.trim().is_empty() {
             continue;
         }
-        let r: JsonlLine = serde_json::from_str(line)
-            .map_err(|e| anyhow!("{at}:{}: {e}; expected {JSONL}", e.column()))?;
+        let r: JsonlLine = serde_json::from_str(line).map_err(|e| {
+            anyhow!(
+                "{at}:{}: {}; expected {JSONL}",
+                e.column(),
+                json_error_without_position(&e)
+            )
+        })?;
         if r.gold_source
             .as_deref()
             .is_some_and(|s| s.starts_with("gen"))
@@ -247,6 +261,16 @@ pub fn read_jsonl(path: &Path) -> Result<Parsed> {
     })
 }
 
+/// serde_json's message ends with " at line L column C" relative to the string it parsed (one
+/// line of the file); the caller gives the position in the file instead.
+pub fn json_error_without_position(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    message
+        .strip_suffix(&suffix)
+        .map_or(message.clone(), str::to_string)
+}
+
 // ----- SWAG CSV -----
 
 // The columns are the ones afkit's export writes; the full set's type columns are optional here.
@@ -277,12 +301,16 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
         SWAG_FULL.join(", ")
     );
     let (text, sha256) = read_text(path, &expected)?;
+    let mut lines = RecordLines::new(text.as_bytes());
     let mut reader = csv::ReaderBuilder::new()
         .flexible(true)
         .from_reader(text.as_bytes());
     let header: Vec<String> = reader
         .headers()
-        .map_err(|e| anyhow!("{}:1: {e}; expected {expected}", path.display()))?
+        .map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!("{}:{line}: {e}; expected {expected}", path.display())
+        })?
         .iter()
         .map(|h| h.trim().to_string())
         .collect();
@@ -302,8 +330,11 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
     let mut records = Vec::new();
     let mut sentences = Vec::new();
     for row in reader.records() {
-        let row = row.map_err(|e| anyhow!("{}: {e}; expected {expected}", path.display()))?;
-        let line = row.position().map_or(0, |p| p.line());
+        let row = row.map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!("{}:{line}: {e}; expected {expected}", path.display())
+        })?;
+        let line = lines.line_of_position(row.position());
         if row.len() != header.len() {
             bail!(
                 "{}:{line}: expected {} fields like the header, found {}",

@@ -9,7 +9,7 @@
 
 use anyhow::Result;
 
-use super::llama::{Llama, Prefix};
+use super::llama::{Llama, Prefix, MAX_POSITIONS};
 use super::local::LocalLm;
 use super::sampler::SampledEnding;
 
@@ -81,6 +81,20 @@ impl LocalLm {
     /// Mean log-prob of a prompt's tokens, each given the document start and those before it.
     pub fn prompt_logprob(&self, prompt: &str) -> Result<f64> {
         Ok(mean(&self.prefix(prompt)?.token_logprobs))
+    }
+
+    /// Why a context cannot be used, if it cannot: the document-start token, the prompt and
+    /// then the longer of the found ending and the longest ending sampling may produce must fit
+    /// the model's positions (sampling and scoring run exactly those sequences).
+    pub fn misfit(&self, prompt: &str, gold: &str) -> Result<Option<String>> {
+        let prompt_tokens = 1 + self.model.tokenizer.encode(prompt)?.len();
+        let ending_tokens = self.params.max_tokens.max(self.ending_tokens(gold)?.len());
+        Ok((prompt_tokens + ending_tokens >= MAX_POSITIONS).then(|| {
+            format!(
+                "its prompt has {prompt_tokens} tokens; with an ending of up to {ending_tokens} \
+                 tokens it does not fit the model's {MAX_POSITIONS} positions"
+            )
+        }))
     }
 
     /// Tokens of an ending as it follows the context.

@@ -33,18 +33,7 @@ impl LanguageModel {
 
     /// Loads a llama-family GGUF file, dequantising its weights to f32, onto `compute`'s device.
     pub fn load_on(path: &Path, compute: &Compute) -> Result<Self> {
-        let file = File::open(path)
-            .with_context(|| format!("cannot open model file {}", path.display()))?;
-        let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).with_context(|| {
-            format!(
-                "{} is not a readable GGUF file (truncated or corrupt header)",
-                path.display()
-            )
-        })?;
-        check_complete(&content, path)?;
-        let tokenizer = GgufTokenizer::from_gguf(&content)
-            .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
+        let (content, tokenizer, mut reader) = read_header(path)?;
         let llama = Llama::from_gguf(&content, &mut reader, path, compute)
             .with_context(|| format!("cannot load the weights of {}", path.display()))?;
         if tokenizer.vocab_size() != llama.cfg.vocab {
@@ -63,6 +52,25 @@ impl LanguageModel {
             doc_prefix,
         })
     }
+}
+
+/// Reads a GGUF file's header (metadata and tensor index), checks that the file holds every
+/// tensor it lists, and builds the tokenizer it describes. Returns the reader, positioned for
+/// the weights.
+pub fn read_header(path: &Path) -> Result<(Content, GgufTokenizer, BufReader<File>)> {
+    let file =
+        File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
+    let mut reader = BufReader::new(file);
+    let content = Content::read(&mut reader).with_context(|| {
+        format!(
+            "{} is not a readable GGUF file (truncated or corrupt header)",
+            path.display()
+        )
+    })?;
+    check_complete(&content, path)?;
+    let tokenizer = GgufTokenizer::from_gguf(&content)
+        .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
+    Ok((content, tokenizer, reader))
 }
 
 /// Fails with the sizes involved when the file ends before its last tensor does.

@@ -488,6 +488,16 @@ fn forget_dead_holders(conn: &Connection, holder: &Holder) -> Result<()> {
     Ok(())
 }
 
+/// Ends the holder's session: its claims lose their pid, so their items are free for others at
+/// once, on any machine, while the annotator still gets them back first when it resumes.
+pub fn release_claims(conn: &Connection, holder: &Holder) -> Result<()> {
+    conn.execute(
+        "UPDATE claims SET pid = NULL WHERE annotator = ?1 AND pid = ?2 AND host = ?3",
+        params![holder.annotator, holder.pid, holder.host],
+    )?;
+    Ok(())
+}
+
 /// Refreshes the holder's claim on `task_id` so that it stays reserved while on screen.
 pub fn heartbeat(conn: &Connection, holder: &Holder, task_id: i64) -> Result<()> {
     conn.execute(

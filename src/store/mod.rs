@@ -19,6 +19,7 @@ pub mod fixtures;
 pub mod pool;
 pub mod status;
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -59,16 +60,16 @@ impl Store {
     }
 
     /// Opens an existing project and upgrades its schema if it is older than this build.
+    ///
+    /// Nothing is written to a file before it is known to be an afkit project: an empty file, a
+    /// file that is not SQLite or a SQLite file of some other program is refused as it is.
     pub fn open(path: &Path) -> Result<Store> {
-        if !path.exists() {
-            bail!(
-                "no project at {}: create one with `afkit init {}`",
-                path.display(),
-                path.display()
-            );
-        }
-        let mut store = Store::connect(path)?;
-        let version = store.schema_version()?;
+        check_project_file(path)?;
+        let conn = Connection::open(path)
+            .with_context(|| format!("cannot open project file {}", path.display()))?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .with_context(|| format!("{} is not a readable SQLite file", path.display()))?;
         if version == 0 {
             bail!("{} is not an afkit project (no schema)", path.display());
         }
@@ -78,6 +79,7 @@ impl Store {
                 path.display()
             );
         }
+        let mut store = Store::configure(conn, path)?;
         store.migrate()?;
         Ok(store)
     }
@@ -85,9 +87,13 @@ impl Store {
     fn connect(path: &Path) -> Result<Store> {
         let conn = Connection::open(path)
             .with_context(|| format!("cannot open project file {}", path.display()))?;
+        Store::configure(conn, path)
+    }
+
+    fn configure(conn: Connection, path: &Path) -> Result<Store> {
         conn.busy_timeout(Duration::from_secs(30))?;
         conn.pragma_update(None, "journal_mode", "WAL")
-            .with_context(|| format!("{} is not a SQLite file", path.display()))?;
+            .with_context(|| format!("cannot set up the journal of {}", path.display()))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", true)?;
         Ok(Store {
@@ -136,6 +142,50 @@ impl Store {
     pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
         set_meta(&self.conn, key, value)
     }
+}
+
+/// The first bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Every command writes to the project (its journal at least), so a file that is missing,
+/// read-only, empty or not SQLite is refused before SQLite touches it, with a message that
+/// names it.
+fn check_project_file(path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        bail!(
+            "no project at {}: create one with `afkit init {}`",
+            path.display(),
+            path.display()
+        );
+    };
+    if !meta.is_file() {
+        bail!(
+            "{} is not a file; expected an afkit project file",
+            path.display()
+        );
+    }
+    if meta.permissions().readonly() {
+        bail!(
+            "{} is read-only; afkit writes to the project file (its journal at least): make it \
+             writable, e.g. `chmod u+w {}`",
+            path.display(),
+            path.display()
+        );
+    }
+    let mut header = Vec::with_capacity(SQLITE_HEADER.len());
+    std::fs::File::open(path)
+        .and_then(|f| f.take(SQLITE_HEADER.len() as u64).read_to_end(&mut header))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if header.is_empty() {
+        bail!("{} is empty, not an afkit project", path.display());
+    }
+    if header != SQLITE_HEADER {
+        bail!(
+            "{} is not a SQLite file, so not an afkit project",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 pub fn get_meta(conn: &Connection, key: &str) -> Result<Option<String>> {

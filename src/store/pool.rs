@@ -154,8 +154,29 @@ pub fn write_pool(conn: &Connection, pool: &NewPool) -> Result<usize> {
                 .map(|(_, why)| serde_json::to_string(why))
                 .transpose()?
         ],
-    )?;
+    )
+    .map_err(|e| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::ConstraintViolation) => already_pooled(conn, pool.example_id),
+        _ => e.into(),
+    })?;
     Ok(produced)
+}
+
+/// The plain message for a pool that another process stored first (two `generate` or
+/// `import-pool` runs on one project at once).
+fn already_pooled(conn: &Connection, example_id: i64) -> anyhow::Error {
+    let ext_id: String = conn
+        .query_row(
+            "SELECT ext_id FROM examples WHERE id = ?1",
+            [example_id],
+            |r| r.get(0),
+        )
+        .unwrap_or_else(|_| format!("#{example_id}"));
+    anyhow::anyhow!(
+        "context {ext_id} already has a pool, stored by another process while this one worked \
+         on it: is a second `afkit generate` or `afkit import-pool` running on this project? \
+         Nothing of this context was written by this run; run one at a time"
+    )
 }
 
 fn features_from_row(
@@ -298,6 +319,21 @@ impl Store {
         ids.into_iter()
             .map(|id| Ok(self.example(id)?.expect("example exists")))
             .collect()
+    }
+
+    /// Records that `generation_id` cannot use this example, and why (kept if already recorded).
+    pub fn record_unusable_context(
+        &self,
+        example_id: i64,
+        generation_id: i64,
+        reason: &str,
+    ) -> Result<()> {
+        self.conn().execute(
+            "INSERT OR IGNORE INTO unusable_contexts(example_id, generation_id, reason, recorded_at)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![example_id, generation_id, reason, now()],
+        )?;
+        Ok(())
     }
 
     /// An example by its external id (`video#index` or the input's id).

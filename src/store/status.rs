@@ -30,6 +30,8 @@ pub struct Status {
     pub assembled: i64,
     /// Examples that have no pool yet.
     pub contexts_without_pool: i64,
+    /// Of those, the ones `generate` found unusable with its model (prompt too long).
+    pub unusable_contexts: i64,
     /// Contexts with a pool that the latest AF run did not filter (its results are stale for them).
     pub af_stale_contexts: i64,
 }
@@ -79,6 +81,10 @@ impl Store {
             contexts_without_pool: count(
                 "SELECT COUNT(*) FROM examples x WHERE NOT EXISTS
                    (SELECT 1 FROM pools p WHERE p.example_id = x.id)",
+            )?,
+            unusable_contexts: count(
+                "SELECT COUNT(DISTINCT u.example_id) FROM unusable_contexts u WHERE NOT EXISTS
+                   (SELECT 1 FROM pools p WHERE p.example_id = u.example_id)",
             )?,
             af_stale_contexts,
         })

@@ -1,0 +1,10 @@
+//! `afkit ingest --format activitynet`'s reader on arbitrary bytes: it must return records or an
+//! error, never panic, hang or exhaust memory.
+#![no_main]
+
+mod input_file;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let path = input_file::write("input.json", data);
+    let _ = afkit::ingest::input::read_activitynet(&path);
+});

@@ -1,0 +1,10 @@
+//! `afkit ingest --format jsonl`'s reader on arbitrary bytes: it must return records or an
+//! error, never panic, hang or exhaust memory.
+#![no_main]
+
+mod input_file;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let path = input_file::write("input.jsonl", data);
+    let _ = afkit::ingest::input::read_jsonl(&path);
+});
