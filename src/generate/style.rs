@@ -15,6 +15,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::store::examples::startphrase;
 use crate::store::Store;
+use crate::text::rules::{MAX_CONTEXT_TOKENS, MAX_ENDING_TOKENS};
 
 /// One pair the primer can show.
 struct StylePair {
@@ -35,10 +36,20 @@ pub struct StyleCorpus {
 const TRIES_PER_PAIR: usize = 64;
 
 impl StyleCorpus {
+    /// Every example whose pair is no longer than a context and an ending may be (ingest drops
+    /// longer ones, but a project built another way may hold them): one overlong pair in a
+    /// primer would make every context it primes too long for the model.
     pub fn load(store: &Store) -> Result<Self> {
         let pairs: Vec<StylePair> = store
             .all_examples()?
             .into_iter()
+            .filter(|ex| {
+                let words = [&ex.sent1, &ex.sent2, &ex.ending]
+                    .iter()
+                    .map(|t| t.split_whitespace().count())
+                    .sum::<usize>();
+                words <= MAX_CONTEXT_TOKENS + MAX_ENDING_TOKENS
+            })
             .map(|ex| StylePair {
                 example_id: ex.id,
                 line: format!("{} {}", startphrase(&ex.sent1, &ex.sent2), ex.ending),
