@@ -419,7 +419,10 @@ fn a_failing_context_is_reported_and_never_stored_partially() {
     let server = serve(
         &scorer,
         Arc::new(|i, body: &Value| {
-            let for_ex1 = body["prompt"].as_str().unwrap().contains("number 1 ");
+            // The context is the prompt's last line (style examples from other contexts come
+            // before it).
+            let context = body["prompt"].as_str().unwrap().lines().last().unwrap();
+            let for_ex1 = context.contains("number 1 ");
             if for_ex1 && i % 3 != 0 {
                 Reply::Malformed
             } else {
