@@ -281,6 +281,28 @@ fn starved_count(p: &Path) -> i64 {
     )
 }
 
+/// A filter run of a few seconds: tiny models, one iteration of each phase.
+const TINY_FILTER: [&str; 18] = [
+    "--k",
+    "2",
+    "--hidden",
+    "8",
+    "--word-dim",
+    "8",
+    "--mlp-epochs",
+    "2",
+    "--ensemble-epochs",
+    "1",
+    "--mlp-iterations",
+    "1",
+    "--ensemble-iterations",
+    "1",
+    "--batch-contexts",
+    "8",
+    "--seed",
+    "1",
+];
+
 #[test]
 fn grow_samples_more_for_starved_pools_and_resumes_after_kill_9_to_the_same_pools() {
     let dir = tempfile::tempdir().unwrap();
@@ -299,26 +321,7 @@ fn grow_samples_more_for_starved_pools_and_resumes_after_kill_9_to_the_same_pool
         std::fs::create_dir(&sub).unwrap();
         let p = project(&sub, &examples);
         run_ok(&mut generate(&p, &[]));
-        run_ok(afkit().arg("filter").arg(&p).args([
-            "--k",
-            "2",
-            "--hidden",
-            "8",
-            "--word-dim",
-            "8",
-            "--mlp-epochs",
-            "2",
-            "--ensemble-epochs",
-            "1",
-            "--mlp-iterations",
-            "1",
-            "--ensemble-iterations",
-            "1",
-            "--batch-contexts",
-            "8",
-            "--seed",
-            "1",
-        ]));
+        run_ok(afkit().arg("filter").arg(&p).args(TINY_FILTER));
         p
     };
     let a = build("a");
@@ -362,26 +365,7 @@ fn grow_samples_more_for_starved_pools_and_resumes_after_kill_9_to_the_same_pool
     run_ok(&mut generate(&b, &["--grow", "3"]));
     assert_eq!(pools(&a), pools(&b));
     // The next filter run works on the grown pools.
-    let out = run_ok(afkit().arg("filter").arg(&a).args([
-        "--k",
-        "2",
-        "--hidden",
-        "8",
-        "--word-dim",
-        "8",
-        "--mlp-epochs",
-        "2",
-        "--ensemble-epochs",
-        "1",
-        "--mlp-iterations",
-        "1",
-        "--ensemble-iterations",
-        "1",
-        "--batch-contexts",
-        "8",
-        "--seed",
-        "1",
-    ]));
+    let out = run_ok(afkit().arg("filter").arg(&a).args(TINY_FILTER));
     assert!(out.contains("AF run 2"), "{out}");
 }
 

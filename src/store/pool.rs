@@ -113,23 +113,7 @@ pub fn write_pool(conn: &Connection, pool: &NewPool) -> Result<usize> {
     if gold_updated != 1 {
         anyhow::bail!("example {} has no found ending to score", pool.example_id);
     }
-    let mut insert = conn.prepare_cached(
-        "INSERT OR IGNORE INTO endings(example_id, text, is_gold, generation_id, lp_cond, lp_alone,
-                                       lp_final_punct, n_tok_ending)
-         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7)",
-    )?;
-    let mut produced = 0;
-    for (text, f) in &pool.candidates {
-        produced += insert.execute(params![
-            pool.example_id,
-            text,
-            pool.generation_id,
-            f.lp_cond,
-            f.lp_alone,
-            f.lp_final_punct,
-            f.n_tok_ending as i64
-        ])?;
-    }
+    let produced = insert_candidates(conn, pool)?;
     conn.execute(
         "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
                            n_tok_sent1, n_tok_sent2, seconds, finished_at, style_examples,
@@ -195,21 +179,8 @@ fn features_from_row(
     })
 }
 
-/// A pool whose found ending outscored all of its candidates in an AF run's final pass.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StarvedPool {
-    pub example_id: i64,
-    pub candidates: usize,
-    pub style_examples: Vec<i64>,
-    /// Growth rounds the pool has had so far.
-    pub rounds: usize,
-    /// Whether it has been grown in answer to this very run.
-    pub grown_for_run: bool,
-}
-
-/// Adds a growth round's endings to an existing pool (`pool.candidates`, already scored after the
-/// pool's own prompt) and records the round; returns the candidates stored.
-pub fn write_growth(conn: &Connection, pool: &NewPool, af_run_id: i64) -> Result<usize> {
+/// Stores the pool's candidates that are new to its context; returns how many.
+fn insert_candidates(conn: &Connection, pool: &NewPool) -> Result<usize> {
     let mut insert = conn.prepare_cached(
         "INSERT OR IGNORE INTO endings(example_id, text, is_gold, generation_id, lp_cond, lp_alone,
                                        lp_final_punct, n_tok_ending)
@@ -227,6 +198,25 @@ pub fn write_growth(conn: &Connection, pool: &NewPool, af_run_id: i64) -> Result
             f.n_tok_ending as i64
         ])?;
     }
+    Ok(produced)
+}
+
+/// A pool whose found ending outscored all of its candidates in an AF run's final pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StarvedPool {
+    pub example_id: i64,
+    pub candidates: usize,
+    pub style_examples: Vec<i64>,
+    /// Growth rounds the pool has had so far.
+    pub rounds: usize,
+    /// Whether it has been grown in answer to this very run.
+    pub grown_for_run: bool,
+}
+
+/// Adds a growth round's endings to an existing pool (`pool.candidates`, already scored after the
+/// pool's own prompt) and records the round; returns the candidates stored.
+pub fn write_growth(conn: &Connection, pool: &NewPool, af_run_id: i64) -> Result<usize> {
+    let produced = insert_candidates(conn, pool)?;
     let (draws, rejected) = pool.draws.clone().unwrap_or_default();
     conn.execute(
         "INSERT INTO pool_growth(example_id, af_run_id, generation_id, requested, produced, draws,
