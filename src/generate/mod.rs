@@ -318,41 +318,19 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let bar = crate::progress::bar(todo.len() as u64, "contexts");
     let started = Instant::now();
     let per_call = sampler.contexts_per_call(args.grow.unwrap_or(args.n_neg));
-    match &todo {
-        Todo::NewPools(examples) => {
-            for chunk in examples.chunks(per_call) {
-                let chunk: Vec<Job> = chunk.iter().map(|ex| jobs.new_pool(ex)).collect();
-                let chunk = fitting(chunk, &lm, &store, generation_id, &mut summary, &bar)?;
-                if chunk.is_empty() {
-                    continue;
-                }
-                sample_and_store(
-                    &chunk,
-                    sampler,
-                    &lm,
-                    &mut store,
-                    generation_id,
-                    &mut summary,
-                    &bar,
-                )?;
-            }
-        }
-        Todo::Growth(growth) => {
-            for chunk in growth.contexts.chunks(per_call) {
-                let chunk: Vec<Job> = chunk
-                    .iter()
-                    .map(|c| jobs.growth(c, growth.af_run_id, &store))
-                    .collect::<Result<_>>()?;
-                sample_and_store(
-                    &chunk,
-                    sampler,
-                    &lm,
-                    &mut store,
-                    generation_id,
-                    &mut summary,
-                    &bar,
-                )?;
-            }
+    for first in (0..todo.len()).step_by(per_call.max(1)) {
+        let chunk = todo.jobs(first..(first + per_call).min(todo.len()), &jobs, &store)?;
+        let chunk = fitting(chunk, &lm, &store, generation_id, &mut summary, &bar)?;
+        if !chunk.is_empty() {
+            sample_and_store(
+                &chunk,
+                sampler,
+                &lm,
+                &mut store,
+                generation_id,
+                &mut summary,
+                &bar,
+            )?;
         }
     }
     bar.finish_and_clear();
@@ -378,6 +356,19 @@ impl Todo {
 
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The jobs of the contexts in `range`.
+    fn jobs(&self, range: std::ops::Range<usize>, jobs: &Jobs, store: &Store) -> Result<Vec<Job>> {
+        match self {
+            Todo::NewPools(examples) => {
+                Ok(examples[range].iter().map(|ex| jobs.new_pool(ex)).collect())
+            }
+            Todo::Growth(growth) => growth.contexts[range]
+                .iter()
+                .map(|c| jobs.growth(c, growth.af_run_id, store))
+                .collect(),
+        }
     }
 
     fn nothing_to_do(&self) -> String {
