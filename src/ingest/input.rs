@@ -275,19 +275,13 @@ pub fn json_error_without_position(e: &serde_json::Error) -> String {
 
 // The columns are the ones afkit's export writes; the full set's type columns are optional here.
 const SWAG_REGULAR: &[&str] = &crate::export::rows::REGULAR_COLUMNS;
-const SWAG_FULL: &[&str] = &[
-    "video-id",
-    "fold-ind",
-    "startphrase",
-    "gold-ending",
-    "distractor-0",
-    "distractor-1",
-    "distractor-2",
-    "distractor-3",
-    "gold-source",
-    "sent1",
-    "sent2",
-];
+/// The full columns ingest needs: all of the export's but the optional type columns.
+fn swag_full_required() -> Vec<&'static str> {
+    crate::export::rows::FULL_COLUMNS
+        .into_iter()
+        .filter(|c| !c.ends_with("-type"))
+        .collect()
+}
 
 /// SWAG release CSV, regular or full columns, taken as already split. The gold ending is
 /// `ending<label>` (regular) or `gold-ending` (full). The id is `"<video-id>:<h>"` with `h` the
@@ -298,7 +292,7 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
     let expected = format!(
         "a SWAG CSV with the regular columns ({}) or the full columns ({}, ...)",
         SWAG_REGULAR.join(", "),
-        SWAG_FULL.join(", ")
+        swag_full_required().join(", ")
     );
     let (text, sha256) = read_text(path, &expected)?;
     let mut lines = RecordLines::new(text.as_bytes());
@@ -316,9 +310,13 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
         .collect();
     let column = |name: &str| header.iter().position(|h| h == name);
     let full = column("gold-ending").is_some();
-    let required = if full { SWAG_FULL } else { SWAG_REGULAR };
+    let required = if full {
+        swag_full_required()
+    } else {
+        SWAG_REGULAR.to_vec()
+    };
     let mut index = std::collections::HashMap::new();
-    for &name in required {
+    for name in required {
         let i = column(name).with_context(|| {
             format!(
                 "{}:1: the header has no column `{name}`; expected {expected}",
