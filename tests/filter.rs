@@ -292,6 +292,14 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
         .filter(|r| r["phase"] == "ensemble")
         .map(|r| r["accuracy"]["ensemble"].as_f64().unwrap())
         .collect();
+    for r in iterations.iter().filter(|r| r["phase"] == "ensemble") {
+        for head in ["bow", "cnn", "lstm", "subword", "sentence"] {
+            assert!(
+                r["accuracy"][head].is_f64(),
+                "every model of the ensemble reports its accuracy: {r}"
+            );
+        }
+    }
     let chance = 1.0 / 5.0;
     // ~1.9 of 4 initial negatives are clean: a model that spots the tell solves about 40% of
     // contexts, twice chance.
@@ -516,6 +524,8 @@ fn filter_in_process(project: &Path, k: usize, seed: u64) {
         word_dim: 8,
         hidden: 8,
         min_count: 1,
+        no_subword_model: false,
+        no_sentence_model: false,
         folds: 5,
         device: Default::default(),
     };

@@ -89,10 +89,15 @@ pub fn choose_swaps(
 
 /// The convergence rule of a phase: it stops once its last `patience` iterations were each
 /// *quiet* — fewer swaps than 1% of the held-out contexts, or the deciding model's held-out
-/// accuracy within two standard errors of chance, 1/(k+1) + 2·sqrt(c(1−c)/n_test).
+/// accuracy within two standard errors of chance, 1/(k+1) + 2·sqrt(c(1−c)/n_test) — but never
+/// before `min_iterations`. Each iteration holds out a fifth of the contexts, so five
+/// iterations give every context one turn on average; on a small project the held-out accuracy
+/// is near chance from the start (its models train on a few dozen contexts), and without the
+/// floor AF stopped after two iterations having filtered a third of the contexts.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Convergence {
     pub patience: usize,
+    pub min_iterations: usize,
     pub min_swap_fraction: f64,
     pub chance_standard_errors: f64,
 }
@@ -101,6 +106,7 @@ impl Default for Convergence {
     fn default() -> Self {
         Convergence {
             patience: 2,
+            min_iterations: 5,
             min_swap_fraction: 0.01,
             chance_standard_errors: 2.0,
         }
@@ -118,7 +124,7 @@ impl Convergence {
     /// Whether a phase whose iterations were quiet or not (in order) has converged.
     pub fn converged(&self, quiet: &[bool]) -> bool {
         self.patience > 0
-            && quiet.len() >= self.patience
+            && quiet.len() >= self.patience.max(self.min_iterations)
             && quiet[quiet.len() - self.patience..].iter().all(|&q| q)
     }
 }
@@ -211,8 +217,12 @@ mod tests {
         assert!(rule.quiet(9, 50, 200, 0.14));
         assert!(!rule.quiet(9, 50, 200, 0.15));
         assert!(!rule.converged(&[true]));
-        assert!(!rule.converged(&[true, false]));
-        assert!(rule.converged(&[false, true, true]));
+        assert!(!rule.converged(&[false, false, false, true, false]));
+        assert!(
+            !rule.converged(&[true, true, true, true]),
+            "fewer than min_iterations"
+        );
+        assert!(rule.converged(&[false, false, false, true, true]));
     }
 
     #[test]

@@ -20,13 +20,15 @@
 
 use std::collections::HashMap;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use rayon::prelude::*;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::embed::SentenceEncoder;
 use crate::store::af::{EndingLm, PoolContext};
 use crate::store::Store;
+use crate::text::subwords::char_gram_hashes;
 
 /// The 17 universal POS tags, the BiLSTM's stand-ins for rare words.
 pub const UPOS_TAGS: [&str; 17] = [
@@ -52,6 +54,10 @@ pub struct EncodeConfig {
     pub lstm_top_words: usize,
     /// Longest token sequence (`sent2 + ending`) fed to the text models; the rest is cut.
     pub max_tokens: usize,
+    /// Hash buckets of the subword model's character n-grams; 0 leaves the model out.
+    pub subword_buckets: usize,
+    /// Give the sentence model MiniLM embeddings of every `sent2 + ending`.
+    pub sentence_vectors: bool,
 }
 
 impl Default for EncodeConfig {
@@ -60,6 +66,8 @@ impl Default for EncodeConfig {
             min_count: 2,
             lstm_top_words: 100,
             max_tokens: 64,
+            subword_buckets: 1 << 14,
+            sentence_vectors: true,
         }
     }
 }
@@ -75,6 +83,11 @@ pub struct EncodedEnding {
     pub words: Box<[u32]>,
     /// BiLSTM ids of the same tokens (top words, else UPOS tags).
     pub lstm: Box<[u32]>,
+    /// Hashed character n-gram ids of the ending alone (1-based; empty without text or with the
+    /// subword model off).
+    pub subwords: Box<[u32]>,
+    /// MiniLM embedding of `sent2 + ending` (empty without text or with the sentence model off).
+    pub sentence: Box<[f32]>,
 }
 
 #[derive(Debug, Clone)]
@@ -101,14 +114,31 @@ pub struct Dataset {
     pub lstm_vocab_size: usize,
     /// Whether the word and BiLSTM ids are there (the text models need them; the MLP does not).
     pub with_text: bool,
+    /// Hash buckets of the subword ids (0: no subword model).
+    pub subword_buckets: usize,
+    /// Width of the sentence vectors (0: no sentence model).
+    pub sentence_dim: usize,
     /// Contexts with a complete pool left out for having fewer than k candidates.
     pub excluded: usize,
 }
 
 impl Dataset {
+    /// What the text models read from this dataset (vocabulary sizes, input widths).
+    pub fn inputs(&self) -> super::model::Inputs {
+        super::model::Inputs {
+            words: self.vocab_size,
+            lstm_words: self.lstm_vocab_size,
+            subword_buckets: self.subword_buckets,
+            sentence_dim: self.sentence_dim,
+        }
+    }
+
     /// Streams every complete pool with at least `k` candidates from the project, tokenising
     /// (and, `with_text`, tagging) a chunk of contexts at a time in parallel, then builds both
     /// vocabularies and standardises the LM features.
+    ///
+    /// With the sentence model, every pool ending must have its stored sentence vector
+    /// ([`store_sentence_vectors`] first).
     pub fn load(store: &Store, k: usize, cfg: &EncodeConfig, with_text: bool) -> Result<Dataset> {
         let mut builder = Builder::new(*cfg, with_text);
         let mut chunk: Vec<PoolContext> = Vec::with_capacity(CHUNK_CONTEXTS);
@@ -119,11 +149,11 @@ impl Dataset {
             }
             chunk.push(context);
             if chunk.len() == CHUNK_CONTEXTS {
-                builder.add(std::mem::take(&mut chunk));
+                builder.add(std::mem::take(&mut chunk), store)?;
             }
             Ok(())
         })?;
-        builder.add(chunk);
+        builder.add(chunk, store)?;
         Ok(builder.finish())
     }
 
@@ -149,6 +179,8 @@ struct Builder {
     cfg: EncodeConfig,
     with_text: bool,
     tagger: &'static crate::text::Tagger,
+    /// Width of the sentence vectors read so far (0: none yet, or no sentence model).
+    sentence_dim: usize,
     interned: HashMap<String, u32>,
     /// Occurrences per interned id: each `sent2` once, each ending once.
     counts: Vec<usize>,
@@ -162,6 +194,7 @@ struct Tokenised {
     n_words: usize,
     tokens: Vec<String>,
     tags: Vec<u32>,
+    subwords: Vec<u32>,
 }
 
 impl Builder {
@@ -170,6 +203,7 @@ impl Builder {
             cfg,
             with_text,
             tagger: crate::text::Tagger::shipped(),
+            sentence_dim: 0,
             interned: HashMap::new(),
             counts: Vec::new(),
             contexts: Vec::new(),
@@ -177,7 +211,7 @@ impl Builder {
         }
     }
 
-    fn add(&mut self, chunk: Vec<PoolContext>) {
+    fn add(&mut self, chunk: Vec<PoolContext>, store: &Store) -> Result<()> {
         let (cfg, with_text, tagger) = (self.cfg, self.with_text, self.tagger);
         let tokenised: Vec<(Vec<String>, Vec<Tokenised>)> = chunk
             .par_iter()
@@ -197,6 +231,7 @@ impl Builder {
                                 n_words,
                                 tokens: Vec::new(),
                                 tags: Vec::new(),
+                                subwords: Vec::new(),
                             };
                         }
                         let tokens: Vec<String> = sent2
@@ -215,12 +250,14 @@ impl Builder {
                             n_words,
                             tokens,
                             tags,
+                            subwords: subword_ids(&ending.text, cfg.subword_buckets),
                         }
                     })
                     .collect();
                 (sent2, options)
             })
             .collect();
+        let mut sentences = self.sentence_vectors(&chunk, store)?.into_iter();
         for (c, (sent2, options)) in chunk.iter().zip(tokenised) {
             if with_text {
                 for t in &sent2 {
@@ -245,6 +282,8 @@ impl Builder {
                         lm: raw_features(lm_features(c, &ending.lm, option.n_words)),
                         words,
                         lstm: option.tags.into(),
+                        subwords: option.subwords.into(),
+                        sentence: sentences.next().unwrap_or_default().into(),
                     }
                 });
             let gold = encoded.next().expect("the gold ending comes first");
@@ -256,6 +295,39 @@ impl Builder {
                 candidates,
             });
         }
+        Ok(())
+    }
+
+    /// The stored sentence vectors of every option of the chunk, in option order (none without
+    /// the sentence model).
+    fn sentence_vectors(&mut self, chunk: &[PoolContext], store: &Store) -> Result<Vec<Vec<f32>>> {
+        if !(self.with_text && self.cfg.sentence_vectors) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for e in chunk
+            .iter()
+            .flat_map(|c| std::iter::once(&c.gold).chain(&c.candidates))
+        {
+            let Some(v) = store.sentence_vector(e.id)? else {
+                bail!(
+                    "ending {} has no sentence vector (embed the pools first)",
+                    e.id
+                );
+            };
+            if self.sentence_dim == 0 {
+                self.sentence_dim = v.len();
+            } else if v.len() != self.sentence_dim {
+                bail!(
+                    "ending {} has a {}-d sentence vector, others {}-d",
+                    e.id,
+                    v.len(),
+                    self.sentence_dim
+                );
+            }
+            out.push(v);
+        }
+        Ok(out)
     }
 
     fn intern(&mut self, token: &str) -> u32 {
@@ -323,9 +395,55 @@ impl Builder {
             vocab_size: frequent.len() + 2,
             lstm_vocab_size: tag_base as usize + UPOS_TAGS.len(),
             with_text: self.with_text,
+            subword_buckets: if self.with_text {
+                self.cfg.subword_buckets
+            } else {
+                0
+            },
+            sentence_dim: self.sentence_dim,
             excluded: self.excluded,
         }
     }
+}
+
+/// The encoder behind the stored sentence vectors.
+pub const SENTENCE_ENCODER: &str = "all-MiniLM-L6-v2";
+
+/// Embeds every pool ending (found and generated) that has no stored sentence vector yet, a
+/// batch at a time, each batch committed: an interrupted run keeps what it embedded.
+pub fn store_sentence_vectors(store: &mut Store) -> Result<()> {
+    const BATCH: usize = 1024;
+    let missing = store.count_endings_without_sentence_vector()?;
+    if missing == 0 {
+        return Ok(());
+    }
+    let encoder = SentenceEncoder::load_default()?;
+    let bar = crate::progress::bar(missing as u64, "endings embedded for the sentence model");
+    loop {
+        crate::interrupt::check()?;
+        let batch = store.endings_without_sentence_vector(BATCH)?;
+        if batch.is_empty() {
+            break;
+        }
+        let texts: Vec<&str> = batch.iter().map(|(_, t)| t.as_str()).collect();
+        let vectors = encoder.encode_with_progress(&texts, |n| bar.inc(n as u64))?;
+        let rows: Vec<(i64, Vec<f32>)> = batch.iter().map(|(id, _)| *id).zip(vectors).collect();
+        store.put_sentence_vectors(SENTENCE_ENCODER, &rows)?;
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// The subword model's ids of an ending: its hashed character n-grams folded into `buckets`
+/// (1-based; 0 pads). None when the model is off.
+fn subword_ids(ending: &str, buckets: usize) -> Vec<u32> {
+    if buckets == 0 {
+        return Vec::new();
+    }
+    char_gram_hashes(ending)
+        .into_iter()
+        .map(|h| (h % buckets as u64) as u32 + 1)
+        .collect()
 }
 
 /// Position of a tag in [`UPOS_TAGS`] (`UPOS_TAGS.len()` for a tag outside them).
@@ -431,6 +549,8 @@ mod tests {
             lm,
             words: Box::default(),
             lstm: Box::default(),
+            subwords: Box::default(),
+            sentence: Box::default(),
         }
     }
 

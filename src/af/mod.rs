@@ -1,4 +1,4 @@
-//! Adversarial Filtering (SWAG Algorithm 1) with the four-model stylistic ensemble.
+//! Adversarial Filtering (SWAG Algorithm 1) with the stylistic ensemble.
 //!
 //! Data flow: `Store::for_each_pool_context` (contexts with complete pools, streamed) →
 //! [`data::Dataset`] (standardised LM features; tokens, tags and vocabularies when the run has an
@@ -68,6 +68,13 @@ pub struct FilterArgs {
     /// Words seen fewer times than this in the project's texts share the UNK embedding.
     #[arg(long, default_value_t = 2)]
     pub min_count: usize,
+    /// Leave the subword model (hashed character n-grams of the ending) out of the ensemble.
+    #[arg(long)]
+    pub no_subword_model: bool,
+    /// Leave the sentence model (MiniLM embedding of sent2 + ending) out of the ensemble; it
+    /// needs the MiniLM model (`afkit models fetch`) and embeds every pool ending once per run.
+    #[arg(long)]
+    pub no_sentence_model: bool,
     /// Folds of the final cross-fitted scoring pass.
     #[arg(long, default_value_t = 5)]
     pub folds: usize,

@@ -10,7 +10,15 @@
 //!   The windows are afkit's CPU op with afkit's CPU kernels, candle ops otherwise (any device).
 //! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled
 //!   ([`super::bilstm`]).
-//! - The ensemble: the four representations concatenated into a one-hidden-layer MLP.
+//! - [`SubwordModel`]: the mean of trainable embeddings of the ending's hashed character
+//!   n-grams, as fastText classifies: it sees non-words, misspellings and punctuation habits that
+//!   the word models map to UNK or normalise away.
+//! - [`SentenceModel`]: a ReLU layer over the MiniLM embedding of `sent2 + ending`, so that AF
+//!   also filters against what a sentence encoder notices (HellaSwag's adversary was BERT).
+//! - The ensemble: the representations concatenated into a one-hidden-layer MLP.
+//!
+//! The subword and sentence models go beyond SWAG's four: without them AF left endings that a
+//! character n-gram or a sentence-embedding classifier still told apart (BENCHMARKS.md, "Quality").
 //!
 //! Every model has its own linear scoring head, and all heads are trained jointly (the sum of
 //! their softmax cross-entropy losses, as SWAG's reference code does), so each head's accuracy can
@@ -29,6 +37,17 @@ pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
 
 /// Large negative added to padded positions before max-pooling.
 const MASKED: f64 = -1e4;
+
+/// What the data gives the text models: vocabulary sizes and input widths.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs {
+    pub words: usize,
+    pub lstm_words: usize,
+    /// Hash buckets of the subword ids; 0 leaves the subword model out.
+    pub subword_buckets: usize,
+    /// Width of the sentence vectors; 0 leaves the sentence model out.
+    pub sentence_dim: usize,
+}
 
 /// Which models are trained in an iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -97,6 +116,21 @@ pub struct TextBatch {
     pub lengths: Tensor,
     /// Per CNN width: (rows, len - width + 1, 1) 1.0 where the window starts on a real token.
     pub conv_masks: Vec<Tensor>,
+    /// The ending's subword ids, padded with 0, and their mask and counts; `None` without the
+    /// subword model.
+    pub subwords: Option<Bag>,
+    /// (rows, sentence_dim) sentence vectors; `None` without the sentence model.
+    pub sentence: Option<Tensor>,
+}
+
+/// Padded id sequences to be averaged.
+pub struct Bag {
+    /// (rows, len) ids, 0 = padding.
+    pub ids: Tensor,
+    /// (rows, len, 1) 1.0 on real ids.
+    pub mask: Tensor,
+    /// (rows, 1) number of real ids (at least 1).
+    pub lengths: Tensor,
 }
 
 /// Per-row scores of every head that exists, each of shape (rows,).
@@ -105,6 +139,8 @@ pub struct HeadScores {
     pub bow: Option<Tensor>,
     pub cnn: Option<Tensor>,
     pub lstm: Option<Tensor>,
+    pub subword: Option<Tensor>,
+    pub sentence: Option<Tensor>,
     pub ensemble: Option<Tensor>,
 }
 
@@ -114,6 +150,8 @@ impl HeadScores {
             .chain(&self.bow)
             .chain(&self.cnn)
             .chain(&self.lstm)
+            .chain(&self.subword)
+            .chain(&self.sentence)
             .chain(&self.ensemble)
             .collect()
     }
@@ -155,12 +193,50 @@ impl BowModel {
     }
 
     fn forward(&self, text: &TextBatch) -> Result<Tensor> {
-        let summed = self
-            .embed
-            .forward(&text.words)?
-            .broadcast_mul(&text.mask)?
-            .sum(1)?;
-        summed.broadcast_div(&text.lengths)
+        mean_embedding(&self.embed, &text.words, &text.mask, &text.lengths)
+    }
+}
+
+/// The mean of the embeddings of the real ids of each row.
+fn mean_embedding(
+    embed: &Embedding,
+    ids: &Tensor,
+    mask: &Tensor,
+    lengths: &Tensor,
+) -> Result<Tensor> {
+    let summed = embed.forward(ids)?.broadcast_mul(mask)?.sum(1)?;
+    summed.broadcast_div(lengths)
+}
+
+pub struct SubwordModel {
+    embed: Embedding,
+}
+
+impl SubwordModel {
+    fn new(buckets: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(SubwordModel {
+            embed: embedding(buckets + 1, cfg.word_dim, vb.pp("embed"))?,
+        })
+    }
+
+    fn forward(&self, bag: &Bag) -> Result<Tensor> {
+        mean_embedding(&self.embed, &bag.ids, &bag.mask, &bag.lengths)
+    }
+}
+
+pub struct SentenceModel {
+    layer: Linear,
+}
+
+impl SentenceModel {
+    fn new(dim: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(SentenceModel {
+            layer: linear(dim, cfg.mlp_hidden, vb.pp("layer"))?,
+        })
+    }
+
+    fn forward(&self, sentence: &Tensor) -> Result<Tensor> {
+        self.layer.forward(sentence)?.relu()
     }
 }
 
@@ -251,6 +327,8 @@ struct TextModels {
     bow_head: Linear,
     cnn_head: Linear,
     lstm_head: Linear,
+    subword: Option<(SubwordModel, Linear)>,
+    sentence: Option<(SentenceModel, Linear)>,
     ensemble_hidden: Linear,
     ensemble_head: Linear,
 }
@@ -267,8 +345,7 @@ impl StylisticModel {
     /// `cpu_kernels`: afkit's CPU ops where it has them (CPU tensors only), else candle ops.
     pub fn new(
         family: Family,
-        vocab: usize,
-        lstm_vocab: usize,
+        inputs: Inputs,
         cfg: &ModelConfig,
         cpu_kernels: bool,
         vb: VarBuilder,
@@ -280,14 +357,41 @@ impl StylisticModel {
             Family::Ensemble => {
                 let cnn_dim = cfg.cnn_filters * CNN_WIDTHS.len();
                 let lstm_dim = 2 * cfg.lstm_hidden;
-                let concat = cfg.mlp_hidden + cfg.word_dim + cnn_dim + lstm_dim;
+                let subword = (inputs.subword_buckets > 0)
+                    .then(|| -> Result<_> {
+                        Ok((
+                            SubwordModel::new(inputs.subword_buckets, cfg, vb.pp("subword"))?,
+                            linear(cfg.word_dim, 1, vb.pp("subword_head"))?,
+                        ))
+                    })
+                    .transpose()?;
+                let sentence = (inputs.sentence_dim > 0)
+                    .then(|| -> Result<_> {
+                        Ok((
+                            SentenceModel::new(inputs.sentence_dim, cfg, vb.pp("sentence"))?,
+                            linear(cfg.mlp_hidden, 1, vb.pp("sentence_head"))?,
+                        ))
+                    })
+                    .transpose()?;
+                let concat = cfg.mlp_hidden
+                    + cfg.word_dim
+                    + cnn_dim
+                    + lstm_dim
+                    + if subword.is_some() { cfg.word_dim } else { 0 }
+                    + if sentence.is_some() {
+                        cfg.mlp_hidden
+                    } else {
+                        0
+                    };
                 Some(TextModels {
-                    bow: BowModel::new(vocab, cfg, vb.pp("bow"))?,
-                    cnn: CnnModel::new(vocab, cfg, cpu_kernels, vb.pp("cnn"))?,
-                    lstm: LstmModel::new(lstm_vocab, cfg, vb.pp("bilstm"))?,
+                    bow: BowModel::new(inputs.words, cfg, vb.pp("bow"))?,
+                    cnn: CnnModel::new(inputs.words, cfg, cpu_kernels, vb.pp("cnn"))?,
+                    lstm: LstmModel::new(inputs.lstm_words, cfg, vb.pp("bilstm"))?,
                     bow_head: linear(cfg.word_dim, 1, vb.pp("bow_head"))?,
                     cnn_head: linear(cnn_dim, 1, vb.pp("cnn_head"))?,
                     lstm_head: linear(lstm_dim, 1, vb.pp("lstm_head"))?,
+                    subword,
+                    sentence,
                     ensemble_hidden: linear(concat, cfg.ensemble_hidden, vb.pp("ensemble"))?,
                     ensemble_head: linear(cfg.ensemble_hidden, 1, vb.pp("ensemble_head"))?,
                 })
@@ -318,38 +422,63 @@ impl StylisticModel {
                 bow: None,
                 cnn: None,
                 lstm: None,
+                subword: None,
+                sentence: None,
                 ensemble: None,
             });
         };
         let bow_rep = models.bow.forward(text)?;
         let cnn_rep = models.cnn.forward(text)?;
         let lstm_rep = models.lstm.forward(text)?;
-        let joint = Tensor::cat(&[&mlp_rep, &bow_rep, &cnn_rep, &lstm_rep], 1)?;
+        let subword_rep = match (&models.subword, &text.subwords) {
+            (Some((model, _)), Some(bag)) => Some(model.forward(bag)?),
+            (None, None) => None,
+            _ => candle_core::bail!("the batch's subword ids do not match the model"),
+        };
+        let sentence_rep = match (&models.sentence, &text.sentence) {
+            (Some((model, _)), Some(vectors)) => Some(model.forward(vectors)?),
+            (None, None) => None,
+            _ => candle_core::bail!("the batch's sentence vectors do not match the model"),
+        };
+        let mut reps = vec![&mlp_rep, &bow_rep, &cnn_rep, &lstm_rep];
+        reps.extend(subword_rep.as_ref());
+        reps.extend(sentence_rep.as_ref());
+        let joint = Tensor::cat(&reps, 1)?;
         let ensemble = models
             .ensemble_head
             .forward(&models.ensemble_hidden.forward(&joint)?.relu()?)?;
+        let head = |head: &Linear, rep: &Tensor| head.forward(rep)?.squeeze(1);
         Ok(HeadScores {
             mlp,
-            bow: Some(models.bow_head.forward(&bow_rep)?.squeeze(1)?),
-            cnn: Some(models.cnn_head.forward(&cnn_rep)?.squeeze(1)?),
-            lstm: Some(models.lstm_head.forward(&lstm_rep)?.squeeze(1)?),
+            bow: Some(head(&models.bow_head, &bow_rep)?),
+            cnn: Some(head(&models.cnn_head, &cnn_rep)?),
+            lstm: Some(head(&models.lstm_head, &lstm_rep)?),
+            subword: match (&models.subword, &subword_rep) {
+                (Some((_, h)), Some(rep)) => Some(head(h, rep)?),
+                _ => None,
+            },
+            sentence: match (&models.sentence, &sentence_rep) {
+                (Some((_, h)), Some(rep)) => Some(head(h, rep)?),
+                _ => None,
+            },
             ensemble: Some(ensemble.squeeze(1)?),
         })
     }
 }
 
-/// Builds a batch from options given as (ending, tokens of `sent2` at its start).
+/// Builds a batch from options given as (ending, tokens of `sent2` at its start); `text`: the
+/// inputs of the text models, `None` for the MLP alone.
 pub fn make_batch(
     options: &[(&super::data::EncodedEnding, usize)],
-    with_text: bool,
+    text: Option<Inputs>,
     device: &Device,
 ) -> Result<Batch> {
     let rows = options.len();
     let lm: Vec<f32> = options.iter().flat_map(|(e, _)| e.lm).collect();
     let lm = Tensor::from_vec(lm, (rows, LM_FEATURES), device)?;
-    if !with_text {
+    let Some(inputs) = text else {
         return Ok(Batch { lm, text: None });
-    }
+    };
     // At least as long as the widest filter, so every width yields one window.
     let max_width = *CNN_WIDTHS.iter().max().unwrap_or(&1);
     let len = options
@@ -405,10 +534,45 @@ pub fn make_batch(
             .zip(conv_masks)
             .map(|(w, m)| Tensor::from_vec(m, (rows, len - w + 1, 1), device))
             .collect::<Result<_>>()?,
+        subwords: (inputs.subword_buckets > 0)
+            .then(|| bag(options.iter().map(|(e, _)| &e.subwords[..]), device))
+            .transpose()?,
+        sentence: (inputs.sentence_dim > 0)
+            .then(|| {
+                let data: Vec<f32> = options
+                    .iter()
+                    .flat_map(|(e, _)| e.sentence.iter().copied())
+                    .collect();
+                Tensor::from_vec(data, (rows, inputs.sentence_dim), device)
+            })
+            .transpose()?,
     };
     Ok(Batch {
         lm,
         text: Some(text),
+    })
+}
+
+/// Pads id lists into a [`Bag`]; an empty list keeps one padding id (which the mask ignores)
+/// and counts as length 1, so its mean is the zero vector.
+fn bag<'a>(
+    lists: impl ExactSizeIterator<Item = &'a [u32]> + Clone,
+    device: &Device,
+) -> Result<Bag> {
+    let rows = lists.len();
+    let len = lists.clone().map(<[u32]>::len).max().unwrap_or(0).max(1);
+    let mut ids = vec![0u32; rows * len];
+    let mut mask = vec![0f32; rows * len];
+    let mut lengths = vec![1f32; rows];
+    for (r, list) in lists.enumerate() {
+        ids[r * len..r * len + list.len()].copy_from_slice(list);
+        mask[r * len..r * len + list.len()].fill(1.0);
+        lengths[r] = list.len().max(1) as f32;
+    }
+    Ok(Bag {
+        ids: Tensor::from_vec(ids, (rows, len), device)?,
+        mask: Tensor::from_vec(mask, (rows, len, 1), device)?,
+        lengths: Tensor::from_vec(lengths, (rows, 1), device)?,
     })
 }
 

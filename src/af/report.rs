@@ -58,16 +58,20 @@ pub fn report(args: ReportArgs) -> Result<()> {
 }
 
 /// The models in plotting order with their colours.
-const MODELS: [(&str, RGBColor); 5] = [
+const MODELS: [(&str, RGBColor); 7] = [
     ("MLP (LM features)", RGBColor(31, 119, 180)),
     ("bag of words", RGBColor(44, 160, 44)),
     ("CNN", RGBColor(255, 127, 14)),
     ("BiLSTM (POS)", RGBColor(148, 103, 189)),
+    ("subwords", RGBColor(140, 86, 75)),
+    ("sentence (MiniLM)", RGBColor(23, 190, 207)),
     ("ensemble", RGBColor(214, 39, 40)),
 ];
 
 fn head(a: &HeadAccuracy, model: usize) -> Option<f64> {
-    [a.mlp, a.bow, a.cnn, a.lstm, a.ensemble][model]
+    [
+        a.mlp, a.bow, a.cnn, a.lstm, a.subword, a.sentence, a.ensemble,
+    ][model]
 }
 
 /// Accuracy by iteration, one line per model, the MLP-only phase shaded, chance dashed.
@@ -239,7 +243,7 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
                 "- {label}: iteration {} → {}: {}",
                 first.iteration,
                 last.iteration,
-                (0..5)
+                (0..MODELS.len())
                     .filter_map(|m| {
                         let (a, b) = (head(&first.accuracy, m), head(&last.accuracy, m));
                         a.map(|_| format!("{} {} → {}", MODELS[m].0, fmt_acc(a), fmt_acc(b)))
@@ -253,11 +257,14 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
         writeln!(
             md,
             "- final cross-fitted pass (every context scored by an ensemble that did not train on \
-             it): mlp {}, bag of words {}, CNN {}, BiLSTM {}, ensemble {}",
+             it): mlp {}, bag of words {}, CNN {}, BiLSTM {}, subwords {}, sentence {}, \
+             ensemble {}",
             fmt_acc(acc.mlp),
             fmt_acc(acc.bow),
             fmt_acc(acc.cnn),
             fmt_acc(acc.lstm),
+            fmt_acc(acc.subword),
+            fmt_acc(acc.sentence),
             fmt_acc(acc.ensemble)
         )?;
         let origins = store.af_assignment_origins(run.id)?;
@@ -279,20 +286,26 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
     )?;
     writeln!(
         md,
-        "| iteration | phase | mlp | bow | cnn | lstm | ensemble | swaps | held out | seconds |"
+        "| iteration | phase | mlp | bow | cnn | lstm | subword | sentence | ensemble | swaps | \
+         held out | seconds |"
     )?;
-    writeln!(md, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(
+        md,
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )?;
     for r in iterations {
         let a = &r.accuracy;
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
             r.iteration,
             r.phase,
             fmt_acc(a.mlp),
             fmt_acc(a.bow),
             fmt_acc(a.cnn),
             fmt_acc(a.lstm),
+            fmt_acc(a.subword),
+            fmt_acc(a.sentence),
             fmt_acc(a.ensemble),
             r.swaps,
             r.n_test,

@@ -91,6 +91,12 @@ impl RunParams {
 fn encode_config(args: &FilterArgs) -> EncodeConfig {
     EncodeConfig {
         min_count: args.min_count,
+        subword_buckets: if args.no_subword_model {
+            0
+        } else {
+            EncodeConfig::default().subword_buckets
+        },
+        sentence_vectors: !args.no_sentence_model,
         ..EncodeConfig::default()
     }
 }
@@ -112,7 +118,11 @@ pub fn filter(args: FilterArgs) -> Result<()> {
     // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
     // reads the LM features alone, which keeps a big project small.
     let with_text = final_family == Family::Ensemble;
-    let data = Dataset::load(&store, args.k, &encode_config(&args), with_text)?;
+    let encode = encode_config(&args);
+    if with_text && encode.sentence_vectors {
+        super::data::store_sentence_vectors(&mut store)?;
+    }
+    let data = Dataset::load(&store, args.k, &encode, with_text)?;
     if data.excluded > 0 {
         println!(
             "{} contexts have fewer than k = {} candidate endings and are left out",
@@ -455,13 +465,16 @@ fn score_held_out<'a>(
     Ok(out)
 }
 
-/// The heads that exist, in the order mlp, bow, cnn, lstm, ensemble (the decisive head last).
+/// The heads that exist, in the order mlp, bow, cnn, lstm, subword, sentence, ensemble (the
+/// decisive head last).
 fn named_heads(scores: &Scores) -> Vec<(&'static str, &[f32])> {
     let mut heads = vec![("mlp", scores.mlp.as_slice())];
     for (name, s) in [
         ("bow", &scores.bow),
         ("cnn", &scores.cnn),
         ("lstm", &scores.lstm),
+        ("subword", &scores.subword),
+        ("sentence", &scores.sentence),
         ("ensemble", &scores.ensemble),
     ] {
         if let Some(s) = s {
@@ -495,6 +508,8 @@ fn accuracy(held_out: &[HeldOut], assignment: &Assignment) -> HeadAccuracy {
             "bow" => acc.bow = value,
             "cnn" => acc.cnn = value,
             "lstm" => acc.lstm = value,
+            "subword" => acc.subword = value,
+            "sentence" => acc.sentence = value,
             _ => acc.ensemble = value,
         }
     }
@@ -554,6 +569,8 @@ fn accuracy_text(a: &HeadAccuracy) -> String {
         ("bow", a.bow),
         ("cnn", a.cnn),
         ("lstm", a.lstm),
+        ("subword", a.subword),
+        ("sentence", a.sentence),
         ("ensemble", a.ensemble),
     ]
     .iter()

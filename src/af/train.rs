@@ -20,7 +20,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
 use super::data::{Dataset, EncodedEnding};
-use super::model::{make_batch, Family, ModelConfig, StylisticModel, DTYPE};
+use super::model::{make_batch, Family, Inputs, ModelConfig, StylisticModel, DTYPE};
 use crate::device::Compute;
 
 /// Optimisation settings of one training run.
@@ -71,12 +71,15 @@ pub struct Scores {
     pub bow: Option<Vec<f32>>,
     pub cnn: Option<Vec<f32>>,
     pub lstm: Option<Vec<f32>>,
+    pub subword: Option<Vec<f32>>,
+    pub sentence: Option<Vec<f32>>,
     pub ensemble: Option<Vec<f32>>,
 }
 
 /// A trained model family.
 pub struct Trained {
     model: StylisticModel,
+    inputs: Inputs,
     device: Device,
 }
 
@@ -96,14 +99,8 @@ pub fn train(
         seed,
     };
     let vb = VarBuilder::from_backend(Box::new(init), DTYPE, device.clone());
-    let model = StylisticModel::new(
-        family,
-        data.vocab_size,
-        data.lstm_vocab_size,
-        &cfg.model,
-        cfg.compute.cpu_kernels,
-        vb,
-    )?;
+    let inputs = data.inputs();
+    let model = StylisticModel::new(family, inputs, &cfg.model, cfg.compute.cpu_kernels, vb)?;
     // Sorted by name: the var map's HashMap order is arbitrary, and the order of the gradient
     // norm's sum must not be.
     let vars: Vec<Var> = {
@@ -124,7 +121,7 @@ pub fn train(
         Family::Mlp => cfg.mlp_epochs,
         Family::Ensemble => cfg.ensemble_epochs,
     };
-    let with_text = family == Family::Ensemble;
+    let text = (family == Family::Ensemble).then_some(inputs);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x05ee_d0fb_a7c4);
     let mut order: Vec<usize> = (0..choices.len()).collect();
     for _ in 0..epochs {
@@ -140,7 +137,7 @@ pub fn train(
                         .map(move |e| (*e, choices[i].n_sent2))
                 })
                 .collect();
-            let batch = make_batch(&rows, with_text, &device)?;
+            let batch = make_batch(&rows, text, &device)?;
             let scores = model.forward(&batch)?;
             let targets = Tensor::zeros(batch_ids.len(), DType::U32, &device)?;
             let mut loss: Option<Tensor> = None;
@@ -158,7 +155,11 @@ pub fn train(
             optimiser.step(&grads)?;
         }
     }
-    Ok(Trained { model, device })
+    Ok(Trained {
+        model,
+        inputs,
+        device,
+    })
 }
 
 impl Trained {
@@ -170,7 +171,8 @@ impl Trained {
     /// chunks so that padding stays small.
     pub fn score(&self, options: &[(&EncodedEnding, usize)]) -> anyhow::Result<Scores> {
         const CHUNK: usize = 512;
-        let with_text = self.family() == Family::Ensemble;
+        let text = (self.family() == Family::Ensemble).then_some(self.inputs);
+        let with_text = text.is_some();
         let mut order: Vec<usize> = (0..options.len()).collect();
         order.sort_by_key(|&i| options[i].0.words.len());
         let n = options.len();
@@ -179,17 +181,21 @@ impl Trained {
             bow: with_text.then(|| vec![0.0; n]),
             cnn: with_text.then(|| vec![0.0; n]),
             lstm: with_text.then(|| vec![0.0; n]),
+            subword: (with_text && self.inputs.subword_buckets > 0).then(|| vec![0.0; n]),
+            sentence: (with_text && self.inputs.sentence_dim > 0).then(|| vec![0.0; n]),
             ensemble: with_text.then(|| vec![0.0; n]),
         };
         for chunk in order.chunks(CHUNK) {
             let rows: Vec<(&EncodedEnding, usize)> = chunk.iter().map(|&i| options[i]).collect();
-            let batch = make_batch(&rows, with_text, &self.device)?;
+            let batch = make_batch(&rows, text, &self.device)?;
             let scores = self.model.forward(&batch)?;
             scatter(&mut out.mlp, chunk, &scores.mlp)?;
             for (dst, src) in [
                 (&mut out.bow, &scores.bow),
                 (&mut out.cnn, &scores.cnn),
                 (&mut out.lstm, &scores.lstm),
+                (&mut out.subword, &scores.subword),
+                (&mut out.sentence, &scores.sentence),
                 (&mut out.ensemble, &scores.ensemble),
             ] {
                 if let (Some(dst), Some(src)) = (dst.as_mut(), src) {
@@ -331,6 +337,8 @@ mod tests {
                 lm: std::array::from_fn(|_| rng.random_range(-2.0..2.0)),
                 words: (0..len).map(|_| rng.random_range(1..40)).collect(),
                 lstm: (0..len).map(|_| rng.random_range(1..20)).collect(),
+                subwords: (0..3 * len).map(|_| rng.random_range(1..=64)).collect(),
+                sentence: (0..8).map(|_| rng.random_range(-0.5..0.5)).collect(),
             }
         };
         let contexts = (0..contexts as i64)
@@ -346,8 +354,57 @@ mod tests {
             vocab_size: 40,
             lstm_vocab_size: 20,
             with_text: true,
+            subword_buckets: 64,
+            sentence_dim: 8,
             excluded: 0,
         }
+    }
+
+    /// Each of the two models beyond SWAG's four finds a tell only it can see: a subword id
+    /// that every found ending has (a few times, like a habit of spelling) and no negative, and a sentence-vector direction likewise.
+    /// The word ids, tags and LM features carry no signal.
+    #[test]
+    fn subword_and_sentence_models_learn_their_tells() -> anyhow::Result<()> {
+        let mut data = synthetic_dataset(64);
+        for c in &mut data.contexts {
+            let mut gold_subwords = c.gold.subwords.to_vec();
+            gold_subwords.extend([65; 4]);
+            c.gold.subwords = gold_subwords.into();
+            c.gold.sentence[0] = 1.0;
+            for e in &mut c.candidates {
+                e.sentence[0] = -1.0;
+            }
+        }
+        data.subword_buckets = 65;
+        let choices: Vec<Choice> = data
+            .contexts
+            .iter()
+            .map(|c| Choice {
+                options: std::iter::once(&c.gold).chain(&c.candidates).collect(),
+                n_sent2: c.n_sent2,
+            })
+            .collect();
+        let options: Vec<(&EncodedEnding, usize)> = choices
+            .iter()
+            .flat_map(|c| c.options.iter().map(move |e| (*e, c.n_sent2)))
+            .collect();
+        let cfg = TrainConfig {
+            ensemble_epochs: 30,
+            batch_contexts: 16,
+            ..TrainConfig::default()
+        };
+        let scores = train(&data, &choices, Family::Ensemble, &cfg, 1)?.score(&options)?;
+        let solved = |head: &[f32]| {
+            head.chunks(4)
+                .filter(|s| s[1..].iter().all(|&n| s[0] > n))
+                .count() as f64
+                / 64.0
+        };
+        let subword = solved(scores.subword.as_deref().expect("a subword head"));
+        let sentence = solved(scores.sentence.as_deref().expect("a sentence head"));
+        assert!(subword > 0.9, "subword head solves {subword}");
+        assert!(sentence > 0.9, "sentence head solves {sentence}");
+        Ok(())
     }
 
     /// The generic path (candle ops only, what a GPU runs) scores like afkit's CPU kernels: the
@@ -378,7 +435,7 @@ mod tests {
                 ..TrainConfig::default()
             };
             let s = train(&data, &choices, Family::Ensemble, &cfg, 5)?.score(&options)?;
-            Ok([s.bow, s.cnn, s.lstm, s.ensemble]
+            Ok([s.bow, s.cnn, s.lstm, s.subword, s.sentence, s.ensemble]
                 .into_iter()
                 .map(|h| h.expect("an ensemble head"))
                 .chain([s.mlp])

@@ -2,13 +2,8 @@
 //! whole pooled dataset, cut down to each training fold's own features by [`restrict`].
 //!
 //! Two kinds of grams: word 1–2-grams (lower-cased afkit tokens, as the train/val n-gram
-//! baseline uses) and fastText-style subwords, the character 2–5-grams of every
-//! whitespace-separated word wrapped in `<` and `>` (`<wo`, `ord>`). The subwords keep case and
-//! the punctuation attached to a word, so they catch what word n-grams normalise away: non-words,
-//! misspellings, capitalisation and spacing or punctuation habits ("home ." vs "home."). Grams
-//! are identified by a 64-bit FNV-1a hash instead of their text, so no gram string is ever held
-//! in memory; a collision between two of the few hundred thousand grams of a dataset is
-//! vanishingly unlikely (about n² / 2⁶⁵).
+//! baseline uses) and fastText-style subwords ([`crate::text::subwords`]). Grams are identified
+//! by a 64-bit FNV-1a hash instead of their text, so no gram string is ever held in memory.
 
 use std::collections::HashMap;
 
@@ -16,6 +11,7 @@ use rayon::prelude::*;
 
 use super::dataset::Question;
 use super::ngram::{words, Choice, Features};
+use crate::text::subwords::{char_gram_hashes, fnv1a, FNV_OFFSET};
 
 /// Which part of the question an option's text includes besides its ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,15 +46,6 @@ pub enum Grams {
     Chars,
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-fn fnv1a(bytes: impl IntoIterator<Item = u8>, start: u64) -> u64 {
-    bytes
-        .into_iter()
-        .fold(start, |h, b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME))
-}
-
 /// Hashes of the word unigrams and bigrams of `text` (a bigram hashes "first second").
 fn word_gram_hashes(text: &str) -> Vec<u64> {
     let w = words(text);
@@ -67,28 +54,6 @@ fn word_gram_hashes(text: &str) -> Vec<u64> {
         let first = fnv1a(p[0].bytes().chain([b' ']), FNV_OFFSET);
         fnv1a(p[1].bytes(), first)
     }));
-    out
-}
-
-/// Hashes of the character 2–5-grams of every whitespace-separated `<word>` of `text`.
-fn char_gram_hashes(text: &str) -> Vec<u64> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4];
-    for word in text.split_whitespace() {
-        let chars: Vec<char> = std::iter::once('<')
-            .chain(word.chars())
-            .chain(std::iter::once('>'))
-            .collect();
-        for n in 2..=5 {
-            for window in chars.windows(n) {
-                out.push(
-                    window
-                        .iter()
-                        .fold(FNV_OFFSET, |h, c| fnv1a(c.encode_utf8(&mut buf).bytes(), h)),
-                );
-            }
-        }
-    }
     out
 }
 
@@ -182,23 +147,6 @@ pub fn restrict(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn subwords_have_boundary_markers_and_keep_case_and_punctuation() {
-        let expected = [
-            "<G", "Go", "o!", "!>", "<Go", "Go!", "o!>", "<Go!", "Go!>", "<Go!>",
-        ];
-        let hashed: Vec<u64> = expected
-            .iter()
-            .map(|g| fnv1a(g.bytes(), FNV_OFFSET))
-            .collect();
-        assert_eq!(char_gram_hashes("Go!"), hashed);
-        let other = char_gram_hashes("go.");
-        assert!(
-            other.iter().all(|h| !hashed.contains(h)),
-            "case and punctuation differ"
-        );
-    }
 
     #[test]
     fn restrict_drops_grams_unseen_in_training() {

@@ -51,6 +51,10 @@ pub struct HeadAccuracy {
     pub bow: Option<f64>,
     pub cnn: Option<f64>,
     pub lstm: Option<f64>,
+    #[serde(default)]
+    pub subword: Option<f64>,
+    #[serde(default)]
+    pub sentence: Option<f64>,
     pub ensemble: Option<f64>,
 }
 
@@ -263,7 +267,7 @@ impl Store {
     pub fn af_iterations(&self, run_id: i64) -> Result<Vec<IterationRecord>> {
         let mut stmt = self.conn().prepare(
             "SELECT iteration, phase, swaps, seconds, n_test, acc_mlp, acc_bow, acc_cnn, acc_lstm,
-                    acc_ensemble
+                    acc_ensemble, acc_subword, acc_sentence
              FROM af_iterations WHERE run_id = ?1 ORDER BY iteration",
         )?;
         let rows = stmt.query_map([run_id], |r| {
@@ -278,6 +282,8 @@ impl Store {
                     bow: r.get(6)?,
                     cnn: r.get(7)?,
                     lstm: r.get(8)?,
+                    subword: r.get(10)?,
+                    sentence: r.get(11)?,
                     ensemble: r.get(9)?,
                 },
             })
@@ -297,8 +303,9 @@ impl Store {
         let a = &record.accuracy;
         tx.execute(
             "INSERT INTO af_iterations(run_id, iteration, phase, swaps, seconds, n_test, acc_mlp,
-                                       acc_bow, acc_cnn, acc_lstm, acc_ensemble, finished_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                                       acc_bow, acc_cnn, acc_lstm, acc_ensemble, finished_at,
+                                       acc_subword, acc_sentence)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
                 run_id,
                 record.iteration as i64,
@@ -311,7 +318,9 @@ impl Store {
                 a.cnn,
                 a.lstm,
                 a.ensemble,
-                now()
+                now(),
+                a.subword,
+                a.sentence
             ],
         )?;
         {
@@ -440,4 +449,63 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<AfRun> {
         finished_at: r.get(6)?,
         final_accuracy: final_accuracy.and_then(|s| serde_json::from_str(&s).ok()),
     })
+}
+
+/// The sentence model's vectors, stored per ending so that a resumed or repeated `afkit filter`
+/// embeds each ending once.
+impl Store {
+    /// Endings of pools (found and generated) that have no sentence vector yet, as
+    /// (ending id, `sent2 + " " + ending`), in id order, at most `limit`.
+    pub fn endings_without_sentence_vector(&self, limit: usize) -> Result<Vec<(i64, String)>> {
+        let mut stmt = self.conn().prepare(
+            "SELECT e.id, x.sent2 || ' ' || e.text FROM endings e
+             JOIN examples x ON x.id = e.example_id
+             WHERE e.example_id IN (SELECT example_id FROM pools)
+               AND e.id NOT IN (SELECT ending_id FROM sentence_vectors)
+             ORDER BY e.id LIMIT ?1",
+        )?;
+        let rows = stmt.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// How many endings of pools have no sentence vector yet.
+    pub fn count_endings_without_sentence_vector(&self) -> Result<usize> {
+        let n: i64 = self.conn().query_row(
+            "SELECT COUNT(*) FROM endings
+             WHERE example_id IN (SELECT example_id FROM pools)
+               AND id NOT IN (SELECT ending_id FROM sentence_vectors)",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(n as usize)
+    }
+
+    /// Stores vectors made by `model`, in one transaction.
+    pub fn put_sentence_vectors(&mut self, model: &str, rows: &[(i64, Vec<f32>)]) -> Result<()> {
+        let tx = self.transaction()?;
+        {
+            let mut stmt = tx.prepare(
+                "INSERT OR REPLACE INTO sentence_vectors(ending_id, model, vector) VALUES (?1, ?2, ?3)",
+            )?;
+            for (id, vector) in rows {
+                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                stmt.execute(params![id, model, bytes])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The stored vector of an ending, if any.
+    pub fn sentence_vector(&self, ending_id: i64) -> Result<Option<Vec<f32>>> {
+        let mut stmt = self
+            .conn()
+            .prepare_cached("SELECT vector FROM sentence_vectors WHERE ending_id = ?1")?;
+        let bytes: Option<Vec<u8>> = stmt.query_row([ending_id], |r| r.get(0)).optional()?;
+        Ok(bytes.map(|b| {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        }))
+    }
 }

@@ -117,17 +117,21 @@ pub struct IterationInfo {
     pub iteration: i64,
     pub phase: String,
     pub swaps: i64,
-    /// (model, accuracy) for the models that ran: mlp, bow, cnn, lstm, ensemble.
+    /// (model, accuracy) for the models that ran: mlp, bow, cnn, lstm, subword, sentence,
+    /// ensemble.
     pub accuracy: Vec<(&'static str, f64)>,
 }
 
 pub fn af_iterations(conn: &Connection, run_id: i64) -> Result<Vec<IterationInfo>> {
     let mut stmt = conn.prepare(
-        "SELECT iteration, phase, swaps, acc_mlp, acc_bow, acc_cnn, acc_lstm, acc_ensemble
+        "SELECT iteration, phase, swaps, acc_mlp, acc_bow, acc_cnn, acc_lstm, acc_subword,
+                acc_sentence, acc_ensemble
          FROM af_iterations WHERE run_id = ?1 ORDER BY iteration",
     )?;
     let rows = stmt.query_map([run_id], |r| {
-        let names = ["mlp", "bow", "cnn", "lstm", "ensemble"];
+        let names = [
+            "mlp", "bow", "cnn", "lstm", "subword", "sentence", "ensemble",
+        ];
         let mut accuracy = Vec::new();
         for (i, name) in names.iter().enumerate() {
             if let Some(a) = r.get::<_, Option<f64>>(3 + i)? {

@@ -32,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema.sql"),
     include_str!("migration_2.sql"),
     include_str!("migration_3.sql"),
+    include_str!("migration_4.sql"),
 ];
 
 /// The schema version this build of afkit writes.

@@ -4,6 +4,7 @@
 pub mod conllu;
 pub mod rules;
 pub mod split;
+pub mod subwords;
 pub mod tagger;
 pub mod tokenize;
 
