@@ -470,7 +470,11 @@ fn dataset_streams_every_pool_whole_with_or_without_text() {
     };
     let project = build_project(dir.path(), "d.sqlite", spec);
     let store = Store::open(&project).unwrap();
-    let cfg = EncodeConfig::default();
+    // The sentence vectors have their own test (embedding 6,600 endings here would be slow).
+    let cfg = EncodeConfig {
+        sentence_vectors: false,
+        ..EncodeConfig::default()
+    };
     let lean = Dataset::load(&store, 3, &cfg, false).unwrap();
     let full = Dataset::load(&store, 3, &cfg, true).unwrap();
     assert_eq!(lean.contexts.len(), spec.contexts);
@@ -505,6 +509,46 @@ fn dataset_streams_every_pool_whole_with_or_without_text() {
     // Too few candidates for k: every context is left out, and counted.
     let none = Dataset::load(&store, 6, &cfg, false).unwrap();
     assert_eq!((none.contexts.len(), none.excluded), (0, spec.contexts));
+}
+
+/// The sentence model's vectors: a load that needs them and finds none says so; once stored,
+/// every ending of every pool has one MiniLM vector, and storing again embeds nothing.
+#[test]
+fn sentence_vectors_are_stored_once_for_every_pool_ending() {
+    use afkit::af::data::{store_sentence_vectors, Dataset, EncodeConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 12,
+        candidates: 5,
+        clean: 2,
+        seed: 4,
+    };
+    let project = build_project(dir.path(), "v.sqlite", spec);
+    let mut store = Store::open(&project).unwrap();
+    let cfg = EncodeConfig::default();
+    let err = Dataset::load(&store, 3, &cfg, true).unwrap_err();
+    assert!(err.to_string().contains("no sentence vector"), "{err:#}");
+    store_sentence_vectors(&mut store).unwrap();
+    assert_eq!(store.count_endings_without_sentence_vector().unwrap(), 0);
+    let data = Dataset::load(&store, 3, &cfg, true).unwrap();
+    assert_eq!(data.sentence_dim, 384);
+    for c in &data.contexts {
+        for e in std::iter::once(&c.gold).chain(&c.candidates) {
+            assert_eq!(e.sentence.len(), 384);
+            let norm: f32 = e.sentence.iter().map(|v| v * v).sum();
+            assert!((norm - 1.0).abs() < 1e-3, "unit vectors");
+        }
+    }
+    let conn = Connection::open(&project).unwrap();
+    let stored: i64 = conn
+        .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(stored as usize, spec.contexts * (spec.candidates + 1));
+    store_sentence_vectors(&mut store).unwrap();
+    let again: i64 = conn
+        .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(again, stored);
 }
 
 /// Runs AF in-process with tiny models on `project`.
