@@ -360,6 +360,25 @@ mod tests {
         }
     }
 
+    /// Every context as a training choice, gold first.
+    fn gold_first_choices(data: &Dataset) -> Vec<Choice<'_>> {
+        data.contexts
+            .iter()
+            .map(|c| Choice {
+                options: std::iter::once(&c.gold).chain(&c.candidates).collect(),
+                n_sent2: c.n_sent2,
+            })
+            .collect()
+    }
+
+    /// The options of the choices, in order, as scoring rows.
+    fn rows<'a>(choices: &[Choice<'a>]) -> Vec<(&'a EncodedEnding, usize)> {
+        choices
+            .iter()
+            .flat_map(|c| c.options.iter().map(move |e| (*e, c.n_sent2)))
+            .collect()
+    }
+
     /// Each of the two models beyond SWAG's four finds a tell only it can see: a subword id
     /// that every found ending has (a few times, like a habit of spelling) and no negative, and a sentence-vector direction likewise.
     /// The word ids, tags and LM features carry no signal.
@@ -376,18 +395,8 @@ mod tests {
             }
         }
         data.subword_buckets = 65;
-        let choices: Vec<Choice> = data
-            .contexts
-            .iter()
-            .map(|c| Choice {
-                options: std::iter::once(&c.gold).chain(&c.candidates).collect(),
-                n_sent2: c.n_sent2,
-            })
-            .collect();
-        let options: Vec<(&EncodedEnding, usize)> = choices
-            .iter()
-            .flat_map(|c| c.options.iter().map(move |e| (*e, c.n_sent2)))
-            .collect();
+        let choices = gold_first_choices(&data);
+        let options = rows(&choices);
         let cfg = TrainConfig {
             ensemble_epochs: 30,
             batch_contexts: 16,
@@ -415,18 +424,8 @@ mod tests {
     #[test]
     fn generic_path_scores_like_the_cpu_kernels() -> anyhow::Result<()> {
         let data = synthetic_dataset(24);
-        let choices: Vec<Choice> = data
-            .contexts
-            .iter()
-            .map(|c| Choice {
-                options: std::iter::once(&c.gold).chain(&c.candidates).collect(),
-                n_sent2: c.n_sent2,
-            })
-            .collect();
-        let options: Vec<(&EncodedEnding, usize)> = choices
-            .iter()
-            .flat_map(|c| c.options.iter().map(move |e| (*e, c.n_sent2)))
-            .collect();
+        let choices = gold_first_choices(&data);
+        let options = rows(&choices);
         let scores = |epochs: usize, compute: Compute| -> anyhow::Result<Vec<Vec<f32>>> {
             let cfg = TrainConfig {
                 ensemble_epochs: epochs,

@@ -451,19 +451,21 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<AfRun> {
     })
 }
 
+/// Endings of pools (found and generated) that have no sentence vector yet.
+const WITHOUT_SENTENCE_VECTOR: &str = "e.example_id IN (SELECT example_id FROM pools)
+    AND e.id NOT IN (SELECT ending_id FROM sentence_vectors)";
+
 /// The sentence model's vectors, stored per ending so that a resumed or repeated `afkit filter`
 /// embeds each ending once.
 impl Store {
     /// Endings of pools (found and generated) that have no sentence vector yet, as
     /// (ending id, `sent2 + " " + ending`), in id order, at most `limit`.
     pub fn endings_without_sentence_vector(&self, limit: usize) -> Result<Vec<(i64, String)>> {
-        let mut stmt = self.conn().prepare(
+        let mut stmt = self.conn().prepare(&format!(
             "SELECT e.id, x.sent2 || ' ' || e.text FROM endings e
              JOIN examples x ON x.id = e.example_id
-             WHERE e.example_id IN (SELECT example_id FROM pools)
-               AND e.id NOT IN (SELECT ending_id FROM sentence_vectors)
-             ORDER BY e.id LIMIT ?1",
-        )?;
+             WHERE {WITHOUT_SENTENCE_VECTOR} ORDER BY e.id LIMIT ?1"
+        ))?;
         let rows = stmt.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -471,9 +473,7 @@ impl Store {
     /// How many endings of pools have no sentence vector yet.
     pub fn count_endings_without_sentence_vector(&self) -> Result<usize> {
         let n: i64 = self.conn().query_row(
-            "SELECT COUNT(*) FROM endings
-             WHERE example_id IN (SELECT example_id FROM pools)
-               AND id NOT IN (SELECT ending_id FROM sentence_vectors)",
+            &format!("SELECT COUNT(*) FROM endings e WHERE {WITHOUT_SENTENCE_VECTOR}"),
             [],
             |r| r.get(0),
         )?;
