@@ -4,7 +4,9 @@
 //!
 //! Each process replays a key script (the hidden `--script` mode: label six endings, pick best
 //! and second, Enter) as fast as it can, which is far harsher than people typing: every process
-//! is writing nearly all the time. Run with `bash scripts/bench-annotate [ITEMS_PER_ANNOTATOR]`.
+//! is writing nearly all the time. Run with `bash scripts/bench-annotate [ITEMS_PER_ANNOTATOR]
+//! [--peer OLDER_AFKIT]`: with a peer (an afkit binary built from another commit) every scenario
+//! runs with both binaries in turn, so the two are compared on the same machine in the same run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,7 +38,9 @@ fn tmux_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn run(dir: &Path, processes: usize, items: usize, tmux: bool) -> Run {
+fn run(dir: &Path, bin: &str, processes: usize, items: usize, tmux: bool) -> Run {
+    let run_dir = tempfile::tempdir_in(dir).unwrap();
+    let dir = run_dir.path();
     let db = dir.join(format!("bench{processes}.sqlite"));
     let mut store = Store::create(&db).unwrap();
     synthetic_af_project(&mut store, processes * items + 200, 9, 1).unwrap();
@@ -49,7 +53,7 @@ fn run(dir: &Path, processes: usize, items: usize, tmux: bool) -> Run {
         .collect();
     let command = |i: usize| {
         format!(
-            "{BIN} annotate {} --annotator a{i} --script {} --timings {}",
+            "{bin} annotate {} --annotator a{i} --script {} --timings {}",
             db.display(),
             keys.display(),
             logs[i].display()
@@ -134,10 +138,13 @@ fn run(dir: &Path, processes: usize, items: usize, tmux: bool) -> Run {
 }
 
 fn main() {
-    let items: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(100);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let items: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(100);
+    let peer = args.iter().position(|a| a == "--peer").map(|i| {
+        args.get(i + 1)
+            .expect("--peer needs an afkit binary")
+            .clone()
+    });
     let tmux = tmux_available();
     let dir = tempfile::tempdir().unwrap();
     println!(
@@ -148,36 +155,56 @@ fn main() {
             "tmux missing: headless 80×24 buffers"
         }
     );
-    println!("| annotators | submissions | wall s | commit p50 ms | commit p99 ms | claim p50 ms | claim p99 ms | draw p50 ms | draw p99 ms |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut builds = vec![("this build", BIN.to_string())];
+    builds.extend(peer.map(|p| ("peer", p)));
+    println!("| afkit | annotators | submissions | wall s | commit p50 ms | commit p99 ms | claim p50 ms | claim p99 ms | draw p50 ms | draw p99 ms |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut runs = Vec::new();
     for processes in [1, 8] {
-        let r = run(dir.path(), processes, items, tmux);
-        assert_eq!(
-            r.submissions as usize,
-            processes * items,
-            "a label was lost"
-        );
-        assert_eq!(r.commit.len(), processes * items);
-        println!(
-            "| {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
-            r.processes,
-            r.submissions,
-            r.wall.as_secs_f64(),
-            percentile(&r.commit, 0.5),
-            percentile(&r.commit, 0.99),
-            percentile(&r.claim, 0.5),
-            percentile(&r.claim, 0.99),
-            percentile(&r.draw, 0.5),
-            percentile(&r.draw, 0.99),
-        );
-        runs.push(r);
+        for (name, bin) in &builds {
+            let r = run(dir.path(), bin, processes, items, tmux);
+            assert_eq!(
+                r.submissions as usize,
+                processes * items,
+                "a label was lost"
+            );
+            assert_eq!(r.commit.len(), processes * items);
+            print_row(name, &r);
+            runs.push((*name, r));
+        }
     }
-    let ratio = |f: &dyn Fn(&Run) -> f64| f(&runs[1]) / f(&runs[0]);
+    let p99 = |name: &str, processes: usize| {
+        runs.iter()
+            .find(|(n, r)| *n == name && r.processes == processes)
+            .map(|(_, r)| percentile(&r.commit, 0.99))
+    };
+    let p50 = |processes: usize| {
+        let r = &runs
+            .iter()
+            .find(|(n, r)| *n == "this build" && r.processes == processes);
+        r.map(|(_, r)| percentile(&r.commit, 0.5)).unwrap()
+    };
     println!(
-        "\n8 vs 1 annotator: commit p50 ×{:.1}, commit p99 ×{:.1}, draw p50 ×{:.1}",
-        ratio(&|r| percentile(&r.commit, 0.5)),
-        ratio(&|r| percentile(&r.commit, 0.99)),
-        ratio(&|r| percentile(&r.draw, 0.5)),
+        "\nthis build, 8 vs 1 annotator: commit p50 ×{:.1}, commit p99 ×{:.1}",
+        p50(8) / p50(1),
+        p99("this build", 8).unwrap() / p99("this build", 1).unwrap()
+    );
+    if let (Some(this), Some(peer)) = (p99("this build", 8), p99("peer", 8)) {
+        println!("8 annotators, commit p99: this build {this:.2} ms, peer {peer:.2} ms (peer / this ×{:.1})", peer / this);
+    }
+}
+
+fn print_row(name: &str, r: &Run) {
+    println!(
+        "| {name} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} |",
+        r.processes,
+        r.submissions,
+        r.wall.as_secs_f64(),
+        percentile(&r.commit, 0.5),
+        percentile(&r.commit, 0.99),
+        percentile(&r.claim, 0.5),
+        percentile(&r.claim, 0.99),
+        percentile(&r.draw, 0.5),
+        percentile(&r.draw, 0.99),
     );
 }

@@ -6,8 +6,8 @@
 //! made by an older afkit keeps working.
 //!
 //! Durability: WAL journal, `synchronous = NORMAL` (a committed transaction survives a process
-//! kill; only an OS crash can lose the last commits), foreign keys on, and a busy timeout so that
-//! several annotators (processes) can share one file.
+//! kill; only an OS crash can lose the last commits), foreign keys on, and a busy handler that
+//! polls for the write lock, so that several annotators (processes) can share one file.
 
 pub mod af;
 pub mod annotate;
@@ -42,6 +42,28 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+}
+
+/// How long a connection waits for another process's write lock before it reports the project
+/// busy.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+/// The first pause before trying a lock that another process holds again; each further try
+/// waits twice as long, up to [`LOCK_POLL_MAX`].
+const LOCK_POLL_FIRST: Duration = Duration::from_micros(100);
+const LOCK_POLL_MAX: Duration = Duration::from_millis(2);
+
+/// SQLite's busy handler: retries quickly at first and then every [`LOCK_POLL_MAX`], for up to
+/// [`LOCK_WAIT`]. SQLite's own timeout backs off to sleeps of up to 100 ms, so with several
+/// annotators submitting at once a writer slept long after the lock it waited for was free;
+/// transactions here hold the lock for a millisecond or two.
+fn wait_for_lock(attempts: i32) -> bool {
+    let attempts = attempts.max(0) as u32;
+    if LOCK_POLL_MAX * attempts >= LOCK_WAIT {
+        return false;
+    }
+    let pause = LOCK_POLL_FIRST * 2u32.saturating_pow(attempts.min(16));
+    std::thread::sleep(pause.min(LOCK_POLL_MAX));
+    true
 }
 
 impl Store {
@@ -92,7 +114,7 @@ impl Store {
     }
 
     fn configure(conn: Connection, path: &Path) -> Result<Store> {
-        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.busy_handler(Some(wait_for_lock))?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .with_context(|| format!("cannot set up the journal of {}", path.display()))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
