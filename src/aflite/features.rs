@@ -85,8 +85,11 @@ pub fn load_vectors(path: &Path, expected_rows: usize) -> Result<Matrix> {
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
     let tensor = match ext.as_deref() {
-        Some("npy") => Tensor::read_npy(path)
-            .with_context(|| format!("{}: not a readable .npy array", path.display()))?,
+        Some("npy") => {
+            check_npy_sizes(path)?;
+            Tensor::read_npy(path)
+                .with_context(|| format!("{}: not a readable .npy array", path.display()))?
+        }
         Some("safetensors") => {
             let tensors = candle_core::safetensors::load(path, &Device::Cpu)
                 .with_context(|| format!("{}: not a readable safetensors file", path.display()))?;
@@ -126,6 +129,61 @@ pub fn load_vectors(path: &Path, expected_rows: usize) -> Result<Matrix> {
         );
     }
     Ok(matrix)
+}
+
+/// Checks that an `.npy` file holds the header and the values its header declares, before
+/// candle's reader allocates buffers of the declared sizes: a 100-byte file whose header claimed
+/// 4 GB made `aflite --features` allocate 4 GB (found by the `npy_features` fuzz target).
+fn check_npy_sizes(path: &Path) -> Result<()> {
+    use std::io::{Read, Seek};
+    let what = path.display();
+    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {what}"))?;
+    let file_len = file.metadata()?.len();
+    let mut prefix = Vec::with_capacity(12);
+    file.by_ref().take(12).read_to_end(&mut prefix)?;
+    if prefix.len() < 10 || &prefix[..6] != b"\x93NUMPY" {
+        bail!("{what}: not an .npy file (it does not start with \\x93NUMPY)");
+    }
+    let (header_start, header_len) = match prefix[6] {
+        1 => (10, u16::from_le_bytes([prefix[8], prefix[9]]) as u64),
+        2 if prefix.len() == 12 => (
+            12,
+            u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as u64,
+        ),
+        version => bail!("{what}: unsupported .npy format version {version} (1 or 2 expected)"),
+    };
+    let data_start = header_start + header_len;
+    if data_start > file_len {
+        bail!(
+            "{what}: the header declares {header_len} bytes but the file has only {}",
+            file_len - header_start.min(file_len)
+        );
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.seek(std::io::SeekFrom::Start(header_start))?;
+    file.read_exact(&mut header)?;
+    let header = String::from_utf8_lossy(&header);
+    let values = declared_values(&header)
+        .with_context(|| format!("{what}: no readable 'shape' in the .npy header"))?;
+    // Every element type takes at least one byte.
+    let data_bytes = file_len - data_start;
+    if values > data_bytes {
+        bail!("{what}: the header declares {values} values but only {data_bytes} bytes follow it");
+    }
+    Ok(())
+}
+
+/// The number of values the `shape` tuple of an `.npy` header declares (`None` if it cannot be
+/// read or overflows).
+fn declared_values(header: &str) -> Option<u64> {
+    let rest = &header[header.find("shape")?..];
+    let open = rest.find('(')?;
+    let close = open + rest[open..].find(')')?;
+    rest[open + 1..close]
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .try_fold(1u64, |n, d| n.checked_mul(d.parse().ok()?))
 }
 
 /// How MiniLM features were obtained.
@@ -256,6 +314,41 @@ pub fn default_cache_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `npy_features` fuzz target: a version-2 header whose length field claims
+    /// ~4 GB, in a 100-byte file.
+    const HUGE_HEADER_NPY: &[u8] = b"\x93NUMPY\x02\x09\x00\x7d\x7d\xff\xff\xff\xff\xff";
+
+    #[test]
+    fn npy_sizes_are_checked_against_the_file_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.npy");
+        let message = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            format!("{:#}", load_vectors(&path, 1).unwrap_err())
+        };
+        let huge_header = message(HUGE_HEADER_NPY);
+        assert!(
+            huge_header.contains("f.npy: the header declares"),
+            "{huge_header}"
+        );
+        let header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (9999999999, 2), }\n";
+        let mut huge_shape = b"\x93NUMPY\x01\x00".to_vec();
+        huge_shape.extend((header.len() as u16).to_le_bytes());
+        huge_shape.extend(header);
+        huge_shape.extend([0u8; 16]);
+        let huge_shape = message(&huge_shape);
+        assert!(
+            huge_shape.contains("declares 19999999998 values"),
+            "{huge_shape}"
+        );
+        Matrix::new(2, 2, vec![1.0, 2.0, 3.0, 4.0])
+            .write_npy(&path)
+            .unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let truncated = message(&good[..good.len() - 1]);
+        assert!(truncated.contains("f.npy"), "{truncated}");
+    }
 
     #[test]
     fn npy_and_safetensors_round_trip_with_row_check() {
