@@ -12,7 +12,12 @@
 //! square root of its curvature at the start, which equalises the intercept's curvature
 //! (~¼ per row) and the weights' (feature variance, tiny for unit-length embeddings).
 
+use crate::lbfgs::{self, Objective};
 use crate::simd::{axpy_lanes, dot, dot_lanes};
+
+/// SciPy's L-BFGS-B default `ftol` (relative decrease of one step), on which scikit-learn's
+/// fit also stops.
+const SCIPY_FTOL: f64 = 64.0 * f64::EPSILON;
 
 /// Options of one fit.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -75,15 +80,20 @@ impl LogReg {
             .map(|c| classes.binary_search(c).expect("class listed") as u32)
             .collect();
         let problem = Problem::new(x, dim, &targets, classes.len(), opts.c);
-        let (params, iterations, converged) = lbfgs(&problem, opts);
-        let (weights, bias) = problem.raw_parameters(&params);
+        let lbfgs = lbfgs::Options {
+            tol: opts.tol,
+            ftol: SCIPY_FTOL,
+            max_iter: opts.max_iter,
+        };
+        let minimum = lbfgs::minimize(&problem, &lbfgs);
+        let (weights, bias) = problem.raw_parameters(&minimum.x);
         LogReg {
             dim,
             classes,
             weights,
             bias,
-            iterations,
-            converged,
+            iterations: minimum.iterations,
+            converged: minimum.converged,
         }
     }
 
@@ -164,10 +174,6 @@ impl<'a> Problem<'a> {
         }
     }
 
-    fn n_params(&self) -> usize {
-        self.outputs * (self.dim + 1)
-    }
-
     /// Weights and intercepts for raw features: `b_raw = b − W·mean`.
     fn raw_parameters(&self, v: &[f64]) -> (Vec<f32>, Vec<f32>) {
         let w: Vec<f64> = v.iter().zip(&self.scale).map(|(a, s)| a * s).collect();
@@ -184,6 +190,12 @@ impl<'a> Problem<'a> {
             })
             .collect();
         (weights, bias)
+    }
+}
+
+impl Objective for Problem<'_> {
+    fn dim(&self) -> usize {
+        self.outputs * (self.dim + 1)
     }
 
     /// Objective value; writes the gradient with respect to `v` (scaled space) into `grad` and
@@ -316,99 +328,6 @@ impl Problem<'_> {
     }
 }
 
-/// Limited-memory BFGS with a backtracking (Armijo) line search; returns the scaled
-/// parameters, the iterations used and whether the gradient tolerance was met.
-fn lbfgs(problem: &Problem, opts: &FitOptions) -> (Vec<f64>, usize, bool) {
-    const MEMORY: usize = 10;
-    let n = problem.n_params();
-    let mut v = vec![0f64; n];
-    let mut grad = vec![0f64; n];
-    let (mut f, mut gmax) = problem.value_grad(&v, &mut grad);
-    let mut s_hist: Vec<Vec<f64>> = Vec::with_capacity(MEMORY);
-    let mut y_hist: Vec<Vec<f64>> = Vec::with_capacity(MEMORY);
-    let mut rho_hist: Vec<f64> = Vec::with_capacity(MEMORY);
-    let mut new_v = vec![0f64; n];
-    let mut new_grad = vec![0f64; n];
-    let mut direction = vec![0f64; n];
-    let mut alpha = [0f64; MEMORY];
-
-    for iteration in 0..opts.max_iter {
-        if gmax <= opts.tol {
-            return (v, iteration, true);
-        }
-        // Two-loop recursion: direction = −H·grad.
-        direction.copy_from_slice(&grad);
-        for i in (0..s_hist.len()).rev() {
-            alpha[i] = rho_hist[i] * dot64(&s_hist[i], &direction);
-            axpy64(-alpha[i], &y_hist[i], &mut direction);
-        }
-        if let (Some(s), Some(y)) = (s_hist.last(), y_hist.last()) {
-            let gamma = dot64(s, y) / dot64(y, y);
-            direction.iter_mut().for_each(|d| *d *= gamma);
-        }
-        for i in 0..s_hist.len() {
-            let beta = rho_hist[i] * dot64(&y_hist[i], &direction);
-            axpy64(alpha[i] - beta, &s_hist[i], &mut direction);
-        }
-        direction.iter_mut().for_each(|d| *d = -*d);
-        let mut slope = dot64(&grad, &direction);
-        if slope >= 0.0 {
-            // Not a descent direction (numerical trouble): restart from steepest descent.
-            s_hist.clear();
-            y_hist.clear();
-            rho_hist.clear();
-            for (d, g) in direction.iter_mut().zip(&grad) {
-                *d = -g;
-            }
-            slope = -dot64(&grad, &grad);
-        }
-        let mut step = if s_hist.is_empty() {
-            1.0 / dot64(&grad, &grad).sqrt().max(1.0)
-        } else {
-            1.0
-        };
-        let mut accepted = None;
-        for _ in 0..40 {
-            for ((nv, &a), &d) in new_v.iter_mut().zip(&v).zip(&direction) {
-                *nv = a + step * d;
-            }
-            let (nf, ngmax) = problem.value_grad(&new_v, &mut new_grad);
-            if nf <= f + 1e-4 * step * slope {
-                accepted = Some((nf, ngmax));
-                break;
-            }
-            step *= 0.5;
-        }
-        let Some((nf, ngmax)) = accepted else {
-            // No decrease possible at machine precision: this is as converged as it gets.
-            return (v, iteration, gmax <= opts.tol);
-        };
-        let s: Vec<f64> = new_v.iter().zip(&v).map(|(a, b)| a - b).collect();
-        let y: Vec<f64> = new_grad.iter().zip(&grad).map(|(a, b)| a - b).collect();
-        let sy = dot64(&s, &y);
-        if sy > 1e-16 * dot64(&y, &y) && sy > 0.0 {
-            if s_hist.len() == MEMORY {
-                s_hist.remove(0);
-                y_hist.remove(0);
-                rho_hist.remove(0);
-            }
-            s_hist.push(s);
-            y_hist.push(y);
-            rho_hist.push(1.0 / sy);
-        }
-        let relative_decrease = (f - nf) / f.abs().max(nf.abs()).max(1.0);
-        std::mem::swap(&mut v, &mut new_v);
-        std::mem::swap(&mut grad, &mut new_grad);
-        f = nf;
-        gmax = ngmax;
-        // SciPy's L-BFGS-B `ftol` rule, which scikit-learn's fit also stops on.
-        if relative_decrease <= 64.0 * f64::EPSILON {
-            return (v, iteration + 1, gmax <= opts.tol);
-        }
-    }
-    (v, opts.max_iter, gmax <= opts.tol)
-}
-
 /// `(ln(1 + eᶻ), 1 / (1 + e⁻ᶻ))` from one exponential, without overflow.
 #[inline(always)]
 fn softplus_sigmoid(z: f64) -> (f64, f64) {
@@ -420,16 +339,6 @@ fn softplus_sigmoid(z: f64) -> (f64, f64) {
         e / (1.0 + e)
     };
     (softplus, sigmoid)
-}
-
-fn dot64(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-fn axpy64(alpha: f64, x: &[f64], y: &mut [f64]) {
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
-    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::lbfgs::{self, Objective};
+
 /// Lower-cased word tokens (afkit's PTB-style tokeniser: punctuation split off, "n't" and "'s"
 /// separate), so "Running" and "running" count as one n-gram.
 pub fn words(text: &str) -> Vec<String> {
@@ -87,97 +89,51 @@ fn dot(w: &[f64], x: &Features) -> f64 {
     x.iter().map(|&(i, v)| w[i as usize] * v).sum()
 }
 
-/// Mean cross-entropy + λ/2 ‖w‖² and its gradient.
-fn loss_and_grad(w: &[f64], data: &[&Choice], lambda: f64, grad: &mut [f64]) -> f64 {
-    grad.iter_mut().zip(w).for_each(|(g, wi)| *g = lambda * wi);
-    let mut loss = 0.5 * lambda * w.iter().map(|x| x * x).sum::<f64>();
-    let n = data.len().max(1) as f64;
-    for q in data {
-        let s: [f64; 4] = std::array::from_fn(|o| dot(w, &q.options[o]));
-        let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let z: f64 = s.iter().map(|v| (v - max).exp()).sum();
-        loss += (max + z.ln() - s[q.gold]) / n;
-        for (o, option) in q.options.iter().enumerate() {
-            let p = (s[o] - max).exp() / z - if o == q.gold { 1.0 } else { 0.0 };
-            for &(i, v) in option {
-                grad[i as usize] += p * v / n;
-            }
-        }
-    }
-    loss
+/// Mean cross-entropy + λ/2 ‖w‖² over the choices, as a function of the weights.
+struct Loss<'a> {
+    data: &'a [&'a Choice],
+    dim: usize,
+    lambda: f64,
 }
 
-/// Minimises the regularised loss with L-BFGS (memory 10, backtracking Armijo line search).
-fn fit(data: &[&Choice], dim: usize, lambda: f64) -> Vec<f64> {
-    const MEMORY: usize = 10;
-    const MAX_ITER: usize = 300;
-    let mut w = vec![0.0; dim];
-    let mut g = vec![0.0; dim];
-    let mut f = loss_and_grad(&w, data, lambda, &mut g);
-    let mut history: std::collections::VecDeque<(Vec<f64>, Vec<f64>, f64)> = Default::default();
-    let mut g_new = vec![0.0; dim];
-    for iter in 0..MAX_ITER {
-        let gnorm = g.iter().map(|x| x * x).sum::<f64>().sqrt();
-        if gnorm < 1e-7 {
-            break;
-        }
-        // Two-loop recursion: d = -H g.
-        let mut q = g.clone();
-        let mut alphas = Vec::with_capacity(history.len());
-        for (s, y, rho) in history.iter().rev() {
-            let a = rho * s.iter().zip(&q).map(|(a, b)| a * b).sum::<f64>();
-            q.iter_mut().zip(y).for_each(|(qi, yi)| *qi -= a * yi);
-            alphas.push(a);
-        }
-        if let Some((s, y, _)) = history.back() {
-            let yy: f64 = y.iter().map(|v| v * v).sum();
-            let sy: f64 = s.iter().zip(y).map(|(a, b)| a * b).sum();
-            q.iter_mut().for_each(|v| *v *= sy / yy);
-        } else {
-            q.iter_mut().for_each(|v| *v /= gnorm.max(1.0));
-        }
-        for ((s, y, rho), a) in history.iter().zip(alphas.iter().rev()) {
-            let b = rho * y.iter().zip(&q).map(|(a, b)| a * b).sum::<f64>();
-            q.iter_mut().zip(s).for_each(|(qi, si)| *qi += (a - b) * si);
-        }
-        let d: Vec<f64> = q.into_iter().map(|v| -v).collect();
-        let slope: f64 = d.iter().zip(&g).map(|(a, b)| a * b).sum();
-        if slope >= 0.0 {
-            history.clear();
-            if iter > 0 {
-                continue;
-            }
-            break;
-        }
-        let mut t = 1.0;
-        let mut w_new;
-        let mut f_new;
-        loop {
-            w_new = w.iter().zip(&d).map(|(a, b)| a + t * b).collect::<Vec<_>>();
-            f_new = loss_and_grad(&w_new, data, lambda, &mut g_new);
-            if f_new <= f + 1e-4 * t * slope || t < 1e-10 {
-                break;
-            }
-            t *= 0.5;
-        }
-        let s: Vec<f64> = w_new.iter().zip(&w).map(|(a, b)| a - b).collect();
-        let y: Vec<f64> = g_new.iter().zip(&g).map(|(a, b)| a - b).collect();
-        let sy: f64 = s.iter().zip(&y).map(|(a, b)| a * b).sum();
-        let converged = (f - f_new).abs() <= 1e-10 * f.abs().max(1.0);
-        w = w_new;
-        std::mem::swap(&mut g, &mut g_new);
-        f = f_new;
-        if sy > 1e-12 {
-            if history.len() == MEMORY {
-                history.pop_front();
-            }
-            history.push_back((s, y, 1.0 / sy));
-        }
-        if converged {
-            break;
-        }
+impl Objective for Loss<'_> {
+    fn dim(&self) -> usize {
+        self.dim
     }
-    w
+
+    /// The loss, its gradient, and the gradient's Euclidean norm (the stopping measure).
+    fn value_grad(&self, w: &[f64], grad: &mut [f64]) -> (f64, f64) {
+        grad.iter_mut()
+            .zip(w)
+            .for_each(|(g, wi)| *g = self.lambda * wi);
+        let mut loss = 0.5 * self.lambda * w.iter().map(|x| x * x).sum::<f64>();
+        let n = self.data.len().max(1) as f64;
+        for q in self.data {
+            let s: [f64; 4] = std::array::from_fn(|o| dot(w, &q.options[o]));
+            let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|v| (v - max).exp()).sum();
+            loss += (max + z.ln() - s[q.gold]) / n;
+            for (o, option) in q.options.iter().enumerate() {
+                let p = (s[o] - max).exp() / z - if o == q.gold { 1.0 } else { 0.0 };
+                for &(i, v) in option {
+                    grad[i as usize] += p * v / n;
+                }
+            }
+        }
+        (loss, grad.iter().map(|g| g * g).sum::<f64>().sqrt())
+    }
+}
+
+/// Minimises the regularised loss (the shared L-BFGS; the loss is convex, so the result does
+/// not depend on the path).
+fn fit(data: &[&Choice], dim: usize, lambda: f64) -> Vec<f64> {
+    let loss = Loss { data, dim, lambda };
+    let opts = lbfgs::Options {
+        tol: 1e-7,
+        ftol: 1e-10,
+        max_iter: 300,
+    };
+    lbfgs::minimize(&loss, &opts).x
 }
 
 /// Accuracy with ties split evenly (a tie among m options that includes the gold earns 1/m),
