@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -57,7 +58,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
     Ok(())
 }
 
-/// The models in plotting order with their colours.
+/// The models in plotting order with their colours; the ensemble, which decides, last.
 const MODELS: [(&str, RGBColor); 7] = [
     ("MLP (LM features)", RGBColor(31, 119, 180)),
     ("bag of words", RGBColor(44, 160, 44)),
@@ -81,7 +82,7 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
     let last = iterations.last().map_or(1, |r| r.iteration.max(1));
     let top = iterations
         .iter()
-        .flat_map(|r| (0..5).filter_map(|m| head(&r.accuracy, m)))
+        .flat_map(|r| (0..MODELS.len()).filter_map(|m| head(&r.accuracy, m)))
         .fold(chance * 2.0, f64::max);
     let y_max = (top * 1.1).min(1.0).max(chance * 1.5);
     let mlp_end = iterations
@@ -120,57 +121,11 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .map_err(draw_err)?;
 
     if let Some(end) = mlp_end {
-        let boundary = end as f64 + 0.5;
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(-0.5, 0.0), (boundary, y_max)],
-                RGBColor(240, 244, 250).filled(),
-            )))
-            .map_err(draw_err)?;
-        let label_style = TextStyle::from((font, 16).into_font()).color(&RGBColor(90, 90, 90));
-        let mut labels = vec![Text::new(
-            "MLP only".to_string(),
-            (-0.3, y_max * 0.04),
-            label_style.clone(),
-        )];
-        if iterations.iter().any(|r| r.phase == "ensemble") {
-            labels.push(Text::new(
-                "ensemble".to_string(),
-                (boundary + 0.2, y_max * 0.04),
-                label_style,
-            ));
-        }
-        chart.draw_series(labels).map_err(draw_err)?;
+        let ensemble_phase = iterations.iter().any(|r| r.phase == "ensemble");
+        shade_mlp_phase(&mut chart, end as f64 + 0.5, y_max, ensemble_phase).map_err(draw_err)?;
     }
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(-0.5, chance), (last as f64 + 0.5, chance)],
-            8,
-            6,
-            BLACK.stroke_width(2),
-        ))
-        .map_err(draw_err)?
-        .label(format!("chance 1/(k+1) = {chance:.2}"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-
-    for (m, (name, colour)) in MODELS.iter().enumerate() {
-        let points: Vec<(f64, f64)> = iterations
-            .iter()
-            .filter_map(|r| head(&r.accuracy, m).map(|a| (r.iteration as f64, a)))
-            .collect();
-        if points.is_empty() {
-            continue;
-        }
-        let style = colour.stroke_width(if m == 4 { 3 } else { 2 });
-        chart
-            .draw_series(LineSeries::new(points.clone(), style))
-            .map_err(draw_err)?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
-        chart
-            .draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))
-            .map_err(draw_err)?;
-    }
+    draw_chance(&mut chart, chance, last as f64 + 0.5).map_err(draw_err)?;
+    draw_models(&mut chart, iterations).map_err(draw_err)?;
     chart
         .configure_series_labels()
         .label_font((font, 15))
@@ -180,6 +135,76 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .draw()
         .map_err(draw_err)?;
     root.present().map_err(draw_err)?;
+    Ok(())
+}
+
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+type DrawResult = std::result::Result<
+    (),
+    DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>,
+>;
+
+/// The MLP-only phase as a shaded band up to `boundary`, labelled, with the ensemble phase's
+/// label after it when there is one.
+fn shade_mlp_phase(
+    chart: &mut Chart,
+    boundary: f64,
+    y_max: f64,
+    ensemble_phase: bool,
+) -> DrawResult {
+    chart.draw_series(std::iter::once(Rectangle::new(
+        [(-0.5, 0.0), (boundary, y_max)],
+        RGBColor(240, 244, 250).filled(),
+    )))?;
+    let label_style =
+        TextStyle::from((crate::plot::FONT, 16).into_font()).color(&RGBColor(90, 90, 90));
+    let mut labels = vec![Text::new(
+        "MLP only".to_string(),
+        (-0.3, y_max * 0.04),
+        label_style.clone(),
+    )];
+    if ensemble_phase {
+        labels.push(Text::new(
+            "ensemble".to_string(),
+            (boundary + 0.2, y_max * 0.04),
+            label_style,
+        ));
+    }
+    chart.draw_series(labels)?;
+    Ok(())
+}
+
+fn draw_chance(chart: &mut Chart, chance: f64, x_end: f64) -> DrawResult {
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(-0.5, chance), (x_end, chance)],
+            8,
+            6,
+            BLACK.stroke_width(2),
+        ))?
+        .label(format!("chance 1/(k+1) = {chance:.2}"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    Ok(())
+}
+
+/// One line with dots per model that has accuracies, the ensemble's thicker.
+fn draw_models(chart: &mut Chart, iterations: &[IterationRecord]) -> DrawResult {
+    for (m, (name, colour)) in MODELS.iter().enumerate() {
+        let points: Vec<(f64, f64)> = iterations
+            .iter()
+            .filter_map(|r| head(&r.accuracy, m).map(|a| (r.iteration as f64, a)))
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let style = colour.stroke_width(if m == MODELS.len() - 1 { 3 } else { 2 });
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
+    }
     Ok(())
 }
 
@@ -203,11 +228,27 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
         run.k,
         run.seed
     )?;
-    let mlp: Vec<&IterationRecord> = iterations.iter().filter(|r| r.phase == "mlp").collect();
-    let ens: Vec<&IterationRecord> = iterations
-        .iter()
-        .filter(|r| r.phase == "ensemble")
-        .collect();
+    summary(&mut md, iterations)?;
+    if let Some(acc) = &run.final_accuracy {
+        final_pass_summary(&mut md, acc, store, run.id)?;
+    }
+    iteration_table(&mut md, iterations)?;
+    writeln!(md, "\n## Parameters\n")?;
+    let params: serde_json::Value = serde_json::from_str(&run.params)?;
+    writeln!(
+        md,
+        "```json\n{}\n```",
+        serde_json::to_string_pretty(&params)?
+    )?;
+    Ok(md)
+}
+
+/// Iterations, swaps and time per phase, and how each model's accuracy moved in each phase.
+fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
+    let phase = |name: &str| -> Vec<&IterationRecord> {
+        iterations.iter().filter(|r| r.phase == name).collect()
+    };
+    let (mlp, ens) = (phase("mlp"), phase("ensemble"));
     let total_swaps: usize = iterations.iter().map(|r| r.swaps).sum();
     let total_seconds: f64 = iterations.iter().map(|r| r.seconds).sum();
     writeln!(md, "## Summary\n")?;
@@ -253,31 +294,43 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
             )?;
         }
     }
-    if let Some(acc) = &run.final_accuracy {
-        writeln!(
-            md,
-            "- final cross-fitted pass (every context scored by an ensemble that did not train on \
-             it): mlp {}, bag of words {}, CNN {}, BiLSTM {}, subwords {}, sentence {}, \
-             ensemble {}",
-            fmt_acc(acc.mlp),
-            fmt_acc(acc.bow),
-            fmt_acc(acc.cnn),
-            fmt_acc(acc.lstm),
-            fmt_acc(acc.subword),
-            fmt_acc(acc.sentence),
-            fmt_acc(acc.ensemble)
-        )?;
-        let origins = store.af_assignment_origins(run.id)?;
-        let initial = origins.values().filter(|&&i| i < 0).count();
-        writeln!(
-            md,
-            "- final assignment: {} of {} negatives brought in by AF swaps, {} from the initial \
-             random draw",
-            origins.len() - initial,
-            origins.len(),
-            initial
-        )?;
-    }
+    Ok(())
+}
+
+/// The final cross-fitted pass's accuracies and where the final negatives came from.
+fn final_pass_summary(
+    md: &mut String,
+    acc: &HeadAccuracy,
+    store: &Store,
+    run_id: i64,
+) -> Result<()> {
+    writeln!(
+        md,
+        "- final cross-fitted pass (every context scored by an ensemble that did not train on \
+         it): mlp {}, bag of words {}, CNN {}, BiLSTM {}, subwords {}, sentence {}, \
+         ensemble {}",
+        fmt_acc(acc.mlp),
+        fmt_acc(acc.bow),
+        fmt_acc(acc.cnn),
+        fmt_acc(acc.lstm),
+        fmt_acc(acc.subword),
+        fmt_acc(acc.sentence),
+        fmt_acc(acc.ensemble)
+    )?;
+    let origins = store.af_assignment_origins(run_id)?;
+    let initial = origins.values().filter(|&&i| i < 0).count();
+    writeln!(
+        md,
+        "- final assignment: {} of {} negatives brought in by AF swaps, {} from the initial \
+         random draw",
+        origins.len() - initial,
+        origins.len(),
+        initial
+    )?;
+    Ok(())
+}
+
+fn iteration_table(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
     writeln!(md, "\n## Per iteration\n")?;
     writeln!(
         md,
@@ -312,12 +365,5 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
             r.seconds
         )?;
     }
-    writeln!(md, "\n## Parameters\n")?;
-    let params: serde_json::Value = serde_json::from_str(&run.params)?;
-    writeln!(
-        md,
-        "```json\n{}\n```",
-        serde_json::to_string_pretty(&params)?
-    )?;
-    Ok(md)
+    Ok(())
 }

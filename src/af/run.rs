@@ -115,30 +115,7 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         args.ensemble_iterations
             .unwrap_or(DEFAULT_ENSEMBLE_ITERATIONS),
     );
-    // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
-    // reads the LM features alone, which keeps a big project small.
-    let with_text = final_family == Family::Ensemble;
-    let encode = encode_config(&args);
-    if with_text && encode.sentence_vectors {
-        super::data::store_sentence_vectors(&mut store)?;
-    }
-    let data = Dataset::load(&store, args.k, &encode, with_text)?;
-    if data.excluded > 0 {
-        println!(
-            "{} contexts have fewer than k = {} candidate endings and are left out",
-            data.excluded, args.k
-        );
-    }
-    if data.contexts.len() < 2 * args.folds.max(5) {
-        bail!(
-            "{}: only {} contexts have a pool of at least k = {} candidates; AF needs at least {} \
-             (run `afkit generate` first, or lower --k)",
-            args.project.display(),
-            data.contexts.len(),
-            args.k,
-            2 * args.folds.max(5)
-        );
-    }
+    let data = load_pools(&mut store, &args, final_family)?;
     let params = RunParams::from_args(&args, data.contexts.len(), data.excluded, compute);
     let fingerprint = data.fingerprint();
     let Some(run) = resolve_run(&mut store, &args, &params, &fingerprint, &data)? else {
@@ -159,30 +136,98 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         );
     }
     let mut assignment = store.af_assignment(run.id)?;
-    let mut history = store.af_iterations(run.id)?;
+    let iterations = run_iterations(&mut store, run.id, &data, &mut assignment, &params)?;
+    let scored = finish_run(
+        &mut store,
+        run.id,
+        &data,
+        &assignment,
+        final_family,
+        &params,
+    )?;
+    println!(
+        "AF run {} finished: {iterations} iterations; scores of {scored} endings stored (see \
+         `afkit report`)",
+        run.id
+    );
+    Ok(())
+}
+
+/// Reads the pools AF filters, embedding their sentences first where the run needs them, and
+/// checks there are enough of them.
+fn load_pools(store: &mut Store, args: &FilterArgs, final_family: Family) -> Result<Dataset> {
+    // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
+    // reads the LM features alone, which keeps a big project small.
+    let with_text = final_family == Family::Ensemble;
+    let encode = encode_config(args);
+    if with_text && encode.sentence_vectors {
+        super::data::store_sentence_vectors(store)?;
+    }
+    let data = Dataset::load(store, args.k, &encode, with_text)?;
+    if data.excluded > 0 {
+        println!(
+            "{} contexts have fewer than k = {} candidate endings and are left out",
+            data.excluded, args.k
+        );
+    }
+    let needed = 2 * args.folds.max(5);
+    if data.contexts.len() < needed {
+        bail!(
+            "{}: only {} contexts have a pool of at least k = {} candidates; AF needs at least \
+             {needed} (run `afkit generate` first, or lower --k)",
+            args.project.display(),
+            data.contexts.len(),
+            args.k,
+        );
+    }
+    Ok(data)
+}
+
+/// Runs iterations until both phases are over, committing each with its swaps; returns how many
+/// the run has in all (a resumed run continues after the stored ones).
+fn run_iterations(
+    store: &mut Store,
+    run_id: i64,
+    data: &Dataset,
+    assignment: &mut Assignment,
+    params: &RunParams,
+) -> Result<usize> {
+    let mut history = store.af_iterations(run_id)?;
     let total = (params.mlp_iterations + params.ensemble_iterations) as u64;
     let bar = crate::progress::bar(total, "iterations");
     bar.set_position(history.len() as u64);
-    while let Some(family) = next_family(&history, &params) {
+    while let Some(family) = next_family(&history, params) {
         crate::interrupt::check()?;
         let iteration = history.len();
         if iteration == 0 || history[iteration - 1].phase != family.name() {
             bar.suspend(|| println!("phase: {} iterations", family.name()));
         }
         let (record, swaps, train_seconds) =
-            run_iteration(&data, &assignment, family, iteration, &params)?;
-        store.commit_af_iteration(run.id, &record, &swaps)?;
-        apply_swaps(&mut assignment, &swaps);
+            run_iteration(data, assignment, family, iteration, params)?;
+        store.commit_af_iteration(run_id, &record, &swaps)?;
+        apply_swaps(assignment, &swaps);
         bar.suspend(|| println!("{}", iteration_line(&record, train_seconds)));
         bar.inc(1);
         history.push(record);
     }
     bar.finish_and_clear();
     crate::interrupt::check()?;
+    Ok(history.len())
+}
 
+/// The final cross-fitted pass, stored with the run's folds; returns the number of endings
+/// scored.
+fn finish_run(
+    store: &mut Store,
+    run_id: i64,
+    data: &Dataset,
+    assignment: &Assignment,
+    final_family: Family,
+    params: &RunParams,
+) -> Result<usize> {
     let fold_bar = crate::progress::bar(params.folds as u64, "folds");
     let (fold_of, mut scores, accuracy) =
-        final_pass(&data, &assignment, final_family, &params, &fold_bar)?;
+        final_pass(data, assignment, final_family, params, &fold_bar)?;
     // In key order, SQLite appends to the scores' B-tree instead of splitting pages all over it.
     scores.sort_unstable_by_key(|(ending_id, _)| *ending_id);
     fold_bar.finish_and_clear();
@@ -192,20 +237,14 @@ pub fn filter(args: FilterArgs) -> Result<()> {
         .zip(&fold_of)
         .map(|(c, f)| (c.example_id, *f))
         .collect();
-    store.finish_af_run(run.id, &folds, &scores, &accuracy)?;
+    store.finish_af_run(run_id, &folds, &scores, &accuracy)?;
     println!(
         "final cross-fitted pass ({} folds, {}): {}",
         params.folds,
         final_family.name(),
         accuracy_text(&accuracy)
     );
-    println!(
-        "AF run {} finished: {} iterations; scores of {} endings stored (see `afkit report`)",
-        run.id,
-        history.len(),
-        scores.len()
-    );
-    Ok(())
+    Ok(scores.len())
 }
 
 /// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
