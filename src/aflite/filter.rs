@@ -180,13 +180,7 @@ pub fn run(
         let started = Instant::now();
         let round_no = rounds.len() + 1;
         observer.round_started(round_no, s.len());
-        let train_sets: Vec<Vec<usize>> = (0..params.partitions)
-            .map(|_| {
-                let mut positions = sample(&mut rng, s.len(), params.train_size).into_vec();
-                positions.sort_unstable();
-                positions.into_iter().map(|p| s[p]).collect()
-            })
-            .collect();
+        let train_sets = draw_train_sets(&mut rng, &s, params);
         observer.partitions(round_no, &s, &train_sets)?;
 
         let (correct, predicted, not_converged) =
@@ -214,15 +208,7 @@ pub fn run(
             &mut rng,
         );
 
-        let mut histogram = [0usize; HISTOGRAM_BINS];
-        let mut sum = 0.0;
-        let mut scored = 0;
-        for v in scores.iter().flatten() {
-            let bin = ((v * HISTOGRAM_BINS as f64) as usize).min(HISTOGRAM_BINS - 1);
-            histogram[bin] += 1;
-            sum += v;
-            scored += 1;
-        }
+        let (histogram, mean_score, scored) = score_histogram(&scores);
         for &p in &chosen {
             removed_round[s[p]] = Some(round_no);
         }
@@ -231,7 +217,7 @@ pub fn run(
             size: s.len(),
             passed_tau: passed.len(),
             removed: chosen.len(),
-            mean_score: if scored > 0 { sum / scored as f64 } else { 0.0 },
+            mean_score,
             histogram,
             unscored: s.len() - scored,
             fits_not_converged: not_converged,
@@ -253,6 +239,38 @@ pub fn run(
         rounds,
         stop,
     })
+}
+
+/// One training set per partition: `train_size` members of S drawn without replacement, in S's
+/// order.
+fn draw_train_sets(rng: &mut ChaCha8Rng, s: &[usize], params: &Params) -> Vec<Vec<usize>> {
+    (0..params.partitions)
+        .map(|_| {
+            let mut positions = sample(rng, s.len(), params.train_size).into_vec();
+            positions.sort_unstable();
+            positions.into_iter().map(|p| s[p]).collect()
+        })
+        .collect()
+}
+
+/// The bin of a predictability score in [0, 1] among [`HISTOGRAM_BINS`] equal bins.
+pub fn score_bin(score: f64) -> usize {
+    ((score * HISTOGRAM_BINS as f64) as usize).min(HISTOGRAM_BINS - 1)
+}
+
+/// The round's score histogram, the mean score (0 when nothing was scored) and how many
+/// examples were scored.
+fn score_histogram(scores: &[Option<f64>]) -> ([usize; HISTOGRAM_BINS], f64, usize) {
+    let mut histogram = [0usize; HISTOGRAM_BINS];
+    let mut sum = 0.0;
+    let mut scored = 0;
+    for &v in scores.iter().flatten() {
+        histogram[score_bin(v)] += 1;
+        sum += v;
+        scored += 1;
+    }
+    let mean = if scored > 0 { sum / scored as f64 } else { 0.0 };
+    (histogram, mean, scored)
 }
 
 /// Fits one model per partition in parallel; per position of S returns how often it was

@@ -140,135 +140,63 @@ pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     refuse_overwriting_the_input(&args.input, &args.out)?;
     let dataset = Dataset::read(&args.input)?;
-    let label_names = dataset.label_names();
-    let labels: Vec<u32> = dataset
-        .examples
-        .iter()
-        .map(|e| label_names.binary_search(&e.label).expect("label listed") as u32)
-        .collect();
-    if label_names.len() < 2 {
-        bail!(
-            "{}: every example has the label {:?}; AFLite needs at least two classes",
-            args.input.display(),
-            label_names[0]
-        );
-    }
-
+    let (label_names, labels) = class_ids(&dataset, &args.input)?;
     let (base, features_summary) = base_features(&args, &dataset)?;
     if let Some(path) = &args.write_features {
         base.write_npy(path)?;
     }
-
-    // The part that is filtered (all of it, or what the warm-up left).
-    let (filtered, phi, warmup_summary) = match args.warmup_fraction {
-        None => ((0..dataset.len()).collect::<Vec<usize>>(), base, None),
-        Some(f) => {
-            if !(f > 0.0 && f < 1.0) {
-                bail!("--warmup-fraction must lie strictly between 0 and 1, got {f}");
-            }
-            let (held, rest, phi, summary) =
-                run_warmup(&args, f, &base, &labels, label_names.len())?;
-            let summary = json!({
-                "fraction": f,
-                "examples": held.len(),
-                "excluded_from_output": true,
-                "model": summary,
-            });
-            (rest, phi, Some((held, summary)))
-        }
-    };
-    let filtered_labels: Vec<u32> = filtered.iter().map(|&i| labels[i]).collect();
-
-    let total = filtered.len();
-    let params = Params {
-        target_size: args.target_size.resolve(total),
-        partitions: args.partitions,
-        train_size: args.train_size.resolve(total),
-        slice: args.slice.resolve(total).max(1),
-        tau: args.tau,
-        variant: args.variant,
-        seed: args.seed,
-        fit: FitOptions {
-            c: args.c,
-            tol: args.tol,
-            max_iter: args.max_iter,
-        },
-    };
+    let part = filtered_part(&args, base, &labels, label_names.len())?;
+    let filtered_labels: Vec<u32> = part.rows.iter().map(|&i| labels[i]).collect();
+    let total = part.rows.len();
+    let params = params_for(&args, total);
     params.validate(total)?;
 
     let mut observer = CliObserver::new(
         params.partitions,
-        &filtered,
+        &part.rows,
         args.dump_partitions.as_deref(),
         params.seed,
     )?;
     let filter_started = Instant::now();
-    let outcome = filter::run(&phi, &filtered_labels, &params, &mut observer)?;
+    let outcome = filter::run(&part.phi, &filtered_labels, &params, &mut observer)?;
     let filter_seconds = filter_started.elapsed().as_secs_f64();
     observer.finish()?;
 
     // Map back to input rows.
     let mut removed_round = vec![None; dataset.len()];
     let mut score = vec![None; dataset.len()];
-    for (p, &i) in filtered.iter().enumerate() {
+    for (p, &i) in part.rows.iter().enumerate() {
         removed_round[i] = outcome.removed_round[p];
         score[i] = outcome.score[p];
     }
-    let keep: Vec<usize> = filtered
+    let keep: Vec<usize> = part
+        .rows
         .iter()
         .copied()
         .filter(|&i| removed_round[i].is_none())
         .collect();
-    let warmup_rows: Vec<usize> = warmup_summary
-        .as_ref()
-        .map(|(held, _)| held.clone())
-        .unwrap_or_default();
-
-    let final_histogram = {
-        let mut h = [0usize; filter::HISTOGRAM_BINS];
-        for &i in &keep {
-            if let Some(v) = score[i] {
-                h[((v * filter::HISTOGRAM_BINS as f64) as usize)
-                    .min(filter::HISTOGRAM_BINS - 1)] += 1;
-            }
-        }
-        h
-    };
-    let summary = json!({
+    let mut summary = json!({
         "afkit_version": env!("CARGO_PKG_VERSION"),
         "input": args.input,
         "format": dataset.format,
         "examples": dataset.len(),
         "labels": label_names,
         "features": features_summary,
-        "phi_dim": phi.cols,
-        "warmup": warmup_summary.as_ref().map(|(_, s)| s.clone()),
+        "phi_dim": part.phi.cols,
+        "warmup": part.warmup.as_ref().map(|(_, s)| s.clone()),
         "filtered_examples": total,
-        "parameters": {
-            "target_size": params.target_size,
-            "partitions": params.partitions,
-            "train_size": params.train_size,
-            "slice": params.slice,
-            "effective_slice": params.effective_slice(),
-            "tau": params.tau,
-            "variant": params.variant,
-            "seed": params.seed,
-            "model": "multinomial logistic regression, L2, intercept (scikit-learn objective)",
-            "c": params.fit.c,
-            "tol": params.fit.tol,
-            "max_iter": params.fit.max_iter,
-        },
+        "parameters": params_summary(&params),
         "seed": params.seed,
         "rounds": outcome.rounds,
         "stop_reason": outcome.stop,
         "retained": keep.len(),
         "removed": total - keep.len(),
-        "retained_score_histogram": final_histogram,
+        "retained_score_histogram": retained_histogram(&keep, &score),
         "histogram_bins": filter::HISTOGRAM_BINS,
         "filter_seconds": filter_seconds,
-        "wall_seconds": started.elapsed().as_secs_f64(),
     });
-
+    summary["wall_seconds"] = json!(started.elapsed().as_secs_f64());
+    let warmup_rows = part.warmup.map(|(held, _)| held).unwrap_or_default();
     write_outputs(
         &args.out,
         &dataset,
@@ -290,6 +218,107 @@ pub fn run(args: Args) -> Result<()> {
         args.out.display()
     );
     Ok(())
+}
+
+/// The sorted label names and every example's class id (its label's index among them).
+fn class_ids(dataset: &Dataset, input: &Path) -> Result<(Vec<String>, Vec<u32>)> {
+    let label_names = dataset.label_names();
+    if label_names.len() < 2 {
+        bail!(
+            "{}: every example has the label {:?}; AFLite needs at least two classes",
+            input.display(),
+            label_names[0]
+        );
+    }
+    let labels = dataset
+        .examples
+        .iter()
+        .map(|e| label_names.binary_search(&e.label).expect("label listed") as u32)
+        .collect();
+    Ok((label_names, labels))
+}
+
+/// The rows AFLite filters and their representation: all rows and the base features, or what
+/// the warm-up left and the features its model computes.
+struct FilteredPart {
+    rows: Vec<usize>,
+    phi: Matrix,
+    /// The warm-up's rows (left out of the output) and its summary.
+    warmup: Option<(Vec<usize>, serde_json::Value)>,
+}
+
+fn filtered_part(
+    args: &Args,
+    base: Matrix,
+    labels: &[u32],
+    classes: usize,
+) -> Result<FilteredPart> {
+    let Some(f) = args.warmup_fraction else {
+        return Ok(FilteredPart {
+            rows: (0..labels.len()).collect(),
+            phi: base,
+            warmup: None,
+        });
+    };
+    if !(f > 0.0 && f < 1.0) {
+        bail!("--warmup-fraction must lie strictly between 0 and 1, got {f}");
+    }
+    let (held, rest, phi, model) = run_warmup(args, f, &base, labels, classes)?;
+    let summary = json!({
+        "fraction": f,
+        "examples": held.len(),
+        "excluded_from_output": true,
+        "model": model,
+    });
+    Ok(FilteredPart {
+        rows: rest,
+        phi,
+        warmup: Some((held, summary)),
+    })
+}
+
+/// The filter's parameters, with sizes given as fractions resolved against `total` rows.
+fn params_for(args: &Args, total: usize) -> Params {
+    Params {
+        target_size: args.target_size.resolve(total),
+        partitions: args.partitions,
+        train_size: args.train_size.resolve(total),
+        slice: args.slice.resolve(total).max(1),
+        tau: args.tau,
+        variant: args.variant,
+        seed: args.seed,
+        fit: FitOptions {
+            c: args.c,
+            tol: args.tol,
+            max_iter: args.max_iter,
+        },
+    }
+}
+
+fn params_summary(params: &Params) -> serde_json::Value {
+    json!({
+        "target_size": params.target_size,
+        "partitions": params.partitions,
+        "train_size": params.train_size,
+        "slice": params.slice,
+        "effective_slice": params.effective_slice(),
+        "tau": params.tau,
+        "variant": params.variant,
+        "seed": params.seed,
+        "model": "multinomial logistic regression, L2, intercept (scikit-learn objective)",
+        "c": params.fit.c,
+        "tol": params.fit.tol,
+        "max_iter": params.fit.max_iter,
+    })
+}
+
+/// How the kept rows' predictability scores spread over [0, 1].
+fn retained_histogram(keep: &[usize], score: &[Option<f64>]) -> [usize; filter::HISTOGRAM_BINS] {
+    let mut h = [0usize; filter::HISTOGRAM_BINS];
+    for v in keep.iter().filter_map(|&i| score[i]) {
+        h[filter::score_bin(v)] += 1;
+    }
+    h
 }
 
 fn base_features(args: &Args, dataset: &Dataset) -> Result<(Matrix, serde_json::Value)> {
