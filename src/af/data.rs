@@ -197,6 +197,49 @@ struct Tokenised {
     subwords: Vec<u32>,
 }
 
+/// One option's tokens (`sent2` then the ending, capped at `max_tokens`), their POS tags and
+/// the ending's subword buckets; without text only the ending's word count.
+fn tokenise_option(
+    sent2: &[String],
+    ending: &str,
+    cfg: &EncodeConfig,
+    with_text: bool,
+    tagger: &crate::text::Tagger,
+) -> Tokenised {
+    // Without text only the ending's length is needed: count its tokens without making strings
+    // of them (this runs for every pool ending).
+    let ending_tokens = crate::text::token_spans(ending).len();
+    let n_words = (sent2.len() + ending_tokens)
+        .min(cfg.max_tokens)
+        .saturating_sub(sent2.len());
+    if !with_text {
+        return Tokenised {
+            n_words,
+            tokens: Vec::new(),
+            tags: Vec::new(),
+            subwords: Vec::new(),
+        };
+    }
+    let tokens: Vec<String> = sent2
+        .iter()
+        .cloned()
+        .chain(crate::text::tokenize(ending))
+        .take(cfg.max_tokens)
+        .collect();
+    // Tagging sees the option's whole second sentence.
+    let tags = tagger
+        .tag(&tokens)
+        .iter()
+        .map(|t| upos_index(t.as_str()))
+        .collect();
+    Tokenised {
+        n_words,
+        tokens,
+        tags,
+        subwords: subword_ids(ending, cfg.subword_buckets),
+    }
+}
+
 impl Builder {
     fn new(cfg: EncodeConfig, with_text: bool) -> Builder {
         Builder {
@@ -219,40 +262,7 @@ impl Builder {
                 let sent2 = crate::text::tokenize(&c.sent2);
                 let options = std::iter::once(&c.gold)
                     .chain(&c.candidates)
-                    .map(|ending| {
-                        // Without text only the ending's length is needed: count its tokens
-                        // without making strings of them (this runs for every pool ending).
-                        let ending_tokens = crate::text::token_spans(&ending.text).len();
-                        let n_words = (sent2.len() + ending_tokens)
-                            .min(cfg.max_tokens)
-                            .saturating_sub(sent2.len());
-                        if !with_text {
-                            return Tokenised {
-                                n_words,
-                                tokens: Vec::new(),
-                                tags: Vec::new(),
-                                subwords: Vec::new(),
-                            };
-                        }
-                        let tokens: Vec<String> = sent2
-                            .iter()
-                            .cloned()
-                            .chain(crate::text::tokenize(&ending.text))
-                            .take(cfg.max_tokens)
-                            .collect();
-                        // Tagging sees the option's whole second sentence.
-                        let tags = tagger
-                            .tag(&tokens)
-                            .iter()
-                            .map(|t| upos_index(t.as_str()))
-                            .collect();
-                        Tokenised {
-                            n_words,
-                            tokens,
-                            tags,
-                            subwords: subword_ids(&ending.text, cfg.subword_buckets),
-                        }
-                    })
+                    .map(|ending| tokenise_option(&sent2, &ending.text, &cfg, with_text, tagger))
                     .collect();
                 (sent2, options)
             })

@@ -476,9 +476,20 @@ pub fn make_batch(
     let rows = options.len();
     let lm: Vec<f32> = options.iter().flat_map(|(e, _)| e.lm).collect();
     let lm = Tensor::from_vec(lm, (rows, LM_FEATURES), device)?;
-    let Some(inputs) = text else {
-        return Ok(Batch { lm, text: None });
-    };
+    let text = text
+        .map(|inputs| text_batch(options, inputs, device))
+        .transpose()?;
+    Ok(Batch { lm, text })
+}
+
+/// The text models' inputs of a batch: word and POS ids padded to the longest row (forwards and
+/// backwards for the BiLSTM), masks, the CNN's valid windows, subword bags, sentence vectors.
+fn text_batch(
+    options: &[(&super::data::EncodedEnding, usize)],
+    inputs: Inputs,
+    device: &Device,
+) -> Result<TextBatch> {
+    let rows = options.len();
     // At least as long as the widest filter, so every width yields one window.
     let max_width = *CNN_WIDTHS.iter().max().unwrap_or(&1);
     let len = options
@@ -521,7 +532,7 @@ pub fn make_batch(
         }
     }
     let ids = |v: Vec<u32>| Tensor::from_vec(v, (rows, len), device);
-    let text = TextBatch {
+    Ok(TextBatch {
         words: ids(words)?,
         in_sent2: ids(in_sent2)?,
         lstm_ids: ids(lstm_ids)?,
@@ -546,10 +557,6 @@ pub fn make_batch(
                 Tensor::from_vec(data, (rows, inputs.sentence_dim), device)
             })
             .transpose()?,
-    };
-    Ok(Batch {
-        lm,
-        text: Some(text),
     })
 }
 
