@@ -16,6 +16,7 @@ pub mod export;
 pub mod generate;
 pub mod ingest;
 pub mod interrupt;
+pub mod json_errors;
 pub mod lm;
 pub mod models;
 pub mod plot;

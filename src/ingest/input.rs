@@ -10,6 +10,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::csv_lines::RecordLines;
+use crate::json_errors::json_error_without_position;
 
 /// One input record: a first sentence and its (possibly unsplit) second sentence.
 #[derive(Debug, Clone, PartialEq)]
@@ -259,16 +260,6 @@ pub fn read_jsonl(path: &Path) -> Result<Parsed> {
         records,
         sentences,
     })
-}
-
-/// serde_json's message ends with " at line L column C" relative to the string it parsed (one
-/// line of the file); the caller gives the position in the file instead.
-pub fn json_error_without_position(e: &serde_json::Error) -> String {
-    let message = e.to_string();
-    let suffix = format!(" at line {} column {}", e.line(), e.column());
-    message
-        .strip_suffix(&suffix)
-        .map_or(message.clone(), str::to_string)
 }
 
 // ----- SWAG CSV -----
