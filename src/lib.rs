@@ -10,6 +10,7 @@ pub mod assemble;
 pub mod audit;
 pub mod cli;
 pub mod csv_lines;
+pub mod dataset;
 pub mod device;
 pub mod embed;
 pub mod export;

@@ -345,21 +345,6 @@ fn refill(
     )
 }
 
-/// A seed for one sub-task derived from the recorded seed and the sub-task's identity
-/// (SplitMix64 over the parts), so that each shuffle is reproducible on its own.
-pub fn derive_seed(parts: &[u64]) -> u64 {
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    for &part in parts {
-        state ^= part;
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        state = z ^ (z >> 31);
-    }
-    state
-}
-
 fn print_summary(s: &Summary) {
     let kind = if s.unverified {
         "unverified"

@@ -279,7 +279,7 @@ pub struct TaskView {
 
 impl TaskView {
     pub fn startphrase(&self) -> String {
-        super::examples::startphrase(&self.sent1, &self.sent2)
+        crate::dataset::startphrase(&self.sent1, &self.sent2)
     }
 }
 
