@@ -1,6 +1,11 @@
-//! The dataset vocabulary every stage shares: SWAG's column lists, the startphrase, and the seed
-//! derivation of per-example shuffles. Readers (ingest), writers (export) and the stages between
-//! them take these from here, so a file afkit writes is one it reads back.
+//! The dataset vocabulary every stage shares: SWAG's column lists, the three splits, the
+//! startphrase, and the seed derivation of per-example shuffles. Readers (ingest), writers (export)
+//! and the stages between them take these from here, so a file afkit writes is one it reads back.
+
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{bail, Error, Result};
 
 /// Column order of SWAG's regular CSV after its leading index column. The release's regular files
 /// begin with an unnamed column holding the row number, and the public `swag` loader reads them by
@@ -49,6 +54,46 @@ pub const FULL_TYPE_COLUMNS: [&str; 5] = [
     "distractor-3-type",
 ];
 
+/// The split an example belongs to; every example of a group (video) is in the same one.
+/// Declared in the order of [`Split::ALL`], so `split as usize` indexes per-split arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Split {
+    Train,
+    Val,
+    Test,
+}
+
+impl Split {
+    /// Every split, in the order of `--split` fractions, summaries and exported files.
+    pub const ALL: [Split; 3] = [Split::Train, Split::Val, Split::Test];
+
+    /// The name stored in the project and used in file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Val => "val",
+            Split::Test => "test",
+        }
+    }
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Split {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Split> {
+        match Split::ALL.into_iter().find(|s| s.as_str() == text) {
+            Some(split) => Ok(split),
+            None => bail!("unknown split {text:?}: expected train, val or test"),
+        }
+    }
+}
+
 /// The full context a language model continues and a SWAG reader sees: `sent1 + " " + sent2`
 /// (just `sent1` when the second sentence has no words before its ending).
 pub fn startphrase(sent1: &str, sent2: &str) -> String {
@@ -77,6 +122,15 @@ pub fn derive_seed(parts: &[u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splits_round_trip_through_their_names() {
+        for split in Split::ALL {
+            assert_eq!(split.as_str().parse::<Split>().unwrap(), split);
+        }
+        assert!("validation".parse::<Split>().is_err());
+        assert_eq!(Split::Val.to_string(), "val");
+    }
 
     #[test]
     fn type_columns_are_full_columns() {

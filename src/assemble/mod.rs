@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::dataset::Split;
 use crate::store::assemble::{
     self as db, AssembledDistractor, CurrentTask, Judgement, NewAssembled, Rank,
 };
@@ -149,8 +150,8 @@ pub fn assemble(
         unverified,
         ..Summary::default()
     };
-    for split in &splits {
-        *summary.groups.entry(split.1.clone()).or_default() += 1;
+    for split in splits.values() {
+        *summary.groups.entry(split.to_string()).or_default() += 1;
     }
 
     let mut built: Vec<NewAssembled> = Vec::new();
@@ -167,7 +168,7 @@ pub fn assemble(
             }
             built.push(NewAssembled {
                 example_id: ex.id,
-                split: splits[&ex.group].clone(),
+                split: splits[&ex.group],
                 gold_ending_id: ex.gold_ending_id,
                 gold_source: "unverified".into(),
                 gold_type: None,
@@ -214,7 +215,7 @@ pub fn assemble(
                     rules::consensus(&votes).map(|c| (e, c))
                 })
                 .collect();
-            let split = &splits[&ex.group];
+            let split = splits[&ex.group];
             let fold = folds.get(&ex.id).copied();
             match rules::decide(ex.gold_ending_id, &task.endings, &labels, &score) {
                 Decision::Gold {
@@ -236,7 +237,7 @@ pub fn assemble(
                         &example,
                     ));
                     if let Some(generated) = generated_gold {
-                        if split != "train" {
+                        if split != Split::Train {
                             summary.generated_gold_withheld_from_eval += 1;
                         } else if generated.distractors.len() < 3 {
                             summary.generated_gold_too_few_distractors += 1;
@@ -265,14 +266,14 @@ pub fn assemble(
         }
     }
     for ex in &built {
-        *summary.examples.entry(ex.split.clone()).or_default() += 1;
+        *summary.examples.entry(ex.split.to_string()).or_default() += 1;
         *summary
             .gold_sources
             .entry(ex.gold_source.clone())
             .or_default() += 1;
     }
     // Train first, then val, then test; assembly order within a split follows the examples.
-    built.sort_by_key(|ex| split::SPLIT_NAMES.iter().position(|s| *s == ex.split));
+    built.sort_by_key(|ex| ex.split);
 
     let record = Recorded {
         seed,
@@ -294,14 +295,14 @@ pub fn assemble(
 
 fn verified(
     example_id: i64,
-    split: &str,
+    split: Split,
     fold: Option<i64>,
     gold_source: String,
     b: &Built,
 ) -> NewAssembled {
     NewAssembled {
         example_id,
-        split: split.to_string(),
+        split,
         gold_ending_id: b.gold,
         gold_source,
         gold_type: Some(b.gold_type),
@@ -352,7 +353,8 @@ fn print_summary(s: &Summary) {
         "verified"
     };
     println!("assembled {kind} examples from AF run {}", s.af_run);
-    for name in split::SPLIT_NAMES {
+    for split in Split::ALL {
+        let name = split.as_str();
         println!(
             "  {name:<6} {:>7} examples  {:>6} groups",
             s.examples.get(name).copied().unwrap_or(0),

@@ -15,7 +15,7 @@ use super::harness;
 use super::layout::{Layout, HF_SPLITS};
 use super::rows::Row;
 use super::Options;
-use crate::assemble::split::SPLIT_NAMES;
+use crate::dataset::Split;
 use crate::store::export::{
     self as db, GenerationInfo, IterationInfo, LabelRow, LogProbGap, SourceInfo,
 };
@@ -107,7 +107,7 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         "| split | examples | groups | label 0 | label 1 | label 2 | label 3 |"
     )?;
     writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
-    for split in SPLIT_NAMES {
+    for split in Split::ALL {
         let in_split: Vec<&Row> = rows.iter().filter(|r| r.split == split).collect();
         let groups: std::collections::BTreeSet<&str> =
             in_split.iter().map(|r| r.group.as_str()).collect();
@@ -308,7 +308,7 @@ fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
          - `lm_eval/` — lm-evaluation-harness tasks `{}` (SWAG-style: the startphrase and \
          ending0..ending3) and `{}` (HellaSwag-style: \"activity_label: ctx\" and the endings).\n\
          - fold-ind is the context's fold in AF's final cross-fitted scoring pass.",
-        if layout.has_full("test") {
+        if layout.has_full(Split::Test) {
             ", `test_full.csv`"
         } else {
             ""
@@ -335,7 +335,7 @@ fn write_usage(md: &mut String, layout: &Layout) -> std::fmt::Result {
     writeln!(
         md,
         "With lm-evaluation-harness, from this folder (it reports the {} split):\n\n```\n{}\n```",
-        if layout.labelled("test") {
+        if layout.labelled(Split::Test) {
             "test"
         } else {
             "validation"

@@ -9,7 +9,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::dataset::{derive_seed, startphrase, FULL_COLUMNS, REGULAR_COLUMNS};
+use crate::dataset::{derive_seed, startphrase, Split, FULL_COLUMNS, REGULAR_COLUMNS};
 use crate::store::assemble::AssembledExample;
 
 /// The label written where the answers are withheld (the test split of a published export): the
@@ -24,7 +24,7 @@ pub struct Row {
     pub fold: Option<i64>,
     pub sent1: String,
     pub sent2: String,
-    pub split: String,
+    pub split: Split,
     pub gold: String,
     pub gold_source: String,
     pub gold_type: Option<String>,
@@ -68,7 +68,7 @@ pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
                 fold: ex.fold,
                 sent1: ex.sent1.clone(),
                 sent2: ex.sent2.clone(),
-                split: ex.split.clone(),
+                split: ex.split,
                 gold: ex.gold.clone(),
                 gold_source: ex.gold_source.clone(),
                 gold_type: ex.gold_type.clone(),
@@ -268,7 +268,7 @@ mod tests {
             group: format!("v{i}"),
             sent1: "A man walks in.".into(),
             sent2: "He".into(),
-            split: "train".into(),
+            split: Split::Train,
             gold_ending_id: 1000 + i,
             gold: format!("gold {i}."),
             gold_source: "unverified".into(),
