@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::dataset::Split;
+use crate::store::annotate::create_reannotation_task;
 use crate::store::assemble::{
     self as db, AssembledDistractor, CurrentTask, Judgement, NewAssembled, Rank,
 };
@@ -285,7 +286,7 @@ pub fn assemble(
     db::replace_splits(&tx, &splits)?;
     db::replace_assembly(&tx, &built)?;
     for (example_id, endings) in reannotations {
-        crate::annotate::tasks::create_reannotation_task(&tx, example_id, &endings)
+        create_reannotation_task(&tx, example_id, &endings)
             .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
     }
     crate::store::set_meta(&tx, "assemble", &serde_json::to_string(&record)?)?;
