@@ -14,7 +14,7 @@ use anyhow::Result;
 use super::harness;
 use super::layout::{Layout, HF_SPLITS};
 use super::rows::Row;
-use super::Options;
+use super::{Negatives, Options};
 use crate::dataset::Split;
 use crate::store::export::{
     self as db, GenerationInfo, IterationInfo, LabelRow, LogProbGap, SourceInfo,
@@ -24,7 +24,7 @@ use crate::store::{assemble::AfRun, Store};
 /// Everything the card reports, read from the project.
 pub struct CardInputs {
     pub project_name: String,
-    pub negatives: &'static str,
+    pub negatives: Negatives,
     pub seed: u64,
     pub layout: Layout,
     pub license: String,
@@ -53,7 +53,7 @@ impl CardInputs {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            negatives: options.negatives.as_str(),
+            negatives: options.negatives,
             seed: options.seed,
             layout: options.layout,
             license: options.license.clone(),
@@ -88,8 +88,8 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     writeln!(
         md,
         "- Negatives: **{}**{}",
-        c.negatives,
-        if c.negatives == "random" {
+        c.negatives.as_str(),
+        if c.negatives == Negatives::Random {
             " — a control: distractors drawn at random from each context's pre-AF pool, not the AF-selected ones"
         } else {
             " — the endings Adversarial Filtering selected, hardest first"
@@ -265,7 +265,7 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     writeln!(
         md,
         "- export: negatives = {}, seed = {}, test labels {}",
-        c.negatives,
+        c.negatives.as_str(),
         c.seed,
         if c.layout.with_test_labels {
             "kept (`--with-test-labels`: an internal export, not for publishing)"
