@@ -1,13 +1,15 @@
 //! AFLite: the papers' synthetic experiment, the algorithm's invariants, the command line, and
 //! the MiniLM sentence encoder it uses by default.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use afkit::aflite::features::Matrix;
 use afkit::aflite::filter::{self, Observer, Params, Round, StopReason, Variant};
 use afkit::aflite::logreg::{FitOptions, LogReg};
 use afkit::aflite::warmup::{Warmup, WarmupOptions};
+use common::afkit;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -257,14 +259,6 @@ proptest! {
         prop_assert_eq!(&again.removed_round, &outcome.removed_round);
         prop_assert_eq!(&again.score, &outcome.score);
     }
-}
-
-fn afkit(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_afkit"))
-        .args(args)
-        .env("AFKIT_NO_PROGRESS", "1")
-        .output()
-        .expect("afkit runs")
 }
 
 fn read_lines(path: &Path) -> Vec<String> {

@@ -2,29 +2,22 @@
 //! projects (a finished AF run written directly): the real UI under tmux with kill -9 and resume,
 //! two annotator processes on one file, crowd import validation, and agreement on known labels.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
+use common::{afkit, command, BIN};
 use rusqlite::Connection;
-
-const BIN: &str = env!("CARGO_BIN_EXE_afkit");
 
 fn project(dir: &Path, contexts: usize) -> PathBuf {
     let path = dir.join("p.sqlite");
     let mut store = Store::create(&path).unwrap();
     synthetic_af_project(&mut store, contexts, 9, 11).unwrap();
     path
-}
-
-fn afkit(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("AFKIT_NO_PROGRESS", "1")
-        .output()
-        .unwrap()
 }
 
 fn count(db: &Path, sql: &str) -> i64 {
@@ -304,7 +297,7 @@ fn two_annotators_at_once_lose_no_label() {
     let spawn = |who: &str| {
         let keys = script(dir.path(), &format!("{who}.keys"), 40);
         let timings = dir.path().join(format!("{who}.jsonl"));
-        let child = Command::new(BIN)
+        let child = command()
             .args(["annotate", db.to_str().unwrap(), "--annotator", who])
             .args(["--agreement-items", "10", "--replicas", "2"])
             .arg("--script")

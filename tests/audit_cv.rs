@@ -2,24 +2,18 @@
 //! chance where there are none, keeps every video in one fold, and reads a dataset directory the
 //! way an export writes it (an unlabelled test.csv is skipped with a note).
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use afkit::audit::cv::{cross_validate, Baseline, CvReport, CvResult, Embedder};
 use afkit::audit::dataset::Question;
 use afkit::audit::grams::View;
+use common::afkit;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-
-fn afkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_afkit"))
-        .args(args)
-        .env("AFKIT_NO_PROGRESS", "1")
-        .output()
-        .expect("run afkit")
-}
 
 const VERBS: [&str; 8] = [
     "walks", "jumps", "talks", "waves", "sits", "runs", "laughs", "turns",

@@ -4,6 +4,8 @@
 //! off, formulas in crowd task files, and concurrent or malformed input that ended in raw SQLite
 //! errors or was silently accepted.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -13,44 +15,9 @@ use afkit::lm::model::{write_random_gguf, RANDOM_GGUF_VOCAB};
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
+use common::{afkit, arg, command, fails, ok, stderr, stdout, succeeded, BIN};
 use rusqlite::Connection;
 use serde_json::Value;
-
-fn afkit(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_afkit"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .env("AFKIT_NO_PROGRESS", "1")
-        .output()
-        .expect("afkit runs")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "afkit failed: {}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    stdout(&out)
-}
-
-/// Runs afkit expecting failure; returns its error output.
-fn fails(out: Output) -> String {
-    assert!(
-        !out.status.success(),
-        "afkit should have failed: {}",
-        stdout(&out)
-    );
-    stderr(&out)
-}
 
 fn query_i64(db: &Path, sql: &str) -> i64 {
     Connection::open(db)
@@ -206,8 +173,7 @@ fn ends_and_releases(db: &Path, annotator: &str, pid: u32, limit: Duration) -> b
 
 fn annotate_command(db: &Path, annotator: &str) -> String {
     format!(
-        "AFKIT_NO_PROGRESS=1 exec {} annotate {} --annotator {annotator}",
-        env!("CARGO_BIN_EXE_afkit"),
+        "AFKIT_NO_PROGRESS=1 exec {BIN} annotate {} --annotator {annotator}",
         db.display()
     )
 }
@@ -298,7 +264,7 @@ fn annotate_ends_cleanly_on_sigterm_and_restores_the_terminal() {
 fn ingest_drops_an_overlong_context_as_long_context() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("p.sqlite");
-    ok(afkit(&[&"init", &project]));
+    ok(&["init", arg(&project)]);
     let input = dir.path().join("in.jsonl");
     let record = |id: &str, sent1: &str| {
         serde_json::json!({"id": id, "sent1": sent1, "sent2": "The man",
@@ -310,14 +276,14 @@ fn ingest_drops_an_overlong_context_as_long_context() {
         record("fine", "A man stands in a large kitchen."),
     ];
     std::fs::write(&input, lines.join("\n")).unwrap();
-    let summary: Value = serde_json::from_str(&ok(afkit(&[
-        &"ingest",
-        &project,
-        &"--format",
-        &"jsonl",
-        &"--json",
-        &input,
-    ])))
+    let summary: Value = serde_json::from_str(&ok(&[
+        "ingest",
+        arg(&project),
+        "--format",
+        "jsonl",
+        "--json",
+        arg(&input),
+    ]))
     .unwrap();
     assert_eq!(summary["kept"], 1, "{summary}");
     assert_eq!(summary["dropped"]["long_context"], 1, "{summary}");
@@ -332,19 +298,19 @@ fn generate_records_a_context_too_long_for_the_model_and_goes_on() {
     let db = examples_project(dir.path(), &examples);
     let generate = || {
         afkit(&[
-            &"generate",
-            &db,
-            &"--model",
-            &model,
-            &"--n-neg",
-            &"2",
-            &"--max-tokens",
-            &"6",
+            "generate",
+            arg(&db),
+            "--model",
+            arg(&model),
+            "--n-neg",
+            "2",
+            "--max-tokens",
+            "6",
         ])
     };
     let first = generate();
     let said = stderr(&first);
-    ok(first);
+    succeeded(first);
     assert!(said.contains("skipping v1: its prompt has"), "{said}");
     assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM pools"), 2);
     assert_eq!(
@@ -356,8 +322,8 @@ fn generate_records_a_context_too_long_for_the_model_and_goes_on() {
         1
     );
     // A second run does not fail on it either, and status counts it.
-    ok(generate());
-    let status: Value = serde_json::from_str(&ok(afkit(&[&"status", &db, &"--json"]))).unwrap();
+    succeeded(generate());
+    let status: Value = serde_json::from_str(&ok(&["status", arg(&db), "--json"])).unwrap();
     assert_eq!(status["unusable_contexts"], 1, "{status}");
     assert_eq!(status["contexts_without_pool"], 1, "{status}");
 }
@@ -382,7 +348,7 @@ fn crowd_import_names_the_line_of_a_bad_row_in_a_crlf_file() {
     let dir = tempfile::tempdir().unwrap();
     let db = af_project(dir.path(), 3);
     let tasks = dir.path().join("tasks.csv");
-    ok(afkit(&[&"crowd", &"export", &db, &"--out", &tasks]));
+    ok(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
     let head = "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second";
     let good =
         |worker: &str| format!("{worker},1,likely,unlikely,likely,unlikely,likely,likely,1,3");
@@ -395,9 +361,9 @@ fn crowd_import_names_the_line_of_a_bad_row_in_a_crlf_file() {
     ];
     let results = dir.path().join("results.csv");
     std::fs::write(&results, crlf_with_blank_line(&rows)).unwrap();
-    let out = afkit(&[&"crowd", &"import", &db, &results]);
+    let out = afkit(&["crowd", "import", arg(&db), arg(&results)]);
     let said = stderr(&out);
-    ok(out);
+    succeeded(out);
     assert!(
         said.contains("results.csv:5: label_2 = \"maybe\""),
         "{said}"
@@ -408,7 +374,7 @@ fn crowd_import_names_the_line_of_a_bad_row_in_a_crlf_file() {
 fn swag_csv_and_aflite_csv_errors_name_the_line_in_a_crlf_file() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("p.sqlite");
-    ok(afkit(&[&"init", &project]));
+    ok(&["init", arg(&project)]);
     let head = "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label";
     let row = |label: &str| {
         format!("v1,0,A man walks. He,A man walks.,He,gold,sits.,runs.,eats.,waves.,{label}")
@@ -419,13 +385,7 @@ fn swag_csv_and_aflite_csv_errors_name_the_line_in_a_crlf_file() {
         crlf_with_blank_line(&[head.into(), row("0"), row("1"), row("7")]),
     )
     .unwrap();
-    let said = fails(afkit(&[
-        &"ingest",
-        &project,
-        &"--format",
-        &"swag-csv",
-        &swag,
-    ]));
+    let said = fails(&["ingest", arg(&project), "--format", "swag-csv", arg(&swag)]);
     assert!(said.contains("swag.csv:5: label \"7\""), "{said}");
 
     let data = dir.path().join("data.csv");
@@ -440,7 +400,7 @@ fn swag_csv_and_aflite_csv_errors_name_the_line_in_a_crlf_file() {
     )
     .unwrap();
     let out_file = dir.path().join("kept.csv");
-    let said = fails(afkit(&[&"aflite", &"--input", &data, &"--out", &out_file]));
+    let said = fails(&["aflite", "--input", arg(&data), "--out", arg(&out_file)]);
     assert!(said.contains("data.csv:5"), "{said}");
 }
 
@@ -461,7 +421,7 @@ fn crowd_task_files_neutralise_formulas() {
     }
     drop(conn);
     let tasks = dir.path().join("tasks.csv");
-    let said = ok(afkit(&[&"crowd", &"export", &db, &"--out", &tasks]));
+    let said = ok(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
     assert!(said.contains("leading '"), "{said}");
     let mut reader = csv::Reader::from_path(&tasks).unwrap();
     let mut neutralised = 0;
@@ -484,7 +444,7 @@ fn two_imports_of_one_crowd_file_at_once_give_plain_duplicate_messages() {
     let dir = tempfile::tempdir().unwrap();
     let db = af_project(dir.path(), 40);
     let tasks = dir.path().join("tasks.csv");
-    ok(afkit(&[&"crowd", &"export", &db, &"--out", &tasks]));
+    ok(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
     let mut text =
         "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second\n"
             .to_string();
@@ -499,7 +459,7 @@ fn two_imports_of_one_crowd_file_at_once_give_plain_duplicate_messages() {
     std::fs::write(&results, text).unwrap();
     for _ in 0..3 {
         let spawn = || {
-            Command::new(env!("CARGO_BIN_EXE_afkit"))
+            command()
                 .args(["crowd", "import"])
                 .arg(&db)
                 .arg(&results)
@@ -528,15 +488,16 @@ fn two_generates_on_one_project_at_once_give_a_plain_message() {
     let model = tiny_gguf(dir.path());
     let db = examples_project(dir.path(), &short_examples(12));
     let run = || {
-        Command::new(env!("CARGO_BIN_EXE_afkit"))
-            .arg("generate")
-            .arg(&db)
-            .arg("--model")
-            .arg(&model)
-            .args(["--n-neg", "2", "--max-tokens", "6"])
-            .env("AFKIT_NO_PROGRESS", "1")
-            .output()
-            .unwrap()
+        afkit(&[
+            "generate",
+            arg(&db),
+            "--model",
+            arg(&model),
+            "--n-neg",
+            "2",
+            "--max-tokens",
+            "6",
+        ])
     };
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(run);
@@ -551,7 +512,7 @@ fn two_generates_on_one_project_at_once_give_a_plain_message() {
             "{said}"
         );
     }
-    ok(run());
+    succeeded(run());
     assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM pools"), 12);
 }
 
@@ -568,7 +529,7 @@ fn import_pool_rejects_an_empty_pool() {
     )
     .unwrap();
     let model = tiny_gguf(dir.path());
-    let said = fails(afkit(&[&"import-pool", &db, &file, &"--model", &model]));
+    let said = fails(&["import-pool", arg(&db), arg(&file), "--model", arg(&model)]);
     assert!(
         said.contains("pools.jsonl:2: \"endings\" is empty"),
         "{said}"
@@ -581,7 +542,7 @@ fn crowd_import_takes_no_more_submissions_than_an_item_wants() {
     let dir = tempfile::tempdir().unwrap();
     let db = af_project(dir.path(), 2);
     let tasks = dir.path().join("tasks.csv");
-    ok(afkit(&[&"crowd", &"export", &db, &"--out", &tasks]));
+    ok(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
     let wanted = query_i64(&db, "SELECT replicas FROM tasks WHERE id = 1");
     let mut text =
         "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second\n"
@@ -593,9 +554,9 @@ fn crowd_import_takes_no_more_submissions_than_an_item_wants() {
     }
     let results = dir.path().join("results.csv");
     std::fs::write(&results, text).unwrap();
-    let out = afkit(&[&"crowd", &"import", &db, &results]);
+    let out = afkit(&["crowd", "import", arg(&db), arg(&results)]);
     let said = stderr(&out);
-    ok(out);
+    succeeded(out);
     assert_eq!(
         query_i64(&db, "SELECT COUNT(*) FROM submissions WHERE task_id = 1"),
         wanted
@@ -612,7 +573,7 @@ fn aflite_refuses_to_write_over_its_input() {
     let data = dir.path().join("data.jsonl");
     let text = "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": \"y\"}\n";
     std::fs::write(&data, text).unwrap();
-    let said = fails(afkit(&[&"aflite", &"--input", &data, &"--out", &data]));
+    let said = fails(&["aflite", "--input", arg(&data), "--out", arg(&data)]);
     assert!(said.contains("is the input file"), "{said}");
     assert_eq!(std::fs::read_to_string(&data).unwrap(), text);
 }
@@ -626,23 +587,23 @@ fn commands_leave_foreign_empty_and_read_only_files_alone() {
         .execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
         .unwrap();
     let before = std::fs::read(&foreign).unwrap();
-    let said = fails(afkit(&[&"status", &foreign]));
+    let said = fails(&["status", arg(&foreign)]);
     assert!(said.contains("not an afkit project"), "{said}");
     assert_eq!(std::fs::read(&foreign).unwrap(), before, "file changed");
     assert!(!dir.path().join("other.sqlite-wal").exists());
 
     let empty = dir.path().join("empty.sqlite");
     std::fs::write(&empty, b"").unwrap();
-    let said = fails(afkit(&[&"status", &empty]));
+    let said = fails(&["status", arg(&empty)]);
     assert!(said.contains("empty.sqlite is empty"), "{said}");
     assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
 
     let project = dir.path().join("p.sqlite");
-    ok(afkit(&[&"init", &project]));
+    ok(&["init", arg(&project)]);
     let mut permissions = std::fs::metadata(&project).unwrap().permissions();
     permissions.set_readonly(true);
     std::fs::set_permissions(&project, permissions).unwrap();
-    let said = fails(afkit(&[&"status", &project]));
+    let said = fails(&["status", arg(&project)]);
     assert!(said.contains("p.sqlite is read-only"), "{said}");
 }
 
@@ -650,16 +611,16 @@ fn commands_leave_foreign_empty_and_read_only_files_alone() {
 fn ingest_of_an_empty_activitynet_object_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("p.sqlite");
-    ok(afkit(&[&"init", &project]));
+    ok(&["init", arg(&project)]);
     let input = dir.path().join("empty.json");
     std::fs::write(&input, "{}").unwrap();
-    let said = fails(afkit(&[
-        &"ingest",
-        &project,
-        &"--format",
-        &"activitynet",
-        &input,
-    ]));
+    let said = fails(&[
+        "ingest",
+        arg(&project),
+        "--format",
+        "activitynet",
+        arg(&input),
+    ]);
     assert!(said.contains("empty.json: no video"), "{said}");
     assert_eq!(query_i64(&project, "SELECT COUNT(*) FROM sources"), 0);
 }
@@ -668,12 +629,12 @@ fn ingest_of_an_empty_activitynet_object_writes_nothing() {
 fn jsonl_errors_give_the_file_position_once() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("p.sqlite");
-    ok(afkit(&[&"init", &project]));
+    ok(&["init", arg(&project)]);
     let input = dir.path().join("in.jsonl");
     let good =
         r#"{"id": "a", "sent1": "A man stands in a room.", "ending": "He walks to the door."}"#;
     std::fs::write(&input, format!("{good}\n\n{{oops}}\n")).unwrap();
-    let said = fails(afkit(&[&"ingest", &project, &"--format", &"jsonl", &input]));
+    let said = fails(&["ingest", arg(&project), "--format", "jsonl", arg(&input)]);
     assert!(
         said.contains("in.jsonl:3:2: key must be a string;"),
         "{said}"

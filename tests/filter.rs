@@ -3,14 +3,17 @@
 //! The pools are written straight into the project file (the generate stage is not needed): each
 //! context gets a gold ending and candidates, some of which carry a planted stylistic tell.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use afkit::store::af::HeadAccuracy;
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::Store;
+use common::{command, run_ok};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -152,23 +155,6 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
     path
 }
 
-fn afkit() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_afkit"));
-    cmd.env("AFKIT_NO_PROGRESS", "1");
-    cmd
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "afkit failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// Small models and few epochs so each test takes seconds.
 const SMALL: [&str; 8] = [
     "--hidden",
@@ -238,7 +224,7 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
         seed: 11,
     };
     let project = build_project(dir.path(), "planted.sqlite", spec);
-    let out = run_ok(afkit().args(filter_args(
+    let out = run_ok(command().args(filter_args(
         &project,
         &[
             "--k",
@@ -257,7 +243,7 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     )));
     assert!(out.contains("iteration    0 mlp"), "live lines: {out}");
     let report_dir = dir.path().join("report");
-    let json = run_ok(afkit().args([
+    let json = run_ok(command().args([
         "report",
         &project.display().to_string(),
         "--out",
@@ -370,12 +356,12 @@ fn killed_run_resumes_to_the_same_final_state() {
         "9",
     ];
     let reference = build_project(dir.path(), "reference.sqlite", spec);
-    run_ok(afkit().args(filter_args(&reference, &flags)));
+    run_ok(command().args(filter_args(&reference, &flags)));
     let expected = run_state(&reference);
     assert!(expected.finished);
 
     let project = build_project(dir.path(), "killed.sqlite", spec);
-    let mut child = afkit()
+    let mut child = command()
         .args(filter_args(&project, &flags))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -393,18 +379,18 @@ fn killed_run_resumes_to_the_same_final_state() {
         "the kill must land mid-run: {} iterations stored",
         interrupted.iterations.len()
     );
-    let out = run_ok(afkit().args(filter_args(&project, &flags)));
+    let out = run_ok(command().args(filter_args(&project, &flags)));
     assert!(out.contains("resuming AF run 1"), "{out}");
     assert_eq!(run_state(&project), expected);
 
     // A finished run on unchanged pools is left alone unless a new run is asked for.
-    let out = run_ok(afkit().args(filter_args(&project, &flags)));
+    let out = run_ok(command().args(filter_args(&project, &flags)));
     assert!(out.contains("nothing to do"), "{out}");
     // Other settings cannot silently continue an unfinished run.
     let conn = Connection::open(&project).unwrap();
     conn.execute("UPDATE af_runs SET finished_at = NULL", [])
         .unwrap();
-    let out = afkit()
+    let out = command()
         .args(filter_args(&project, &["--k", "4", "--seed", "10"]))
         .output()
         .unwrap();
@@ -425,7 +411,7 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
         seed: 21,
     };
     let project = build_project(dir.path(), "mlp.sqlite", spec);
-    let out = run_ok(afkit().args(filter_args(
+    let out = run_ok(command().args(filter_args(
         &project,
         &[
             "--k",

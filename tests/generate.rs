@@ -2,8 +2,10 @@
 //! model against llama.cpp's reference outputs (fixtures in ../shared; those tests skip when it
 //! is absent).
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -15,27 +17,12 @@ use afkit::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
 use afkit::models::DefaultModel;
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::Store;
+use common::{command, run_ok};
 use serde_json::Value;
 
 fn shared() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
     dir.is_dir().then_some(dir)
-}
-
-fn afkit() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_afkit"));
-    cmd.env("AFKIT_NO_PROGRESS", "1");
-    cmd
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// A project holding `examples` as (id, sent1, sent2, ending).
@@ -115,7 +102,7 @@ fn generate_writes_whole_pools_and_resumes_after_kill_9() {
     let model = tiny_gguf(dir.path(), 64, 2);
     let examples = synthetic_examples(60);
     let args = |p: &Path| {
-        let mut cmd = afkit();
+        let mut cmd = command();
         cmd.arg("generate").arg(p).arg("--model").arg(&model);
         cmd.args(["--n-neg", "6", "--max-tokens", "16", "--seed", "7"]);
         // The random model's token soup never meets the found endings' rules.
@@ -178,7 +165,7 @@ fn generate_writes_whole_pools_and_resumes_after_kill_9() {
         0
     );
     let status: Value =
-        serde_json::from_str(&run_ok(afkit().args(["status", "--json"]).arg(&p))).unwrap();
+        serde_json::from_str(&run_ok(command().args(["status", "--json"]).arg(&p))).unwrap();
     assert_eq!(status["contexts_with_pool"], 60);
     assert_eq!(
         status["candidates"],
@@ -192,7 +179,7 @@ fn generate_respects_limit_and_reports_in_json() {
     let model = tiny_gguf(dir.path(), 32, 1);
     let p = project(dir.path(), &synthetic_examples(6));
     let out = run_ok(
-        afkit()
+        command()
             .arg("generate")
             .arg(&p)
             .arg("--model")
@@ -223,7 +210,7 @@ fn generate_primes_each_context_with_other_groups_and_accounts_for_every_draw() 
     let model = tiny_gguf(dir.path(), 32, 1);
     let p = project(dir.path(), &synthetic_examples(30));
     run_ok(
-        afkit()
+        command()
             .arg("generate")
             .arg(&p)
             .arg("--model")
@@ -309,7 +296,7 @@ fn grow_samples_more_for_starved_pools_and_resumes_after_kill_9_to_the_same_pool
     let model = tiny_gguf(dir.path(), 32, 1);
     let examples = synthetic_examples(60);
     let generate = |p: &Path, extra: &[&str]| {
-        let mut cmd = afkit();
+        let mut cmd = command();
         cmd.arg("generate").arg(p).arg("--model").arg(&model);
         cmd.args(["--n-neg", "4", "--max-tokens", "12", "--seed", "3"]);
         cmd.args(["--no-ending-rules", "--style-examples", "2"]);
@@ -321,7 +308,7 @@ fn grow_samples_more_for_starved_pools_and_resumes_after_kill_9_to_the_same_pool
         std::fs::create_dir(&sub).unwrap();
         let p = project(&sub, &examples);
         run_ok(&mut generate(&p, &[]));
-        run_ok(afkit().arg("filter").arg(&p).args(TINY_FILTER));
+        run_ok(command().arg("filter").arg(&p).args(TINY_FILTER));
         p
     };
     let a = build("a");
@@ -365,7 +352,7 @@ fn grow_samples_more_for_starved_pools_and_resumes_after_kill_9_to_the_same_pool
     run_ok(&mut generate(&b, &["--grow", "3"]));
     assert_eq!(pools(&a), pools(&b));
     // The next filter run works on the grown pools.
-    let out = run_ok(afkit().arg("filter").arg(&a).args(TINY_FILTER));
+    let out = run_ok(command().arg("filter").arg(&a).args(TINY_FILTER));
     assert!(out.contains("AF run 2"), "{out}");
 }
 
@@ -380,7 +367,7 @@ fn corrupt_or_truncated_gguf_fails_clearly() {
     let garbage = dir.path().join("garbage.gguf");
     std::fs::write(&garbage, b"definitely not a gguf file, just some bytes").unwrap();
     for (file, expected) in [(&truncated, "truncated"), (&garbage, "not a readable GGUF")] {
-        let out = afkit()
+        let out = command()
             .arg("generate")
             .arg(&p)
             .arg("--model")
@@ -408,7 +395,7 @@ fn import_pool_scores_endings_and_rejects_bad_lines_whole() {
         "{\"id\": \"v0#0\", \"endings\": [\"runs.\"]}\n{\"id\": \"v0#1\", \"endings\": 3}\n",
     )
     .unwrap();
-    let out = afkit()
+    let out = command()
         .arg("import-pool")
         .arg(&p)
         .arg(&bad)
@@ -431,7 +418,7 @@ fn import_pool_scores_endings_and_rejects_bad_lines_whole() {
     )
     .unwrap();
     run_ok(
-        afkit()
+        command()
             .arg("import-pool")
             .arg(&p)
             .arg(&good)
@@ -463,7 +450,7 @@ fn import_pool_scores_endings_and_rejects_bad_lines_whole() {
     );
     // Importing again skips contexts that have a pool.
     let out = run_ok(
-        afkit()
+        command()
             .arg("import-pool")
             .arg(&p)
             .arg(&good)
@@ -498,7 +485,7 @@ fn import_pool_takes_scored_pools_without_a_model() {
     )
     .unwrap();
     // No --model and no cached model: a scored file must not need one.
-    let out = afkit()
+    let out = command()
         .env("AFKIT_HOME", dir.path().join("empty-home"))
         .arg("import-pool")
         .arg(&p)
@@ -528,7 +515,7 @@ fn import_pool_takes_scored_pools_without_a_model() {
     )
     .unwrap();
     let out = run_ok(
-        afkit()
+        command()
             .env("AFKIT_HOME", dir.path().join("empty-home"))
             .arg("import-pool")
             .arg(&p)
@@ -584,7 +571,7 @@ fn import_pool_resumes_after_kill_9_with_whole_pools_only() {
     const ENDINGS: usize = 20;
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("p.sqlite");
-    run_ok(afkit().arg("init").arg(&p));
+    run_ok(command().arg("init").arg(&p));
     let examples: String = synthetic_examples(CONTEXTS)
         .iter()
         .map(|(id, s1, s2, ending)| {
@@ -594,7 +581,7 @@ fn import_pool_resumes_after_kill_9_with_whole_pools_only() {
         .collect();
     std::fs::write(dir.path().join("examples.jsonl"), examples).unwrap();
     run_ok(
-        afkit()
+        command()
             .args(["ingest", "--format", "jsonl"])
             .arg(&p)
             .arg(dir.path().join("examples.jsonl")),
@@ -617,7 +604,7 @@ fn import_pool_resumes_after_kill_9_with_whole_pools_only() {
         .collect();
     let file = dir.path().join("pools.jsonl");
     std::fs::write(&file, pools).unwrap();
-    let mut child = afkit()
+    let mut child = command()
         .arg("import-pool")
         .arg(&p)
         .arg(&file)
@@ -640,7 +627,7 @@ fn import_pool_resumes_after_kill_9_with_whole_pools_only() {
         (SELECT COUNT(*) FROM endings e WHERE e.example_id = x.id AND e.is_gold = 0)
         != IFNULL((SELECT produced FROM pools p WHERE p.example_id = x.id), 0)";
     assert_eq!(query_i64(&p, whole_pools_only), 0);
-    let out = run_ok(afkit().arg("import-pool").arg(&p).arg(&file));
+    let out = run_ok(command().arg("import-pool").arg(&p).arg(&file));
     assert!(
         out.contains(&format!("{at_kill} contexts skipped")),
         "{out}"
@@ -838,7 +825,7 @@ fn smollm2_generate_end_to_end() {
     let p = project(dir.path(), &examples);
     DefaultModel::SmolLm2.ensure().unwrap();
     run_ok(
-        afkit()
+        command()
             .arg("generate")
             .arg(&p)
             .args(["--n-neg", "6", "--seed", "1"]),
@@ -926,9 +913,9 @@ fn gemm_throughput_at_decode_shapes() {
 #[test]
 fn device_cuda_without_the_feature_fails_at_once_and_says_how_to_build() {
     // The project does not exist: the device is checked before anything else is touched.
-    for command in ["generate", "filter"] {
-        let out = afkit()
-            .args([command, "no-such-project.sqlite", "--device", "cuda"])
+    for stage in ["generate", "filter"] {
+        let out = command()
+            .args([stage, "no-such-project.sqlite", "--device", "cuda"])
             .output()
             .unwrap();
         assert!(!out.status.success());
@@ -936,10 +923,10 @@ fn device_cuda_without_the_feature_fails_at_once_and_says_how_to_build() {
         assert!(
             err.contains("built without CUDA support")
                 && err.contains("cargo build --release --features cuda"),
-            "{command}: {err}"
+            "{stage}: {err}"
         );
     }
-    let out = afkit()
+    let out = command()
         .args(["filter", "p.sqlite", "--device", "gpu"])
         .output()
         .unwrap();
@@ -970,7 +957,7 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
     });
     let generate = |project: &Path, flags: &[&str]| {
         run_ok(
-            afkit()
+            command()
                 .arg("generate")
                 .arg(project)
                 .arg("--model")
@@ -1018,7 +1005,7 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
     std::fs::copy(&kernels, &copy).unwrap();
     let filter = |project: &Path, flags: &[&str]| {
         run_ok(
-            afkit()
+            command()
                 .arg("filter")
                 .arg(project)
                 .args([

@@ -1,47 +1,29 @@
 //! End-to-end tests of `afkit init`, `ingest`, `status` and `tagger` through the built binary.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::{afkit, arg, command, ok};
 use serde_json::Value;
-
-fn afkit(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_afkit"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .env("AFKIT_NO_PROGRESS", "1")
-        .output()
-        .expect("afkit runs")
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "afkit failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn init(dir: &Path) -> PathBuf {
     let project = dir.join("p.sqlite");
-    ok(afkit(&[&"init", &project]));
+    ok(&["init", arg(&project)]);
     project
 }
 
 fn ingest(project: &Path, format: &str, files: &[&Path]) -> Value {
-    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
-        vec![&"ingest", &project, &"--format", &format, &"--json"];
-    for f in files {
-        args.push(f);
-    }
-    serde_json::from_str(&ok(afkit(&args))).unwrap()
+    let mut args = vec!["ingest", arg(project), "--format", format, "--json"];
+    args.extend(files.iter().map(|f| arg(f)));
+    serde_json::from_str(&ok(&args)).unwrap()
 }
 
 fn status(project: &Path) -> Value {
-    serde_json::from_str(&ok(afkit(&[&"status", &project, &"--json"]))).unwrap()
+    serde_json::from_str(&ok(&["status", arg(project), "--json"])).unwrap()
 }
 
 fn dropped_total(v: &Value) -> i64 {
@@ -291,11 +273,8 @@ fn bad_input_is_reported_and_leaves_the_project_unchanged() {
         } else {
             vec![&bad]
         };
-        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
-            vec![&"ingest", &project, &"--format", &format];
-        for f in &files {
-            args.push(f);
-        }
+        let mut args = vec!["ingest", arg(&project), "--format", format];
+        args.extend(files.iter().map(|f| arg(f)));
         let out = afkit(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name} must fail");
@@ -304,11 +283,11 @@ fn bad_input_is_reported_and_leaves_the_project_unchanged() {
         assert_eq!(fingerprint(&project), before, "{name} changed the project");
     }
     let out = afkit(&[
-        &"ingest",
-        &project,
-        &"--format",
-        &"jsonl",
-        &dir.path().join("missing.jsonl"),
+        "ingest",
+        arg(&project),
+        "--format",
+        "jsonl",
+        arg(&dir.path().join("missing.jsonl")),
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.jsonl"));
@@ -332,7 +311,7 @@ fn an_ingest_killed_midway_leaves_a_consistent_project() {
     }
     drop(f);
     let wal = dir.path().join("p.sqlite-wal");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_afkit"))
+    let mut child = command()
         .args([
             "ingest".as_ref(),
             project.as_os_str(),
@@ -340,7 +319,6 @@ fn an_ingest_killed_midway_leaves_a_consistent_project() {
             "jsonl".as_ref(),
             big.as_os_str(),
         ])
-        .env("AFKIT_NO_PROGRESS", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -420,7 +398,7 @@ fn shipped_tagger_reaches_target_accuracy_on_ewt_test() {
         return;
     };
     let test = shared.join("ud-english-ewt/en_ewt-ud-test.conllu");
-    let out = ok(afkit(&[&"tagger", &"eval", &"--conllu", &test]));
+    let out = ok(&["tagger", "eval", "--conllu", arg(&test)]);
     let accuracy: f64 = out
         .lines()
         .find_map(|l| l.strip_prefix("accuracy: "))

@@ -3,10 +3,11 @@
 //! Retry-After, hangs, dropped connections, malformed JSON. One ignored test runs against a real
 //! server named by `AFKIT_OPENAI_TEST_URL`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ use afkit::lm::llama::LlamaConfig;
 use afkit::lm::model::{write_random_gguf, LanguageModel, RANDOM_GGUF_VOCAB};
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::Store;
+use common::{command, succeeded};
 use serde_json::{json, Value};
 
 /// What the fake server does with one request.
@@ -174,12 +176,6 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
     }
 }
 
-fn afkit() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_afkit"));
-    cmd.env("AFKIT_NO_PROGRESS", "1");
-    cmd
-}
-
 fn tiny_gguf(dir: &Path) -> PathBuf {
     let path = dir.join("tiny.gguf");
     let cfg = LlamaConfig {
@@ -225,7 +221,7 @@ fn query_i64(path: &Path, sql: &str) -> i64 {
 }
 
 fn generate(project: &Path, scorer: &Path, urls: &[&str], extra: &[&str]) -> std::process::Output {
-    let mut cmd = afkit();
+    let mut cmd = command();
     cmd.arg("generate")
         .arg(project)
         .args(["--backend", "openai", "--model"])
@@ -246,13 +242,9 @@ fn generate(project: &Path, scorer: &Path, urls: &[&str], extra: &[&str]) -> std
     cmd.args(extra).output().unwrap()
 }
 
-fn ok_summary(out: &std::process::Output) -> Value {
-    assert!(
-        out.status.success(),
-        "generate failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+/// The JSON summary of a generate run that must have succeeded.
+fn ok_summary(out: std::process::Output) -> Value {
+    serde_json::from_str(&succeeded(out)).unwrap()
 }
 
 #[test]
@@ -272,8 +264,7 @@ fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("AFKIT_TEST_KEY"));
 
-    let out = Command::new(env!("CARGO_BIN_EXE_afkit"))
-        .env("AFKIT_NO_PROGRESS", "1")
+    let out = command()
         .env("AFKIT_TEST_KEY", "sk-test-123")
         .arg("generate")
         .arg(&project)
@@ -291,7 +282,7 @@ fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
         ])
         .output()
         .unwrap();
-    let summary = ok_summary(&out);
+    let summary = ok_summary(out);
     assert_eq!(summary["contexts"], 2);
     assert_eq!(summary["endings"], 8);
     assert_eq!(query_i64(&project, "SELECT COUNT(*) FROM pools"), 2);
@@ -348,7 +339,7 @@ fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
     assert!(!params.contains("sk-test-123"));
     assert!(params.contains(&a.url) && params.contains("scorer"));
     // Resume: the third context only.
-    let summary = ok_summary(&generate(&project, &scorer, &[&b.url], &[]));
+    let summary = ok_summary(generate(&project, &scorer, &[&b.url], &[]));
     assert_eq!(summary["contexts"], 1);
     assert_eq!(query_i64(&project, "SELECT COUNT(*) FROM pools"), 3);
 }
@@ -368,7 +359,7 @@ fn server_errors_and_rate_limits_are_retried() {
         }),
     );
     let started = Instant::now();
-    let summary = ok_summary(&generate(
+    let summary = ok_summary(generate(
         &project,
         &scorer,
         &[&server.url],
@@ -396,7 +387,7 @@ fn hangs_and_dropped_connections_are_retried() {
         }),
     );
     let started = Instant::now();
-    let summary = ok_summary(&generate(
+    let summary = ok_summary(generate(
         &project,
         &scorer,
         &[&server.url],
@@ -462,7 +453,7 @@ fn real_server_generates_a_pool() {
     afkit::models::DefaultModel::SmolLm2.ensure().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let project = project(dir.path(), 2);
-    let out = afkit()
+    let out = command()
         .arg("generate")
         .arg(&project)
         .args([
@@ -476,7 +467,7 @@ fn real_server_generates_a_pool() {
         ])
         .output()
         .unwrap();
-    let summary = ok_summary(&out);
+    let summary = ok_summary(out);
     assert_eq!(summary["contexts"], 2);
     assert_eq!(query_i64(&project, "SELECT COUNT(*) FROM pools"), 2);
     assert!(summary["endings"].as_u64().unwrap() > 8);

@@ -115,7 +115,7 @@ pub struct AnnotatorStats {
     pub flag_reasons: Vec<String>,
 }
 
-/// Everything `afkit agreement` reports; the JSON keys are a stable interface (SPEC §8).
+/// Everything `afkit agreement` reports; the JSON keys are a stable interface that scripts read.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
     pub alpha_rank: Option<f64>,

@@ -9,10 +9,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use rusqlite::Connection;
 
 use crate::csv_lines::RecordLines;
-use crate::store::annotate::{self as db, Judgement, NewSubmission, Origin, TaskView};
+use crate::store::annotate::{
+    self as db, Judgement, NewSubmission, Origin, TaskView, ENDINGS_PER_TASK,
+};
 use crate::store::Store;
 
-use super::tasks::ENDINGS_PER_TASK;
 use super::verdict;
 
 /// Columns of `afkit crowd export`, in order (`ending_1` .. `ending_6` follow `sent2`).

@@ -1,4 +1,4 @@
-//! Human verification (SPEC §4, SWAG §3.5): the terminal UI, assignment of items to annotators,
+//! Human verification (SWAG §3.5): the terminal UI, assignment of items to annotators,
 //! agreement statistics and crowd import/export.
 //!
 //! The UI follows ratatui's example structure: [`app`] is the pure state machine (key → state),

@@ -21,6 +21,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::dataset::Split;
+use crate::store::annotate::create_reannotation_task;
 use crate::store::assemble::{
     self as db, AssembledDistractor, CurrentTask, Judgement, NewAssembled, Rank,
 };
@@ -149,8 +151,8 @@ pub fn assemble(
         unverified,
         ..Summary::default()
     };
-    for split in &splits {
-        *summary.groups.entry(split.1.clone()).or_default() += 1;
+    for split in splits.values() {
+        *summary.groups.entry(split.to_string()).or_default() += 1;
     }
 
     let mut built: Vec<NewAssembled> = Vec::new();
@@ -167,7 +169,7 @@ pub fn assemble(
             }
             built.push(NewAssembled {
                 example_id: ex.id,
-                split: splits[&ex.group].clone(),
+                split: splits[&ex.group],
                 gold_ending_id: ex.gold_ending_id,
                 gold_source: "unverified".into(),
                 gold_type: None,
@@ -214,7 +216,7 @@ pub fn assemble(
                     rules::consensus(&votes).map(|c| (e, c))
                 })
                 .collect();
-            let split = &splits[&ex.group];
+            let split = splits[&ex.group];
             let fold = folds.get(&ex.id).copied();
             match rules::decide(ex.gold_ending_id, &task.endings, &labels, &score) {
                 Decision::Gold {
@@ -236,7 +238,7 @@ pub fn assemble(
                         &example,
                     ));
                     if let Some(generated) = generated_gold {
-                        if split != "train" {
+                        if split != Split::Train {
                             summary.generated_gold_withheld_from_eval += 1;
                         } else if generated.distractors.len() < 3 {
                             summary.generated_gold_too_few_distractors += 1;
@@ -265,14 +267,14 @@ pub fn assemble(
         }
     }
     for ex in &built {
-        *summary.examples.entry(ex.split.clone()).or_default() += 1;
+        *summary.examples.entry(ex.split.to_string()).or_default() += 1;
         *summary
             .gold_sources
             .entry(ex.gold_source.clone())
             .or_default() += 1;
     }
     // Train first, then val, then test; assembly order within a split follows the examples.
-    built.sort_by_key(|ex| split::SPLIT_NAMES.iter().position(|s| *s == ex.split));
+    built.sort_by_key(|ex| ex.split);
 
     let record = Recorded {
         seed,
@@ -284,7 +286,7 @@ pub fn assemble(
     db::replace_splits(&tx, &splits)?;
     db::replace_assembly(&tx, &built)?;
     for (example_id, endings) in reannotations {
-        crate::annotate::tasks::create_reannotation_task(&tx, example_id, &endings)
+        create_reannotation_task(&tx, example_id, &endings)
             .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
     }
     crate::store::set_meta(&tx, "assemble", &serde_json::to_string(&record)?)?;
@@ -294,14 +296,14 @@ pub fn assemble(
 
 fn verified(
     example_id: i64,
-    split: &str,
+    split: Split,
     fold: Option<i64>,
     gold_source: String,
     b: &Built,
 ) -> NewAssembled {
     NewAssembled {
         example_id,
-        split: split.to_string(),
+        split,
         gold_ending_id: b.gold,
         gold_source,
         gold_type: Some(b.gold_type),
@@ -345,21 +347,6 @@ fn refill(
     )
 }
 
-/// A seed for one sub-task derived from the recorded seed and the sub-task's identity
-/// (SplitMix64 over the parts), so that each shuffle is reproducible on its own.
-pub fn derive_seed(parts: &[u64]) -> u64 {
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    for &part in parts {
-        state ^= part;
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        state = z ^ (z >> 31);
-    }
-    state
-}
-
 fn print_summary(s: &Summary) {
     let kind = if s.unverified {
         "unverified"
@@ -367,7 +354,8 @@ fn print_summary(s: &Summary) {
         "verified"
     };
     println!("assembled {kind} examples from AF run {}", s.af_run);
-    for name in split::SPLIT_NAMES {
+    for split in Split::ALL {
+        let name = split.as_str();
         println!(
             "  {name:<6} {:>7} examples  {:>6} groups",
             s.examples.get(name).copied().unwrap_or(0),

@@ -16,9 +16,9 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-pub const SPLIT_NAMES: [&str; 3] = ["train", "val", "test"];
+use crate::dataset::Split;
 
-/// Train / val / test fractions, parsed from `--split 0.8,0.1,0.1`.
+/// Train / val / test fractions, in the order of [`Split::ALL`]; parsed from `--split 0.8,0.1,0.1`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fractions(pub [f64; 3]);
 
@@ -54,19 +54,17 @@ pub fn assign(
     sizes: &BTreeMap<String, usize>,
     fractions: Fractions,
     seed: u64,
-    previous: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
+    previous: &BTreeMap<String, Split>,
+) -> BTreeMap<String, Split> {
+    // Examples per split, indexed like `Split::ALL` and the fractions.
     let mut counts = [0usize; 3];
     let mut out = BTreeMap::new();
     let mut new_groups = Vec::new();
     for (group, &size) in sizes {
-        match previous
-            .get(group)
-            .and_then(|s| SPLIT_NAMES.iter().position(|n| n == s))
-        {
-            Some(split) => {
-                counts[split] += size;
-                out.insert(group.clone(), SPLIT_NAMES[split].to_string());
+        match previous.get(group) {
+            Some(&split) => {
+                counts[split as usize] += size;
+                out.insert(group.clone(), split);
             }
             None => new_groups.push(group.clone()),
         }
@@ -74,15 +72,15 @@ pub fn assign(
     // BTreeMap order is the canonical starting order; the seeded shuffle makes it random.
     new_groups.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
     for group in new_groups {
-        let split = (0..3)
+        let index = (0..3)
             .filter(|&i| fractions.0[i] > 0.0)
             .min_by(|&a, &b| {
                 let fill = |i: usize| counts[i] as f64 / fractions.0[i];
                 fill(a).total_cmp(&fill(b)).then(a.cmp(&b))
             })
             .expect("fractions sum to 1, so one is positive");
-        counts[split] += sizes[&group];
-        out.insert(group, SPLIT_NAMES[split].to_string());
+        counts[index] += sizes[&group];
+        out.insert(group, Split::ALL[index]);
     }
     out
 }
@@ -117,14 +115,14 @@ mod tests {
             assign(&sizes, f, 8, &BTreeMap::new()),
             "the seed matters"
         );
-        for (i, name) in SPLIT_NAMES.iter().enumerate() {
+        for (i, split) in Split::ALL.iter().enumerate() {
             let n: usize = a
                 .iter()
-                .filter(|(_, s)| s == name)
+                .filter(|(_, s)| *s == split)
                 .map(|(g, _)| sizes[g])
                 .sum();
             let share = n as f64 / total as f64;
-            assert!((share - f.0[i]).abs() < 0.02, "{name}: {share}");
+            assert!((share - f.0[i]).abs() < 0.02, "{split}: {share}");
         }
     }
 
@@ -147,6 +145,6 @@ mod tests {
             0,
             &BTreeMap::new(),
         );
-        assert!(a.values().all(|s| s == "train"));
+        assert!(a.values().all(|&s| s == Split::Train));
     }
 }

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::dataset::Question;
-use crate::store::examples::startphrase;
+use crate::dataset::startphrase;
 
 /// The neighbour counts reported (Table 3: Top1, Top5, Top10, Top50).
 pub const KS: [usize; 4] = [1, 5, 10, 50];

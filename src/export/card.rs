@@ -14,8 +14,8 @@ use anyhow::Result;
 use super::harness;
 use super::layout::{Layout, HF_SPLITS};
 use super::rows::Row;
-use super::Options;
-use crate::assemble::split::SPLIT_NAMES;
+use super::{Negatives, Options};
+use crate::dataset::Split;
 use crate::store::export::{
     self as db, GenerationInfo, IterationInfo, LabelRow, LogProbGap, SourceInfo,
 };
@@ -24,7 +24,7 @@ use crate::store::{assemble::AfRun, Store};
 /// Everything the card reports, read from the project.
 pub struct CardInputs {
     pub project_name: String,
-    pub negatives: &'static str,
+    pub negatives: Negatives,
     pub seed: u64,
     pub layout: Layout,
     pub license: String,
@@ -53,7 +53,7 @@ impl CardInputs {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            negatives: options.negatives.as_str(),
+            negatives: options.negatives,
             seed: options.seed,
             layout: options.layout,
             license: options.license.clone(),
@@ -88,8 +88,8 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     writeln!(
         md,
         "- Negatives: **{}**{}",
-        c.negatives,
-        if c.negatives == "random" {
+        c.negatives.as_str(),
+        if c.negatives == Negatives::Random {
             " — a control: distractors drawn at random from each context's pre-AF pool, not the AF-selected ones"
         } else {
             " — the endings Adversarial Filtering selected, hardest first"
@@ -107,7 +107,7 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         "| split | examples | groups | label 0 | label 1 | label 2 | label 3 |"
     )?;
     writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
-    for split in SPLIT_NAMES {
+    for split in Split::ALL {
         let in_split: Vec<&Row> = rows.iter().filter(|r| r.split == split).collect();
         let groups: std::collections::BTreeSet<&str> =
             in_split.iter().map(|r| r.group.as_str()).collect();
@@ -265,7 +265,7 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     writeln!(
         md,
         "- export: negatives = {}, seed = {}, test labels {}",
-        c.negatives,
+        c.negatives.as_str(),
         c.seed,
         if c.layout.with_test_labels {
             "kept (`--with-test-labels`: an internal export, not for publishing)"
@@ -308,7 +308,7 @@ fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
          - `lm_eval/` — lm-evaluation-harness tasks `{}` (SWAG-style: the startphrase and \
          ending0..ending3) and `{}` (HellaSwag-style: \"activity_label: ctx\" and the endings).\n\
          - fold-ind is the context's fold in AF's final cross-fitted scoring pass.",
-        if layout.has_full("test") {
+        if layout.has_full(Split::Test) {
             ", `test_full.csv`"
         } else {
             ""
@@ -335,7 +335,7 @@ fn write_usage(md: &mut String, layout: &Layout) -> std::fmt::Result {
     writeln!(
         md,
         "With lm-evaluation-harness, from this folder (it reports the {} split):\n\n```\n{}\n```",
-        if layout.labelled("test") {
+        if layout.labelled(Split::Test) {
             "test"
         } else {
             "validation"

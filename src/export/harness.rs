@@ -6,6 +6,7 @@
 use std::fmt::Write;
 
 use super::layout::{Layout, HARNESS_DIR, HF_SPLITS};
+use crate::dataset::Split;
 
 /// Task names, as given to the harness's `--tasks`.
 pub const SWAG_TASK: &str = "afkit_swag";
@@ -33,7 +34,7 @@ pub fn command() -> String {
 /// the validation split (the harness uses its test split whenever one is named).
 fn evaluation_splits(y: &mut String, layout: &Layout) -> std::fmt::Result {
     writeln!(y, "training_split: train\nvalidation_split: validation")?;
-    if layout.labelled("test") {
+    if layout.labelled(Split::Test) {
         writeln!(y, "test_split: test")
     } else {
         writeln!(y, "test_split: null")

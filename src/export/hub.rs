@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use super::layout::{Layout, HF_SPLITS};
-use super::rows::{FULL_COLUMNS, REGULAR_COLUMNS};
+use crate::dataset::{FULL_COLUMNS, REGULAR_COLUMNS};
 
 /// The tag that marks a README.md as an afkit export's card (so `export` may replace its folder).
 pub const AFKIT_TAG: &str = "afkit";

@@ -1,9 +1,14 @@
 //! Where each file of an export lives, relative to the export folder, and which files a
 //! published export leaves out (the test split's answers).
 
+use crate::dataset::Split;
+
 /// afkit's split names and the names `datasets` and the evaluation harness use for them.
-pub const HF_SPLITS: [(&str, &str); 3] =
-    [("train", "train"), ("val", "validation"), ("test", "test")];
+pub const HF_SPLITS: [(Split, &str); 3] = [
+    (Split::Train, "train"),
+    (Split::Val, "validation"),
+    (Split::Test, "test"),
+];
 
 /// The dataset card, with the YAML header the Hugging Face Hub reads.
 pub const CARD: &str = "README.md";
@@ -23,29 +28,29 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The regular SWAG CSV of `split` (afkit's split name).
-    pub fn regular(&self, split: &str) -> String {
+    /// The regular SWAG CSV of `split` (named after afkit's split name).
+    pub fn regular(&self, split: Split) -> String {
         format!("{split}.csv")
     }
 
     /// The full SWAG CSV of `split`.
-    pub fn full(&self, split: &str) -> String {
+    pub fn full(&self, split: Split) -> String {
         format!("{split}_full.csv")
     }
 
     /// The JSONL of `split`, in its own folder so that the CSV configurations never match it.
-    pub fn jsonl(&self, split: &str) -> String {
+    pub fn jsonl(&self, split: Split) -> String {
         format!("jsonl/{split}.jsonl")
     }
 
     /// Whether `split`'s labels are in the folder.
-    pub fn labelled(&self, split: &str) -> bool {
-        split != "test" || self.with_test_labels
+    pub fn labelled(&self, split: Split) -> bool {
+        split != Split::Test || self.with_test_labels
     }
 
     /// Whether `split` has a full CSV: it names the gold ending, so not where labels are withheld
     /// (as in the SWAG release, whose full set has no test split).
-    pub fn has_full(&self, split: &str) -> bool {
+    pub fn has_full(&self, split: Split) -> bool {
         self.labelled(split)
     }
 }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use crate::assemble::split::SPLIT_NAMES;
+use crate::dataset::Split;
 use crate::store::{assemble as assembled_db, export as export_db, Store};
 use layout::{Layout, CARD, LEGACY_CARD};
 
@@ -161,7 +161,7 @@ pub fn export(
     let answers = if options.layout.with_test_labels {
         None
     } else {
-        let test: Vec<&rows::Row> = rows.iter().filter(|r| r.split == "test").collect();
+        let test: Vec<&rows::Row> = rows.iter().filter(|r| r.split == Split::Test).collect();
         Some((answers_path(out)?, rows::regular_csv(&test, true)?))
     };
     write_atomically(out, &files, answers.as_ref())?;
@@ -193,7 +193,7 @@ fn folder_files(
 ) -> Result<BTreeMap<String, Vec<u8>>> {
     let layout = &options.layout;
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    for split in SPLIT_NAMES {
+    for split in Split::ALL {
         let in_split: Vec<&rows::Row> = rows.iter().filter(|r| r.split == split).collect();
         let labelled = layout.labelled(split);
         files.insert(

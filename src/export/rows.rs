@@ -9,46 +9,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::assemble::derive_seed;
+use crate::dataset::{derive_seed, startphrase, Split, FULL_COLUMNS, REGULAR_COLUMNS};
 use crate::store::assemble::AssembledExample;
-use crate::store::examples::startphrase;
-
-/// Column order of SWAG's regular CSV after its leading index column. The release's regular files
-/// begin with an unnamed column holding the row number, and the public `swag` loader reads them by
-/// position (`video-id` is field 1), so afkit writes that column too.
-pub const REGULAR_COLUMNS: [&str; 11] = [
-    "video-id",
-    "fold-ind",
-    "startphrase",
-    "sent1",
-    "sent2",
-    "gold-source",
-    "ending0",
-    "ending1",
-    "ending2",
-    "ending3",
-    "label",
-];
-
-/// Column order of SWAG's full CSV, as in the release (no index column; `sent1` and `sent2` last).
-pub const FULL_COLUMNS: [&str; 16] = [
-    "video-id",
-    "fold-ind",
-    "startphrase",
-    "gold-ending",
-    "distractor-0",
-    "distractor-1",
-    "distractor-2",
-    "distractor-3",
-    "gold-source",
-    "gold-type",
-    "distractor-0-type",
-    "distractor-1-type",
-    "distractor-2-type",
-    "distractor-3-type",
-    "sent1",
-    "sent2",
-];
 
 /// The label written where the answers are withheld (the test split of a published export): the
 /// convention of Hugging Face datasets for unlabelled splits, so every split has the same schema.
@@ -62,7 +24,7 @@ pub struct Row {
     pub fold: Option<i64>,
     pub sent1: String,
     pub sent2: String,
-    pub split: String,
+    pub split: Split,
     pub gold: String,
     pub gold_source: String,
     pub gold_type: Option<String>,
@@ -106,7 +68,7 @@ pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
                 fold: ex.fold,
                 sent1: ex.sent1.clone(),
                 sent2: ex.sent2.clone(),
-                split: ex.split.clone(),
+                split: ex.split,
                 gold: ex.gold.clone(),
                 gold_source: ex.gold_source.clone(),
                 gold_type: ex.gold_type.clone(),
@@ -306,7 +268,7 @@ mod tests {
             group: format!("v{i}"),
             sent1: "A man walks in.".into(),
             sent2: "He".into(),
-            split: "train".into(),
+            split: Split::Train,
             gold_ending_id: 1000 + i,
             gold: format!("gold {i}."),
             gold_source: "unverified".into(),

@@ -11,6 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::prompt::PromptTemplate;
 use super::{load_local, new_pool, ImportPoolArgs};
 use crate::device::Compute;
+use crate::json_errors::json_error_without_position;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
 use crate::lm::sampler::{
     acceptable_ending, normalise_ending, EndingSampler, SampledEnding, SamplingParams,
@@ -111,13 +112,8 @@ fn import_lines(
 /// One line: well-formed, with at least one ending, and scored either fully or not at all. The
 /// error starts with `:COLUMN: ` when the JSON itself is malformed, else with `: `.
 fn parse_import_line(line: &str) -> std::result::Result<(ImportRecord, bool), String> {
-    let rec: ImportRecord = serde_json::from_str(line).map_err(|e| {
-        format!(
-            ":{}: {}",
-            e.column(),
-            crate::ingest::input::json_error_without_position(&e)
-        )
-    })?;
+    let rec: ImportRecord = serde_json::from_str(line)
+        .map_err(|e| format!(":{}: {}", e.column(), json_error_without_position(&e)))?;
     if rec.endings.is_empty() {
         return Err(
             ": \"endings\" is empty, so the context would count as done without a pool \

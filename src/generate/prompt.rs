@@ -54,10 +54,7 @@ impl PromptTemplate {
 
     pub fn render(&self, sent1: &str, sent2: &str) -> String {
         self.text
-            .replace(
-                "{startphrase}",
-                &crate::store::examples::startphrase(sent1, sent2),
-            )
+            .replace("{startphrase}", &crate::dataset::startphrase(sent1, sent2))
             .replace("{sent1}", sent1)
             .replace("{sent2}", sent2)
             .trim_end()

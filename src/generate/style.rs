@@ -13,7 +13,7 @@ use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::store::examples::startphrase;
+use crate::dataset::startphrase;
 use crate::store::Store;
 use crate::text::rules::{MAX_CONTEXT_TOKENS, MAX_ENDING_TOKENS};
 

@@ -10,6 +10,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::csv_lines::RecordLines;
+use crate::dataset::{FULL_COLUMNS, FULL_TYPE_COLUMNS, REGULAR_COLUMNS};
+use crate::json_errors::json_error_without_position;
 
 /// One input record: a first sentence and its (possibly unsplit) second sentence.
 #[derive(Debug, Clone, PartialEq)]
@@ -261,25 +263,14 @@ pub fn read_jsonl(path: &Path) -> Result<Parsed> {
     })
 }
 
-/// serde_json's message ends with " at line L column C" relative to the string it parsed (one
-/// line of the file); the caller gives the position in the file instead.
-pub fn json_error_without_position(e: &serde_json::Error) -> String {
-    let message = e.to_string();
-    let suffix = format!(" at line {} column {}", e.line(), e.column());
-    message
-        .strip_suffix(&suffix)
-        .map_or(message.clone(), str::to_string)
-}
-
 // ----- SWAG CSV -----
 
-// The columns are the ones afkit's export writes; the full set's type columns are optional here.
-const SWAG_REGULAR: &[&str] = &crate::export::rows::REGULAR_COLUMNS;
-/// The full columns ingest needs: all of the export's but the optional type columns.
+/// The full columns ingest requires: all but the type columns, which it does not read, so a full
+/// file without them is taken too.
 fn swag_full_required() -> Vec<&'static str> {
-    crate::export::rows::FULL_COLUMNS
+    FULL_COLUMNS
         .into_iter()
-        .filter(|c| !c.ends_with("-type"))
+        .filter(|c| !FULL_TYPE_COLUMNS.contains(c))
         .collect()
 }
 
@@ -291,7 +282,7 @@ fn swag_full_required() -> Vec<&'static str> {
 pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
     let expected = format!(
         "a SWAG CSV with the regular columns ({}) or the full columns ({}, ...)",
-        SWAG_REGULAR.join(", "),
+        REGULAR_COLUMNS.join(", "),
         swag_full_required().join(", ")
     );
     let (text, sha256) = read_text(path, &expected)?;
@@ -313,7 +304,7 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
     let required = if full {
         swag_full_required()
     } else {
-        SWAG_REGULAR.to_vec()
+        REGULAR_COLUMNS.to_vec()
     };
     let mut index = std::collections::HashMap::new();
     for name in required {

@@ -1,4 +1,4 @@
-//! Ingest: load contexts with their found endings into the project (SPEC §1).
+//! Ingest: load contexts with their found endings into the project.
 //!
 //! Three phases, so that bad input never half-writes a project:
 //! 1. read and validate every file whole ([`input`]): any error names the file, the line or

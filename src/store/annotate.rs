@@ -1,5 +1,7 @@
 //! Annotate's tables: tasks (items to verify), claims (who holds which item), skips,
-//! submissions and labels; plus the reads of the filter stage's results that tasks are made from.
+//! submissions and labels; plus the reads of the filter stage's results that tasks are made from,
+//! and the re-annotation tasks that assemble queues ([`create_reannotation_task`]): the one place
+//! where a later stage writes annotate's tables, kept here so that neither stage imports the other.
 //!
 //! Every write that decides who gets what runs in a `BEGIN IMMEDIATE` transaction: it takes the
 //! file's write lock before reading, so two annotator processes never both see an item as free.
@@ -8,6 +10,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{get_meta, now, set_meta, Store};
@@ -82,6 +87,13 @@ impl Policy {
         "annotate.seed",
     ];
 }
+
+/// The policy of a project that has recorded none (no task made yet).
+pub const DEFAULT_POLICY: Policy = Policy {
+    agreement_items: 100,
+    replicas: 3,
+    seed: 0,
+};
 
 /// The policy recorded in the project, if tasks were made before.
 pub fn stored_policy(conn: &Connection) -> Result<Option<Policy>> {
@@ -172,6 +184,9 @@ pub fn untasked_contexts(conn: &Connection, run_id: i64) -> Result<Vec<UntaskedC
     Ok(out)
 }
 
+/// Endings shown per task: the found one and five negatives, as in SWAG.
+pub const ENDINGS_PER_TASK: usize = 6;
+
 /// A task to store: `endings` in the order they are shown.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTask {
@@ -254,6 +269,112 @@ pub fn endings_of_example(conn: &Connection, example_id: i64) -> Result<HashMap<
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+// ----- re-annotation: the hand-off from assemble -----
+
+/// Queues a re-annotation of a context (SWAG fn. 6): a new task one round after its current one,
+/// showing `endings` (the found ending among them, 2 to 6 distinct endings of this context) in an
+/// order shuffled with a seed derived from the project's annotation seed, the context and the
+/// round, and recorded in the task. The old open task is marked superseded and its claims
+/// dropped. One annotator per re-annotated item, as SWAG did after its agreement sample.
+/// Assemble calls it inside its own transaction, so that the assembly and the tasks it queues
+/// are committed together; returns the new task id.
+pub fn create_reannotation_task(
+    conn: &Connection,
+    example_id: i64,
+    endings: &[i64],
+) -> Result<i64> {
+    check_reannotation_endings(conn, example_id, endings)?;
+    let (run_id, round) = next_round(conn, example_id)?;
+    let policy_seed = stored_policy(conn)?.unwrap_or(DEFAULT_POLICY).seed;
+    let seed = task_seed(policy_seed, example_id, round);
+    let mut order = endings.to_vec();
+    shuffle_endings(&mut order, seed);
+    supersede_tasks_of(conn, example_id)?;
+    insert_task(
+        conn,
+        &NewTask {
+            example_id,
+            run_id,
+            round,
+            replicas: 1,
+            seed,
+            endings: order,
+        },
+    )
+}
+
+/// A re-annotation shows 2 to [`ENDINGS_PER_TASK`] distinct endings of the context, its found
+/// ending among them.
+fn check_reannotation_endings(conn: &Connection, example_id: i64, endings: &[i64]) -> Result<()> {
+    let known = endings_of_example(conn, example_id)?;
+    if !(2..=ENDINGS_PER_TASK).contains(&endings.len()) {
+        bail!(
+            "a re-annotation task of example {example_id} needs 2 to {ENDINGS_PER_TASK} endings, got {}",
+            endings.len()
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for id in endings {
+        if !known.contains_key(id) {
+            bail!("ending {id} does not belong to example {example_id}");
+        }
+        if !seen.insert(id) {
+            bail!("ending {id} is listed twice for example {example_id}");
+        }
+    }
+    if !endings.iter().any(|id| known[id]) {
+        bail!("a re-annotation task of example {example_id} must show its found ending");
+    }
+    Ok(())
+}
+
+/// The AF run and round of a context's next task: its open task's run, one round later; else the
+/// latest finished run, after any closed rounds.
+fn next_round(conn: &Connection, example_id: i64) -> Result<(i64, i64)> {
+    Ok(match open_task_of(conn, example_id)? {
+        Some((_, run, _)) => (
+            run,
+            max_round(conn, example_id)?.expect("a task exists") + 1,
+        ),
+        None => (
+            latest_finished_run(conn)?
+                .context("no finished AF run to attach a re-annotation task to")?,
+            max_round(conn, example_id)?.map_or(0, |r| r + 1),
+        ),
+    })
+}
+
+// ----- task seeds: recorded in `tasks.seed`, so a task's order can be reproduced -----
+
+/// The shuffle seed of one task, recorded in `tasks.seed`.
+pub fn task_seed(policy_seed: u64, example_id: i64, round: i64) -> u64 {
+    mix(policy_seed, example_id as u64, round as u64)
+}
+
+/// The seed of the order in which a run's new contexts are handed out.
+pub fn handout_seed(policy_seed: u64, run_id: i64) -> u64 {
+    mix(policy_seed, run_id as u64, 0)
+}
+
+/// Puts `endings` in the order a task with this seed shows them.
+pub fn shuffle_endings(endings: &mut [i64], seed: u64) {
+    endings.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+}
+
+/// SplitMix64 over three words: independent, well-spread seeds from (seed, id, round).
+fn mix(a: u64, b: u64, c: u64) -> u64 {
+    let mut x = a;
+    for word in [b, c] {
+        x = x
+            .wrapping_add(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(word.wrapping_mul(0xBF58_476D_1CE4_E5B9));
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+    }
+    x
+}
+
 /// One ending as a task shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskEnding {
@@ -279,7 +400,7 @@ pub struct TaskView {
 
 impl TaskView {
     pub fn startphrase(&self) -> String {
-        super::examples::startphrase(&self.sent1, &self.sent2)
+        crate::dataset::startphrase(&self.sent1, &self.sent2)
     }
 }
 
@@ -814,25 +935,32 @@ pub fn all_submissions(conn: &Connection) -> Result<Vec<SubmissionRecord>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::annotate::tasks::{ensure_tasks, PolicyRequest};
     use crate::store::fixtures::synthetic_af_project;
 
     /// A pid no process has (above Linux's pid_max).
     const DEAD_PID: u32 = 4_000_000_000;
 
+    /// A filtered project with a round-0 task per context, in example order: the first `m` for
+    /// `r` annotators each, the rest for one (the hand-out these tests exercise, without the
+    /// annotate stage's seeded order).
     fn project(contexts: usize, m: i64, r: i64) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
-        synthetic_af_project(&mut store, contexts, 6, 3).unwrap();
-        ensure_tasks(
-            &mut store,
-            PolicyRequest {
-                agreement_items: Some(m),
-                replicas: Some(r),
-                seed: None,
-            },
-        )
-        .unwrap();
+        let run_id = synthetic_af_project(&mut store, contexts, 6, 3).unwrap();
+        let conn = store.conn();
+        for (index, context) in (0..).zip(untasked_contexts(conn, run_id).unwrap()) {
+            let mut endings = vec![context.gold_ending_id];
+            endings.extend(&context.negatives[..ENDINGS_PER_TASK - 1]);
+            let task = NewTask {
+                example_id: context.example_id,
+                run_id,
+                round: 0,
+                replicas: if index < m { r } else { 1 },
+                seed: 0,
+                endings,
+            };
+            insert_task(conn, &task).unwrap();
+        }
         (dir, store)
     }
 
@@ -958,5 +1086,36 @@ mod tests {
             (first.task_id, UndoneKind::Skip)
         );
         assert_eq!(undo_last(&mut store, &a).unwrap(), None);
+    }
+
+    #[test]
+    fn reannotation_supersedes_the_open_task() {
+        let (_dir, store) = project(2, 0, 1);
+        let old = open_tasks(store.conn(), false).unwrap()[0].clone();
+        let mut endings: Vec<i64> = old.endings.iter().map(|e| e.ending_id).collect();
+        endings.truncate(4);
+        if !old.endings[..4].iter().any(|e| e.is_gold) {
+            endings[0] = old.endings.iter().find(|e| e.is_gold).unwrap().ending_id;
+        }
+        let new_id = create_reannotation_task(store.conn(), old.example_id, &endings).unwrap();
+        let new = task_view(store.conn(), new_id).unwrap().unwrap();
+        assert_eq!((new.round, new.replicas, new.open), (1, 1, true));
+        let mut shown: Vec<i64> = new.endings.iter().map(|e| e.ending_id).collect();
+        shown.sort();
+        endings.sort();
+        assert_eq!(shown, endings);
+        assert!(!task_view(store.conn(), old.task_id).unwrap().unwrap().open);
+        // Endings of another context, or no found ending, are refused.
+        let other = open_tasks(store.conn(), false).unwrap()[0].clone();
+        assert_ne!(other.example_id, old.example_id);
+        let foreign: Vec<i64> = other.endings.iter().map(|e| e.ending_id).collect();
+        assert!(create_reannotation_task(store.conn(), old.example_id, &foreign).is_err());
+        let no_gold: Vec<i64> = new
+            .endings
+            .iter()
+            .filter(|e| !e.is_gold)
+            .map(|e| e.ending_id)
+            .collect();
+        assert!(create_reannotation_task(store.conn(), old.example_id, &no_gold).is_err());
     }
 }

@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{bail, Context, Result};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
+use rusqlite::{params, Connection, OptionalExtension, ToSql};
+
+use crate::dataset::Split;
 
 /// The AF run that downstream stages read: the latest one whose final scoring pass finished.
 #[derive(Debug, Clone, PartialEq)]
@@ -245,15 +248,31 @@ pub fn shown_endings(conn: &Connection) -> Result<HashMap<i64, BTreeSet<i64>>> {
     Ok(out)
 }
 
+/// A split is stored under its name.
+impl ToSql for Split {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.as_str()))
+    }
+}
+
+impl FromSql for Split {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Split> {
+        value
+            .as_str()?
+            .parse()
+            .map_err(|e: anyhow::Error| FromSqlError::Other(e.into()))
+    }
+}
+
 /// Which split each group (video) belongs to.
-pub fn load_splits(conn: &Connection) -> Result<BTreeMap<String, String>> {
+pub fn load_splits(conn: &Connection) -> Result<BTreeMap<String, Split>> {
     let mut stmt = conn.prepare("SELECT grp, split FROM splits")?;
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 /// Replaces the split table with `splits` (call inside the assembly transaction).
-pub fn replace_splits(conn: &Connection, splits: &BTreeMap<String, String>) -> Result<()> {
+pub fn replace_splits(conn: &Connection, splits: &BTreeMap<String, Split>) -> Result<()> {
     conn.execute("DELETE FROM splits", [])?;
     let mut stmt = conn.prepare("INSERT INTO splits(grp, split) VALUES (?1, ?2)")?;
     for (group, split) in splits {
@@ -274,7 +293,7 @@ pub struct AssembledDistractor {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewAssembled {
     pub example_id: i64,
-    pub split: String,
+    pub split: Split,
     pub gold_ending_id: i64,
     pub gold_source: String,
     pub gold_type: Option<Judgement>,
@@ -329,7 +348,7 @@ pub struct AssembledExample {
     pub group: String,
     pub sent1: String,
     pub sent2: String,
-    pub split: String,
+    pub split: Split,
     pub gold_ending_id: i64,
     pub gold: String,
     pub gold_source: String,

@@ -6,6 +6,7 @@ use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{now, Store};
+use crate::dataset::startphrase;
 
 /// An example ready to store: a context and its found ending, already split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,14 +37,6 @@ impl Example {
     /// The full context a language model continues: `sent1 + " " + sent2`.
     pub fn startphrase(&self) -> String {
         startphrase(&self.sent1, &self.sent2)
-    }
-}
-
-pub fn startphrase(sent1: &str, sent2: &str) -> String {
-    if sent2.is_empty() {
-        sent1.to_string()
-    } else {
-        format!("{sent1} {sent2}")
     }
 }
 

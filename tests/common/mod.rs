@@ -1,6 +1,6 @@
-//! The hand-made projects of the export tests: contexts with candidate endings, AF assignments
-//! and scores written straight into the project file (no model runs), and the helpers that run
-//! the `afkit` binary on them. Each test crate uses a part of it.
+//! What the integration tests share: the helpers that run the `afkit` binary, and the hand-made
+//! projects of the export tests (contexts with candidate endings, AF assignments and scores
+//! written straight into the project file, no model runs). Each test crate uses a part of it.
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
@@ -13,23 +13,70 @@ use afkit::store::Store;
 use rusqlite::Connection;
 use serde_json::Value;
 
-pub fn afkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_afkit"))
-        .args(args)
-        .env("AFKIT_NO_PROGRESS", "1")
-        .output()
-        .expect("run afkit")
+/// The afkit binary under test, for commands run through a shell or a terminal.
+pub const BIN: &str = env!("CARGO_BIN_EXE_afkit");
+
+/// A command running afkit with progress bars off, so that its output holds only the results.
+pub fn command() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("AFKIT_NO_PROGRESS", "1");
+    cmd
 }
 
+pub fn afkit(args: &[&str]) -> Output {
+    command().args(args).output().expect("run afkit")
+}
+
+/// Runs afkit with `args`, expecting success; returns its standard output.
 pub fn ok(args: &[&str]) -> String {
+    succeeded(afkit(args))
+}
+
+/// Runs afkit with `args`, expecting failure; returns its error output.
+pub fn fails(args: &[&str]) -> String {
     let out = afkit(args);
     assert!(
-        out.status.success(),
-        "afkit {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        !out.status.success(),
+        "afkit {args:?} should have failed:\n{}",
+        stdout(&out)
     );
-    String::from_utf8(out.stdout).unwrap()
+    stderr(&out)
+}
+
+/// Runs a prepared afkit command, expecting success; returns its standard output.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run afkit");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// The standard output of a run that must have succeeded.
+pub fn succeeded(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "afkit failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A path as a command-line argument (test paths are UTF-8).
+pub fn arg(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
 }
 
 /// A context as the fixture built it: its example id, found ending id and candidate ending ids

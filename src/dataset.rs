@@ -1,0 +1,154 @@
+//! The dataset vocabulary every stage shares: SWAG's column lists, the three splits, the
+//! startphrase, and the seed derivation of per-example shuffles. Readers (ingest), writers (export)
+//! and the stages between them take these from here, so a file afkit writes is one it reads back.
+
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{bail, Error, Result};
+
+/// Column order of SWAG's regular CSV after its leading index column. The release's regular files
+/// begin with an unnamed column holding the row number, and the public `swag` loader reads them by
+/// position (`video-id` is field 1), so afkit writes that column too.
+pub const REGULAR_COLUMNS: [&str; 11] = [
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "sent1",
+    "sent2",
+    "gold-source",
+    "ending0",
+    "ending1",
+    "ending2",
+    "ending3",
+    "label",
+];
+
+/// Column order of SWAG's full CSV, as in the release (no index column; `sent1` and `sent2` last).
+pub const FULL_COLUMNS: [&str; 16] = [
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "gold-ending",
+    "distractor-0",
+    "distractor-1",
+    "distractor-2",
+    "distractor-3",
+    "gold-source",
+    "gold-type",
+    "distractor-0-type",
+    "distractor-1-type",
+    "distractor-2-type",
+    "distractor-3-type",
+    "sent1",
+    "sent2",
+];
+
+/// The full CSV's annotation types (likely / unlikely) of the gold and each distractor: empty
+/// where nobody judged the ending, and absent from full files made without annotation.
+pub const FULL_TYPE_COLUMNS: [&str; 5] = [
+    "gold-type",
+    "distractor-0-type",
+    "distractor-1-type",
+    "distractor-2-type",
+    "distractor-3-type",
+];
+
+/// The split an example belongs to; every example of a group (video) is in the same one.
+/// Declared in the order of [`Split::ALL`], so `split as usize` indexes per-split arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Split {
+    Train,
+    Val,
+    Test,
+}
+
+impl Split {
+    /// Every split, in the order of `--split` fractions, summaries and exported files.
+    pub const ALL: [Split; 3] = [Split::Train, Split::Val, Split::Test];
+
+    /// The name stored in the project and used in file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Val => "val",
+            Split::Test => "test",
+        }
+    }
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Split {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Split> {
+        match Split::ALL.into_iter().find(|s| s.as_str() == text) {
+            Some(split) => Ok(split),
+            None => bail!("unknown split {text:?}: expected train, val or test"),
+        }
+    }
+}
+
+/// The full context a language model continues and a SWAG reader sees: `sent1 + " " + sent2`
+/// (just `sent1` when the second sentence has no words before its ending).
+pub fn startphrase(sent1: &str, sent2: &str) -> String {
+    if sent2.is_empty() {
+        sent1.to_string()
+    } else {
+        format!("{sent1} {sent2}")
+    }
+}
+
+/// A seed for one sub-task derived from the recorded seed and the sub-task's identity
+/// (SplitMix64 over the parts), so that each shuffle is reproducible on its own.
+pub fn derive_seed(parts: &[u64]) -> u64 {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    for &part in parts {
+        state ^= part;
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        state = z ^ (z >> 31);
+    }
+    state
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_round_trip_through_their_names() {
+        for split in Split::ALL {
+            assert_eq!(split.as_str().parse::<Split>().unwrap(), split);
+        }
+        assert!("validation".parse::<Split>().is_err());
+        assert_eq!(Split::Val.to_string(), "val");
+    }
+
+    #[test]
+    fn type_columns_are_full_columns() {
+        for column in FULL_TYPE_COLUMNS {
+            assert!(FULL_COLUMNS.contains(&column), "{column}");
+        }
+    }
+
+    #[test]
+    fn startphrase_joins_with_one_space() {
+        assert_eq!(startphrase("A man waves.", "He"), "A man waves. He");
+        assert_eq!(startphrase("A man waves.", ""), "A man waves.");
+    }
+
+    #[test]
+    fn derived_seeds_are_the_recorded_ones() {
+        // Exports record only the seed they were made with: a change here reshuffles them.
+        assert_eq!(derive_seed(&[3, 7, 0]), 0x1BE6_30B0_2AB0_44A6);
+        assert_eq!(derive_seed(&[0, 1, 1, 0x7261_6E64]), 0x3A18_4070_3016_8B13);
+    }
+}
