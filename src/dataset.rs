@@ -44,8 +44,8 @@ pub const FULL_COLUMNS: [&str; 16] = [
     "sent2",
 ];
 
-/// The full CSV's annotation types (likely / unlikely) of the gold and each distractor: empty
-/// where nobody judged the ending, and absent from full files made without annotation.
+/// The full CSV's annotation types (likely / unlikely) of the gold and each distractor; empty
+/// where nobody judged the ending.
 pub const FULL_TYPE_COLUMNS: [&str; 5] = [
     "gold-type",
     "distractor-0-type",
