@@ -118,6 +118,23 @@ pub struct Help {
     pub max_scroll: u16,
 }
 
+impl Help {
+    /// Scrolls the help text; returns whether the key closes it.
+    fn on_key(&mut self, key: Key) -> bool {
+        match key {
+            Key::Up | Key::Char('k') => self.scroll = self.scroll.saturating_sub(1),
+            Key::Down | Key::Char('j') => self.scroll = (self.scroll + 1).min(self.max_scroll),
+            Key::PageUp => self.scroll = self.scroll.saturating_sub(10),
+            Key::PageDown | Key::Char(' ') => self.scroll = (self.scroll + 10).min(self.max_scroll),
+            Key::Home => self.scroll = 0,
+            Key::End => self.scroll = self.max_scroll,
+            Key::Esc | Key::Char('?') | Key::Char('q') | Key::Enter => return true,
+            _ => {}
+        }
+        false
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct App {
     pub annotator: String,
@@ -156,17 +173,8 @@ impl App {
             return Action::Quit;
         }
         if let Some(help) = &mut self.help {
-            match key {
-                Key::Up | Key::Char('k') => help.scroll = help.scroll.saturating_sub(1),
-                Key::Down | Key::Char('j') => help.scroll = (help.scroll + 1).min(help.max_scroll),
-                Key::PageUp => help.scroll = help.scroll.saturating_sub(10),
-                Key::PageDown | Key::Char(' ') => {
-                    help.scroll = (help.scroll + 10).min(help.max_scroll)
-                }
-                Key::Home => help.scroll = 0,
-                Key::End => help.scroll = help.max_scroll,
-                Key::Esc | Key::Char('?') | Key::Char('q') | Key::Enter => self.help = None,
-                _ => {}
+            if help.on_key(key) {
+                self.help = None;
             }
             return Action::None;
         }
@@ -204,77 +212,89 @@ impl App {
                 }
             }
             Key::Char(c @ ('l' | 'u' | 'g')) => {
-                let judgement = Judgement::parse(&c.to_string()).expect("l, u, g are judgements");
-                let i = item.selected;
-                item.judgements[i] = Some(judgement);
-                if judgement == Judgement::Gibberish {
-                    let rank = item.rank_of(i);
-                    if let Some(rank) = rank {
-                        item.best = item.best.filter(|&b| b != i);
-                        item.second = item.second.filter(|&s| s != i);
-                        self.say(
-                            Tone::Warn,
-                            format!(
-                                "ending {} was {}; gibberish cannot be ranked, mark removed",
-                                i + 1,
-                                rank.as_str()
-                            ),
-                        );
-                    }
-                }
-                // Move on, so that labelling six endings takes six keys.
-                let item = self.item.as_mut().expect("still here");
-                item.selected = (i + 1).min(n - 1);
+                self.judge(Judgement::parse(&c.to_string()).expect("l, u, g are judgements"))
             }
-            Key::Char(c @ ('b' | 's')) => {
-                let i = item.selected;
-                if item.judgements[i] == Some(Judgement::Gibberish) {
-                    self.say(
-                        Tone::Warn,
-                        format!("ending {} is gibberish: it cannot be best or second", i + 1),
-                    );
-                    return Action::None;
-                }
-                let (mark, other) = if c == 'b' {
-                    (&mut item.best, &mut item.second)
-                } else {
-                    (&mut item.second, &mut item.best)
-                };
-                if *mark == Some(i) {
-                    *mark = None;
-                } else {
-                    *mark = Some(i);
-                    if *other == Some(i) {
-                        *other = None;
-                    }
-                }
-            }
+            Key::Char('b') => self.rank(Rank::Best),
+            Key::Char('s') => self.rank(Rank::Second),
             Key::Backspace | Key::Char('c') => {
                 let i = item.selected;
                 item.judgements[i] = None;
                 item.best = item.best.filter(|&b| b != i);
                 item.second = item.second.filter(|&s| s != i);
             }
-            Key::Enter => {
-                let problems = item.problems();
-                if !problems.is_empty() {
-                    self.say(
-                        Tone::Warn,
-                        format!("not yet: {}", verdict::describe(&problems)),
-                    );
-                    return Action::None;
-                }
-                let ids: Vec<i64> = item.task.endings.iter().map(|e| e.ending_id).collect();
-                return Action::Submit {
-                    task_id: item.task.task_id,
-                    labels: verdict::labels(&ids, &item.judgements, item.best, item.second),
-                };
-            }
+            Key::Enter => return self.submit(),
             Key::Char('n') => return Action::Skip(item.task.task_id),
             Key::Char('x') => return Action::Flag(item.task.task_id),
             _ => {}
         }
         Action::None
+    }
+
+    /// Labels the selected ending and moves to the next, so that labelling six endings takes six
+    /// keys. Gibberish loses its best / second mark.
+    fn judge(&mut self, judgement: Judgement) {
+        let item = self.item.as_mut().expect("an item is on screen");
+        let i = item.selected;
+        item.judgements[i] = Some(judgement);
+        item.selected = (i + 1).min(item.judgements.len() - 1);
+        if judgement != Judgement::Gibberish {
+            return;
+        }
+        if let Some(rank) = item.rank_of(i) {
+            item.best = item.best.filter(|&b| b != i);
+            item.second = item.second.filter(|&s| s != i);
+            self.say(
+                Tone::Warn,
+                format!(
+                    "ending {} was {}; gibberish cannot be ranked, mark removed",
+                    i + 1,
+                    rank.as_str()
+                ),
+            );
+        }
+    }
+
+    /// Marks the selected ending best or second (again: unmarks it); one ending holds one mark.
+    fn rank(&mut self, rank: Rank) {
+        let item = self.item.as_mut().expect("an item is on screen");
+        let i = item.selected;
+        if item.judgements[i] == Some(Judgement::Gibberish) {
+            self.say(
+                Tone::Warn,
+                format!("ending {} is gibberish: it cannot be best or second", i + 1),
+            );
+            return;
+        }
+        let (mark, other) = match rank {
+            Rank::Best => (&mut item.best, &mut item.second),
+            Rank::Second => (&mut item.second, &mut item.best),
+        };
+        if *mark == Some(i) {
+            *mark = None;
+        } else {
+            *mark = Some(i);
+            if *other == Some(i) {
+                *other = None;
+            }
+        }
+    }
+
+    /// The item's labels when they are complete; otherwise what is missing, on the status line.
+    fn submit(&mut self) -> Action {
+        let item = self.item.as_ref().expect("an item is on screen");
+        let problems = item.problems();
+        if !problems.is_empty() {
+            self.say(
+                Tone::Warn,
+                format!("not yet: {}", verdict::describe(&problems)),
+            );
+            return Action::None;
+        }
+        let ids: Vec<i64> = item.task.endings.iter().map(|e| e.ending_id).collect();
+        Action::Submit {
+            task_id: item.task.task_id,
+            labels: verdict::labels(&ids, &item.judgements, item.best, item.second),
+        }
     }
 }
 
