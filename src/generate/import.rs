@@ -13,9 +13,11 @@ use super::{load_local, new_pool, ImportPoolArgs};
 use crate::device::Compute;
 use crate::json_errors::json_error_without_position;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
+use crate::lm::local::LocalLm;
 use crate::lm::sampler::{
     acceptable_ending, normalise_ending, EndingSampler, SampledEnding, SamplingParams,
 };
+use crate::store::examples::Example;
 use crate::store::pool::{self, NewGeneration, NewPool};
 use crate::store::Store;
 
@@ -207,27 +209,9 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
     } else {
         None
     };
-    let (scorer, sha) = match &lm {
-        Some(lm) => {
-            let (_, scorer, sha) = lm.describe();
-            (scorer, sha)
-        }
-        None => ("features imported".to_string(), None),
-    };
-    let params = serde_json::json!({ "file": args.file.display().to_string(), "scorer": scorer });
-    let generation_id = pool::find_or_insert_generation(
-        store.conn(),
-        &NewGeneration {
-            backend: "import".into(),
-            model: scorer,
-            model_sha256: sha,
-            prompt: template.name.clone(),
-            params_json: params.to_string(),
-            seed: 0,
-        },
-    )?;
+    let generation_id = import_generation(&mut store, &args.file, &template, lm.as_ref())?;
     let bar = crate::progress::bar(check.contexts() as u64, "contexts");
-    let (mut imported, mut skipped, mut endings, mut incomplete) = (0, 0, 0, 0);
+    let mut counts = ImportCounts::default();
     let mut batch: Vec<NewPool> = Vec::new();
     let mut batch_endings = 0;
     for (line, example_id) in import_lines(&args.file)?.zip(&check.example_ids) {
@@ -241,43 +225,19 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
         };
         bar.inc(1);
         if store.has_pool(example_id)? {
-            skipped += 1;
+            counts.skipped += 1;
             continue;
         }
         let t0 = Instant::now();
         let ex = store
             .example(example_id)?
             .expect("checked by the first pass");
-        incomplete += rec
+        counts.incomplete += rec
             .endings
             .iter()
             .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
             .count();
-        let mut seen: HashSet<String> = HashSet::from([normalise_ending(&ex.ending)]);
-        let (kept, imported_endings): (Vec<SampledEnding>, Vec<&ImportedEnding>) = rec
-            .endings
-            .iter()
-            .map(|e| (normalise_ending(e.text()), e))
-            .filter(|(text, _)| !text.is_empty() && seen.insert(text.clone()))
-            .map(|(text, e)| (SampledEnding { text, tokens: None }, e))
-            .unzip();
-        let features = match (&rec.gold, &rec.context) {
-            (Some(gold), Some(context)) => ContextFeatures {
-                ctx_logprob: context.ctx_logprob,
-                n_tok_sent1: context.n_tok_sent1,
-                n_tok_sent2: context.n_tok_sent2,
-                gold: gold.clone(),
-                endings: imported_endings
-                    .iter()
-                    .map(|e| e.features().cloned().expect("checked by the first pass"))
-                    .collect(),
-            },
-            _ => {
-                let lm = lm.as_ref().expect("loaded when a line has no features");
-                let prompt = template.render(&ex.sent1, &ex.sent2);
-                lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?
-            }
-        };
+        let (kept, features) = pool_of_record(&ex, &rec, lm.as_ref(), &template)?;
         batch_endings += kept.len();
         batch.push(new_pool(
             &ex,
@@ -287,16 +247,96 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             &features,
             t0.elapsed().as_secs_f64(),
         ));
-        imported += 1;
+        counts.imported += 1;
         if batch_endings >= IMPORT_COMMIT_ENDINGS {
-            endings += write_pools(&mut store, &mut batch)?;
+            counts.endings += write_pools(&mut store, &mut batch)?;
             batch_endings = 0;
         }
     }
-    endings += write_pools(&mut store, &mut batch)?;
+    counts.endings += write_pools(&mut store, &mut batch)?;
     bar.finish_and_clear();
+    print_import_summary(&counts, &check);
+    Ok(())
+}
+
+#[derive(Default)]
+struct ImportCounts {
+    imported: usize,
+    skipped: usize,
+    endings: usize,
+    /// Endings without final punctuation, kept as given.
+    incomplete: usize,
+}
+
+/// The generation row the imported pools belong to: the file and what scored the endings that
+/// came without features (the local model, or nothing).
+fn import_generation(
+    store: &mut Store,
+    file: &Path,
+    template: &PromptTemplate,
+    lm: Option<&LocalLm>,
+) -> Result<i64> {
+    let (scorer, sha) = match lm {
+        Some(lm) => {
+            let (_, scorer, sha) = lm.describe();
+            (scorer, sha)
+        }
+        None => ("features imported".to_string(), None),
+    };
+    let params = serde_json::json!({ "file": file.display().to_string(), "scorer": scorer });
+    pool::find_or_insert_generation(
+        store.conn(),
+        &NewGeneration {
+            backend: "import".into(),
+            model: scorer,
+            model_sha256: sha,
+            prompt: template.name.clone(),
+            params_json: params.to_string(),
+            seed: 0,
+        },
+    )
+}
+
+/// A record's endings, normalised and without duplicates (or copies of the found ending), with
+/// their LM features: the record's own, or the local model's.
+fn pool_of_record(
+    ex: &Example,
+    rec: &ImportRecord,
+    lm: Option<&LocalLm>,
+    template: &PromptTemplate,
+) -> Result<(Vec<SampledEnding>, ContextFeatures)> {
+    let mut seen: HashSet<String> = HashSet::from([normalise_ending(&ex.ending)]);
+    let (kept, imported_endings): (Vec<SampledEnding>, Vec<&ImportedEnding>) = rec
+        .endings
+        .iter()
+        .map(|e| (normalise_ending(e.text()), e))
+        .filter(|(text, _)| !text.is_empty() && seen.insert(text.clone()))
+        .map(|(text, e)| (SampledEnding { text, tokens: None }, e))
+        .unzip();
+    let features = match (&rec.gold, &rec.context) {
+        (Some(gold), Some(context)) => ContextFeatures {
+            ctx_logprob: context.ctx_logprob,
+            n_tok_sent1: context.n_tok_sent1,
+            n_tok_sent2: context.n_tok_sent2,
+            gold: gold.clone(),
+            endings: imported_endings
+                .iter()
+                .map(|e| e.features().cloned().expect("checked by the first pass"))
+                .collect(),
+        },
+        _ => {
+            let lm = lm.expect("loaded when a line has no features");
+            let prompt = template.render(&ex.sent1, &ex.sent2);
+            lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?
+        }
+    };
+    Ok((kept, features))
+}
+
+fn print_import_summary(counts: &ImportCounts, check: &ImportCheck) {
     println!(
-        "imported {endings} endings for {imported} contexts; {skipped} contexts skipped (they already have a pool)"
+        "imported {} endings for {} contexts; {} contexts skipped (they already have a pool)",
+        counts.endings, counts.imported, counts.skipped
     );
     if check.dropped_at_ingest() > 0 {
         println!(
@@ -311,8 +351,10 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             check.unscored
         );
     }
-    if incomplete > 0 {
-        eprintln!("note: {incomplete} imported endings do not end with . ! or ? (kept as given)");
+    if counts.incomplete > 0 {
+        eprintln!(
+            "note: {} imported endings do not end with . ! or ? (kept as given)",
+            counts.incomplete
+        );
     }
-    Ok(())
 }
