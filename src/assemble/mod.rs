@@ -26,6 +26,7 @@ use crate::store::annotate::create_reannotation_task;
 use crate::store::assemble::{
     self as db, AssembledDistractor, CurrentTask, Judgement, NewAssembled, Rank,
 };
+use crate::store::examples::Example;
 use crate::store::Store;
 use rules::{Built, Decision};
 use split::Fractions;
@@ -124,28 +125,14 @@ pub fn assemble(
         );
     };
     let examples = store.examples()?;
-    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
-    for ex in &examples {
-        *sizes.entry(ex.group.clone()).or_default() += 1;
-    }
-    let previous: Option<Recorded> = match store.meta("assemble")? {
-        Some(text) => serde_json::from_str(&text).ok(),
-        None => None,
+    let splits = group_splits(store, &examples, fractions, seed)?;
+    let conn = store.conn();
+    let run_data = RunData {
+        assignments: db::assignments(conn, run.id)?,
+        scores: db::decision_scores(conn, run.id)?,
+        folds: db::folds(conn, run.id)?,
+        splits: &splits,
     };
-    let same_split = previous
-        .as_ref()
-        .is_some_and(|p| p.seed == seed && p.split == fractions.to_text());
-    let recorded = if same_split {
-        db::load_splits(conn)?
-    } else {
-        BTreeMap::new()
-    };
-    let splits = split::assign(&sizes, fractions, seed, &recorded);
-
-    let assignments = db::assignments(conn, run.id)?;
-    let scores = db::decision_scores(conn, run.id)?;
-    let folds = db::folds(conn, run.id)?;
-    let score = |e: i64| scores.get(&e).copied();
     let mut summary = Summary {
         af_run: run.id,
         unverified,
@@ -154,118 +141,19 @@ pub fn assemble(
     for split in splits.values() {
         *summary.groups.entry(split.to_string()).or_default() += 1;
     }
-
-    let mut built: Vec<NewAssembled> = Vec::new();
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
-    if unverified {
-        for ex in &examples {
-            let Some(assigned) = assignments.get(&ex.id) else {
-                continue;
-            };
-            let hardest = rules::hardest_first(assigned.iter().copied(), &score);
-            if hardest.len() < 3 {
-                summary.too_few_negatives += 1;
-                continue;
-            }
-            built.push(NewAssembled {
-                example_id: ex.id,
-                split: splits[&ex.group],
-                gold_ending_id: ex.gold_ending_id,
-                gold_source: "unverified".into(),
-                gold_type: None,
-                verified: false,
-                fold: folds.get(&ex.id).copied(),
-                distractors: hardest
-                    .into_iter()
-                    .take(4)
-                    .map(|ending_id| AssembledDistractor {
-                        ending_id,
-                        kind: None,
-                    })
-                    .collect(),
-            });
-        }
+    let mut built = if unverified {
+        assemble_unverified(&examples, &run_data, &mut summary)
     } else {
-        let tasks = db::current_tasks(conn)?;
-        let shown = db::shown_endings(conn)?;
-        for ex in &examples {
-            if !assignments.contains_key(&ex.id) {
-                continue;
-            }
-            let Some(task) = tasks.get(&ex.id) else {
-                summary.awaiting_labels += 1;
-                continue;
-            };
-            let submissions: Vec<_> = task.submissions.iter().filter(|s| !s.broken).collect();
-            if submissions.is_empty() {
-                if task.submissions.is_empty() {
-                    summary.awaiting_labels += 1;
-                } else {
-                    summary.broken += 1;
-                }
-                continue;
-            }
-            let labels: HashMap<i64, rules::Consensus> = task
-                .endings
-                .iter()
-                .filter_map(|&e| {
-                    let votes: Vec<(Judgement, Rank)> = submissions
-                        .iter()
-                        .filter_map(|s| s.labels.get(&e).copied())
-                        .collect();
-                    rules::consensus(&votes).map(|c| (e, c))
-                })
-                .collect();
-            let split = splits[&ex.group];
-            let fold = folds.get(&ex.id).copied();
-            match rules::decide(ex.gold_ending_id, &task.endings, &labels, &score) {
-                Decision::Gold {
-                    found_rank,
-                    example,
-                    generated_gold,
-                } => {
-                    let stage = if task.round == 0 { "orig" } else { "reannot" };
-                    let which = if found_rank == Rank::Best {
-                        "gold0"
-                    } else {
-                        "gold1"
-                    };
-                    built.push(verified(
-                        ex.id,
-                        split,
-                        fold,
-                        format!("{which}-{stage}"),
-                        &example,
-                    ));
-                    if let Some(generated) = generated_gold {
-                        if split != Split::Train {
-                            summary.generated_gold_withheld_from_eval += 1;
-                        } else if generated.distractors.len() < 3 {
-                            summary.generated_gold_too_few_distractors += 1;
-                        } else {
-                            built.push(verified(ex.id, split, fold, "gen-orig".into(), &generated));
-                        }
-                    }
-                }
-                Decision::Reannotate { reason, keep } => {
-                    let pool = db::scored_pool(conn, run.id, ex.id)?;
-                    match refill(task, &keep, shown.get(&ex.id), &pool) {
-                        Some(endings) => {
-                            *summary
-                                .reannotation_queued
-                                .entry(reason.as_str().into())
-                                .or_default() += 1;
-                            reannotations.push((ex.id, endings));
-                        }
-                        None => summary.cannot_refill.push(ex.ext_id.clone()),
-                    }
-                }
-                Decision::Drop(reason) => {
-                    *summary.dropped.entry(reason.as_str().into()).or_default() += 1;
-                }
-            }
-        }
-    }
+        assemble_verified(
+            conn,
+            run.id,
+            &examples,
+            &run_data,
+            &mut summary,
+            &mut reannotations,
+        )?
+    };
     for ex in &built {
         *summary.examples.entry(ex.split.to_string()).or_default() += 1;
         *summary
@@ -292,6 +180,190 @@ pub fn assemble(
     crate::store::set_meta(&tx, "assemble", &serde_json::to_string(&record)?)?;
     tx.commit()?;
     Ok(summary)
+}
+
+/// What the latest finished AF run decided, with the split of every group.
+struct RunData<'a> {
+    assignments: BTreeMap<i64, Vec<i64>>,
+    scores: HashMap<i64, f64>,
+    folds: HashMap<i64, i64>,
+    splits: &'a BTreeMap<String, Split>,
+}
+
+impl RunData<'_> {
+    fn score(&self, ending_id: i64) -> Option<f64> {
+        self.scores.get(&ending_id).copied()
+    }
+}
+
+/// Every group's split: the recorded one when seed and fractions are those of the last
+/// assembly, so that re-running moves no group.
+fn group_splits(
+    store: &Store,
+    examples: &[Example],
+    fractions: Fractions,
+    seed: u64,
+) -> Result<BTreeMap<String, Split>> {
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for ex in examples {
+        *sizes.entry(ex.group.clone()).or_default() += 1;
+    }
+    let previous: Option<Recorded> = match store.meta("assemble")? {
+        Some(text) => serde_json::from_str(&text).ok(),
+        None => None,
+    };
+    let same_split = previous
+        .as_ref()
+        .is_some_and(|p| p.seed == seed && p.split == fractions.to_text());
+    let recorded = if same_split {
+        db::load_splits(store.conn())?
+    } else {
+        BTreeMap::new()
+    };
+    Ok(split::assign(&sizes, fractions, seed, &recorded))
+}
+
+/// Without verification: the gold and the hardest assigned negatives of every AF context.
+fn assemble_unverified(
+    examples: &[Example],
+    run: &RunData,
+    summary: &mut Summary,
+) -> Vec<NewAssembled> {
+    let mut built = Vec::new();
+    for ex in examples {
+        let Some(assigned) = run.assignments.get(&ex.id) else {
+            continue;
+        };
+        let hardest = rules::hardest_first(assigned.iter().copied(), &|e| run.score(e));
+        if hardest.len() < 3 {
+            summary.too_few_negatives += 1;
+            continue;
+        }
+        built.push(NewAssembled {
+            example_id: ex.id,
+            split: run.splits[&ex.group],
+            gold_ending_id: ex.gold_ending_id,
+            gold_source: "unverified".into(),
+            gold_type: None,
+            verified: false,
+            fold: run.folds.get(&ex.id).copied(),
+            distractors: hardest
+                .into_iter()
+                .take(4)
+                .map(|ending_id| AssembledDistractor {
+                    ending_id,
+                    kind: None,
+                })
+                .collect(),
+        });
+    }
+    built
+}
+
+/// From the annotators' labels: the verified examples, and the items to send back for
+/// re-annotation (with their refilled endings).
+fn assemble_verified(
+    conn: &rusqlite::Connection,
+    run_id: i64,
+    examples: &[Example],
+    run: &RunData,
+    summary: &mut Summary,
+    reannotations: &mut Vec<(i64, Vec<i64>)>,
+) -> Result<Vec<NewAssembled>> {
+    let tasks = db::current_tasks(conn)?;
+    let shown = db::shown_endings(conn)?;
+    let mut built = Vec::new();
+    for ex in examples {
+        if !run.assignments.contains_key(&ex.id) {
+            continue;
+        }
+        let Some(task) = tasks.get(&ex.id) else {
+            summary.awaiting_labels += 1;
+            continue;
+        };
+        let Some(labels) = consensus_labels(task, summary) else {
+            continue;
+        };
+        let split = run.splits[&ex.group];
+        let fold = run.folds.get(&ex.id).copied();
+        let score = |e: i64| run.score(e);
+        match rules::decide(ex.gold_ending_id, &task.endings, &labels, &score) {
+            Decision::Gold {
+                found_rank,
+                example,
+                generated_gold,
+            } => {
+                let stage = if task.round == 0 { "orig" } else { "reannot" };
+                let which = if found_rank == Rank::Best {
+                    "gold0"
+                } else {
+                    "gold1"
+                };
+                built.push(verified(
+                    ex.id,
+                    split,
+                    fold,
+                    format!("{which}-{stage}"),
+                    &example,
+                ));
+                if let Some(generated) = generated_gold {
+                    if split != Split::Train {
+                        summary.generated_gold_withheld_from_eval += 1;
+                    } else if generated.distractors.len() < 3 {
+                        summary.generated_gold_too_few_distractors += 1;
+                    } else {
+                        built.push(verified(ex.id, split, fold, "gen-orig".into(), &generated));
+                    }
+                }
+            }
+            Decision::Reannotate { reason, keep } => {
+                let pool = db::scored_pool(conn, run_id, ex.id)?;
+                match refill(task, &keep, shown.get(&ex.id), &pool) {
+                    Some(endings) => {
+                        *summary
+                            .reannotation_queued
+                            .entry(reason.as_str().into())
+                            .or_default() += 1;
+                        reannotations.push((ex.id, endings));
+                    }
+                    None => summary.cannot_refill.push(ex.ext_id.clone()),
+                }
+            }
+            Decision::Drop(reason) => {
+                *summary.dropped.entry(reason.as_str().into()).or_default() += 1;
+            }
+        }
+    }
+    Ok(built)
+}
+
+/// The consensus label of every ending of the item's current task, from its submissions that
+/// are not broken flags; `None` (counted in the summary) while there are none.
+fn consensus_labels(
+    task: &CurrentTask,
+    summary: &mut Summary,
+) -> Option<HashMap<i64, rules::Consensus>> {
+    let submissions: Vec<_> = task.submissions.iter().filter(|s| !s.broken).collect();
+    if submissions.is_empty() {
+        if task.submissions.is_empty() {
+            summary.awaiting_labels += 1;
+        } else {
+            summary.broken += 1;
+        }
+        return None;
+    }
+    Some(
+        task.endings
+            .iter()
+            .filter_map(|&e| {
+                let votes: Vec<(Judgement, Rank)> = submissions
+                    .iter()
+                    .filter_map(|s| s.labels.get(&e).copied())
+                    .collect();
+                rules::consensus(&votes).map(|c| (e, c))
+            })
+            .collect(),
+    )
 }
 
 fn verified(
