@@ -101,6 +101,19 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         rows.len()
     )?;
 
+    write_sizes(md, c, rows)?;
+    write_files(md, &c.layout)?;
+    write_usage(md, &c.layout)?;
+    write_sources(md, c)?;
+    write_generator(md, c)?;
+    write_af(md, c)?;
+    writeln!(md, "\n## Human verification\n")?;
+    write_agreement(md, &c.labels, &c.rounds)?;
+    write_seeds_and_licence(md, c)
+}
+
+/// Examples, groups and labels per split, and examples per gold source.
+fn write_sizes(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result {
     writeln!(md, "## Sizes\n")?;
     writeln!(
         md,
@@ -148,9 +161,10 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         )?;
     }
 
-    write_files(md, &c.layout)?;
-    write_usage(md, &c.layout)?;
+    Ok(())
+}
 
+fn write_sources(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     writeln!(md, "\n## Sources\n")?;
     writeln!(
         md,
@@ -169,6 +183,11 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         )?;
     }
 
+    Ok(())
+}
+
+/// The generation runs, and how much likelier the LM finds the found endings than its own.
+fn write_generator(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     writeln!(md, "\n## Generator\n")?;
     if c.generations.is_empty() {
         writeln!(md, "No generation recorded.")?;
@@ -203,6 +222,11 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         None => writeln!(md, "\nNo LM log-probs recorded: the found-vs-generated gap is unknown.")?,
     }
 
+    Ok(())
+}
+
+/// The AF run and each model's held-out accuracy at its first and last iteration.
+fn write_af(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     writeln!(md, "\n## Adversarial filtering\n")?;
     match &c.af_run {
         None => writeln!(md, "No finished AF run.")?,
@@ -226,7 +250,9 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
                     first.iteration, last.iteration
                 )?;
                 writeln!(md, "| --- | ---: | ---: |")?;
-                for name in ["mlp", "bow", "cnn", "lstm", "ensemble"] {
+                for name in [
+                    "mlp", "bow", "cnn", "lstm", "subword", "sentence", "ensemble",
+                ] {
                     let get = |it: &IterationInfo| {
                         it.accuracy
                             .iter()
@@ -252,9 +278,10 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         }
     }
 
-    writeln!(md, "\n## Human verification\n")?;
-    write_agreement(md, &c.labels, &c.rounds)?;
+    Ok(())
+}
 
+fn write_seeds_and_licence(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     writeln!(md, "\n## Seeds and parameters\n")?;
     writeln!(md, "- afkit {}", env!("CARGO_PKG_VERSION"))?;
     writeln!(
