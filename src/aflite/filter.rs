@@ -186,11 +186,7 @@ pub fn run(
         let (correct, predicted, not_converged) =
             predict_partitions(features, labels, &s, &train_sets, &params.fit, &*observer);
 
-        let scores: Vec<Option<f64>> = correct
-            .iter()
-            .zip(&predicted)
-            .map(|(&c, &p)| (p > 0).then(|| c as f64 / p as f64))
-            .collect();
+        let scores = predictability(&correct, &predicted);
         for (&i, sc) in s.iter().zip(&scores) {
             score[i] = *sc;
         }
@@ -239,6 +235,16 @@ pub fn run(
         rounds,
         stop,
     })
+}
+
+/// Per member of S: the fraction of the models that saw it held out and predicted its label
+/// right (`None` when no partition held it out).
+fn predictability(correct: &[u32], predicted: &[u32]) -> Vec<Option<f64>> {
+    correct
+        .iter()
+        .zip(predicted)
+        .map(|(&c, &p)| (p > 0).then(|| c as f64 / p as f64))
+        .collect()
 }
 
 /// One training set per partition: `train_size` members of S drawn without replacement, in S's

@@ -162,13 +162,8 @@ pub fn run(args: Args) -> Result<()> {
     let filter_seconds = filter_started.elapsed().as_secs_f64();
     observer.finish()?;
 
-    // Map back to input rows.
-    let mut removed_round = vec![None; dataset.len()];
-    let mut score = vec![None; dataset.len()];
-    for (p, &i) in part.rows.iter().enumerate() {
-        removed_round[i] = outcome.removed_round[p];
-        score[i] = outcome.score[p];
-    }
+    let removed_round = on_input_rows(&outcome.removed_round, &part.rows, dataset.len());
+    let score = on_input_rows(&outcome.score, &part.rows, dataset.len());
     let keep: Vec<usize> = part
         .rows
         .iter()
@@ -206,18 +201,24 @@ pub fn run(args: Args) -> Result<()> {
         &warmup_rows,
         &summary,
     )?;
+    let stop = serde_json::to_value(outcome.stop)?;
     eprintln!(
-        "aflite: kept {} of {} examples after {} rounds ({}); wrote {}",
+        "aflite: kept {} of {total} examples after {} rounds ({}); wrote {}",
         keep.len(),
-        total,
         outcome.rounds.len(),
-        serde_json::to_value(outcome.stop)?
-            .as_str()
-            .unwrap_or_default()
-            .replace('_', " "),
+        stop.as_str().unwrap_or_default().replace('_', " "),
         args.out.display()
     );
     Ok(())
+}
+
+/// Values given per filtered row, placed at their input rows (`None` for rows not filtered).
+fn on_input_rows<T: Copy>(values: &[Option<T>], rows: &[usize], n_inputs: usize) -> Vec<Option<T>> {
+    let mut out = vec![None; n_inputs];
+    for (&value, &i) in values.iter().zip(rows) {
+        out[i] = value;
+    }
+    out
 }
 
 /// The sorted label names and every example's class id (its label's index among them).
