@@ -189,30 +189,42 @@ pub fn ingest(
                 continue;
             }
             seen.insert(record.ext_id.clone(), record.origin.clone());
-            match outcome {
-                Outcome::Kept(example) => {
-                    if insert_example(&tx, source, &example)? {
-                        summary.kept += 1;
-                    } else {
-                        check_same(record, "the project", &Outcome::Kept(example), &tx)?;
-                        summary.already_present += 1;
-                    }
-                }
-                Outcome::Dropped(reason) => {
-                    if example_text_by_ext_id(&tx, &record.ext_id)?.is_some() {
-                        summary.already_present += 1;
-                    } else {
-                        insert_dropped(&tx, source, &record.ext_id, reason)?;
-                        *summary.dropped.entry(reason.to_string()).or_default() += 1;
-                    }
-                }
-            }
+            store_outcome(&tx, source, record, outcome, &mut summary)?;
             crate::interrupt::check()?;
         }
     }
     tx.commit()?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// Stores a record's example, or why it was dropped, unless the project already has the id.
+fn store_outcome(
+    tx: &rusqlite::Connection,
+    source: i64,
+    record: &Record,
+    outcome: Outcome,
+    summary: &mut Summary,
+) -> Result<()> {
+    match outcome {
+        Outcome::Kept(example) => {
+            if insert_example(tx, source, &example)? {
+                summary.kept += 1;
+            } else {
+                check_same(record, "the project", &Outcome::Kept(example), tx)?;
+                summary.already_present += 1;
+            }
+        }
+        Outcome::Dropped(reason) => {
+            if example_text_by_ext_id(tx, &record.ext_id)?.is_some() {
+                summary.already_present += 1;
+            } else {
+                insert_dropped(tx, source, &record.ext_id, reason)?;
+                *summary.dropped.entry(reason.to_string()).or_default() += 1;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A record whose id is already taken must be the same example (its second sentence may be
