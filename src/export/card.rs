@@ -416,7 +416,16 @@ fn write_agreement(
         shared,
         rounds.iter().map(|(r, n)| format!("round {r}: {n}")).collect::<Vec<_>>().join(", ")
     )?;
-    let rank_of = |l: &LabelRow| l.rank.clone().unwrap_or_else(|| "neither".into());
+    write_label_shares(md, labels)?;
+    write_pairwise_agreement(md, labels)
+}
+
+fn rank_of(l: &LabelRow) -> String {
+    l.rank.clone().unwrap_or_else(|| "neither".into())
+}
+
+/// How often found and generated endings got each rank and each judgement.
+fn write_label_shares(md: &mut String, labels: &[LabelRow]) -> std::fmt::Result {
     writeln!(
         md,
         "\n| label | found ending | generated ending |\n| --- | ---: | ---: |"
@@ -449,7 +458,12 @@ fn write_agreement(
         };
         writeln!(md, "| {value} | {} | {} |", share(true), share(false))?;
     }
-    // Pairwise percent agreement: over every ending of a shared item and every pair of its annotators.
+    Ok(())
+}
+
+/// Pairwise percent agreement: over every ending of a shared item and every pair of its
+/// annotators.
+fn write_pairwise_agreement(md: &mut String, labels: &[LabelRow]) -> std::fmt::Result {
     let mut by_ending: HashMap<(i64, i64), Vec<&LabelRow>> = HashMap::new();
     for l in labels {
         by_ending
