@@ -173,23 +173,20 @@ fn main() {
             runs.push((*name, r));
         }
     }
-    let p99 = |name: &str, processes: usize| {
+    // A percentile of commit latency for one build and number of annotators, if it ran.
+    let commit_ms = |name: &str, processes: usize, p: f64| {
         runs.iter()
             .find(|(n, r)| *n == name && r.processes == processes)
-            .map(|(_, r)| percentile(&r.commit, 0.99))
+            .map(|(_, r)| percentile(&r.commit, p))
     };
-    let p50 = |processes: usize| {
-        let r = &runs
-            .iter()
-            .find(|(n, r)| *n == "this build" && r.processes == processes);
-        r.map(|(_, r)| percentile(&r.commit, 0.5)).unwrap()
-    };
+    let this = |processes: usize, p: f64| commit_ms("this build", processes, p).unwrap();
     println!(
         "\nthis build, 8 vs 1 annotator: commit p50 ×{:.1}, commit p99 ×{:.1}",
-        p50(8) / p50(1),
-        p99("this build", 8).unwrap() / p99("this build", 1).unwrap()
+        this(8, 0.5) / this(1, 0.5),
+        this(8, 0.99) / this(1, 0.99)
     );
-    if let (Some(this), Some(peer)) = (p99("this build", 8), p99("peer", 8)) {
+    if let (Some(this), Some(peer)) = (commit_ms("this build", 8, 0.99), commit_ms("peer", 8, 0.99))
+    {
         println!("8 annotators, commit p99: this build {this:.2} ms, peer {peer:.2} ms (peer / this ×{:.1})", peer / this);
     }
 }

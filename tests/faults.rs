@@ -83,6 +83,20 @@ fn tiny_gguf(dir: &Path) -> PathBuf {
     path
 }
 
+/// `generate` with two short endings per context from a tiny model.
+fn tiny_generate(db: &Path, model: &Path) -> Output {
+    afkit(&[
+        "generate",
+        arg(db),
+        "--model",
+        arg(model),
+        "--n-neg",
+        "2",
+        "--max-tokens",
+        "6",
+    ])
+}
+
 fn words(n: usize) -> String {
     vec!["word"; n].join(" ")
 }
@@ -296,18 +310,7 @@ fn generate_records_a_context_too_long_for_the_model_and_goes_on() {
     let mut examples = short_examples(3);
     examples[1].1 = format!("{}.", words(5000));
     let db = examples_project(dir.path(), &examples);
-    let generate = || {
-        afkit(&[
-            "generate",
-            arg(&db),
-            "--model",
-            arg(&model),
-            "--n-neg",
-            "2",
-            "--max-tokens",
-            "6",
-        ])
-    };
+    let generate = || tiny_generate(&db, &model);
     let first = generate();
     let said = stderr(&first);
     succeeded(first);
@@ -487,18 +490,7 @@ fn two_generates_on_one_project_at_once_give_a_plain_message() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_gguf(dir.path());
     let db = examples_project(dir.path(), &short_examples(12));
-    let run = || {
-        afkit(&[
-            "generate",
-            arg(&db),
-            "--model",
-            arg(&model),
-            "--n-neg",
-            "2",
-            "--max-tokens",
-            "6",
-        ])
-    };
+    let run = || tiny_generate(&db, &model);
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(run);
         let b = s.spawn(run);
