@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use afkit::store::af::HeadAccuracy;
+use afkit::store::af::{Family, HeadAccuracy};
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::Store;
 use common::{command, run_ok};
@@ -177,7 +177,7 @@ fn filter_args(project: &Path, extra: &[&str]) -> Vec<String> {
 /// Everything a run stored, minus wall-clock times.
 #[derive(Debug, PartialEq)]
 struct RunState {
-    iterations: Vec<(usize, String, usize, usize, HeadAccuracy)>,
+    iterations: Vec<(usize, Family, usize, usize, HeadAccuracy)>,
     swaps: Vec<(usize, afkit::store::af::Swap)>,
     assignment: BTreeMap<i64, Vec<i64>>,
     scores: BTreeMap<i64, f64>,
@@ -432,7 +432,7 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
     );
     let state = run_state(&project);
     assert!(state.finished);
-    assert!(state.iterations.iter().all(|i| i.1 == "mlp"));
+    assert!(state.iterations.iter().all(|i| i.1 == Family::Mlp));
     let store = Store::open(&project).unwrap();
     let run = store.latest_af_run().unwrap().unwrap();
     let accuracy = run.final_accuracy.unwrap();

@@ -28,6 +28,8 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{embedding, linear, Embedding, Linear, VarBuilder};
 use serde::Serialize;
 
+use crate::store::af::Family;
+
 use super::bilstm::{BiLstm, BiLstmInput};
 use super::data::LM_FEATURES;
 use super::windows::{shifted_windows, time_windows};
@@ -47,25 +49,6 @@ pub struct Inputs {
     pub subword_buckets: usize,
     /// Width of the sentence vectors; 0 leaves the sentence model out.
     pub sentence_dim: usize,
-}
-
-/// Which models are trained in an iteration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Family {
-    /// The cheap perplexity MLP alone (SWAG's first 100 iterations).
-    Mlp,
-    /// All four models and the ensemble.
-    Ensemble,
-}
-
-impl Family {
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::Mlp => "mlp",
-            Family::Ensemble => "ensemble",
-        }
-    }
 }
 
 /// Layer sizes.

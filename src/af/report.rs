@@ -10,14 +10,14 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::ReportArgs;
-use crate::store::af::{AfRun, HeadAccuracy, IterationRecord};
+use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
 use crate::store::Store;
 
 /// One element of the `--json` output's `iterations` array (a stable interface for scripts).
 #[derive(Serialize)]
-struct JsonIteration<'a> {
+struct JsonIteration {
     iteration: usize,
-    phase: &'a str,
+    phase: Family,
     swaps: usize,
     seconds: f64,
     accuracy: HeadAccuracy,
@@ -45,7 +45,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
             .iter()
             .map(|r| JsonIteration {
                 iteration: r.iteration,
-                phase: &r.phase,
+                phase: r.phase,
                 swaps: r.swaps,
                 seconds: r.seconds,
                 accuracy: r.accuracy,
@@ -87,7 +87,7 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
     let y_max = (top * 1.1).min(1.0).max(chance * 1.5);
     let mlp_end = iterations
         .iter()
-        .filter(|r| r.phase == "mlp")
+        .filter(|r| r.phase == Family::Mlp)
         .map(|r| r.iteration)
         .max();
 
@@ -121,7 +121,7 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .map_err(draw_err)?;
 
     if let Some(end) = mlp_end {
-        let ensemble_phase = iterations.iter().any(|r| r.phase == "ensemble");
+        let ensemble_phase = iterations.iter().any(|r| r.phase == Family::Ensemble);
         shade_mlp_phase(&mut chart, end as f64 + 0.5, y_max, ensemble_phase).map_err(draw_err)?;
     }
     draw_chance(&mut chart, chance, last as f64 + 0.5).map_err(draw_err)?;
@@ -245,10 +245,10 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
 
 /// Iterations, swaps and time per phase, and how each model's accuracy moved in each phase.
 fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
-    let phase = |name: &str| -> Vec<&IterationRecord> {
-        iterations.iter().filter(|r| r.phase == name).collect()
+    let phase = |family: Family| -> Vec<&IterationRecord> {
+        iterations.iter().filter(|r| r.phase == family).collect()
     };
-    let (mlp, ens) = (phase("mlp"), phase("ensemble"));
+    let (mlp, ens) = (phase(Family::Mlp), phase(Family::Ensemble));
     let total_swaps: usize = iterations.iter().map(|r| r.swaps).sum();
     let total_seconds: f64 = iterations.iter().map(|r| r.seconds).sum();
     writeln!(md, "## Summary\n")?;
@@ -352,7 +352,7 @@ fn iteration_table(md: &mut String, iterations: &[IterationRecord]) -> Result<()
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
             r.iteration,
-            r.phase,
+            r.phase.name(),
             fmt_acc(a.mlp),
             fmt_acc(a.bow),
             fmt_acc(a.cnn),

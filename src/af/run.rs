@@ -23,10 +23,11 @@ use super::algorithm::{
     Convergence, FINAL_STREAM, INITIAL_STREAM,
 };
 use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
-use super::model::{Family, ModelConfig};
+use super::model::ModelConfig;
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use super::{FilterArgs, DEFAULT_ENSEMBLE_ITERATIONS, DEFAULT_MLP_ITERATIONS};
 use crate::device::Compute;
+use crate::store::af::Family;
 use crate::store::af::{AfRun, Assignment, HeadAccuracy, IterationRecord, Swap};
 use crate::store::Store;
 
@@ -199,7 +200,7 @@ fn run_iterations(
     while let Some(family) = next_family(&history, params) {
         crate::interrupt::check()?;
         let iteration = history.len();
-        if iteration == 0 || history[iteration - 1].phase != family.name() {
+        if iteration == 0 || history[iteration - 1].phase != family {
             bar.suspend(|| println!("phase: {} iterations", family.name()));
         }
         let (record, swaps, train_seconds) =
@@ -351,22 +352,21 @@ fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
 /// the stored history, so a resumed run continues in the right phase.
 pub fn next_family(history: &[IterationRecord], params: &RunParams) -> Option<Family> {
     let rule = &params.convergence;
-    let quiet = |phase: &str| -> Vec<bool> {
+    let quiet = |phase: Family| -> Vec<bool> {
         history
             .iter()
             .filter(|r| r.phase == phase)
             .map(|r| {
-                let acc = if phase == "mlp" {
-                    r.accuracy.mlp
-                } else {
-                    r.accuracy.ensemble
+                let acc = match phase {
+                    Family::Mlp => r.accuracy.mlp,
+                    Family::Ensemble => r.accuracy.ensemble,
                 };
                 rule.quiet(params.k, r.swaps, r.n_test, acc.unwrap_or(1.0))
             })
             .collect()
     };
-    let mlp = quiet("mlp");
-    let ensemble = quiet("ensemble");
+    let mlp = quiet(Family::Mlp);
+    let ensemble = quiet(Family::Ensemble);
     if ensemble.is_empty() && mlp.len() < params.mlp_iterations && !rule.converged(&mlp) {
         return Some(Family::Mlp);
     }
@@ -441,7 +441,7 @@ pub fn run_iteration(
     }
     let record = IterationRecord {
         iteration,
-        phase: family.name().to_string(),
+        phase: family,
         swaps: swaps.len(),
         seconds: started.elapsed().as_secs_f64(),
         n_test: test_ids.len(),
@@ -625,7 +625,7 @@ fn iteration_line(r: &IterationRecord, train_seconds: f64) -> String {
     format!(
         "iteration {:>4} {:<8} {}  swaps {:>5}/{} held out  {:.1} s (training {:.1} s)",
         r.iteration,
-        r.phase,
+        r.phase.name(),
         accuracy_text(&r.accuracy),
         r.swaps,
         r.n_test,

@@ -20,8 +20,9 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
 use super::data::{Dataset, EncodedEnding};
-use super::model::{make_batch, Family, Inputs, ModelConfig, StylisticModel, DTYPE};
+use super::model::{make_batch, Inputs, ModelConfig, StylisticModel, DTYPE};
 use crate::device::Compute;
+use crate::store::af::Family;
 
 /// Optimisation settings of one training run.
 #[derive(Debug, Clone, Serialize)]

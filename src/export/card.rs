@@ -16,6 +16,7 @@ use super::layout::{Layout, HF_SPLITS};
 use super::rows::Row;
 use super::{Negatives, Options};
 use crate::dataset::Split;
+use crate::store::af::Family;
 use crate::store::export::{
     self as db, GenerationInfo, IterationInfo, LabelRow, LogProbGap, SourceInfo,
 };
@@ -231,7 +232,11 @@ fn write_af(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     match &c.af_run {
         None => writeln!(md, "No finished AF run.")?,
         Some(run) => {
-            let mlp = c.iterations.iter().filter(|i| i.phase == "mlp").count();
+            let mlp = c
+                .iterations
+                .iter()
+                .filter(|i| i.phase == Family::Mlp)
+                .count();
             writeln!(
                 md,
                 "Run {} with k = {}, seed {}, parameters `{}`: {} iterations ({} MLP-only, {} ensemble).",

@@ -71,12 +71,43 @@ pub struct AfRun {
     pub final_accuracy: Option<HeadAccuracy>,
 }
 
+/// Which models are trained in an iteration: the phase an iteration belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// The cheap perplexity MLP alone (SWAG's first 100 iterations).
+    Mlp,
+    /// All the stylistic models and the ensemble.
+    Ensemble,
+}
+
+impl Family {
+    /// The name stored in `af_iterations.phase` and shown in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Mlp => "mlp",
+            Family::Ensemble => "ensemble",
+        }
+    }
+
+    pub(crate) fn from_stored(name: &str) -> rusqlite::Result<Family> {
+        match name {
+            "mlp" => Ok(Family::Mlp),
+            "ensemble" => Ok(Family::Ensemble),
+            other => Err(rusqlite::Error::FromSqlConversionFailure(
+                1,
+                rusqlite::types::Type::Text,
+                format!("unknown AF phase {other:?}").into(),
+            )),
+        }
+    }
+}
+
 /// One finished AF iteration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IterationRecord {
     pub iteration: usize,
-    /// `"mlp"` or `"ensemble"`.
-    pub phase: String,
+    pub phase: Family,
     pub swaps: usize,
     pub seconds: f64,
     /// Contexts in the held-out 20%.
@@ -273,7 +304,7 @@ impl Store {
         let rows = stmt.query_map([run_id], |r| {
             Ok(IterationRecord {
                 iteration: r.get::<_, i64>(0)? as usize,
-                phase: r.get(1)?,
+                phase: Family::from_stored(&r.get::<_, String>(1)?)?,
                 swaps: r.get::<_, i64>(2)? as usize,
                 seconds: r.get(3)?,
                 n_test: r.get::<_, i64>(4)? as usize,
@@ -309,7 +340,7 @@ impl Store {
             params![
                 run_id,
                 record.iteration as i64,
-                record.phase,
+                record.phase.name(),
                 record.swaps as i64,
                 record.seconds,
                 record.n_test as i64,

@@ -115,7 +115,7 @@ pub fn logprob_gap(conn: &Connection) -> Result<Option<LogProbGap>> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct IterationInfo {
     pub iteration: i64,
-    pub phase: String,
+    pub phase: super::af::Family,
     pub swaps: i64,
     /// (model, accuracy) for the models that ran: mlp, bow, cnn, lstm, subword, sentence,
     /// ensemble.
@@ -140,7 +140,7 @@ pub fn af_iterations(conn: &Connection, run_id: i64) -> Result<Vec<IterationInfo
         }
         Ok(IterationInfo {
             iteration: r.get(0)?,
-            phase: r.get(1)?,
+            phase: super::af::Family::from_stored(&r.get::<_, String>(1)?)?,
             swaps: r.get(2)?,
             accuracy,
         })
