@@ -31,7 +31,7 @@ fn found_ending_ranked_best_is_gold0_with_the_hardest_usable_distractors() {
         (L, BEST),
         [(G, None), (L, SECOND), (U, None), (U, None), (L, None)],
     );
-    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-orig"], 1);
     let a = p.assembled();
     assert_eq!(a.len(), 1);
@@ -52,7 +52,7 @@ fn found_ending_ranked_second_is_gold1_and_the_best_generation_is_not_a_distract
         (L, SECOND),
         [(L, None), (U, None), (L, BEST), (U, None), (U, None)],
     );
-    p.assemble(&["--distractors", "hardest", "--split", "0,1,0"]);
+    p.assemble(&["--split", "0,1,0"]);
     let a = p.assembled();
     assert_eq!(a.len(), 1, "no generation-as-gold outside train");
     assert_eq!(a[0].0, "gold1-orig");
@@ -76,14 +76,7 @@ fn generation_best_over_found_second_adds_a_training_only_example() {
             [(L, BEST), (U, None), (G, None), (U, None), (L, None)],
         );
     }
-    let s = p.assemble(&[
-        "--distractors",
-        "hardest",
-        "--split",
-        "0.34,0.33,0.33",
-        "--seed",
-        "4",
-    ]);
+    let s = p.assemble(&["--split", "0.34,0.33,0.33", "--seed", "4"]);
     assert_eq!(s["groups"]["train"], 1);
     assert_eq!(s["generated_gold_withheld_from_eval"], 2);
     let a = p.assembled();
@@ -111,7 +104,7 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
         (L, None),
         [(L, BEST), (U, None), (L, SECOND), (G, None), (U, None)],
     );
-    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["reannotation_queued"]["found_outside_top_two"], 1);
     assert!(p.assembled().is_empty());
     let (new_task, round): (i64, i64) = p
@@ -145,7 +138,7 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
     assert_eq!(shown, expected);
 
     // Re-running before the new task is labelled queues nothing twice.
-    let again = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    let again = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(again["awaiting_labels"], 1);
     assert_eq!(again["reannotation_queued"], serde_json::json!({}));
 
@@ -158,7 +151,7 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
         (c.cands[7], L, None),
     ];
     fx::insert_submission(&p.conn, new_task, "ann2", false, &endings).unwrap();
-    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-reannot"], 1);
     assert_eq!(
         p.assembled()[0].3,
@@ -178,7 +171,7 @@ fn fewer_than_four_non_gibberish_endings_goes_back_to_the_queue() {
         (L, BEST),
         [(G, None), (L, SECOND), (G, None), (G, None), (U, None)],
     );
-    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["reannotation_queued"]["too_few_non_gibberish"], 1);
     assert!(p.assembled().is_empty());
 }
@@ -196,7 +189,7 @@ fn an_item_the_pool_cannot_refill_is_reported() {
         (L, BEST),
         [(G, None), (L, SECOND), (G, None), (G, None), (U, None)],
     );
-    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["cannot_refill"], serde_json::json!(["v1#0"]));
     let open: i64 = p
         .conn
@@ -228,7 +221,7 @@ fn several_annotators_are_combined_per_ending_with_documented_ties() {
         (U, SECOND),
         [(G, None), (L, BEST), (U, None), (U, None), (L, None)],
     );
-    p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    p.assemble(&["--split", "1,0,0"]);
     let a = p.assembled();
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].0, "gold1-orig");
@@ -251,7 +244,7 @@ fn several_annotators_are_combined_per_ending_with_documented_ties() {
         (L, SECOND),
         [(L, None), (L, BEST), (U, None), (U, None), (L, None)],
     );
-    p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    p.assemble(&["--split", "1,0,0"]);
     let a = p.assembled();
     assert_eq!(
         a.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
@@ -282,7 +275,7 @@ fn broken_submissions_are_ignored() {
     let only_broken = p.context("v2", 0, 10, 8);
     let t2 = p.task(&only_broken, 0, &only_broken.shown());
     fx::insert_submission(&p.conn, t2, "flagger", true, &[]).unwrap();
-    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-orig"], 1);
     assert_eq!(s["broken"], 1);
     assert_eq!(p.assembled().len(), 1);
@@ -292,13 +285,7 @@ fn broken_submissions_are_ignored() {
 fn unverified_takes_gold_and_the_hardest_assigned_negatives() {
     let p = Project::new();
     let c = p.context("v1", 0, 10, 8);
-    let s = p.assemble(&[
-        "--distractors",
-        "hardest",
-        "--unverified",
-        "--split",
-        "1,0,0",
-    ]);
+    let s = p.assemble(&["--unverified", "--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["unverified"], 1);
     let a = p.assembled();
     assert_eq!(a[0].3, c.cands[..4].to_vec());
@@ -309,43 +296,6 @@ fn unverified_takes_gold_and_the_hardest_assigned_negatives() {
         })
         .unwrap();
     assert_eq!((verified, gold_type), (0, None));
-}
-
-#[test]
-fn unverified_calibrated_puts_the_gold_at_a_drawn_rank_by_the_final_scores() {
-    let p = Project::new();
-    // Assigned candidates score 100, 99, ..., 92; the gold is moved to 96.5 so that four
-    // outscore it and five do not.
-    let ctxs: Vec<Ctx> = (0..40)
-        .map(|i| p.context(&format!("v{i}"), 0, 12, 9))
-        .collect();
-    for c in &ctxs {
-        p.conn
-            .execute(
-                "UPDATE af_scores SET score = 96.5 WHERE ending_id = ?1",
-                [c.found],
-            )
-            .unwrap();
-    }
-    p.assemble(&["--unverified", "--split", "1,0,0", "--seed", "5"]);
-    let mut above_counts = BTreeSet::new();
-    for (_, gold, _, distractors) in p.assembled() {
-        let c = ctxs.iter().find(|c| c.found == gold).unwrap();
-        let rank = |e: &i64| c.cands.iter().position(|x| x == e).unwrap();
-        let ranks: Vec<usize> = distractors[..3].iter().map(rank).collect();
-        let above = ranks.iter().filter(|r| **r < 4).count();
-        // Above the gold: the closest ones (ranks 3, 2, 1); below: the hardest (4, 5, 6).
-        let expected: Vec<usize> = (4 - above..4).chain(4..7 - above).collect();
-        assert_eq!(ranks, expected, "distractors (by hardness rank) of {gold}");
-        above_counts.insert(above);
-    }
-    assert_eq!(above_counts, (0..4).collect(), "every rank is drawn");
-    let record: Value = serde_json::from_str(&p.meta("assemble")).unwrap();
-    assert_eq!(record["distractors"], "calibrated");
-    // The same seed draws the same ranks.
-    let before = p.assembled();
-    p.assemble(&["--unverified", "--split", "1,0,0", "--seed", "5"]);
-    assert_eq!(p.assembled(), before);
 }
 
 fn splits(p: &Project) -> BTreeMap<String, String> {

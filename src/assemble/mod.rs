@@ -3,8 +3,7 @@
 //! Order of work, all inside one transaction so that a re-run replaces the previous assembly
 //! atomically: (1) split every group of the project (see [`split`]); (2) for every context of
 //! the latest finished AF run, apply the rules of [`rules`] to its current annotation task, or,
-//! with `--unverified`, take the gold and three assigned negatives (chosen by
-//! [`rules::choose_distractors`]); (3) queue the items
+//! with `--unverified`, take the gold and the hardest assigned negatives; (3) queue the items
 //! that need re-annotation as new tasks; (4) record the parameters.
 //!
 //! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
@@ -29,14 +28,14 @@ use crate::store::assemble::{
 };
 use crate::store::examples::Example;
 use crate::store::Store;
-use rules::{Built, Decision, DistractorChoice};
+use rules::{Built, Decision};
 use split::Fractions;
 
 #[derive(clap::Args)]
 #[command(
     after_help = "Rules (SWAG §3.5): the found ending ranked best or second is gold \
-(gold0/gold1, -orig or -reannot by annotation round) with three generations not ranked best \
-and not gibberish as distractors (chosen as --distractors says); a generation ranked best over a second-ranked found ending adds a \
+(gold0/gold1, -orig or -reannot by annotation round) with the hardest generations not ranked best \
+and not gibberish as distractors; a generation ranked best over a second-ranked found ending adds a \
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
 than three usable distractors, is queued for re-annotation with those endings replaced by the \
 next-hardest scored pool endings. Several annotators: a judgement needs half the votes (ties go to \
@@ -47,22 +46,13 @@ fractions are unchanged."
 pub struct Args {
     /// The project file.
     pub project: PathBuf,
-    /// Skip verification: gold + three assigned negatives (see --distractors), marked unverified.
+    /// Skip verification: gold + the three hardest assigned negatives, marked unverified.
     #[arg(long)]
     pub unverified: bool,
-    /// How the three distractors of a question are chosen among its candidates (the assigned
-    /// negatives, or the annotators' usable endings). `calibrated`: the gold's rank among the
-    /// four by the final AF scores is drawn uniformly per context (seeded), so the gold is
-    /// neither always nor never the one AF's models like best; `hardest`: the three hardest,
-    /// which leaves classifiers trained on the dataset below chance (an inverse artifact;
-    /// BENCHMARKS.md, "Quality").
-    #[arg(long, value_enum, default_value_t = DistractorChoice::Calibrated)]
-    pub distractors: DistractorChoice,
     /// Train,val,test fractions; groups (videos) never straddle two splits.
     #[arg(long, default_value = "0.8,0.1,0.1")]
     pub split: String,
-    /// Seed for the split, the drawn rank of each gold and the order of re-annotation tasks
-    /// (recorded).
+    /// Seed for the split and the order of re-annotation tasks (recorded).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Print the summary as one JSON object.
@@ -102,11 +92,7 @@ pub struct Summary {
 pub fn run(args: Args) -> Result<()> {
     let fractions = Fractions::parse(&args.split)?;
     let mut store = Store::open(&args.project)?;
-    let choice = Choice {
-        seed: args.seed,
-        distractors: args.distractors,
-    };
-    let summary = assemble(&mut store, fractions, choice, args.unverified)?;
+    let summary = assemble(&mut store, fractions, args.seed, args.unverified)?;
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
@@ -122,47 +108,15 @@ struct Recorded {
     split: String,
     unverified: bool,
     af_run: i64,
-    /// Absent in assemblies recorded before the choice was offered (they took the hardest).
-    #[serde(default)]
-    distractors: Option<DistractorChoice>,
-}
-
-/// How distractors are chosen, with the seed of the drawn gold ranks.
-#[derive(Debug, Clone, Copy)]
-pub struct Choice {
-    pub seed: u64,
-    pub distractors: DistractorChoice,
-}
-
-impl Choice {
-    /// The number of distractors that should outscore the gold of one context (0-3), drawn from
-    /// the seed and the context alone, so that re-assembling repeats it.
-    fn above(&self, example_id: i64) -> usize {
-        const TAG: u64 = 0x0064_7261_776e_726b; // "drawnrk"
-        (crate::dataset::derive_seed(&[self.seed, example_id as u64, TAG]) % 4) as usize
-    }
-
-    /// `hardest` reordered so that its first three are this choice's distractors.
-    fn apply(&self, example_id: i64, gold: i64, hardest: Vec<i64>, run: &RunData) -> Vec<i64> {
-        let score = |e: i64| run.score(e);
-        rules::choose_distractors(
-            hardest,
-            run.score(gold),
-            &score,
-            self.distractors,
-            self.above(example_id),
-        )
-    }
 }
 
 /// Runs the whole assembly in one transaction; see the module docs.
 pub fn assemble(
     store: &mut Store,
     fractions: Fractions,
-    choice: Choice,
+    seed: u64,
     unverified: bool,
 ) -> Result<Summary> {
-    let seed = choice.seed;
     let conn = store.conn();
     let Some(run) = db::latest_finished_run(conn)? else {
         bail!(
@@ -189,14 +143,13 @@ pub fn assemble(
     }
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
     let mut built = if unverified {
-        assemble_unverified(&examples, &run_data, choice, &mut summary)
+        assemble_unverified(&examples, &run_data, &mut summary)
     } else {
         assemble_verified(
             conn,
             run.id,
             &examples,
             &run_data,
-            choice,
             &mut summary,
             &mut reannotations,
         )?
@@ -216,7 +169,6 @@ pub fn assemble(
         split: fractions.to_text(),
         unverified,
         af_run: run.id,
-        distractors: Some(choice.distractors),
     };
     let tx = store.transaction()?;
     db::replace_splits(&tx, &splits)?;
@@ -271,11 +223,10 @@ fn group_splits(
     Ok(split::assign(&sizes, fractions, seed, &recorded))
 }
 
-/// Without verification: the gold and three assigned negatives of every AF context.
+/// Without verification: the gold and the hardest assigned negatives of every AF context.
 fn assemble_unverified(
     examples: &[Example],
     run: &RunData,
-    choice: Choice,
     summary: &mut Summary,
 ) -> Vec<NewAssembled> {
     let mut built = Vec::new();
@@ -284,8 +235,7 @@ fn assemble_unverified(
             continue;
         };
         let hardest = rules::hardest_first(assigned.iter().copied(), &|e| run.score(e));
-        let chosen = choice.apply(ex.id, ex.gold_ending_id, hardest, run);
-        if chosen.len() < 3 {
+        if hardest.len() < 3 {
             summary.too_few_negatives += 1;
             continue;
         }
@@ -297,7 +247,7 @@ fn assemble_unverified(
             gold_type: None,
             verified: false,
             fold: run.folds.get(&ex.id).copied(),
-            distractors: chosen
+            distractors: hardest
                 .into_iter()
                 .take(4)
                 .map(|ending_id| AssembledDistractor {
@@ -310,17 +260,6 @@ fn assemble_unverified(
     built
 }
 
-/// Puts the chosen distractors of a verified example first (the rules list them hardest first).
-fn choose_among_labelled(example: &mut Built, example_id: i64, choice: Choice, run: &RunData) {
-    let hardest = example.distractors.iter().map(|d| d.0).collect();
-    let order = choice.apply(example_id, example.gold, hardest, run);
-    let typed = std::mem::take(&mut example.distractors);
-    example.distractors = order
-        .into_iter()
-        .filter_map(|e| typed.iter().find(|d| d.0 == e).copied())
-        .collect();
-}
-
 /// From the annotators' labels: the verified examples, and the items to send back for
 /// re-annotation (with their refilled endings).
 fn assemble_verified(
@@ -328,7 +267,6 @@ fn assemble_verified(
     run_id: i64,
     examples: &[Example],
     run: &RunData,
-    choice: Choice,
     summary: &mut Summary,
     reannotations: &mut Vec<(i64, Vec<i64>)>,
 ) -> Result<Vec<NewAssembled>> {
@@ -352,13 +290,9 @@ fn assemble_verified(
         match rules::decide(ex.gold_ending_id, &task.endings, &labels, &score) {
             Decision::Gold {
                 found_rank,
-                mut example,
-                mut generated_gold,
+                example,
+                generated_gold,
             } => {
-                choose_among_labelled(&mut example, ex.id, choice, run);
-                if let Some(generated) = generated_gold.as_mut() {
-                    choose_among_labelled(generated, ex.id, choice, run);
-                }
                 let stage = if task.round == 0 { "orig" } else { "reannot" };
                 let which = if found_rank == Rank::Best {
                     "gold0"

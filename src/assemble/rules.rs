@@ -52,8 +52,7 @@ pub fn consensus(votes: &[(Judgement, Rank)]) -> Option<Consensus> {
 pub struct Built {
     pub gold: i64,
     pub gold_type: Judgement,
-    /// (ending id, judgement), at most four: from [`decide`] hardest first; after
-    /// [`choose_distractors`] the three chosen first.
+    /// (ending id, judgement), hardest first, at most four.
     pub distractors: Vec<(i64, Judgement)>,
 }
 
@@ -200,62 +199,6 @@ pub fn decide(
         },
         generated_gold,
     }
-}
-
-/// How the three distractors of a question are chosen among a context's candidates.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum DistractorChoice {
-    /// The gold's rank among the four, by the final AF scores, is drawn uniformly (seeded, per
-    /// context): as many distractors as drawn are taken from those scoring above the gold,
-    /// closest to it first, the rest from those scoring below it, hardest first. A classifier
-    /// like AF's own then picks the gold a quarter of the time, not less.
-    #[default]
-    Calibrated,
-    /// The three hardest: every distractor outscores the gold wherever the pool allows, which
-    /// pushes classifiers trained on the dataset below chance (they learn what AF chose against).
-    Hardest,
-}
-
-/// Reorders `hardest` (hardest first) so that its first three endings are the chosen
-/// distractors, hardest first, followed by the others, hardest first. `above` is the drawn number
-/// of distractors that should outscore the gold (0-3); where the pool has too few on one side the
-/// other side makes up the three. Without a gold score the hardest three are kept.
-pub fn choose_distractors(
-    hardest: Vec<i64>,
-    gold: Option<f64>,
-    score: &dyn Fn(i64) -> Option<f64>,
-    choice: DistractorChoice,
-    above: usize,
-) -> Vec<i64> {
-    let Some(gold) = gold.filter(|_| choice == DistractorChoice::Calibrated) else {
-        return hardest;
-    };
-    let outscores = |e: &i64| score(*e).is_some_and(|s| s > gold);
-    let mut over: Vec<i64> = hardest.iter().copied().filter(outscores).collect();
-    over.reverse(); // closest above the gold first
-    let under: Vec<i64> = hardest.iter().copied().filter(|e| !outscores(e)).collect();
-    let n_under = (3 - above.min(3).min(over.len())).min(under.len());
-    let n_over = (3 - n_under).min(over.len());
-    let chosen: Vec<i64> = over[..n_over]
-        .iter()
-        .chain(&under[..n_under])
-        .copied()
-        .collect();
-    let (mut first, rest): (Vec<i64>, Vec<i64>) =
-        hardest.into_iter().partition(|e| chosen.contains(e));
-    first.extend(rest);
-    first
 }
 
 /// Orders endings by final ensemble score, highest (hardest) first; ties and unscored endings by id.
@@ -458,97 +401,5 @@ mod tests {
     fn unscored_endings_sort_last() {
         let order = hardest_first([3, 1, 2].into_iter(), &|e| (e != 2).then_some(-(e as f64)));
         assert_eq!(order, vec![1, 3, 2]);
-    }
-
-    /// Candidates 0..n with the given scores, hardest first, and the choice for a gold score.
-    fn chosen(scores: &[f64], gold: f64, above: usize) -> Vec<i64> {
-        let score = |e: i64| Some(scores[e as usize]);
-        let hardest = hardest_first(0..scores.len() as i64, &score);
-        choose_distractors(
-            hardest,
-            Some(gold),
-            &score,
-            DistractorChoice::Calibrated,
-            above,
-        )
-    }
-
-    #[test]
-    fn calibrated_takes_the_closest_above_and_the_hardest_below() {
-        let scores = [5.0, 4.0, 3.0, 1.0, 0.5, 0.0];
-        assert_eq!(chosen(&scores, 2.0, 0), vec![3, 4, 5, 0, 1, 2]);
-        assert_eq!(chosen(&scores, 2.0, 1), vec![2, 3, 4, 0, 1, 5]);
-        assert_eq!(chosen(&scores, 2.0, 3), vec![0, 1, 2, 3, 4, 5]);
-        // Too few below the gold: the rest come from above, closest first.
-        assert_eq!(chosen(&scores, 0.7, 0), vec![3, 4, 5, 0, 1, 2]);
-    }
-
-    #[test]
-    fn hardest_choice_and_missing_gold_score_keep_the_order() {
-        let score = |e: i64| Some(-(e as f64));
-        for (choice, gold) in [
-            (DistractorChoice::Hardest, Some(-2.5)),
-            (DistractorChoice::Calibrated, None),
-        ] {
-            let order = choose_distractors(vec![0, 1, 2, 3, 4], gold, &score, choice, 0);
-            assert_eq!(order, vec![0, 1, 2, 3, 4]);
-        }
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn calibrated_puts_the_gold_at_the_drawn_rank_when_the_pool_allows(
-            scores in proptest::collection::vec(-4i32..4, 3..12),
-            gold in -4i32..4,
-            above in 0usize..4,
-        ) {
-            let scores: Vec<f64> = scores.into_iter().map(f64::from).collect();
-            let gold = f64::from(gold);
-            let order = chosen(&scores, gold, above);
-            let mut sorted = order.clone();
-            sorted.sort_unstable();
-            proptest::prop_assert_eq!(sorted, (0..scores.len() as i64).collect::<Vec<_>>());
-            let n_over = scores.iter().filter(|s| **s > gold).count();
-            let n_under = scores.len() - n_over;
-            let picked_over = order[..3].iter().filter(|e| scores[**e as usize] > gold).count();
-            // Exactly the drawn rank when both sides have enough candidates; otherwise as
-            // close as the pool allows.
-            let expected = above.min(n_over).max(3usize.saturating_sub(n_under));
-            proptest::prop_assert_eq!(picked_over, expected);
-            let three: Vec<f64> = order[..3].iter().map(|e| scores[*e as usize]).collect();
-            proptest::prop_assert!(three.windows(2).all(|w| w[0] >= w[1]), "hardest first");
-        }
-    }
-
-    #[test]
-    fn drawn_ranks_make_an_equal_classifier_pick_the_gold_a_quarter_of_the_time() {
-        // Scores of gold and nine negatives from one distribution: under the calibrated choice
-        // the gold outscores all three distractors in about a quarter of the contexts, under
-        // the hardest choice far less often.
-        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
-        let (mut calibrated_top, mut hardest_top) = (0, 0);
-        let n = 4000;
-        for i in 0..n {
-            let scores: Vec<f64> = (0..9).map(|_| rand::Rng::random::<f64>(&mut rng)).collect();
-            let gold = rand::Rng::random::<f64>(&mut rng);
-            let score = |e: i64| Some(scores[e as usize]);
-            let hardest = hardest_first(0..9, &score);
-            let top = |order: &[i64]| order[..3].iter().all(|e| scores[*e as usize] < gold);
-            hardest_top += usize::from(top(&hardest));
-            let order = choose_distractors(
-                hardest,
-                Some(gold),
-                &score,
-                DistractorChoice::Calibrated,
-                i % 4,
-            );
-            calibrated_top += usize::from(top(&order));
-        }
-        let share = calibrated_top as f64 / n as f64;
-        assert!(
-            (share - 0.25).abs() < 0.03,
-            "calibrated: gold on top in {share:.3}"
-        );
-        assert!((hardest_top as f64 / n as f64) < 0.15);
     }
 }

@@ -51,7 +51,7 @@ pub fn assignments(conn: &Connection, run_id: i64) -> Result<BTreeMap<i64, Vec<i
 }
 
 /// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
-/// assigned negatives, every ending shown in a task and the gold endings. The rest of the pool (most of the
+/// assigned negatives and every ending shown in a task. The rest of the pool (most of the
 /// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
 /// ([`scored_pool`]).
 pub fn decision_scores(conn: &Connection, run_id: i64) -> Result<HashMap<i64, f64>> {
@@ -59,8 +59,7 @@ pub fn decision_scores(conn: &Connection, run_id: i64) -> Result<HashMap<i64, f6
         "SELECT s.ending_id, s.score FROM af_scores s
          WHERE s.run_id = ?1 AND s.ending_id IN
            (SELECT ending_id FROM af_assignments WHERE run_id = ?1
-            UNION SELECT ending_id FROM task_endings
-            UNION SELECT id FROM endings WHERE is_gold = 1)",
+            UNION SELECT ending_id FROM task_endings)",
     )?;
     let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)

@@ -202,13 +202,6 @@ impl Project {
         fx::insert_submission(&self.conn, task, annotator, false, &labels).unwrap();
     }
 
-    /// A `meta` value of the project.
-    pub fn meta(&self, key: &str) -> String {
-        self.conn
-            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-            .unwrap()
-    }
-
     pub fn assemble(&self, extra: &[&str]) -> Value {
         let mut args = vec!["assemble", self.p(), "--json"];
         args.extend_from_slice(extra);
