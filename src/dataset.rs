@@ -24,6 +24,17 @@ pub const REGULAR_COLUMNS: [&str; 11] = [
     "label",
 ];
 
+/// The regular CSV's columns that make a question: both halves of the context and the four
+/// endings. Readers find them by name, so files with extra or reordered columns read too.
+pub const QUESTION_COLUMNS: [&str; 6] =
+    ["sent1", "sent2", "ending0", "ending1", "ending2", "ending3"];
+
+/// The regular CSV's group column: questions from one source video share it.
+pub const GROUP_COLUMN: &str = "video-id";
+
+/// The regular CSV's answer column: the gold ending's position (0-3).
+pub const LABEL_COLUMN: &str = "label";
+
 /// Column order of SWAG's full CSV, as in the release (no index column; `sent1` and `sent2` last).
 pub const FULL_COLUMNS: [&str; 16] = [
     "video-id",
@@ -74,6 +85,16 @@ impl Split {
             Split::Val => "val",
             Split::Test => "test",
         }
+    }
+
+    /// The split's regular SWAG CSV in an export folder (`train.csv`, ...).
+    pub fn regular_csv(self) -> String {
+        format!("{self}.csv")
+    }
+
+    /// The split's full SWAG CSV in an export folder (`train_full.csv`, ...).
+    pub fn full_csv(self) -> String {
+        format!("{self}_full.csv")
     }
 }
 
@@ -130,6 +151,18 @@ mod tests {
         }
         assert!("validation".parse::<Split>().is_err());
         assert_eq!(Split::Val.to_string(), "val");
+    }
+
+    #[test]
+    fn named_columns_are_regular_columns() {
+        let named = QUESTION_COLUMNS
+            .iter()
+            .chain([&GROUP_COLUMN, &LABEL_COLUMN]);
+        for column in named {
+            assert!(REGULAR_COLUMNS.contains(column), "{column}");
+        }
+        assert_eq!(Split::Val.regular_csv(), "val.csv");
+        assert_eq!(Split::Test.full_csv(), "test_full.csv");
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use crate::dataset::{Split, GROUP_COLUMN, LABEL_COLUMN, QUESTION_COLUMNS};
+
 /// One 4-way question.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Question {
@@ -53,9 +55,8 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
         .with_context(|| format!("{}: cannot read the header line", path.display()))?
         .clone();
     let col = |name: &str| headers.iter().position(|h| h == name);
-    let required = ["sent1", "sent2", "ending0", "ending1", "ending2", "ending3"];
     let mut idx = [0usize; 6];
-    for (slot, name) in idx.iter_mut().zip(required) {
+    for (slot, name) in idx.iter_mut().zip(QUESTION_COLUMNS) {
         *slot = col(name).with_context(|| {
             format!(
                 "{}: no column {name:?} in the header (expected SWAG regular columns: sent1, sent2, ending0..ending3, label)",
@@ -63,9 +64,9 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
             )
         })?;
     }
-    let label_col = col("label");
+    let label_col = col(LABEL_COLUMN);
     let id_col = col("id").or_else(|| col(""));
-    let group_col = col("video-id");
+    let group_col = col(GROUP_COLUMN);
     let mut out = Vec::new();
     for (i, record) in reader.records().enumerate() {
         let line = i + 2;
@@ -94,9 +95,6 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
     Ok(out)
 }
 
-/// The split files a cross-validated audit pools, in this order.
-pub const SPLIT_FILES: [&str; 3] = ["train.csv", "val.csv", "test.csv"];
-
 /// The `skipped` reason of a split file whose labels are all empty (or that has no label column).
 pub const NO_LABELS: &str = "no labels";
 
@@ -111,16 +109,17 @@ pub struct PooledFile {
     pub skipped: Option<String>,
 }
 
-/// The labelled questions of every split file in `dir`, pooled in [`SPLIT_FILES`] order. A file
+/// The labelled questions of every split's regular CSV in `dir`, pooled in [`Split::ALL`] order. A file
 /// that is absent, has no label column or has only empty labels (an unlabelled test split) is
 /// skipped and reported as such; a file where some labels are empty and others not is an error.
 pub fn read_labelled_splits(dir: &Path) -> Result<(Vec<Question>, Vec<PooledFile>)> {
     let mut pooled = Vec::new();
     let mut files = Vec::new();
-    for name in SPLIT_FILES {
-        let path = dir.join(name);
+    for split in Split::ALL {
+        let name = split.regular_csv();
+        let path = dir.join(&name);
         let skip = |why: &str| PooledFile {
-            file: name.into(),
+            file: name.clone(),
             questions: 0,
             skipped: Some(why.into()),
         };
@@ -136,7 +135,7 @@ pub fn read_labelled_splits(dir: &Path) -> Result<(Vec<Question>, Vec<PooledFile
         // Some labels but not all: name the first unlabelled record.
         let questions = read_split(&path, true)?;
         files.push(PooledFile {
-            file: name.into(),
+            file: name.clone(),
             questions: questions.len(),
             skipped: None,
         });

@@ -25,6 +25,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::dataset::Split;
 use dataset::Question;
 
 pub use score::{run_score, ScoreArgs};
@@ -126,8 +127,8 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(k) = args.cv {
         return run_cv(&args, k as usize);
     }
-    let train = dataset::read_split(&args.dataset.join("train.csv"), true)?;
-    let val = dataset::read_split(&args.dataset.join("val.csv"), true)?;
+    let train = dataset::read_split(&args.dataset.join(Split::Train.regular_csv()), true)?;
+    let val = dataset::read_split(&args.dataset.join(Split::Val.regular_csv()), true)?;
     if train.is_empty() || val.is_empty() {
         bail!(
             "{}: train.csv and val.csv need at least one question each (train {}, val {})",
@@ -206,7 +207,7 @@ fn run_cv(args: &Args, k: usize) -> Result<()> {
         Ok(_) => cv::Embedder::Encoder(&encode),
         Err(why) => cv::Embedder::Unavailable(why.clone()),
     };
-    let files_read = dataset::SPLIT_FILES.map(|f| args.dataset.join(f).display().to_string());
+    let files_read = Split::ALL.map(|s| args.dataset.join(s.regular_csv()).display().to_string());
     let cv = cv::cross_validate(&questions, k, args.seed, &cv::Baseline::ALL, &embedder)
         .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
     let pooled: Vec<&Question> = questions.iter().collect();

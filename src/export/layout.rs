@@ -30,12 +30,12 @@ pub struct Layout {
 impl Layout {
     /// The regular SWAG CSV of `split` (named after afkit's split name).
     pub fn regular(&self, split: Split) -> String {
-        format!("{split}.csv")
+        split.regular_csv()
     }
 
     /// The full SWAG CSV of `split`.
     pub fn full(&self, split: Split) -> String {
-        format!("{split}_full.csv")
+        split.full_csv()
     }
 
     /// The JSONL of `split`, in its own folder so that the CSV configurations never match it.
