@@ -299,23 +299,7 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
         .iter()
         .map(|h| h.trim().to_string())
         .collect();
-    let column = |name: &str| header.iter().position(|h| h == name);
-    let full = column("gold-ending").is_some();
-    let required = if full {
-        swag_full_required()
-    } else {
-        REGULAR_COLUMNS.to_vec()
-    };
-    let mut index = std::collections::HashMap::new();
-    for name in required {
-        let i = column(name).with_context(|| {
-            format!(
-                "{}:1: the header has no column `{name}`; expected {expected}",
-                path.display()
-            )
-        })?;
-        index.insert(name, i);
-    }
+    let columns = SwagColumns::find(&header, path, &expected)?;
     let mut records = Vec::new();
     let mut sentences = Vec::new();
     for row in reader.records() {
@@ -323,49 +307,24 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
             let line = lines.line_of_position(e.position());
             anyhow!("{}:{line}: {e}; expected {expected}", path.display())
         })?;
-        let line = lines.line_of_position(row.position());
+        let origin = format!(
+            "{}:{}",
+            path.display(),
+            lines.line_of_position(row.position())
+        );
         if row.len() != header.len() {
             bail!(
-                "{}:{line}: expected {} fields like the header, found {}",
-                path.display(),
+                "{origin}: expected {} fields like the header, found {}",
                 header.len(),
                 row.len()
             );
         }
-        let get = |name: &str| row[index[name]].trim().to_string();
-        let gold = if full {
-            get("gold-ending")
-        } else {
-            let label = get("label");
-            match label.parse::<usize>() {
-                Ok(l) if l < 4 => get(&format!("ending{l}")),
-                _ if label == "-1" => bail!(
-                    "{}:{line}: label -1: this split's answers are withheld; expected a labelled \
-                     file (a published afkit export keeps its test answers in OUT-test-answers.csv)",
-                    path.display()
-                ),
-                _ => bail!(
-                    "{}:{line}: label {label:?}; expected 0, 1, 2 or 3",
-                    path.display()
-                ),
-            }
-        };
-        let (video, sent1, sent2) = (get("video-id"), get("sent1"), get("sent2"));
-        let digest = Sha256::digest(format!("{sent1}\0{sent2}\0{gold}").as_bytes());
-        let hash: String = format!("{digest:x}").chars().take(12).collect();
-        sentences.push(sent1.clone());
-        sentences.push(format!("{sent2} {gold}"));
-        records.push(Record {
-            ext_id: format!("{video}:{hash}"),
-            group: video,
-            sent1,
-            second: Second::Split {
-                sent2,
-                ending: gold,
-            },
-            gold_source: Some(get("gold-source")).filter(|s| !s.is_empty()),
-            origin: format!("{}:{line}", path.display()),
-        });
+        let record = columns.record(&row, origin)?;
+        if let Second::Split { sent2, ending } = &record.second {
+            sentences.push(record.sent1.clone());
+            sentences.push(format!("{sent2} {ending}"));
+        }
+        records.push(record);
     }
     if records.is_empty() {
         bail!(
@@ -378,6 +337,68 @@ pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
         records,
         sentences,
     })
+}
+
+/// Where a SWAG CSV keeps the columns ingest reads, and whether it is the full or the regular
+/// layout (the full one names the gold ending; the regular one points at it with `label`).
+struct SwagColumns {
+    full: bool,
+    index: std::collections::HashMap<&'static str, usize>,
+}
+
+impl SwagColumns {
+    fn find(header: &[String], path: &Path, expected: &str) -> Result<SwagColumns> {
+        let column = |name: &str| header.iter().position(|h| h == name);
+        let full = column("gold-ending").is_some();
+        let required = if full {
+            swag_full_required()
+        } else {
+            REGULAR_COLUMNS.to_vec()
+        };
+        let mut index = std::collections::HashMap::new();
+        for name in required {
+            let i = column(name).with_context(|| {
+                format!(
+                    "{}:1: the header has no column `{name}`; expected {expected}",
+                    path.display()
+                )
+            })?;
+            index.insert(name, i);
+        }
+        Ok(SwagColumns { full, index })
+    }
+
+    /// One row as a record; `origin` is `file:line`, for errors and provenance.
+    fn record(&self, row: &csv::StringRecord, origin: String) -> Result<Record> {
+        let get = |name: &str| row[self.index[name]].trim().to_string();
+        let gold = if self.full {
+            get("gold-ending")
+        } else {
+            let label = get("label");
+            match label.parse::<usize>() {
+                Ok(l) if l < 4 => get(&format!("ending{l}")),
+                _ if label == "-1" => bail!(
+                    "{origin}: label -1: this split's answers are withheld; expected a labelled \
+                     file (a published afkit export keeps its test answers in OUT-test-answers.csv)"
+                ),
+                _ => bail!("{origin}: label {label:?}; expected 0, 1, 2 or 3"),
+            }
+        };
+        let (video, sent1, sent2) = (get("video-id"), get("sent1"), get("sent2"));
+        let digest = Sha256::digest(format!("{sent1}\0{sent2}\0{gold}").as_bytes());
+        let hash: String = format!("{digest:x}").chars().take(12).collect();
+        Ok(Record {
+            ext_id: format!("{video}:{hash}"),
+            group: video,
+            sent1,
+            second: Second::Split {
+                sent2,
+                ending: gold,
+            },
+            gold_source: Some(get("gold-source")).filter(|s| !s.is_empty()),
+            origin,
+        })
+    }
 }
 
 // ----- normalisation -----
