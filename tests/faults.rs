@@ -10,21 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use afkit::lm::llama::LlamaConfig;
-use afkit::lm::model::{write_random_gguf, RANDOM_GGUF_VOCAB};
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
-use common::{afkit, arg, command, fails, ok, stderr, stdout, succeeded, BIN};
+use common::tmux::Tmux;
+use common::{afkit, arg, command, fails, ok, query_i64, stderr, succeeded, tiny_gguf, BIN};
 use rusqlite::Connection;
 use serde_json::Value;
-
-fn query_i64(db: &Path, sql: &str) -> i64 {
-    Connection::open(db)
-        .unwrap()
-        .query_row(sql, [], |r| r.get(0))
-        .unwrap()
-}
 
 /// A project with a finished AF run over `contexts` synthetic contexts (9 negatives each).
 fn af_project(dir: &Path, contexts: usize) -> PathBuf {
@@ -67,22 +59,6 @@ fn short_examples(n: usize) -> Vec<(String, String, String, String)> {
         .collect()
 }
 
-fn tiny_gguf(dir: &Path) -> PathBuf {
-    let path = dir.join("tiny.gguf");
-    let cfg = LlamaConfig {
-        vocab: RANDOM_GGUF_VOCAB,
-        d_model: 32,
-        n_layer: 1,
-        n_head: 4,
-        n_kv_head: 2,
-        d_ff: 64,
-        rope_theta: 10_000.0,
-        rms_eps: 1e-5,
-    };
-    write_random_gguf(&path, &cfg, 1).unwrap();
-    path
-}
-
 /// `generate` with two short endings per context from a tiny model.
 fn tiny_generate(db: &Path, model: &Path) -> Output {
     afkit(&[
@@ -102,38 +78,6 @@ fn words(n: usize) -> String {
 }
 
 // ----- annotate and its terminal -----
-
-/// tmux on a private socket, so the test never touches a user's sessions.
-struct Tmux {
-    socket: PathBuf,
-}
-
-impl Tmux {
-    fn new(dir: &Path) -> Option<Tmux> {
-        let available = Command::new("tmux")
-            .arg("-V")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        available.then(|| Tmux {
-            socket: dir.join("tmux.sock"),
-        })
-    }
-
-    fn cmd(&self, args: &[&str]) -> Output {
-        Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]);
-    }
-}
 
 /// The pid holding `annotator`'s claim, once the session has claimed an item.
 fn claim_pid(db: &Path, annotator: &str) -> u32 {
@@ -201,18 +145,7 @@ fn annotate_exits_and_frees_its_item_when_its_terminal_is_killed() {
     };
     let db = af_project(dir.path(), 4);
     let session = annotate_command(&db, "dave");
-    let out = tmux.cmd(&[
-        "new-session",
-        "-d",
-        "-s",
-        "t",
-        "-x",
-        "80",
-        "-y",
-        "24",
-        &session,
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    tmux.start("t", &session);
     let pid = claim_pid(&db, "dave");
     tmux.cmd(&["kill-session", "-t", "t"]);
     assert!(
@@ -239,18 +172,7 @@ fn annotate_ends_cleanly_on_sigterm_and_restores_the_terminal() {
     };
     let db = af_project(dir.path(), 4);
     let session = annotate_command(&db, "erin");
-    tmux.cmd(&[
-        "new-session",
-        "-d",
-        "-s",
-        "t",
-        "-x",
-        "80",
-        "-y",
-        "24",
-        &session,
-    ]);
-    tmux.cmd(&["set-option", "-t", "t", "remain-on-exit", "on"]);
+    tmux.start("t", &session);
     let pid = claim_pid(&db, "erin");
     let killed = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
@@ -267,7 +189,7 @@ fn annotate_ends_cleanly_on_sigterm_and_restores_the_terminal() {
     let mut screen = String::new();
     while !screen.contains(summary) && started.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(50));
-        screen = stdout(&tmux.cmd(&["capture-pane", "-p", "-J", "-S", "-100", "-t", "t"]));
+        screen = tmux.screen("t");
     }
     assert!(screen.contains(summary), "{screen}");
 }
@@ -306,7 +228,7 @@ fn ingest_drops_an_overlong_context_as_long_context() {
 #[test]
 fn generate_records_a_context_too_long_for_the_model_and_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_gguf(dir.path());
+    let model = tiny_gguf(dir.path(), 32, 1);
     let mut examples = short_examples(3);
     examples[1].1 = format!("{}.", words(5000));
     let db = examples_project(dir.path(), &examples);
@@ -488,7 +410,7 @@ fn two_imports_of_one_crowd_file_at_once_give_plain_duplicate_messages() {
 #[test]
 fn two_generates_on_one_project_at_once_give_a_plain_message() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_gguf(dir.path());
+    let model = tiny_gguf(dir.path(), 32, 1);
     let db = examples_project(dir.path(), &short_examples(12));
     let run = || tiny_generate(&db, &model);
     let (a, b) = std::thread::scope(|s| {
@@ -520,7 +442,7 @@ fn import_pool_rejects_an_empty_pool() {
         "{\"id\": \"v0\", \"endings\": [\"runs.\"]}\n{\"id\": \"v1\", \"endings\": []}\n",
     )
     .unwrap();
-    let model = tiny_gguf(dir.path());
+    let model = tiny_gguf(dir.path(), 32, 1);
     let said = fails(&["import-pool", arg(&db), arg(&file), "--model", arg(&model)]);
     assert!(
         said.contains("pools.jsonl:2: \"endings\" is empty"),

@@ -10,14 +10,13 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use afkit::device::Compute;
-use afkit::lm::llama::LlamaConfig;
-use afkit::lm::model::{write_random_gguf, LanguageModel, RANDOM_GGUF_VOCAB};
+use afkit::lm::model::LanguageModel;
 use afkit::lm::sampler::{acceptable_ending, SampledEnding};
 use afkit::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
 use afkit::models::DefaultModel;
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::Store;
-use common::{command, run_ok};
+use common::{command, query_i64, run_ok, tiny_gguf};
 use serde_json::Value;
 
 fn shared() -> Option<PathBuf> {
@@ -56,29 +55,6 @@ fn synthetic_examples(n: usize) -> Vec<(String, String, String, String)> {
             )
         })
         .collect()
-}
-
-fn tiny_gguf(dir: &Path, d_model: usize, n_layer: usize) -> PathBuf {
-    let path = dir.join("tiny.gguf");
-    let cfg = LlamaConfig {
-        vocab: RANDOM_GGUF_VOCAB,
-        d_model,
-        n_layer,
-        n_head: 4,
-        n_kv_head: 2,
-        d_ff: 2 * d_model,
-        rope_theta: 10_000.0,
-        rms_eps: 1e-5,
-    };
-    write_random_gguf(&path, &cfg, 1).unwrap();
-    path
-}
-
-fn query_i64(path: &Path, sql: &str) -> i64 {
-    rusqlite::Connection::open(path)
-        .unwrap()
-        .query_row(sql, [], |r| r.get(0))
-        .unwrap()
 }
 
 /// Every context's candidates (ext id, text, lp_cond, lp_alone), in a canonical order.

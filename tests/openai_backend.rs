@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use afkit::lm::llama::LlamaConfig;
-use afkit::lm::model::{write_random_gguf, LanguageModel, RANDOM_GGUF_VOCAB};
+use afkit::lm::model::LanguageModel;
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::Store;
-use common::{command, succeeded};
+use common::{command, query_i64, succeeded, tiny_gguf};
 use serde_json::{json, Value};
 
 /// What the fake server does with one request.
@@ -176,22 +175,6 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
     }
 }
 
-fn tiny_gguf(dir: &Path) -> PathBuf {
-    let path = dir.join("tiny.gguf");
-    let cfg = LlamaConfig {
-        vocab: RANDOM_GGUF_VOCAB,
-        d_model: 32,
-        n_layer: 1,
-        n_head: 4,
-        n_kv_head: 2,
-        d_ff: 64,
-        rope_theta: 10_000.0,
-        rms_eps: 1e-5,
-    };
-    write_random_gguf(&path, &cfg, 1).unwrap();
-    path
-}
-
 /// A project with `n` examples (ingest's job is not under test here, so they go in through the
 /// store).
 fn project(dir: &Path, n: usize) -> PathBuf {
@@ -211,13 +194,6 @@ fn project(dir: &Path, n: usize) -> PathBuf {
         insert_example(&conn, src, &ex).unwrap();
     }
     path
-}
-
-fn query_i64(path: &Path, sql: &str) -> i64 {
-    rusqlite::Connection::open(path)
-        .unwrap()
-        .query_row(sql, [], |r| r.get(0))
-        .unwrap()
 }
 
 fn generate(project: &Path, scorer: &Path, urls: &[&str], extra: &[&str]) -> std::process::Output {
@@ -250,7 +226,7 @@ fn ok_summary(out: std::process::Output) -> Value {
 #[test]
 fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let scorer = tiny_gguf(dir.path());
+    let scorer = tiny_gguf(dir.path(), 32, 1);
     let project = project(dir.path(), 3);
     let a = serve(&scorer, Arc::new(|_, _| Reply::Complete));
     let b = serve(&scorer, Arc::new(|_, _| Reply::Complete));
@@ -347,7 +323,7 @@ fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
 #[test]
 fn server_errors_and_rate_limits_are_retried() {
     let dir = tempfile::tempdir().unwrap();
-    let scorer = tiny_gguf(dir.path());
+    let scorer = tiny_gguf(dir.path(), 32, 1);
     let project = project(dir.path(), 1);
     // The first two requests get a 500, the third a 429 asking for a 1 s pause.
     let server = serve(
@@ -376,7 +352,7 @@ fn server_errors_and_rate_limits_are_retried() {
 #[test]
 fn hangs_and_dropped_connections_are_retried() {
     let dir = tempfile::tempdir().unwrap();
-    let scorer = tiny_gguf(dir.path());
+    let scorer = tiny_gguf(dir.path(), 32, 1);
     let project = project(dir.path(), 1);
     let server = serve(
         &scorer,
@@ -404,7 +380,7 @@ fn hangs_and_dropped_connections_are_retried() {
 #[test]
 fn a_failing_context_is_reported_and_never_stored_partially() {
     let dir = tempfile::tempdir().unwrap();
-    let scorer = tiny_gguf(dir.path());
+    let scorer = tiny_gguf(dir.path(), 32, 1);
     let project = project(dir.path(), 2);
     // ex0 is served; every request for ex1 gets malformed JSON, after some good answers.
     let server = serve(

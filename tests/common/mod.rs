@@ -3,10 +3,14 @@
 //! written straight into the project file, no model runs). Each test crate uses a part of it.
 #![allow(dead_code)]
 
+pub mod tmux;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use afkit::lm::llama::LlamaConfig;
+use afkit::lm::model::{write_random_gguf, RANDOM_GGUF_VOCAB};
 use afkit::store::examples::{insert_example, upsert_source, NewExample};
 use afkit::store::fixtures as fx;
 use afkit::store::Store;
@@ -230,6 +234,32 @@ impl Project {
             })
             .collect()
     }
+}
+
+/// One integer from a query on the project file (a count, an id).
+pub fn query_i64(path: &Path, sql: &str) -> i64 {
+    Connection::open(path)
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A random-weight llama in GGUF with afkit's test vocabulary: `d_model` wide, `n_layer` deep.
+/// Its endings are gibberish; the tests that use it check the pipeline, not the text.
+pub fn tiny_gguf(dir: &Path, d_model: usize, n_layer: usize) -> PathBuf {
+    let path = dir.join("tiny.gguf");
+    let cfg = LlamaConfig {
+        vocab: RANDOM_GGUF_VOCAB,
+        d_model,
+        n_layer,
+        n_head: 4,
+        n_kv_head: 2,
+        d_ff: 2 * d_model,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-5,
+    };
+    write_random_gguf(&path, &cfg, 1).unwrap();
+    path
 }
 
 pub fn read(path: &Path) -> Vec<u8> {
