@@ -5,12 +5,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
-use common::{afkit, command, BIN};
+use common::tmux::Tmux;
+use common::{afkit, command, query_i64, BIN};
 use rusqlite::Connection;
 
 fn project(dir: &Path, contexts: usize) -> PathBuf {
@@ -18,119 +18,6 @@ fn project(dir: &Path, contexts: usize) -> PathBuf {
     let mut store = Store::create(&path).unwrap();
     synthetic_af_project(&mut store, contexts, 9, 11).unwrap();
     path
-}
-
-fn count(db: &Path, sql: &str) -> i64 {
-    Connection::open(db)
-        .unwrap()
-        .query_row(sql, [], |r| r.get(0))
-        .unwrap()
-}
-
-/// tmux on a private socket, so tests never touch a user's sessions.
-struct Tmux {
-    socket: PathBuf,
-}
-
-impl Tmux {
-    fn available() -> bool {
-        Command::new("tmux")
-            .arg("-V")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }
-
-    fn cmd(&self, args: &[&str]) -> Output {
-        Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    /// Starts `command` in a detached 80×24 session whose pane stays after the command exits.
-    fn start(&self, name: &str, command: &str) {
-        let out = self.cmd(&[
-            "new-session",
-            "-d",
-            "-s",
-            name,
-            "-x",
-            "80",
-            "-y",
-            "24",
-            command,
-        ]);
-        assert!(
-            out.status.success(),
-            "tmux: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.cmd(&["set-option", "-t", name, "remain-on-exit", "on"]);
-    }
-
-    fn keys(&self, name: &str, keys: &[&str]) {
-        for k in keys {
-            self.cmd(&["send-keys", "-t", name, k]);
-        }
-    }
-
-    fn screen(&self, name: &str) -> String {
-        String::from_utf8_lossy(
-            &self
-                .cmd(&["capture-pane", "-p", "-J", "-S", "-100", "-t", name])
-                .stdout,
-        )
-        .into_owned()
-    }
-
-    fn wait_for(&self, name: &str, needle: &str) -> String {
-        self.wait_for_all(name, &[needle])
-    }
-
-    /// Waits until the screen shows all of `needles` (a screen may be captured mid-redraw).
-    fn wait_for_all(&self, name: &str, needles: &[&str]) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen(name);
-            if needles.iter().all(|n| screen.contains(n)) {
-                return screen;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "timed out waiting for {needles:?}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn pane_pid(&self, name: &str) -> u32 {
-        let out = self.cmd(&["display-message", "-p", "-t", name, "#{pane_pid}"]);
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-    }
-
-    fn pane_dead(&self, name: &str) -> bool {
-        let out = self.cmd(&["display-message", "-p", "-t", name, "#{pane_dead}"]);
-        String::from_utf8_lossy(&out.stdout).trim() == "1"
-    }
-
-    fn wait_dead(&self, name: &str) {
-        let start = Instant::now();
-        while !self.pane_dead(name) {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "{name} did not exit"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]);
-    }
 }
 
 /// Labels the item on screen completely and submits it.
@@ -150,15 +37,12 @@ fn claimed_sent1(db: &Path, annotator: &str) -> String {
 
 #[test]
 fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
-    if !Tmux::available() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tmux) = Tmux::new(dir.path()) else {
         eprintln!("skipping: tmux is not installed");
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let db = project(dir.path(), 8);
-    let tmux = Tmux {
-        socket: dir.path().join("tmux.sock"),
     };
+    let db = project(dir.path(), 8);
     let command = format!("exec {BIN} annotate {} --annotator alice", db.display());
     tmux.start("a", &command);
     let screen = tmux.wait_for_all("a", &["done 0", "Enter submit"]);
@@ -181,8 +65,9 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
         tmux.keys("a", &["Enter"]);
         tmux.wait_for("a", &format!("done {done}"));
     }
-    // Half-label the third item, then kill the process without warning.
-    tmux.keys("a", &["l", "u"]);
+    // Half-label the third item, then kill the process without warning. Both keys go in one
+    // write, as fast typing or a paste delivers them: neither may wait for a later key press.
+    tmux.keys("a", &["lu"]);
     tmux.wait_for("a", "to do: label endings 3, 4, 5, 6");
     let on_screen = claimed_sent1(&db, "alice");
     let visible: String = on_screen.chars().take(30).collect();
@@ -199,14 +84,14 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     tmux.wait_dead("a");
 
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM submissions WHERE annotator = 'alice'"
         ),
         2
     );
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM labels l JOIN submissions s ON s.id = l.submission_id
              WHERE s.annotator = 'alice'"
@@ -214,18 +99,18 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
         12
     );
     assert_eq!(
-        count(&db, "SELECT COUNT(*) FROM labels WHERE rank = 'best'"),
+        query_i64(&db, "SELECT COUNT(*) FROM labels WHERE rank = 'best'"),
         2
     );
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM labels WHERE judgement = 'gibberish'"
         ),
         2
     );
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM labels WHERE rank IS NOT NULL AND judgement = 'gibberish'"
         ),
@@ -251,7 +136,7 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
         screen.contains("BEST") && screen.contains("2ND"),
         "{screen}"
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 1);
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM submissions"), 1);
     tmux.keys("b", &["Enter"]);
     tmux.wait_for("b", "done 2");
     // q restores the terminal: the summary line is printed on the normal screen.
@@ -329,14 +214,14 @@ fn two_annotators_at_once_lose_no_label() {
     };
     let (na, nb) = (commits(&a_timings), commits(&b_timings));
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM submissions WHERE annotator = 'ann'"
         ),
         na
     );
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM submissions WHERE annotator = 'bob'"
         ),
@@ -345,7 +230,7 @@ fn two_annotators_at_once_lose_no_label() {
     // 10 agreement items × 2 + 20 items × 1: every slot filled exactly once.
     assert_eq!(na + nb, 40);
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM tasks t WHERE
                (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id) <> t.replicas"
@@ -353,11 +238,11 @@ fn two_annotators_at_once_lose_no_label() {
         0
     );
     assert_eq!(
-        count(&db, "SELECT COUNT(*) FROM tasks WHERE replicas = 2"),
+        query_i64(&db, "SELECT COUNT(*) FROM tasks WHERE replicas = 2"),
         10
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM labels"), 40 * 6);
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM claims"), 0);
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM labels"), 40 * 6);
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM claims"), 0);
 }
 
 #[test]
@@ -544,7 +429,7 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
         !out.status.success(),
         "--strict refuses a file with invalid rows"
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 0);
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM submissions"), 0);
 
     let out = afkit(&["crowd", "import", p, r]);
     assert!(
@@ -568,13 +453,13 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     }
     assert!(String::from_utf8_lossy(&out.stdout).contains("imported 2 submissions"));
     assert_eq!(
-        count(
+        query_i64(
             &db,
             "SELECT COUNT(*) FROM submissions WHERE origin = 'crowd'"
         ),
         2
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM labels"), 12);
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM labels"), 12);
 
     // Mechanical Turk batch results: Input./Answer. prefixes, a radio group as true/false columns.
     let mturk = dir.path().join("Batch_1_batch_results.csv");
@@ -629,9 +514,9 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("Mechanical Turk"));
     assert!(String::from_utf8_lossy(&out.stderr).contains(":3: the assignment was rejected"));
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM submissions"), 3);
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM submissions"), 3);
     assert_eq!(
-        count(&db, "SELECT COUNT(*) FROM submissions WHERE seconds = 42"),
+        query_i64(&db, "SELECT COUNT(*) FROM submissions WHERE seconds = 42"),
         1
     );
 

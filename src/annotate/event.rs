@@ -88,26 +88,36 @@ impl Keys for TerminalKeys {
 /// when the session is over (its receiver dropped).
 fn read_terminal(tty: &Tty, send: &Sender<Input>) {
     loop {
-        let input = match tty.wait(POLL) {
-            Ok(Readiness::Idle) => Input::Tick,
-            Ok(Readiness::HungUp) | Err(_) => Input::Stop,
-            Ok(Readiness::Readable) => match event::poll(Duration::ZERO).and_then(|ready| {
-                if ready {
-                    event::read().map(Some)
-                } else {
-                    Ok(None)
-                }
-            }) {
-                Ok(Some(Event::Key(k))) if k.kind != KeyEventKind::Release => {
-                    map_key(k).map_or(Input::Tick, Input::Key)
-                }
-                Ok(_) => Input::Tick,
-                Err(_) => Input::Stop,
-            },
+        let inputs = match tty.wait(POLL) {
+            Ok(Readiness::Idle) => continue,
+            Ok(Readiness::HungUp) | Err(_) => vec![Input::Stop],
+            Ok(Readiness::Readable) => buffered_keys(),
         };
-        let stop = input == Input::Stop;
-        if (input != Input::Tick && send.send(input).is_err()) || stop {
-            return;
+        for input in inputs {
+            let stop = input == Input::Stop;
+            if send.send(input).is_err() || stop {
+                return;
+            }
+        }
+    }
+}
+
+/// Every key crossterm can hand over without waiting. crossterm reads the terminal in chunks,
+/// so keys typed in quick succession (or pasted) reach its buffer together; the terminal will not
+/// report them readable again, so a key left in the buffer would wait for the next key press.
+fn buffered_keys() -> Vec<Input> {
+    let mut keys = Vec::new();
+    loop {
+        match event::poll(Duration::ZERO).and_then(|ready| ready.then(event::read).transpose()) {
+            Ok(Some(Event::Key(k))) if k.kind != KeyEventKind::Release => {
+                keys.extend(map_key(k).map(Input::Key));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return keys,
+            Err(_) => {
+                keys.push(Input::Stop);
+                return keys;
+            }
         }
     }
 }
