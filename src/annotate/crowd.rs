@@ -349,6 +349,40 @@ fn parse_row(
         }
     }
     let worker = columns.worker(row).ok_or("the worker id is empty")?;
+    let (task_id, task) = open_task(conn, columns, row, tasks)?;
+    let n = task.endings.len();
+    let judgements = judgements(columns, row, task_id, n)?;
+    let (best, second) = (
+        ranked(columns, row, "best", n)?,
+        ranked(columns, row, "second", n)?,
+    );
+    let problems = verdict::problems(&judgements, best, second);
+    if !problems.is_empty() {
+        return Err(format!(
+            "incomplete or invalid: {}",
+            verdict::describe(&problems)
+        ));
+    }
+    let (seconds, submitted_at) = timing(columns, row)?;
+    let ids: Vec<i64> = task.endings.iter().map(|e| e.ending_id).collect();
+    Ok(NewSubmission {
+        task_id,
+        annotator: worker,
+        origin: Origin::Crowd,
+        broken: false,
+        seconds,
+        submitted_at,
+        labels: verdict::labels(&ids, &judgements, best, second),
+    })
+}
+
+/// The row's item, looked up once per file (`tasks` caches it); it must still be open.
+fn open_task(
+    conn: &Connection,
+    columns: &Columns,
+    row: &csv::StringRecord,
+    tasks: &mut HashMap<i64, Option<TaskView>>,
+) -> std::result::Result<(i64, TaskView), String> {
     let item = columns.item(row).ok_or("the item id is empty")?;
     let task_id: i64 = item
         .parse()
@@ -367,7 +401,17 @@ fn parse_row(
             "item {task_id} was replaced by a re-annotation round; export again"
         ));
     }
-    let n = task.endings.len();
+    Ok((task_id, task))
+}
+
+/// `label_1 ..` of an item with `n` endings: empty ones are `None`; a label beyond the item's
+/// endings is an error.
+fn judgements(
+    columns: &Columns,
+    row: &csv::StringRecord,
+    task_id: i64,
+    n: usize,
+) -> std::result::Result<Vec<Option<Judgement>>, String> {
     let mut judgements = Vec::with_capacity(n);
     for k in 1..=ENDINGS_PER_TASK {
         let value = columns.answer(row, &format!("label_{k}"));
@@ -384,25 +428,32 @@ fn parse_row(
             (false, None) => {}
         }
     }
-    let position = |name: &str| -> std::result::Result<Option<usize>, String> {
-        match columns.answer(row, name) {
-            None => Ok(None),
-            Some(v) => match v.trim_start_matches("ending_").parse::<usize>() {
-                Ok(p) if (1..=n).contains(&p) => Ok(Some(p - 1)),
-                _ => Err(format!(
-                    "{name} = {v:?}; expected an ending number 1 to {n}"
-                )),
-            },
-        }
-    };
-    let (best, second) = (position("best")?, position("second")?);
-    let problems = verdict::problems(&judgements, best, second);
-    if !problems.is_empty() {
-        return Err(format!(
-            "incomplete or invalid: {}",
-            verdict::describe(&problems)
-        ));
+    Ok(judgements)
+}
+
+/// The 0-based ending a rank column (`best`, `second`) names, as `3` or `ending_3`.
+fn ranked(
+    columns: &Columns,
+    row: &csv::StringRecord,
+    name: &str,
+    n: usize,
+) -> std::result::Result<Option<usize>, String> {
+    match columns.answer(row, name) {
+        None => Ok(None),
+        Some(v) => match v.trim_start_matches("ending_").parse::<usize>() {
+            Ok(p) if (1..=n).contains(&p) => Ok(Some(p - 1)),
+            _ => Err(format!(
+                "{name} = {v:?}; expected an ending number 1 to {n}"
+            )),
+        },
     }
+}
+
+/// The optional time spent (seconds) and submission time (RFC 3339 UTC, kept as written).
+fn timing(
+    columns: &Columns,
+    row: &csv::StringRecord,
+) -> std::result::Result<(Option<f64>, Option<String>), String> {
     let seconds = match columns.seconds(row) {
         None => None,
         Some(v) => Some(
@@ -420,14 +471,5 @@ fn parse_row(
             Some(v.to_string())
         }
     };
-    let ids: Vec<i64> = task.endings.iter().map(|e| e.ending_id).collect();
-    Ok(NewSubmission {
-        task_id,
-        annotator: worker,
-        origin: Origin::Crowd,
-        broken: false,
-        seconds,
-        submitted_at,
-        labels: verdict::labels(&ids, &judgements, best, second),
-    })
+    Ok((seconds, submitted_at))
 }
