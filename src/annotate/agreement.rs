@@ -452,6 +452,14 @@ pub fn render(r: &Report) -> String {
         r.items,
         if r.items == 1 { "" } else { "s" },
     ));
+    label_table(&mut out, r);
+    annotator_table(&mut out, r);
+    out.push_str(&format!("\nFlag rule: {}.\n", r.flag_rule));
+    out
+}
+
+/// SWAG Table 2: label shares of found and generated endings, with agreement per label group.
+fn label_table(out: &mut String, r: &Report) {
     let (f, g) = (&r.distribution.found, &r.distribution.generated);
     out.push_str(&format!(
         "{:<14}{:>11}{:>11}{:>10}{:>8}\n",
@@ -503,6 +511,10 @@ pub fn render(r: &Report) -> String {
         "Found ending ranked best or second: {} of labelled submissions (SWAG: 73.7%)\n\n",
         pct(r.found_top2_rate)
     ));
+}
+
+/// One row per annotator: volume, speed, found-in-top-two rate, agreement with the others, flag.
+fn annotator_table(out: &mut String, r: &Report) {
     out.push_str(&format!(
         "{:<16}{:>6}{:>8}{:>9}{:>12}{:>8}{:>10}{:>11}  {}\n",
         "annotator",
@@ -533,8 +545,6 @@ pub fn render(r: &Report) -> String {
             }
         ));
     }
-    out.push_str(&format!("\nFlag rule: {}.\n", r.flag_rule));
-    out
 }
 
 #[cfg(test)]
