@@ -129,19 +129,17 @@ pub fn decide(
     let generations: Vec<i64> =
         hardest_first(endings.iter().copied().filter(|&e| e != found), score);
     let usable = |e: &i64| labels[e].judgement != Judgement::Gibberish;
+    // What a re-annotation round keeps: the found ending and the generations that pass `keep`.
+    let reannotate = |reason, keep: &dyn Fn(&i64) -> bool| Decision::Reannotate {
+        reason,
+        keep: std::iter::once(found)
+            .chain(generations.iter().copied().filter(|e| usable(e) && keep(e)))
+            .collect(),
+    };
     if found_label.rank == Rank::Neither {
-        let keep = std::iter::once(found)
-            .chain(
-                generations
-                    .iter()
-                    .copied()
-                    .filter(|e| usable(e) && labels[e].rank == Rank::Neither),
-            )
-            .collect();
-        return Decision::Reannotate {
-            reason: ReannotateReason::FoundOutsideTopTwo,
-            keep,
-        };
+        return reannotate(ReannotateReason::FoundOutsideTopTwo, &|e| {
+            labels[e].rank == Rank::Neither
+        });
     }
     if found_label.judgement == Judgement::Gibberish {
         return Decision::Drop(DropReason::FoundGibberish);
@@ -158,18 +156,9 @@ pub fn decide(
         .filter(|e| usable(e) && labels[e].rank != Rank::Best)
         .collect();
     if distractors.len() < 3 {
-        let keep = std::iter::once(found)
-            .chain(
-                generations
-                    .iter()
-                    .copied()
-                    .filter(|e| usable(e) && labels[e].rank <= found_label.rank),
-            )
-            .collect();
-        return Decision::Reannotate {
-            reason: ReannotateReason::TooFewNonGibberish,
-            keep,
-        };
+        return reannotate(ReannotateReason::TooFewNonGibberish, &|e| {
+            labels[e].rank <= found_label.rank
+        });
     }
     let generated_gold = if found_label.rank == Rank::Second {
         generations
