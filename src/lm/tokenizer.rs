@@ -79,87 +79,8 @@ fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
 
 impl GgufTokenizer {
     pub fn from_gguf(content: &Content) -> Result<Self> {
-        let model = meta(content, "tokenizer.ggml.model")?.to_string()?.clone();
-        if model != "gpt2" {
-            bail!(
-                "tokenizer model `{model}` is not supported: afkit reads byte-level BPE vocabularies \
-                 (`tokenizer.ggml.model = gpt2`, as in SmolLM2, Llama 3, Qwen 2)"
-            );
-        }
-        let pre = content
-            .metadata
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.to_string().ok().cloned())
-            .unwrap_or_else(|| "default".to_string());
-        let regexes = pre_tokenizer_regexes(&pre).with_context(|| {
-            format!("pre-tokenizer type `{pre}` (tokenizer.ggml.pre) is not supported")
-        })?;
-        let tokens = string_array(content, "tokenizer.ggml.tokens")?;
-        let merges = string_array(content, "tokenizer.ggml.merges")?
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .with_context(|| format!("merge {i} `{m}` is not two tokens"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let vocab: Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| anyhow!("cannot build the BPE tokenizer: {e}"))?;
-        let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
-        for re in regexes {
-            let split = Split::new(
-                SplitPattern::Regex(re.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| anyhow!("bad pre-tokenizer regex: {e}"))?;
-            steps.push(split.into());
-        }
-        steps.push(ByteLevel::new(false, false, false).into());
-        let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(Sequence::new(steps)));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
-
-        let by_text: HashMap<&str, u32> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.as_str(), i as u32))
-            .collect();
-        let bos = meta_u32(content, "tokenizer.ggml.bos_token_id");
-        let doc_start = by_text
-            .get("<|endoftext|>")
-            .copied()
-            .or(bos)
-            .context("the GGUF names no BOS token and has no <|endoftext|> token")?;
-        let mut end_of_generation: Vec<u32> = [
-            "tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.eot_token_id",
-            "tokenizer.ggml.eom_token_id",
-        ]
-        .iter()
-        .filter_map(|k| meta_u32(content, k))
-        .chain(
-            [
-                "<|endoftext|>",
-                "<|im_end|>",
-                "<|eot_id|>",
-                "<|end_of_text|>",
-                "</s>",
-            ]
-            .iter()
-            .filter_map(|t| by_text.get(t).copied()),
-        )
-        .collect();
-        end_of_generation.sort_unstable();
-        end_of_generation.dedup();
+        let (inner, tokens) = byte_level_bpe(content)?;
+        let (doc_start, end_of_generation) = special_tokens(content, &tokens)?;
         let ends_sentence = tokens
             .iter()
             .map(|t| t.ends_with(['.', '!', '?']))
@@ -196,4 +117,96 @@ impl GgufTokenizer {
     pub fn is_end_of_generation(&self, id: u32) -> bool {
         self.end_of_generation.binary_search(&id).is_ok()
     }
+}
+
+/// The GGUF's byte-level BPE (vocabulary, merges and the pre-tokenizer its `tokenizer.ggml.pre`
+/// names) as a `tokenizers` pipeline, with the vocabulary's token strings.
+fn byte_level_bpe(content: &Content) -> Result<(Tokenizer, Vec<String>)> {
+    let model = meta(content, "tokenizer.ggml.model")?.to_string()?.clone();
+    if model != "gpt2" {
+        bail!(
+            "tokenizer model `{model}` is not supported: afkit reads byte-level BPE vocabularies \
+             (`tokenizer.ggml.model = gpt2`, as in SmolLM2, Llama 3, Qwen 2)"
+        );
+    }
+    let pre = content
+        .metadata
+        .get("tokenizer.ggml.pre")
+        .and_then(|v| v.to_string().ok().cloned())
+        .unwrap_or_else(|| "default".to_string());
+    let regexes = pre_tokenizer_regexes(&pre).with_context(|| {
+        format!("pre-tokenizer type `{pre}` (tokenizer.ggml.pre) is not supported")
+    })?;
+    let tokens = string_array(content, "tokenizer.ggml.tokens")?;
+    let merges = string_array(content, "tokenizer.ggml.merges")?
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .with_context(|| format!("merge {i} `{m}` is not two tokens"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| anyhow!("cannot build the BPE tokenizer: {e}"))?;
+    let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
+    for re in regexes {
+        let split = Split::new(
+            SplitPattern::Regex(re.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| anyhow!("bad pre-tokenizer regex: {e}"))?;
+        steps.push(split.into());
+    }
+    steps.push(ByteLevel::new(false, false, false).into());
+    let mut inner = Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(Sequence::new(steps)));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok((inner, tokens))
+}
+
+/// The document-start token and every token that ends a generation (from the metadata and the
+/// chat-template names the vocabulary has).
+fn special_tokens(content: &Content, tokens: &[String]) -> Result<(u32, Vec<u32>)> {
+    let by_text: HashMap<&str, u32> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i as u32))
+        .collect();
+    let bos = meta_u32(content, "tokenizer.ggml.bos_token_id");
+    let doc_start = by_text
+        .get("<|endoftext|>")
+        .copied()
+        .or(bos)
+        .context("the GGUF names no BOS token and has no <|endoftext|> token")?;
+    let mut end_of_generation: Vec<u32> = [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ]
+    .iter()
+    .filter_map(|k| meta_u32(content, k))
+    .chain(
+        [
+            "<|endoftext|>",
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+            "</s>",
+        ]
+        .iter()
+        .filter_map(|t| by_text.get(t).copied()),
+    )
+    .collect();
+    end_of_generation.sort_unstable();
+    end_of_generation.dedup();
+    Ok((doc_start, end_of_generation))
 }
