@@ -100,6 +100,23 @@ fn check_complete(content: &Content, path: &Path) -> Result<()> {
 /// tokenising and sampling code in tests without a download; its text is noise.
 #[doc(hidden)]
 pub fn write_random_gguf(path: &Path, cfg: &LlamaConfig, seed: u64) -> Result<()> {
+    let (tokens, merges) = random_vocabulary();
+    if cfg.vocab != tokens.len() {
+        bail!("a random GGUF has a vocabulary of {} tokens", tokens.len());
+    }
+    let metadata = random_metadata(cfg, &tokens, &merges);
+    let tensors = random_weights(cfg, seed)?;
+    let mut out = BufWriter::new(
+        File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+    );
+    let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut out, &meta_refs, &tensor_refs)?;
+    Ok(())
+}
+
+/// The byte-level vocabulary of a random GGUF: its tokens and merges.
+fn random_vocabulary() -> (Vec<String>, Vec<String>) {
     let mut tokens: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
         .into_iter()
         .collect();
@@ -117,12 +134,18 @@ pub fn write_random_gguf(path: &Path, cfg: &LlamaConfig, seed: u64) -> Result<()
     }
     tokens.push("<|endoftext|>".into());
     tokens.push("<|im_end|>".into());
-    if cfg.vocab != tokens.len() {
-        bail!("a random GGUF has a vocabulary of {} tokens", tokens.len());
-    }
+    (tokens, merges)
+}
+
+/// A random GGUF's metadata: llama's shape keys and the tokenizer.
+fn random_metadata(
+    cfg: &LlamaConfig,
+    tokens: &[String],
+    merges: &[String],
+) -> Vec<(&'static str, Value)> {
     let n = tokens.len() as u32;
     let strings = |v: &[String]| Value::Array(v.iter().map(|s| Value::String(s.clone())).collect());
-    let metadata: Vec<(&str, Value)> = vec![
+    vec![
         ("general.architecture", Value::String("llama".into())),
         ("llama.block_count", Value::U32(cfg.n_layer as u32)),
         ("llama.embedding_length", Value::U32(cfg.d_model as u32)),
@@ -143,11 +166,15 @@ pub fn write_random_gguf(path: &Path, cfg: &LlamaConfig, seed: u64) -> Result<()
         ),
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.pre", Value::String("smollm".into())),
-        ("tokenizer.ggml.tokens", strings(&tokens)),
-        ("tokenizer.ggml.merges", strings(&merges)),
+        ("tokenizer.ggml.tokens", strings(tokens)),
+        ("tokenizer.ggml.merges", strings(merges)),
         ("tokenizer.ggml.bos_token_id", Value::U32(n - 2)),
         ("tokenizer.ggml.eos_token_id", Value::U32(n - 1)),
-    ];
+    ]
+}
+
+/// Random f32 weights for every tensor of a llama of shape `cfg`, drawn in a fixed order from `seed`.
+fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, QTensor)>> {
     let dev = Device::Cpu;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (d, hd) = (cfg.d_model, cfg.head_dim());
@@ -180,13 +207,7 @@ pub fn write_random_gguf(path: &Path, cfg: &LlamaConfig, seed: u64) -> Result<()
         tensors.push((b("ffn_up"), mat(cfg.d_ff, d, 1.0)?));
         tensors.push((b("ffn_down"), mat(d, cfg.d_ff, 1.0)?));
     }
-    let mut out = BufWriter::new(
-        File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
-    );
-    let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
-    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    gguf_file::write(&mut out, &meta_refs, &tensor_refs)?;
-    Ok(())
+    Ok(tensors)
 }
 
 /// The vocabulary size of [`write_random_gguf`] models.
