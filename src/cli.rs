@@ -170,8 +170,14 @@ fn status(args: StatusArgs) -> Result<()> {
     );
     if s.af_stale_contexts > 0 && s.af_iterations > 0 {
         println!(
-            "  {} contexts with a pool were not part of the last AF run: its results are stale",
+            "  {} contexts got a pool after the last AF run: its results are stale for them",
             s.af_stale_contexts
+        );
+    }
+    if s.af_too_few_candidates > 0 && s.af_iterations > 0 {
+        println!(
+            "  {} contexts have fewer candidate endings than AF's k and were left out of it",
+            s.af_too_few_candidates
         );
     }
     println!("annotation   {} labelled items", s.labelled_items);

@@ -784,3 +784,17 @@ fn exported_csvs_ingest_back_to_the_same_examples() {
     ok(&args);
     assert_eq!(example_texts(&back).len(), 24);
 }
+
+#[test]
+fn status_tells_pools_too_small_for_af_from_pools_added_after_it() {
+    let p = Project::new();
+    p.context("v1", 0, 10, 8); // filtered by the run (k = 8)
+    p.context("v2", 0, 10, 0); // a full pool the run never saw: stale
+    p.context("v3", 0, 5, 0); // fewer than k candidates: left out, not stale
+    let status: Value = serde_json::from_str(&ok(&["status", p.p(), "--json"])).unwrap();
+    assert_eq!(status["af_stale_contexts"], 1);
+    assert_eq!(status["af_too_few_candidates"], 1);
+    let text = ok(&["status", p.p()]);
+    assert!(text.contains("1 contexts got a pool after the last AF run"), "{text}");
+    assert!(text.contains("1 contexts have fewer candidate endings than AF's k"), "{text}");
+}

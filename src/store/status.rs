@@ -32,8 +32,11 @@ pub struct Status {
     pub contexts_without_pool: i64,
     /// Of those, the ones `generate` found unusable with its model (prompt too long).
     pub unusable_contexts: i64,
-    /// Contexts with a pool that the latest AF run did not filter (its results are stale for them).
+    /// Contexts with a pool of at least k candidates that the latest AF run did not filter (they
+    /// were generated after it: its results are stale for them).
     pub af_stale_contexts: i64,
+    /// Contexts whose pool has fewer than the latest AF run's k candidates, which AF leaves out.
+    pub af_too_few_candidates: i64,
 }
 
 impl Store {
@@ -43,28 +46,34 @@ impl Store {
         let latest_run: Option<i64> =
             self.conn()
                 .query_row("SELECT MAX(id) FROM af_runs", [], |r| r.get(0))?;
-        let (af_iterations, af_finished, af_stale_contexts) = match latest_run {
-            None => (0, false, 0),
-            Some(run) => {
-                let iterations = self.conn().query_row(
-                    "SELECT COUNT(*) FROM af_iterations WHERE run_id = ?1",
-                    [run],
-                    |r| r.get(0),
-                )?;
-                let finished = self.conn().query_row(
-                    "SELECT finished_at IS NOT NULL FROM af_runs WHERE id = ?1",
-                    [run],
-                    |r| r.get(0),
-                )?;
-                let stale = self.conn().query_row(
-                    "SELECT COUNT(*) FROM pools p WHERE NOT EXISTS
-                       (SELECT 1 FROM af_assignments a WHERE a.run_id = ?1 AND a.example_id = p.example_id)",
-                    [run],
-                    |r| r.get(0),
-                )?;
-                (iterations, finished, stale)
-            }
-        };
+        let (af_iterations, af_finished, af_stale_contexts, af_too_few_candidates) =
+            match latest_run {
+                None => (0, false, 0, 0),
+                Some(run) => {
+                    let iterations = self.conn().query_row(
+                        "SELECT COUNT(*) FROM af_iterations WHERE run_id = ?1",
+                        [run],
+                        |r| r.get(0),
+                    )?;
+                    let finished = self.conn().query_row(
+                        "SELECT finished_at IS NOT NULL FROM af_runs WHERE id = ?1",
+                        [run],
+                        |r| r.get(0),
+                    )?;
+                    let (stale, too_few) = self.conn().query_row(
+                        "SELECT COALESCE(SUM(n >= k), 0), COALESCE(SUM(n < k), 0) FROM
+                       (SELECT (SELECT COUNT(*) FROM endings e
+                                WHERE e.example_id = p.example_id AND e.is_gold = 0) AS n,
+                               (SELECT k FROM af_runs WHERE id = ?1) AS k
+                        FROM pools p WHERE NOT EXISTS
+                          (SELECT 1 FROM af_assignments a
+                           WHERE a.run_id = ?1 AND a.example_id = p.example_id))",
+                        [run],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?;
+                    (iterations, finished, stale, too_few)
+                }
+            };
         Ok(Status {
             examples: self.count_examples()?,
             dropped: self.dropped_by_reason()?,
@@ -87,6 +96,7 @@ impl Store {
                    (SELECT 1 FROM pools p WHERE p.example_id = u.example_id)",
             )?,
             af_stale_contexts,
+            af_too_few_candidates,
         })
     }
 }
