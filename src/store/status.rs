@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use rusqlite::OptionalExtension;
 use serde::Serialize;
 
 use super::Store;
@@ -43,45 +44,15 @@ impl Store {
     pub fn status(&self) -> Result<Status> {
         let count =
             |sql: &str| -> Result<i64> { Ok(self.conn().query_row(sql, [], |r| r.get(0))?) };
-        let latest_run: Option<i64> =
-            self.conn()
-                .query_row("SELECT MAX(id) FROM af_runs", [], |r| r.get(0))?;
-        let (af_iterations, af_finished, af_stale_contexts, af_too_few_candidates) =
-            match latest_run {
-                None => (0, false, 0, 0),
-                Some(run) => {
-                    let iterations = self.conn().query_row(
-                        "SELECT COUNT(*) FROM af_iterations WHERE run_id = ?1",
-                        [run],
-                        |r| r.get(0),
-                    )?;
-                    let finished = self.conn().query_row(
-                        "SELECT finished_at IS NOT NULL FROM af_runs WHERE id = ?1",
-                        [run],
-                        |r| r.get(0),
-                    )?;
-                    let (stale, too_few) = self.conn().query_row(
-                        "SELECT COALESCE(SUM(n >= k), 0), COALESCE(SUM(n < k), 0) FROM
-                       (SELECT (SELECT COUNT(*) FROM endings e
-                                WHERE e.example_id = p.example_id AND e.is_gold = 0) AS n,
-                               (SELECT k FROM af_runs WHERE id = ?1) AS k
-                        FROM pools p WHERE NOT EXISTS
-                          (SELECT 1 FROM af_assignments a
-                           WHERE a.run_id = ?1 AND a.example_id = p.example_id))",
-                        [run],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )?;
-                    (iterations, finished, stale, too_few)
-                }
-            };
+        let af = self.af_progress()?;
         Ok(Status {
             examples: self.count_examples()?,
             dropped: self.dropped_by_reason()?,
             contexts_with_pool: count("SELECT COUNT(*) FROM pools")?,
             candidates: count("SELECT COUNT(*) FROM endings WHERE is_gold = 0")?,
             pool_shortfalls: count("SELECT COUNT(*) FROM pools WHERE produced < requested")?,
-            af_iterations,
-            af_finished,
+            af_iterations: af.iterations,
+            af_finished: af.finished,
             labelled_items: count(
                 "SELECT COUNT(DISTINCT t.example_id) FROM submissions s
                  JOIN tasks t ON t.id = s.task_id WHERE s.broken = 0",
@@ -95,8 +66,55 @@ impl Store {
                 "SELECT COUNT(DISTINCT u.example_id) FROM unusable_contexts u WHERE NOT EXISTS
                    (SELECT 1 FROM pools p WHERE p.example_id = u.example_id)",
             )?,
-            af_stale_contexts,
-            af_too_few_candidates,
+            af_stale_contexts: af.stale,
+            af_too_few_candidates: af.too_few,
+        })
+    }
+}
+
+/// Where the latest AF run stands, and the pools it did not filter.
+#[derive(Default)]
+struct AfProgress {
+    iterations: i64,
+    finished: bool,
+    /// Pools of at least the run's k candidates that it never saw (added after it).
+    stale: i64,
+    /// Pools below the run's k, which AF leaves out.
+    too_few: i64,
+}
+
+impl Store {
+    fn af_progress(&self) -> Result<AfProgress> {
+        let run: Option<(i64, i64, bool)> = self
+            .conn()
+            .query_row(
+                "SELECT id, k, finished_at IS NOT NULL FROM af_runs ORDER BY id DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let Some((run, k, finished)) = run else {
+            return Ok(AfProgress::default());
+        };
+        let iterations = self.conn().query_row(
+            "SELECT COUNT(*) FROM af_iterations WHERE run_id = ?1",
+            [run],
+            |r| r.get(0),
+        )?;
+        let (stale, too_few) = self.conn().query_row(
+            "SELECT COALESCE(SUM(n >= ?2), 0), COALESCE(SUM(n < ?2), 0) FROM
+               (SELECT (SELECT COUNT(*) FROM endings e
+                        WHERE e.example_id = p.example_id AND e.is_gold = 0) AS n
+                FROM pools p WHERE NOT EXISTS
+                  (SELECT 1 FROM af_assignments a WHERE a.run_id = ?1 AND a.example_id = p.example_id))",
+            [run, k],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(AfProgress {
+            iterations,
+            finished,
+            stale,
+            too_few,
         })
     }
 }
