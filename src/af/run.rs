@@ -27,8 +27,7 @@ use super::model::ModelConfig;
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use super::{FilterArgs, DEFAULT_ENSEMBLE_ITERATIONS, DEFAULT_MLP_ITERATIONS};
 use crate::device::Compute;
-use crate::store::af::Family;
-use crate::store::af::{AfRun, Assignment, HeadAccuracy, IterationRecord, Swap};
+use crate::store::af::{AfRun, Assignment, Family, HeadAccuracy, IterationRecord, Swap};
 use crate::store::Store;
 
 /// Every setting of a run, stored as `af_runs.params`.
@@ -603,22 +602,14 @@ fn final_pass(
 }
 
 fn accuracy_text(a: &HeadAccuracy) -> String {
-    [
-        ("mlp", a.mlp),
-        ("bow", a.bow),
-        ("cnn", a.cnn),
-        ("lstm", a.lstm),
-        ("subword", a.subword),
-        ("sentence", a.sentence),
-        ("ensemble", a.ensemble),
-    ]
-    .iter()
-    .map(|(name, v)| match v {
-        Some(v) => format!("{name} {v:.3}"),
-        None => format!("{name}   -  "),
-    })
-    .collect::<Vec<_>>()
-    .join("  ")
+    a.named()
+        .iter()
+        .map(|(name, v)| match v {
+            Some(v) => format!("{name} {v:.3}"),
+            None => format!("{name}   -  "),
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
 }
 
 fn iteration_line(r: &IterationRecord, train_seconds: f64) -> String {

@@ -16,10 +16,8 @@ use super::layout::{Layout, HF_SPLITS};
 use super::rows::Row;
 use super::{Negatives, Options};
 use crate::dataset::Split;
-use crate::store::af::Family;
-use crate::store::export::{
-    self as db, GenerationInfo, IterationInfo, LabelRow, LogProbGap, SourceInfo,
-};
+use crate::store::af::{Family, IterationRecord};
+use crate::store::export::{self as db, GenerationInfo, LabelRow, LogProbGap, SourceInfo};
 use crate::store::{assemble::AfRun, Store};
 
 /// Everything the card reports, read from the project.
@@ -34,7 +32,7 @@ pub struct CardInputs {
     pub generations: Vec<GenerationInfo>,
     pub gap: Option<LogProbGap>,
     pub af_run: Option<AfRun>,
-    pub iterations: Vec<IterationInfo>,
+    pub iterations: Vec<IterationRecord>,
     pub labels: Vec<LabelRow>,
     pub rounds: BTreeMap<i64, i64>,
     pub left_out: Vec<String>,
@@ -45,7 +43,7 @@ impl CardInputs {
         let conn = store.conn();
         let af_run = crate::store::assemble::latest_finished_run(conn)?;
         let iterations = match &af_run {
-            Some(run) => db::af_iterations(conn, run.id)?,
+            Some(run) => store.af_iterations(run.id)?,
             None => Vec::new(),
         };
         Ok(CardInputs {
@@ -255,23 +253,15 @@ fn write_af(md: &mut String, c: &CardInputs) -> std::fmt::Result {
                     first.iteration, last.iteration
                 )?;
                 writeln!(md, "| --- | ---: | ---: |")?;
-                for name in [
-                    "mlp", "bow", "cnn", "lstm", "subword", "sentence", "ensemble",
-                ] {
-                    let get = |it: &IterationInfo| {
-                        it.accuracy
-                            .iter()
-                            .find(|a| a.0 == name)
-                            .map(|a| format!("{:.3}", a.1))
-                            .unwrap_or_else(|| "—".into())
-                    };
-                    if first
-                        .accuracy
-                        .iter()
-                        .chain(&last.accuracy)
-                        .any(|a| a.0 == name)
-                    {
-                        writeln!(md, "| {name} | {} | {} |", get(first), get(last))?;
+                let cell = |a: Option<f64>| a.map_or_else(|| "—".into(), |a| format!("{a:.3}"));
+                let heads = first
+                    .accuracy
+                    .named()
+                    .into_iter()
+                    .zip(last.accuracy.named());
+                for ((name, a), (_, b)) in heads {
+                    if a.is_some() || b.is_some() {
+                        writeln!(md, "| {name} | {} | {} |", cell(a), cell(b))?;
                     }
                 }
                 writeln!(

@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use rusqlite::{params, OptionalExtension, Row};
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
+use rusqlite::{params, OptionalExtension, Row, ToSql};
 use serde::{Deserialize, Serialize};
 
 use super::{now, Store};
@@ -58,6 +59,21 @@ pub struct HeadAccuracy {
     pub ensemble: Option<f64>,
 }
 
+impl HeadAccuracy {
+    /// Every head with its accuracy, in the order reports list them.
+    pub fn named(&self) -> [(&'static str, Option<f64>); 7] {
+        [
+            ("mlp", self.mlp),
+            ("bow", self.bow),
+            ("cnn", self.cnn),
+            ("lstm", self.lstm),
+            ("subword", self.subword),
+            ("sentence", self.sentence),
+            ("ensemble", self.ensemble),
+        ]
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct AfRun {
     pub id: i64,
@@ -89,14 +105,21 @@ impl Family {
             Family::Ensemble => "ensemble",
         }
     }
+}
 
-    pub(crate) fn from_stored(name: &str) -> rusqlite::Result<Family> {
-        match name {
+/// Stored as its name in `af_iterations.phase`; an unknown name is a read error.
+impl ToSql for Family {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(self.name().into())
+    }
+}
+
+impl FromSql for Family {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Family> {
+        match value.as_str()? {
             "mlp" => Ok(Family::Mlp),
             "ensemble" => Ok(Family::Ensemble),
-            other => Err(rusqlite::Error::FromSqlConversionFailure(
-                1,
-                rusqlite::types::Type::Text,
+            other => Err(FromSqlError::Other(
                 format!("unknown AF phase {other:?}").into(),
             )),
         }
@@ -304,7 +327,7 @@ impl Store {
         let rows = stmt.query_map([run_id], |r| {
             Ok(IterationRecord {
                 iteration: r.get::<_, i64>(0)? as usize,
-                phase: Family::from_stored(&r.get::<_, String>(1)?)?,
+                phase: r.get(1)?,
                 swaps: r.get::<_, i64>(2)? as usize,
                 seconds: r.get(3)?,
                 n_test: r.get::<_, i64>(4)? as usize,
@@ -340,7 +363,7 @@ impl Store {
             params![
                 run_id,
                 record.iteration as i64,
-                record.phase.name(),
+                record.phase,
                 record.swaps as i64,
                 record.seconds,
                 record.n_test as i64,

@@ -111,43 +111,6 @@ pub fn logprob_gap(conn: &Connection) -> Result<Option<LogProbGap>> {
     })
 }
 
-/// Held-out accuracies of one AF iteration.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IterationInfo {
-    pub iteration: i64,
-    pub phase: super::af::Family,
-    pub swaps: i64,
-    /// (model, accuracy) for the models that ran: mlp, bow, cnn, lstm, subword, sentence,
-    /// ensemble.
-    pub accuracy: Vec<(&'static str, f64)>,
-}
-
-pub fn af_iterations(conn: &Connection, run_id: i64) -> Result<Vec<IterationInfo>> {
-    let mut stmt = conn.prepare(
-        "SELECT iteration, phase, swaps, acc_mlp, acc_bow, acc_cnn, acc_lstm, acc_subword,
-                acc_sentence, acc_ensemble
-         FROM af_iterations WHERE run_id = ?1 ORDER BY iteration",
-    )?;
-    let rows = stmt.query_map([run_id], |r| {
-        let names = [
-            "mlp", "bow", "cnn", "lstm", "subword", "sentence", "ensemble",
-        ];
-        let mut accuracy = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            if let Some(a) = r.get::<_, Option<f64>>(3 + i)? {
-                accuracy.push((*name, a));
-            }
-        }
-        Ok(IterationInfo {
-            iteration: r.get(0)?,
-            phase: super::af::Family::from_stored(&r.get::<_, String>(1)?)?,
-            swaps: r.get(2)?,
-            accuracy,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
-
 /// One label of one non-broken submission, with what the dataset card's agreement summary needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LabelRow {
