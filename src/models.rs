@@ -108,6 +108,22 @@ impl DefaultModel {
     }
 }
 
+/// The GGUF file a `--model` value names: `smollm2` (the default generator, fetched if it is
+/// not in the cache) or the path of a llama-family GGUF file.
+pub fn generator_gguf(model: &str) -> Result<PathBuf> {
+    if model == "smollm2" {
+        DefaultModel::SmolLm2.ensure()?;
+        return Ok(DefaultModel::smollm2_gguf());
+    }
+    let path = PathBuf::from(model);
+    if !path.is_file() {
+        anyhow::bail!(
+            "--model {model}: no such file (pass `smollm2` or the path of a llama-family .gguf)"
+        );
+    }
+    Ok(path)
+}
+
 /// afkit's cache: `$AFKIT_HOME`, else `<user cache dir>/afkit`.
 pub fn afkit_home() -> PathBuf {
     if let Some(home) = std::env::var_os("AFKIT_HOME") {

@@ -3,13 +3,13 @@
 
 use std::collections::HashSet;
 use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::prompt::PromptTemplate;
-use super::{load_local, new_pool, ImportPoolArgs};
+use super::{load_local, new_pool, Observer};
 use crate::device::Compute;
 use crate::json_errors::json_error_without_position;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
@@ -195,35 +195,74 @@ fn write_pools(store: &mut Store, batch: &mut Vec<NewPool>) -> Result<usize> {
     Ok(written)
 }
 
-pub fn import(args: ImportPoolArgs) -> Result<()> {
-    let mut store = Store::open(&args.project)?;
-    let template = PromptTemplate::load(&args.prompt)?;
-    let check = check_import_file(&store, &args.file)?;
+/// What an `import-pool` call reads.
+pub struct ImportConfig {
+    /// The JSONL file of pools.
+    pub file: PathBuf,
+    /// The `--model` value that scores endings imported without features (resolved, and the
+    /// model fetched, only when some line needs it).
+    pub scorer: String,
+    pub template: PromptTemplate,
+}
+
+/// What an `import-pool` call did.
+#[derive(Debug, Default)]
+pub struct ImportSummary {
+    /// Contexts whose pool was imported.
+    pub imported: usize,
+    /// Contexts that already had a pool.
+    pub skipped: usize,
+    pub endings: usize,
+    /// Endings without final punctuation, kept as given.
+    pub incomplete: usize,
+    /// Lines whose records ingest dropped.
+    pub dropped_at_ingest: usize,
+    /// Contexts that brought their own LM features.
+    pub scored_elsewhere: usize,
+    /// Contexts scored with the local model.
+    pub scored_here: usize,
+}
+
+/// Imports a pools file whole, after checking every line: pools commit in batches, so an
+/// interrupted import keeps what it committed and a second call skips those contexts.
+pub fn import(
+    store: &mut Store,
+    config: &ImportConfig,
+    observer: &mut dyn Observer,
+) -> Result<ImportSummary> {
+    let check = check_import_file(store, &config.file)?;
     // The scoring model is loaded only when some line brings no features of its own.
     let lm = if check.unscored > 0 {
+        let path = crate::models::generator_gguf(&config.scorer)?;
+        observer.note(&format!("loading {}", path.display()));
         Some(load_local(
-            &args.model,
+            &path,
             SamplingParams::default(),
             &Compute::cpu(),
         )?)
     } else {
         None
     };
-    let generation_id = import_generation(&mut store, &args.file, &template, lm.as_ref())?;
-    let bar = crate::progress::bar(check.contexts() as u64, "contexts");
-    let mut counts = ImportCounts::default();
+    let generation_id = import_generation(store, &config.file, &config.template, lm.as_ref())?;
+    observer.started(check.contexts());
+    let mut counts = ImportSummary {
+        dropped_at_ingest: check.dropped_at_ingest(),
+        scored_elsewhere: check.contexts() - check.unscored,
+        scored_here: check.unscored,
+        ..ImportSummary::default()
+    };
     let mut batch: Vec<NewPool> = Vec::new();
     let mut batch_endings = 0;
-    for (line, example_id) in import_lines(&args.file)?.zip(&check.example_ids) {
+    for (line, example_id) in import_lines(&config.file)?.zip(&check.example_ids) {
         if let Err(stop) = crate::interrupt::check() {
-            write_pools(&mut store, &mut batch)?;
+            write_pools(store, &mut batch)?;
             return Err(stop.into());
         }
         let (_, rec, _) = line?;
         let Some(example_id) = *example_id else {
             continue; // dropped at ingest
         };
-        bar.inc(1);
+        observer.context_done(None);
         if store.has_pool(example_id)? {
             counts.skipped += 1;
             continue;
@@ -237,7 +276,7 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
             .iter()
             .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
             .count();
-        let (kept, features) = pool_of_record(&ex, &rec, lm.as_ref(), &template)?;
+        let (kept, features) = pool_of_record(&ex, &rec, lm.as_ref(), &config.template)?;
         batch_endings += kept.len();
         batch.push(new_pool(
             &ex,
@@ -249,23 +288,12 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
         ));
         counts.imported += 1;
         if batch_endings >= IMPORT_COMMIT_ENDINGS {
-            counts.endings += write_pools(&mut store, &mut batch)?;
+            counts.endings += write_pools(store, &mut batch)?;
             batch_endings = 0;
         }
     }
-    counts.endings += write_pools(&mut store, &mut batch)?;
-    bar.finish_and_clear();
-    print_import_summary(&counts, &check);
-    Ok(())
-}
-
-#[derive(Default)]
-struct ImportCounts {
-    imported: usize,
-    skipped: usize,
-    endings: usize,
-    /// Endings without final punctuation, kept as given.
-    incomplete: usize,
+    counts.endings += write_pools(store, &mut batch)?;
+    Ok(counts)
 }
 
 /// The generation row the imported pools belong to: the file and what scored the endings that
@@ -331,30 +359,4 @@ fn pool_of_record(
         }
     };
     Ok((kept, features))
-}
-
-fn print_import_summary(counts: &ImportCounts, check: &ImportCheck) {
-    println!(
-        "imported {} endings for {} contexts; {} contexts skipped (they already have a pool)",
-        counts.endings, counts.imported, counts.skipped
-    );
-    if check.dropped_at_ingest() > 0 {
-        println!(
-            "{} lines skipped: their records were dropped at ingest (see `afkit status`)",
-            check.dropped_at_ingest()
-        );
-    }
-    if check.unscored < check.contexts() {
-        println!(
-            "{} contexts came with their own LM features; {} were scored with the local model",
-            check.contexts() - check.unscored,
-            check.unscored
-        );
-    }
-    if counts.incomplete > 0 {
-        eprintln!(
-            "note: {} imported endings do not end with . ! or ? (kept as given)",
-            counts.incomplete
-        );
-    }
 }

@@ -29,48 +29,37 @@ use super::sampler::{
 };
 use super::tokenizer::GgufTokenizer;
 
-/// Flags of `afkit generate --backend openai`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct OpenAiArgs {
+/// How to reach the server and what to ask it (`afkit generate --backend openai`).
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
     /// Base URL of an OpenAI-compatible completions server (e.g. http://127.0.0.1:8000);
     /// `/v1/completions` is appended unless the URL already ends with `/completions`. Repeat the
     /// flag to spread requests over several servers (round-robin).
-    #[arg(long = "endpoint")]
     pub endpoints: Vec<String>,
     /// Name of the environment variable holding the API key (sent as a Bearer token; never
     /// stored in the project).
-    #[arg(long)]
     pub api_key_env: Option<String>,
     /// The `model` field of each request (servers hosting several models need it); also recorded
     /// as the generation's model name.
-    #[arg(long)]
     pub model_name: Option<String>,
     /// Requests in flight at once, over all endpoints.
-    #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Seconds one request may take before it is abandoned and retried.
-    #[arg(long, default_value_t = 60.0)]
     pub request_timeout: f64,
     /// Retries per request after the first attempt (429, 5xx, timeouts, dropped connections,
     /// malformed responses); then the context fails and the command stops with a report.
-    #[arg(long, default_value_t = 5)]
     pub retries: u32,
     /// First back-off in seconds; doubles per retry, with jitter, capped at 30 s.
-    #[arg(long, default_value_t = 0.5)]
     pub backoff: f64,
     /// Completions asked for per request (`n`). Keep 1 for servers that ignore `n`
     /// (llama.cpp's server does).
-    #[arg(long, default_value_t = 1)]
     pub n_per_request: usize,
     /// Stop strings sent to the server (the sentence end).
-    #[arg(long = "stop", default_values_t = [".".to_string(), "!".to_string(), "?".to_string()])]
     pub stop: Vec<String>,
     /// Extra request fields as KEY=JSON, overriding the defaults `top_k=0`, `min_p=0`,
     /// `repeat_penalty=1`; `KEY=null` removes a field (for servers that reject it).
-    #[arg(long = "server-param", value_name = "KEY=JSON")]
     pub server_params: Vec<String>,
     /// Do not send `seed` (for servers that reject it).
-    #[arg(long)]
     pub no_seed: bool,
 }
 
@@ -196,7 +185,7 @@ pub fn recover_ending(c: &Completion, stop: &[String]) -> Option<(String, Option
 
 /// Sampling on a completions server.
 pub struct OpenAiSampler<'a> {
-    args: OpenAiArgs,
+    config: OpenAiConfig,
     urls: Vec<String>,
     params: SamplingParams,
     extra: Map<String, Value>,
@@ -219,40 +208,44 @@ struct AttemptError {
 
 impl<'a> OpenAiSampler<'a> {
     pub fn new(
-        args: OpenAiArgs,
+        config: OpenAiConfig,
         params: SamplingParams,
         tokenizer: &'a GgufTokenizer,
     ) -> Result<Self> {
-        if args.endpoints.is_empty() {
+        if config.endpoints.is_empty() {
             bail!("--backend openai needs at least one --endpoint URL");
         }
-        if args.concurrency == 0 || args.n_per_request == 0 {
+        if config.concurrency == 0 || config.n_per_request == 0 {
             bail!("--concurrency and --n-per-request must be at least 1");
         }
-        if args.request_timeout.is_nan() || args.request_timeout <= 0.0 {
+        if config.request_timeout.is_nan() || config.request_timeout <= 0.0 {
             bail!("--request-timeout must be a positive number of seconds");
         }
-        let api_key = match &args.api_key_env {
+        let api_key = match &config.api_key_env {
             Some(var) => Some(std::env::var(var).with_context(|| {
                 format!("--api-key-env {var}: the environment variable is not set")
             })?),
             None => None,
         };
-        let config = ureq::Agent::config_builder()
+        let agent_config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs_f64(args.request_timeout)))
-            .max_idle_connections_per_host(args.concurrency)
+            .timeout_global(Some(Duration::from_secs_f64(config.request_timeout)))
+            .max_idle_connections_per_host(config.concurrency)
             .build();
         Ok(OpenAiSampler {
-            urls: args.endpoints.iter().map(|e| completions_url(e)).collect(),
-            extra: extra_fields(&args.server_params)?,
+            urls: config
+                .endpoints
+                .iter()
+                .map(|e| completions_url(e))
+                .collect(),
+            extra: extra_fields(&config.server_params)?,
             api_key,
-            agent: ureq::Agent::new_with_config(config),
+            agent: ureq::Agent::new_with_config(agent_config),
             next_endpoint: AtomicUsize::new(0),
             tokenizer,
             retries_used: AtomicUsize::new(0),
             params,
-            args,
+            config,
         })
     }
 
@@ -260,10 +253,10 @@ impl<'a> OpenAiSampler<'a> {
     pub fn record(&self) -> Value {
         json!({
             "endpoints": self.urls,
-            "n_per_request": self.args.n_per_request,
-            "stop": self.args.stop,
+            "n_per_request": self.config.n_per_request,
+            "stop": self.config.stop,
             "extra_fields": self.extra,
-            "seed_sent": !self.args.no_seed,
+            "seed_sent": !self.config.no_seed,
             "features": "lp_cond of sampled endings from the server's token log-probs where its \
                 tokens equal the scoring model's; gold lp_cond, lp_alone, ctx_logprob and \
                 lengths computed locally with the scoring model",
@@ -276,15 +269,15 @@ impl<'a> OpenAiSampler<'a> {
             "max_tokens": self.params.max_tokens,
             "temperature": self.params.temperature,
             "top_p": self.params.top_p.unwrap_or(1.0),
-            "n": self.args.n_per_request,
-            "stop": self.args.stop,
+            "n": self.config.n_per_request,
+            "stop": self.config.stop,
             "logprobs": 1,
         });
         let obj = body.as_object_mut().expect("an object");
-        if let Some(name) = &self.args.model_name {
+        if let Some(name) = &self.config.model_name {
             obj.insert("model".into(), json!(name));
         }
-        if !self.args.no_seed {
+        if !self.config.no_seed {
             // Servers take 32-bit seeds at most.
             obj.insert("seed".into(), json!(seed & 0x7fff_ffff));
         }
@@ -348,8 +341,8 @@ impl<'a> OpenAiSampler<'a> {
                 &self.urls[self.next_endpoint.fetch_add(1, Ordering::Relaxed) % self.urls.len()];
             match self.attempt(url, &body) {
                 Ok(completions) => return Ok(completions),
-                Err(e) if e.retryable && attempt < self.args.retries => {
-                    let backoff = (self.args.backoff * 2f64.powi(attempt as i32)).min(30.0);
+                Err(e) if e.retryable && attempt < self.config.retries => {
+                    let backoff = (self.config.backoff * 2f64.powi(attempt as i32)).min(30.0);
                     let wait = e.retry_after.unwrap_or(Duration::from_secs_f64(
                         backoff * jitter.random_range(0.5..1.5),
                     ));
@@ -376,7 +369,7 @@ impl<'a> OpenAiSampler<'a> {
             Mutex::new((0..seeds.len()).map(|_| None).collect());
         let failed = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|scope| {
-            for _ in 0..self.args.concurrency.min(seeds.len()) {
+            for _ in 0..self.config.concurrency.min(seeds.len()) {
                 scope.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= seeds.len() || failed.load(Ordering::Relaxed) {
@@ -420,7 +413,7 @@ impl<'a> OpenAiSampler<'a> {
 impl EndingSampler for OpenAiSampler<'_> {
     fn describe(&self) -> (String, String, Option<String>) {
         let name = self
-            .args
+            .config
             .model_name
             .clone()
             .unwrap_or_else(|| "server default".into());
@@ -434,7 +427,7 @@ impl EndingSampler for OpenAiSampler<'_> {
         let mut seed_rng = ChaCha8Rng::seed_from_u64(request.seed);
         while pool.endings.len() < request.n && pool.draws < max_draws {
             let draws = pool.draws_to_cover(request.n, max_draws);
-            let requests = draws.div_ceil(self.args.n_per_request).max(1);
+            let requests = draws.div_ceil(self.config.n_per_request).max(1);
             let seeds: Vec<u64> = (0..requests).map(|_| seed_rng.random()).collect();
             for completion in self
                 .complete_many(&request.prompt, &seeds)?
@@ -447,7 +440,7 @@ impl EndingSampler for OpenAiSampler<'_> {
                     pool.reject(Rejection::Surplus);
                     continue;
                 }
-                let Some((raw, tokens)) = recover_ending(&completion, &self.args.stop) else {
+                let Some((raw, tokens)) = recover_ending(&completion, &self.config.stop) else {
                     pool.reject(Rejection::NoSentenceEnd);
                     continue;
                 };

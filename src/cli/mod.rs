@@ -11,6 +11,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::store::Store;
 
+mod generate;
+
 #[derive(Parser)]
 #[command(
     name = "afkit",
@@ -43,9 +45,9 @@ enum Command {
     #[command(subcommand)]
     Models(crate::lm::ModelsCommand),
     /// Sample counterfactual endings for every context and compute their LM features.
-    Generate(crate::generate::GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// Import endings generated elsewhere and compute their LM features.
-    ImportPool(crate::generate::ImportPoolArgs),
+    ImportPool(generate::ImportPoolArgs),
     /// Adversarial filtering: pick the negatives a stylistic ensemble cannot tell from the found ending.
     Filter(crate::af::FilterArgs),
     /// Plot and summarise the AF run (accuracy by iteration, per model).
@@ -112,8 +114,8 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Status(args) => status(args),
         Command::Tagger(command) => crate::text::run_tagger(command),
         Command::Models(command) => crate::lm::run_models(command),
-        Command::Generate(args) => crate::generate::run(args),
-        Command::ImportPool(args) => crate::generate::import(args),
+        Command::Generate(args) => generate::run(args),
+        Command::ImportPool(args) => generate::import(args),
         Command::Filter(args) => {
             crate::af::use_one_candle_thread();
             crate::af::run_filter(args)
