@@ -514,7 +514,7 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
     let cfg = EncodeConfig::default();
     let err = Dataset::load(&store, 3, &cfg, true).unwrap_err();
     assert!(err.to_string().contains("no sentence vector"), "{err:#}");
-    store_sentence_vectors(&mut store).unwrap();
+    store_sentence_vectors(&mut store, &mut |_, _| {}).unwrap();
     assert_eq!(store.count_endings_without_sentence_vector().unwrap(), 0);
     let data = Dataset::load(&store, 3, &cfg, true).unwrap();
     assert_eq!(data.sentence_dim, 384);
@@ -530,7 +530,7 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
         .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
         .unwrap();
     assert_eq!(stored as usize, spec.contexts * (spec.candidates + 1));
-    store_sentence_vectors(&mut store).unwrap();
+    store_sentence_vectors(&mut store, &mut |_, _| {}).unwrap();
     let again: i64 = conn
         .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
         .unwrap();
@@ -539,27 +539,27 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
 
 /// Runs AF in-process with tiny models on `project`.
 fn filter_in_process(project: &Path, k: usize, seed: u64) {
-    let args = afkit::af::FilterArgs {
-        project: project.to_path_buf(),
+    let mut config = afkit::af::Config {
         k,
-        mlp_iterations: Some(2),
-        ensemble_iterations: Some(1),
         seed,
-        n_easy: 2,
-        new_run: false,
-        mlp_epochs: 2,
-        ensemble_epochs: 1,
-        batch_contexts: 8,
-        learning_rate: 3e-3,
-        word_dim: 8,
-        hidden: 8,
-        min_count: 1,
-        no_subword_model: false,
-        no_sentence_model: false,
-        folds: 5,
-        device: Default::default(),
+        mlp_iterations: 2,
+        ensemble_iterations: 1,
+        ..Default::default()
     };
-    afkit::af::run_filter(args).unwrap();
+    config.encode.min_count = 1;
+    config.train.mlp_epochs = 2;
+    config.train.ensemble_epochs = 1;
+    config.train.batch_contexts = 8;
+    config.train.model = afkit::af::model::ModelConfig {
+        word_dim: 8,
+        mlp_hidden: 8,
+        ensemble_hidden: 8,
+        cnn_filters: 4,
+        lstm_hidden: 4,
+        ..Default::default()
+    };
+    let mut store = Store::open(project).unwrap();
+    afkit::af::filter(&mut store, &config, &mut afkit::af::Silent).unwrap();
 }
 
 proptest! {

@@ -420,15 +420,20 @@ impl Builder {
 pub const SENTENCE_ENCODER: &str = "all-MiniLM-L6-v2";
 
 /// Embeds every pool ending (found and generated) that has no stored sentence vector yet, a
-/// batch at a time, each batch committed: an interrupted run keeps what it embedded.
-pub fn store_sentence_vectors(store: &mut Store) -> Result<()> {
+/// batch at a time, each batch committed: an interrupted run keeps what it embedded. `progress`
+/// hears (embedded so far, total missing).
+pub fn store_sentence_vectors(
+    store: &mut Store,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
     const BATCH: usize = 1024;
     let missing = store.count_endings_without_sentence_vector()?;
     if missing == 0 {
         return Ok(());
     }
     let encoder = SentenceEncoder::load_default()?;
-    let bar = crate::progress::bar(missing as u64, "endings embedded for the sentence model");
+    let mut done = 0;
+    progress(done, missing);
     loop {
         crate::interrupt::check()?;
         let batch = store.endings_without_sentence_vector(BATCH)?;
@@ -436,11 +441,13 @@ pub fn store_sentence_vectors(store: &mut Store) -> Result<()> {
             break;
         }
         let texts: Vec<&str> = batch.iter().map(|(_, t)| t.as_str()).collect();
-        let vectors = encoder.encode_with_progress(&texts, |n| bar.inc(n as u64))?;
+        let vectors = encoder.encode_with_progress(&texts, |n| {
+            done += n;
+            progress(done, missing)
+        })?;
         let rows: Vec<(i64, Vec<f32>)> = batch.iter().map(|(id, _)| *id).zip(vectors).collect();
         store.put_sentence_vectors(SENTENCE_ENCODER, &rows)?;
     }
-    bar.finish_and_clear();
     Ok(())
 }
 

@@ -2,60 +2,40 @@
 //! a markdown summary (`report.md`) and, with `--json`, the per-iteration record.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
-use serde::Serialize;
 
-use super::ReportArgs;
 use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
 use crate::store::Store;
 
-/// One element of the `--json` output's `iterations` array (a stable interface for scripts).
-#[derive(Serialize)]
-struct JsonIteration {
-    iteration: usize,
-    phase: Family,
-    swaps: usize,
-    seconds: f64,
-    accuracy: HeadAccuracy,
+/// The files `report` wrote, and the iterations they show.
+pub struct Report {
+    pub png: PathBuf,
+    pub markdown: PathBuf,
+    pub iterations: Vec<IterationRecord>,
 }
 
-pub fn report(args: ReportArgs) -> Result<()> {
-    let store = Store::open(&args.project)?;
+/// Writes `af_accuracy.png` and `report.md` for the latest AF run into `out`.
+pub fn report(store: &Store, out: &Path) -> Result<Report> {
+    let project = store.path().display();
     let run = store.latest_af_run()?.ok_or_else(|| {
-        anyhow!(
-            "{} has no AF run yet: run `afkit filter {}` first",
-            args.project.display(),
-            args.project.display()
-        )
+        anyhow!("{project} has no AF run yet: run `afkit filter {project}` first")
     })?;
     let iterations = store.af_iterations(run.id)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let png = args.out.join("af_accuracy.png");
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let png = out.join("af_accuracy.png");
     plot(&run, &iterations, &png)?;
-    let md = args.out.join("report.md");
-    std::fs::write(&md, markdown(&run, &iterations, &store)?)
+    let md = out.join("report.md");
+    std::fs::write(&md, markdown(&run, &iterations, store)?)
         .with_context(|| format!("cannot write {}", md.display()))?;
-    if args.json {
-        let rows: Vec<JsonIteration> = iterations
-            .iter()
-            .map(|r| JsonIteration {
-                iteration: r.iteration,
-                phase: r.phase,
-                swaps: r.swaps,
-                seconds: r.seconds,
-                accuracy: r.accuracy,
-            })
-            .collect();
-        println!("{}", serde_json::json!({ "iterations": rows }));
-    } else {
-        println!("wrote {} and {}", png.display(), md.display());
-    }
-    Ok(())
+    Ok(Report {
+        png,
+        markdown: md,
+        iterations,
+    })
 }
 
 /// The models in plotting order with their colours; the ensemble, which decides, last.

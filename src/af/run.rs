@@ -23,161 +23,185 @@ use super::algorithm::{
     Convergence, FINAL_STREAM, INITIAL_STREAM,
 };
 use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
-use super::model::ModelConfig;
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
-use super::{FilterArgs, DEFAULT_ENSEMBLE_ITERATIONS, DEFAULT_MLP_ITERATIONS};
-use crate::device::Compute;
 use crate::store::af::{AfRun, Assignment, Family, HeadAccuracy, IterationRecord, Swap};
 use crate::store::Store;
 
-/// Every setting of a run, stored as `af_runs.params`.
+/// Every setting of an AF run, each default resolved: what `afkit filter` records with the run
+/// (with the pool counts, [`RunParams`]) and compares when it resumes one.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunParams {
+pub struct Config {
+    /// Negatives assigned per context (contexts whose pool is smaller are left out).
     pub k: usize,
     pub seed: u64,
+    /// Easy negatives replaced per held-out context and iteration.
     pub n_easy: usize,
     pub mlp_iterations: usize,
+    /// 0: MLP-only AF; the final pass then scores with the MLP and no text is loaded.
     pub ensemble_iterations: usize,
+    /// Folds of the final cross-fitted pass.
     pub folds: usize,
     pub train_fraction: f64,
     pub convergence: Convergence,
     pub encode: EncodeConfig,
     pub train: TrainConfig,
-    pub n_contexts: usize,
-    pub n_excluded: usize,
+    /// Start a new run even though the latest one is unfinished or up to date (not recorded).
+    #[serde(skip)]
+    pub new_run: bool,
 }
 
-impl RunParams {
-    fn from_args(
-        args: &FilterArgs,
-        n_contexts: usize,
-        n_excluded: usize,
-        compute: Compute,
-    ) -> RunParams {
-        RunParams {
-            k: args.k,
-            seed: args.seed,
-            n_easy: args.n_easy,
-            mlp_iterations: args.mlp_iterations.unwrap_or(DEFAULT_MLP_ITERATIONS),
-            ensemble_iterations: args
-                .ensemble_iterations
-                .unwrap_or(DEFAULT_ENSEMBLE_ITERATIONS),
-            folds: args.folds,
+/// `afkit filter`'s defaults: caps scaled for a two-core CPU (BENCHMARKS.md, "Filter").
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            k: 9,
+            seed: 0,
+            n_easy: 2,
+            mlp_iterations: 20,
+            ensemble_iterations: 10,
+            folds: 5,
             train_fraction: 0.8,
             convergence: Convergence::default(),
-            encode: encode_config(args),
-            train: TrainConfig {
-                mlp_epochs: args.mlp_epochs,
-                ensemble_epochs: args.ensemble_epochs,
-                batch_contexts: args.batch_contexts,
-                learning_rate: args.learning_rate,
-                model: ModelConfig {
-                    word_dim: args.word_dim,
-                    mlp_hidden: args.hidden,
-                    ensemble_hidden: args.hidden,
-                    cnn_filters: (args.hidden / 2).max(1),
-                    lstm_hidden: (args.hidden / 2).max(1),
-                    ..ModelConfig::default()
-                },
-                compute,
-                ..TrainConfig::default()
-            },
-            n_contexts,
-            n_excluded,
+            encode: EncodeConfig::default(),
+            train: TrainConfig::default(),
+            new_run: false,
         }
     }
 }
 
-fn encode_config(args: &FilterArgs) -> EncodeConfig {
-    EncodeConfig {
-        min_count: args.min_count,
-        subword_buckets: if args.no_subword_model {
-            0
+impl Config {
+    fn validate(&self) -> Result<()> {
+        if self.k == 0 {
+            bail!("--k must be at least 1");
+        }
+        if self.folds < 2 {
+            bail!("--folds must be at least 2 (train on all folds but one, score that one)");
+        }
+        Ok(())
+    }
+
+    /// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
+    /// phase, when the MLP that did the filtering also scores.
+    pub fn final_family(&self) -> Family {
+        if self.ensemble_iterations > 0 {
+            Family::Ensemble
         } else {
-            EncodeConfig::default().subword_buckets
-        },
-        sentence_vectors: !args.no_sentence_model,
-        ..EncodeConfig::default()
+            Family::Mlp
+        }
     }
 }
 
-pub fn filter(args: FilterArgs) -> Result<()> {
-    let compute = args.device.open()?;
-    if args.k == 0 {
-        bail!("--k must be at least 1");
-    }
-    if args.folds < 2 {
-        bail!("--folds must be at least 2 (train on all folds but one, score that one)");
-    }
-    let mut store = Store::open(&args.project)?;
+/// A run's settings and the pools it filters, stored as `af_runs.params`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunParams {
+    #[serde(flatten)]
+    pub config: Config,
+    pub n_contexts: usize,
+    pub n_excluded: usize,
+}
+
+/// What `filter` reports while it works. Every method has a default that does nothing.
+pub trait Observer {
+    /// Something worth telling the user (a resumed run, contexts left out, ...).
+    fn note(&mut self, _message: &str) {}
+    /// Pool endings given a sentence vector so far, of `total` missing ones.
+    fn embedding(&mut self, _done: usize, _total: usize) {}
+    /// The run is ready: `done` of `total` iterations at most are already stored.
+    fn iterations_started(&mut self, _run: &AfRun, _done: usize, _total: usize) {}
+    fn phase_started(&mut self, _family: Family) {}
+    fn iteration_done(&mut self, _record: &IterationRecord, _train_seconds: f64) {}
+    fn final_pass_started(&mut self, _folds: usize) {}
+    fn fold_done(&mut self) {}
+}
+
+/// An observer that does nothing.
+pub struct Silent;
+impl Observer for Silent {}
+
+/// What a `filter` call did.
+#[derive(Debug)]
+pub struct Summary {
+    pub run_id: i64,
+    /// Iterations the run has in all (a resumed run counts the stored ones).
+    pub iterations: usize,
+    /// Endings given a final cross-fitted score.
+    pub scored: usize,
+    pub final_family: Family,
+    pub final_accuracy: HeadAccuracy,
+}
+
+/// Runs AF on the project's pools: resumes the latest run when it is unfinished with the same
+/// settings and pools, starts one otherwise; `None` when the latest run is finished and up to
+/// date. Every iteration is committed on its own.
+pub fn filter(
+    store: &mut Store,
+    config: &Config,
+    observer: &mut dyn Observer,
+) -> Result<Option<Summary>> {
+    config.validate()?;
     let started = Instant::now();
-    let final_family = final_family(
-        args.ensemble_iterations
-            .unwrap_or(DEFAULT_ENSEMBLE_ITERATIONS),
-    );
-    let data = load_pools(&mut store, &args, final_family)?;
-    let params = RunParams::from_args(&args, data.contexts.len(), data.excluded, compute);
-    let fingerprint = data.fingerprint();
-    let Some(run) = resolve_run(&mut store, &args, &params, &fingerprint, &data)? else {
-        return Ok(());
+    let data = load_pools(store, config, observer)?;
+    let params = RunParams {
+        config: config.clone(),
+        n_contexts: data.contexts.len(),
+        n_excluded: data.excluded,
     };
-    println!(
+    let fingerprint = data.fingerprint();
+    let Some(run) = resolve_run(store, &params, &fingerprint, &data, observer)? else {
+        return Ok(None);
+    };
+    observer.note(&format!(
         "AF run {}: {} contexts, k = {}, chance = {:.3} (pools read in {:.1} s)",
         run.id,
         data.contexts.len(),
-        params.k,
-        1.0 / (params.k as f64 + 1.0),
+        config.k,
+        1.0 / (config.k as f64 + 1.0),
         started.elapsed().as_secs_f64()
-    );
+    ));
     if data.with_text {
-        println!(
+        observer.note(&format!(
             "texts encoded for the ensemble: vocabulary {} words, BiLSTM {} ids",
             data.vocab_size, data.lstm_vocab_size
-        );
+        ));
     }
     let mut assignment = store.af_assignment(run.id)?;
-    let iterations = run_iterations(&mut store, run.id, &data, &mut assignment, &params)?;
-    let scored = finish_run(
-        &mut store,
-        run.id,
-        &data,
-        &assignment,
-        final_family,
-        &params,
-    )?;
-    println!(
-        "AF run {} finished: {iterations} iterations; scores of {scored} endings stored (see \
-         `afkit report`)",
-        run.id
-    );
-    Ok(())
+    let iterations = run_iterations(store, &run, &data, &mut assignment, config, observer)?;
+    let (scored, final_accuracy) = finish_run(store, run.id, &data, &assignment, config, observer)?;
+    Ok(Some(Summary {
+        run_id: run.id,
+        iterations,
+        scored,
+        final_family: config.final_family(),
+        final_accuracy,
+    }))
 }
 
 /// Reads the pools AF filters, embedding their sentences first where the run needs them, and
 /// checks there are enough of them.
-fn load_pools(store: &mut Store, args: &FilterArgs, final_family: Family) -> Result<Dataset> {
+fn load_pools(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Dataset> {
     // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
     // reads the LM features alone, which keeps a big project small.
-    let with_text = final_family == Family::Ensemble;
-    let encode = encode_config(args);
-    if with_text && encode.sentence_vectors {
-        super::data::store_sentence_vectors(store)?;
+    let with_text = config.final_family() == Family::Ensemble;
+    if with_text && config.encode.sentence_vectors {
+        super::data::store_sentence_vectors(store, &mut |done, total| {
+            observer.embedding(done, total)
+        })?;
     }
-    let data = Dataset::load(store, args.k, &encode, with_text)?;
+    let data = Dataset::load(store, config.k, &config.encode, with_text)?;
     if data.excluded > 0 {
-        println!(
+        observer.note(&format!(
             "{} contexts have fewer than k = {} candidate endings and are left out",
-            data.excluded, args.k
-        );
+            data.excluded, config.k
+        ));
     }
-    let needed = 2 * args.folds.max(5);
+    let needed = 2 * config.folds.max(5);
     if data.contexts.len() < needed {
         bail!(
             "{}: only {} contexts have a pool of at least k = {} candidates; AF needs at least \
              {needed} (run `afkit generate` first, or lower --k)",
-            args.project.display(),
+            store.path().display(),
             data.contexts.len(),
-            args.k,
+            config.k,
         );
     }
     Ok(data)
@@ -187,50 +211,46 @@ fn load_pools(store: &mut Store, args: &FilterArgs, final_family: Family) -> Res
 /// the run has in all (a resumed run continues after the stored ones).
 fn run_iterations(
     store: &mut Store,
-    run_id: i64,
+    run: &AfRun,
     data: &Dataset,
     assignment: &mut Assignment,
-    params: &RunParams,
+    config: &Config,
+    observer: &mut dyn Observer,
 ) -> Result<usize> {
-    let mut history = store.af_iterations(run_id)?;
-    let total = (params.mlp_iterations + params.ensemble_iterations) as u64;
-    let bar = crate::progress::bar(total, "iterations");
-    bar.set_position(history.len() as u64);
-    while let Some(family) = next_family(&history, params) {
+    let mut history = store.af_iterations(run.id)?;
+    let total = config.mlp_iterations + config.ensemble_iterations;
+    observer.iterations_started(run, history.len(), total);
+    while let Some(family) = next_family(&history, config) {
         crate::interrupt::check()?;
         let iteration = history.len();
         if iteration == 0 || history[iteration - 1].phase != family {
-            bar.suspend(|| println!("phase: {} iterations", family.name()));
+            observer.phase_started(family);
         }
         let (record, swaps, train_seconds) =
-            run_iteration(data, assignment, family, iteration, params)?;
-        store.commit_af_iteration(run_id, &record, &swaps)?;
+            run_iteration(data, assignment, family, iteration, config)?;
+        store.commit_af_iteration(run.id, &record, &swaps)?;
         apply_swaps(assignment, &swaps);
-        bar.suspend(|| println!("{}", iteration_line(&record, train_seconds)));
-        bar.inc(1);
+        observer.iteration_done(&record, train_seconds);
         history.push(record);
     }
-    bar.finish_and_clear();
     crate::interrupt::check()?;
     Ok(history.len())
 }
 
 /// The final cross-fitted pass, stored with the run's folds; returns the number of endings
-/// scored.
+/// scored and every head's held-out accuracy.
 fn finish_run(
     store: &mut Store,
     run_id: i64,
     data: &Dataset,
     assignment: &Assignment,
-    final_family: Family,
-    params: &RunParams,
-) -> Result<usize> {
-    let fold_bar = crate::progress::bar(params.folds as u64, "folds");
-    let (fold_of, mut scores, accuracy) =
-        final_pass(data, assignment, final_family, params, &fold_bar)?;
+    config: &Config,
+    observer: &mut dyn Observer,
+) -> Result<(usize, HeadAccuracy)> {
+    observer.final_pass_started(config.folds);
+    let (fold_of, mut scores, accuracy) = final_pass(data, assignment, config, observer)?;
     // In key order, SQLite appends to the scores' B-tree instead of splitting pages all over it.
     scores.sort_unstable_by_key(|(ending_id, _)| *ending_id);
-    fold_bar.finish_and_clear();
     let folds: Vec<(i64, usize)> = data
         .contexts
         .iter()
@@ -238,23 +258,7 @@ fn finish_run(
         .map(|(c, f)| (c.example_id, *f))
         .collect();
     store.finish_af_run(run_id, &folds, &scores, &accuracy)?;
-    println!(
-        "final cross-fitted pass ({} folds, {}): {}",
-        params.folds,
-        final_family.name(),
-        accuracy_text(&accuracy)
-    );
-    Ok(scores.len())
-}
-
-/// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
-/// phase (`--ensemble-iterations 0`), when the MLP that did the filtering also scores.
-pub fn final_family(ensemble_iterations: usize) -> Family {
-    if ensemble_iterations > 0 {
-        Family::Ensemble
-    } else {
-        Family::Mlp
-    }
+    Ok((scores.len(), accuracy))
 }
 
 /// Picks the run to work on: resumes an unfinished run with the same parameters and pools,
@@ -262,15 +266,15 @@ pub fn final_family(ensemble_iterations: usize) -> Family {
 /// is finished and up to date.
 fn resolve_run(
     store: &mut Store,
-    args: &FilterArgs,
     params: &RunParams,
     fingerprint: &str,
     data: &Dataset,
+    observer: &mut dyn Observer,
 ) -> Result<Option<AfRun>> {
     let params_json = serde_json::to_value(params)?;
     if let Some(run) = store.latest_af_run()? {
         let same_pools = run.pool_fingerprint == fingerprint;
-        match (&run.finished_at, args.new_run, same_pools) {
+        match (&run.finished_at, params.config.new_run, same_pools) {
             (None, false, true) => {
                 let stored: serde_json::Value = serde_json::from_str(&run.params)?;
                 let differing = differing_keys(&stored, &params_json);
@@ -283,10 +287,10 @@ fn resolve_run(
                     );
                 }
                 let done = store.af_iterations(run.id)?.len();
-                println!(
+                observer.note(&format!(
                     "resuming AF run {} after {done} finished iterations",
                     run.id
-                );
+                ));
                 return Ok(Some(run));
             }
             (None, false, false) => bail!(
@@ -295,36 +299,37 @@ fn resolve_run(
                 run.id
             ),
             (Some(finished), false, true) => {
-                println!(
+                observer.note(&format!(
                     "AF run {} finished at {finished} on the current pools; nothing to do \
                      (pass --new-run to run AF again)",
                     run.id
-                );
+                ));
                 return Ok(None);
             }
-            (Some(_), false, false) => println!(
+            (Some(_), false, false) => observer.note(&format!(
                 "the pools changed since AF run {} (contexts or endings were added or replaced); \
                  starting a new run",
                 run.id
-            ),
+            )),
             (_, true, _) => {}
         }
         if run.finished_at.is_none() {
             store.abandon_af_run(run.id)?;
         }
     }
-    let mut rng = stream_rng(params.seed, INITIAL_STREAM);
+    let config = &params.config;
+    let mut rng = stream_rng(config.seed, INITIAL_STREAM);
     let initial: Assignment = data
         .contexts
         .iter()
         .map(|c| {
             let ids: Vec<i64> = c.candidates.iter().map(|e| e.ending_id).collect();
-            (c.example_id, initial_draw(&ids, params.k, &mut rng))
+            (c.example_id, initial_draw(&ids, config.k, &mut rng))
         })
         .collect();
     let id = store.start_af_run(
-        params.k,
-        params.seed,
+        config.k,
+        config.seed,
         &params_json.to_string(),
         fingerprint,
         &initial,
@@ -349,8 +354,8 @@ fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
 
 /// The family of the next iteration, or `None` when both phases are over. A pure function of
 /// the stored history, so a resumed run continues in the right phase.
-pub fn next_family(history: &[IterationRecord], params: &RunParams) -> Option<Family> {
-    let rule = &params.convergence;
+pub fn next_family(history: &[IterationRecord], config: &Config) -> Option<Family> {
+    let rule = &config.convergence;
     let quiet = |phase: Family| -> Vec<bool> {
         history
             .iter()
@@ -360,16 +365,16 @@ pub fn next_family(history: &[IterationRecord], params: &RunParams) -> Option<Fa
                     Family::Mlp => r.accuracy.mlp,
                     Family::Ensemble => r.accuracy.ensemble,
                 };
-                rule.quiet(params.k, r.swaps, r.n_test, acc.unwrap_or(1.0))
+                rule.quiet(config.k, r.swaps, r.n_test, acc.unwrap_or(1.0))
             })
             .collect()
     };
     let mlp = quiet(Family::Mlp);
     let ensemble = quiet(Family::Ensemble);
-    if ensemble.is_empty() && mlp.len() < params.mlp_iterations && !rule.converged(&mlp) {
+    if ensemble.is_empty() && mlp.len() < config.mlp_iterations && !rule.converged(&mlp) {
         return Some(Family::Mlp);
     }
-    if ensemble.len() < params.ensemble_iterations && !rule.converged(&ensemble) {
+    if ensemble.len() < config.ensemble_iterations && !rule.converged(&ensemble) {
         return Some(Family::Ensemble);
     }
     None
@@ -397,17 +402,17 @@ pub fn run_iteration(
     assignment: &Assignment,
     family: Family,
     iteration: usize,
-    params: &RunParams,
+    config: &Config,
 ) -> Result<(IterationRecord, Vec<Swap>, f64)> {
     let started = Instant::now();
-    let mut rng = stream_rng(params.seed, iteration_stream(iteration));
+    let mut rng = stream_rng(config.seed, iteration_stream(iteration));
     let (train_ids, test_ids) = split_80_20(data.contexts.len(), &mut rng);
     let model_seed = rng.next_u64();
     let choices: Vec<Choice> = train_ids
         .iter()
         .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
         .collect();
-    let model = train(data, &choices, family, &params.train, model_seed)?;
+    let model = train(data, &choices, family, &config.train, model_seed)?;
     let train_seconds = started.elapsed().as_secs_f64();
     let held_out = score_held_out(&model, data, &test_ids)?;
 
@@ -428,7 +433,7 @@ pub fn run_iteration(
             .map(|(i, e)| (e.ending_id, decisive[i + 1]))
             .collect();
         for (slot, new_ending_id) in
-            choose_swaps(decisive[0], &assigned_scores, &unassigned, params.n_easy)
+            choose_swaps(decisive[0], &assigned_scores, &unassigned, config.n_easy)
         {
             swaps.push(Swap {
                 example_id: h.context.example_id,
@@ -568,15 +573,15 @@ fn apply_swaps(assignment: &mut Assignment, swaps: &[Swap]) {
 fn final_pass(
     data: &Dataset,
     assignment: &Assignment,
-    family: Family,
-    params: &RunParams,
-    bar: &indicatif::ProgressBar,
+    config: &Config,
+    observer: &mut dyn Observer,
 ) -> Result<(Vec<usize>, Vec<(i64, f32)>, HeadAccuracy)> {
-    let mut rng = stream_rng(params.seed, FINAL_STREAM);
-    let fold_of = folds(data.contexts.len(), params.folds, &mut rng);
+    let family = config.final_family();
+    let mut rng = stream_rng(config.seed, FINAL_STREAM);
+    let fold_of = folds(data.contexts.len(), config.folds, &mut rng);
     let mut scores = Vec::new();
     let mut held_out_all = Vec::new();
-    for fold in 0..params.folds {
+    for fold in 0..config.folds {
         crate::interrupt::check()?;
         let model_seed = rng.next_u64();
         let (test_ids, train_ids): (Vec<usize>, Vec<usize>) =
@@ -585,7 +590,7 @@ fn final_pass(
             .iter()
             .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
             .collect();
-        let model = train(data, &choices, family, &params.train, model_seed)?;
+        let model = train(data, &choices, family, &config.train, model_seed)?;
         let held_out = score_held_out(&model, data, &test_ids)?;
         for h in &held_out {
             let ensemble = h.decisive();
@@ -595,32 +600,8 @@ fn final_pass(
             }
         }
         held_out_all.extend(held_out);
-        bar.inc(1);
+        observer.fold_done();
     }
     let accuracy = accuracy(&held_out_all, assignment);
     Ok((fold_of, scores, accuracy))
-}
-
-fn accuracy_text(a: &HeadAccuracy) -> String {
-    a.named()
-        .iter()
-        .map(|(name, v)| match v {
-            Some(v) => format!("{name} {v:.3}"),
-            None => format!("{name}   -  "),
-        })
-        .collect::<Vec<_>>()
-        .join("  ")
-}
-
-fn iteration_line(r: &IterationRecord, train_seconds: f64) -> String {
-    format!(
-        "iteration {:>4} {:<8} {}  swaps {:>5}/{} held out  {:.1} s (training {:.1} s)",
-        r.iteration,
-        r.phase.name(),
-        accuracy_text(&r.accuracy),
-        r.swaps,
-        r.n_test,
-        r.seconds,
-        train_seconds
-    )
 }

@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::store::Store;
 
+mod filter;
 mod generate;
+mod report;
 
 #[derive(Parser)]
 #[command(
@@ -49,9 +51,9 @@ enum Command {
     /// Import endings generated elsewhere and compute their LM features.
     ImportPool(generate::ImportPoolArgs),
     /// Adversarial filtering: pick the negatives a stylistic ensemble cannot tell from the found ending.
-    Filter(crate::af::FilterArgs),
+    Filter(filter::FilterArgs),
     /// Plot and summarise the AF run (accuracy by iteration, per model).
-    Report(crate::af::ReportArgs),
+    Report(report::ReportArgs),
     /// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
     Annotate(crate::annotate::Args),
     /// Inter-annotator agreement, label distributions and annotator quality.
@@ -116,11 +118,8 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Models(command) => crate::lm::run_models(command),
         Command::Generate(args) => generate::run(args),
         Command::ImportPool(args) => generate::import(args),
-        Command::Filter(args) => {
-            crate::af::use_one_candle_thread();
-            crate::af::run_filter(args)
-        }
-        Command::Report(args) => crate::af::run_report(args),
+        Command::Filter(args) => filter::run(args),
+        Command::Report(args) => report::run(args),
         Command::Annotate(args) => crate::annotate::run(args),
         Command::Agreement(args) => crate::annotate::run_agreement(args),
         Command::Crowd(command) => crate::annotate::run_crowd(command),

@@ -1,0 +1,235 @@
+//! `afkit filter`: flags → `af::Config`, progress bars and the per-iteration lines.
+
+use std::path::PathBuf;
+use std::sync::LazyLock;
+
+use anyhow::Result;
+
+use crate::af::data::EncodeConfig;
+use crate::af::model::ModelConfig;
+use crate::af::train::TrainConfig;
+use crate::af::{self, Config};
+use crate::device::DeviceArgs;
+use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
+use crate::store::Store;
+
+/// The defaults shown in `--help` are the stage's own.
+static DEFAULTS: LazyLock<Config> = LazyLock::new(Config::default);
+
+#[derive(clap::Args)]
+pub struct FilterArgs {
+    /// The project file.
+    pub project: PathBuf,
+    /// Negatives assigned per context during AF (contexts whose pool is smaller are left out).
+    #[arg(long, default_value_t = DEFAULTS.k)]
+    pub k: usize,
+    /// Cap on the cheap MLP-only iterations that run first (SWAG: 100 on GPUs).
+    #[arg(long, default_value_t = DEFAULTS.mlp_iterations)]
+    pub mlp_iterations: usize,
+    /// Cap on the full-ensemble iterations (SWAG: 50). The phase stops earlier once it has
+    /// converged: 2 iterations in a row with swaps below 1% of the held-out contexts or ensemble
+    /// accuracy within two standard errors of chance. 0 runs MLP-only AF (for
+    /// projects too big for the text models on this machine): the final cross-fitted pass then
+    /// scores with the MLP, and the pools' texts are never loaded.
+    #[arg(long, default_value_t = DEFAULTS.ensemble_iterations)]
+    pub ensemble_iterations: usize,
+    /// Seed for splits, initial assignment, model initialisation and batch order (recorded).
+    #[arg(long, default_value_t = DEFAULTS.seed)]
+    pub seed: u64,
+    /// Easy negatives replaced per held-out context and iteration (SWAG: N_easy = 2).
+    #[arg(long, default_value_t = DEFAULTS.n_easy)]
+    pub n_easy: usize,
+    /// Start a new run even though the latest one is unfinished or finished on the same pools.
+    #[arg(long)]
+    pub new_run: bool,
+    /// Training passes over the training contexts in an MLP-only iteration.
+    #[arg(long, default_value_t = DEFAULTS.train.mlp_epochs)]
+    pub mlp_epochs: usize,
+    /// Training passes in an ensemble iteration and in each fold of the final pass.
+    #[arg(long, default_value_t = DEFAULTS.train.ensemble_epochs)]
+    pub ensemble_epochs: usize,
+    /// Contexts per optimisation step.
+    #[arg(long, default_value_t = DEFAULTS.train.batch_contexts)]
+    pub batch_contexts: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = DEFAULTS.train.learning_rate)]
+    pub learning_rate: f64,
+    /// Word-embedding size of the bag-of-words, CNN and BiLSTM models.
+    #[arg(long, default_value_t = DEFAULTS.train.model.word_dim)]
+    pub word_dim: usize,
+    /// Hidden size of the MLP and the ensemble; the CNN uses half as many filters per width and
+    /// the BiLSTM half as many units per direction.
+    #[arg(long, default_value_t = DEFAULTS.train.model.mlp_hidden)]
+    pub hidden: usize,
+    /// Words seen fewer times than this in the project's texts share the UNK embedding.
+    #[arg(long, default_value_t = DEFAULTS.encode.min_count)]
+    pub min_count: usize,
+    /// Leave the subword model (hashed character n-grams of the ending) out of the ensemble.
+    #[arg(long)]
+    pub no_subword_model: bool,
+    /// Leave the sentence model (MiniLM embedding of sent2 + ending) out of the ensemble; it
+    /// needs the MiniLM model (`afkit models fetch`) and embeds every pool ending once per run.
+    #[arg(long)]
+    pub no_sentence_model: bool,
+    /// Folds of the final cross-fitted scoring pass.
+    #[arg(long, default_value_t = DEFAULTS.folds)]
+    pub folds: usize,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+impl FilterArgs {
+    fn config(&self) -> Result<Config> {
+        let defaults = Config::default();
+        Ok(Config {
+            k: self.k,
+            seed: self.seed,
+            n_easy: self.n_easy,
+            mlp_iterations: self.mlp_iterations,
+            ensemble_iterations: self.ensemble_iterations,
+            folds: self.folds,
+            encode: EncodeConfig {
+                min_count: self.min_count,
+                subword_buckets: if self.no_subword_model {
+                    0
+                } else {
+                    defaults.encode.subword_buckets
+                },
+                sentence_vectors: !self.no_sentence_model,
+                ..defaults.encode
+            },
+            train: TrainConfig {
+                mlp_epochs: self.mlp_epochs,
+                ensemble_epochs: self.ensemble_epochs,
+                batch_contexts: self.batch_contexts,
+                learning_rate: self.learning_rate,
+                model: ModelConfig {
+                    word_dim: self.word_dim,
+                    mlp_hidden: self.hidden,
+                    ensemble_hidden: self.hidden,
+                    cnn_filters: (self.hidden / 2).max(1),
+                    lstm_hidden: (self.hidden / 2).max(1),
+                    ..ModelConfig::default()
+                },
+                compute: self.device.open()?,
+                ..defaults.train
+            },
+            new_run: self.new_run,
+            ..defaults
+        })
+    }
+}
+
+pub fn run(args: FilterArgs) -> Result<()> {
+    af::use_one_candle_thread();
+    let config = args.config()?;
+    let mut store = Store::open(&args.project)?;
+    let mut progress = Progress::default();
+    let summary = af::filter(&mut store, &config, &mut progress)?;
+    progress.clear();
+    if let Some(s) = summary {
+        println!(
+            "final cross-fitted pass ({} folds, {}): {}",
+            config.folds,
+            s.final_family.name(),
+            accuracy_text(&s.final_accuracy)
+        );
+        println!(
+            "AF run {} finished: {} iterations; scores of {} endings stored (see `afkit report`)",
+            s.run_id, s.iterations, s.scored
+        );
+    }
+    Ok(())
+}
+
+/// One progress bar at a time (embedding, iterations, folds), with lines printed above it.
+#[derive(Default)]
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Progress {
+    fn say(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        }
+    }
+
+    fn start(&mut self, total: usize, unit: &'static str) -> &indicatif::ProgressBar {
+        self.clear();
+        self.bar.insert(crate::progress::bar(total as u64, unit))
+    }
+
+    fn clear(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl af::Observer for Progress {
+    fn note(&mut self, message: &str) {
+        self.say(message);
+    }
+
+    fn embedding(&mut self, done: usize, total: usize) {
+        if done == 0 {
+            self.start(total, "endings embedded for the sentence model");
+        } else if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+        }
+        if done == total {
+            self.clear();
+        }
+    }
+
+    fn iterations_started(&mut self, _run: &AfRun, done: usize, total: usize) {
+        self.start(total, "iterations").set_position(done as u64);
+    }
+
+    fn phase_started(&mut self, family: Family) {
+        self.say(&format!("phase: {} iterations", family.name()));
+    }
+
+    fn iteration_done(&mut self, record: &IterationRecord, train_seconds: f64) {
+        self.say(&iteration_line(record, train_seconds));
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+    }
+
+    fn final_pass_started(&mut self, folds: usize) {
+        self.start(folds, "folds");
+    }
+
+    fn fold_done(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+    }
+}
+
+fn accuracy_text(a: &HeadAccuracy) -> String {
+    a.named()
+        .iter()
+        .map(|(name, v)| match v {
+            Some(v) => format!("{name} {v:.3}"),
+            None => format!("{name}   -  "),
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+fn iteration_line(r: &IterationRecord, train_seconds: f64) -> String {
+    format!(
+        "iteration {:>4} {:<8} {}  swaps {:>5}/{} held out  {:.1} s (training {:.1} s)",
+        r.iteration,
+        r.phase.name(),
+        accuracy_text(&r.accuracy),
+        r.swaps,
+        r.n_test,
+        r.seconds,
+        train_seconds
+    )
+}
