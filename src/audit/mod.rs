@@ -28,59 +28,24 @@ use serde::Serialize;
 use crate::dataset::Split;
 use dataset::Question;
 
-pub use score::{run_score, ScoreArgs};
-
-#[derive(clap::Args)]
-#[command(
-    after_help = "Writes audit.md, audit.json and PNG bar charts (default DATASET/audit). \
-Baselines, scored on val as a 4-way choice: random (expected accuracy of a uniform guess), \
-shortest and longest ending (ties split evenly), and 1-2-gram logistic regressions trained on \
-train over the ending (ngram_end), sent2 + ending (ngram_s2) and sent1 + sent2 + ending \
-(ngram_ctx); PPMI word-label associations; KNN distances with MiniLM embeddings.
-
-With --cv K the audit cross-validates instead, the figure to trust: the labelled questions of \
-train.csv, val.csv and test.csv are pooled (a file without labels is skipped with a note), cut \
-into K folds by video-id (one video never in two folds; seeded by --seed), and every baseline is \
-trained on K-1 folds and tested on the held-out one; audit.md, audit.json and accuracy.png then \
-hold this table and the PPMI words of the pool (no train/val table, no KNN). Baselines: \
-shortest, longest, word 1-2-gram LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR \
-(char_end, char_s2, char_ctx: subwords of each word, case and punctuation kept) and LR on the \
-MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
-\"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
-\"folds\": [accuracy per fold], \"lambda\": [chosen per fold]} or {\"skipped\": WHY}}}, \
-\"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..]}; mean is the mean fold \
-accuracy and se the standard deviation of the fold accuracies / sqrt(K)."
-)]
-pub struct Args {
-    /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
+/// What an audit reads and writes, and its settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The dataset directory (SWAG regular-column CSVs).
     pub dataset: PathBuf,
-    /// Print one JSON object.
-    #[arg(long)]
-    pub json: bool,
-    /// Where to write audit.md and the PNG charts (default: DATASET/audit).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Seed for the λ-selection split, the KNN sample and the --cv folds (recorded in the report).
-    #[arg(long, default_value_t = 0)]
+    /// Where audit.md, audit.json and the charts go.
+    pub out: PathBuf,
+    /// Seed of the λ-selection split, the KNN sample and the cross-validation folds.
     pub seed: u64,
     /// PPMI: words listed per label.
-    #[arg(long, default_value_t = 15)]
     pub ppmi_top: usize,
-    /// PPMI: skip words seen fewer times than this in all endings.
-    #[arg(long, default_value_t = 5)]
+    /// PPMI: words seen fewer times than this are skipped.
     pub ppmi_min_count: u64,
-    /// Skip the KNN distances (they need the MiniLM encoder).
-    #[arg(long)]
-    pub no_knn: bool,
-    /// KNN: at most this many questions per split are embedded (a seeded sample).
-    #[arg(long, default_value_t = 2000)]
+    /// Why the KNN distances are not measured (`None`: they are).
+    pub skip_knn: Option<String>,
+    /// KNN: at most this many questions per split are embedded.
     pub knn_max: usize,
-    /// Cross-validate over all labelled splits in K folds (K >= 2) instead of train -> val.
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(2..))]
-    pub cv: Option<u64>,
-    /// Skip everything that needs the MiniLM encoder: the KNN distances and the minilm_s2
-    /// baseline of --cv.
-    #[arg(long)]
+    /// Leave out everything that needs the MiniLM encoder.
     pub no_embed: bool,
 }
 
@@ -123,51 +88,34 @@ impl AuditReport {
     }
 }
 
-pub fn run(args: Args) -> Result<()> {
-    if let Some(k) = args.cv {
-        return run_cv(&args, k as usize);
-    }
-    let train = dataset::read_split(&args.dataset.join(Split::Train.regular_csv()), true)?;
-    let val = dataset::read_split(&args.dataset.join(Split::Val.regular_csv()), true)?;
+/// The train → val audit: reads the dataset, measures, writes the report files.
+pub fn holdout(config: &Config) -> Result<AuditReport> {
+    let train = dataset::read_split(&config.dataset.join(Split::Train.regular_csv()), true)?;
+    let val = dataset::read_split(&config.dataset.join(Split::Val.regular_csv()), true)?;
     if train.is_empty() || val.is_empty() {
         bail!(
             "{}: train.csv and val.csv need at least one question each (train {}, val {})",
-            args.dataset.display(),
+            config.dataset.display(),
             train.len(),
             val.len()
         );
     }
-    let knn = if args.no_knn || args.no_embed {
-        Knn::Skipped {
-            skipped: if args.no_knn {
-                "--no-knn"
-            } else {
-                "--no-embed"
-            }
-            .into(),
-        }
-    } else {
-        measure_knn(&train, &val, args.knn_max, args.seed)?
+    let knn = match &config.skip_knn {
+        Some(why) => Knn::Skipped {
+            skipped: why.clone(),
+        },
+        None => measure_knn(&train, &val, config.knn_max, config.seed)?,
     };
     let report = audit(
         &train,
         &val,
-        args.seed,
-        args.ppmi_top,
-        args.ppmi_min_count,
+        config.seed,
+        config.ppmi_top,
+        config.ppmi_min_count,
         knn,
     );
-    let out = args.out.unwrap_or_else(|| args.dataset.join("audit"));
-    report::write(&out, &report)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        for (name, acc) in report.accuracies() {
-            println!("{name:<10} {acc:.3}");
-        }
-        println!("report: {}", out.join("audit.md").display());
-    }
-    Ok(())
+    report::write(&config.out, &report)?;
+    Ok(report)
 }
 
 /// The cross-validated audit; `--cv K --json` prints this.
@@ -180,22 +128,24 @@ pub struct CvAudit {
     pub ppmi: Vec<ppmi::Association>,
 }
 
-fn run_cv(args: &Args, k: usize) -> Result<()> {
-    let (questions, files) = dataset::read_labelled_splits(&args.dataset)?;
+/// The K-fold audit over every labelled split, by group; writes the report files. `note` hears
+/// what was left out and why.
+pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) -> Result<CvAudit> {
+    let (questions, files) = dataset::read_labelled_splits(&config.dataset)?;
     for f in files
         .iter()
         .filter(|f| f.skipped.as_deref() == Some(dataset::NO_LABELS))
     {
-        eprintln!(
+        note(&format!(
             "note: {} skipped: it has no labels",
-            args.dataset.join(&f.file).display()
-        );
+            config.dataset.join(&f.file).display()
+        ));
     }
-    let encoder = if args.no_embed {
+    let encoder = if config.no_embed {
         Err("--no-embed".to_string())
     } else {
         crate::embed::SentenceEncoder::load_default().map_err(|err| {
-            eprintln!("minilm_s2 skipped: {err:#}");
+            note(&format!("minilm_s2 skipped: {err:#}"));
             format!("MiniLM encoder unavailable: {err:#}")
         })
     };
@@ -207,44 +157,17 @@ fn run_cv(args: &Args, k: usize) -> Result<()> {
         Ok(_) => cv::Embedder::Encoder(&encode),
         Err(why) => cv::Embedder::Unavailable(why.clone()),
     };
-    let files_read = Split::ALL.map(|s| args.dataset.join(s.regular_csv()).display().to_string());
-    let cv = cv::cross_validate(&questions, k, args.seed, &cv::Baseline::ALL, &embedder)
+    let files_read = Split::ALL.map(|s| config.dataset.join(s.regular_csv()).display().to_string());
+    let cv = cv::cross_validate(&questions, k, config.seed, &cv::Baseline::ALL, &embedder)
         .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
     let pooled: Vec<&Question> = questions.iter().collect();
     let audit = CvAudit {
         cv,
         files,
-        ppmi: ppmi::top_associations(&pooled, args.ppmi_top, args.ppmi_min_count),
+        ppmi: ppmi::top_associations(&pooled, config.ppmi_top, config.ppmi_min_count),
     };
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| args.dataset.join("audit"));
-    report::write_cv(&out, &audit)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&audit)?);
-    } else {
-        print_cv_table(&audit.cv);
-        println!("report: {}", out.join("audit.md").display());
-    }
-    Ok(())
-}
-
-fn print_cv_table(cv: &cv::CvReport) {
-    println!(
-        "{}-fold cross-validation by group: {} questions, {} groups, seed {} (chance 0.250)",
-        cv.folds, cv.questions, cv.groups, cv.seed
-    );
-    println!("{:<10} {:>6} {:>7}", "baseline", "mean", "± se");
-    for (baseline, result) in &cv.baselines {
-        let name = baseline.name();
-        match result {
-            cv::CvResult::Measured { mean, se, .. } => {
-                println!("{name:<10} {mean:>6.3} {:>7}", format!("± {se:.3}"))
-            }
-            cv::CvResult::Skipped { skipped } => println!("{name:<10} skipped: {skipped}"),
-        }
-    }
+    report::write_cv(&config.out, &audit)?;
+    Ok(audit)
 }
 
 /// The text of option `o` of a question that one n-gram classifier sees.

@@ -11,8 +11,12 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::store::Store;
 
+mod assemble;
+mod audit;
+mod export;
 mod filter;
 mod generate;
+mod ingest;
 mod report;
 
 #[derive(Parser)]
@@ -37,7 +41,7 @@ enum Command {
     /// Create a new, empty project file.
     Init(InitArgs),
     /// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
-    Ingest(crate::ingest::Args),
+    Ingest(ingest::Args),
     /// Show what the project holds, stage by stage.
     Status(StatusArgs),
     /// Train or evaluate afkit's part-of-speech tagger on CoNLL-U treebanks.
@@ -62,13 +66,13 @@ enum Command {
     #[command(subcommand)]
     Crowd(crate::annotate::CrowdCommand),
     /// Build the final examples from the labels and split them by group.
-    Assemble(crate::assemble::Args),
+    Assemble(assemble::Args),
     /// Write the assembled splits (SWAG CSVs, JSONL, dataset card).
-    Export(crate::export::Args),
+    Export(export::Args),
     /// Audit a SWAG-format dataset for stylistic artifacts.
-    Audit(crate::audit::Args),
+    Audit(audit::Args),
     /// Grade predicted labels against a split.
-    Score(crate::audit::ScoreArgs),
+    Score(audit::ScoreArgs),
     /// AFLite: remove the most predictable examples of a labelled dataset.
     Aflite(crate::aflite::Args),
 }
@@ -112,7 +116,7 @@ fn dispatch(command: Command) -> Result<()> {
             println!("created project {}", args.project.display());
             Ok(())
         }
-        Command::Ingest(args) => crate::ingest::run(args),
+        Command::Ingest(args) => ingest::run(args),
         Command::Status(args) => status(args),
         Command::Tagger(command) => crate::text::run_tagger(command),
         Command::Models(command) => crate::lm::run_models(command),
@@ -123,10 +127,10 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Annotate(args) => crate::annotate::run(args),
         Command::Agreement(args) => crate::annotate::run_agreement(args),
         Command::Crowd(command) => crate::annotate::run_crowd(command),
-        Command::Assemble(args) => crate::assemble::run(args),
-        Command::Export(args) => crate::export::run(args),
-        Command::Audit(args) => crate::audit::run(args),
-        Command::Score(args) => crate::audit::run_score(args),
+        Command::Assemble(args) => assemble::run(args),
+        Command::Export(args) => export::run(args),
+        Command::Audit(args) => audit::run(args),
+        Command::Score(args) => audit::run_score(args),
         Command::Aflite(args) => crate::aflite::run(args),
     }
 }

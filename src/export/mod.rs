@@ -26,42 +26,8 @@ use crate::dataset::Split;
 use crate::store::{assemble as assembled_db, export as export_db, Store};
 use layout::{Layout, CARD, LEGACY_CARD};
 
-#[derive(clap::Args)]
-#[command(long_about = "Write the assembled splits as a dataset folder.\n\n\
-    OUT holds train/val/test.csv (SWAG's regular columns after an unnamed row-number column, as in \
-    the SWAG release), train/val_full.csv (SWAG's full columns, in the release's order), \
-    jsonl/{train,val,test}.jsonl (afkit's and HellaSwag's fields), lm_eval/ (lm-evaluation-harness \
-    tasks afkit_swag and afkit_hellaswag, run from OUT with --include_path lm_eval) and README.md, \
-    the dataset card with the metadata the Hugging Face Hub reads: datasets.load_dataset(OUT) and \
-    load_dataset(OUT, \"full\") load it.\n\n\
-    The folder is ready to publish: the test split's labels are -1 in it, and test_full.csv is not \
-    written. The answers go to OUT-test-answers.csv beside the folder (the labelled test.csv: keep \
-    it, and grade test predictions with `afkit score OUT-test-answers.csv PREDICTIONS`). \
-    --with-test-labels keeps every label in the folder instead, for internal use.")]
-pub struct Args {
-    /// The project file.
-    pub project: PathBuf,
-    /// Output directory (replaced whole if it holds a previous export).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// `adversarial` (the AF negatives) or `random` (a control drawn from the pre-AF pool).
-    #[arg(long, value_enum, default_value = "adversarial")]
-    pub negatives: Negatives,
-    /// Seed for the ending order of each example and for the random control (recorded).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Keep the test split's labels (and test_full.csv) in OUT, for internal measurement; without
-    /// it they are withheld, so OUT can be published.
-    #[arg(long)]
-    pub with_test_labels: bool,
-    /// The dataset's licence, as a Hugging Face Hub licence id (cc-by-4.0, apache-2.0, other,
-    /// ...), for the card's metadata: the terms of your inputs and generator decide it.
-    #[arg(long, default_value = "unknown", value_parser = parse_license)]
-    pub license: String,
-}
-
 /// A licence id goes into the card's YAML header: lowercase letters, digits, `.` and `-`.
-fn parse_license(text: &str) -> Result<String, String> {
+pub fn parse_license(text: &str) -> Result<String, String> {
     let valid = !text.is_empty()
         && text
             .chars()
@@ -97,30 +63,6 @@ impl Negatives {
             Negatives::Random => "random",
         }
     }
-}
-
-pub fn run(args: Args) -> Result<()> {
-    let store = Store::open(&args.project)?;
-    let options = Options {
-        negatives: args.negatives,
-        seed: args.seed,
-        layout: Layout {
-            with_test_labels: args.with_test_labels,
-        },
-        license: args.license,
-    };
-    let files = export(&store, &args.out, &options)?;
-    println!("exported to {}", args.out.display());
-    for (name, (bytes, _)) in &files {
-        println!("  {name:<28} {bytes:>10} bytes");
-    }
-    if !options.layout.with_test_labels {
-        println!(
-            "the test answers are in {} (keep it private)",
-            answers_path(&args.out)?.display()
-        );
-    }
-    Ok(())
 }
 
 /// Where a published export's test answers go: beside OUT, named after it.

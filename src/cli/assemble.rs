@@ -1,0 +1,114 @@
+//! `afkit assemble`: flags → `assemble::assemble`, and its summary.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::assemble::split::Fractions;
+use crate::assemble::{assemble, Summary};
+use crate::dataset::Split;
+use crate::store::Store;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Rules (SWAG §3.5): the found ending ranked best or second is gold \
+(gold0/gold1, -orig or -reannot by annotation round) with the hardest generations not ranked best \
+and not gibberish as distractors; a generation ranked best over a second-ranked found ending adds a \
+training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
+than three usable distractors, is queued for re-annotation with those endings replaced by the \
+next-hardest scored pool endings. Several annotators: a judgement needs half the votes (ties go to \
+the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
+ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
+fractions are unchanged."
+)]
+pub struct Args {
+    /// The project file.
+    pub project: PathBuf,
+    /// Skip verification: gold + the three hardest assigned negatives, marked unverified.
+    #[arg(long)]
+    pub unverified: bool,
+    /// Train,val,test fractions; groups (videos) never straddle two splits.
+    #[arg(long, default_value = "0.8,0.1,0.1")]
+    pub split: String,
+    /// Seed for the split and the order of re-annotation tasks (recorded).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let fractions = Fractions::parse(&args.split)?;
+    let mut store = Store::open(&args.project)?;
+    let summary = assemble(&mut store, fractions, args.seed, args.unverified)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print_summary(&summary);
+    }
+    Ok(())
+}
+
+fn print_summary(s: &Summary) {
+    let kind = if s.unverified {
+        "unverified"
+    } else {
+        "verified"
+    };
+    println!("assembled {kind} examples from AF run {}", s.af_run);
+    for split in Split::ALL {
+        let name = split.as_str();
+        println!(
+            "  {name:<6} {:>7} examples  {:>6} groups",
+            s.examples.get(name).copied().unwrap_or(0),
+            s.groups.get(name).copied().unwrap_or(0)
+        );
+    }
+    for (source, n) in &s.gold_sources {
+        println!("  {source:<14} {n:>7}");
+    }
+    if !s.unverified {
+        let queued: usize = s.reannotation_queued.values().sum();
+        println!("re-annotation queued: {queued}");
+        for (reason, n) in &s.reannotation_queued {
+            println!("  {reason:<24} {n}");
+        }
+        if !s.cannot_refill.is_empty() {
+            println!(
+                "cannot be refilled (too few scored pool endings left): {} ({})",
+                s.cannot_refill.len(),
+                s.cannot_refill
+                    .iter()
+                    .take(10)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        println!("awaiting labels: {}", s.awaiting_labels);
+        if s.broken > 0 {
+            println!("flagged broken: {}", s.broken);
+        }
+        for (reason, n) in &s.dropped {
+            println!("dropped ({reason}): {n}");
+        }
+        if s.generated_gold_withheld_from_eval > 0 {
+            println!(
+                "generation-as-gold withheld from val/test contexts: {}",
+                s.generated_gold_withheld_from_eval
+            );
+        }
+        if s.generated_gold_too_few_distractors > 0 {
+            println!(
+                "generation-as-gold skipped (fewer than 3 distractors): {}",
+                s.generated_gold_too_few_distractors
+            );
+        }
+    } else if s.too_few_negatives > 0 {
+        println!(
+            "skipped (fewer than 3 assigned negatives): {}",
+            s.too_few_negatives
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! `afkit audit` and `afkit score`: flags → `audit::Config`, and the accuracy tables.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::audit::predictions::Choice;
+use crate::audit::{self, cv, score::score};
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Writes audit.md, audit.json and PNG bar charts (default DATASET/audit). \
+Baselines, scored on val as a 4-way choice: random (expected accuracy of a uniform guess), \
+shortest and longest ending (ties split evenly), and 1-2-gram logistic regressions trained on \
+train over the ending (ngram_end), sent2 + ending (ngram_s2) and sent1 + sent2 + ending \
+(ngram_ctx); PPMI word-label associations; KNN distances with MiniLM embeddings.
+
+With --cv K the audit cross-validates instead, the figure to trust: the labelled questions of \
+train.csv, val.csv and test.csv are pooled (a file without labels is skipped with a note), cut \
+into K folds by video-id (one video never in two folds; seeded by --seed), and every baseline is \
+trained on K-1 folds and tested on the held-out one; audit.md, audit.json and accuracy.png then \
+hold this table and the PPMI words of the pool (no train/val table, no KNN). Baselines: \
+shortest, longest, word 1-2-gram LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR \
+(char_end, char_s2, char_ctx: subwords of each word, case and punctuation kept) and LR on the \
+MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
+\"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
+\"folds\": [accuracy per fold], \"lambda\": [chosen per fold]} or {\"skipped\": WHY}}}, \
+\"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..]}; mean is the mean fold \
+accuracy and se the standard deviation of the fold accuracies / sqrt(K)."
+)]
+pub struct Args {
+    /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
+    pub dataset: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Where to write audit.md and the PNG charts (default: DATASET/audit).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Seed for the λ-selection split, the KNN sample and the --cv folds (recorded in the report).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// PPMI: words listed per label.
+    #[arg(long, default_value_t = 15)]
+    pub ppmi_top: usize,
+    /// PPMI: skip words seen fewer times than this in all endings.
+    #[arg(long, default_value_t = 5)]
+    pub ppmi_min_count: u64,
+    /// Skip the KNN distances (they need the MiniLM encoder).
+    #[arg(long)]
+    pub no_knn: bool,
+    /// KNN: at most this many questions per split are embedded (a seeded sample).
+    #[arg(long, default_value_t = 2000)]
+    pub knn_max: usize,
+    /// Cross-validate over all labelled splits in K folds (K >= 2) instead of train -> val.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(2..))]
+    pub cv: Option<u64>,
+    /// Skip everything that needs the MiniLM encoder: the KNN distances and the minilm_s2
+    /// baseline of --cv.
+    #[arg(long)]
+    pub no_embed: bool,
+}
+
+impl Args {
+    fn config(&self) -> audit::Config {
+        let skip_knn = if self.no_knn {
+            Some("--no-knn")
+        } else if self.no_embed {
+            Some("--no-embed")
+        } else {
+            None
+        };
+        audit::Config {
+            dataset: self.dataset.clone(),
+            out: self
+                .out
+                .clone()
+                .unwrap_or_else(|| self.dataset.join("audit")),
+            seed: self.seed,
+            ppmi_top: self.ppmi_top,
+            ppmi_min_count: self.ppmi_min_count,
+            skip_knn: skip_knn.map(String::from),
+            knn_max: self.knn_max,
+            no_embed: self.no_embed,
+        }
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let config = args.config();
+    if let Some(k) = args.cv {
+        let audit = audit::cross_validated(&config, k as usize, &mut |note| eprintln!("{note}"))?;
+        if args.json {
+            println!("{}", serde_json::to_string(&audit)?);
+        } else {
+            print_cv_table(&audit.cv);
+            println!("report: {}", config.out.join("audit.md").display());
+        }
+        return Ok(());
+    }
+    let report = audit::holdout(&config)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        for (name, acc) in report.accuracies() {
+            println!("{name:<10} {acc:.3}");
+        }
+        println!("report: {}", config.out.join("audit.md").display());
+    }
+    Ok(())
+}
+
+fn print_cv_table(cv: &cv::CvReport) {
+    println!(
+        "{}-fold cross-validation by group: {} questions, {} groups, seed {} (chance 0.250)",
+        cv.folds, cv.questions, cv.groups, cv.seed
+    );
+    println!("{:<10} {:>6} {:>7}", "baseline", "mean", "± se");
+    for (baseline, result) in &cv.baselines {
+        let name = baseline.name();
+        match result {
+            cv::CvResult::Measured { mean, se, .. } => {
+                println!("{name:<10} {mean:>6.3} {:>7}", format!("± {se:.3}"))
+            }
+            cv::CvResult::Skipped { skipped } => println!("{name:<10} skipped: {skipped}"),
+        }
+    }
+}
+
+#[derive(clap::Args)]
+#[command(
+    long_about = "The accuracy of a model's predictions on a labelled split.\n\n\
+    SPLIT is a SWAG CSV with labels or an afkit JSONL export (for a published export's test split: \
+    OUT-test-answers.csv). PREDICTIONS may be: one label 0-3 per line in the split's order (a first \
+    line pred, prediction or label is a header); JSON Lines with an id (id, idx or example_id) or in \
+    order, and a label (label, prediction, pred, predicted_label) or scores (logits, scores, \
+    probabilities; the highest wins); a JSON array or {\"predictions\": [...]} of labels or score \
+    lists in order (Hugging Face Trainer.predict); or lm-evaluation-harness --log_samples output \
+    (samples_TASK_*.jsonl), whose doc_id is the row and whose highest log-likelihood is the \
+    prediction (the harness's acc; --norm: per character, its acc_norm)."
+)]
+pub struct ScoreArgs {
+    /// The split to grade against (SWAG CSV with labels, or an afkit JSONL export).
+    pub split: PathBuf,
+    /// The predictions, in any of the forms above.
+    pub predictions: PathBuf,
+    /// For lm-evaluation-harness samples: pick the highest log-likelihood per character of the
+    /// ending (the harness's acc_norm) instead of the highest log-likelihood (acc).
+    #[arg(long)]
+    pub norm: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_score(args: ScoreArgs) -> Result<()> {
+    let choice = if args.norm {
+        Choice::PerCharacter
+    } else {
+        Choice::Total
+    };
+    let s = score(&args.split, &args.predictions, choice)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!("accuracy: {:.4} ({} of {})", s.accuracy, s.correct, s.total);
+    }
+    Ok(())
+}
