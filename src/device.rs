@@ -1,5 +1,5 @@
-//! `--device` and `--engine` (shared by `filter` and `generate`): where candle runs a command's
-//! models, and whether afkit's own CPU kernels run them.
+//! Where candle runs a command's models (`--device`, `--engine`, shared by `filter` and
+//! `generate`), and whether afkit's own CPU kernels run them.
 //!
 //! afkit's fastest CPU code is its own: the packed GEMM, per-row attention and continuous
 //! batching of the local generator, and the CNN's window op in the AF ensemble. Those kernels
@@ -12,21 +12,6 @@ use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
-
-/// The flags, flattened into a command's arguments. The default is the CPU with afkit's kernels.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct DeviceArgs {
-    /// Where the models run: `cpu`, or `cuda` (`cuda:N` for the N-th GPU) for an NVIDIA GPU
-    /// through candle's CUDA backend. CUDA needs an afkit built with `--features cuda` (see
-    /// README, "On an NVIDIA GPU").
-    #[arg(long, default_value = "cpu", value_name = "cpu|cuda|cuda:N")]
-    pub device: DeviceChoice,
-    /// `cpu`: afkit's own CPU kernels (CPU only; the default there). `generic`: candle ops
-    /// only, the code a GPU runs (the default on a GPU); on the CPU it is slower and exists to
-    /// check that code without a GPU. Results agree up to floating-point rounding.
-    #[arg(long, value_enum)]
-    pub engine: Option<Engine>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceChoice {
@@ -76,11 +61,12 @@ impl Compute {
     }
 }
 
-impl DeviceArgs {
+impl Compute {
     /// Opens the device, or fails at once with what to do: before any work, so that a wrong
-    /// `--device` costs nothing.
-    pub fn open(&self) -> Result<Compute> {
-        let device = match self.device {
+    /// `--device` costs nothing. `engine`: `None` picks afkit's kernels on the CPU and candle
+    /// ops elsewhere.
+    pub fn open(choice: DeviceChoice, engine: Option<Engine>) -> Result<Compute> {
+        let device = match choice {
             DeviceChoice::Cpu => Device::Cpu,
             DeviceChoice::Cuda(ordinal) => {
                 if !cfg!(feature = "cuda") {
@@ -95,7 +81,7 @@ impl DeviceArgs {
                     .with_context(|| format!("cannot open CUDA device {ordinal}"))?
             }
         };
-        let cpu_kernels = match (self.engine, device.is_cpu()) {
+        let cpu_kernels = match (engine, device.is_cpu()) {
             (None, on_cpu) => on_cpu,
             (Some(Engine::Generic), _) => false,
             (Some(Engine::Cpu), true) => true,
@@ -122,13 +108,9 @@ mod tests {
         assert!("gpu".parse::<DeviceChoice>().is_err());
         assert!("cuda:x".parse::<DeviceChoice>().is_err());
         let open = |engine| {
-            DeviceArgs {
-                device: DeviceChoice::Cpu,
-                engine,
-            }
-            .open()
-            .unwrap()
-            .cpu_kernels
+            Compute::open(DeviceChoice::Cpu, engine)
+                .unwrap()
+                .cpu_kernels
         };
         assert!(open(None));
         assert!(open(Some(Engine::Cpu)));

