@@ -215,6 +215,60 @@ fn stages_name_no_other_stage_and_base_modules_name_no_stage() {
     );
 }
 
+/// Where a file outside `cli` defines command-line flags or commands: the derives that make a
+/// type a set of flags, a subcommand list or a parser. `clap::ValueEnum` on a plain enum is
+/// allowed, so that a flag's values stay the variants of the stage's own enum.
+fn flag_definitions(source: &str) -> Vec<usize> {
+    source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .filter(|(_, line)| {
+            [
+                "clap::Args",
+                "clap::Subcommand",
+                "clap::Parser",
+                "#[arg(",
+                "#[command(",
+            ]
+            .iter()
+            .any(|needle| line.contains(needle))
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn flags_are_defined_in_the_cli_only() {
+    let src = src_dir();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut found = Vec::new();
+    for path in &files {
+        let relative = path.strip_prefix(&src).unwrap();
+        if module_of(relative).is_none_or(|m| layer(&m) == Layer::Cli) {
+            continue;
+        }
+        let source = std::fs::read_to_string(path).unwrap();
+        for line in flag_definitions(&source) {
+            found.push(format!("src/{}:{line}", relative.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "command-line flags belong in src/cli/ (stages take plain configs):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn flag_definitions_are_found_but_value_enums_and_comments_are_not() {
+    let source = "#[derive(clap::Args)]\nstruct A {\n    #[arg(long)]\n    x: u8,\n}\n\
+                  #[derive(clap::ValueEnum)]\nenum E { X }\n// #[derive(clap::Parser)]\n";
+    assert_eq!(flag_definitions(source), vec![1, 3]);
+}
+
 #[test]
 fn every_stage_is_a_module_of_the_crate() {
     // A renamed stage would otherwise count as a base module and slip through.
