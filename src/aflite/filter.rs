@@ -192,9 +192,7 @@ pub fn run(
         for (&i, sc) in s.iter().zip(&scores) {
             score[i] = *sc;
         }
-        let passed: Vec<usize> = (0..s.len())
-            .filter(|&p| scores[p].is_some_and(|v| v >= params.tau))
-            .collect();
+        let passed = passing_tau(&scores, params.tau);
         let limit = k.min(s.len() - params.target_size);
         let chosen = choose(
             &passed,
@@ -237,6 +235,13 @@ pub fn run(
         rounds,
         stop,
     })
+}
+
+/// The positions in S whose predictability reaches τ.
+fn passing_tau(scores: &[Option<f64>], tau: f64) -> Vec<usize> {
+    (0..scores.len())
+        .filter(|&p| scores[p].is_some_and(|v| v >= tau))
+        .collect()
 }
 
 /// Per member of S: the fraction of the models that saw it held out and predicted its label

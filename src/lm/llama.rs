@@ -451,51 +451,15 @@ impl Llama {
         // own_len - steps + t.
         let own = q.matmul(&k.transpose(2, 3)?)?;
         let own = if steps > 1 {
-            let mask: Vec<f32> = (0..steps)
-                .flat_map(|t| {
-                    (0..own_len).map(move |s| {
-                        if s > own_len - steps + t {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        }
-                    })
-                })
-                .collect();
-            let mask = Tensor::from_vec(mask, (steps, own_len), &self.device)?;
             own.reshape((rows, nkv, group, steps, own_len))?
-                .broadcast_add(&mask)?
+                .broadcast_add(&causal_mask(steps, own_len, &self.device)?)?
                 .reshape((rows, nkv, group * steps, own_len))?
         } else {
             own
         };
         let out = match prefix {
             None => softmax_last_dim(&own)?.matmul(&v)?,
-            Some((pk, pv)) => {
-                let plen = pk.dim(1)?;
-                // All rows' queries against the shared prefix in one GEMM per key/value head.
-                let q_shared =
-                    q.transpose(0, 1)?
-                        .contiguous()?
-                        .reshape((nkv, rows * group * steps, hd))?;
-                let shared = q_shared
-                    .matmul(&pk.t()?)?
-                    .reshape((nkv, rows, group * steps, plen))?
-                    .transpose(0, 1)?
-                    .contiguous()?;
-                let probs = softmax_last_dim(&Tensor::cat(&[&shared, &own], 3)?)?;
-                let p_shared = probs
-                    .narrow(3, 0, plen)?
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .reshape((nkv, rows * group * steps, plen))?;
-                let from_shared = p_shared
-                    .matmul(pv)?
-                    .reshape((nkv, rows, group * steps, hd))?
-                    .transpose(0, 1)?;
-                let from_own = probs.narrow(3, plen, own_len)?.contiguous()?.matmul(&v)?;
-                (from_shared + from_own)?
-            }
+            Some(prefix) => attend_with_prefix(&q, &own, &v, prefix)?,
         };
         // (rows, kv, group·steps, hd) → (rows·steps, heads·hd)
         Ok(out
@@ -788,4 +752,56 @@ impl RowAttention<'_> {
             }
         }
     }
+}
+
+/// The causal mask of `steps` new queries over a row's `own_len` tokens: query t sits at
+/// position own_len - steps + t and sees nothing after it.
+fn causal_mask(steps: usize, own_len: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..steps)
+        .flat_map(|t| {
+            (0..own_len).map(move |s| {
+                if s > own_len - steps + t {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    Ok(Tensor::from_vec(mask, (steps, own_len), device)?)
+}
+
+/// Attention over the shared prompt prefix and the row's own tokens, one softmax over both.
+/// `q`: (rows, kv heads, group·steps, hd); `own`: the masked scores against the own tokens;
+/// `v`: the own values; `prefix`: the prefix's keys and values, (kv heads, plen, hd).
+fn attend_with_prefix(
+    q: &Tensor,
+    own: &Tensor,
+    v: &Tensor,
+    (pk, pv): &(Tensor, Tensor),
+) -> Result<Tensor> {
+    let (rows, nkv, queries, hd) = q.dims4()?;
+    let (plen, own_len) = (pk.dim(1)?, own.dim(3)?);
+    // All rows' queries against the shared prefix in one GEMM per key/value head.
+    let q_shared = q
+        .transpose(0, 1)?
+        .contiguous()?
+        .reshape((nkv, rows * queries, hd))?;
+    let shared = q_shared
+        .matmul(&pk.t()?)?
+        .reshape((nkv, rows, queries, plen))?
+        .transpose(0, 1)?
+        .contiguous()?;
+    let probs = softmax_last_dim(&Tensor::cat(&[&shared, own], 3)?)?;
+    let p_shared = probs
+        .narrow(3, 0, plen)?
+        .transpose(0, 1)?
+        .contiguous()?
+        .reshape((nkv, rows * queries, plen))?;
+    let from_shared = p_shared
+        .matmul(pv)?
+        .reshape((nkv, rows, queries, hd))?
+        .transpose(0, 1)?;
+    let from_own = probs.narrow(3, plen, own_len)?.contiguous()?.matmul(v)?;
+    Ok((from_shared + from_own)?)
 }
