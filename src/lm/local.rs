@@ -366,7 +366,7 @@ impl EndingSampler for LocalLm {
                     rng: ChaCha8Rng::seed_from_u64(request.seed),
                     seen: request.seen_endings(),
                     pool: SampledPool::default(),
-                    max_draws: request.n * self.params.max_draws_per_ending.max(1),
+                    max_draws: self.params.max_draws(request.n),
                 })
             })
             .collect::<Result<_>>()?;

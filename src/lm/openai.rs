@@ -423,7 +423,7 @@ impl EndingSampler for OpenAiSampler<'_> {
     fn sample(&self, request: &SampleRequest) -> Result<SampledPool> {
         let mut seen = request.seen_endings();
         let mut pool = SampledPool::default();
-        let max_draws = request.n * self.params.max_draws_per_ending.max(1);
+        let max_draws = self.params.max_draws(request.n);
         let mut seed_rng = ChaCha8Rng::seed_from_u64(request.seed);
         while pool.endings.len() < request.n && pool.draws < max_draws {
             let draws = pool.draws_to_cover(request.n, max_draws);

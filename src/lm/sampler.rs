@@ -45,6 +45,11 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Draws allowed for `n` requested endings (at least one per ending).
+    pub fn max_draws(&self, n: usize) -> usize {
+        n * self.max_draws_per_ending.max(1)
+    }
+
     fn truncates(&self) -> bool {
         self.top_k.is_some() || self.top_p.is_some() || self.min_p.is_some()
     }
