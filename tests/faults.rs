@@ -555,3 +555,37 @@ fn jsonl_errors_give_the_file_position_once() {
     );
     assert!(!said.contains("at line 1"), "{said}");
 }
+
+/// `afkit ... | head -1`: a reader that stops reading ends afkit quietly, as it ends `cat`,
+/// instead of a panic with a backtrace; what the command did before printing is kept.
+#[test]
+fn a_closed_stdout_pipe_ends_afkit_quietly_and_keeps_what_it_did() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("p.sqlite");
+    ok(&["init", arg(&db)]);
+    let captions = dir.path().join("captions.json");
+    std::fs::write(
+        &captions,
+        r#"{"v1": {"sentences": ["A man stands in a field.", "He throws a ball to the dog."]}}"#,
+    )
+    .unwrap();
+    // The pipe's read end is closed before afkit starts: its first print meets a closed pipe.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = command()
+        .args([
+            "ingest",
+            arg(&db),
+            "--format",
+            "activitynet",
+            arg(&captions),
+        ])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "stderr: {err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "stderr: {err}");
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM examples"), 1);
+}

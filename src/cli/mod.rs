@@ -99,6 +99,7 @@ struct StatusArgs {
 
 /// Runs the command line and maps errors to an exit status: 1 for errors, 130 for Ctrl-C.
 pub fn main() -> ExitCode {
+    end_quietly_on_a_closed_pipe();
     crate::interrupt::install_handler();
     let cli = Cli::parse();
     match dispatch(cli.command) {
@@ -111,6 +112,16 @@ pub fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A reader that stops reading (`afkit status P | head -1`) ends afkit as it ends `cat`, by
+/// SIGPIPE: Rust ignores the signal, which turns the next print into a panic. Nothing is lost:
+/// every stage commits what it reports before it prints it.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: called first in main, before any other thread exists; SIG_DFL is a valid handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
