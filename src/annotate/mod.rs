@@ -56,7 +56,7 @@ pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
         bail!("--annotator must be a name of 1 to 64 printable characters");
     }
     store.sync_every_commit()?;
-    let setup = tasks::ensure_tasks(store, config.policy.clone())?;
+    let setup = tasks::ensure_tasks(store, config.policy)?;
     let stop = event::stop_flag()?;
     let holder = Holder::this_process(name);
     let mut session = Session::new(store, holder);
