@@ -44,7 +44,7 @@ pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
         header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
         w.write_record(&header)?;
         for task in &tasks {
-            let done = submissions_of(store.conn(), task.task_id)?;
+            let done = db::submission_count(store.conn(), task.task_id)?;
             let mut texts = vec![task.startphrase(), task.sent1.clone(), task.sent2.clone()];
             texts.extend((0..ENDINGS_PER_TASK).map(|i| {
                 task.endings
@@ -81,14 +81,6 @@ pub fn spreadsheet_safe(text: &str) -> String {
     } else {
         text.to_string()
     }
-}
-
-fn submissions_of(conn: &Connection, task_id: i64) -> Result<i64> {
-    Ok(conn.query_row(
-        "SELECT COUNT(*) FROM submissions WHERE task_id = ?1",
-        [task_id],
-        |r| r.get(0),
-    )?)
 }
 
 /// Which result layout a file uses.
@@ -315,7 +307,7 @@ impl RowChecks<'_> {
             let replicas = self.tasks[&sub.task_id].as_ref().map_or(0, |t| t.replicas);
             let taken = match self.taken.get(&sub.task_id) {
                 Some(&n) => n,
-                None => submissions_of(self.conn, sub.task_id)?,
+                None => db::submission_count(self.conn, sub.task_id)?,
             };
             if taken >= replicas {
                 format!(

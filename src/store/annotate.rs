@@ -868,6 +868,15 @@ pub fn annotator_progress(conn: &Connection, annotator: &str) -> Result<Annotato
     })
 }
 
+/// Submissions of a task so far, by any annotator.
+pub fn submission_count(conn: &Connection, task_id: i64) -> Result<i64> {
+    Ok(conn.query_row(
+        "SELECT COUNT(*) FROM submissions WHERE task_id = ?1",
+        [task_id],
+        |r| r.get(0),
+    )?)
+}
+
 /// Whether `annotator` already submitted `task_id` (any origin).
 pub fn has_submitted(conn: &Connection, task_id: i64, annotator: &str) -> Result<bool> {
     Ok(conn
