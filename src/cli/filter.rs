@@ -126,7 +126,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
     let mut store = Store::open(&args.project)?;
     let mut progress = Progress::default();
     let summary = af::filter(&mut store, &config, &mut progress)?;
-    progress.clear();
+    progress.0.clear();
     if let Some(s) = summary {
         println!(
             "final cross-fitted pass ({} folds, {}): {}",
@@ -144,67 +144,47 @@ pub fn run(args: FilterArgs) -> Result<()> {
 
 /// One progress bar at a time (embedding, iterations, folds), with lines printed above it.
 #[derive(Default)]
-struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-}
-
-impl Progress {
-    fn say(&self, line: &str) {
-        match &self.bar {
-            Some(bar) => bar.suspend(|| println!("{line}")),
-            None => println!("{line}"),
-        }
-    }
-
-    fn start(&mut self, total: usize, unit: &'static str) -> &indicatif::ProgressBar {
-        self.clear();
-        self.bar.insert(crate::progress::bar(total as u64, unit))
-    }
-
-    fn clear(&mut self) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-    }
-}
+struct Progress(crate::progress::Lines);
 
 impl af::Observer for Progress {
     fn note(&mut self, message: &str) {
-        self.say(message);
+        self.0.say(message, true);
     }
 
     fn embedding(&mut self, done: usize, total: usize) {
         if done == 0 {
-            self.start(total, "endings embedded for the sentence model");
-        } else if let Some(bar) = &self.bar {
+            self.0
+                .start(total, "endings embedded for the sentence model");
+        } else if let Some(bar) = self.0.bar() {
             bar.set_position(done as u64);
         }
         if done == total {
-            self.clear();
+            self.0.clear();
         }
     }
 
     fn iterations_started(&mut self, _run: &AfRun, done: usize, total: usize) {
-        self.start(total, "iterations").set_position(done as u64);
+        self.0.start(total, "iterations").set_position(done as u64);
     }
 
     fn phase_started(&mut self, family: Family) {
-        self.say(&format!("phase: {} iterations", family.name()));
+        self.0
+            .say(&format!("phase: {} iterations", family.name()), true);
     }
 
     fn iteration_done(&mut self, record: &IterationRecord, train_seconds: f64) {
-        self.say(&iteration_line(record, train_seconds));
-        if let Some(bar) = &self.bar {
+        self.0.say(&iteration_line(record, train_seconds), true);
+        if let Some(bar) = self.0.bar() {
             bar.inc(1);
         }
     }
 
     fn final_pass_started(&mut self, folds: usize) {
-        self.start(folds, "folds");
+        self.0.start(folds, "folds");
     }
 
     fn fold_done(&mut self) {
-        if let Some(bar) = &self.bar {
+        if let Some(bar) = self.0.bar() {
             bar.inc(1);
         }
     }

@@ -220,50 +220,33 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let config = args.config()?;
     let mut observer = Progress::default();
     let summary = generate::run(&mut store, &config, &compute, &mut observer)?;
-    observer.finish();
+    observer.0.clear();
     if summary.contexts + summary.unusable > 0 {
         print_summary(&summary, json)?;
     }
     Ok(())
 }
 
-/// A progress bar over contexts; notes and skipped contexts printed above it.
+/// A progress bar over contexts; notes and skipped contexts printed above it, on stderr.
 #[derive(Default)]
-struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-}
-
-impl Progress {
-    fn say(&self, line: &str) {
-        match &self.bar {
-            Some(bar) => bar.suspend(|| eprintln!("{line}")),
-            None => eprintln!("{line}"),
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
-    }
-}
+struct Progress(crate::progress::Lines);
 
 impl generate::Observer for Progress {
     fn note(&mut self, message: &str) {
-        self.say(message);
+        self.0.say(message, false);
     }
 
     fn started(&mut self, contexts: usize) {
-        self.bar = Some(crate::progress::bar(contexts as u64, "contexts"));
+        self.0.start(contexts, "contexts");
     }
 
     fn skipped(&mut self, ext_id: &str, reason: &str) {
-        self.say(&format!("skipping {ext_id}: {reason}"));
+        self.0.say(&format!("skipping {ext_id}: {reason}"), false);
         self.context_done(None);
     }
 
     fn context_done(&mut self, endings_per_second: Option<f64>) {
-        if let Some(bar) = &self.bar {
+        if let Some(bar) = self.0.bar() {
             bar.inc(1);
             if let Some(rate) = endings_per_second {
                 bar.set_message(format!("{rate:.1} endings/s"));
@@ -318,7 +301,7 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
     };
     let mut observer = Progress::default();
     let summary = generate::import(&mut store, &config, &mut observer)?;
-    observer.finish();
+    observer.0.clear();
     print_import_summary(&summary);
     Ok(())
 }
