@@ -115,14 +115,24 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// A reader that stops reading (`afkit status P | head -1`) ends afkit as it ends `cat`, by
-/// SIGPIPE: Rust ignores the signal, which turns the next print into a panic. Nothing is lost:
-/// every stage commits what it reports before it prints it.
+/// A reader that stops reading (`afkit status P | head -1`, `afkit export --help | grep -q ...`)
+/// ends afkit quietly with status 0, as it ends ripgrep: Rust's `println!` panics on a closed
+/// pipe, and SIGPIPE's default (death by signal) would fail such a pipeline under
+/// `set -o pipefail`. Nothing is lost: every stage commits what it reports before it prints it.
 fn end_quietly_on_a_closed_pipe() {
-    // SAFETY: called first in main, before any other thread exists; SIG_DFL is a valid handler.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
 }
 
 fn dispatch(command: Command) -> Result<()> {
