@@ -88,10 +88,6 @@ pub trait Observer {
     fn context_done(&mut self, _endings_per_second: Option<f64>) {}
 }
 
-/// An observer that does nothing.
-pub struct Silent;
-impl Observer for Silent {}
-
 /// The local model on `compute`'s device.
 fn load_local(path: &Path, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
     let sha = sha256_file(path)?;
