@@ -1,7 +1,8 @@
-//! The command line: one subcommand per pipeline stage, each delegating to its module.
+//! The command line: one subcommand per pipeline stage. Each command's file here (`cli/NAME.rs`)
+//! holds its flags, turns them into the stage's plain config, and prints what the stage returns;
+//! the stages themselves never see clap.
 //!
-//! The names and flags here are a stable interface for scripts; stage modules own their own
-//! argument structs so that a stage's options live next to the code that reads them.
+//! The names and flags are a stable interface for scripts.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,6 +23,7 @@ mod generate;
 mod ingest;
 mod models;
 mod report;
+mod status;
 mod tagger;
 
 #[derive(Parser)]
@@ -48,7 +50,7 @@ enum Command {
     /// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
     Ingest(ingest::Args),
     /// Show what the project holds, stage by stage.
-    Status(StatusArgs),
+    Status(status::StatusArgs),
     /// Train or evaluate afkit's part-of-speech tagger on CoNLL-U treebanks.
     #[command(subcommand)]
     Tagger(tagger::TaggerCommand),
@@ -86,15 +88,6 @@ enum Command {
 struct InitArgs {
     /// Path of the project file to create (conventionally *.sqlite).
     project: PathBuf,
-}
-
-#[derive(Args)]
-struct StatusArgs {
-    /// The project file.
-    project: PathBuf,
-    /// Print one JSON object (a stable interface for scripts) instead of the table.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Runs the command line and maps errors to an exit status: 1 for errors, 130 for Ctrl-C.
@@ -143,7 +136,7 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Ingest(args) => ingest::run(args),
-        Command::Status(args) => status(args),
+        Command::Status(args) => status::run(args),
         Command::Tagger(command) => tagger::run_tagger(command),
         Command::Models(command) => models::run_models(command),
         Command::Generate(args) => generate::run(args),
@@ -159,59 +152,4 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Score(args) => audit::run_score(args),
         Command::Aflite(args) => aflite::run(args),
     }
-}
-
-fn status(args: StatusArgs) -> Result<()> {
-    let store = Store::open(&args.project)?;
-    let s = store.status()?;
-    if args.json {
-        println!("{}", serde_json::to_string(&s)?);
-        return Ok(());
-    }
-    println!("project      {}", args.project.display());
-    println!("examples     {}", s.examples);
-    let dropped: i64 = s.dropped.values().sum();
-    println!("dropped      {dropped}");
-    for (reason, n) in &s.dropped {
-        println!("  {reason:<16} {n}");
-    }
-    println!(
-        "pools        {} contexts, {} candidate endings ({} short of the requested count)",
-        s.contexts_with_pool, s.candidates, s.pool_shortfalls
-    );
-    let waiting = s.contexts_without_pool - s.unusable_contexts;
-    if waiting > 0 && s.contexts_with_pool > 0 {
-        println!("  {waiting} contexts have no pool yet: run `afkit generate` again");
-    }
-    if s.unusable_contexts > 0 {
-        println!(
-            "  {} contexts are too long for the generating model and were skipped \
-             (`afkit generate` lists them)",
-            s.unusable_contexts
-        );
-    }
-    println!(
-        "filter       {} iterations{}",
-        s.af_iterations,
-        if s.af_finished {
-            ", final scores done"
-        } else {
-            ""
-        }
-    );
-    if s.af_stale_contexts > 0 && s.af_iterations > 0 {
-        println!(
-            "  {} contexts got a pool after the last AF run: its results are stale for them",
-            s.af_stale_contexts
-        );
-    }
-    if s.af_too_few_candidates > 0 && s.af_iterations > 0 {
-        println!(
-            "  {} contexts have fewer candidate endings than AF's k and were left out of it",
-            s.af_too_few_candidates
-        );
-    }
-    println!("annotation   {} labelled items", s.labelled_items);
-    println!("assembled    {} examples", s.assembled);
-    Ok(())
 }
