@@ -190,22 +190,39 @@ fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-#[test]
-fn stages_name_no_other_stage_and_base_modules_name_no_stage() {
+/// A source file of a module of the crate: its path as shown (`src/...`), module and text.
+struct ModuleFile {
+    shown: String,
+    module: String,
+    source: String,
+}
+
+/// Every `.rs` file under `src/` that belongs to a module (not `lib.rs` or `main.rs`), in path
+/// order.
+fn module_files() -> Vec<ModuleFile> {
     let src = src_dir();
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     files.sort();
-    let mut found = Vec::new();
-    for path in &files {
-        let relative = path.strip_prefix(&src).unwrap();
-        let Some(module) = module_of(relative) else {
-            continue;
-        };
-        let source = std::fs::read_to_string(path).unwrap();
-        let shown = format!("src/{}", relative.display());
-        found.extend(violations_in(&shown, &module, &source));
-    }
+    files
+        .iter()
+        .filter_map(|path| {
+            let relative = path.strip_prefix(&src).unwrap();
+            Some(ModuleFile {
+                shown: format!("src/{}", relative.display()),
+                module: module_of(relative)?,
+                source: std::fs::read_to_string(path).unwrap(),
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn stages_name_no_other_stage_and_base_modules_name_no_stage() {
+    let found: Vec<Violation> = module_files()
+        .iter()
+        .flat_map(|f| violations_in(&f.shown, &f.module, &f.source))
+        .collect();
     let report: Vec<String> = found.iter().map(ToString::to_string).collect();
     assert!(
         report.is_empty(),
@@ -240,21 +257,15 @@ fn flag_definitions(source: &str) -> Vec<usize> {
 
 #[test]
 fn flags_are_defined_in_the_cli_only() {
-    let src = src_dir();
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
-    let mut found = Vec::new();
-    for path in &files {
-        let relative = path.strip_prefix(&src).unwrap();
-        if module_of(relative).is_none_or(|m| layer(&m) == Layer::Cli) {
-            continue;
-        }
-        let source = std::fs::read_to_string(path).unwrap();
-        for line in flag_definitions(&source) {
-            found.push(format!("src/{}:{line}", relative.display()));
-        }
-    }
+    let found: Vec<String> = module_files()
+        .iter()
+        .filter(|f| layer(&f.module) != Layer::Cli)
+        .flat_map(|f| {
+            flag_definitions(&f.source)
+                .into_iter()
+                .map(move |line| format!("{}:{line}", f.shown))
+        })
+        .collect();
     assert!(
         found.is_empty(),
         "command-line flags belong in src/cli/ (stages take plain configs):\n{}",
