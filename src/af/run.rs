@@ -126,7 +126,8 @@ pub struct Summary {
     pub iterations: usize,
     /// Endings given a final cross-fitted score.
     pub scored: usize,
-    pub final_family: Family,
+    /// Every head's held-out accuracy in the final pass (whose family is the config's
+    /// `final_family()`).
     pub final_accuracy: HeadAccuracy,
 }
 
@@ -171,7 +172,6 @@ pub fn filter(
         run_id: run.id,
         iterations,
         scored,
-        final_family: config.final_family(),
         final_accuracy,
     }))
 }

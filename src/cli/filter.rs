@@ -131,7 +131,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
         println!(
             "final cross-fitted pass ({} folds, {}): {}",
             config.folds,
-            s.final_family.name(),
+            config.final_family().name(),
             accuracy_text(&s.final_accuracy)
         );
         println!(
