@@ -3,6 +3,7 @@
 //! One module per pipeline stage over the [`store`] module that owns the project's SQLite schema.
 //! See ARCHITECTURE.md for the data that flows between them.
 
+pub mod adapt;
 pub mod af;
 pub mod aflite;
 pub mod annotate;

@@ -8,8 +8,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The pipeline stages: one module each, none of which may name another.
-const STAGES: [&str; 8] = [
-    "af", "aflite", "annotate", "assemble", "audit", "export", "generate", "ingest",
+const STAGES: [&str; 9] = [
+    "adapt", "af", "aflite", "annotate", "assemble", "audit", "export", "generate", "ingest",
 ];
 
 /// The command line, above the stages: it may name anything.

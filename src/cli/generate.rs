@@ -57,6 +57,11 @@ pub struct GenerateArgs {
     /// (AF had nothing left to swap in). Then run `afkit filter` again.
     #[arg(long)]
     pub grow: Option<usize>,
+    /// Sample each context with the adapter of its fold (`afkit lm adapt`, same --model): the
+    /// model fine-tuned on the project's other groups, so it writes in the corpus's register
+    /// without having read the context's found ending.
+    #[arg(long)]
+    pub adapted: bool,
     /// With --grow: leave pools that already hold this many candidates as they are.
     #[arg(long, default_value_t = 512)]
     pub max_pool: usize,
@@ -195,6 +200,7 @@ impl GenerateArgs {
             template: PromptTemplate::load(&self.prompt)?,
             style_examples: self.style_examples,
             ending_rules: !self.no_ending_rules,
+            adapted: self.adapted,
             grow: self.grow.map(|per_context| Growth {
                 per_context,
                 max_pool: self.max_pool,

@@ -21,6 +21,7 @@ mod export;
 mod filter;
 mod generate;
 mod ingest;
+mod lm;
 mod models;
 mod report;
 mod status;
@@ -57,6 +58,9 @@ enum Command {
     /// Fetch the default models (SmolLM2 generator, MiniLM encoder) into the model cache.
     #[command(subcommand)]
     Models(models::ModelsCommand),
+    /// Adapt the generator to the project's corpus (`lm adapt`).
+    #[command(subcommand)]
+    Lm(lm::LmCommand),
     /// Sample counterfactual endings for every context and compute their LM features.
     Generate(generate::GenerateArgs),
     /// Import endings generated elsewhere and compute their LM features.
@@ -139,6 +143,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Status(args) => status::run(args),
         Command::Tagger(command) => tagger::run_tagger(command),
         Command::Models(command) => models::run_models(command),
+        Command::Lm(command) => lm::run_lm(command),
         Command::Generate(args) => generate::run(args),
         Command::ImportPool(args) => generate::import(args),
         Command::Filter(args) => filter::run(args),

@@ -10,6 +10,7 @@ use crate::store::examples::Example;
 use crate::store::Store;
 
 /// A pool to grow.
+#[derive(Clone)]
 pub struct StarvedContext {
     pub ex: Example,
     /// The pool's primer, shown again.
@@ -28,6 +29,21 @@ pub struct Growth {
 }
 
 impl Growth {
+    /// The same run's growth for only the contexts `keep` keeps.
+    pub fn only(&self, keep: impl Fn(&Example) -> bool) -> Growth {
+        Growth {
+            af_run_id: self.af_run_id,
+            contexts: self
+                .contexts
+                .iter()
+                .filter(|c| keep(&c.ex))
+                .cloned()
+                .collect(),
+            at_cap: self.at_cap,
+            already_grown: self.already_grown,
+        }
+    }
+
     pub fn nothing_to_do(&self) -> String {
         format!(
             "AF run {} left no pool to grow ({} starved pools are at --max-pool, {} were grown \

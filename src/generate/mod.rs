@@ -1,6 +1,7 @@
 //! The `generate` stage (`afkit generate`, `afkit import-pool`): per context, sample (or read)
 //! candidate endings, compute their LM features and store the pool in one transaction.
 
+mod adapters;
 mod grow;
 mod import;
 pub mod prompt;
@@ -16,6 +17,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::device::Compute;
+use crate::lm::adapt::Adapter;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
 use crate::lm::local::LocalLm;
 use crate::lm::model::LanguageModel;
@@ -24,10 +26,12 @@ use crate::lm::sampler::{
     EndingRule, EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams,
 };
 use crate::models::sha256_file;
+use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
 use crate::store::pool::{self, EndingLmFeatures, NewGeneration, NewPool};
 use crate::store::Store;
 use crate::text::rules::generated_ending_problem;
+use adapters::AdapterSet;
 use prompt::PromptTemplate;
 
 /// Everything a `generate` call does, resolved: plain data, recorded with the generation.
@@ -48,6 +52,8 @@ pub struct Config {
     pub ending_rules: bool,
     /// Grow starved pools instead of making new ones.
     pub grow: Option<Growth>,
+    /// Sample each context with its fold's adapter (`lm adapt`) instead of the model alone.
+    pub adapted: bool,
     pub sampling: SamplingParams,
 }
 
@@ -68,6 +74,9 @@ impl Config {
         if self.grow.is_some_and(|g| g.per_context == 0) {
             bail!("--grow must be at least 1");
         }
+        if self.adapted && self.server.is_some() {
+            bail!("--adapted samples with the local model; it cannot be combined with a server");
+        }
         if self.sampling.batch == 0 || self.sampling.max_draws_per_ending == 0 {
             bail!("--batch and --max-draws-per-ending must be at least 1");
         }
@@ -86,13 +95,6 @@ pub trait Observer {
     /// One more context done (its pool committed, or passed over); the endings per second so
     /// far, where the call measures them.
     fn context_done(&mut self, _endings_per_second: Option<f64>) {}
-}
-
-/// The local model on `compute`'s device.
-fn load_local(path: &Path, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
-    let sha = sha256_file(path)?;
-    let model = LanguageModel::load_on(path, compute)?;
-    Ok(LocalLm::new(model, params, Some(sha)))
 }
 
 /// A context's own sampling seed: the run's seed and the example id, hashed. Independent of the
@@ -212,21 +214,18 @@ pub fn run(
         observer.note(&todo.nothing_to_do());
         return Ok(Summary::default());
     }
-    observer.note(&format!("loading {}", config.model.display()));
-    let lm = load_local(&config.model, config.sampling.clone(), compute)?;
-    let remote = match &config.server {
-        None => None,
-        Some(server) => Some(OpenAiSampler::new(
-            server.clone(),
-            config.sampling.clone(),
-            &lm.model.tokenizer,
-        )?),
+    let adapters = config
+        .adapted
+        .then(|| AdapterSet::find(store, &config.model))
+        .transpose()?;
+    let parts: Vec<(Option<&AdapterRecord>, Todo)> = match &adapters {
+        None => vec![(None, todo)],
+        Some(set) => set
+            .records
+            .iter()
+            .map(|r| (Some(r), todo.only(|ex| set.fold_of(ex) == r.fold)))
+            .collect(),
     };
-    let sampler: &dyn EndingSampler = match &remote {
-        Some(remote) => remote,
-        None => &lm,
-    };
-    let generation_id = record_generation(store, config, sampler, &lm, &remote, observer)?;
     let style = (config.style_examples > 0)
         .then(|| style::StyleCorpus::load(store))
         .transpose()?;
@@ -235,24 +234,84 @@ pub fn run(
         style: style.as_ref(),
     };
     let mut summary = Summary::default();
-    observer.started(todo.len());
+    observer.started(parts.iter().map(|(_, todo)| todo.len()).sum());
     let started = Instant::now();
-    let per_call = sampler.contexts_per_call(config.grow.map_or(config.n_neg, |g| g.per_context));
-    for first in (0..todo.len()).step_by(per_call.max(1)) {
-        let chunk = todo.jobs(first..(first + per_call).min(todo.len()), &jobs, store)?;
-        let chunk = fitting(chunk, &lm, store, generation_id, &mut summary, observer)?;
-        if !chunk.is_empty() {
-            let mut stored = Stored {
-                store,
-                generation_id,
-                summary: &mut summary,
-                observer,
-            };
-            stored.sample_and_store(&chunk, sampler, &lm)?;
-        }
+    let mut generation_id = None;
+    for (adapter, todo) in parts.iter().filter(|(_, todo)| !todo.is_empty()) {
+        let lm = load_fold_model(store, config, compute, *adapter, observer)?;
+        let remote = match &config.server {
+            None => None,
+            Some(server) => Some(OpenAiSampler::new(
+                server.clone(),
+                config.sampling.clone(),
+                &lm.model.tokenizer,
+            )?),
+        };
+        let sampler: &dyn EndingSampler = match &remote {
+            Some(remote) => remote,
+            None => &lm,
+        };
+        let id = match generation_id {
+            Some(id) => id,
+            None => record_generation(store, config, sampler, &lm, &remote, &adapters, observer)?,
+        };
+        generation_id = Some(id);
+        let mut stored = Stored {
+            store,
+            generation_id: id,
+            summary: &mut summary,
+            observer,
+        };
+        stored.sample_all(todo, &jobs, sampler, &lm)?;
+        summary.finish(started, &lm, &remote);
     }
-    summary.finish(started, &lm, &remote);
     Ok(summary)
+}
+
+/// The local model on `compute`'s device.
+fn load_local(path: &Path, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
+    load_adapted(path, params, compute, None)
+}
+
+fn load_adapted(
+    path: &Path,
+    params: SamplingParams,
+    compute: &Compute,
+    adapter: Option<&Adapter>,
+) -> Result<LocalLm> {
+    let sha = sha256_file(path)?;
+    let model = LanguageModel::load_adapted(path, compute, adapter)?;
+    Ok(LocalLm::new(model, params, Some(sha)))
+}
+
+/// The local model, with the adapter of `fold` merged in (if any).
+fn load_fold_model(
+    store: &Store,
+    config: &Config,
+    compute: &Compute,
+    fold: Option<&AdapterRecord>,
+    observer: &mut dyn Observer,
+) -> Result<LocalLm> {
+    let model = config.model.display();
+    let adapter = match fold {
+        None => {
+            observer.note(&format!("loading {model}"));
+            None
+        }
+        Some(record) => {
+            observer.note(&format!(
+                "loading {model} with the adapter of fold {} of {}",
+                record.fold, record.folds
+            ));
+            Some(AdapterSet::load(store, record)?)
+        }
+    };
+    load_adapted(
+        &config.model,
+        config.sampling.clone(),
+        compute,
+        adapter.as_ref(),
+    )
 }
 
 /// The contexts a `generate` call works on.
@@ -288,6 +347,16 @@ impl Todo {
         }
     }
 
+    /// The same work for only the contexts `keep` keeps.
+    fn only(&self, keep: impl Fn(&Example) -> bool) -> Todo {
+        match self {
+            Todo::NewPools(examples) => {
+                Todo::NewPools(examples.iter().filter(|ex| keep(ex)).cloned().collect())
+            }
+            Todo::Growth(growth) => Todo::Growth(growth.only(keep)),
+        }
+    }
+
     fn nothing_to_do(&self) -> String {
         match self {
             Todo::NewPools(_) => "every context already has a pool; nothing to generate".into(),
@@ -303,6 +372,7 @@ fn record_generation(
     sampler: &dyn EndingSampler,
     lm: &LocalLm,
     remote: &Option<OpenAiSampler>,
+    adapters: &Option<AdapterSet>,
     observer: &mut dyn Observer,
 ) -> Result<i64> {
     let (backend, model_name, sha) = sampler.describe();
@@ -312,6 +382,9 @@ fn record_generation(
     params_json["ending_rules"] = config.ending_rules.into();
     if let Some(growth) = config.grow {
         params_json["grow"] = growth.per_context.into();
+    }
+    if let Some(set) = adapters {
+        params_json["adapters"] = set.record();
     }
     if let Some(remote) = remote {
         let (_, scorer, scorer_sha) = lm.describe();
@@ -456,6 +529,34 @@ struct Stored<'a> {
 }
 
 impl Stored<'_> {
+    /// Samples every context of `todo`, a chunk of contexts per sampler call.
+    fn sample_all(
+        &mut self,
+        todo: &Todo,
+        jobs: &Jobs,
+        sampler: &dyn EndingSampler,
+        lm: &LocalLm,
+    ) -> Result<()> {
+        let config = jobs.config;
+        let per_call =
+            sampler.contexts_per_call(config.grow.map_or(config.n_neg, |g| g.per_context));
+        for first in (0..todo.len()).step_by(per_call.max(1)) {
+            let chunk = todo.jobs(first..(first + per_call).min(todo.len()), jobs, self.store)?;
+            let chunk = fitting(
+                chunk,
+                lm,
+                self.store,
+                self.generation_id,
+                self.summary,
+                self.observer,
+            )?;
+            if !chunk.is_empty() {
+                self.sample_and_store(&chunk, sampler, lm)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Samples a chunk of contexts together, scores each context's endings and stores each
     /// context in its own transaction.
     fn sample_and_store(

@@ -28,6 +28,7 @@ use candle_nn::ops::{rms_norm, softmax_last_dim};
 use candle_nn::rotary_emb::rope_i;
 use rayon::prelude::*;
 
+use super::adapt::Adapter;
 use super::linear::Linear;
 use crate::device::Compute;
 use crate::simd::{axpy_lanes, dot_lanes};
@@ -61,7 +62,7 @@ impl LlamaConfig {
         2.0 * (self.n_layer * per_layer + self.d_model * self.vocab) as f64
     }
 
-    fn from_gguf(content: &Content) -> Result<Self> {
+    pub(super) fn from_gguf(content: &Content) -> Result<Self> {
         let arch = content
             .metadata
             .get("general.architecture")
@@ -229,9 +230,23 @@ impl RowCache {
     }
 }
 
+/// Cosines and sines of the rotary embedding (position × head_dim/2) on the CPU.
+pub(super) fn rotary_tables(cfg: &LlamaConfig) -> Result<(Tensor, Tensor)> {
+    let half = cfg.head_dim() / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim() as f32))
+        .collect();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), &Device::Cpu)?;
+    let positions = Tensor::arange(0u32, MAX_POSITIONS as u32, &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .reshape((MAX_POSITIONS, 1))?;
+    let angles = positions.matmul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}
+
 /// A weight dequantised to f32 on the CPU (the same values on every device), then moved to
 /// `device`.
-fn dequantised(
+pub(super) fn dequantised(
     content: &Content,
     file: &mut BufReader<File>,
     name: &str,
@@ -246,15 +261,24 @@ fn dequantised(
 impl Llama {
     /// Reads the weights of a llama-family GGUF file (`content` is its parsed header) onto
     /// `compute`'s device.
+    /// With an `adapter`, the matrices it changes are loaded with its update added.
     pub fn from_gguf(
         content: &Content,
         file: &mut BufReader<File>,
         path: &Path,
         compute: &Compute,
+        adapter: Option<&Adapter>,
     ) -> Result<Self> {
         let cfg = LlamaConfig::from_gguf(content)
             .with_context(|| format!("{} is not a usable llama model", path.display()))?;
-        let mut load = |name: &str| dequantised(content, file, name, &compute.device);
+        let mut load = |name: &str| -> Result<Tensor> {
+            let w = dequantised(content, file, name, &Device::Cpu)?;
+            let w = match adapter.map(|a| a.delta(name)).transpose()?.flatten() {
+                Some(delta) => (w + delta)?,
+                None => w,
+            };
+            Ok(w.to_device(&compute.device)?)
+        };
         let linear = |w: Tensor| Linear::new(w, compute.cpu_kernels);
         let embed = load("token_embd.weight")?;
         let head = if content.tensor_infos.contains_key("output.weight") {
@@ -288,16 +312,7 @@ impl Llama {
         blocks: Vec<Block>,
         final_norm: Tensor,
     ) -> Result<Self> {
-        let half = cfg.head_dim() / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim() as f32))
-            .collect();
-        let inv_freq = Tensor::from_vec(inv_freq, (1, half), &Device::Cpu)?;
-        let positions = Tensor::arange(0u32, MAX_POSITIONS as u32, &Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .reshape((MAX_POSITIONS, 1))?;
-        let angles = positions.matmul(&inv_freq)?;
-        let (cos, sin) = (angles.cos()?, angles.sin()?);
+        let (cos, sin) = rotary_tables(&cfg)?;
         Ok(Llama {
             cos_raw: cos.flatten_all()?.to_vec1()?,
             sin_raw: sin.flatten_all()?.to_vec1()?,

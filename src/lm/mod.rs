@@ -2,6 +2,7 @@
 //! tokenizer, token sampling and the LM features the AF perplexity MLP reads. It knows nothing of
 //! projects: the `generate` stage drives it.
 
+pub mod adapt;
 pub mod features;
 pub mod linear;
 pub mod llama;

@@ -12,6 +12,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
+use super::adapt::Adapter;
 use super::llama::{Llama, LlamaConfig, Prefix};
 use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
@@ -33,8 +34,13 @@ impl LanguageModel {
 
     /// Loads a llama-family GGUF file, dequantising its weights to f32, onto `compute`'s device.
     pub fn load_on(path: &Path, compute: &Compute) -> Result<Self> {
+        Self::load_adapted(path, compute, None)
+    }
+
+    /// Loads a GGUF file with an adapter's updates merged into its weights.
+    pub fn load_adapted(path: &Path, compute: &Compute, adapter: Option<&Adapter>) -> Result<Self> {
         let (content, tokenizer, mut reader) = read_header(path)?;
-        let llama = Llama::from_gguf(&content, &mut reader, path, compute)
+        let llama = Llama::from_gguf(&content, &mut reader, path, compute, adapter)
             .with_context(|| format!("cannot load the weights of {}", path.display()))?;
         if tokenizer.vocab_size() != llama.cfg.vocab {
             bail!(

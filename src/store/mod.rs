@@ -9,6 +9,7 @@
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy handler that
 //! polls for the write lock, so that several annotators (processes) can share one file.
 
+pub mod adapters;
 pub mod af;
 pub mod annotate;
 pub mod assemble;
@@ -33,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_2.sql"),
     include_str!("migration_3.sql"),
     include_str!("migration_4.sql"),
+    include_str!("migration_5.sql"),
 ];
 
 /// The schema version this build of afkit writes.

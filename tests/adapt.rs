@@ -1,0 +1,189 @@
+//! `afkit lm adapt` and `afkit generate --adapted` end to end on a tiny random model: folds by
+//! group, adapters recorded with their hashes, resumable after kill -9 and reproducible from the
+//! seed, and each context sampled by the adapter that never read its group.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use afkit::dataset::group_fold;
+use common::{arg, command, query_i64, run_ok, tiny_gguf};
+use rusqlite::Connection;
+
+/// A project of 40 examples in 20 groups, ingested from JSONL.
+fn project(dir: &Path) -> PathBuf {
+    let input = dir.join("in.jsonl");
+    let lines: Vec<String> = (0..40)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("v{}#{}", i / 2, i % 2),
+                "group": format!("v{}", i / 2),
+                "sent1": format!("A person number {i} walks into a large room."),
+                "sent2": "The person",
+                "ending": format!("sits down on chair number {i} and waits."),
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let p = dir.join("p.sqlite");
+    run_ok(command().arg("init").arg(&p));
+    run_ok(command().args(["ingest", arg(&p), "--format", "jsonl", arg(&input)]));
+    p
+}
+
+fn adapt(p: &Path, model: &Path) -> std::process::Command {
+    let mut cmd = command();
+    cmd.args(["lm", "adapt", arg(p), "--model", arg(model)]);
+    cmd.args([
+        "--layers",
+        "1",
+        "--rank",
+        "2",
+        "--seq-len",
+        "16",
+        "--epochs",
+        "3",
+    ]);
+    cmd.args(["--folds", "3", "--seed", "5"]);
+    cmd
+}
+
+/// (fold, sha256) of every recorded adapter.
+fn adapters(p: &Path) -> Vec<(i64, String)> {
+    let conn = Connection::open(p).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT fold, sha256 FROM adapters ORDER BY fold")
+        .unwrap();
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
+#[test]
+fn adapters_are_trained_per_fold_resume_after_kill_9_and_repeat_from_the_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 64, 2);
+    let a = dir.path().join("a");
+    std::fs::create_dir(&a).unwrap();
+    let p = project(&a);
+    // Kill the first run once it has recorded a fold (or at once, if it is that fast).
+    let mut child = adapt(&p, &model)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(10));
+        if query_i64(&p, "SELECT COUNT(*) FROM adapters") >= 1 {
+            break;
+        }
+    }
+    child.kill().ok(); // SIGKILL
+    child.wait().unwrap();
+    // Every recorded adapter's file is whole: it is written before it is recorded.
+    for (fold, sha) in adapters(&p) {
+        let path = a
+            .join("p.adapters")
+            .read_dir()
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|f| {
+                f.to_string_lossy()
+                    .ends_with(&format!("fold{fold}-of-3.safetensors"))
+            })
+            .unwrap();
+        assert_eq!(afkit::models::sha256_file(&path).unwrap(), sha);
+    }
+    let said = run_ok(&mut adapt(&p, &model));
+    assert!(said.contains("3 folds ready"), "{said}");
+    assert_eq!(adapters(&p).len(), 3);
+    // Same seed, uninterrupted, in a fresh project: the same adapters, bit for bit.
+    let b = dir.path().join("b");
+    std::fs::create_dir(&b).unwrap();
+    let q = project(&b);
+    run_ok(&mut adapt(&q, &model));
+    assert_eq!(adapters(&p), adapters(&q));
+    // A second run has nothing left to do.
+    let said = run_ok(&mut adapt(&q, &model));
+    assert!(said.contains("0 trained now"), "{said}");
+}
+
+#[test]
+fn generate_adapted_samples_each_context_with_its_folds_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 64, 2);
+    let p = project(dir.path());
+    let generate = |p: &Path, extra: &[&str]| {
+        let mut cmd = command();
+        cmd.args(["generate", arg(p), "--model", arg(&model), "--n-neg", "3"]);
+        cmd.args([
+            "--max-tokens",
+            "8",
+            "--seed",
+            "1",
+            "--no-ending-rules",
+            "--limit",
+            "30",
+        ]);
+        cmd.args(extra);
+        cmd
+    };
+    let said = command()
+        .args(["generate", arg(&p), "--model", arg(&model), "--adapted"])
+        .output()
+        .unwrap();
+    assert!(!said.status.success());
+    assert!(String::from_utf8_lossy(&said.stderr).contains("afkit lm adapt"));
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM generations"), 0);
+
+    run_ok(&mut adapt(&p, &model));
+    run_ok(&mut generate(&p, &["--adapted", "--style-examples", "0"]));
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 30);
+    let conn = Connection::open(&p).unwrap();
+    let params: String = conn
+        .query_row("SELECT params FROM generations", [], |r| r.get(0))
+        .unwrap();
+    let params: serde_json::Value = serde_json::from_str(&params).unwrap();
+    let recorded: Vec<String> = adapters(&p).into_iter().map(|(_, sha)| sha).collect();
+    assert_eq!(params["adapters"]["sha256"], serde_json::json!(recorded));
+
+    // The 30 contexts span every fold, and each context's pool is what the model with its own
+    // fold's adapter samples: a project whose adapters are swapped samples other endings.
+    let folds: std::collections::BTreeSet<usize> = (0..15)
+        .map(|v| group_fold(5, &format!("v{v}"), 3))
+        .collect();
+    assert_eq!(folds.len(), 3);
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let q = project(&plain);
+    run_ok(&mut generate(&q, &["--style-examples", "0"]));
+    let texts = |p: &Path| -> Vec<String> {
+        let conn = Connection::open(p).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT text FROM endings WHERE is_gold = 0 ORDER BY example_id, text")
+            .unwrap();
+        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    };
+    assert_ne!(texts(&p), texts(&q), "the adapters change what is sampled");
+
+    // A changed adapter file is refused rather than used.
+    let file = std::fs::read_dir(dir.path().join("p.adapters"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let out = generate(&p, &["--adapted", "--style-examples", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the adapter the project recorded"));
+}
