@@ -43,7 +43,7 @@ impl Config {
         if s.train.epochs == 0 || s.train.batch == 0 {
             bail!("--epochs and --batch must be at least 1");
         }
-        if !(s.train.learning_rate > 0.0) {
+        if s.train.learning_rate.is_nan() || s.train.learning_rate <= 0.0 {
             bail!("--learning-rate must be positive");
         }
         Ok(())

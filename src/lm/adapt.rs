@@ -13,8 +13,9 @@
 //! top layers and the output head cost, not the whole model.
 //!
 //! The weights are the GGUF file's, dequantised to f32 on the CPU, as [`super::llama`] loads
-//! them. The forward pass here is candle ops with gradients (`rms_norm_slow`, `rope_i_slow`,
-//! composed softmax), written for training rather than for decoding speed.
+//! them. The forward pass here is candle ops: while training, compositions that have gradients
+//! (`rms_norm_slow`, `rope_i_slow`, a composed softmax); where no gradient flows (the frozen
+//! layers, evaluation), candle's fused kernels.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,8 +23,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
-use candle_nn::ops::{log_softmax, rms_norm_slow};
-use candle_nn::rotary_emb::rope_i_slow;
+use candle_nn::ops::{log_softmax, rms_norm, rms_norm_slow, softmax_last_dim};
+use candle_nn::rotary_emb::{rope_i, rope_i_slow};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -34,6 +35,9 @@ use serde::{Deserialize, Serialize};
 use super::llama::{dequantised, rotary_tables, LlamaConfig};
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
+
+/// Sequences per matrix product in the frozen layers' single pass.
+const FROZEN_BATCH: usize = 8;
 
 /// The weight matrices of a block that LoRA adapts, by their GGUF names.
 const ADAPTED: [&str; 7] = [
@@ -279,17 +283,30 @@ impl AdaptModel {
     /// The frozen blocks' output for each sequence (all but its last token, which is only a
     /// target): the input of the first adapted block, computed once.
     pub fn frozen_states(&self, sequences: &[Vec<u32>]) -> Result<Vec<Tensor>> {
-        sequences
-            .iter()
-            .map(|seq| {
-                let ids = Tensor::new(&seq[..seq.len() - 1], &Device::Cpu)?;
-                let mut x = self.embed.index_select(&ids, 0)?.unsqueeze(0)?;
+        let mut states = Vec::with_capacity(sequences.len());
+        // Sequences of one length run together: bigger matrix products.
+        for chunk in sequences.chunk_by(|a, b| a.len() == b.len()) {
+            for batch in chunk.chunks(FROZEN_BATCH) {
+                let ids: Vec<u32> = batch
+                    .iter()
+                    .flat_map(|s| s[..s.len() - 1].to_vec())
+                    .collect();
+                let steps = batch[0].len() - 1;
+                let ids = Tensor::from_vec(ids, (batch.len() * steps,), &Device::Cpu)?;
+                let mut x = self.embed.index_select(&ids, 0)?.reshape((
+                    batch.len(),
+                    steps,
+                    self.cfg.d_model,
+                ))?;
                 for block in &self.blocks[..self.first_adapted()] {
-                    x = self.block(block, None, &x)?;
+                    x = self.block(block, None, &x, Pass::Infer)?;
                 }
-                Ok(x.detach())
-            })
-            .collect()
+                for row in 0..batch.len() {
+                    states.push(x.narrow(0, row, 1)?.contiguous()?.detach());
+                }
+            }
+        }
+        Ok(states)
     }
 
     /// Mean next-token loss of `sequences` (whose frozen states are `states`), with the
@@ -299,15 +316,17 @@ impl AdaptModel {
         sequences: &[&Vec<u32>],
         states: &[&Tensor],
         adapted: bool,
+        pass: Pass,
     ) -> Result<Tensor> {
         let mut x = Tensor::cat(states, 0)?;
         let first = self.first_adapted();
         for (i, block) in self.blocks[first..].iter().enumerate() {
-            x = self.block(block, adapted.then(|| &self.lora[i]), &x)?;
+            x = self.block(block, adapted.then(|| &self.lora[i]), &x, pass)?;
         }
         let (rows, steps, d) = x.dims3()?;
-        let x =
-            rms_norm_slow(&x, &self.final_norm, self.cfg.rms_eps)?.reshape((rows * steps, d))?;
+        let x = pass
+            .rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
+            .reshape((rows * steps, d))?;
         let logits = x.matmul(&self.head.t()?)?;
         let targets: Vec<u32> = sequences
             .iter()
@@ -325,6 +344,7 @@ impl AdaptModel {
         block: &FrozenBlock,
         lora: Option<&BTreeMap<&'static str, LoraPair>>,
         x: &Tensor,
+        pass: Pass,
     ) -> Result<Tensor> {
         let c = &self.cfg;
         let (rows, steps, d) = x.dims3()?;
@@ -342,7 +362,7 @@ impl AdaptModel {
             }
         };
         let flat = x.reshape((rows * steps, d))?;
-        let h = rms_norm_slow(&flat, &block.attn_norm, c.rms_eps)?;
+        let h = pass.rms_norm(&flat, &block.attn_norm, c.rms_eps)?;
         let heads = |t: Tensor, n: usize| -> Result<Tensor> {
             Ok(t.reshape((rows, steps, n, hd))?
                 .transpose(1, 2)?
@@ -350,8 +370,8 @@ impl AdaptModel {
         };
         let cos = self.cos.narrow(0, 0, steps)?;
         let sin = self.sin.narrow(0, 0, steps)?;
-        let q = rope_i_slow(&heads(linear("attn_q", &h)?, nh)?, &cos, &sin)?;
-        let k = rope_i_slow(&heads(linear("attn_k", &h)?, nkv)?, &cos, &sin)?;
+        let q = pass.rope(&heads(linear("attn_q", &h)?, nh)?, &cos, &sin)?;
+        let k = pass.rope(&heads(linear("attn_k", &h)?, nkv)?, &cos, &sin)?;
         let v = heads(linear("attn_v", &h)?, nkv)?;
         // Query heads of one key/value group are adjacent: (rows, kv_heads, group·steps, hd).
         let group = nh / nkv;
@@ -361,14 +381,15 @@ impl AdaptModel {
             .reshape((rows, nkv, group, steps, steps))?
             .broadcast_add(&causal_mask(steps)?)?
             .reshape((rows, nkv, group * steps, steps))?;
-        let attn = softmax(&scores)?
+        let attn = pass
+            .softmax(&scores)?
             .matmul(&v)?
             .reshape((rows, nh, steps, hd))?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((rows * steps, nh * hd))?;
         let flat = (flat + linear("attn_output", &attn)?)?;
-        let h = rms_norm_slow(&flat, &block.ffn_norm, c.rms_eps)?;
+        let h = pass.rms_norm(&flat, &block.ffn_norm, c.rms_eps)?;
         let act = (linear("ffn_gate", &h)?.silu()? * linear("ffn_up", &h)?)?;
         let out = (flat + linear("ffn_down", &act)?)?;
         Ok(out.reshape((rows, steps, d))?)
@@ -415,7 +436,7 @@ impl AdaptModel {
                 crate::interrupt::check()?;
                 let seqs: Vec<&Vec<u32>> = chunk.iter().map(|&i| sequences[i]).collect();
                 let st: Vec<&Tensor> = chunk.iter().map(|&i| states[i]).collect();
-                let loss = self.loss(&seqs, &st, true)?;
+                let loss = self.loss(&seqs, &st, true, Pass::Train)?;
                 optimizer.backward_step(&loss)?;
                 last_loss = loss.to_scalar::<f32>()?;
                 if step == 0 {
@@ -452,8 +473,12 @@ impl AdaptModel {
             let seqs: Vec<&Vec<u32>> = chunk.iter().map(|&i| &sequences[i]).collect();
             let st: Vec<&Tensor> = chunk.iter().map(|&i| &states[i]).collect();
             let n = chunk.len() as f64;
-            base += n * f64::from(self.loss(&seqs, &st, false)?.to_scalar::<f32>()?);
-            adapted += n * f64::from(self.loss(&seqs, &st, true)?.to_scalar::<f32>()?);
+            let loss = |adapted| -> Result<f64> {
+                let loss = self.loss(&seqs, &st, adapted, Pass::Infer)?;
+                Ok(f64::from(loss.to_scalar::<f32>()?))
+            };
+            base += n * loss(false)?;
+            adapted += n * loss(true)?;
             weight += n;
         }
         if weight == 0.0 {
@@ -517,11 +542,39 @@ fn causal_mask(steps: usize) -> Result<Tensor> {
     Ok(Tensor::from_vec(mask, (steps, steps), &Device::Cpu)?)
 }
 
-/// Softmax over the last dimension from differentiable ops (candle's fused one has no backward).
-fn softmax(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+/// Which ops a forward pass runs: compositions with gradients while training, candle's fused
+/// kernels (which have no backward pass) where no gradient flows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pass {
+    Train,
+    Infer,
+}
+
+impl Pass {
+    fn rms_norm(self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(match self {
+            Pass::Train => rms_norm_slow(x, weight, eps)?,
+            Pass::Infer => rms_norm(x, weight, eps)?,
+        })
+    }
+
+    fn rope(self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Pass::Train => rope_i_slow(x, cos, sin)?,
+            Pass::Infer => rope_i(x, cos, sin)?,
+        })
+    }
+
+    fn softmax(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Pass::Train => {
+                let max = x.max_keepdim(D::Minus1)?.detach();
+                let e = x.broadcast_sub(&max)?.exp()?;
+                Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+            }
+            Pass::Infer => Ok(softmax_last_dim(x)?),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -615,6 +668,12 @@ mod tests {
         let states = model.frozen_states(&seqs).unwrap();
         let (base, adapted) = model.evaluate(&seqs, &states, 1).unwrap();
         assert!((base - adapted).abs() < 1e-6);
+        // Training's differentiable ops compute what the fused kernels compute.
+        let loss = |pass| {
+            let l = model.loss(&[&seqs[0]], &[&states[0]], true, pass).unwrap();
+            l.to_scalar::<f32>().unwrap()
+        };
+        assert!((loss(Pass::Train) - loss(Pass::Infer)).abs() < 1e-4);
         let a0 = model.adapter().updates["blk.2.attn_q.weight"]
             .0
             .to_vec2::<f32>()
