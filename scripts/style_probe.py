@@ -11,11 +11,16 @@ contexts for the same precision.
 
     python3 scripts/style_probe.py PROJECT.sqlite OUT_DIR [--per-context 8] [--seed 0]
     afkit audit OUT_DIR --cv 5
+
+It also prints the register of the generated endings beside the found ones: words per ending,
+commas per ending, the share of endings with a word that no found ending of the project uses,
+and the share that start with "'s".
 """
 import argparse
 import csv
 import os
 import random
+import re
 import sqlite3
 
 HEADER = ["video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
@@ -53,6 +58,27 @@ def main():
                             *endings, label])
                 questions += 1
     print(f"{questions} questions from {len(examples)} contexts in {args.out}/train.csv")
+    print_register(con, [ex_id for ex_id, *_ in examples])
+
+
+def words(text):
+    return re.findall(r"[a-z]+", text.lower())
+
+
+def print_register(con, pooled):
+    found = [t for (t,) in con.execute("SELECT ending FROM examples")]
+    vocabulary = {w for t in found for w in words(t)}
+    marks = ",".join("?" * len(pooled))
+    generated = [t for (t,) in con.execute(
+        f"SELECT text FROM endings WHERE is_gold = 0 AND example_id IN ({marks})", pooled)]
+    print(f"{'endings':<10} {'count':>6} {'words':>6} {'commas':>7} {'new word':>9} {'starts s':>9}")
+    for name, texts in (("found", found), ("generated", generated)):
+        n = max(len(texts), 1)
+        print(f"{name:<10} {len(texts):>6} "
+              f"{sum(len(t.split()) for t in texts) / n:>6.1f} "
+              f"{sum(t.count(',') for t in texts) / n:>7.2f} "
+              f"{sum(any(w not in vocabulary for w in words(t)) for t in texts) / n:>9.1%} "
+              f"{sum(t.startswith(chr(39) + 's') for t in texts) / n:>9.1%}")
 
 
 if __name__ == "__main__":

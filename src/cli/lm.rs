@@ -50,7 +50,7 @@ pub struct AdaptArgs {
     #[arg(long, default_value_t = 8)]
     pub layers: usize,
     /// Passes over the training lines per fold.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     pub epochs: usize,
     #[arg(long, default_value_t = 1e-3)]
     pub learning_rate: f64,
