@@ -19,10 +19,11 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::dataset::{derive_seed, group_fold, startphrase};
 use crate::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, StepReport};
-use crate::models::sha256_file;
+use crate::models::{hex, sha256_file};
 use crate::store::adapters::AdapterRecord;
 use crate::store::Store;
 
@@ -182,7 +183,7 @@ fn train_fold(
         observer.step(r)
     })?;
     let (base, adapted) = model.evaluate(&sequences[fold], &states[fold], train.batch)?;
-    let tag = &sha256_hex(settings_json.as_bytes())[..12];
+    let tag = &hex(&Sha256::digest(settings_json.as_bytes()))[..12];
     let name = format!("{tag}-fold{fold}-of-{}.safetensors", settings.folds);
     let path = folder.join(&name);
     let partial = folder.join(format!("{name}.partial"));
@@ -204,12 +205,4 @@ fn train_fold(
         heldout_loss_adapted: adapted,
         seconds: report.seconds,
     })
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
