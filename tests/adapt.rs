@@ -1,4 +1,4 @@
-//! `afkit lm adapt` and `afkit generate --adapted` end to end on a tiny random model: folds by
+//! `afkit lm adapt` and adapted generation end to end on a tiny random model: folds by
 //! group, adapters recorded with their hashes, resumable after kill -9 and reproducible from the
 //! seed, and each context sampled by the adapter that never read its group.
 
@@ -140,7 +140,8 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM generations"), 0);
 
     run_ok(&mut adapt(&p, &model));
-    run_ok(&mut generate(&p, &["--adapted", "--style-examples", "0"]));
+    // A project that holds adapters samples with them by default.
+    run_ok(&mut generate(&p, &["--style-examples", "0"]));
     assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 30);
     let conn = Connection::open(&p).unwrap();
     let params: String = conn
@@ -181,9 +182,13 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     std::fs::write(&file, bytes).unwrap();
-    let out = generate(&p, &["--adapted", "--style-examples", "0"])
-        .output()
-        .unwrap();
+    let out = generate(&p, &["--style-examples", "0"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the adapter the project recorded"));
+    // Unless the model alone is asked for.
+    run_ok(&mut generate(
+        &p,
+        &["--style-examples", "0", "--no-adapters"],
+    ));
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM generations"), 2);
 }

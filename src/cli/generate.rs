@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use super::device::DeviceArgs;
 use crate::generate::prompt::PromptTemplate;
-use crate::generate::{self, Growth, ImportConfig, ImportSummary, Summary};
+use crate::generate::{self, AdapterUse, Growth, ImportConfig, ImportSummary, Summary};
 use crate::lm::openai::OpenAiConfig;
 use crate::lm::sampler::SamplingParams;
 use crate::models::generator_gguf;
@@ -57,11 +57,16 @@ pub struct GenerateArgs {
     /// (AF had nothing left to swap in). Then run `afkit filter` again.
     #[arg(long)]
     pub grow: Option<usize>,
-    /// Sample each context with the adapter of its fold (`afkit lm adapt`, same --model): the
-    /// model fine-tuned on the project's other groups, so it writes in the corpus's register
-    /// without having read the context's found ending.
-    #[arg(long)]
+    /// Require the project's adapters (`afkit lm adapt`, same --model) and fail without them.
+    /// By default a project that holds adapters for the model samples each context with its
+    /// fold's adapter (the model fine-tuned on the project's other groups, which writes in the
+    /// corpus's register without having read the context's found ending), and one without
+    /// them samples with the model alone.
+    #[arg(long, conflicts_with = "no_adapters")]
     pub adapted: bool,
+    /// Sample with the model alone even where the project holds adapters.
+    #[arg(long)]
+    pub no_adapters: bool,
     /// With --grow: leave pools that already hold this many candidates as they are.
     #[arg(long, default_value_t = 512)]
     pub max_pool: usize,
@@ -200,7 +205,11 @@ impl GenerateArgs {
             template: PromptTemplate::load(&self.prompt)?,
             style_examples: self.style_examples,
             ending_rules: !self.no_ending_rules,
-            adapted: self.adapted,
+            adapters: match (self.adapted, self.no_adapters) {
+                (true, _) => AdapterUse::Require,
+                (_, true) => AdapterUse::Off,
+                _ => AdapterUse::Auto,
+            },
             grow: self.grow.map(|per_context| Growth {
                 per_context,
                 max_pool: self.max_pool,

@@ -32,6 +32,7 @@ use crate::store::pool::{self, EndingLmFeatures, NewGeneration, NewPool};
 use crate::store::Store;
 use crate::text::rules::generated_ending_problem;
 use adapters::AdapterSet;
+pub use adapters::AdapterUse;
 use prompt::PromptTemplate;
 
 /// Everything a `generate` call does, resolved: plain data, recorded with the generation.
@@ -52,8 +53,8 @@ pub struct Config {
     pub ending_rules: bool,
     /// Grow starved pools instead of making new ones.
     pub grow: Option<Growth>,
-    /// Sample each context with its fold's adapter (`lm adapt`) instead of the model alone.
-    pub adapted: bool,
+    /// Whether each context is sampled with its fold's adapter (`lm adapt`).
+    pub adapters: AdapterUse,
     pub sampling: SamplingParams,
 }
 
@@ -74,7 +75,7 @@ impl Config {
         if self.grow.is_some_and(|g| g.per_context == 0) {
             bail!("--grow must be at least 1");
         }
-        if self.adapted && self.server.is_some() {
+        if self.adapters == AdapterUse::Require && self.server.is_some() {
             bail!("--adapted samples with the local model; it cannot be combined with a server");
         }
         if self.sampling.batch == 0 || self.sampling.max_draws_per_ending == 0 {
@@ -214,10 +215,7 @@ pub fn run(
         observer.note(&todo.nothing_to_do());
         return Ok(Summary::default());
     }
-    let adapters = config
-        .adapted
-        .then(|| AdapterSet::find(store, &config.model))
-        .transpose()?;
+    let adapters = adapters::choose(store, config, observer)?;
     let parts: Vec<(Option<&AdapterRecord>, Todo)> = match &adapters {
         None => vec![(None, todo)],
         Some(set) => set
