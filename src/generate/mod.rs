@@ -25,7 +25,7 @@ use crate::lm::sampler::{
 };
 use crate::models::sha256_file;
 use crate::store::examples::Example;
-use crate::store::pool::{self, EndingLmFeatures, NewGeneration, NewPool};
+use crate::store::pool::{EndingLmFeatures, NewGeneration, NewPool};
 use crate::store::Store;
 use crate::text::rules::generated_ending_problem;
 use prompt::PromptTemplate;
@@ -324,17 +324,14 @@ fn record_generation(
         params_json["scorer"] = scorer.into();
         params_json["scorer_sha256"] = scorer_sha.into();
     }
-    pool::find_or_insert_generation(
-        store.conn(),
-        &NewGeneration {
-            backend,
-            model: model_name,
-            model_sha256: sha,
-            prompt: config.template.name.clone(),
-            params_json: params_json.to_string(),
-            seed: config.seed,
-        },
-    )
+    store.find_or_insert_generation(&NewGeneration {
+        backend,
+        model: model_name,
+        model_sha256: sha,
+        prompt: config.template.name.clone(),
+        params_json: params_json.to_string(),
+        seed: config.seed,
+    })
 }
 
 /// What to sample for one context, and where its endings go.
@@ -501,12 +498,10 @@ impl Stored<'_> {
             );
             new.style_examples = job.prompt.style_examples.clone();
             new.draws = Some((sampled.draws, sampled.rejected.clone()));
-            let tx = self.store.transaction()?;
-            match job.grows_for_run {
-                None => pool::write_pool(&tx, &new)?,
-                Some(af_run_id) => pool::write_growth(&tx, &new, af_run_id)?,
-            };
-            tx.commit()?;
+            self.store.transaction(|store| match job.grows_for_run {
+                None => store.write_pool(&new),
+                Some(af_run_id) => store.write_growth(&new, af_run_id),
+            })?;
             self.summary
                 .add(job.request.n, &sampled, t1.elapsed().as_secs_f64());
             self.observer
