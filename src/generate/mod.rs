@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::device::Compute;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
@@ -24,6 +23,7 @@ use crate::lm::sampler::{
     EndingRule, EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams,
 };
 use crate::models::sha256_file;
+use crate::seed::Seed;
 use crate::store::examples::Example;
 use crate::store::pool::{EndingLmFeatures, NewGeneration, NewPool};
 use crate::store::Store;
@@ -95,19 +95,19 @@ fn load_local(path: &Path, params: SamplingParams, compute: &Compute) -> Result<
     Ok(LocalLm::new(model, params, Some(sha)))
 }
 
-/// A context's own sampling seed: the run's seed and the example id, hashed. Independent of the
-/// order contexts are processed in, so a resumed run gives what an uninterrupted one would.
-pub fn context_seed(seed: u64, ext_id: &str) -> u64 {
-    let mut h = Sha256::new();
-    h.update(seed.to_le_bytes());
-    h.update(ext_id.as_bytes());
-    u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+/// A context's own sampling seed, derived from the run's seed with the context's ext id as the
+/// key. Independent of the order contexts are processed in, so a resumed run gives what an
+/// uninterrupted one would.
+fn context_seed(seed: u64, ext_id: &str) -> u64 {
+    Seed::new(seed).derive(ext_id).value()
 }
 
 /// The seed of a context's style primer: apart from its sampling stream, so that the primer
 /// can change without changing how the context's rows are seeded.
 fn style_seed(seed: u64, ext_id: &str) -> u64 {
-    context_seed(seed, &format!("style\u{0}{ext_id}"))
+    Seed::new(seed)
+        .derive(&format!("style\u{0}{ext_id}"))
+        .value()
 }
 
 /// What the model reads for one context: the style primer, then the filled template.

@@ -4,12 +4,13 @@
 //! language model, AF or a terminal UI.
 
 use anyhow::Result;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use super::examples::{self, NewExample};
 use super::{now, Store};
+use crate::seed::Seed;
 
 /// The fixture writers, on a test's own connection to a project file (or a transaction on it):
 /// tests that build a project row by row also read it back with SQL of their own.
@@ -273,7 +274,7 @@ impl Store {
         negatives: usize,
         seed: u64,
     ) -> Result<i64> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut rng = Seed::new(seed).rng();
         let tx = self.begin(TransactionBehavior::Deferred)?;
         let fx = Fixtures::on(&tx);
         let generation = fx.insert_generation("synthetic", "synthetic", seed)?;
