@@ -125,21 +125,6 @@ pub fn startphrase(sent1: &str, sent2: &str) -> String {
     }
 }
 
-/// A seed for one sub-task derived from the recorded seed and the sub-task's identity
-/// (SplitMix64 over the parts), so that each shuffle is reproducible on its own.
-pub fn derive_seed(parts: &[u64]) -> u64 {
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    for &part in parts {
-        state ^= part;
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        state = z ^ (z >> 31);
-    }
-    state
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,12 +161,5 @@ mod tests {
     fn startphrase_joins_with_one_space() {
         assert_eq!(startphrase("A man waves.", "He"), "A man waves. He");
         assert_eq!(startphrase("A man waves.", ""), "A man waves.");
-    }
-
-    #[test]
-    fn derived_seeds_are_the_recorded_ones() {
-        // Exports record only the seed they were made with: a change here reshuffles them.
-        assert_eq!(derive_seed(&[3, 7, 0]), 0x1BE6_30B0_2AB0_44A6);
-        assert_eq!(derive_seed(&[0, 1, 1, 0x7261_6E64]), 0x3A18_4070_3016_8B13);
     }
 }

@@ -3,8 +3,6 @@
 
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 use crate::store::annotate::{self as db, NewTask, Policy, DEFAULT_POLICY, ENDINGS_PER_TASK};
 use crate::store::Store;
@@ -47,10 +45,7 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
         contexts.retain(|c| !c.negatives.is_empty());
         // The hand-out order: a seeded permutation of the new contexts, appended after earlier
         // tasks.
-        contexts.shuffle(&mut ChaCha8Rng::seed_from_u64(db::handout_seed(
-            policy.seed,
-            run_id,
-        )));
+        contexts.shuffle(&mut db::handout_rng(policy.seed, run_id));
         let first_index = store.count_round0_tasks()?;
         for (index, context) in (first_index..).zip(&contexts) {
             let seed = db::task_seed(policy.seed, context.example_id, 0);

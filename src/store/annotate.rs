@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{get_meta, now, set_meta, Store};
+use crate::seed::Seed;
 
 /// An annotator's judgement of one ending (SWAG Figure 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -356,33 +356,25 @@ impl Store {
 
 // ----- task seeds: recorded in `tasks.seed`, so a task's order can be reproduced -----
 
-/// The shuffle seed of one task, recorded in `tasks.seed`.
+/// The shuffle seed of one task, recorded in `tasks.seed`: derived from the annotation policy's
+/// seed with the context and the round as the key.
 pub fn task_seed(policy_seed: u64, example_id: i64, round: i64) -> u64 {
-    mix(policy_seed, example_id as u64, round as u64)
+    Seed::new(policy_seed)
+        .derive(&format!("task\u{0}{example_id}\u{0}{round}"))
+        .value()
 }
 
-/// The seed of the order in which a run's new contexts are handed out.
-pub fn handout_seed(policy_seed: u64, run_id: i64) -> u64 {
-    mix(policy_seed, run_id as u64, 0)
+/// The order in which a run's new contexts are handed out: from the annotation policy's seed,
+/// with the AF run as the key.
+pub fn handout_rng(policy_seed: u64, run_id: i64) -> ChaCha8Rng {
+    Seed::new(policy_seed)
+        .derive(&format!("handout\u{0}{run_id}"))
+        .rng()
 }
 
 /// Puts `endings` in the order a task with this seed shows them.
 pub fn shuffle_endings(endings: &mut [i64], seed: u64) {
-    endings.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-}
-
-/// SplitMix64 over three words: independent, well-spread seeds from (seed, id, round).
-fn mix(a: u64, b: u64, c: u64) -> u64 {
-    let mut x = a;
-    for word in [b, c] {
-        x = x
-            .wrapping_add(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add(word.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 31;
-    }
-    x
+    endings.shuffle(&mut Seed::new(seed).rng());
 }
 
 /// One ending as a task shows it.

@@ -9,6 +9,18 @@
 //! The schema is versioned with SQLite's `user_version` and upgraded by [`MIGRATIONS`] when a
 //! project is opened, so a project made by an older afkit keeps working.
 //!
+//! Seeds: the project records the seed of every stage's random choices (`generations.seed`,
+//! `af_runs.seed`, `tasks.seed` with the annotation policy's seed in `meta`, the `assemble`
+//! parameters in `meta`, `exports.seed`); [`crate::seed`] turns them into randomness. Builds
+//! before that module (the schema version is the same, 4, so the file does not tell them apart)
+//! drew some of it with other derivations: re-running these steps with the same seed now draws
+//! differently, while what is stored stays valid as it is: AF's model initialisation and batch
+//! order (a run's `af_scores` and assignments; an unfinished run resumed now continues with the
+//! new draws), the seeds and hand-out order of new annotation tasks (existing tasks keep their
+//! recorded seed and ending order), and an export's option order and random negatives. Generated
+//! endings, AF's splits, initial draws and folds, assemble's group split, AFLite and the audit
+//! draw exactly as before.
+//!
 //! Durability: WAL journal, `synchronous = NORMAL` (a committed transaction survives a process
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy handler that
 //! polls for the write lock, so that several annotators (processes) can share one file.
