@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
 
 const BIN: &str = env!("CARGO_BIN_EXE_afkit");
@@ -43,7 +42,9 @@ fn run(dir: &Path, bin: &str, processes: usize, items: usize, tmux: bool) -> Run
     let dir = run_dir.path();
     let db = dir.join(format!("bench{processes}.sqlite"));
     let mut store = Store::create(&db).unwrap();
-    synthetic_af_project(&mut store, processes * items + 200, 9, 1).unwrap();
+    store
+        .synthetic_af_project(processes * items + 200, 9, 1)
+        .unwrap();
     drop(store);
     let keys = dir.join("keys");
     std::fs::write(&keys, "lulugl 1b 3s Enter\n".repeat(items)).unwrap();

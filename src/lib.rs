@@ -24,6 +24,7 @@ pub mod lm;
 pub mod models;
 pub mod plot;
 pub mod progress;
+pub mod seed;
 pub mod simd;
 pub mod store;
 pub mod text;

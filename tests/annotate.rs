@@ -7,7 +7,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
 use common::tmux::Tmux;
 use common::{afkit, command, query_i64, BIN};
@@ -16,7 +15,7 @@ use rusqlite::Connection;
 fn project(dir: &Path, contexts: usize) -> PathBuf {
     let path = dir.join("p.sqlite");
     let mut store = Store::create(&path).unwrap();
-    synthetic_af_project(&mut store, contexts, 9, 11).unwrap();
+    store.synthetic_af_project(contexts, 9, 11).unwrap();
     path
 }
 

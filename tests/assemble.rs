@@ -6,7 +6,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use afkit::store::fixtures as fx;
+use afkit::store::fixtures::Fixtures;
 use common::{afkit, example_texts, ok, read, unverified_project, Ctx, Project};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -150,7 +150,9 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
         (c.cands[6], U, None),
         (c.cands[7], L, None),
     ];
-    fx::insert_submission(&p.conn, new_task, "ann2", false, &endings).unwrap();
+    Fixtures::on(&p.conn)
+        .insert_submission(new_task, "ann2", false, &endings)
+        .unwrap();
     let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-reannot"], 1);
     assert_eq!(
@@ -264,7 +266,9 @@ fn broken_submissions_are_ignored() {
     let t = p.task(&c, 0, &c.shown());
     let all_neither: Vec<(i64, &str, Option<&str>)> =
         c.shown().iter().map(|&e| (e, G, None)).collect();
-    fx::insert_submission(&p.conn, t, "flagger", true, &all_neither).unwrap();
+    Fixtures::on(&p.conn)
+        .insert_submission(t, "flagger", true, &all_neither)
+        .unwrap();
     p.label(
         t,
         &c,
@@ -274,7 +278,9 @@ fn broken_submissions_are_ignored() {
     );
     let only_broken = p.context("v2", 0, 10, 8);
     let t2 = p.task(&only_broken, 0, &only_broken.shown());
-    fx::insert_submission(&p.conn, t2, "flagger", true, &[]).unwrap();
+    Fixtures::on(&p.conn)
+        .insert_submission(t2, "flagger", true, &[])
+        .unwrap();
     let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-orig"], 1);
     assert_eq!(s["broken"], 1);

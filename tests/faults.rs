@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use afkit::store::examples::{insert_example, upsert_source, NewExample};
-use afkit::store::fixtures::synthetic_af_project;
+use afkit::store::examples::NewExample;
+use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 use common::tmux::Tmux;
 use common::{afkit, arg, command, fails, ok, query_i64, stderr, succeeded, tiny_gguf, BIN};
@@ -22,7 +22,7 @@ use serde_json::Value;
 fn af_project(dir: &Path, contexts: usize) -> PathBuf {
     let path = dir.join("af.sqlite");
     let mut store = Store::create(&path).unwrap();
-    synthetic_af_project(&mut store, contexts, 9, 11).unwrap();
+    store.synthetic_af_project(contexts, 9, 11).unwrap();
     path
 }
 
@@ -31,7 +31,9 @@ fn examples_project(dir: &Path, examples: &[(String, String, String, String)]) -
     let path = dir.join("ex.sqlite");
     Store::create(&path).unwrap();
     let conn = Connection::open(&path).unwrap();
-    let src = upsert_source(&conn, "test.jsonl", "jsonl", "test", "{}").unwrap();
+    let src = Fixtures::on(&conn)
+        .upsert_source("test.jsonl", "jsonl", "test", "{}")
+        .unwrap();
     for (id, sent1, sent2, ending) in examples {
         let ex = NewExample {
             ext_id: id.clone(),
@@ -41,7 +43,7 @@ fn examples_project(dir: &Path, examples: &[(String, String, String, String)]) -
             ending: ending.clone(),
             gold_source: None,
         };
-        insert_example(&conn, src, &ex).unwrap();
+        Fixtures::on(&conn).insert_example(src, &ex).unwrap();
     }
     path
 }

@@ -11,7 +11,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use afkit::store::af::{Family, HeadAccuracy};
-use afkit::store::examples::{insert_example, upsert_source, NewExample};
+use afkit::store::examples::NewExample;
+use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 use common::{command, run_ok};
 use proptest::prelude::*;
@@ -63,7 +64,9 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
     drop(Store::create(&path).unwrap());
     let mut conn = Connection::open(&path).unwrap();
     let tx = conn.transaction().unwrap();
-    let src = upsert_source(&tx, "synthetic", "jsonl", &format!("{spec:?}"), "{}").unwrap();
+    let src = Fixtures::on(&tx)
+        .upsert_source("synthetic", "jsonl", &format!("{spec:?}"), "{}")
+        .unwrap();
     tx.execute(
         "INSERT INTO generations(backend, model, prompt, params, seed, started_at)
          VALUES ('import', 'synthetic', 'none', '{}', 0, '2026-01-01T00:00:00Z')",
@@ -90,7 +93,7 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
             ending: gold.clone(),
             gold_source: None,
         };
-        assert!(insert_example(&tx, src, &ex).unwrap());
+        assert!(Fixtures::on(&tx).insert_example(src, &ex).unwrap());
         let example_id: i64 = tx
             .query_row(
                 "SELECT id FROM examples WHERE ext_id = ?1",

@@ -14,7 +14,8 @@ use afkit::lm::model::LanguageModel;
 use afkit::lm::sampler::{acceptable_ending, SampledEnding};
 use afkit::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
 use afkit::models::DefaultModel;
-use afkit::store::examples::{insert_example, upsert_source, NewExample};
+use afkit::store::examples::NewExample;
+use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 use common::{command, query_i64, run_ok, tiny_gguf};
 use serde_json::Value;
@@ -29,7 +30,9 @@ fn project(dir: &Path, examples: &[(String, String, String, String)]) -> PathBuf
     let path = dir.join("p.sqlite");
     Store::create(&path).unwrap();
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let src = upsert_source(&conn, "test.jsonl", "jsonl", "test", "{}").unwrap();
+    let src = Fixtures::on(&conn)
+        .upsert_source("test.jsonl", "jsonl", "test", "{}")
+        .unwrap();
     for (id, sent1, sent2, ending) in examples {
         let ex = NewExample {
             ext_id: id.clone(),
@@ -39,7 +42,7 @@ fn project(dir: &Path, examples: &[(String, String, String, String)]) -> PathBuf
             ending: ending.clone(),
             gold_source: None,
         };
-        insert_example(&conn, src, &ex).unwrap();
+        Fixtures::on(&conn).insert_example(src, &ex).unwrap();
     }
     path
 }

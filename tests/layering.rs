@@ -273,6 +273,47 @@ fn flags_are_defined_in_the_cli_only() {
     );
 }
 
+/// The module that owns the project file: the only one that may hold its SQLite connection.
+const STORE: &str = "store";
+
+/// Where a file reaches the project's database past the store's typed operations: SQLite's
+/// crate or the store's raw connection. Every table has one owner, so a query outside `store`
+/// is a second place where a schema change must be made.
+fn raw_database_uses(source: &str) -> Vec<usize> {
+    source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .filter(|(_, line)| line.contains("rusqlite") || line.contains(".conn()"))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn only_the_store_touches_the_database() {
+    let found: Vec<String> = module_files()
+        .iter()
+        .filter(|f| f.module != STORE)
+        .flat_map(|f| {
+            raw_database_uses(&f.source)
+                .into_iter()
+                .map(move |line| format!("{}:{line}", f.shown))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "SQL belongs in src/store/ (stages call the store's methods):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn raw_database_uses_are_found_but_comments_are_not() {
+    let source = "use rusqlite::Connection;\nlet n = store.conn().execute(sql)?;\n\
+                  // no rusqlite:: here\nstore.connect()?;\n";
+    assert_eq!(raw_database_uses(source), vec![1, 2]);
+}
+
 #[test]
 fn flag_definitions_are_found_but_value_enums_and_comments_are_not() {
     let source = "#[derive(clap::Args)]\nstruct A {\n    #[arg(long)]\n    x: u8,\n}\n\

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use afkit::lm::model::LanguageModel;
-use afkit::store::examples::{insert_example, upsert_source, NewExample};
+use afkit::store::examples::NewExample;
+use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 use common::{command, query_i64, succeeded, tiny_gguf};
 use serde_json::{json, Value};
@@ -181,7 +182,9 @@ fn project(dir: &Path, n: usize) -> PathBuf {
     let path = dir.join("p.sqlite");
     Store::create(&path).unwrap();
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let src = upsert_source(&conn, "test.jsonl", "jsonl", "test", "{}").unwrap();
+    let src = Fixtures::on(&conn)
+        .upsert_source("test.jsonl", "jsonl", "test", "{}")
+        .unwrap();
     for i in 0..n {
         let ex = NewExample {
             ext_id: format!("ex{i}"),
@@ -191,7 +194,7 @@ fn project(dir: &Path, n: usize) -> PathBuf {
             ending: "slowly walks to the sink and washes a cup.".into(),
             gold_source: None,
         };
-        insert_example(&conn, src, &ex).unwrap();
+        Fixtures::on(&conn).insert_example(src, &ex).unwrap();
     }
     path
 }

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use afkit::annotate::tasks::{ensure_tasks, PolicyRequest};
-use afkit::store::fixtures::synthetic_af_project;
 use afkit::store::Store;
 
 /// A project with 12 contexts of 9 negatives each and its tasks (item ids 1 to 12).
@@ -17,20 +16,19 @@ fn project() -> &'static Path {
         let dir = tempfile::tempdir().expect("a scratch directory");
         let path = dir.keep().join("project.sqlite");
         let mut store = Store::create(&path).expect("a new project");
-        synthetic_af_project(&mut store, 12, 9, 1).expect("a synthetic AF run");
+        store.synthetic_af_project(12, 9, 1).expect("a synthetic AF run");
         ensure_tasks(&mut store, PolicyRequest::default()).expect("annotation tasks");
         path
     })
 }
 
 thread_local! {
-    static CONN: rusqlite::Connection =
-        rusqlite::Connection::open(project()).expect("the project opens");
+    static STORE: Store = Store::open(project()).expect("the project opens");
 }
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let name = Path::new("results.csv");
-    CONN.with(|conn| {
-        let _ = afkit::annotate::crowd::check_results(conn, name, data);
+    STORE.with(|store| {
+        let _ = afkit::annotate::crowd::check_results(store, name, data);
     });
 });

@@ -16,14 +16,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::dataset::{derive_seed, group_fold, startphrase};
+use crate::dataset::{group_fold, startphrase};
 use crate::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, StepReport};
 use crate::models::{hex, sha256_file};
+use crate::seed::Seed;
 use crate::store::adapters::AdapterRecord;
 use crate::store::Store;
 
@@ -145,7 +144,7 @@ fn fold_lines(store: &Store, s: &AdapterSettings) -> Result<Vec<Vec<String>>> {
             s.folds
         );
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(&[s.train.seed, 1]));
+    let mut rng = Seed::new(s.train.seed).derive("adapt\u{0}line order").rng();
     for fold in &mut lines {
         fold.shuffle(&mut rng);
     }
@@ -175,9 +174,10 @@ fn train_fold(
         .filter(|&k| k != fold)
         .flat_map(|k| &states[k])
         .collect();
-    model.fresh_adapter(derive_seed(&[settings.train.seed, 2, fold as u64]))?;
+    let seed = Seed::new(settings.train.seed);
+    model.fresh_adapter(seed.derive(&format!("adapt\u{0}init\u{0}{fold}")).value())?;
     let mut train = settings.train;
-    train.seed = derive_seed(&[settings.train.seed, 3, fold as u64]);
+    train.seed = seed.derive(&format!("adapt\u{0}order\u{0}{fold}")).value();
     observer.fold_started(fold, train.epochs * train_seqs.len().div_ceil(train.batch));
     let report = model.train(&train_seqs, &train_states, &train, &mut |r| {
         observer.step(r)

@@ -13,16 +13,11 @@
 //! would leave a context's easy negatives in place whenever its gold is hard to beat.
 
 use rand::seq::{IndexedRandom, SliceRandom};
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-/// The RNG of one step of a run, derived from (seed, stream) so that any iteration can be re-run
-/// on its own and a resumed run draws exactly what an uninterrupted one would.
-pub fn stream_rng(seed: u64, stream: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(stream);
-    rng
-}
+// Each step of a run draws from its own stream of the run's seed (`Seed::stream`), so that any
+// iteration can be re-run on its own and a resumed run draws exactly what an uninterrupted one
+// would.
 
 /// Stream of the initial assignment; iteration `i` uses stream `i + 1`.
 pub const INITIAL_STREAM: u64 = 0;
@@ -132,6 +127,7 @@ impl Convergence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seed::Seed;
     use proptest::prelude::*;
 
     fn scores() -> impl Strategy<Value = f32> {
@@ -178,7 +174,7 @@ mod tests {
 
         #[test]
         fn split_is_a_partition_with_a_fifth_held_out(n in 1usize..200, seed in 0u64..1000) {
-            let (train, test) = split_80_20(n, &mut stream_rng(seed, 1));
+            let (train, test) = split_80_20(n, &mut Seed::new(seed).stream(1));
             let mut all: Vec<usize> = train.iter().chain(&test).copied().collect();
             all.sort_unstable();
             prop_assert_eq!(all, (0..n).collect::<Vec<_>>());
@@ -192,13 +188,13 @@ mod tests {
         ) {
             prop_assume!(pool_size >= k);
             let pool: Vec<i64> = (0..pool_size as i64).map(|i| i * 7 + 3).collect();
-            let draw = initial_draw(&pool, k, &mut stream_rng(seed, INITIAL_STREAM));
+            let draw = initial_draw(&pool, k, &mut Seed::new(seed).stream(INITIAL_STREAM));
             let mut distinct = draw.clone();
             distinct.sort_unstable();
             distinct.dedup();
             prop_assert_eq!(distinct.len(), k);
             prop_assert!(draw.iter().all(|e| pool.contains(e)));
-            prop_assert_eq!(draw, initial_draw(&pool, k, &mut stream_rng(seed, INITIAL_STREAM)));
+            prop_assert_eq!(draw, initial_draw(&pool, k, &mut Seed::new(seed).stream(INITIAL_STREAM)));
         }
     }
 
@@ -227,7 +223,7 @@ mod tests {
 
     #[test]
     fn folds_are_balanced() {
-        let f = folds(23, 5, &mut stream_rng(1, FINAL_STREAM));
+        let f = folds(23, 5, &mut Seed::new(1).stream(FINAL_STREAM));
         for fold in 0..5 {
             let size = f.iter().filter(|&&x| x == fold).count();
             assert!(size == 4 || size == 5);

@@ -19,11 +19,12 @@ use rand::RngCore;
 use serde::Serialize;
 
 use super::algorithm::{
-    choose_swaps, folds, initial_draw, iteration_stream, solved, split_80_20, stream_rng,
-    Convergence, FINAL_STREAM, INITIAL_STREAM,
+    choose_swaps, folds, initial_draw, iteration_stream, solved, split_80_20, Convergence,
+    FINAL_STREAM, INITIAL_STREAM,
 };
 use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
+use crate::seed::Seed;
 use crate::store::af::{AfRun, Assignment, Family, HeadAccuracy, IterationRecord, Swap};
 use crate::store::Store;
 
@@ -318,7 +319,7 @@ fn resolve_run(
         }
     }
     let config = &params.config;
-    let mut rng = stream_rng(config.seed, INITIAL_STREAM);
+    let mut rng = Seed::new(config.seed).stream(INITIAL_STREAM);
     let initial: Assignment = data
         .contexts
         .iter()
@@ -405,7 +406,7 @@ pub fn run_iteration(
     config: &Config,
 ) -> Result<(IterationRecord, Vec<Swap>, f64)> {
     let started = Instant::now();
-    let mut rng = stream_rng(config.seed, iteration_stream(iteration));
+    let mut rng = Seed::new(config.seed).stream(iteration_stream(iteration));
     let (train_ids, test_ids) = split_80_20(data.contexts.len(), &mut rng);
     let model_seed = rng.next_u64();
     let choices: Vec<Choice> = train_ids
@@ -577,7 +578,7 @@ fn final_pass(
     observer: &mut dyn Observer,
 ) -> Result<(Vec<usize>, Vec<(i64, f32)>, HeadAccuracy)> {
     let family = config.final_family();
-    let mut rng = stream_rng(config.seed, FINAL_STREAM);
+    let mut rng = Seed::new(config.seed).stream(FINAL_STREAM);
     let fold_of = folds(data.contexts.len(), config.folds, &mut rng);
     let mut scores = Vec::new();
     let mut held_out_all = Vec::new();

@@ -14,7 +14,7 @@ use candle_nn::init::{FanInOut, NormalOrUniform};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{AdamW, Init, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
@@ -22,6 +22,7 @@ use serde::Serialize;
 use super::data::{Dataset, EncodedEnding};
 use super::model::{make_batch, Inputs, ModelConfig, StylisticModel, DTYPE};
 use crate::device::Compute;
+use crate::seed::Seed;
 use crate::store::af::Family;
 
 /// Optimisation settings of one training run.
@@ -123,7 +124,7 @@ pub fn train(
         Family::Ensemble => cfg.ensemble_epochs,
     };
     let text = (family == Family::Ensemble).then_some(inputs);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x05ee_d0fb_a7c4);
+    let mut rng = Seed::new(seed).derive("batch order").rng();
     let mut order: Vec<usize> = (0..choices.len()).collect();
     for _ in 0..epochs {
         order.shuffle(&mut rng);
@@ -235,8 +236,9 @@ fn clip_global_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Resul
     Ok(norm)
 }
 
-/// A variable store whose initial values come from the run's seed: each variable from its own
-/// ChaCha stream keyed by (seed, variable name), with the distributions candle-nn asks for.
+/// A variable store whose initial values come from the model's seed: each variable from a seed
+/// of its own, derived with the variable's name as the key, with the distributions candle-nn
+/// asks for.
 struct SeededInit {
     varmap: VarMap,
     seed: u64,
@@ -244,7 +246,9 @@ struct SeededInit {
 
 impl SeededInit {
     fn sample(&self, shape: &Shape, init: Init, name: &str, device: &Device) -> Result<Tensor> {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ fnv1a(name));
+        let mut rng = Seed::new(self.seed)
+            .derive(&format!("init\u{0}{name}"))
+            .rng();
         let n = shape.elem_count();
         let uniform = |rng: &mut ChaCha8Rng, lo: f64, hi: f64| -> Vec<f32> {
             (0..n).map(|_| rng.random_range(lo..hi) as f32).collect()
@@ -282,13 +286,6 @@ impl SeededInit {
         };
         Tensor::from_vec(values, shape.clone(), device)
     }
-}
-
-/// FNV-1a, a hash that is stable across Rust versions (unlike `DefaultHasher`).
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 impl SimpleBackend for SeededInit {
@@ -330,7 +327,7 @@ mod tests {
 
     /// Contexts of a gold ending and three negatives with random words, tags and LM features.
     fn synthetic_dataset(contexts: usize) -> Dataset {
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut rng = Seed::new(3).rng();
         let mut ending = |id: i64| {
             let len = rng.random_range(3..14);
             EncodedEnding {

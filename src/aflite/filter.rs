@@ -10,12 +10,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rand::seq::index::sample;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use super::features::Matrix;
 use super::logreg::{FitOptions, LogReg};
+use crate::seed::Seed;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -146,7 +147,7 @@ impl Observer for Silent {}
 /// A random rank per example, drawn once from the seed, that orders examples with equal p̃
 /// (scores are fractions of m predictions, so ties are common) without favouring input order.
 pub fn tiebreak_ranks(n: usize, seed: u64) -> Vec<u32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rng = Seed::new(seed).rng();
     let perm = sample(&mut rng, n, n).into_vec();
     let mut rank = vec![0u32; n];
     for (r, i) in perm.into_iter().enumerate() {
@@ -154,6 +155,9 @@ pub fn tiebreak_ranks(n: usize, seed: u64) -> Vec<u32> {
     }
     rank
 }
+
+/// The stream of the draws made round by round (stream 0 gives the tie-break ranks).
+const ROUNDS_STREAM: u64 = 1;
 
 /// Runs AFLite on `features` (one row per example) with class ids `labels`.
 pub fn run(
@@ -168,8 +172,7 @@ pub fn run(
     let k = params.effective_slice();
     // One stream for the tie-break ranks, one for everything drawn round by round.
     let tiebreak = tiebreak_ranks(total, params.seed);
-    let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
-    rng.set_stream(1);
+    let mut rng = Seed::new(params.seed).stream(ROUNDS_STREAM);
 
     let mut s: Vec<usize> = (0..total).collect();
     let mut removed_round = vec![None; total];
@@ -376,7 +379,7 @@ mod tests {
         let scores = vec![Some(0.9), Some(1.0), Some(0.9), Some(0.8)];
         let s = vec![0, 1, 2, 3];
         let tiebreak = vec![3, 0, 1, 2];
-        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let mut rng = Seed::new(0).rng();
         let chosen = choose(
             &[0, 1, 2, 3],
             &scores,
@@ -394,7 +397,7 @@ mod tests {
     fn gumbel_sampling_follows_the_scores() {
         // Two candidates, p̃ = 0.9 and 0.1 (of the sum 1.0): one draw picks the first ~90%.
         let scores = vec![Some(0.9), Some(0.1)];
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut rng = Seed::new(5).rng();
         let draws = 4000;
         let first = (0..draws)
             .filter(|_| {

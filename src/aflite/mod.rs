@@ -17,10 +17,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rand::seq::index::sample;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
+use crate::seed::Seed;
 use data::Dataset;
 use features::Matrix;
 use filter::{Observer, Params, Round, Variant};
@@ -323,6 +322,10 @@ fn base_features(config: &Config, dataset: &Dataset) -> Result<(Matrix, serde_js
     }
 }
 
+/// The stream of the warm-up's held-out split: apart from the filter's streams (0 and 1), so
+/// the warm-up does not shift the filter's draws.
+const WARMUP_SPLIT_STREAM: u64 = 2;
+
 /// Splits off the warm-up part, trains the MLP on it and returns (held-out rows, remaining
 /// rows, Φ of the remaining rows, a summary).
 fn run_warmup(
@@ -335,9 +338,7 @@ fn run_warmup(
 ) -> Result<(Vec<usize>, Vec<usize>, Matrix, serde_json::Value)> {
     let n = labels.len();
     let held_count = ((warmup.fraction * n as f64).round() as usize).clamp(1, n - 1);
-    // A stream of its own, so the warm-up split does not shift the filter's draws.
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(2);
+    let mut rng = Seed::new(seed).stream(WARMUP_SPLIT_STREAM);
     let mut held = sample(&mut rng, n, held_count).into_vec();
     held.sort_unstable();
     let mut is_held = vec![false; n];

@@ -7,10 +7,11 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{loss, AdamW, Linear, Module, Optimizer, ParamsAdamW};
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::features::Matrix;
+use crate::seed::Seed;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WarmupOptions {
@@ -34,7 +35,7 @@ impl Warmup {
     /// Trains the MLP on `x` with class ids `y` (`classes` of them).
     pub fn train(x: &Matrix, y: &[u32], classes: usize, opts: &WarmupOptions) -> Result<Warmup> {
         let device = Device::Cpu;
-        let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+        let mut rng = Seed::new(opts.seed).rng();
         let (w1, b1) = init_linear(x.cols, opts.hidden, &mut rng)?;
         let (w2, b2) = init_linear(opts.hidden, classes, &mut rng)?;
         let hidden = Linear::new(w1.as_tensor().clone(), Some(b1.as_tensor().clone()));
@@ -116,7 +117,7 @@ mod tests {
     #[test]
     fn learns_xor_and_is_deterministic() {
         // XOR is not linearly separable: the hidden layer must do the work.
-        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut rng = Seed::new(1).rng();
         let mut data = Vec::new();
         let mut y = Vec::new();
         for _ in 0..400 {

@@ -6,12 +6,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use rusqlite::Connection;
 
 use crate::csv_lines::RecordLines;
-use crate::store::annotate::{
-    self as db, Judgement, NewSubmission, Origin, TaskView, ENDINGS_PER_TASK,
-};
+use crate::store::annotate::{Judgement, NewSubmission, Origin, TaskView, ENDINGS_PER_TASK};
 use crate::store::Store;
 
 use super::verdict;
@@ -30,7 +27,7 @@ pub struct Exported {
 /// Writes every open item that still needs annotators (all open items with `all`) to `out`,
 /// atomically (a temporary file renamed into place).
 pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
-    let tasks = db::open_tasks(store.conn(), !all)?;
+    let tasks = store.open_tasks(!all)?;
     let dir = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -44,7 +41,7 @@ pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
         header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
         w.write_record(&header)?;
         for task in &tasks {
-            let done = db::submission_count(store.conn(), task.task_id)?;
+            let done = store.submission_count(task.task_id)?;
             let mut texts = vec![task.startphrase(), task.sent1.clone(), task.sent2.clone()];
             texts.extend((0..ENDINGS_PER_TASK).map(|i| {
                 task.endings
@@ -189,22 +186,23 @@ pub struct ImportOutcome {
 /// the first's submissions and reports its rows as duplicates.
 pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<ImportOutcome> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let tx = store.write_transaction()?;
-    let checked = check_results(&tx, file, &bytes)?;
-    let mut outcome = ImportOutcome {
-        imported: 0,
-        rejected: checked.rejected,
-        mturk_layout: checked.mturk_layout,
-    };
-    if strict && !outcome.rejected.is_empty() {
-        return Ok(outcome);
-    }
-    for sub in &checked.valid {
-        db::insert_submission(&tx, sub)?;
-    }
-    tx.commit()?;
-    outcome.imported = checked.valid.len();
-    Ok(outcome)
+    store.write_transaction(|store| {
+        let checked = check_results(store, file, &bytes)?;
+        let mut outcome = ImportOutcome {
+            imported: 0,
+            rejected: checked.rejected,
+            mturk_layout: checked.mturk_layout,
+        };
+        // With `strict` and a rejected row nothing is written: the transaction commits empty.
+        if strict && !outcome.rejected.is_empty() {
+            return Ok(outcome);
+        }
+        for sub in &checked.valid {
+            store.insert_submission(sub)?;
+        }
+        outcome.imported = checked.valid.len();
+        Ok(outcome)
+    })
 }
 
 /// The rows of a results file, validated against the project; nothing written yet.
@@ -218,7 +216,7 @@ pub struct CheckedResults {
 /// every row against the project's tasks and submissions: known open item, complete and valid
 /// labels, one submission per worker and item, no more submissions than the item's replicas.
 /// Writes nothing.
-pub fn check_results(conn: &Connection, file: &Path, bytes: &[u8]) -> Result<CheckedResults> {
+pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<CheckedResults> {
     let mut lines = RecordLines::new(bytes);
     let mut reader = csv::ReaderBuilder::new().flexible(false).from_reader(bytes);
     let header = reader
@@ -247,7 +245,7 @@ pub fn check_results(conn: &Connection, file: &Path, bytes: &[u8]) -> Result<Che
         }
     }
     let mut rows = RowChecks {
-        conn,
+        store,
         columns: &columns,
         tasks: HashMap::new(),
         first_line: HashMap::new(),
@@ -272,7 +270,7 @@ pub fn check_results(conn: &Connection, file: &Path, bytes: &[u8]) -> Result<Che
 
 /// The state of a check over a file's rows.
 struct RowChecks<'a> {
-    conn: &'a Connection,
+    store: &'a Store,
     columns: &'a Columns,
     tasks: HashMap<i64, Option<TaskView>>,
     /// Line of the first valid row of each (worker, item).
@@ -285,7 +283,7 @@ struct RowChecks<'a> {
 
 impl RowChecks<'_> {
     fn check(&mut self, row: &csv::StringRecord, line: u64) -> Result<()> {
-        let sub = match parse_row(self.conn, self.columns, row, &mut self.tasks) {
+        let sub = match parse_row(self.store, self.columns, row, &mut self.tasks) {
             Ok(sub) => sub,
             Err(reason) => {
                 self.rejected.push(Rejected { line, reason });
@@ -298,7 +296,7 @@ impl RowChecks<'_> {
                 "duplicate: worker {} already answered item {} on line {first}",
                 sub.annotator, sub.task_id
             )
-        } else if db::has_submitted(self.conn, sub.task_id, &sub.annotator)? {
+        } else if self.store.has_submitted(sub.task_id, &sub.annotator)? {
             format!(
                 "duplicate: worker {} already has a submission for item {} in the project",
                 sub.annotator, sub.task_id
@@ -307,7 +305,7 @@ impl RowChecks<'_> {
             let replicas = self.tasks[&sub.task_id].as_ref().map_or(0, |t| t.replicas);
             let taken = match self.taken.get(&sub.task_id) {
                 Some(&n) => n,
-                None => db::submission_count(self.conn, sub.task_id)?,
+                None => self.store.submission_count(sub.task_id)?,
             };
             if taken >= replicas {
                 format!(
@@ -328,7 +326,7 @@ impl RowChecks<'_> {
 }
 
 fn parse_row(
-    conn: &Connection,
+    store: &Store,
     columns: &Columns,
     row: &csv::StringRecord,
     tasks: &mut HashMap<i64, Option<TaskView>>,
@@ -341,7 +339,7 @@ fn parse_row(
         }
     }
     let worker = columns.worker(row).ok_or("the worker id is empty")?;
-    let (task_id, task) = open_task(conn, columns, row, tasks)?;
+    let (task_id, task) = open_task(store, columns, row, tasks)?;
     let n = task.endings.len();
     let judgements = judgements(columns, row, task_id, n)?;
     let (best, second) = (
@@ -370,7 +368,7 @@ fn parse_row(
 
 /// The row's item, looked up once per file (`tasks` caches it); it must still be open.
 fn open_task(
-    conn: &Connection,
+    store: &Store,
     columns: &Columns,
     row: &csv::StringRecord,
     tasks: &mut HashMap<i64, Option<TaskView>>,
@@ -382,7 +380,7 @@ fn open_task(
     let task = match tasks.get(&task_id) {
         Some(t) => t.clone(),
         None => {
-            let t = db::task_view(conn, task_id).map_err(|e| e.to_string())?;
+            let t = store.task_view(task_id).map_err(|e| e.to_string())?;
             tasks.insert(task_id, t.clone());
             t
         }

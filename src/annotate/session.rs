@@ -84,10 +84,10 @@ impl<'a> Session<'a> {
         keys: &mut dyn Keys,
     ) -> Result<Summary> {
         let ended = self.run_until_stopped(terminal, keys);
-        let released = db::release_claims(self.store.conn(), &self.holder);
+        let released = self.store.release_claims(&self.holder);
         ended?;
         released?;
-        let progress = db::annotator_progress(self.store.conn(), &self.holder.annotator)?;
+        let progress = self.store.annotator_progress(&self.holder.annotator)?;
         Ok(Summary {
             submitted: self.submitted,
             done_total: progress.done,
@@ -127,7 +127,7 @@ impl<'a> Session<'a> {
                     self.store_submission(task_id, true, Vec::new(), pressed)?;
                 }
                 Action::Skip(task_id) => {
-                    db::skip(self.store, &self.holder, task_id)?;
+                    self.store.skip(&self.holder, task_id)?;
                     self.next_item()?;
                     self.app.say(Tone::Info, "skipped (z to undo)");
                 }
@@ -154,7 +154,7 @@ impl<'a> Session<'a> {
             labels,
         };
         // Another session under the same name may have submitted this item meanwhile.
-        if db::has_submitted(self.store.conn(), task_id, &self.holder.annotator)? {
+        if self.store.has_submitted(task_id, &self.holder.annotator)? {
             self.next_item()?;
             self.app.say(
                 Tone::Warn,
@@ -162,7 +162,7 @@ impl<'a> Session<'a> {
             );
             return Ok(());
         }
-        db::submit(self.store, &sub)?;
+        self.store.submit(&sub)?;
         self.timings.record("commit", pressed.elapsed());
         self.submitted += 1;
         self.next_item()?;
@@ -172,7 +172,7 @@ impl<'a> Session<'a> {
     }
 
     fn undo(&mut self) -> Result<()> {
-        match db::undo_last(self.store, &self.holder)? {
+        match self.store.undo_last(&self.holder)? {
             None => self.app.say(Tone::Warn, "nothing to undo"),
             Some(undone) => {
                 if undone.was != UndoneKind::Skip {
@@ -197,7 +197,7 @@ impl<'a> Session<'a> {
 
     fn next_item(&mut self) -> Result<()> {
         let started = Instant::now();
-        let task = db::claim_next(self.store, &self.holder)?;
+        let task = self.store.claim_next(&self.holder)?;
         self.timings.record("claim", started.elapsed());
         self.app.show(task.map(Item::new));
         self.app.message = None;
@@ -206,7 +206,7 @@ impl<'a> Session<'a> {
     }
 
     fn refresh_progress(&mut self) -> Result<()> {
-        let p = db::annotator_progress(self.store.conn(), &self.holder.annotator)?;
+        let p = self.store.annotator_progress(&self.holder.annotator)?;
         self.app.progress = super::app::Progress {
             done: p.done,
             per_hour: items_per_hour(&p.items),
@@ -219,7 +219,7 @@ impl<'a> Session<'a> {
     /// is shown, not fatal: the claim merely risks going stale.
     fn heartbeat(&mut self) {
         if let Some(item) = &self.app.item {
-            if let Err(e) = db::heartbeat(self.store.conn(), &self.holder, item.task.task_id) {
+            if let Err(e) = self.store.heartbeat(&self.holder, item.task.task_id) {
                 self.app
                     .say(Tone::Warn, format!("could not refresh your claim: {e}"));
             }

@@ -3,9 +3,6 @@
 
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-use rusqlite::Connection;
 
 use crate::store::annotate::{self as db, NewTask, Policy, DEFAULT_POLICY, ENDINGS_PER_TASK};
 use crate::store::Store;
@@ -33,20 +30,61 @@ pub struct PolicyRequest {
 /// records the hand-out policy. Runs in one write transaction, so concurrent annotators starting
 /// together create each task once.
 pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> {
-    let tx = store.write_transaction()?;
-    let Some(run_id) = db::latest_finished_run(&tx)? else {
-        bail!(
-            "{} has no finished adversarial-filtering run: run `afkit filter {}` first",
-            store_path_hint(&tx),
-            store_path_hint(&tx)
-        );
-    };
-    let stored = db::stored_policy(&tx)?;
+    store.write_transaction(|store| {
+        let Some(run_id) = store.latest_finished_run_id()? else {
+            bail!(
+                "{} has no finished adversarial-filtering run: run `afkit filter {}` first",
+                store.path().display(),
+                store.path().display()
+            );
+        };
+        let stored = store.stored_policy()?;
+        let policy = resolve_policy(stored, request)?;
+        let mut contexts = store.untasked_contexts(run_id)?;
+        let without_negatives = contexts.iter().filter(|c| c.negatives.is_empty()).count();
+        contexts.retain(|c| !c.negatives.is_empty());
+        // The hand-out order: a seeded permutation of the new contexts, appended after earlier
+        // tasks.
+        contexts.shuffle(&mut db::handout_rng(policy.seed, run_id));
+        let first_index = store.count_round0_tasks()?;
+        for (index, context) in (first_index..).zip(&contexts) {
+            let seed = db::task_seed(policy.seed, context.example_id, 0);
+            let mut endings = vec![context.gold_ending_id];
+            endings.extend(context.negatives.iter().take(ENDINGS_PER_TASK - 1));
+            db::shuffle_endings(&mut endings, seed);
+            store.insert_task(&NewTask {
+                example_id: context.example_id,
+                run_id,
+                round: 0,
+                replicas: if index < policy.agreement_items {
+                    policy.replicas
+                } else {
+                    1
+                },
+                seed,
+                endings,
+            })?;
+        }
+        if stored != Some(policy) {
+            store.record_policy(&policy)?;
+            store.apply_replicas(&policy)?;
+        }
+        Ok(Setup {
+            run_id,
+            policy,
+            created: contexts.len(),
+            without_negatives,
+        })
+    })
+}
+
+/// The policy to use: the recorded one (or the default) with the request's changes; the seed
+/// fixes tasks already made, so it can only be chosen before the first one.
+fn resolve_policy(stored: Option<Policy>, request: PolicyRequest) -> Result<Policy> {
     let base = stored.unwrap_or(DEFAULT_POLICY);
     let policy = Policy {
         agreement_items: request.agreement_items.unwrap_or(base.agreement_items),
         replicas: request.replicas.unwrap_or(base.replicas),
-        // The seed fixes tasks already made: it can only be chosen before the first one.
         seed: if stored.is_some() {
             base.seed
         } else {
@@ -64,65 +102,17 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
             );
         }
     }
-
-    let mut contexts = db::untasked_contexts(&tx, run_id)?;
-    let without_negatives = contexts.iter().filter(|c| c.negatives.is_empty()).count();
-    contexts.retain(|c| !c.negatives.is_empty());
-    // The hand-out order: a seeded permutation of the new contexts, appended after earlier tasks.
-    contexts.shuffle(&mut ChaCha8Rng::seed_from_u64(db::handout_seed(
-        policy.seed,
-        run_id,
-    )));
-    let first_index = db::count_round0_tasks(&tx)?;
-    for (index, context) in (first_index..).zip(&contexts) {
-        let seed = db::task_seed(policy.seed, context.example_id, 0);
-        let mut endings = vec![context.gold_ending_id];
-        endings.extend(context.negatives.iter().take(ENDINGS_PER_TASK - 1));
-        db::shuffle_endings(&mut endings, seed);
-        db::insert_task(
-            &tx,
-            &NewTask {
-                example_id: context.example_id,
-                run_id,
-                round: 0,
-                replicas: if index < policy.agreement_items {
-                    policy.replicas
-                } else {
-                    1
-                },
-                seed,
-                endings,
-            },
-        )?;
-    }
-    if stored != Some(policy) {
-        db::record_policy(&tx, &policy)?;
-        db::apply_replicas(&tx, &policy)?;
-    }
-    tx.commit()?;
-    Ok(Setup {
-        run_id,
-        policy,
-        created: contexts.len(),
-        without_negatives,
-    })
-}
-
-fn store_path_hint(conn: &Connection) -> String {
-    conn.path()
-        .map(str::to_string)
-        .unwrap_or_else(|| "the project".to_string())
+    Ok(policy)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::fixtures::synthetic_af_project;
 
     fn project(contexts: usize, negatives: usize) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
-        synthetic_af_project(&mut store, contexts, negatives, 7).unwrap();
+        store.synthetic_af_project(contexts, negatives, 7).unwrap();
         (dir, store)
     }
 
@@ -131,34 +121,20 @@ mod tests {
         let (_dir, mut store) = project(4, 9);
         let setup = ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
         assert_eq!(setup.created, 4);
-        for task in db::open_tasks(store.conn(), false).unwrap() {
+        let assigned = store.assignments(setup.run_id).unwrap();
+        let score = store.af_scores(setup.run_id).unwrap();
+        for task in store.open_tasks(false).unwrap() {
             assert_eq!(task.endings.len(), 6);
             assert_eq!(task.endings.iter().filter(|e| e.is_gold).count(), 1);
-            let scores: Vec<f64> = {
-                let mut stmt = store
-                    .conn()
-                    .prepare(
-                        "SELECT s.score FROM af_assignments a JOIN af_scores s
-                         ON s.ending_id = a.ending_id WHERE a.example_id = ?1 ORDER BY s.score DESC",
-                    )
-                    .unwrap();
-                stmt.query_map([task.example_id], |r| r.get(0))
-                    .unwrap()
-                    .map(|r| r.unwrap())
-                    .collect()
-            };
+            let mut scores: Vec<f64> = assigned[&task.example_id]
+                .iter()
+                .map(|e| score[e])
+                .collect();
+            scores.sort_by(|a, b| b.total_cmp(a));
             let fifth_hardest = scores[4];
             for e in task.endings.iter().filter(|e| !e.is_gold) {
-                let s: f64 = store
-                    .conn()
-                    .query_row(
-                        "SELECT score FROM af_scores WHERE ending_id = ?1",
-                        [e.ending_id],
-                        |r| r.get(0),
-                    )
-                    .unwrap();
                 assert!(
-                    s >= fifth_hardest,
+                    score[&e.ending_id] >= fifth_hardest,
                     "a shown negative is not among the five hardest"
                 );
             }
@@ -181,7 +157,7 @@ mod tests {
         let again = ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
         assert_eq!(again.created, 0);
         assert_eq!(again.policy, first.policy, "the recorded policy is kept");
-        let tasks = db::open_tasks(store.conn(), false).unwrap();
+        let tasks = store.open_tasks(false).unwrap();
         let replicas: Vec<i64> = tasks.iter().map(|t| t.replicas).collect();
         assert_eq!(replicas, [2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1]);
         let order: Vec<i64> = tasks.iter().map(|t| t.example_id).collect();
@@ -201,7 +177,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(db::open_tasks(other.conn(), false).unwrap(), tasks);
+        assert_eq!(other.open_tasks(false).unwrap(), tasks);
         assert!(ensure_tasks(
             &mut store,
             PolicyRequest {
@@ -219,7 +195,8 @@ mod tests {
             },
         )
         .unwrap();
-        let replicas: Vec<i64> = db::open_tasks(store.conn(), false)
+        let replicas: Vec<i64> = store
+            .open_tasks(false)
             .unwrap()
             .iter()
             .map(|t| t.replicas)

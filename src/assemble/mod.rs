@@ -17,13 +17,12 @@ pub mod split;
 
 use std::collections::{BTreeMap, HashMap};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::dataset::Split;
-use crate::store::annotate::create_reannotation_task;
 use crate::store::assemble::{
-    self as db, AssembledDistractor, CurrentTask, Judgement, NewAssembled, Rank,
+    AssembledDistractor, Assembly, CurrentTask, Judgement, NewAssembled, Rank,
 };
 use crate::store::examples::Example;
 use crate::store::Store;
@@ -75,8 +74,7 @@ pub fn assemble(
     seed: u64,
     unverified: bool,
 ) -> Result<Summary> {
-    let conn = store.conn();
-    let Some(run) = db::latest_finished_run(conn)? else {
+    let Some(run) = store.latest_finished_run()? else {
         bail!(
             "no finished AF run in {}: run `afkit filter` first",
             store.path().display()
@@ -84,11 +82,10 @@ pub fn assemble(
     };
     let examples = store.examples()?;
     let splits = group_splits(store, &examples, fractions, seed)?;
-    let conn = store.conn();
     let run_data = RunData {
-        assignments: db::assignments(conn, run.id)?,
-        scores: db::decision_scores(conn, run.id)?,
-        folds: db::folds(conn, run.id)?,
+        assignments: store.assignments(run.id)?,
+        scores: store.decision_scores(run.id)?,
+        folds: store.folds(run.id)?,
         splits: &splits,
     };
     let mut summary = Summary {
@@ -104,7 +101,7 @@ pub fn assemble(
         assemble_unverified(&examples, &run_data, &mut summary)
     } else {
         assemble_verified(
-            conn,
+            store,
             run.id,
             &examples,
             &run_data,
@@ -128,15 +125,12 @@ pub fn assemble(
         unverified,
         af_run: run.id,
     };
-    let tx = store.transaction()?;
-    db::replace_splits(&tx, &splits)?;
-    db::replace_assembly(&tx, &built)?;
-    for (example_id, endings) in reannotations {
-        create_reannotation_task(&tx, example_id, &endings)
-            .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
-    }
-    crate::store::set_meta(&tx, "assemble", &serde_json::to_string(&record)?)?;
-    tx.commit()?;
+    store.commit_assembly(&Assembly {
+        splits: &splits,
+        examples: &built,
+        reannotations: &reannotations,
+        record_json: &serde_json::to_string(&record)?,
+    })?;
     Ok(summary)
 }
 
@@ -174,7 +168,7 @@ fn group_splits(
         .as_ref()
         .is_some_and(|p| p.seed == seed && p.split == fractions.to_text());
     let recorded = if same_split {
-        db::load_splits(store.conn())?
+        store.load_splits()?
     } else {
         BTreeMap::new()
     };
@@ -221,15 +215,15 @@ fn assemble_unverified(
 /// From the annotators' labels: the verified examples, and the items to send back for
 /// re-annotation (with their refilled endings).
 fn assemble_verified(
-    conn: &rusqlite::Connection,
+    store: &Store,
     run_id: i64,
     examples: &[Example],
     run: &RunData,
     summary: &mut Summary,
     reannotations: &mut Vec<(i64, Vec<i64>)>,
 ) -> Result<Vec<NewAssembled>> {
-    let tasks = db::current_tasks(conn)?;
-    let shown = db::shown_endings(conn)?;
+    let tasks = store.current_tasks()?;
+    let shown = store.shown_endings()?;
     let mut built = Vec::new();
     for ex in examples {
         if !run.assignments.contains_key(&ex.id) {
@@ -275,7 +269,7 @@ fn assemble_verified(
                 }
             }
             Decision::Reannotate { reason, keep } => {
-                let pool = db::scored_pool(conn, run_id, ex.id)?;
+                let pool = store.scored_pool(run_id, ex.id)?;
                 match refill(task, &keep, shown.get(&ex.id), &pool) {
                     Some(endings) => {
                         *summary

@@ -13,10 +13,9 @@ use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 use crate::dataset::Split;
+use crate::seed::Seed;
 
 /// Train / val / test fractions, in the order of [`Split::ALL`]; parsed from `--split 0.8,0.1,0.1`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,7 +69,7 @@ pub fn assign(
         }
     }
     // BTreeMap order is the canonical starting order; the seeded shuffle makes it random.
-    new_groups.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    new_groups.shuffle(&mut Seed::new(seed).rng());
     for group in new_groups {
         let index = (0..3)
             .filter(|&i| fractions.0[i] > 0.0)

@@ -5,9 +5,8 @@
 
 use std::collections::HashMap;
 
+use crate::seed::Seed;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 /// The fold (0..k) of every question, given each question's group.
 ///
@@ -35,7 +34,7 @@ pub fn assign(groups: &[Option<&str>], k: usize, seed: u64) -> Vec<usize> {
         group_of.push(g);
     }
     let mut order: Vec<usize> = (0..sizes.len()).collect();
-    order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    order.shuffle(&mut Seed::new(seed).rng());
     order.sort_by(|a, b| sizes[*b].cmp(&sizes[*a]));
     let mut load = vec![0usize; k];
     let mut fold_of_group = vec![0usize; sizes.len()];

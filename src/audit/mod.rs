@@ -21,11 +21,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::dataset::Split;
+use crate::seed::Seed;
 use dataset::Question;
 
 /// What an audit reads and writes, and its settings.
@@ -244,7 +243,7 @@ fn sample(questions: &[Question], max: usize, seed: u64) -> Vec<&Question> {
         return questions.iter().collect();
     }
     let mut idx: Vec<usize> = (0..questions.len()).collect();
-    idx.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    idx.shuffle(&mut Seed::new(seed).rng());
     idx.truncate(max);
     idx.sort_unstable();
     idx.into_iter().map(|i| &questions[i]).collect()

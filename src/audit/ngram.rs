@@ -10,10 +10,9 @@
 use std::collections::HashMap;
 
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 use crate::lbfgs::{self, Objective};
+use crate::seed::Seed;
 
 /// Lower-cased word tokens (afkit's PTB-style tokeniser: punctuation split off, "n't" and "'s"
 /// separate), so "Running" and "running" count as one n-gram.
@@ -174,7 +173,7 @@ const LAMBDAS: [f64; 4] = [1e-2, 1e-3, 1e-4, 1e-5];
 /// and the chosen λ.
 pub fn train_and_evaluate(train: &[Choice], test: &[Choice], dim: usize, seed: u64) -> (f64, f64) {
     let mut order: Vec<usize> = (0..train.len()).collect();
-    order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    order.shuffle(&mut Seed::new(seed).rng());
     let cut = train.len() * 4 / 5;
     let fit_part: Vec<&Choice> = order[..cut].iter().map(|&i| &train[i]).collect();
     let held_out: Vec<&Choice> = order[cut..].iter().map(|&i| &train[i]).collect();

@@ -154,7 +154,7 @@ pub fn run(args: Args) -> Result<()> {
 
 pub fn run_agreement(args: AgreementArgs) -> Result<()> {
     let store = Store::open(&args.project)?;
-    let submissions = crate::store::annotate::all_submissions(store.conn())?;
+    let submissions = store.all_submissions()?;
     let report = agreement::report(&submissions);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

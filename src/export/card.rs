@@ -17,7 +17,7 @@ use super::rows::Row;
 use super::{Negatives, Options};
 use crate::dataset::Split;
 use crate::store::af::{Family, IterationRecord};
-use crate::store::export::{self as db, GenerationInfo, LabelRow, LogProbGap, SourceInfo};
+use crate::store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
 use crate::store::{assemble::AfRun, Store};
 
 /// Everything the card reports, read from the project.
@@ -40,8 +40,7 @@ pub struct CardInputs {
 
 impl CardInputs {
     pub fn read(store: &Store, options: &Options, left_out: Vec<String>) -> Result<CardInputs> {
-        let conn = store.conn();
-        let af_run = crate::store::assemble::latest_finished_run(conn)?;
+        let af_run = store.latest_finished_run()?;
         let iterations = match &af_run {
             Some(run) => store.af_iterations(run.id)?,
             None => Vec::new(),
@@ -57,13 +56,13 @@ impl CardInputs {
             layout: options.layout,
             license: options.license.clone(),
             assemble_params: store.meta("assemble")?,
-            sources: db::sources(conn)?,
-            generations: db::generations(conn)?,
-            gap: db::logprob_gap(conn)?,
+            sources: store.sources()?,
+            generations: store.generations()?,
+            gap: store.logprob_gap()?,
             af_run,
             iterations,
-            labels: db::label_rows(conn)?,
-            rounds: db::tasks_per_round(conn)?,
+            labels: store.label_rows()?,
+            rounds: store.tasks_per_round()?,
             left_out,
         })
     }

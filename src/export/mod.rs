@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::dataset::Split;
-use crate::store::{assemble as assembled_db, export as export_db, Store};
+use crate::store::Store;
 use layout::{Layout, CARD, LEGACY_CARD};
 
 /// A licence id goes into the card's YAML header: lowercase letters, digits, `.` and `-`.
@@ -80,8 +80,7 @@ pub fn export(
     out: &Path,
     options: &Options,
 ) -> Result<BTreeMap<String, (usize, String)>> {
-    let conn = store.conn();
-    let mut examples = assembled_db::assembled_examples(conn)?;
+    let mut examples = store.assembled_examples()?;
     if examples.is_empty() {
         bail!(
             "{} has no assembled examples: run `afkit assemble` first",
@@ -91,7 +90,7 @@ pub fn export(
     let left_out = if options.negatives == Negatives::Random {
         rows::randomise(
             &mut examples,
-            |example_id| assembled_db::pool_texts(conn, example_id),
+            |example_id| store.pool_candidate_texts(example_id),
             options.seed,
         )?
     } else {
@@ -117,8 +116,7 @@ pub fn export(
     }
     let hashes: BTreeMap<&String, &String> = summary.iter().map(|(n, (_, h))| (n, h)).collect();
     let dir = fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
-    export_db::record_export(
-        conn,
+    store.record_export(
         &dir.to_string_lossy(),
         options.negatives.as_str(),
         options.seed,

@@ -5,11 +5,10 @@
 
 use anyhow::Result;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::dataset::{derive_seed, startphrase, Split, FULL_COLUMNS, REGULAR_COLUMNS};
+use crate::dataset::{startphrase, Split, FULL_COLUMNS, REGULAR_COLUMNS};
+use crate::seed::Seed;
 use crate::store::assemble::AssembledExample;
 
 /// The label written where the answers are withheld (the test split of a published export): the
@@ -47,11 +46,9 @@ pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
             let mut options: Vec<(bool, String)> = std::iter::once((true, ex.gold.clone()))
                 .chain(ex.distractors.iter().take(3).map(|d| (false, d.1.clone())))
                 .collect();
-            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(&[
-                seed,
-                ex.example_id as u64,
-                generated as u64,
-            ]));
+            let mut rng = Seed::new(seed)
+                .derive(&format!("options\u{0}{}\u{0}{generated}", ex.example_id))
+                .rng();
             options.shuffle(&mut rng);
             let label = options
                 .iter()
@@ -106,12 +103,12 @@ pub fn randomise(
             left_out.push(ex.ext_id.clone());
             continue;
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(&[
-            seed,
-            ex.example_id as u64,
-            generated as u64,
-            0x7261_6e64,
-        ]));
+        let mut rng = Seed::new(seed)
+            .derive(&format!(
+                "random negatives\u{0}{}\u{0}{generated}",
+                ex.example_id
+            ))
+            .rng();
         candidates.shuffle(&mut rng);
         ex.distractors = candidates
             .into_iter()

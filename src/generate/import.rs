@@ -18,7 +18,7 @@ use crate::lm::sampler::{
     acceptable_ending, normalise_ending, EndingSampler, SampledEnding, SamplingParams,
 };
 use crate::store::examples::Example;
-use crate::store::pool::{self, NewGeneration, NewPool};
+use crate::store::pool::{NewGeneration, NewPool};
 use crate::store::Store;
 
 #[derive(serde::Deserialize)]
@@ -186,13 +186,13 @@ const IMPORT_COMMIT_ENDINGS: usize = 8192;
 
 /// Writes whole pools in one transaction; returns the candidates stored.
 fn write_pools(store: &mut Store, batch: &mut Vec<NewPool>) -> Result<usize> {
-    let tx = store.transaction()?;
-    let mut written = 0;
-    for p in batch.drain(..) {
-        written += pool::write_pool(&tx, &p)?;
-    }
-    tx.commit()?;
-    Ok(written)
+    store.transaction(|store| {
+        let mut written = 0;
+        for p in batch.drain(..) {
+            written += store.write_pool(&p)?;
+        }
+        Ok(written)
+    })
 }
 
 /// What an `import-pool` call reads.
@@ -312,17 +312,14 @@ fn import_generation(
         None => ("features imported".to_string(), None),
     };
     let params = serde_json::json!({ "file": file.display().to_string(), "scorer": scorer });
-    pool::find_or_insert_generation(
-        store.conn(),
-        &NewGeneration {
-            backend: "import".into(),
-            model: scorer,
-            model_sha256: sha,
-            prompt: template.name.clone(),
-            params_json: params.to_string(),
-            seed: 0,
-        },
-    )
+    store.find_or_insert_generation(&NewGeneration {
+        backend: "import".into(),
+        model: scorer,
+        model_sha256: sha,
+        prompt: template.name.clone(),
+        params_json: params.to_string(),
+        seed: 0,
+    })
 }
 
 /// A record's endings, normalised and without duplicates (or copies of the found ending), with

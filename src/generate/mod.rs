@@ -14,7 +14,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::device::Compute;
 use crate::lm::adapt::Adapter;
@@ -26,9 +25,10 @@ use crate::lm::sampler::{
     EndingRule, EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams,
 };
 use crate::models::sha256_file;
+use crate::seed::Seed;
 use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
-use crate::store::pool::{self, EndingLmFeatures, NewGeneration, NewPool};
+use crate::store::pool::{EndingLmFeatures, NewGeneration, NewPool};
 use crate::store::Store;
 use crate::text::rules::generated_ending_problem;
 use adapters::AdapterSet;
@@ -98,19 +98,19 @@ pub trait Observer {
     fn context_done(&mut self, _endings_per_second: Option<f64>) {}
 }
 
-/// A context's own sampling seed: the run's seed and the example id, hashed. Independent of the
-/// order contexts are processed in, so a resumed run gives what an uninterrupted one would.
-pub fn context_seed(seed: u64, ext_id: &str) -> u64 {
-    let mut h = Sha256::new();
-    h.update(seed.to_le_bytes());
-    h.update(ext_id.as_bytes());
-    u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+/// A context's own sampling seed, derived from the run's seed with the context's ext id as the
+/// key. Independent of the order contexts are processed in, so a resumed run gives what an
+/// uninterrupted one would.
+fn context_seed(seed: u64, ext_id: &str) -> u64 {
+    Seed::new(seed).derive(ext_id).value()
 }
 
 /// The seed of a context's style primer: apart from its sampling stream, so that the primer
 /// can change without changing how the context's rows are seeded.
 fn style_seed(seed: u64, ext_id: &str) -> u64 {
-    context_seed(seed, &format!("style\u{0}{ext_id}"))
+    Seed::new(seed)
+        .derive(&format!("style\u{0}{ext_id}"))
+        .value()
 }
 
 /// What the model reads for one context: the style primer, then the filled template.
@@ -395,17 +395,14 @@ fn record_generation(
         params_json["scorer"] = scorer.into();
         params_json["scorer_sha256"] = scorer_sha.into();
     }
-    pool::find_or_insert_generation(
-        store.conn(),
-        &NewGeneration {
-            backend,
-            model: model_name,
-            model_sha256: sha,
-            prompt: config.template.name.clone(),
-            params_json: params_json.to_string(),
-            seed: config.seed,
-        },
-    )
+    store.find_or_insert_generation(&NewGeneration {
+        backend,
+        model: model_name,
+        model_sha256: sha,
+        prompt: config.template.name.clone(),
+        params_json: params_json.to_string(),
+        seed: config.seed,
+    })
 }
 
 /// What to sample for one context, and where its endings go.
@@ -600,12 +597,10 @@ impl Stored<'_> {
             );
             new.style_examples = job.prompt.style_examples.clone();
             new.draws = Some((sampled.draws, sampled.rejected.clone()));
-            let tx = self.store.transaction()?;
-            match job.grows_for_run {
-                None => pool::write_pool(&tx, &new)?,
-                Some(af_run_id) => pool::write_growth(&tx, &new, af_run_id)?,
-            };
-            tx.commit()?;
+            self.store.transaction(|store| match job.grows_for_run {
+                None => store.write_pool(&new),
+                Some(af_run_id) => store.write_growth(&new, af_run_id),
+            })?;
             self.summary
                 .add(job.request.n, &sampled, t1.elapsed().as_secs_f64());
             self.observer

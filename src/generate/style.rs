@@ -10,10 +10,10 @@
 use std::collections::{HashMap, HashSet};
 
 use anyhow::Result;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
 use crate::dataset::startphrase;
+use crate::seed::Seed;
 use crate::store::Store;
 use crate::text::rules::{MAX_CONTEXT_TOKENS, MAX_ENDING_TOKENS};
 
@@ -72,7 +72,7 @@ impl StyleCorpus {
     pub fn choose(&self, own_group: &str, n: usize, seed: u64) -> Vec<i64> {
         let others = self.pairs.len() - self.per_group.get(own_group).copied().unwrap_or(0);
         let want = n.min(others);
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut rng = Seed::new(seed).rng();
         let mut chosen = Vec::with_capacity(want);
         let mut taken = HashSet::new();
         let mut tries = 0;

@@ -19,9 +19,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::store::examples::{
-    example_text_by_ext_id, insert_dropped, insert_example, upsert_source, NewExample,
-};
+use crate::store::examples::NewExample;
 use crate::store::Store;
 use filters::{Outcome, TokenCounts};
 use input::{Parsed, Record};
@@ -109,35 +107,35 @@ pub fn ingest(
         records: n_records,
         ..Summary::default()
     };
-    let tx = store.transaction()?;
-    let mut seen: HashMap<String, String> = HashMap::new();
-    for ((path, p), outcomes) in parsed.iter().zip(outcomes) {
-        let source = upsert_source(
-            &tx,
-            &path.display().to_string(),
-            format.name(),
-            &p.sha256,
-            &options,
-        )?;
-        for (record, outcome) in p.records.iter().zip(outcomes) {
-            if let Some(first) = seen.get(&record.ext_id) {
-                check_same(record, first, &outcome, &tx)?;
-                summary.already_present += 1;
-                continue;
+    store.transaction(|tx| {
+        let mut seen: HashMap<String, String> = HashMap::new();
+        for ((path, p), outcomes) in parsed.iter().zip(outcomes) {
+            let source = tx.upsert_source(
+                &path.display().to_string(),
+                format.name(),
+                &p.sha256,
+                &options,
+            )?;
+            for (record, outcome) in p.records.iter().zip(outcomes) {
+                if let Some(first) = seen.get(&record.ext_id) {
+                    check_same(record, first, &outcome, tx)?;
+                    summary.already_present += 1;
+                    continue;
+                }
+                seen.insert(record.ext_id.clone(), record.origin.clone());
+                store_outcome(tx, source, record, outcome, &mut summary)?;
+                crate::interrupt::check()?;
             }
-            seen.insert(record.ext_id.clone(), record.origin.clone());
-            store_outcome(&tx, source, record, outcome, &mut summary)?;
-            crate::interrupt::check()?;
         }
-    }
-    tx.commit()?;
+        Ok(())
+    })?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
 }
 
 /// Stores a record's example, or why it was dropped, unless the project already has the id.
 fn store_outcome(
-    tx: &rusqlite::Connection,
+    tx: &Store,
     source: i64,
     record: &Record,
     outcome: Outcome,
@@ -145,7 +143,7 @@ fn store_outcome(
 ) -> Result<()> {
     match outcome {
         Outcome::Kept(example) => {
-            if insert_example(tx, source, &example)? {
+            if tx.insert_example(source, &example)? {
                 summary.kept += 1;
             } else {
                 check_same(record, "the project", &Outcome::Kept(example), tx)?;
@@ -153,10 +151,10 @@ fn store_outcome(
             }
         }
         Outcome::Dropped(reason) => {
-            if example_text_by_ext_id(tx, &record.ext_id)?.is_some() {
+            if tx.example_text_by_ext_id(&record.ext_id)?.is_some() {
                 summary.already_present += 1;
             } else {
-                insert_dropped(tx, source, &record.ext_id, reason)?;
+                tx.insert_dropped(source, &record.ext_id, reason)?;
                 *summary.dropped.entry(reason.to_string()).or_default() += 1;
             }
         }
@@ -166,13 +164,8 @@ fn store_outcome(
 
 /// A record whose id is already taken must be the same example (its second sentence may be
 /// split differently, e.g. by another tagger version); otherwise the input is inconsistent.
-fn check_same(
-    record: &Record,
-    first: &str,
-    outcome: &Outcome,
-    conn: &rusqlite::Connection,
-) -> Result<()> {
-    let Some((sent1, sent2, ending)) = example_text_by_ext_id(conn, &record.ext_id)? else {
+fn check_same(record: &Record, first: &str, outcome: &Outcome, store: &Store) -> Result<()> {
+    let Some((sent1, sent2, ending)) = store.example_text_by_ext_id(&record.ext_id)? else {
         return Ok(());
     };
     let stored = input::normalise_space(&format!("{sent2} {ending}"));

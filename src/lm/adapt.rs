@@ -27,7 +27,6 @@ use candle_nn::ops::{log_softmax, rms_norm, rms_norm_slow, softmax_last_dim};
 use candle_nn::rotary_emb::{rope_i, rope_i_slow};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
@@ -35,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::llama::{dequantised, rotary_tables, LlamaConfig};
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
+use crate::seed::Seed;
 
 /// Sequences per matrix product in the frozen layers' single pass.
 const FROZEN_BATCH: usize = 8;
@@ -236,7 +236,7 @@ impl AdaptModel {
     /// Starts a new adapter: A random (from `seed`), B zero, so that the adapted model starts as
     /// the base model.
     pub fn fresh_adapter(&mut self, seed: u64) -> Result<()> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut rng = Seed::new(seed).rng();
         let first = self.first_adapted();
         self.lora = self.blocks[first..]
             .iter()
@@ -427,7 +427,7 @@ impl AdaptModel {
         )?;
         let batch = settings.batch.max(1);
         let steps = settings.epochs * sequences.len().div_ceil(batch);
-        let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
+        let mut rng = Seed::new(settings.seed).rng();
         let mut order: Vec<usize> = (0..sequences.len()).collect();
         let (mut first_loss, mut last_loss, mut step) = (f32::NAN, f32::NAN, 0);
         for _ in 0..settings.epochs {

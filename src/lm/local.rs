@@ -12,7 +12,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
@@ -22,6 +22,7 @@ use super::sampler::{
     normalise_ending, sample_token, EndingSampler, Rejection, SampleRequest, SampledEnding,
     SampledPool, SamplingParams,
 };
+use crate::seed::Seed;
 
 /// The candle model as a generation backend and scorer.
 pub struct LocalLm {
@@ -118,7 +119,7 @@ impl LocalLm {
                     group: g,
                     row,
                     slot: 0,
-                    rng: ChaCha8Rng::seed_from_u64(seed),
+                    rng: Seed::new(seed).rng(),
                 });
             }
         }
@@ -363,7 +364,7 @@ impl EndingSampler for LocalLm {
                 Ok(Sampling {
                     request,
                     prompt: self.prefix(&request.prompt)?,
-                    rng: ChaCha8Rng::seed_from_u64(request.seed),
+                    rng: Seed::new(request.seed).rng(),
                     seen: request.seen_endings(),
                     pool: SampledPool::default(),
                     max_draws: self.params.max_draws(request.n),

@@ -8,14 +8,13 @@ use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
 use super::adapt::Adapter;
 use super::llama::{Llama, LlamaConfig, Prefix};
 use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
+use crate::seed::Seed;
 
 pub struct LanguageModel {
     pub llama: Llama,
@@ -182,7 +181,7 @@ fn random_metadata(
 /// Random f32 weights for every tensor of a llama of shape `cfg`, drawn in a fixed order from `seed`.
 fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, QTensor)>> {
     let dev = Device::Cpu;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rng = Seed::new(seed).rng();
     let (d, hd) = (cfg.d_model, cfg.head_dim());
     // Weights as llama.cpp stores them: (out × in), scaled to keep activations O(1).
     let mut mat = |rows: usize, cols: usize, scale: f32| -> Result<QTensor> {

@@ -19,8 +19,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use serde_json::{json, Map, Value};
 
 use super::sampler::{
@@ -28,6 +27,7 @@ use super::sampler::{
     SamplingParams,
 };
 use super::tokenizer::GgufTokenizer;
+use crate::seed::Seed;
 
 /// How to reach the server and what to ask it (`afkit generate --backend openai`).
 #[derive(Debug, Clone)]
@@ -334,7 +334,7 @@ impl<'a> OpenAiSampler<'a> {
     /// server's work moves to the others.
     fn complete(&self, prompt: &str, seed: u64) -> Result<Vec<Completion>> {
         let body = self.body(prompt, seed).to_string();
-        let mut jitter = ChaCha8Rng::seed_from_u64(seed);
+        let mut jitter = Seed::new(seed).rng();
         let mut attempt = 0;
         loop {
             let url =
@@ -424,7 +424,7 @@ impl EndingSampler for OpenAiSampler<'_> {
         let mut seen = request.seen_endings();
         let mut pool = SampledPool::default();
         let max_draws = self.params.max_draws(request.n);
-        let mut seed_rng = ChaCha8Rng::seed_from_u64(request.seed);
+        let mut seed_rng = Seed::new(request.seed).rng();
         while pool.endings.len() < request.n && pool.draws < max_draws {
             let draws = pool.draws_to_cover(request.n, max_draws);
             let requests = draws.div_ceil(self.config.n_per_request).max(1);

@@ -43,7 +43,7 @@ fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AdapterRecord> {
 impl Store {
     /// Records a fold's finished adapter (its file already written in full).
     pub fn record_adapter(&self, a: &AdapterRecord) -> Result<()> {
-        self.conn().execute(
+        self.conn.execute(
             &format!("INSERT INTO adapters ({COLUMNS}, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
             params![
                 a.model_sha256,
@@ -68,7 +68,7 @@ impl Store {
         model_sha256: &str,
         settings_json: &str,
     ) -> Result<Vec<AdapterRecord>> {
-        let mut stmt = self.conn().prepare(&format!(
+        let mut stmt = self.conn.prepare(&format!(
             "SELECT {COLUMNS} FROM adapters WHERE model_sha256 = ?1 AND settings_json = ?2 ORDER BY fold"
         ))?;
         let rows = stmt
@@ -81,7 +81,7 @@ impl Store {
     /// fold present. `None` when the project has none.
     pub fn latest_adapter_set(&self, model_sha256: &str) -> Result<Option<Vec<AdapterRecord>>> {
         let settings: Option<String> = self
-            .conn()
+            .conn
             .query_row(
                 "SELECT settings_json FROM adapters WHERE model_sha256 = ?1
                  GROUP BY settings_json HAVING COUNT(DISTINCT fold) = MAX(folds)

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
-use rusqlite::{params, OptionalExtension, Row, ToSql};
+use rusqlite::{params, OptionalExtension, Row, ToSql, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
 use super::{now, Store};
@@ -159,7 +159,7 @@ impl Store {
         &self,
         mut visit: impl FnMut(PoolContext) -> Result<()>,
     ) -> Result<()> {
-        let mut contexts_stmt = self.conn().prepare(
+        let mut contexts_stmt = self.conn.prepare(
             "SELECT x.id, x.sent1, x.sent2, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2
              FROM examples x JOIN pools p ON p.example_id = x.id ORDER BY x.id",
         )?;
@@ -181,7 +181,7 @@ impl Store {
         })?;
         // Candidates (is_gold = 0) before the gold ending, each group in id order: the index's
         // own order, so SQLite streams the rows without sorting them.
-        let mut endings_stmt = self.conn().prepare(
+        let mut endings_stmt = self.conn.prepare(
             "SELECT e.example_id, e.id, e.text, e.is_gold, e.lp_cond, e.lp_alone,
                     e.lp_final_punct, e.n_tok_ending
              FROM endings e INDEXED BY endings_example
@@ -232,7 +232,7 @@ impl Store {
     /// The most recent AF run, finished or not.
     pub fn latest_af_run(&self) -> Result<Option<AfRun>> {
         Ok(self
-            .conn()
+            .conn
             .query_row(
                 &format!("{RUN_COLUMNS} ORDER BY id DESC LIMIT 1"),
                 [],
@@ -244,7 +244,7 @@ impl Store {
     /// The most recent run whose final cross-fitted pass is stored: what later stages read.
     pub fn latest_finished_af_run(&self) -> Result<Option<AfRun>> {
         Ok(self
-            .conn()
+            .conn
             .query_row(
                 &format!("{RUN_COLUMNS} WHERE finished_at IS NOT NULL ORDER BY id DESC LIMIT 1"),
                 [],
@@ -262,7 +262,7 @@ impl Store {
         pool_fingerprint: &str,
         initial: &Assignment,
     ) -> Result<i64> {
-        let tx = self.transaction()?;
+        let tx = self.begin(TransactionBehavior::Deferred)?;
         tx.execute(
             "INSERT INTO af_runs(k, seed, params, pool_fingerprint, started_at, status)
              VALUES (?1, ?2, ?3, ?4, ?5, 'running')",
@@ -286,7 +286,7 @@ impl Store {
 
     /// Marks an unfinished run as abandoned (a new run replaces it); its rows stay for the record.
     pub fn abandon_af_run(&self, run_id: i64) -> Result<()> {
-        self.conn().execute(
+        self.conn.execute(
             "UPDATE af_runs SET status = 'abandoned' WHERE id = ?1 AND finished_at IS NULL",
             [run_id],
         )?;
@@ -295,7 +295,7 @@ impl Store {
 
     /// The current assignment of a run.
     pub fn af_assignment(&self, run_id: i64) -> Result<Assignment> {
-        let mut stmt = self.conn().prepare(
+        let mut stmt = self.conn.prepare(
             "SELECT example_id, ending_id FROM af_assignments WHERE run_id = ?1
              ORDER BY example_id, slot",
         )?;
@@ -311,7 +311,7 @@ impl Store {
     /// For each assigned ending of a run: the iteration that brought it in (-1 = initial draw).
     pub fn af_assignment_origins(&self, run_id: i64) -> Result<BTreeMap<i64, i64>> {
         let mut stmt = self
-            .conn()
+            .conn
             .prepare("SELECT ending_id, since_iteration FROM af_assignments WHERE run_id = ?1")?;
         let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -319,7 +319,7 @@ impl Store {
 
     /// The finished iterations of a run, in order.
     pub fn af_iterations(&self, run_id: i64) -> Result<Vec<IterationRecord>> {
-        let mut stmt = self.conn().prepare(
+        let mut stmt = self.conn.prepare(
             "SELECT iteration, phase, swaps, seconds, n_test, acc_mlp, acc_bow, acc_cnn, acc_lstm,
                     acc_ensemble, acc_subword, acc_sentence
              FROM af_iterations WHERE run_id = ?1 ORDER BY iteration",
@@ -353,7 +353,7 @@ impl Store {
         record: &IterationRecord,
         swaps: &[Swap],
     ) -> Result<()> {
-        let tx = self.transaction()?;
+        let tx = self.begin(TransactionBehavior::Deferred)?;
         let a = &record.accuracy;
         tx.execute(
             "INSERT INTO af_iterations(run_id, iteration, phase, swaps, seconds, n_test, acc_mlp,
@@ -419,7 +419,7 @@ impl Store {
 
     /// Every swap of a run, with the iteration that made it, in order.
     pub fn af_swaps(&self, run_id: i64) -> Result<Vec<(usize, Swap)>> {
-        let mut stmt = self.conn().prepare(
+        let mut stmt = self.conn.prepare(
             "SELECT iteration, example_id, slot, old_ending_id, new_ending_id FROM af_swaps
              WHERE run_id = ?1 ORDER BY rowid",
         )?;
@@ -446,7 +446,7 @@ impl Store {
         scores: &[(i64, f32)],
         final_accuracy: &HeadAccuracy,
     ) -> Result<()> {
-        let tx = self.transaction()?;
+        let tx = self.begin(TransactionBehavior::Deferred)?;
         tx.execute("DELETE FROM af_folds WHERE run_id = ?1", [run_id])?;
         tx.execute("DELETE FROM af_scores WHERE run_id = ?1", [run_id])?;
         {
@@ -472,7 +472,7 @@ impl Store {
     /// Final ensemble scores of a run: ending id → score.
     pub fn af_scores(&self, run_id: i64) -> Result<BTreeMap<i64, f64>> {
         let mut stmt = self
-            .conn()
+            .conn
             .prepare("SELECT ending_id, score FROM af_scores WHERE run_id = ?1")?;
         let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -481,7 +481,7 @@ impl Store {
     /// Cross-fitting fold of every context of a run: example id → fold.
     pub fn af_folds(&self, run_id: i64) -> Result<BTreeMap<i64, usize>> {
         let mut stmt = self
-            .conn()
+            .conn
             .prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
         let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as usize)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -515,7 +515,7 @@ impl Store {
     /// Endings of pools (found and generated) that have no sentence vector yet, as
     /// (ending id, `sent2 + " " + ending`), in id order, at most `limit`.
     pub fn endings_without_sentence_vector(&self, limit: usize) -> Result<Vec<(i64, String)>> {
-        let mut stmt = self.conn().prepare(&format!(
+        let mut stmt = self.conn.prepare(&format!(
             "SELECT e.id, x.sent2 || ' ' || e.text FROM endings e
              JOIN examples x ON x.id = e.example_id
              WHERE {WITHOUT_SENTENCE_VECTOR} ORDER BY e.id LIMIT ?1"
@@ -526,7 +526,7 @@ impl Store {
 
     /// How many endings of pools have no sentence vector yet.
     pub fn count_endings_without_sentence_vector(&self) -> Result<usize> {
-        let n: i64 = self.conn().query_row(
+        let n: i64 = self.conn.query_row(
             &format!("SELECT COUNT(*) FROM endings e WHERE {WITHOUT_SENTENCE_VECTOR}"),
             [],
             |r| r.get(0),
@@ -536,7 +536,7 @@ impl Store {
 
     /// Stores vectors made by `model`, in one transaction.
     pub fn put_sentence_vectors(&mut self, model: &str, rows: &[(i64, Vec<f32>)]) -> Result<()> {
-        let tx = self.transaction()?;
+        let tx = self.begin(TransactionBehavior::Deferred)?;
         {
             let mut stmt = tx.prepare(
                 "INSERT OR REPLACE INTO sentence_vectors(ending_id, model, vector) VALUES (?1, ?2, ?3)",
@@ -553,7 +553,7 @@ impl Store {
     /// The stored vector of an ending, if any.
     pub fn sentence_vector(&self, ending_id: i64) -> Result<Option<Vec<f32>>> {
         let mut stmt = self
-            .conn()
+            .conn
             .prepare_cached("SELECT vector FROM sentence_vectors WHERE ending_id = ?1")?;
         let bytes: Option<Vec<u8>> = stmt.query_row([ending_id], |r| r.get(0)).optional()?;
         Ok(bytes.map(|b| {

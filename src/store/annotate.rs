@@ -1,6 +1,6 @@
 //! Annotate's tables: tasks (items to verify), claims (who holds which item), skips,
 //! submissions and labels; plus the reads of the filter stage's results that tasks are made from,
-//! and the re-annotation tasks that assemble queues ([`create_reannotation_task`]): the one place
+//! and the re-annotation tasks that assemble queues ([`Store::create_reannotation_task`]): the one place
 //! where a later stage writes annotate's tables, kept here so that neither stage imports the other.
 //!
 //! Every write that decides who gets what runs in a `BEGIN IMMEDIATE` transaction: it takes the
@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{get_meta, now, set_meta, Store};
+use crate::seed::Seed;
 
 /// An annotator's judgement of one ending (SWAG Figure 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,56 +95,62 @@ pub const DEFAULT_POLICY: Policy = Policy {
     seed: 0,
 };
 
-/// The policy recorded in the project, if tasks were made before.
-pub fn stored_policy(conn: &Connection) -> Result<Option<Policy>> {
-    let mut values = Vec::new();
-    for key in Policy::KEYS {
-        match get_meta(conn, key)? {
-            Some(v) => values.push(v),
-            None => return Ok(None),
+impl Store {
+    /// The policy recorded in the project, if tasks were made before.
+    pub fn stored_policy(&self) -> Result<Option<Policy>> {
+        let conn = &self.conn;
+        let mut values = Vec::new();
+        for key in Policy::KEYS {
+            match get_meta(conn, key)? {
+                Some(v) => values.push(v),
+                None => return Ok(None),
+            }
         }
+        let parse = |i: usize| -> Result<i64> {
+            values[i].parse().with_context(|| {
+                format!(
+                    "meta {} = {:?} is not an integer",
+                    Policy::KEYS[i],
+                    values[i]
+                )
+            })
+        };
+        Ok(Some(Policy {
+            agreement_items: parse(0)?,
+            replicas: parse(1)?,
+            seed: parse(2)? as u64,
+        }))
     }
-    let parse = |i: usize| -> Result<i64> {
-        values[i].parse().with_context(|| {
-            format!(
-                "meta {} = {:?} is not an integer",
-                Policy::KEYS[i],
-                values[i]
-            )
-        })
-    };
-    Ok(Some(Policy {
-        agreement_items: parse(0)?,
-        replicas: parse(1)?,
-        seed: parse(2)? as u64,
-    }))
-}
 
-pub fn record_policy(conn: &Connection, policy: &Policy) -> Result<()> {
-    set_meta(conn, Policy::KEYS[0], &policy.agreement_items.to_string())?;
-    set_meta(conn, Policy::KEYS[1], &policy.replicas.to_string())?;
-    set_meta(conn, Policy::KEYS[2], &(policy.seed as i64).to_string())?;
-    Ok(())
-}
+    pub fn record_policy(&self, policy: &Policy) -> Result<()> {
+        let conn = &self.conn;
+        set_meta(conn, Policy::KEYS[0], &policy.agreement_items.to_string())?;
+        set_meta(conn, Policy::KEYS[1], &policy.replicas.to_string())?;
+        set_meta(conn, Policy::KEYS[2], &(policy.seed as i64).to_string())?;
+        Ok(())
+    }
 
-/// Sets `replicas` of every round-0 task from the policy: R for the first M by id, else 1.
-pub fn apply_replicas(conn: &Connection, policy: &Policy) -> Result<()> {
-    conn.execute(
-        "UPDATE tasks SET replicas = CASE WHEN id IN
+    /// Sets `replicas` of every round-0 task from the policy: R for the first M by id, else 1.
+    pub fn apply_replicas(&self, policy: &Policy) -> Result<()> {
+        let conn = &self.conn;
+        conn.execute(
+            "UPDATE tasks SET replicas = CASE WHEN id IN
             (SELECT id FROM tasks WHERE round = 0 ORDER BY id LIMIT ?1) THEN ?2 ELSE 1 END
          WHERE round = 0",
-        params![policy.agreement_items, policy.replicas],
-    )?;
-    Ok(())
-}
+            params![policy.agreement_items, policy.replicas],
+        )?;
+        Ok(())
+    }
 
-/// The latest AF run whose final cross-fitted scores are stored.
-pub fn latest_finished_run(conn: &Connection) -> Result<Option<i64>> {
-    Ok(conn.query_row(
-        "SELECT MAX(id) FROM af_runs WHERE finished_at IS NOT NULL",
-        [],
-        |r| r.get(0),
-    )?)
+    /// The latest AF run whose final cross-fitted scores are stored.
+    pub fn latest_finished_run_id(&self) -> Result<Option<i64>> {
+        let conn = &self.conn;
+        Ok(conn.query_row(
+            "SELECT MAX(id) FROM af_runs WHERE finished_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )?)
+    }
 }
 
 /// A context of an AF run that has no task yet, with its candidates for one.
@@ -157,31 +163,34 @@ pub struct UntaskedContext {
     pub negatives: Vec<i64>,
 }
 
-/// Contexts of `run_id` that no task (of any run or round) shows yet, in example id order.
-pub fn untasked_contexts(conn: &Connection, run_id: i64) -> Result<Vec<UntaskedContext>> {
-    let mut stmt = conn.prepare(
-        "SELECT a.example_id, g.id, a.ending_id
+impl Store {
+    /// Contexts of `run_id` that no task (of any run or round) shows yet, in example id order.
+    pub fn untasked_contexts(&self, run_id: i64) -> Result<Vec<UntaskedContext>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
+            "SELECT a.example_id, g.id, a.ending_id
          FROM af_assignments a
          JOIN endings g ON g.example_id = a.example_id AND g.is_gold = 1
          LEFT JOIN af_scores s ON s.run_id = a.run_id AND s.ending_id = a.ending_id
          WHERE a.run_id = ?1
            AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.example_id = a.example_id)
          ORDER BY a.example_id, s.score IS NULL, s.score DESC, a.ending_id",
-    )?;
-    let mut out: Vec<UntaskedContext> = Vec::new();
-    let mut rows = stmt.query([run_id])?;
-    while let Some(r) = rows.next()? {
-        let (example_id, gold, ending): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-        match out.last_mut() {
-            Some(last) if last.example_id == example_id => last.negatives.push(ending),
-            _ => out.push(UntaskedContext {
-                example_id,
-                gold_ending_id: gold,
-                negatives: vec![ending],
-            }),
+        )?;
+        let mut out: Vec<UntaskedContext> = Vec::new();
+        let mut rows = stmt.query([run_id])?;
+        while let Some(r) = rows.next()? {
+            let (example_id, gold, ending): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+            match out.last_mut() {
+                Some(last) if last.example_id == example_id => last.negatives.push(ending),
+                _ => out.push(UntaskedContext {
+                    example_id,
+                    gold_ending_id: gold,
+                    negatives: vec![ending],
+                }),
+            }
         }
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// Endings shown per task: the found one and five negatives, as in SWAG.
@@ -198,181 +207,174 @@ pub struct NewTask {
     pub endings: Vec<i64>,
 }
 
-pub fn insert_task(conn: &Connection, task: &NewTask) -> Result<i64> {
-    conn.execute(
-        "INSERT INTO tasks(example_id, run_id, round, replicas, seed, status, created_at)
+impl Store {
+    pub fn insert_task(&self, task: &NewTask) -> Result<i64> {
+        let conn = &self.conn;
+        conn.execute(
+            "INSERT INTO tasks(example_id, run_id, round, replicas, seed, status, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)",
-        params![
-            task.example_id,
-            task.run_id,
-            task.round,
-            task.replicas,
-            task.seed as i64,
-            now()
-        ],
-    )?;
-    let task_id = conn.last_insert_rowid();
-    let mut stmt =
-        conn.prepare("INSERT INTO task_endings(task_id, position, ending_id) VALUES (?1, ?2, ?3)")?;
-    for (position, ending) in task.endings.iter().enumerate() {
-        stmt.execute(params![task_id, position as i64, ending])?;
+            params![
+                task.example_id,
+                task.run_id,
+                task.round,
+                task.replicas,
+                task.seed as i64,
+                now()
+            ],
+        )?;
+        let task_id = conn.last_insert_rowid();
+        let mut stmt = conn.prepare(
+            "INSERT INTO task_endings(task_id, position, ending_id) VALUES (?1, ?2, ?3)",
+        )?;
+        for (position, ending) in task.endings.iter().enumerate() {
+            stmt.execute(params![task_id, position as i64, ending])?;
+        }
+        Ok(task_id)
     }
-    Ok(task_id)
-}
 
-pub fn count_round0_tasks(conn: &Connection) -> Result<i64> {
-    Ok(
-        conn.query_row("SELECT COUNT(*) FROM tasks WHERE round = 0", [], |r| {
-            r.get(0)
-        })?,
-    )
-}
-
-/// The open task of a context (its latest round), if any: `(task_id, run_id, round)`.
-pub fn open_task_of(conn: &Connection, example_id: i64) -> Result<Option<(i64, i64, i64)>> {
-    Ok(conn
-        .query_row(
-            "SELECT id, run_id, round FROM tasks WHERE example_id = ?1 AND status = 'open'
-             ORDER BY round DESC LIMIT 1",
-            [example_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    pub fn count_round0_tasks(&self) -> Result<i64> {
+        let conn = &self.conn;
+        Ok(
+            conn.query_row("SELECT COUNT(*) FROM tasks WHERE round = 0", [], |r| {
+                r.get(0)
+            })?,
         )
-        .optional()?)
-}
+    }
 
-pub fn max_round(conn: &Connection, example_id: i64) -> Result<Option<i64>> {
-    Ok(conn.query_row(
-        "SELECT MAX(round) FROM tasks WHERE example_id = ?1",
-        [example_id],
-        |r| r.get(0),
-    )?)
-}
+    /// The open task of a context (its latest round), if any: `(task_id, run_id, round)`.
+    fn open_task_of(&self, example_id: i64) -> Result<Option<(i64, i64, i64)>> {
+        let conn = &self.conn;
+        Ok(conn
+            .query_row(
+                "SELECT id, run_id, round FROM tasks WHERE example_id = ?1 AND status = 'open'
+             ORDER BY round DESC LIMIT 1",
+                [example_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?)
+    }
 
-/// Marks every open task of a context superseded and drops claims on them.
-pub fn supersede_tasks_of(conn: &Connection, example_id: i64) -> Result<()> {
-    conn.execute(
-        "DELETE FROM claims WHERE task_id IN
+    fn max_round(&self, example_id: i64) -> Result<Option<i64>> {
+        let conn = &self.conn;
+        Ok(conn.query_row(
+            "SELECT MAX(round) FROM tasks WHERE example_id = ?1",
+            [example_id],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Marks every open task of a context superseded and drops claims on them.
+    fn supersede_tasks_of(&self, example_id: i64) -> Result<()> {
+        let conn = &self.conn;
+        conn.execute(
+            "DELETE FROM claims WHERE task_id IN
            (SELECT id FROM tasks WHERE example_id = ?1 AND status = 'open')",
-        [example_id],
-    )?;
-    conn.execute(
-        "UPDATE tasks SET status = 'superseded' WHERE example_id = ?1 AND status = 'open'",
-        [example_id],
-    )?;
-    Ok(())
-}
+            [example_id],
+        )?;
+        conn.execute(
+            "UPDATE tasks SET status = 'superseded' WHERE example_id = ?1 AND status = 'open'",
+            [example_id],
+        )?;
+        Ok(())
+    }
 
-/// Endings of a context that the caller may show: `(ending_id, is_gold)` of every ending row.
-pub fn endings_of_example(conn: &Connection, example_id: i64) -> Result<HashMap<i64, bool>> {
-    let mut stmt = conn.prepare("SELECT id, is_gold FROM endings WHERE example_id = ?1")?;
-    let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? != 0)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    /// Endings of a context that the caller may show: `(ending_id, is_gold)` of every ending row.
+    fn endings_of_example(&self, example_id: i64) -> Result<HashMap<i64, bool>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare("SELECT id, is_gold FROM endings WHERE example_id = ?1")?;
+        let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? != 0)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 }
 
 // ----- re-annotation: the hand-off from assemble -----
 
-/// Queues a re-annotation of a context (SWAG fn. 6): a new task one round after its current one,
-/// showing `endings` (the found ending among them, 2 to 6 distinct endings of this context) in an
-/// order shuffled with a seed derived from the project's annotation seed, the context and the
-/// round, and recorded in the task. The old open task is marked superseded and its claims
-/// dropped. One annotator per re-annotated item, as SWAG did after its agreement sample.
-/// Assemble calls it inside its own transaction, so that the assembly and the tasks it queues
-/// are committed together; returns the new task id.
-pub fn create_reannotation_task(
-    conn: &Connection,
-    example_id: i64,
-    endings: &[i64],
-) -> Result<i64> {
-    check_reannotation_endings(conn, example_id, endings)?;
-    let (run_id, round) = next_round(conn, example_id)?;
-    let policy_seed = stored_policy(conn)?.unwrap_or(DEFAULT_POLICY).seed;
-    let seed = task_seed(policy_seed, example_id, round);
-    let mut order = endings.to_vec();
-    shuffle_endings(&mut order, seed);
-    supersede_tasks_of(conn, example_id)?;
-    insert_task(
-        conn,
-        &NewTask {
+impl Store {
+    /// Queues a re-annotation of a context (SWAG fn. 6): a new task one round after its current one,
+    /// showing `endings` (the found ending among them, 2 to 6 distinct endings of this context) in an
+    /// order shuffled with a seed derived from the project's annotation seed, the context and the
+    /// round, and recorded in the task. The old open task is marked superseded and its claims
+    /// dropped. One annotator per re-annotated item, as SWAG did after its agreement sample.
+    /// Assemble calls it inside its own transaction, so that the assembly and the tasks it queues
+    /// are committed together; returns the new task id.
+    pub fn create_reannotation_task(&self, example_id: i64, endings: &[i64]) -> Result<i64> {
+        self.check_reannotation_endings(example_id, endings)?;
+        let (run_id, round) = self.next_round(example_id)?;
+        let policy_seed = self.stored_policy()?.unwrap_or(DEFAULT_POLICY).seed;
+        let seed = task_seed(policy_seed, example_id, round);
+        let mut order = endings.to_vec();
+        shuffle_endings(&mut order, seed);
+        self.supersede_tasks_of(example_id)?;
+        self.insert_task(&NewTask {
             example_id,
             run_id,
             round,
             replicas: 1,
             seed,
             endings: order,
-        },
-    )
-}
+        })
+    }
 
-/// A re-annotation shows 2 to [`ENDINGS_PER_TASK`] distinct endings of the context, its found
-/// ending among them.
-fn check_reannotation_endings(conn: &Connection, example_id: i64, endings: &[i64]) -> Result<()> {
-    let known = endings_of_example(conn, example_id)?;
-    if !(2..=ENDINGS_PER_TASK).contains(&endings.len()) {
-        bail!(
-            "a re-annotation task of example {example_id} needs 2 to {ENDINGS_PER_TASK} endings, got {}",
-            endings.len()
-        );
-    }
-    let mut seen = std::collections::HashSet::new();
-    for id in endings {
-        if !known.contains_key(id) {
-            bail!("ending {id} does not belong to example {example_id}");
+    /// A re-annotation shows 2 to [`ENDINGS_PER_TASK`] distinct endings of the context, its found
+    /// ending among them.
+    fn check_reannotation_endings(&self, example_id: i64, endings: &[i64]) -> Result<()> {
+        let known = self.endings_of_example(example_id)?;
+        if !(2..=ENDINGS_PER_TASK).contains(&endings.len()) {
+            bail!(
+                "a re-annotation task of example {example_id} needs 2 to {ENDINGS_PER_TASK} endings, got {}",
+                endings.len()
+            );
         }
-        if !seen.insert(id) {
-            bail!("ending {id} is listed twice for example {example_id}");
+        let mut seen = std::collections::HashSet::new();
+        for id in endings {
+            if !known.contains_key(id) {
+                bail!("ending {id} does not belong to example {example_id}");
+            }
+            if !seen.insert(id) {
+                bail!("ending {id} is listed twice for example {example_id}");
+            }
         }
+        if !endings.iter().any(|id| known[id]) {
+            bail!("a re-annotation task of example {example_id} must show its found ending");
+        }
+        Ok(())
     }
-    if !endings.iter().any(|id| known[id]) {
-        bail!("a re-annotation task of example {example_id} must show its found ending");
-    }
-    Ok(())
-}
 
-/// The AF run and round of a context's next task: its open task's run, one round later; else the
-/// latest finished run, after any closed rounds.
-fn next_round(conn: &Connection, example_id: i64) -> Result<(i64, i64)> {
-    Ok(match open_task_of(conn, example_id)? {
-        Some((_, run, _)) => (
-            run,
-            max_round(conn, example_id)?.expect("a task exists") + 1,
-        ),
-        None => (
-            latest_finished_run(conn)?
-                .context("no finished AF run to attach a re-annotation task to")?,
-            max_round(conn, example_id)?.map_or(0, |r| r + 1),
-        ),
-    })
+    /// The AF run and round of a context's next task: its open task's run, one round later; else
+    /// the latest finished run, after any closed rounds.
+    fn next_round(&self, example_id: i64) -> Result<(i64, i64)> {
+        Ok(match self.open_task_of(example_id)? {
+            Some((_, run, _)) => (run, self.max_round(example_id)?.expect("a task exists") + 1),
+            None => (
+                self.latest_finished_run_id()?
+                    .context("no finished AF run to attach a re-annotation task to")?,
+                self.max_round(example_id)?.map_or(0, |r| r + 1),
+            ),
+        })
+    }
 }
 
 // ----- task seeds: recorded in `tasks.seed`, so a task's order can be reproduced -----
 
-/// The shuffle seed of one task, recorded in `tasks.seed`.
+/// The shuffle seed of one task, recorded in `tasks.seed`: derived from the annotation policy's
+/// seed with the context and the round as the key.
 pub fn task_seed(policy_seed: u64, example_id: i64, round: i64) -> u64 {
-    mix(policy_seed, example_id as u64, round as u64)
+    Seed::new(policy_seed)
+        .derive(&format!("task\u{0}{example_id}\u{0}{round}"))
+        .value()
 }
 
-/// The seed of the order in which a run's new contexts are handed out.
-pub fn handout_seed(policy_seed: u64, run_id: i64) -> u64 {
-    mix(policy_seed, run_id as u64, 0)
+/// The order in which a run's new contexts are handed out: from the annotation policy's seed,
+/// with the AF run as the key.
+pub fn handout_rng(policy_seed: u64, run_id: i64) -> ChaCha8Rng {
+    Seed::new(policy_seed)
+        .derive(&format!("handout\u{0}{run_id}"))
+        .rng()
 }
 
 /// Puts `endings` in the order a task with this seed shows them.
 pub fn shuffle_endings(endings: &mut [i64], seed: u64) {
-    endings.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-}
-
-/// SplitMix64 over three words: independent, well-spread seeds from (seed, id, round).
-fn mix(a: u64, b: u64, c: u64) -> u64 {
-    let mut x = a;
-    for word in [b, c] {
-        x = x
-            .wrapping_add(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add(word.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 31;
-    }
-    x
+    endings.shuffle(&mut Seed::new(seed).rng());
 }
 
 /// One ending as a task shows it.
@@ -404,8 +406,10 @@ impl TaskView {
     }
 }
 
-pub fn task_view(conn: &Connection, task_id: i64) -> Result<Option<TaskView>> {
-    let head = conn
+impl Store {
+    pub fn task_view(&self, task_id: i64) -> Result<Option<TaskView>> {
+        let conn = &self.conn;
+        let head = conn
         .query_row(
             "SELECT t.id, t.example_id, x.ext_id, t.round, t.replicas, t.status = 'open', x.sent1, x.sent2
              FROM tasks t JOIN examples x ON x.id = t.example_id WHERE t.id = ?1",
@@ -425,37 +429,39 @@ pub fn task_view(conn: &Connection, task_id: i64) -> Result<Option<TaskView>> {
             },
         )
         .optional()?;
-    let Some(mut view) = head else {
-        return Ok(None);
-    };
-    let mut stmt = conn.prepare_cached(
+        let Some(mut view) = head else {
+            return Ok(None);
+        };
+        let mut stmt = conn.prepare_cached(
         "SELECT e.id, e.text, e.is_gold FROM task_endings te JOIN endings e ON e.id = te.ending_id
          WHERE te.task_id = ?1 ORDER BY te.position",
     )?;
-    let rows = stmt.query_map([task_id], |r| {
-        Ok(TaskEnding {
-            ending_id: r.get(0)?,
-            text: r.get(1)?,
-            is_gold: r.get::<_, i64>(2)? != 0,
-        })
-    })?;
-    view.endings = rows.collect::<rusqlite::Result<_>>()?;
-    Ok(Some(view))
-}
+        let rows = stmt.query_map([task_id], |r| {
+            Ok(TaskEnding {
+                ending_id: r.get(0)?,
+                text: r.get(1)?,
+                is_gold: r.get::<_, i64>(2)? != 0,
+            })
+        })?;
+        view.endings = rows.collect::<rusqlite::Result<_>>()?;
+        Ok(Some(view))
+    }
 
-/// Open tasks in hand-out order; with `unfinished_only`, only those still short of annotators.
-pub fn open_tasks(conn: &Connection, unfinished_only: bool) -> Result<Vec<TaskView>> {
-    let mut stmt = conn.prepare(
-        "SELECT t.id FROM tasks t WHERE t.status = 'open'
+    /// Open tasks in hand-out order; with `unfinished_only`, only those still short of annotators.
+    pub fn open_tasks(&self, unfinished_only: bool) -> Result<Vec<TaskView>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
+            "SELECT t.id FROM tasks t WHERE t.status = 'open'
            AND (?1 = 0 OR (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id) < t.replicas)
          ORDER BY t.id",
-    )?;
-    let ids: Vec<i64> = stmt
-        .query_map([unfinished_only as i64], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    ids.into_iter()
-        .map(|id| Ok(task_view(conn, id)?.expect("task listed above exists")))
-        .collect()
+        )?;
+        let ids: Vec<i64> = stmt
+            .query_map([unfinished_only as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        ids.into_iter()
+            .map(|id| Ok(self.task_view(id)?.expect("task listed above exists")))
+            .collect()
+    }
 }
 
 /// The process that holds claims for an annotator.
@@ -519,14 +525,6 @@ const ELIGIBLE: &str = "t.status = 'open'
            AND c.pid IS NOT NULL AND c.seen_at > ?2) < t.replicas";
 
 impl Store {
-    /// A write transaction that holds the write lock from its first statement (`BEGIN
-    /// IMMEDIATE`), so what it reads cannot change before it writes.
-    pub fn write_transaction(&mut self) -> Result<Transaction<'_>> {
-        Ok(self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?)
-    }
-
     /// Makes every commit reach the disk before it returns (`synchronous = FULL`): a label,
     /// once the next item shows, survives even a power cut, not only a killed process.
     pub fn sync_every_commit(&self) -> Result<()> {
@@ -535,60 +533,62 @@ impl Store {
     }
 }
 
-/// Hands `holder` its next item, atomically: its own unfinished claim first (the item it had on
-/// screen when it stopped), else the first eligible open task in id order. `None` when nothing
-/// is left for this annotator.
-pub fn claim_next(store: &mut Store, holder: &Holder) -> Result<Option<TaskView>> {
-    let tx = store.write_transaction()?;
-    forget_dead_holders(&tx, holder)?;
-    let stale = cutoff(STALE_AFTER);
-    let mine: Option<i64> = tx
-        .query_row(
-            "SELECT task_id FROM claims WHERE annotator = ?1 ORDER BY claimed_at DESC LIMIT 1",
-            [&holder.annotator],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let still_eligible = match mine {
-        Some(task) => tx
+impl Store {
+    /// Hands `holder` its next item, atomically: its own unfinished claim first (the item it had on
+    /// screen when it stopped), else the first eligible open task in id order. `None` when nothing
+    /// is left for this annotator.
+    pub fn claim_next(&mut self, holder: &Holder) -> Result<Option<TaskView>> {
+        let tx = self.begin(TransactionBehavior::Immediate)?;
+        forget_dead_holders(&tx, holder)?;
+        let stale = cutoff(STALE_AFTER);
+        let mine: Option<i64> = tx
             .query_row(
-                &format!("SELECT 1 FROM tasks t WHERE t.id = ?3 AND {ELIGIBLE}"),
-                params![holder.annotator, stale, task],
-                |_| Ok(()),
+                "SELECT task_id FROM claims WHERE annotator = ?1 ORDER BY claimed_at DESC LIMIT 1",
+                [&holder.annotator],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let still_eligible = match mine {
+            Some(task) => tx
+                .query_row(
+                    &format!("SELECT 1 FROM tasks t WHERE t.id = ?3 AND {ELIGIBLE}"),
+                    params![holder.annotator, stale, task],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some(),
+            None => false,
+        };
+        let task = if still_eligible {
+            mine
+        } else {
+            tx.query_row(
+                &format!("SELECT t.id FROM tasks t WHERE {ELIGIBLE} ORDER BY t.id LIMIT 1"),
+                params![holder.annotator, stale],
+                |r| r.get(0),
             )
             .optional()?
-            .is_some(),
-        None => false,
-    };
-    let task = if still_eligible {
-        mine
-    } else {
-        tx.query_row(
-            &format!("SELECT t.id FROM tasks t WHERE {ELIGIBLE} ORDER BY t.id LIMIT 1"),
-            params![holder.annotator, stale],
-            |r| r.get(0),
-        )
-        .optional()?
-    };
-    tx.execute(
-        "DELETE FROM claims WHERE annotator = ?1 AND task_id IS NOT ?2",
-        params![holder.annotator, task],
-    )?;
-    let Some(task) = task else {
-        tx.commit()?;
-        return Ok(None);
-    };
-    let at = now();
-    tx.execute(
-        "INSERT INTO claims(task_id, annotator, claimed_at, seen_at, pid, host)
+        };
+        tx.execute(
+            "DELETE FROM claims WHERE annotator = ?1 AND task_id IS NOT ?2",
+            params![holder.annotator, task],
+        )?;
+        let Some(task) = task else {
+            tx.commit()?;
+            return Ok(None);
+        };
+        let at = now();
+        tx.execute(
+            "INSERT INTO claims(task_id, annotator, claimed_at, seen_at, pid, host)
          VALUES (?1, ?2, ?3, ?3, ?4, ?5)
          ON CONFLICT(task_id, annotator) DO UPDATE
            SET seen_at = excluded.seen_at, pid = excluded.pid, host = excluded.host",
-        params![task, holder.annotator, at, holder.pid, holder.host],
-    )?;
-    let view = task_view(&tx, task)?.expect("claimed task exists");
-    tx.commit()?;
-    Ok(Some(view))
+            params![task, holder.annotator, at, holder.pid, holder.host],
+        )?;
+        let view = self.task_view(task)?.expect("claimed task exists");
+        tx.commit()?;
+        Ok(Some(view))
+    }
 }
 
 /// Claims held by processes of this machine that have exited lose their pid: their items are
@@ -609,23 +609,27 @@ fn forget_dead_holders(conn: &Connection, holder: &Holder) -> Result<()> {
     Ok(())
 }
 
-/// Ends the holder's session: its claims lose their pid, so their items are free for others at
-/// once, on any machine, while the annotator still gets them back first when it resumes.
-pub fn release_claims(conn: &Connection, holder: &Holder) -> Result<()> {
-    conn.execute(
-        "UPDATE claims SET pid = NULL WHERE annotator = ?1 AND pid = ?2 AND host = ?3",
-        params![holder.annotator, holder.pid, holder.host],
-    )?;
-    Ok(())
-}
+impl Store {
+    /// Ends the holder's session: its claims lose their pid, so their items are free for others at
+    /// once, on any machine, while the annotator still gets them back first when it resumes.
+    pub fn release_claims(&self, holder: &Holder) -> Result<()> {
+        let conn = &self.conn;
+        conn.execute(
+            "UPDATE claims SET pid = NULL WHERE annotator = ?1 AND pid = ?2 AND host = ?3",
+            params![holder.annotator, holder.pid, holder.host],
+        )?;
+        Ok(())
+    }
 
-/// Refreshes the holder's claim on `task_id` so that it stays reserved while on screen.
-pub fn heartbeat(conn: &Connection, holder: &Holder, task_id: i64) -> Result<()> {
-    conn.execute(
+    /// Refreshes the holder's claim on `task_id` so that it stays reserved while on screen.
+    pub fn heartbeat(&self, holder: &Holder, task_id: i64) -> Result<()> {
+        let conn = &self.conn;
+        conn.execute(
         "UPDATE claims SET seen_at = ?3, pid = ?4, host = ?5 WHERE task_id = ?1 AND annotator = ?2",
         params![task_id, holder.annotator, now(), holder.pid, holder.host],
     )?;
-    Ok(())
+        Ok(())
+    }
 }
 
 /// Where a submission came from.
@@ -666,67 +670,72 @@ pub struct NewSubmission {
     pub labels: Vec<EndingLabel>,
 }
 
-/// Inserts a submission and its labels (the caller provides the transaction).
-pub fn insert_submission(conn: &Connection, sub: &NewSubmission) -> Result<i64> {
-    let at = sub.submitted_at.clone().unwrap_or_else(now);
-    conn.execute(
-        "INSERT INTO submissions(task_id, annotator, origin, broken, seconds, submitted_at)
+impl Store {
+    /// Inserts a submission and its labels (the caller provides the transaction).
+    pub fn insert_submission(&self, sub: &NewSubmission) -> Result<i64> {
+        let conn = &self.conn;
+        let at = sub.submitted_at.clone().unwrap_or_else(now);
+        conn.execute(
+            "INSERT INTO submissions(task_id, annotator, origin, broken, seconds, submitted_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            sub.task_id,
-            sub.annotator,
-            sub.origin.as_str(),
-            sub.broken,
-            sub.seconds,
-            at
-        ],
-    )
-    .with_context(|| {
-        format!(
-            "cannot store the submission of task {} by {}",
-            sub.task_id, sub.annotator
+            params![
+                sub.task_id,
+                sub.annotator,
+                sub.origin.as_str(),
+                sub.broken,
+                sub.seconds,
+                at
+            ],
         )
-    })?;
-    let id = conn.last_insert_rowid();
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO labels(submission_id, ending_id, judgement, rank) VALUES (?1, ?2, ?3, ?4)",
-    )?;
-    for l in &sub.labels {
-        stmt.execute(params![
-            id,
-            l.ending_id,
-            l.judgement.as_str(),
-            l.rank.map(Rank::as_str)
-        ])?;
+        .with_context(|| {
+            format!(
+                "cannot store the submission of task {} by {}",
+                sub.task_id, sub.annotator
+            )
+        })?;
+        let id = conn.last_insert_rowid();
+        let mut stmt = conn.prepare_cached(
+            "INSERT INTO labels(submission_id, ending_id, judgement, rank) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for l in &sub.labels {
+            stmt.execute(params![
+                id,
+                l.ending_id,
+                l.judgement.as_str(),
+                l.rank.map(Rank::as_str)
+            ])?;
+        }
+        Ok(id)
     }
-    Ok(id)
 }
 
-/// Stores a submission from the UI and releases the claim, in one durable transaction.
-pub fn submit(store: &mut Store, sub: &NewSubmission) -> Result<i64> {
-    let tx = store.write_transaction()?;
-    let id = insert_submission(&tx, sub)?;
-    tx.execute(
-        "DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2",
-        params![sub.task_id, sub.annotator],
-    )?;
-    tx.commit()?;
-    Ok(id)
-}
+impl Store {
+    /// Stores a submission from the UI and releases the claim, in one durable transaction.
+    pub fn submit(&mut self, sub: &NewSubmission) -> Result<i64> {
+        let tx = self.begin(TransactionBehavior::Immediate)?;
+        let id = self.insert_submission(sub)?;
+        tx.execute(
+            "DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2",
+            params![sub.task_id, sub.annotator],
+        )?;
+        tx.commit()?;
+        Ok(id)
+    }
 
-/// Records that the holder skips `task_id` (it will not be offered to them again).
-pub fn skip(store: &mut Store, holder: &Holder, task_id: i64) -> Result<()> {
-    let tx = store.write_transaction()?;
-    tx.execute(
-        "INSERT OR IGNORE INTO skips(task_id, annotator, skipped_at) VALUES (?1, ?2, ?3)",
-        params![task_id, holder.annotator, now()],
-    )?;
-    tx.execute(
-        "DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2",
-        params![task_id, holder.annotator],
-    )?;
-    tx.commit()?;
-    Ok(())
+    /// Records that the holder skips `task_id` (it will not be offered to them again).
+    pub fn skip(&mut self, holder: &Holder, task_id: i64) -> Result<()> {
+        let tx = self.begin(TransactionBehavior::Immediate)?;
+        tx.execute(
+            "INSERT OR IGNORE INTO skips(task_id, annotator, skipped_at) VALUES (?1, ?2, ?3)",
+            params![task_id, holder.annotator, now()],
+        )?;
+        tx.execute(
+            "DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2",
+            params![task_id, holder.annotator],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
 }
 
 /// What an undo brought back.
@@ -745,63 +754,65 @@ pub enum UndoneKind {
     Skip,
 }
 
-/// Takes back the annotator's latest UI submission, broken flag or skip (whichever came last),
-/// and claims its item again, in one transaction. `None` when there is nothing to undo.
-pub fn undo_last(store: &mut Store, holder: &Holder) -> Result<Option<Undone>> {
-    let tx = store.write_transaction()?;
-    let last_submission: Option<(i64, i64, bool, String)> = tx
-        .query_row(
-            "SELECT id, task_id, broken, submitted_at FROM submissions
+impl Store {
+    /// Takes back the annotator's latest UI submission, broken flag or skip (whichever came last),
+    /// and claims its item again, in one transaction. `None` when there is nothing to undo.
+    pub fn undo_last(&mut self, holder: &Holder) -> Result<Option<Undone>> {
+        let tx = self.begin(TransactionBehavior::Immediate)?;
+        let last_submission: Option<(i64, i64, bool, String)> = tx
+            .query_row(
+                "SELECT id, task_id, broken, submitted_at FROM submissions
              WHERE annotator = ?1 AND origin = 'tui' ORDER BY submitted_at DESC, id DESC LIMIT 1",
-            [&holder.annotator],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .optional()?;
-    let last_skip: Option<(i64, String)> = tx
-        .query_row(
-            "SELECT task_id, skipped_at FROM skips WHERE annotator = ?1
+                [&holder.annotator],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        let last_skip: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT task_id, skipped_at FROM skips WHERE annotator = ?1
              ORDER BY skipped_at DESC, rowid DESC LIMIT 1",
-            [&holder.annotator],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .optional()?;
-    let skip_is_later = match (&last_submission, &last_skip) {
-        (Some((_, _, _, sub_at)), Some((_, skip_at))) => skip_at > sub_at,
-        (None, Some(_)) => true,
-        _ => false,
-    };
-    let (task_id, labels, was) = if skip_is_later {
-        let (task_id, _) = last_skip.expect("checked above");
-        tx.execute(
-            "DELETE FROM skips WHERE task_id = ?1 AND annotator = ?2",
-            params![task_id, holder.annotator],
-        )?;
-        (task_id, Vec::new(), UndoneKind::Skip)
-    } else if let Some((id, task_id, broken, _)) = last_submission {
-        let labels = submission_labels(&tx, id)?;
-        tx.execute("DELETE FROM submissions WHERE id = ?1", [id])?;
-        let was = if broken {
-            UndoneKind::Broken
-        } else {
-            UndoneKind::Submission
+                [&holder.annotator],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let skip_is_later = match (&last_submission, &last_skip) {
+            (Some((_, _, _, sub_at)), Some((_, skip_at))) => skip_at > sub_at,
+            (None, Some(_)) => true,
+            _ => false,
         };
-        (task_id, labels, was)
-    } else {
-        return Ok(None);
-    };
-    tx.execute(
-        "DELETE FROM claims WHERE annotator = ?1",
-        [&holder.annotator],
-    )?;
-    let at = now();
-    tx.execute(
-        "INSERT INTO claims(task_id, annotator, claimed_at, seen_at, pid, host)
+        let (task_id, labels, was) = if skip_is_later {
+            let (task_id, _) = last_skip.expect("checked above");
+            tx.execute(
+                "DELETE FROM skips WHERE task_id = ?1 AND annotator = ?2",
+                params![task_id, holder.annotator],
+            )?;
+            (task_id, Vec::new(), UndoneKind::Skip)
+        } else if let Some((id, task_id, broken, _)) = last_submission {
+            let labels = submission_labels(&tx, id)?;
+            tx.execute("DELETE FROM submissions WHERE id = ?1", [id])?;
+            let was = if broken {
+                UndoneKind::Broken
+            } else {
+                UndoneKind::Submission
+            };
+            (task_id, labels, was)
+        } else {
+            return Ok(None);
+        };
+        tx.execute(
+            "DELETE FROM claims WHERE annotator = ?1",
+            [&holder.annotator],
+        )?;
+        let at = now();
+        tx.execute(
+            "INSERT INTO claims(task_id, annotator, claimed_at, seen_at, pid, host)
          VALUES (?1, ?2, ?3, ?3, ?4, ?5)",
-        params![task_id, holder.annotator, at, holder.pid, holder.host],
-    )?;
-    let task = task_view(&tx, task_id)?.expect("undone task exists");
-    tx.commit()?;
-    Ok(Some(Undone { task, labels, was }))
+            params![task_id, holder.annotator, at, holder.pid, holder.host],
+        )?;
+        let task = self.task_view(task_id)?.expect("undone task exists");
+        tx.commit()?;
+        Ok(Some(Undone { task, labels, was }))
+    }
 }
 
 fn submission_labels(conn: &Connection, submission_id: i64) -> Result<Vec<EndingLabel>> {
@@ -849,44 +860,49 @@ pub struct AnnotatorProgress {
     pub remaining: i64,
 }
 
-pub fn annotator_progress(conn: &Connection, annotator: &str) -> Result<AnnotatorProgress> {
-    let mut stmt = conn.prepare_cached(
+impl Store {
+    pub fn annotator_progress(&self, annotator: &str) -> Result<AnnotatorProgress> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare_cached(
         "SELECT submitted_at, seconds FROM submissions WHERE annotator = ?1 ORDER BY submitted_at",
     )?;
-    let items: Vec<(String, Option<f64>)> = stmt
-        .query_map([annotator], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    let remaining = conn.query_row(
-        &format!("SELECT COUNT(*) FROM tasks t WHERE {ELIGIBLE}"),
-        params![annotator, cutoff(STALE_AFTER)],
-        |r| r.get(0),
-    )?;
-    Ok(AnnotatorProgress {
-        done: items.len() as i64,
-        items,
-        remaining,
-    })
-}
+        let items: Vec<(String, Option<f64>)> = stmt
+            .query_map([annotator], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let remaining = conn.query_row(
+            &format!("SELECT COUNT(*) FROM tasks t WHERE {ELIGIBLE}"),
+            params![annotator, cutoff(STALE_AFTER)],
+            |r| r.get(0),
+        )?;
+        Ok(AnnotatorProgress {
+            done: items.len() as i64,
+            items,
+            remaining,
+        })
+    }
 
-/// Submissions of a task so far, by any annotator.
-pub fn submission_count(conn: &Connection, task_id: i64) -> Result<i64> {
-    Ok(conn.query_row(
-        "SELECT COUNT(*) FROM submissions WHERE task_id = ?1",
-        [task_id],
-        |r| r.get(0),
-    )?)
-}
+    /// Submissions of a task so far, by any annotator.
+    pub fn submission_count(&self, task_id: i64) -> Result<i64> {
+        let conn = &self.conn;
+        Ok(conn.query_row(
+            "SELECT COUNT(*) FROM submissions WHERE task_id = ?1",
+            [task_id],
+            |r| r.get(0),
+        )?)
+    }
 
-/// Whether `annotator` already submitted `task_id` (any origin).
-pub fn has_submitted(conn: &Connection, task_id: i64, annotator: &str) -> Result<bool> {
-    Ok(conn
-        .query_row(
-            "SELECT 1 FROM submissions WHERE task_id = ?1 AND annotator = ?2",
-            params![task_id, annotator],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some())
+    /// Whether `annotator` already submitted `task_id` (any origin).
+    pub fn has_submitted(&self, task_id: i64, annotator: &str) -> Result<bool> {
+        let conn = &self.conn;
+        Ok(conn
+            .query_row(
+                "SELECT 1 FROM submissions WHERE task_id = ?1 AND annotator = ?2",
+                params![task_id, annotator],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
 }
 
 /// A stored submission with its labels, for agreement statistics and assembly.
@@ -903,9 +919,11 @@ pub struct SubmissionRecord {
     pub labels: Vec<(EndingLabel, bool)>,
 }
 
-/// Every submission, ordered by task then submission id.
-pub fn all_submissions(conn: &Connection) -> Result<Vec<SubmissionRecord>> {
-    let mut stmt = conn.prepare(
+impl Store {
+    /// Every submission, ordered by task then submission id.
+    pub fn all_submissions(&self) -> Result<Vec<SubmissionRecord>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
         "SELECT s.id, s.task_id, t.example_id, s.annotator, s.broken, s.seconds, s.submitted_at,
                 l.ending_id, l.judgement, l.rank, e.is_gold
          FROM submissions s JOIN tasks t ON t.id = s.task_id
@@ -913,38 +931,38 @@ pub fn all_submissions(conn: &Connection) -> Result<Vec<SubmissionRecord>> {
          LEFT JOIN endings e ON e.id = l.ending_id
          ORDER BY s.task_id, s.id, l.ending_id",
     )?;
-    let mut rows = stmt.query([])?;
-    let mut out: Vec<SubmissionRecord> = Vec::new();
-    while let Some(r) = rows.next()? {
-        let id: i64 = r.get(0)?;
-        if out.last().map(|s| s.submission_id) != Some(id) {
-            out.push(SubmissionRecord {
-                submission_id: id,
-                task_id: r.get(1)?,
-                example_id: r.get(2)?,
-                annotator: r.get(3)?,
-                broken: r.get(4)?,
-                seconds: r.get(5)?,
-                submitted_at: r.get(6)?,
-                labels: Vec::new(),
-            });
+        let mut rows = stmt.query([])?;
+        let mut out: Vec<SubmissionRecord> = Vec::new();
+        while let Some(r) = rows.next()? {
+            let id: i64 = r.get(0)?;
+            if out.last().map(|s| s.submission_id) != Some(id) {
+                out.push(SubmissionRecord {
+                    submission_id: id,
+                    task_id: r.get(1)?,
+                    example_id: r.get(2)?,
+                    annotator: r.get(3)?,
+                    broken: r.get(4)?,
+                    seconds: r.get(5)?,
+                    submitted_at: r.get(6)?,
+                    labels: Vec::new(),
+                });
+            }
+            if let Some(ending_id) = r.get::<_, Option<i64>>(7)? {
+                let label = label_from_row(ending_id, &r.get::<_, String>(8)?, r.get(9)?)?;
+                let is_gold = r.get::<_, i64>(10)? != 0;
+                out.last_mut()
+                    .expect("pushed above")
+                    .labels
+                    .push((label, is_gold));
+            }
         }
-        if let Some(ending_id) = r.get::<_, Option<i64>>(7)? {
-            let label = label_from_row(ending_id, &r.get::<_, String>(8)?, r.get(9)?)?;
-            let is_gold = r.get::<_, i64>(10)? != 0;
-            out.last_mut()
-                .expect("pushed above")
-                .labels
-                .push((label, is_gold));
-        }
+        Ok(out)
     }
-    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::fixtures::synthetic_af_project;
 
     /// A pid no process has (above Linux's pid_max).
     const DEAD_PID: u32 = 4_000_000_000;
@@ -955,9 +973,8 @@ mod tests {
     fn project(contexts: usize, m: i64, r: i64) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
-        let run_id = synthetic_af_project(&mut store, contexts, 6, 3).unwrap();
-        let conn = store.conn();
-        for (index, context) in (0..).zip(untasked_contexts(conn, run_id).unwrap()) {
+        let run_id = store.synthetic_af_project(contexts, 6, 3).unwrap();
+        for (index, context) in (0..).zip(store.untasked_contexts(run_id).unwrap()) {
             let mut endings = vec![context.gold_ending_id];
             endings.extend(&context.negatives[..ENDINGS_PER_TASK - 1]);
             let task = NewTask {
@@ -968,7 +985,7 @@ mod tests {
                 seed: 0,
                 endings,
             };
-            insert_task(conn, &task).unwrap();
+            store.insert_task(&task).unwrap();
         }
         (dir, store)
     }
@@ -1010,33 +1027,26 @@ mod tests {
         let (_dir, mut store) = project(3, 1, 2);
         let me = std::process::id();
         let (a, b, c) = (holder("a", me), holder("b", me), holder("c", me));
-        let ta = claim_next(&mut store, &a).unwrap().unwrap();
-        let tb = claim_next(&mut store, &b).unwrap().unwrap();
+        let ta = store.claim_next(&a).unwrap().unwrap();
+        let tb = store.claim_next(&b).unwrap().unwrap();
         assert_eq!(
             ta.task_id, tb.task_id,
             "the agreement item goes to two annotators"
         );
         assert_eq!(ta.replicas, 2);
-        let tc = claim_next(&mut store, &c).unwrap().unwrap();
+        let tc = store.claim_next(&c).unwrap().unwrap();
         assert_ne!(
             tc.task_id, ta.task_id,
             "a third annotator gets the next item"
         );
         // Asking again returns the same claimed item (the resume point).
-        assert_eq!(
-            claim_next(&mut store, &a).unwrap().unwrap().task_id,
-            ta.task_id
-        );
-        submit(&mut store, &complete(&ta, "a")).unwrap();
-        let next = claim_next(&mut store, &a).unwrap().unwrap();
+        assert_eq!(store.claim_next(&a).unwrap().unwrap().task_id, ta.task_id);
+        store.submit(&complete(&ta, "a")).unwrap();
+        let next = store.claim_next(&a).unwrap().unwrap();
         assert!(next.task_id != ta.task_id && next.task_id != tc.task_id);
-        submit(&mut store, &complete(&next, "a")).unwrap();
-        assert_eq!(
-            claim_next(&mut store, &a).unwrap(),
-            None,
-            "c holds the last item"
-        );
-        assert_eq!(annotator_progress(store.conn(), "a").unwrap().done, 2);
+        store.submit(&complete(&next, "a")).unwrap();
+        assert_eq!(store.claim_next(&a).unwrap(), None, "c holds the last item");
+        assert_eq!(store.annotator_progress("a").unwrap().done, 2);
     }
 
     #[test]
@@ -1044,23 +1054,17 @@ mod tests {
         let (_dir, mut store) = project(2, 0, 1);
         let me = std::process::id();
         let ghost = holder("ghost", DEAD_PID);
-        let held = claim_next(&mut store, &ghost).unwrap().unwrap();
+        let held = store.claim_next(&ghost).unwrap().unwrap();
         // The ghost's process is gone: its item is free for others.
-        let other = claim_next(&mut store, &holder("other", me))
-            .unwrap()
-            .unwrap();
+        let other = store.claim_next(&holder("other", me)).unwrap().unwrap();
         assert_eq!(other.task_id, held.task_id);
         // Back under the same name, the ghost gets another item, since "other" holds its old one.
-        let back = claim_next(&mut store, &holder("ghost", me))
-            .unwrap()
-            .unwrap();
+        let back = store.claim_next(&holder("ghost", me)).unwrap().unwrap();
         assert_ne!(back.task_id, held.task_id);
         // Without competition the owner's claim comes back first.
         let (_d2, mut store) = project(2, 0, 1);
-        let first = claim_next(&mut store, &holder("ann", DEAD_PID))
-            .unwrap()
-            .unwrap();
-        let resumed = claim_next(&mut store, &holder("ann", me)).unwrap().unwrap();
+        let first = store.claim_next(&holder("ann", DEAD_PID)).unwrap().unwrap();
+        let resumed = store.claim_next(&holder("ann", me)).unwrap().unwrap();
         assert_eq!(resumed.task_id, first.task_id);
     }
 
@@ -1068,63 +1072,69 @@ mod tests {
     fn skip_and_undo() {
         let (_dir, mut store) = project(2, 0, 1);
         let a = holder("a", std::process::id());
-        let first = claim_next(&mut store, &a).unwrap().unwrap();
-        skip(&mut store, &a, first.task_id).unwrap();
-        let second = claim_next(&mut store, &a).unwrap().unwrap();
+        let first = store.claim_next(&a).unwrap().unwrap();
+        store.skip(&a, first.task_id).unwrap();
+        let second = store.claim_next(&a).unwrap().unwrap();
         assert_ne!(
             second.task_id, first.task_id,
             "a skipped item is not offered again"
         );
-        submit(&mut store, &complete(&second, "a")).unwrap();
-        assert_eq!(claim_next(&mut store, &a).unwrap(), None);
+        store.submit(&complete(&second, "a")).unwrap();
+        assert_eq!(store.claim_next(&a).unwrap(), None);
         // Undo takes back the submission (the latest action) with its labels, then the skip.
-        let undone = undo_last(&mut store, &a).unwrap().unwrap();
+        let undone = store.undo_last(&a).unwrap().unwrap();
         assert_eq!(
             (undone.task.task_id, undone.was),
             (second.task_id, UndoneKind::Submission)
         );
         assert_eq!(undone.labels.len(), second.endings.len());
-        assert_eq!(annotator_progress(store.conn(), "a").unwrap().done, 0);
+        assert_eq!(store.annotator_progress("a").unwrap().done, 0);
         assert_eq!(
-            claim_next(&mut store, &a).unwrap().unwrap().task_id,
+            store.claim_next(&a).unwrap().unwrap().task_id,
             second.task_id
         );
-        let undone = undo_last(&mut store, &a).unwrap().unwrap();
+        let undone = store.undo_last(&a).unwrap().unwrap();
         assert_eq!(
             (undone.task.task_id, undone.was),
             (first.task_id, UndoneKind::Skip)
         );
-        assert_eq!(undo_last(&mut store, &a).unwrap(), None);
+        assert_eq!(store.undo_last(&a).unwrap(), None);
     }
 
     #[test]
     fn reannotation_supersedes_the_open_task() {
         let (_dir, store) = project(2, 0, 1);
-        let old = open_tasks(store.conn(), false).unwrap()[0].clone();
+        let old = store.open_tasks(false).unwrap()[0].clone();
         let mut endings: Vec<i64> = old.endings.iter().map(|e| e.ending_id).collect();
         endings.truncate(4);
         if !old.endings[..4].iter().any(|e| e.is_gold) {
             endings[0] = old.endings.iter().find(|e| e.is_gold).unwrap().ending_id;
         }
-        let new_id = create_reannotation_task(store.conn(), old.example_id, &endings).unwrap();
-        let new = task_view(store.conn(), new_id).unwrap().unwrap();
+        let new_id = store
+            .create_reannotation_task(old.example_id, &endings)
+            .unwrap();
+        let new = store.task_view(new_id).unwrap().unwrap();
         assert_eq!((new.round, new.replicas, new.open), (1, 1, true));
         let mut shown: Vec<i64> = new.endings.iter().map(|e| e.ending_id).collect();
         shown.sort();
         endings.sort();
         assert_eq!(shown, endings);
-        assert!(!task_view(store.conn(), old.task_id).unwrap().unwrap().open);
+        assert!(!store.task_view(old.task_id).unwrap().unwrap().open);
         // Endings of another context, or no found ending, are refused.
-        let other = open_tasks(store.conn(), false).unwrap()[0].clone();
+        let other = store.open_tasks(false).unwrap()[0].clone();
         assert_ne!(other.example_id, old.example_id);
         let foreign: Vec<i64> = other.endings.iter().map(|e| e.ending_id).collect();
-        assert!(create_reannotation_task(store.conn(), old.example_id, &foreign).is_err());
+        assert!(store
+            .create_reannotation_task(old.example_id, &foreign)
+            .is_err());
         let no_gold: Vec<i64> = new
             .endings
             .iter()
             .filter(|e| !e.is_gold)
             .map(|e| e.ending_id)
             .collect();
-        assert!(create_reannotation_task(store.conn(), old.example_id, &no_gold).is_err());
+        assert!(store
+            .create_reannotation_task(old.example_id, &no_gold)
+            .is_err());
     }
 }

@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{bail, Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
-use rusqlite::{params, Connection, OptionalExtension, ToSql};
+use rusqlite::{params, OptionalExtension, ToSql, TransactionBehavior};
 
+use super::Store;
 use crate::dataset::Split;
 
 /// The AF run that downstream stages read: the latest one whose final scoring pass finished.
@@ -18,79 +19,87 @@ pub struct AfRun {
     pub params: String,
 }
 
-pub fn latest_finished_run(conn: &Connection) -> Result<Option<AfRun>> {
-    Ok(conn
-        .query_row(
-            "SELECT id, k, seed, params FROM af_runs WHERE finished_at IS NOT NULL
+impl Store {
+    pub fn latest_finished_run(&self) -> Result<Option<AfRun>> {
+        let conn = &self.conn;
+        Ok(conn
+            .query_row(
+                "SELECT id, k, seed, params FROM af_runs WHERE finished_at IS NOT NULL
              ORDER BY id DESC LIMIT 1",
-            [],
-            |r| {
-                Ok(AfRun {
-                    id: r.get(0)?,
-                    k: r.get(1)?,
-                    seed: r.get(2)?,
-                    params: r.get(3)?,
-                })
-            },
-        )
-        .optional()?)
-}
-
-/// The assigned negatives of every context in a run, in slot order.
-pub fn assignments(conn: &Connection, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
-    let mut stmt = conn.prepare(
-        "SELECT example_id, ending_id FROM af_assignments WHERE run_id = ?1
-         ORDER BY example_id, slot",
-    )?;
-    let mut out: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    for row in stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))? {
-        let (example, ending) = row?;
-        out.entry(example).or_default().push(ending);
+                [],
+                |r| {
+                    Ok(AfRun {
+                        id: r.get(0)?,
+                        k: r.get(1)?,
+                        seed: r.get(2)?,
+                        params: r.get(3)?,
+                    })
+                },
+            )
+            .optional()?)
     }
-    Ok(out)
-}
 
-/// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
-/// assigned negatives and every ending shown in a task. The rest of the pool (most of the
-/// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
-/// ([`scored_pool`]).
-pub fn decision_scores(conn: &Connection, run_id: i64) -> Result<HashMap<i64, f64>> {
-    let mut stmt = conn.prepare(
-        "SELECT s.ending_id, s.score FROM af_scores s
+    /// The assigned negatives of every context in a run, in slot order.
+    pub fn assignments(&self, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
+            "SELECT example_id, ending_id FROM af_assignments WHERE run_id = ?1
+         ORDER BY example_id, slot",
+        )?;
+        let mut out: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+        for row in stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))? {
+            let (example, ending) = row?;
+            out.entry(example).or_default().push(ending);
+        }
+        Ok(out)
+    }
+
+    /// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
+    /// assigned negatives and every ending shown in a task. The rest of the pool (most of the
+    /// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
+    /// ([`scored_pool`]).
+    pub fn decision_scores(&self, run_id: i64) -> Result<HashMap<i64, f64>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
+            "SELECT s.ending_id, s.score FROM af_scores s
          WHERE s.run_id = ?1 AND s.ending_id IN
            (SELECT ending_id FROM af_assignments WHERE run_id = ?1
             UNION SELECT ending_id FROM task_endings)",
-    )?;
-    let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
+        )?;
+        let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 
-/// Every scored generated candidate of one context (its pre-AF pool), with its final score, in
-/// id order.
-pub fn scored_pool(conn: &Connection, run_id: i64, example_id: i64) -> Result<Vec<(i64, f64)>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT e.id, s.score FROM endings e
+    /// Every scored generated candidate of one context (its pre-AF pool), with its final score, in
+    /// id order.
+    pub fn scored_pool(&self, run_id: i64, example_id: i64) -> Result<Vec<(i64, f64)>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare_cached(
+            "SELECT e.id, s.score FROM endings e
          JOIN af_scores s ON s.run_id = ?1 AND s.ending_id = e.id
          WHERE e.example_id = ?2 AND e.is_gold = 0 ORDER BY e.id",
-    )?;
-    let rows = stmt.query_map([run_id, example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
+        )?;
+        let rows = stmt.query_map([run_id, example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 
-/// The cross-fitting fold (SWAG's `fold-ind`) of every context of a run.
-pub fn folds(conn: &Connection, run_id: i64) -> Result<HashMap<i64, i64>> {
-    let mut stmt = conn.prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
-    let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
+    /// The cross-fitting fold (SWAG's `fold-ind`) of every context of a run.
+    pub fn folds(&self, run_id: i64) -> Result<HashMap<i64, i64>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
+        let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 
-/// Every generated candidate of one context (its pre-AF pool) with its text, in id order.
-pub fn pool_texts(conn: &Connection, example_id: i64) -> Result<Vec<(i64, String)>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, text FROM endings WHERE example_id = ?1 AND is_gold = 0 ORDER BY id",
-    )?;
-    let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    /// Every generated candidate of one context (its pre-AF pool) with its text, in id order.
+    pub fn pool_candidate_texts(&self, example_id: i64) -> Result<Vec<(i64, String)>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, text FROM endings WHERE example_id = ?1 AND is_gold = 0 ORDER BY id",
+        )?;
+        let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 }
 
 /// An annotator's plausibility judgement of one ending (SWAG Figure 3).
@@ -158,94 +167,98 @@ pub struct CurrentTask {
     pub submissions: Vec<Submission>,
 }
 
-/// The open task of every context that has one (the latest round), with all its submissions.
-pub fn current_tasks(conn: &Connection) -> Result<BTreeMap<i64, CurrentTask>> {
-    let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
-    let mut stmt = conn.prepare(
-        "SELECT t.id, t.example_id, t.round FROM tasks t
+impl Store {
+    /// The open task of every context that has one (the latest round), with all its submissions.
+    pub fn current_tasks(&self) -> Result<BTreeMap<i64, CurrentTask>> {
+        let conn = &self.conn;
+        let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
+        let mut stmt = conn.prepare(
+            "SELECT t.id, t.example_id, t.round FROM tasks t
          WHERE t.status = 'open'
            AND t.round = (SELECT MAX(round) FROM tasks u WHERE u.example_id = t.example_id)
          ORDER BY t.example_id",
-    )?;
-    let mut by_task: HashMap<i64, i64> = HashMap::new();
-    for row in stmt.query_map([], |r| {
-        Ok(CurrentTask {
-            task_id: r.get(0)?,
-            example_id: r.get(1)?,
-            round: r.get(2)?,
-            endings: Vec::new(),
-            submissions: Vec::new(),
-        })
-    })? {
-        let task = row?;
-        by_task.insert(task.task_id, task.example_id);
-        tasks.insert(task.example_id, task);
-    }
-    let mut stmt =
-        conn.prepare("SELECT task_id, ending_id FROM task_endings ORDER BY task_id, position")?;
-    for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
-        let (task, ending) = row?;
-        if let Some(example) = by_task.get(&task) {
-            tasks
-                .get_mut(example)
-                .expect("task indexed")
-                .endings
-                .push(ending);
+        )?;
+        let mut by_task: HashMap<i64, i64> = HashMap::new();
+        for row in stmt.query_map([], |r| {
+            Ok(CurrentTask {
+                task_id: r.get(0)?,
+                example_id: r.get(1)?,
+                round: r.get(2)?,
+                endings: Vec::new(),
+                submissions: Vec::new(),
+            })
+        })? {
+            let task = row?;
+            by_task.insert(task.task_id, task.example_id);
+            tasks.insert(task.example_id, task);
         }
-    }
-    let mut stmt = conn.prepare(
-        "SELECT s.id, s.task_id, s.annotator, s.broken, l.ending_id, l.judgement, l.rank
+        let mut stmt =
+            conn.prepare("SELECT task_id, ending_id FROM task_endings ORDER BY task_id, position")?;
+        for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
+            let (task, ending) = row?;
+            if let Some(example) = by_task.get(&task) {
+                tasks
+                    .get_mut(example)
+                    .expect("task indexed")
+                    .endings
+                    .push(ending);
+            }
+        }
+        let mut stmt = conn.prepare(
+            "SELECT s.id, s.task_id, s.annotator, s.broken, l.ending_id, l.judgement, l.rank
          FROM submissions s LEFT JOIN labels l ON l.submission_id = s.id
          ORDER BY s.task_id, s.id, l.ending_id",
-    )?;
-    let mut rows = stmt.query([])?;
-    let mut last_submission = None;
-    while let Some(r) = rows.next()? {
-        let submission_id: i64 = r.get(0)?;
-        let task_id: i64 = r.get(1)?;
-        let Some(example) = by_task.get(&task_id) else {
-            continue;
-        };
-        let task = tasks.get_mut(example).expect("task indexed");
-        if last_submission != Some(submission_id) {
-            last_submission = Some(submission_id);
-            task.submissions.push(Submission {
-                annotator: r.get(2)?,
-                broken: r.get::<_, i64>(3)? != 0,
-                labels: HashMap::new(),
-            });
+        )?;
+        let mut rows = stmt.query([])?;
+        let mut last_submission = None;
+        while let Some(r) = rows.next()? {
+            let submission_id: i64 = r.get(0)?;
+            let task_id: i64 = r.get(1)?;
+            let Some(example) = by_task.get(&task_id) else {
+                continue;
+            };
+            let task = tasks.get_mut(example).expect("task indexed");
+            if last_submission != Some(submission_id) {
+                last_submission = Some(submission_id);
+                task.submissions.push(Submission {
+                    annotator: r.get(2)?,
+                    broken: r.get::<_, i64>(3)? != 0,
+                    labels: HashMap::new(),
+                });
+            }
+            if let Some(ending) = r.get::<_, Option<i64>>(4)? {
+                let judgement: String = r.get(5)?;
+                let rank: Option<String> = r.get(6)?;
+                let label = (
+                    Judgement::parse(&judgement)
+                        .with_context(|| format!("submission {submission_id}"))?,
+                    Rank::parse(rank.as_deref())
+                        .with_context(|| format!("submission {submission_id}"))?,
+                );
+                task.submissions
+                    .last_mut()
+                    .expect("pushed above")
+                    .labels
+                    .insert(ending, label);
+            }
         }
-        if let Some(ending) = r.get::<_, Option<i64>>(4)? {
-            let judgement: String = r.get(5)?;
-            let rank: Option<String> = r.get(6)?;
-            let label = (
-                Judgement::parse(&judgement)
-                    .with_context(|| format!("submission {submission_id}"))?,
-                Rank::parse(rank.as_deref())
-                    .with_context(|| format!("submission {submission_id}"))?,
-            );
-            task.submissions
-                .last_mut()
-                .expect("pushed above")
-                .labels
-                .insert(ending, label);
-        }
+        Ok(tasks)
     }
-    Ok(tasks)
-}
 
-/// Every ending ever shown to annotators for each context (all rounds), so that a re-annotation
-/// never brings back an ending people already judged.
-pub fn shown_endings(conn: &Connection) -> Result<HashMap<i64, BTreeSet<i64>>> {
-    let mut stmt = conn.prepare(
+    /// Every ending ever shown to annotators for each context (all rounds), so that a re-annotation
+    /// never brings back an ending people already judged.
+    pub fn shown_endings(&self) -> Result<HashMap<i64, BTreeSet<i64>>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
         "SELECT t.example_id, te.ending_id FROM task_endings te JOIN tasks t ON t.id = te.task_id",
     )?;
-    let mut out: HashMap<i64, BTreeSet<i64>> = HashMap::new();
-    for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
-        let (example, ending) = row?;
-        out.entry(example).or_default().insert(ending);
+        let mut out: HashMap<i64, BTreeSet<i64>> = HashMap::new();
+        for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
+            let (example, ending) = row?;
+            out.entry(example).or_default().insert(ending);
+        }
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// A split is stored under its name.
@@ -264,21 +277,25 @@ impl FromSql for Split {
     }
 }
 
-/// Which split each group (video) belongs to.
-pub fn load_splits(conn: &Connection) -> Result<BTreeMap<String, Split>> {
-    let mut stmt = conn.prepare("SELECT grp, split FROM splits")?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
-
-/// Replaces the split table with `splits` (call inside the assembly transaction).
-pub fn replace_splits(conn: &Connection, splits: &BTreeMap<String, Split>) -> Result<()> {
-    conn.execute("DELETE FROM splits", [])?;
-    let mut stmt = conn.prepare("INSERT INTO splits(grp, split) VALUES (?1, ?2)")?;
-    for (group, split) in splits {
-        stmt.execute(params![group, split])?;
+impl Store {
+    /// Which split each group (video) belongs to.
+    pub fn load_splits(&self) -> Result<BTreeMap<String, Split>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare("SELECT grp, split FROM splits")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
-    Ok(())
+
+    /// Replaces the split table with `splits` (call inside the assembly transaction).
+    fn replace_splits(&self, splits: &BTreeMap<String, Split>) -> Result<()> {
+        let conn = &self.conn;
+        conn.execute("DELETE FROM splits", [])?;
+        let mut stmt = conn.prepare("INSERT INTO splits(grp, split) VALUES (?1, ?2)")?;
+        for (group, split) in splits {
+            stmt.execute(params![group, split])?;
+        }
+        Ok(())
+    }
 }
 
 /// One distractor of an assembled example.
@@ -303,40 +320,43 @@ pub struct NewAssembled {
     pub distractors: Vec<AssembledDistractor>,
 }
 
-/// Deletes the previous assembly and writes `examples` in the given order (call inside a
-/// transaction so that the swap is atomic).
-pub fn replace_assembly(conn: &Connection, examples: &[NewAssembled]) -> Result<()> {
-    conn.execute("DELETE FROM assembled_distractors", [])?;
-    conn.execute("DELETE FROM assembled", [])?;
-    let mut insert = conn.prepare(
+impl Store {
+    /// Deletes the previous assembly and writes `examples` in the given order (call inside a
+    /// transaction so that the swap is atomic).
+    fn replace_assembly(&self, examples: &[NewAssembled]) -> Result<()> {
+        let conn = &self.conn;
+        conn.execute("DELETE FROM assembled_distractors", [])?;
+        conn.execute("DELETE FROM assembled", [])?;
+        let mut insert = conn.prepare(
         "INSERT INTO assembled(example_id, split, gold_ending_id, gold_source, gold_type, verified, fold)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    let mut insert_distractor = conn.prepare(
-        "INSERT INTO assembled_distractors(assembled_id, position, ending_id, type)
+        let mut insert_distractor = conn.prepare(
+            "INSERT INTO assembled_distractors(assembled_id, position, ending_id, type)
          VALUES (?1, ?2, ?3, ?4)",
-    )?;
-    for ex in examples {
-        insert.execute(params![
-            ex.example_id,
-            ex.split,
-            ex.gold_ending_id,
-            ex.gold_source,
-            ex.gold_type.map(Judgement::as_str),
-            ex.verified,
-            ex.fold
-        ])?;
-        let id = conn.last_insert_rowid();
-        for (position, d) in ex.distractors.iter().enumerate() {
-            insert_distractor.execute(params![
-                id,
-                position as i64,
-                d.ending_id,
-                d.kind.map(Judgement::as_str)
+        )?;
+        for ex in examples {
+            insert.execute(params![
+                ex.example_id,
+                ex.split,
+                ex.gold_ending_id,
+                ex.gold_source,
+                ex.gold_type.map(Judgement::as_str),
+                ex.verified,
+                ex.fold
             ])?;
+            let id = conn.last_insert_rowid();
+            for (position, d) in ex.distractors.iter().enumerate() {
+                insert_distractor.execute(params![
+                    id,
+                    position as i64,
+                    d.ending_id,
+                    d.kind.map(Judgement::as_str)
+                ])?;
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// A stored final example with the texts export needs.
@@ -361,9 +381,11 @@ pub struct AssembledExample {
     pub found_ending_id: i64,
 }
 
-/// All assembled examples in assembly order.
-pub fn assembled_examples(conn: &Connection) -> Result<Vec<AssembledExample>> {
-    let mut stmt = conn.prepare(
+impl Store {
+    /// All assembled examples in assembly order.
+    pub fn assembled_examples(&self) -> Result<Vec<AssembledExample>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
         "SELECT a.id, a.example_id, x.ext_id, x.grp, x.sent1, x.sent2, a.split, a.gold_ending_id,
                 g.text, a.gold_source, a.gold_type, a.verified, a.fold, f.id
          FROM assembled a
@@ -372,44 +394,75 @@ pub fn assembled_examples(conn: &Connection) -> Result<Vec<AssembledExample>> {
          JOIN endings f ON f.example_id = a.example_id AND f.is_gold = 1
          ORDER BY a.id",
     )?;
-    let mut out: Vec<AssembledExample> = stmt
-        .query_map([], |r| {
-            Ok(AssembledExample {
-                id: r.get(0)?,
-                example_id: r.get(1)?,
-                ext_id: r.get(2)?,
-                group: r.get(3)?,
-                sent1: r.get(4)?,
-                sent2: r.get(5)?,
-                split: r.get(6)?,
-                gold_ending_id: r.get(7)?,
-                gold: r.get(8)?,
-                gold_source: r.get(9)?,
-                gold_type: r.get(10)?,
-                verified: r.get::<_, i64>(11)? != 0,
-                fold: r.get(12)?,
-                distractors: Vec::new(),
-                found_ending_id: r.get(13)?,
-            })
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    let index: HashMap<i64, usize> = out.iter().enumerate().map(|(i, a)| (a.id, i)).collect();
-    let mut stmt = conn.prepare(
-        "SELECT d.assembled_id, d.ending_id, e.text, d.type FROM assembled_distractors d
+        let mut out: Vec<AssembledExample> = stmt
+            .query_map([], |r| {
+                Ok(AssembledExample {
+                    id: r.get(0)?,
+                    example_id: r.get(1)?,
+                    ext_id: r.get(2)?,
+                    group: r.get(3)?,
+                    sent1: r.get(4)?,
+                    sent2: r.get(5)?,
+                    split: r.get(6)?,
+                    gold_ending_id: r.get(7)?,
+                    gold: r.get(8)?,
+                    gold_source: r.get(9)?,
+                    gold_type: r.get(10)?,
+                    verified: r.get::<_, i64>(11)? != 0,
+                    fold: r.get(12)?,
+                    distractors: Vec::new(),
+                    found_ending_id: r.get(13)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        let index: HashMap<i64, usize> = out.iter().enumerate().map(|(i, a)| (a.id, i)).collect();
+        let mut stmt = conn.prepare(
+            "SELECT d.assembled_id, d.ending_id, e.text, d.type FROM assembled_distractors d
          JOIN endings e ON e.id = d.ending_id ORDER BY d.assembled_id, d.position",
-    )?;
-    for row in stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, String>(2)?,
-            r.get::<_, Option<String>>(3)?,
-        ))
-    })? {
-        let (assembled, ending, text, kind) = row?;
-        out[index[&assembled]]
-            .distractors
-            .push((ending, text, kind));
+        )?;
+        for row in stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        })? {
+            let (assembled, ending, text, kind) = row?;
+            out[index[&assembled]]
+                .distractors
+                .push((ending, text, kind));
+        }
+        Ok(out)
     }
-    Ok(out)
+}
+
+/// One assembly, as [`Store::commit_assembly`] writes it.
+pub struct Assembly<'a> {
+    pub splits: &'a BTreeMap<String, Split>,
+    /// The final examples, in the order they are stored.
+    pub examples: &'a [NewAssembled],
+    /// Contexts sent back to annotation, with the endings their new task shows.
+    pub reannotations: &'a [(i64, Vec<i64>)],
+    /// The assembly's parameters, recorded under the `meta` key `assemble`.
+    pub record_json: &'a str,
+}
+
+impl Store {
+    /// Replaces the splits and the previous assembly, queues the re-annotation tasks (the
+    /// hand-off to annotate, [`Store::create_reannotation_task`]) and records the parameters, in
+    /// one transaction: a re-run swaps the whole assembly at once, and the tasks it queues are
+    /// committed with it or not at all.
+    pub fn commit_assembly(&mut self, assembly: &Assembly) -> Result<()> {
+        let tx = self.begin(TransactionBehavior::Deferred)?;
+        self.replace_splits(assembly.splits)?;
+        self.replace_assembly(assembly.examples)?;
+        for (example_id, endings) in assembly.reannotations {
+            self.create_reannotation_task(*example_id, endings)
+                .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
+        }
+        self.set_meta("assemble", assembly.record_json)?;
+        tx.commit()?;
+        Ok(())
+    }
 }

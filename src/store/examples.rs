@@ -40,8 +40,114 @@ impl Example {
     }
 }
 
-/// Registers an input file; the same content, format and options map to the same row.
-pub fn upsert_source(
+impl Store {
+    /// Registers an input file; the same content, format and options map to the same row.
+    pub fn upsert_source(
+        &self,
+        path: &str,
+        format: &str,
+        sha256: &str,
+        options_json: &str,
+    ) -> Result<i64> {
+        upsert_source(&self.conn, path, format, sha256, options_json)
+    }
+
+    /// Stores an example and its found ending. Returns false (and changes nothing) when an example
+    /// with the same `ext_id` exists already, which makes re-ingesting a file idempotent. A record
+    /// dropped by an earlier ingest (e.g. with stricter filters) and kept now is no longer dropped.
+    pub fn insert_example(&self, source_id: i64, ex: &NewExample) -> Result<bool> {
+        insert_example(&self.conn, source_id, ex)
+    }
+
+    /// Records why an input record was not kept (once per record; never for a kept example).
+    pub fn insert_dropped(&self, source_id: i64, ext_id: &str, reason: &str) -> Result<()> {
+        let conn = &self.conn;
+        conn.prepare_cached(
+            "INSERT OR IGNORE INTO dropped(ext_id, source_id, reason)
+         SELECT ?1, ?2, ?3 WHERE NOT EXISTS (SELECT 1 FROM examples WHERE ext_id = ?1)",
+        )?
+        .execute(params![ext_id, source_id, reason])?;
+        Ok(())
+    }
+
+    /// The stored `(sent1, sent2, ending)` of the example with this external id, if any.
+    pub fn example_text_by_ext_id(&self, ext_id: &str) -> Result<Option<(String, String, String)>> {
+        let conn = &self.conn;
+        Ok(conn
+            .prepare_cached("SELECT sent1, sent2, ending FROM examples WHERE ext_id = ?1")?
+            .query_row([ext_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?)
+    }
+
+    pub fn count_examples(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM examples", [], |r| r.get(0))?)
+    }
+
+    /// Dropped input records by reason.
+    pub fn dropped_by_reason(&self) -> Result<BTreeMap<String, i64>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT reason, COUNT(*) FROM dropped GROUP BY reason ORDER BY reason")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// All examples in insertion order.
+    pub fn examples(&self) -> Result<Vec<Example>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
+             FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
+             ORDER BY x.id",
+        )?;
+        let rows = stmt.query_map([], example_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn example(&self, id: i64) -> Result<Option<Example>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
+                 FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
+                 WHERE x.id = ?1",
+                [id],
+                example_from_row,
+            )
+            .optional()?)
+    }
+
+    /// Every example, in id order (one query: the style primer reads the whole corpus).
+    pub fn all_examples(&self) -> Result<Vec<Example>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
+             FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
+             ORDER BY x.id",
+        )?;
+        let examples = stmt
+            .query_map([], example_from_row)?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(examples)
+    }
+}
+
+fn example_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Example> {
+    Ok(Example {
+        id: r.get(0)?,
+        ext_id: r.get(1)?,
+        group: r.get(2)?,
+        sent1: r.get(3)?,
+        sent2: r.get(4)?,
+        ending: r.get(5)?,
+        gold_ending_id: r.get(6)?,
+    })
+}
+
+// The writes behind [`Store::upsert_source`] and [`Store::insert_example`], shared with the
+// fixtures that tests run on a connection of their own.
+
+pub(super) fn upsert_source(
     conn: &Connection,
     path: &str,
     format: &str,
@@ -60,10 +166,7 @@ pub fn upsert_source(
     )?)
 }
 
-/// Stores an example and its found ending. Returns false (and changes nothing) when an example
-/// with the same `ext_id` exists already, which makes re-ingesting a file idempotent. A record
-/// dropped by an earlier ingest (e.g. with stricter filters) and kept now is no longer dropped.
-pub fn insert_example(conn: &Connection, source_id: i64, ex: &NewExample) -> Result<bool> {
+pub(super) fn insert_example(conn: &Connection, source_id: i64, ex: &NewExample) -> Result<bool> {
     let inserted = conn
         .prepare_cached(
             "INSERT OR IGNORE INTO examples(ext_id, grp, sent1, sent2, ending, source_id, gold_source, added_at)
@@ -90,93 +193,6 @@ pub fn insert_example(conn: &Connection, source_id: i64, ex: &NewExample) -> Res
     Ok(true)
 }
 
-/// Records why an input record was not kept (once per record; never for a kept example).
-pub fn insert_dropped(conn: &Connection, source_id: i64, ext_id: &str, reason: &str) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT OR IGNORE INTO dropped(ext_id, source_id, reason)
-         SELECT ?1, ?2, ?3 WHERE NOT EXISTS (SELECT 1 FROM examples WHERE ext_id = ?1)",
-    )?
-    .execute(params![ext_id, source_id, reason])?;
-    Ok(())
-}
-
-/// The stored `(sent1, sent2, ending)` of the example with this external id, if any.
-pub fn example_text_by_ext_id(
-    conn: &Connection,
-    ext_id: &str,
-) -> Result<Option<(String, String, String)>> {
-    Ok(conn
-        .prepare_cached("SELECT sent1, sent2, ending FROM examples WHERE ext_id = ?1")?
-        .query_row([ext_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?)
-}
-
-impl Store {
-    pub fn count_examples(&self) -> Result<i64> {
-        Ok(self
-            .conn()
-            .query_row("SELECT COUNT(*) FROM examples", [], |r| r.get(0))?)
-    }
-
-    /// Dropped input records by reason.
-    pub fn dropped_by_reason(&self) -> Result<BTreeMap<String, i64>> {
-        let mut stmt = self
-            .conn()
-            .prepare("SELECT reason, COUNT(*) FROM dropped GROUP BY reason ORDER BY reason")?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    }
-
-    /// All examples in insertion order.
-    pub fn examples(&self) -> Result<Vec<Example>> {
-        let mut stmt = self.conn().prepare(
-            "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
-             FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
-             ORDER BY x.id",
-        )?;
-        let rows = stmt.query_map([], example_from_row)?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    }
-
-    pub fn example(&self, id: i64) -> Result<Option<Example>> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
-                 FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
-                 WHERE x.id = ?1",
-                [id],
-                example_from_row,
-            )
-            .optional()?)
-    }
-
-    /// Every example, in id order (one query: the style primer reads the whole corpus).
-    pub fn all_examples(&self) -> Result<Vec<Example>> {
-        let mut stmt = self.conn().prepare(
-            "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
-             FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
-             ORDER BY x.id",
-        )?;
-        let examples = stmt
-            .query_map([], example_from_row)?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(examples)
-    }
-}
-
-fn example_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Example> {
-    Ok(Example {
-        id: r.get(0)?,
-        ext_id: r.get(1)?,
-        group: r.get(2)?,
-        sent1: r.get(3)?,
-        sent2: r.get(4)?,
-        ending: r.get(5)?,
-        gold_ending_id: r.get(6)?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,16 +212,16 @@ mod tests {
     fn reinserting_an_example_is_a_no_op() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::create(&dir.path().join("p.sqlite")).unwrap();
-        let src = upsert_source(store.conn(), "a.json", "jsonl", "abc", "{}").unwrap();
+        let src = store.upsert_source("a.json", "jsonl", "abc", "{}").unwrap();
         assert_eq!(
-            upsert_source(store.conn(), "b.json", "jsonl", "abc", "{}").unwrap(),
+            store.upsert_source("b.json", "jsonl", "abc", "{}").unwrap(),
             src
         );
-        assert!(insert_example(store.conn(), src, &example("x#1")).unwrap());
-        assert!(!insert_example(store.conn(), src, &example("x#1")).unwrap());
-        insert_dropped(store.conn(), src, "x#2", "short_context").unwrap();
-        insert_dropped(store.conn(), src, "x#2", "short_context").unwrap();
-        insert_dropped(store.conn(), src, "x#1", "rare_token").unwrap();
+        assert!(store.insert_example(src, &example("x#1")).unwrap());
+        assert!(!store.insert_example(src, &example("x#1")).unwrap());
+        store.insert_dropped(src, "x#2", "short_context").unwrap();
+        store.insert_dropped(src, "x#2", "short_context").unwrap();
+        store.insert_dropped(src, "x#1", "rare_token").unwrap();
         assert_eq!(store.count_examples().unwrap(), 1);
         assert_eq!(
             store.dropped_by_reason().unwrap().len(),
@@ -213,16 +229,13 @@ mod tests {
             "a kept example is not dropped"
         );
         assert_eq!(store.dropped_by_reason().unwrap()["short_context"], 1);
-        assert!(insert_example(store.conn(), src, &example("x#2")).unwrap());
+        assert!(store.insert_example(src, &example("x#2")).unwrap());
         assert!(
             store.dropped_by_reason().unwrap().is_empty(),
             "kept now, so no longer dropped"
         );
         assert_eq!(
-            example_text_by_ext_id(store.conn(), "x#2")
-                .unwrap()
-                .unwrap()
-                .1,
+            store.example_text_by_ext_id("x#2").unwrap().unwrap().1,
             "He"
         );
         let all = store.examples().unwrap();

@@ -3,23 +3,26 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use rusqlite::{params, Connection};
+use rusqlite::params;
 
-use super::now;
+use super::{now, Store};
 
-/// Records a finished export: where, which negatives, the seed and each file's SHA-256.
-pub fn record_export(
-    conn: &Connection,
-    dir: &str,
-    negatives: &str,
-    seed: u64,
-    files_json: &str,
-) -> Result<i64> {
-    conn.execute(
+impl Store {
+    /// Records a finished export: where, which negatives, the seed and each file's SHA-256.
+    pub fn record_export(
+        &self,
+        dir: &str,
+        negatives: &str,
+        seed: u64,
+        files_json: &str,
+    ) -> Result<i64> {
+        let conn = &self.conn;
+        conn.execute(
         "INSERT INTO exports(dir, negatives, seed, files, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![dir, negatives, seed as i64, files_json, now()],
     )?;
-    Ok(conn.last_insert_rowid())
+        Ok(conn.last_insert_rowid())
+    }
 }
 
 /// An ingested input file.
@@ -31,20 +34,23 @@ pub struct SourceInfo {
     pub examples: i64,
 }
 
-pub fn sources(conn: &Connection) -> Result<Vec<SourceInfo>> {
-    let mut stmt = conn.prepare(
+impl Store {
+    pub fn sources(&self) -> Result<Vec<SourceInfo>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
         "SELECT s.path, s.format, s.sha256, (SELECT COUNT(*) FROM examples x WHERE x.source_id = s.id)
          FROM sources s ORDER BY s.id",
     )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(SourceInfo {
-            path: r.get(0)?,
-            format: r.get(1)?,
-            sha256: r.get(2)?,
-            examples: r.get(3)?,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+        let rows = stmt.query_map([], |r| {
+            Ok(SourceInfo {
+                path: r.get(0)?,
+                format: r.get(1)?,
+                sha256: r.get(2)?,
+                examples: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 }
 
 /// A generation job, as the card reports it.
@@ -60,26 +66,29 @@ pub struct GenerationInfo {
     pub candidates: i64,
 }
 
-pub fn generations(conn: &Connection) -> Result<Vec<GenerationInfo>> {
-    let mut stmt = conn.prepare(
-        "SELECT g.backend, g.model, g.model_sha256, g.prompt, g.params, g.seed,
+impl Store {
+    pub fn generations(&self) -> Result<Vec<GenerationInfo>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
+            "SELECT g.backend, g.model, g.model_sha256, g.prompt, g.params, g.seed,
                 (SELECT COUNT(*) FROM pools p WHERE p.generation_id = g.id),
                 (SELECT COUNT(*) FROM endings e WHERE e.generation_id = g.id AND e.is_gold = 0)
          FROM generations g ORDER BY g.id",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(GenerationInfo {
-            backend: r.get(0)?,
-            model: r.get(1)?,
-            model_sha256: r.get(2)?,
-            prompt: r.get(3)?,
-            params: r.get(4)?,
-            seed: r.get(5)?,
-            contexts: r.get(6)?,
-            candidates: r.get(7)?,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(GenerationInfo {
+                backend: r.get(0)?,
+                model: r.get(1)?,
+                model_sha256: r.get(2)?,
+                prompt: r.get(3)?,
+                params: r.get(4)?,
+                seed: r.get(5)?,
+                contexts: r.get(6)?,
+                candidates: r.get(7)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 }
 
 /// Mean conditional log-prob (per token) of found vs generated endings, over contexts that have
@@ -92,23 +101,26 @@ pub struct LogProbGap {
     pub generated_n: i64,
 }
 
-pub fn logprob_gap(conn: &Connection) -> Result<Option<LogProbGap>> {
-    let (found_mean, found_n, generated_mean, generated_n): (Option<f64>, i64, Option<f64>, i64) = conn.query_row(
+impl Store {
+    pub fn logprob_gap(&self) -> Result<Option<LogProbGap>> {
+        let conn = &self.conn;
+        let (found_mean, found_n, generated_mean, generated_n): (Option<f64>, i64, Option<f64>, i64) = conn.query_row(
         "SELECT AVG(CASE WHEN e.is_gold = 1 THEN e.lp_cond END), COUNT(CASE WHEN e.is_gold = 1 THEN e.lp_cond END),
                 AVG(CASE WHEN e.is_gold = 0 THEN e.lp_cond END), COUNT(CASE WHEN e.is_gold = 0 THEN e.lp_cond END)
          FROM endings e JOIN pools p ON p.example_id = e.example_id",
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
     )?;
-    Ok(match (found_mean, generated_mean) {
-        (Some(found_mean), Some(generated_mean)) => Some(LogProbGap {
-            found_mean,
-            found_n,
-            generated_mean,
-            generated_n,
-        }),
-        _ => None,
-    })
+        Ok(match (found_mean, generated_mean) {
+            (Some(found_mean), Some(generated_mean)) => Some(LogProbGap {
+                found_mean,
+                found_n,
+                generated_mean,
+                generated_n,
+            }),
+            _ => None,
+        })
+    }
 }
 
 /// One label of one non-broken submission, with what the dataset card's agreement summary needs.
@@ -122,29 +134,33 @@ pub struct LabelRow {
     pub rank: Option<String>,
 }
 
-pub fn label_rows(conn: &Connection) -> Result<Vec<LabelRow>> {
-    let mut stmt = conn.prepare(
+impl Store {
+    pub fn label_rows(&self) -> Result<Vec<LabelRow>> {
+        let conn = &self.conn;
+        let mut stmt = conn.prepare(
         "SELECT s.task_id, s.annotator, l.ending_id, e.is_gold, l.judgement, l.rank
          FROM labels l JOIN submissions s ON s.id = l.submission_id JOIN endings e ON e.id = l.ending_id
          WHERE s.broken = 0 ORDER BY s.task_id, s.annotator, l.ending_id",
     )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(LabelRow {
-            task_id: r.get(0)?,
-            annotator: r.get(1)?,
-            ending_id: r.get(2)?,
-            is_found: r.get::<_, i64>(3)? != 0,
-            judgement: r.get(4)?,
-            rank: r.get(5)?,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
+        let rows = stmt.query_map([], |r| {
+            Ok(LabelRow {
+                task_id: r.get(0)?,
+                annotator: r.get(1)?,
+                ending_id: r.get(2)?,
+                is_found: r.get::<_, i64>(3)? != 0,
+                judgement: r.get(4)?,
+                rank: r.get(5)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 
-/// Number of annotation tasks per round.
-pub fn tasks_per_round(conn: &Connection) -> Result<BTreeMap<i64, i64>> {
-    let mut stmt =
-        conn.prepare("SELECT round, COUNT(*) FROM tasks GROUP BY round ORDER BY round")?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    /// Number of annotation tasks per round.
+    pub fn tasks_per_round(&self) -> Result<BTreeMap<i64, i64>> {
+        let conn = &self.conn;
+        let mut stmt =
+            conn.prepare("SELECT round, COUNT(*) FROM tasks GROUP BY round ORDER BY round")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 }

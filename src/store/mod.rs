@@ -1,9 +1,25 @@
 //! The project store: one SQLite file per project, owned by this module.
 //!
-//! Every stage reads and writes the project through the typed functions of the submodules here;
-//! no other module writes SQL against tables it does not own. The schema is versioned with
-//! SQLite's `user_version` and upgraded by [`MIGRATIONS`] when a project is opened, so a project
-//! made by an older afkit keeps working.
+//! Every stage reads and writes the project through methods of [`Store`], defined next to the
+//! tables they touch in the submodules here; the SQLite connection never leaves this module, so
+//! a schema change is made in one place. Work that must commit together runs in
+//! [`Store::transaction`] (or [`Store::write_transaction`]) with a closure over the store, or is
+//! one operation of its own (`commit_assembly`, `commit_af_iteration`, `submit`).
+//!
+//! The schema is versioned with SQLite's `user_version` and upgraded by [`MIGRATIONS`] when a
+//! project is opened, so a project made by an older afkit keeps working.
+//!
+//! Seeds: the project records the seed of every stage's random choices (`generations.seed`,
+//! `af_runs.seed`, `tasks.seed` with the annotation policy's seed in `meta`, the `assemble`
+//! parameters in `meta`, `exports.seed`); [`crate::seed`] turns them into randomness. Builds
+//! before that module (the schema version is the same, 4, so the file does not tell them apart)
+//! drew some of it with other derivations: re-running these steps with the same seed now draws
+//! differently, while what is stored stays valid as it is: AF's model initialisation and batch
+//! order (a run's `af_scores` and assignments; an unfinished run resumed now continues with the
+//! new draws), the seeds and hand-out order of new annotation tasks (existing tasks keep their
+//! recorded seed and ending order), and an export's option order and random negatives. Generated
+//! endings, AF's splits, initial draws and folds, assemble's group split, AFLite and the audit
+//! draw exactly as before.
 //!
 //! Durability: WAL journal, `synchronous = NORMAL` (a committed transaction survives a process
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy handler that
@@ -25,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 /// Schema migrations, in order. Index `i` upgrades `user_version` from `i` to `i + 1`.
 /// Never edit a migration that has shipped: append a new one.
@@ -149,15 +165,36 @@ impl Store {
         &self.path
     }
 
-    /// The raw connection, for the typed functions of this module's submodules.
-    pub(crate) fn conn(&self) -> &Connection {
-        &self.conn
+    /// Runs `work` in one transaction (`BEGIN DEFERRED`): committed when it returns `Ok`, rolled
+    /// back when it fails or panics. Stages group each unit of work (a file, a context, an
+    /// assembly) into one, so that an interruption never leaves half of it behind; `work` gets
+    /// the store itself, so the typed operations run inside the transaction.
+    pub fn transaction<T>(&mut self, work: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
+        self.run_in(TransactionBehavior::Deferred, work)
     }
 
-    /// Starts a transaction; stages group each unit of work (a file, a context, an
-    /// iteration) into one so that an interruption never leaves half of it behind.
-    pub fn transaction(&mut self) -> Result<Transaction<'_>> {
-        Ok(self.conn.transaction()?)
+    /// Like [`Store::transaction`], but holding the write lock from the first statement (`BEGIN
+    /// IMMEDIATE`), so that what `work` reads cannot change before it writes.
+    pub fn write_transaction<T>(&mut self, work: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
+        self.run_in(TransactionBehavior::Immediate, work)
+    }
+
+    fn run_in<T>(
+        &mut self,
+        behavior: TransactionBehavior,
+        work: impl FnOnce(&Store) -> Result<T>,
+    ) -> Result<T> {
+        let tx = self.begin(behavior)?;
+        let out = work(self)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Starts a transaction on the store's connection for this module's operations. It borrows
+    /// the store shared, so the operation can call the store's other methods inside it; taking
+    /// `&mut self` in the public operations that begin one keeps two from nesting.
+    pub(in crate::store) fn begin(&self, behavior: TransactionBehavior) -> Result<Transaction<'_>> {
+        Ok(Transaction::new_unchecked(&self.conn, behavior)?)
     }
 
     pub fn meta(&self, key: &str) -> Result<Option<String>> {
@@ -213,13 +250,13 @@ fn check_project_file(path: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn get_meta(conn: &Connection, key: &str) -> Result<Option<String>> {
+fn get_meta(conn: &Connection, key: &str) -> Result<Option<String>> {
     Ok(conn
         .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
         .optional()?)
 }
 
-pub fn set_meta(conn: &Connection, key: &str, value: &str) -> Result<()> {
+fn set_meta(conn: &Connection, key: &str, value: &str) -> Result<()> {
     conn.execute(
         "INSERT INTO meta(key, value) VALUES (?1, ?2)
          ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -309,7 +346,7 @@ mod tests {
         let store = Store::open(&path).unwrap();
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         let scores: Vec<(i64, f64)> = store
-            .conn()
+            .conn
             .prepare("SELECT ending_id, score FROM af_scores WHERE run_id = 1 ORDER BY ending_id")
             .unwrap()
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -318,7 +355,7 @@ mod tests {
             .unwrap();
         assert_eq!(scores, vec![(1, 0.5), (2, -1.25)]);
         let ddl: String = store
-            .conn()
+            .conn
             .query_row(
                 "SELECT sql FROM sqlite_master WHERE name = 'af_scores'",
                 [],

@@ -1,7 +1,7 @@
 //! Generate's tables: generation jobs, per-context pools and the LM features of every ending.
 //!
 //! A context's pool (its candidate endings, the gold ending's features and the `pools` row) is
-//! written by [`write_pool`] inside one transaction: a context either has a whole pool or none,
+//! written by [`Store::write_pool`] inside one transaction: a context either has a whole pool or none,
 //! so an interrupted `afkit generate` resumes at the first context without a `pools` row.
 
 use anyhow::Result;
@@ -59,10 +59,12 @@ pub struct StoredEnding {
     pub features: Option<EndingLmFeatures>,
 }
 
-/// Reuses the row of an identical earlier job (a resumed run), else records a new one.
-pub fn find_or_insert_generation(conn: &Connection, g: &NewGeneration) -> Result<i64> {
-    let seed = g.seed as i64;
-    let existing: Option<i64> = conn
+impl Store {
+    /// Reuses the row of an identical earlier job (a resumed run), else records a new one.
+    pub fn find_or_insert_generation(&self, g: &NewGeneration) -> Result<i64> {
+        let conn = &self.conn;
+        let seed = g.seed as i64;
+        let existing: Option<i64> = conn
         .query_row(
             "SELECT id FROM generations WHERE backend = ?1 AND model = ?2 AND model_sha256 IS ?3
                AND prompt = ?4 AND params = ?5 AND seed = ?6 ORDER BY id DESC LIMIT 1",
@@ -77,10 +79,10 @@ pub fn find_or_insert_generation(conn: &Connection, g: &NewGeneration) -> Result
             |r| r.get(0),
         )
         .optional()?;
-    if let Some(id) = existing {
-        return Ok(id);
-    }
-    conn.execute(
+        if let Some(id) = existing {
+            return Ok(id);
+        }
+        conn.execute(
         "INSERT INTO generations(backend, model, model_sha256, prompt, params, seed, started_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
@@ -93,57 +95,59 @@ pub fn find_or_insert_generation(conn: &Connection, g: &NewGeneration) -> Result
             now()
         ],
     )?;
-    Ok(conn.last_insert_rowid())
-}
-
-/// Stores a context's candidates, the gold ending's features and the pool row. Call inside a
-/// transaction. Returns the number of candidates stored (`pools.produced`).
-pub fn write_pool(conn: &Connection, pool: &NewPool) -> Result<usize> {
-    let gold_updated = conn.execute(
-        "UPDATE endings SET lp_cond = ?2, lp_alone = ?3, lp_final_punct = ?4, n_tok_ending = ?5
-         WHERE example_id = ?1 AND is_gold = 1",
-        params![
-            pool.example_id,
-            pool.gold.lp_cond,
-            pool.gold.lp_alone,
-            pool.gold.lp_final_punct,
-            pool.gold.n_tok_ending as i64
-        ],
-    )?;
-    if gold_updated != 1 {
-        anyhow::bail!("example {} has no found ending to score", pool.example_id);
+        Ok(conn.last_insert_rowid())
     }
-    let produced = insert_candidates(conn, pool)?;
-    conn.execute(
-        "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
+
+    /// Stores a context's candidates, the gold ending's features and the pool row. Call it inside
+    /// [`Store::transaction`]. Returns the number of candidates stored (`pools.produced`).
+    pub fn write_pool(&self, pool: &NewPool) -> Result<usize> {
+        let conn = &self.conn;
+        let gold_updated = conn.execute(
+            "UPDATE endings SET lp_cond = ?2, lp_alone = ?3, lp_final_punct = ?4, n_tok_ending = ?5
+         WHERE example_id = ?1 AND is_gold = 1",
+            params![
+                pool.example_id,
+                pool.gold.lp_cond,
+                pool.gold.lp_alone,
+                pool.gold.lp_final_punct,
+                pool.gold.n_tok_ending as i64
+            ],
+        )?;
+        if gold_updated != 1 {
+            anyhow::bail!("example {} has no found ending to score", pool.example_id);
+        }
+        let produced = insert_candidates(conn, pool)?;
+        conn.execute(
+            "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
                            n_tok_sent1, n_tok_sent2, seconds, finished_at, style_examples,
                            draws, rejected)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-        params![
-            pool.example_id,
-            pool.generation_id,
-            pool.requested as i64,
-            produced as i64,
-            pool.ctx_logprob,
-            pool.n_tok_sent1 as i64,
-            pool.n_tok_sent2 as i64,
-            pool.seconds,
-            now(),
-            (!pool.style_examples.is_empty())
-                .then(|| serde_json::to_string(&pool.style_examples))
-                .transpose()?,
-            pool.draws.as_ref().map(|(n, _)| *n as i64),
-            pool.draws
-                .as_ref()
-                .map(|(_, why)| serde_json::to_string(why))
-                .transpose()?
-        ],
-    )
-    .map_err(|e| match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::ConstraintViolation) => already_pooled(conn, pool.example_id),
-        _ => e.into(),
-    })?;
-    Ok(produced)
+            params![
+                pool.example_id,
+                pool.generation_id,
+                pool.requested as i64,
+                produced as i64,
+                pool.ctx_logprob,
+                pool.n_tok_sent1 as i64,
+                pool.n_tok_sent2 as i64,
+                pool.seconds,
+                now(),
+                (!pool.style_examples.is_empty())
+                    .then(|| serde_json::to_string(&pool.style_examples))
+                    .transpose()?,
+                pool.draws.as_ref().map(|(n, _)| *n as i64),
+                pool.draws
+                    .as_ref()
+                    .map(|(_, why)| serde_json::to_string(why))
+                    .transpose()?
+            ],
+        )
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::ConstraintViolation) => already_pooled(conn, pool.example_id),
+            _ => e.into(),
+        })?;
+        Ok(produced)
+    }
 }
 
 /// The plain message for a pool that another process stored first (two `generate` or
@@ -213,12 +217,14 @@ pub struct StarvedPool {
     pub grown_for_run: bool,
 }
 
-/// Adds a growth round's endings to an existing pool (`pool.candidates`, already scored after the
-/// pool's own prompt) and records the round; returns the candidates stored.
-pub fn write_growth(conn: &Connection, pool: &NewPool, af_run_id: i64) -> Result<usize> {
-    let produced = insert_candidates(conn, pool)?;
-    let (draws, rejected) = pool.draws.clone().unwrap_or_default();
-    conn.execute(
+impl Store {
+    /// Adds a growth round's endings to an existing pool (`pool.candidates`, already scored after the
+    /// pool's own prompt) and records the round; returns the candidates stored.
+    pub fn write_growth(&self, pool: &NewPool, af_run_id: i64) -> Result<usize> {
+        let conn = &self.conn;
+        let produced = insert_candidates(conn, pool)?;
+        let (draws, rejected) = pool.draws.clone().unwrap_or_default();
+        conn.execute(
         "INSERT INTO pool_growth(example_id, af_run_id, generation_id, requested, produced, draws,
                                  rejected, seconds, finished_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -234,18 +240,17 @@ pub fn write_growth(conn: &Connection, pool: &NewPool, af_run_id: i64) -> Result
             now()
         ],
     )?;
-    conn.execute(
-        "UPDATE pools SET produced = produced + ?2 WHERE example_id = ?1",
-        params![pool.example_id, produced as i64],
-    )?;
-    Ok(produced)
-}
+        conn.execute(
+            "UPDATE pools SET produced = produced + ?2 WHERE example_id = ?1",
+            params![pool.example_id, produced as i64],
+        )?;
+        Ok(produced)
+    }
 
-impl Store {
     /// The pools whose found ending scored above every candidate in AF run `run_id`'s final
     /// pass, in example id order.
     pub fn starved_pools(&self, run_id: i64) -> Result<Vec<StarvedPool>> {
-        let mut stmt = self.conn().prepare(
+        let mut stmt = self.conn.prepare(
             "SELECT e.example_id,
                     SUM(e.is_gold = 0),
                     (SELECT style_examples FROM pools p WHERE p.example_id = e.example_id),
@@ -287,7 +292,7 @@ impl Store {
     /// The texts of a context's candidate endings.
     pub fn pool_texts(&self, example_id: i64) -> Result<Vec<String>> {
         let mut stmt = self
-            .conn()
+            .conn
             .prepare_cached("SELECT text FROM endings WHERE example_id = ?1 AND is_gold = 0")?;
         let texts = stmt
             .query_map([example_id], |r| r.get(0))?
@@ -298,7 +303,7 @@ impl Store {
     /// Examples that have no pool yet, in insertion order (at most `limit`).
     pub fn examples_without_pool(&self, limit: Option<usize>) -> Result<Vec<Example>> {
         let limit = limit.map_or(-1, |l| l as i64);
-        let mut stmt = self.conn().prepare(
+        let mut stmt = self.conn.prepare(
             "SELECT x.id FROM examples x
              WHERE NOT EXISTS (SELECT 1 FROM pools p WHERE p.example_id = x.id)
              ORDER BY x.id LIMIT ?1",
@@ -318,7 +323,7 @@ impl Store {
         generation_id: i64,
         reason: &str,
     ) -> Result<()> {
-        self.conn().execute(
+        self.conn.execute(
             "INSERT OR IGNORE INTO unusable_contexts(example_id, generation_id, reason, recorded_at)
              VALUES (?1, ?2, ?3, ?4)",
             params![example_id, generation_id, reason, now()],
@@ -329,7 +334,7 @@ impl Store {
     /// An example by its external id (`video#index` or the input's id).
     pub fn example_id_by_ext_id(&self, ext_id: &str) -> Result<Option<i64>> {
         Ok(self
-            .conn()
+            .conn
             .query_row("SELECT id FROM examples WHERE ext_id = ?1", [ext_id], |r| {
                 r.get(0)
             })
@@ -339,7 +344,7 @@ impl Store {
     /// Why ingest dropped the record with this external id, if it did.
     pub fn dropped_reason(&self, ext_id: &str) -> Result<Option<String>> {
         Ok(self
-            .conn()
+            .conn
             .query_row(
                 "SELECT reason FROM dropped WHERE ext_id = ?1",
                 [ext_id],
@@ -349,7 +354,7 @@ impl Store {
     }
 
     pub fn has_pool(&self, example_id: i64) -> Result<bool> {
-        Ok(self.conn().query_row(
+        Ok(self.conn.query_row(
             "SELECT EXISTS (SELECT 1 FROM pools WHERE example_id = ?1)",
             [example_id],
             |r| r.get(0),
@@ -358,7 +363,7 @@ impl Store {
 
     /// The gold ending and every candidate of a context, gold first, with their features.
     pub fn pool_endings(&self, example_id: i64) -> Result<Vec<StoredEnding>> {
-        let mut stmt = self.conn().prepare_cached(
+        let mut stmt = self.conn.prepare_cached(
             "SELECT id, text, is_gold, lp_cond, lp_alone, lp_final_punct, n_tok_ending
              FROM endings WHERE example_id = ?1 ORDER BY is_gold DESC, id",
         )?;
@@ -376,7 +381,7 @@ impl Store {
     /// Per-context LM features of a pool: `(ctx_logprob, n_tok_sent1, n_tok_sent2)`.
     pub fn pool_context_features(&self, example_id: i64) -> Result<Option<(f64, i64, i64)>> {
         Ok(self
-            .conn()
+            .conn
             .query_row(
                 "SELECT ctx_logprob, n_tok_sent1, n_tok_sent2 FROM pools WHERE example_id = ?1",
                 [example_id],
@@ -389,7 +394,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::examples::{insert_example, upsert_source, NewExample};
+    use crate::store::examples::NewExample;
 
     fn features(x: f64) -> EndingLmFeatures {
         EndingLmFeatures {
@@ -404,7 +409,7 @@ mod tests {
     fn a_pool_is_written_whole_and_found_again() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
-        let src = upsert_source(store.conn(), "a", "jsonl", "h", "{}").unwrap();
+        let src = store.upsert_source("a", "jsonl", "h", "{}").unwrap();
         for id in ["v#0", "v#1"] {
             let ex = NewExample {
                 ext_id: id.into(),
@@ -414,7 +419,7 @@ mod tests {
                 ending: "sits down.".into(),
                 gold_source: None,
             };
-            insert_example(store.conn(), src, &ex).unwrap();
+            store.insert_example(src, &ex).unwrap();
         }
         let g = NewGeneration {
             backend: "local".into(),
@@ -424,8 +429,8 @@ mod tests {
             params_json: "{}".into(),
             seed: 3,
         };
-        let gen = find_or_insert_generation(store.conn(), &g).unwrap();
-        assert_eq!(find_or_insert_generation(store.conn(), &g).unwrap(), gen);
+        let gen = store.find_or_insert_generation(&g).unwrap();
+        assert_eq!(store.find_or_insert_generation(&g).unwrap(), gen);
         let todo = store.examples_without_pool(None).unwrap();
         assert_eq!(todo.len(), 2);
         let pool = NewPool {
@@ -444,9 +449,7 @@ mod tests {
             style_examples: vec![2],
             draws: Some((5, [("duplicate", 3)].into())),
         };
-        let tx = store.transaction().unwrap();
-        assert_eq!(write_pool(&tx, &pool).unwrap(), 2);
-        tx.commit().unwrap();
+        assert_eq!(store.transaction(|s| s.write_pool(&pool)).unwrap(), 2);
         assert_eq!(store.examples_without_pool(None).unwrap()[0].ext_id, "v#1");
         assert_eq!(store.examples_without_pool(Some(0)).unwrap().len(), 0);
         let endings = store.pool_endings(todo[0].id).unwrap();

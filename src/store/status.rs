@@ -42,8 +42,7 @@ pub struct Status {
 
 impl Store {
     pub fn status(&self) -> Result<Status> {
-        let count =
-            |sql: &str| -> Result<i64> { Ok(self.conn().query_row(sql, [], |r| r.get(0))?) };
+        let count = |sql: &str| -> Result<i64> { Ok(self.conn.query_row(sql, [], |r| r.get(0))?) };
         let af = self.af_progress()?;
         Ok(Status {
             examples: self.count_examples()?,
@@ -86,7 +85,7 @@ struct AfProgress {
 impl Store {
     fn af_progress(&self) -> Result<AfProgress> {
         let run: Option<(i64, i64, bool)> = self
-            .conn()
+            .conn
             .query_row(
                 "SELECT id, k, finished_at IS NOT NULL FROM af_runs ORDER BY id DESC LIMIT 1",
                 [],
@@ -96,12 +95,12 @@ impl Store {
         let Some((run, k, finished)) = run else {
             return Ok(AfProgress::default());
         };
-        let iterations = self.conn().query_row(
+        let iterations = self.conn.query_row(
             "SELECT COUNT(*) FROM af_iterations WHERE run_id = ?1",
             [run],
             |r| r.get(0),
         )?;
-        let (stale, too_few) = self.conn().query_row(
+        let (stale, too_few) = self.conn.query_row(
             "SELECT COALESCE(SUM(n >= ?2), 0), COALESCE(SUM(n < ?2), 0) FROM
                (SELECT (SELECT COUNT(*) FROM endings e
                         WHERE e.example_id = p.example_id AND e.is_gold = 0) AS n

@@ -20,12 +20,11 @@ use std::sync::OnceLock;
 
 use anyhow::{bail, ensure, Context, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::conllu::TaggedSentence;
+use crate::seed::Seed;
 
 /// The 17 Universal POS tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -206,7 +205,7 @@ impl Tagger {
         let tag_dict = build_tag_dict(sentences);
         let mut model = Perceptron::default();
         let mut order: Vec<usize> = (0..sentences.len()).collect();
-        let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
+        let mut rng = Seed::new(options.seed).rng();
         let mut feats = Vec::with_capacity(N_TEMPLATES);
         for epoch in 0..options.epochs {
             order.shuffle(&mut rng);

@@ -11,8 +11,8 @@ use std::process::{Command, Output};
 
 use afkit::lm::llama::LlamaConfig;
 use afkit::lm::model::{write_random_gguf, RANDOM_GGUF_VOCAB};
-use afkit::store::examples::{insert_example, upsert_source, NewExample};
-use afkit::store::fixtures as fx;
+use afkit::store::examples::NewExample;
+use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 use rusqlite::Connection;
 use serde_json::Value;
@@ -117,12 +117,19 @@ impl Project {
         drop(store);
         let conn = Connection::open(&path).unwrap();
         conn.pragma_update(None, "foreign_keys", true).unwrap();
-        let source = upsert_source(&conn, "captions.json", "activitynet", "abc123", "{}").unwrap();
-        let generation =
-            fx::insert_generation(&conn, "SmolLM2-135M-Instruct.Q4_1.gguf", "b179c952", 5).unwrap();
-        let run = fx::insert_af_run(&conn, 8, 11, true).unwrap();
-        fx::insert_af_iteration(&conn, run, 0, 0.61, None).unwrap();
-        fx::insert_af_iteration(&conn, run, 1, 0.40, Some(0.35)).unwrap();
+        let source = Fixtures::on(&conn)
+            .upsert_source("captions.json", "activitynet", "abc123", "{}")
+            .unwrap();
+        let generation = Fixtures::on(&conn)
+            .insert_generation("SmolLM2-135M-Instruct.Q4_1.gguf", "b179c952", 5)
+            .unwrap();
+        let run = Fixtures::on(&conn).insert_af_run(8, 11, true).unwrap();
+        Fixtures::on(&conn)
+            .insert_af_iteration(run, 0, 0.61, None)
+            .unwrap();
+        Fixtures::on(&conn)
+            .insert_af_iteration(run, 1, 0.40, Some(0.35))
+            .unwrap();
         Project {
             _dir: dir,
             path,
@@ -148,7 +155,9 @@ impl Project {
             ending: format!("sits down at table {index}."),
             gold_source: None,
         };
-        assert!(insert_example(&self.conn, self.source, &ex).unwrap());
+        assert!(Fixtures::on(&self.conn)
+            .insert_example(self.source, &ex)
+            .unwrap());
         let (example, found): (i64, i64) = self
             .conn
             .query_row(
@@ -158,25 +167,33 @@ impl Project {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .unwrap();
-        fx::set_lp_cond(&self.conn, found, -2.0).unwrap();
+        Fixtures::on(&self.conn).set_lp_cond(found, -2.0).unwrap();
         let cands: Vec<i64> = (0..n)
             .map(|i| {
-                fx::insert_candidate(
-                    &self.conn,
-                    example,
-                    self.generation,
-                    &format!("does thing {i} in {ext_id}."),
-                    -3.0,
-                )
-                .unwrap()
+                Fixtures::on(&self.conn)
+                    .insert_candidate(
+                        example,
+                        self.generation,
+                        &format!("does thing {i} in {ext_id}."),
+                        -3.0,
+                    )
+                    .unwrap()
             })
             .collect();
-        fx::insert_pool(&self.conn, example, self.generation, n as i64).unwrap();
-        fx::insert_assignment(&self.conn, self.run, example, &cands[..k], example % 5).unwrap();
+        Fixtures::on(&self.conn)
+            .insert_pool(example, self.generation, n as i64)
+            .unwrap();
+        Fixtures::on(&self.conn)
+            .insert_assignment(self.run, example, &cands[..k], example % 5)
+            .unwrap();
         for (i, &c) in cands[..k].iter().enumerate() {
-            fx::insert_score(&self.conn, self.run, c, 100.0 - i as f64).unwrap();
+            Fixtures::on(&self.conn)
+                .insert_score(self.run, c, 100.0 - i as f64)
+                .unwrap();
         }
-        fx::insert_score(&self.conn, self.run, found, 50.0).unwrap();
+        Fixtures::on(&self.conn)
+            .insert_score(self.run, found, 50.0)
+            .unwrap();
         Ctx {
             example,
             found,
@@ -185,7 +202,9 @@ impl Project {
     }
 
     pub fn task(&self, ctx: &Ctx, round: i64, endings: &[i64]) -> i64 {
-        fx::insert_task(&self.conn, ctx.example, self.run, round, endings).unwrap()
+        Fixtures::on(&self.conn)
+            .insert_task(ctx.example, self.run, round, endings)
+            .unwrap()
     }
 
     /// Labels a first-round task: `found` for the found ending, `gens[i]` for the i-th hardest.
@@ -203,7 +222,9 @@ impl Project {
                 .enumerate()
                 .map(|(i, g)| (ctx.cands[i], g.0, g.1)),
         );
-        fx::insert_submission(&self.conn, task, annotator, false, &labels).unwrap();
+        Fixtures::on(&self.conn)
+            .insert_submission(task, annotator, false, &labels)
+            .unwrap();
     }
 
     pub fn assemble(&self, extra: &[&str]) -> Value {
