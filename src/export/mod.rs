@@ -23,6 +23,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::dataset::Split;
+use crate::models::hex;
 use crate::store::Store;
 use layout::{Layout, CARD, LEGACY_CARD};
 
@@ -161,10 +162,6 @@ fn folder_files(
 
 fn summarise(bytes: &[u8]) -> (usize, String) {
     (bytes.len(), hex(&Sha256::digest(bytes)))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Whether `dir` holds a previous afkit export (its card), so that replacing it loses nothing
