@@ -11,7 +11,7 @@ means these classifiers cannot tell the generator's writing from the corpus's; t
 control of a benchmark measures the same with one question per context, so this probe needs
 far fewer contexts for the same precision.
 
-    python3 scripts/style_probe.py PROJECT.sqlite OUT_DIR [--seed 0]
+    python3 scripts/style_probe.py PROJECT.sqlite OUT_DIR [--contexts N] [--seed 0]
     afkit audit OUT_DIR --cv 5
 
 It also prints the register of the generated endings beside the found ones: words per ending,
@@ -35,6 +35,8 @@ def main():
     ap.add_argument("project")
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--contexts", type=int, help="only the first N pools, by example id (to "
+                    "compare two projects of the same examples on the same contexts)")
     args = ap.parse_args()
     con = sqlite3.connect(args.project)
     rng = random.Random(args.seed)
@@ -43,6 +45,7 @@ def main():
     pools = con.execute(
         "SELECT x.id, x.grp FROM examples x WHERE EXISTS (SELECT 1 FROM endings e "
         "WHERE e.example_id = x.id AND e.is_gold = 0) ORDER BY x.id").fetchall()
+    pools = pools[:args.contexts]
     os.makedirs(args.out, exist_ok=True)
     questions = 0
     with open(os.path.join(args.out, "train.csv"), "w", newline="") as f:
