@@ -30,6 +30,12 @@ pub fn run(args: StatusArgs) -> Result<()> {
     for (reason, n) in &s.dropped {
         println!("  {reason:<16} {n}");
     }
+    if s.adapters > 0 {
+        println!(
+            "adapters     {} (`afkit generate` samples each context with its fold's)",
+            s.adapters
+        );
+    }
     println!(
         "pools        {} contexts, {} candidate endings ({} short of the requested count)",
         s.contexts_with_pool, s.candidates, s.pool_shortfalls

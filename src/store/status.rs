@@ -15,6 +15,8 @@ pub struct Status {
     pub examples: i64,
     /// Input records not kept, by reason.
     pub dropped: BTreeMap<String, i64>,
+    /// Generator adapters recorded by `lm adapt` (one per fold, all sets).
+    pub adapters: i64,
     /// Contexts whose generated pool is complete.
     pub contexts_with_pool: i64,
     /// Candidate endings in all pools, the found endings excluded.
@@ -47,6 +49,7 @@ impl Store {
         Ok(Status {
             examples: self.count_examples()?,
             dropped: self.dropped_by_reason()?,
+            adapters: count("SELECT COUNT(*) FROM adapters")?,
             contexts_with_pool: count("SELECT COUNT(*) FROM pools")?,
             candidates: count("SELECT COUNT(*) FROM endings WHERE is_gold = 0")?,
             pool_shortfalls: count("SELECT COUNT(*) FROM pools WHERE produced < requested")?,
