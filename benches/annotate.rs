@@ -149,7 +149,7 @@ fn main() {
     let tmux = tmux_available();
     let dir = tempfile::tempdir().unwrap();
     println!(
-        "annotate latency: {items} items per annotator, scripted keys, {} (synchronous = FULL)\n",
+        "annotate latency: {items} items per annotator, scripted keys, {} (every label flushed to the disk before the next item shows)\n",
         if tmux {
             "each process in its own 80×24 tmux terminal"
         } else {

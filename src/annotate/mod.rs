@@ -55,7 +55,7 @@ pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
     if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
         bail!("--annotator must be a name of 1 to 64 printable characters");
     }
-    store.sync_every_commit()?;
+    store.sync_every_label();
     let setup = tasks::ensure_tasks(store, config.policy)?;
     let stop = event::stop_flag()?;
     let holder = Holder::this_process(name);

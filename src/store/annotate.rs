@@ -525,11 +525,10 @@ const ELIGIBLE: &str = "t.status = 'open'
            AND c.pid IS NOT NULL AND c.seen_at > ?2) < t.replicas";
 
 impl Store {
-    /// Makes every commit reach the disk before it returns (`synchronous = FULL`): a label,
-    /// once the next item shows, survives even a power cut, not only a killed process.
-    pub fn sync_every_commit(&self) -> Result<()> {
-        self.conn.pragma_update(None, "synchronous", "FULL")?;
-        Ok(())
+    /// Makes every submission, skip and undo reach the disk before it returns: a label, once
+    /// the next item shows, survives even a power cut, not only a killed process.
+    pub fn sync_every_label(&mut self) {
+        self.sync_labels = true;
     }
 }
 
@@ -613,8 +612,7 @@ impl Store {
     /// Ends the holder's session: its claims lose their pid, so their items are free for others at
     /// once, on any machine, while the annotator still gets them back first when it resumes.
     pub fn release_claims(&self, holder: &Holder) -> Result<()> {
-        let conn = &self.conn;
-        conn.execute(
+        self.conn.execute(
             "UPDATE claims SET pid = NULL WHERE annotator = ?1 AND pid = ?2 AND host = ?3",
             params![holder.annotator, holder.pid, holder.host],
         )?;
@@ -623,8 +621,7 @@ impl Store {
 
     /// Refreshes the holder's claim on `task_id` so that it stays reserved while on screen.
     pub fn heartbeat(&self, holder: &Holder, task_id: i64) -> Result<()> {
-        let conn = &self.conn;
-        conn.execute(
+        self.conn.execute(
         "UPDATE claims SET seen_at = ?3, pid = ?4, host = ?5 WHERE task_id = ?1 AND annotator = ?2",
         params![task_id, holder.annotator, now(), holder.pid, holder.host],
     )?;
@@ -675,18 +672,18 @@ impl Store {
     pub fn insert_submission(&self, sub: &NewSubmission) -> Result<i64> {
         let conn = &self.conn;
         let at = sub.submitted_at.clone().unwrap_or_else(now);
-        conn.execute(
+        conn.prepare_cached(
             "INSERT INTO submissions(task_id, annotator, origin, broken, seconds, submitted_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                sub.task_id,
-                sub.annotator,
-                sub.origin.as_str(),
-                sub.broken,
-                sub.seconds,
-                at
-            ],
-        )
+        )?
+        .execute(params![
+            sub.task_id,
+            sub.annotator,
+            sub.origin.as_str(),
+            sub.broken,
+            sub.seconds,
+            at
+        ])
         .with_context(|| {
             format!(
                 "cannot store the submission of task {} by {}",
@@ -714,11 +711,10 @@ impl Store {
     pub fn submit(&mut self, sub: &NewSubmission) -> Result<i64> {
         let tx = self.begin(TransactionBehavior::Immediate)?;
         let id = self.insert_submission(sub)?;
-        tx.execute(
-            "DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2",
-            params![sub.task_id, sub.annotator],
-        )?;
+        tx.prepare_cached("DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2")?
+            .execute(params![sub.task_id, sub.annotator])?;
         tx.commit()?;
+        self.make_durable()?;
         Ok(id)
     }
 
@@ -734,6 +730,7 @@ impl Store {
             params![task_id, holder.annotator],
         )?;
         tx.commit()?;
+        self.make_durable()?;
         Ok(())
     }
 }
@@ -811,6 +808,7 @@ impl Store {
         )?;
         let task = self.task_view(task_id)?.expect("undone task exists");
         tx.commit()?;
+        self.make_durable()?;
         Ok(Some(Undone { task, labels, was }))
     }
 }
@@ -1020,6 +1018,31 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn flushed_labels_are_kept_across_checkpoints_by_other_connections() {
+        let (dir, mut store) = project(4, 0, 1);
+        store.sync_every_label();
+        let a = holder("a", std::process::id());
+        let other = Connection::open(dir.path().join("p.sqlite")).unwrap();
+        for round in 0..3 {
+            let task = store.claim_next(&a).unwrap().unwrap();
+            if round == 1 {
+                // Another process empties the log while this store keeps it open.
+                other
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                    .unwrap();
+            }
+            store.submit(&complete(&task, "a")).unwrap();
+        }
+        let task = store.claim_next(&a).unwrap().unwrap();
+        store.skip(&a, task.task_id).unwrap();
+        assert!(store.undo_last(&a).unwrap().is_some());
+        let stored: i64 = other
+            .query_row("SELECT COUNT(*) FROM submissions", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(stored, 3);
     }
 
     #[test]

@@ -23,7 +23,9 @@
 //!
 //! Durability: WAL journal, `synchronous = NORMAL` (a committed transaction survives a process
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy handler that
-//! polls for the write lock, so that several annotators (processes) can share one file.
+//! polls for the write lock, so that several annotators (processes) can share one file. An
+//! annotator's labels also survive an OS crash: each is flushed to the disk after its commit
+//! ([`Store::sync_every_label`]).
 
 pub mod adapters;
 pub mod af;
@@ -36,6 +38,7 @@ pub mod fixtures;
 pub mod pool;
 pub mod status;
 
+use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -60,6 +63,10 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    /// Whether [`Store::make_durable`] flushes the journal to the disk (annotators' labels).
+    sync_labels: bool,
+    /// The write-ahead log, opened by the first [`Store::make_durable`] that flushes it.
+    wal: Option<File>,
 }
 
 /// How long a connection waits for another process's write lock before it reports the project
@@ -140,6 +147,8 @@ impl Store {
         Ok(Store {
             conn,
             path: path.to_path_buf(),
+            sync_labels: false,
+            wal: None,
         })
     }
 
@@ -195,6 +204,34 @@ impl Store {
     /// `&mut self` in the public operations that begin one keeps two from nesting.
     pub(in crate::store) fn begin(&self, behavior: TransactionBehavior) -> Result<Transaction<'_>> {
         Ok(Transaction::new_unchecked(&self.conn, behavior)?)
+    }
+
+    /// Flushes what this store has committed to the disk, if it was asked to with
+    /// [`Store::sync_every_label`]: a flush of the write-ahead log (where every commit lands first)
+    /// after the commit, out of the write lock, instead of `synchronous = FULL`'s flush inside
+    /// it, so that writers waiting for the lock do not also wait for each other's disk. It is as
+    /// durable: commits reach the log in order, and the log is only rewritten after a checkpoint
+    /// has copied it into the project file and flushed that.
+    pub(in crate::store) fn make_durable(&mut self) -> Result<()> {
+        if !self.sync_labels {
+            return Ok(());
+        }
+        if self.wal.is_none() {
+            let mut name = self.path.clone().into_os_string();
+            name.push("-wal");
+            // Only opened for flushing; SQLite keeps no locks on this file, so this handle
+            // cannot disturb the connection's.
+            let wal = File::open(&name).with_context(|| {
+                format!(
+                    "cannot open the journal {} to flush it",
+                    Path::new(&name).display()
+                )
+            })?;
+            self.wal = Some(wal);
+        }
+        let wal = self.wal.as_ref().expect("opened above");
+        wal.sync_data()
+            .context("cannot flush the project's journal to the disk")
     }
 
     pub fn meta(&self, key: &str) -> Result<Option<String>> {
