@@ -5,8 +5,10 @@
 //! Each process replays a key script (the hidden `--script` mode: label six endings, pick best
 //! and second, Enter) as fast as it can, which is far harsher than people typing: every process
 //! is writing nearly all the time. Run with `bash scripts/bench-annotate [ITEMS_PER_ANNOTATOR]
-//! [--peer OLDER_AFKIT]`: with a peer (an afkit binary built from another commit) every scenario
-//! runs with both binaries in turn, so the two are compared on the same machine in the same run.
+//! [--backlog DONE] [--peer OLDER_AFKIT]`: `--backlog` first marks that many items done by
+//! earlier annotators (a project well under way: the next item lies past all of them); with a
+//! peer (an afkit binary built from another commit) every scenario runs with both binaries in
+//! turn, so the two are compared on the same machine in the same run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,15 +39,78 @@ fn tmux_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn run(dir: &Path, bin: &str, processes: usize, items: usize, tmux: bool) -> Run {
+/// Makes the project `bin` can open: a peer built before schema 6 gets the project set back to
+/// schema 5 (the submission counts and their triggers and index removed).
+fn fit_schema(bin: &str, db: &Path) {
+    let out = Command::new(bin).arg("status").arg(db).output().unwrap();
+    let error = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        return;
+    }
+    assert!(
+        error.contains("newer than this afkit (5)"),
+        "{bin} cannot open the bench project: {error}"
+    );
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .execute_batch(
+            "DROP TRIGGER submissions_counted; DROP TRIGGER submissions_uncounted;
+             DROP INDEX tasks_wanting; ALTER TABLE tasks DROP COLUMN submitted;
+             PRAGMA user_version = 5;",
+        )
+        .unwrap();
+}
+
+/// Marks the first `backlog` items (in hand-out order) done by earlier annotators, each with all
+/// the submissions its task wants, as in a project well under way. The annotate stage creates
+/// the tasks when it first opens the project (here with an empty key script).
+fn annotate_backlog(bin: &str, dir: &Path, db: &Path, backlog: usize) {
+    let empty = dir.join("no-keys");
+    std::fs::write(&empty, "").unwrap();
+    let status = Command::new(bin)
+        .arg("annotate")
+        .arg(db)
+        .args(["--annotator", "setup", "--script"])
+        .arg(&empty)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut conn = rusqlite::Connection::open(db).unwrap();
+    let tx = conn.transaction().unwrap();
+    let tasks: Vec<(i64, i64)> = tx
+        .prepare("SELECT id, replicas FROM tasks ORDER BY id LIMIT ?1")
+        .unwrap()
+        .query_map([backlog as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    for (task, replicas) in tasks {
+        for earlier in 0..replicas {
+            tx.execute(
+                "INSERT INTO submissions(task_id, annotator, origin, broken, submitted_at)
+                 VALUES (?1, ?2, 'tui', 1, '2026-01-01T00:00:00Z')",
+                rusqlite::params![task, format!("earlier{earlier}")],
+            )
+            .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+}
+
+fn run(dir: &Path, bin: &str, processes: usize, items: usize, backlog: usize, tmux: bool) -> Run {
     let run_dir = tempfile::tempdir_in(dir).unwrap();
     let dir = run_dir.path();
     let db = dir.join(format!("bench{processes}.sqlite"));
     let mut store = Store::create(&db).unwrap();
     store
-        .synthetic_af_project(processes * items + 200, 9, 1)
+        .synthetic_af_project(backlog + processes * items + 200, 9, 1)
         .unwrap();
     drop(store);
+    fit_schema(bin, &db);
+    if backlog > 0 {
+        annotate_backlog(bin, dir, &db, backlog);
+    }
     let keys = dir.join("keys");
     std::fs::write(&keys, "lulugl 1b 3s Enter\n".repeat(items)).unwrap();
     let socket = dir.join(format!("tmux{processes}.sock"));
@@ -126,7 +191,11 @@ fn run(dir: &Path, bin: &str, processes: usize, items: usize, tmux: bool) -> Run
     }
     let submissions = rusqlite::Connection::open(&db)
         .unwrap()
-        .query_row("SELECT COUNT(*) FROM submissions", [], |r| r.get(0))
+        .query_row(
+            "SELECT COUNT(*) FROM submissions WHERE annotator NOT LIKE 'earlier%'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     Run {
         processes,
@@ -140,7 +209,16 @@ fn run(dir: &Path, bin: &str, processes: usize, items: usize, tmux: bool) -> Run
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let items: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(100);
+    let items: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(100);
+    let backlog: usize = args
+        .iter()
+        .position(|a| a == "--backlog")
+        .map(|i| {
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .expect("--backlog needs a number of items")
+        })
+        .unwrap_or(0);
     let peer = args.iter().position(|a| a == "--peer").map(|i| {
         args.get(i + 1)
             .expect("--peer needs an afkit binary")
@@ -149,7 +227,7 @@ fn main() {
     let tmux = tmux_available();
     let dir = tempfile::tempdir().unwrap();
     println!(
-        "annotate latency: {items} items per annotator, scripted keys, {} (every label flushed to the disk before the next item shows)\n",
+        "annotate latency: {items} items per annotator after {backlog} done, scripted keys, {} (every label flushed to the disk before the next item shows)\n",
         if tmux {
             "each process in its own 80×24 tmux terminal"
         } else {
@@ -163,7 +241,7 @@ fn main() {
     let mut runs = Vec::new();
     for processes in [1, 8] {
         for (name, bin) in &builds {
-            let r = run(dir.path(), bin, processes, items, tmux);
+            let r = run(dir.path(), bin, processes, items, backlog, tmux);
             assert_eq!(
                 r.submissions as usize,
                 processes * items,

@@ -28,16 +28,27 @@ pub struct PolicyRequest {
 
 /// Creates the missing tasks for every context of the latest finished AF run, idempotently, and
 /// records the hand-out policy. Runs in one write transaction, so concurrent annotators starting
-/// together create each task once.
+/// together create each task once; but only when there is something to write: finding that out
+/// reads every assignment of the run, and an annotator joining a large project under way would
+/// otherwise hold the write lock, and every other annotator's next commit, for that long.
 pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> {
+    let up_to_date = store.transaction(|store| {
+        let run_id = finished_run(store)?;
+        let stored = store.stored_policy()?;
+        let policy = resolve_policy(stored, request)?;
+        let unchanged = stored == Some(policy) && !store.has_untasked_contexts(run_id)?;
+        Ok(unchanged.then_some(Setup {
+            run_id,
+            policy,
+            created: 0,
+            without_negatives: 0,
+        }))
+    })?;
+    if let Some(setup) = up_to_date {
+        return Ok(setup);
+    }
     store.write_transaction(|store| {
-        let Some(run_id) = store.latest_finished_run_id()? else {
-            bail!(
-                "{} has no finished adversarial-filtering run: run `afkit filter {}` first",
-                store.path().display(),
-                store.path().display()
-            );
-        };
+        let run_id = finished_run(store)?;
         let stored = store.stored_policy()?;
         let policy = resolve_policy(stored, request)?;
         let mut contexts = store.untasked_contexts(run_id)?;
@@ -76,6 +87,18 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
             without_negatives,
         })
     })
+}
+
+/// The run whose assignments become tasks: the latest finished one.
+fn finished_run(store: &Store) -> Result<i64> {
+    match store.latest_finished_run_id()? {
+        Some(run_id) => Ok(run_id),
+        None => bail!(
+            "{} has no finished adversarial-filtering run: run `afkit filter {}` first",
+            store.path().display(),
+            store.path().display()
+        ),
+    }
 }
 
 /// The policy to use: the recorded one (or the default) with the request's changes; the seed

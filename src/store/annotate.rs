@@ -165,6 +165,16 @@ pub struct UntaskedContext {
 
 impl Store {
     /// Contexts of `run_id` that no task (of any run or round) shows yet, in example id order.
+    /// Whether some context of `run_id` has assigned negatives but no task yet.
+    pub fn has_untasked_contexts(&self, run_id: i64) -> Result<bool> {
+        Ok(self.conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM af_assignments a WHERE a.run_id = ?1
+               AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.example_id = a.example_id))",
+            [run_id],
+            |r| r.get(0),
+        )?)
+    }
+
     pub fn untasked_contexts(&self, run_id: i64) -> Result<Vec<UntaskedContext>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
@@ -451,8 +461,7 @@ impl Store {
     pub fn open_tasks(&self, unfinished_only: bool) -> Result<Vec<TaskView>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
-            "SELECT t.id FROM tasks t WHERE t.status = 'open'
-           AND (?1 = 0 OR (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id) < t.replicas)
+            "SELECT t.id FROM tasks t WHERE t.status = 'open' AND (?1 = 0 OR t.submitted < t.replicas)
          ORDER BY t.id",
         )?;
         let ids: Vec<i64> = stmt
@@ -515,14 +524,26 @@ fn cutoff(age: Duration) -> String {
     super::format_timestamp(secs)
 }
 
-/// SQL condition: task `t` can take one more annotator other than ?1 (annotator) given the live
-/// claims of others (?2 = stale cutoff), and ?1 has neither submitted nor skipped it.
-const ELIGIBLE: &str = "t.status = 'open'
-    AND NOT EXISTS (SELECT 1 FROM submissions s WHERE s.task_id = t.id AND s.annotator = ?1)
+/// SQL condition: task `t` still wants a submission. Written as the partial index
+/// `tasks_wanting` states it, so that queries with it read that index: finished tasks are never
+/// looked at again, however many there are.
+const WANTING: &str = "t.status = 'open' AND t.submitted < t.replicas";
+
+/// SQL condition on a wanting task `t`: it can take one more annotator other than ?1 (annotator)
+/// given the live claims of others (?2 = stale cutoff), and ?1 has neither submitted nor skipped
+/// it. Every task it rules out is one ?1 submitted or skipped or one others have claimed.
+const TAKES_ANNOTATOR: &str = "
+    NOT EXISTS (SELECT 1 FROM submissions s WHERE s.task_id = t.id AND s.annotator = ?1)
     AND NOT EXISTS (SELECT 1 FROM skips k WHERE k.task_id = t.id AND k.annotator = ?1)
-    AND (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id)
+    AND t.submitted
       + (SELECT COUNT(*) FROM claims c WHERE c.task_id = t.id AND c.annotator <> ?1
            AND c.pid IS NOT NULL AND c.seen_at > ?2) < t.replicas";
+
+/// The tasks [`TAKES_ANNOTATOR`] can rule out for ?1: those ?1 submitted or skipped, and those
+/// others hold a live claim on.
+const RULED_OUT_CANDIDATES: &str = "SELECT task_id FROM submissions WHERE annotator = ?1
+    UNION SELECT task_id FROM skips WHERE annotator = ?1
+    UNION SELECT task_id FROM claims WHERE annotator <> ?1 AND pid IS NOT NULL AND seen_at > ?2";
 
 impl Store {
     /// Makes every submission, skip and undo reach the disk before it returns: a label, once
@@ -550,7 +571,9 @@ impl Store {
         let still_eligible = match mine {
             Some(task) => tx
                 .query_row(
-                    &format!("SELECT 1 FROM tasks t WHERE t.id = ?3 AND {ELIGIBLE}"),
+                    &format!(
+                        "SELECT 1 FROM tasks t WHERE t.id = ?3 AND {WANTING} AND {TAKES_ANNOTATOR}"
+                    ),
                     params![holder.annotator, stale, task],
                     |_| Ok(()),
                 )
@@ -562,7 +585,10 @@ impl Store {
             mine
         } else {
             tx.query_row(
-                &format!("SELECT t.id FROM tasks t WHERE {ELIGIBLE} ORDER BY t.id LIMIT 1"),
+                &format!(
+                    "SELECT t.id FROM tasks t WHERE {WANTING} AND {TAKES_ANNOTATOR}
+                     ORDER BY t.id LIMIT 1"
+                ),
                 params![holder.annotator, stale],
                 |r| r.get(0),
             )
@@ -867,8 +893,14 @@ impl Store {
         let items: Vec<(String, Option<f64>)> = stmt
             .query_map([annotator], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
+        // Every wanting task less those ruled out for this annotator, counted among the few
+        // candidates: a count over every wanting task would cost each item a scan of the project.
         let remaining = conn.query_row(
-            &format!("SELECT COUNT(*) FROM tasks t WHERE {ELIGIBLE}"),
+            &format!(
+                "SELECT (SELECT COUNT(*) FROM tasks t WHERE {WANTING})
+                      - (SELECT COUNT(*) FROM tasks t WHERE t.id IN ({RULED_OUT_CANDIDATES})
+                           AND {WANTING} AND NOT ({TAKES_ANNOTATOR}))"
+            ),
             params![annotator, cutoff(STALE_AFTER)],
             |r| r.get(0),
         )?;
@@ -1043,6 +1075,73 @@ mod tests {
             .query_row("SELECT COUNT(*) FROM submissions", [], |r| r.get(0))
             .unwrap();
         assert_eq!(stored, 3);
+    }
+
+    #[test]
+    fn submission_counts_follow_every_submission_and_survive_the_upgrade() {
+        let (dir, mut store) = project(5, 2, 2);
+        let me = std::process::id();
+        let (a, b) = (holder("a", me), holder("b", me));
+        for who in [&a, &b, &a, &a] {
+            let task = store.claim_next(who).unwrap().unwrap();
+            store.submit(&complete(&task, &who.annotator)).unwrap();
+        }
+        let undone = store.undo_last(&a).unwrap().unwrap();
+        let counts = |store: &Store| -> Vec<(i64, i64)> {
+            store
+                .conn
+                .prepare(
+                    "SELECT t.submitted, (SELECT COUNT(*) FROM submissions s WHERE s.task_id = t.id)
+                     FROM tasks t ORDER BY t.id",
+                )
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap()
+        };
+        // A live claim of b's and a skip of a's rule items out as well.
+        store.claim_next(&b).unwrap().unwrap();
+        let skipped = store.claim_next(&holder("c", me)).unwrap().unwrap();
+        store.skip(&holder("c", me), skipped.task_id).unwrap();
+        for who in ["a", "b", "c", "d"] {
+            let by_scan: i64 = store
+                .conn
+                .query_row(
+                    &format!("SELECT COUNT(*) FROM tasks t WHERE {WANTING} AND {TAKES_ANNOTATOR}"),
+                    params![who, cutoff(STALE_AFTER)],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(
+                store.annotator_progress(who).unwrap().remaining,
+                by_scan,
+                "{who}"
+            );
+        }
+        let kept = counts(&store);
+        assert!(kept.iter().all(|(kept, real)| kept == real), "{kept:?}");
+        assert_eq!(kept.iter().map(|c| c.1).sum::<i64>(), 3);
+        let remaining = store.annotator_progress("a").unwrap().remaining;
+        // A project of schema 5 (no counts) gets them from its submissions when opened.
+        let path = dir.path().join("p.sqlite");
+        drop(store);
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "DROP TRIGGER submissions_counted; DROP TRIGGER submissions_uncounted;
+                 DROP INDEX tasks_wanting; ALTER TABLE tasks DROP COLUMN submitted;
+                 PRAGMA user_version = 5;",
+            )
+            .unwrap();
+        let mut store = Store::open(&path).unwrap();
+        assert_eq!(counts(&store), kept);
+        assert_eq!(store.annotator_progress("a").unwrap().remaining, remaining);
+        let again = store.claim_next(&a).unwrap().unwrap();
+        assert_eq!(
+            again.task_id, undone.task.task_id,
+            "the undone item comes back"
+        );
     }
 
     #[test]
