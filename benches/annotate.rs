@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 
 const BIN: &str = env!("CARGO_BIN_EXE_afkit");
@@ -51,13 +52,8 @@ fn fit_schema(bin: &str, db: &Path) {
         error.contains("newer than this afkit (5)"),
         "{bin} cannot open the bench project: {error}"
     );
-    rusqlite::Connection::open(db)
-        .unwrap()
-        .execute_batch(
-            "DROP TRIGGER submissions_counted; DROP TRIGGER submissions_uncounted;
-             DROP INDEX tasks_wanting; ALTER TABLE tasks DROP COLUMN submitted;
-             PRAGMA user_version = 5;",
-        )
+    Fixtures::on(&rusqlite::Connection::open(db).unwrap())
+        .back_to_schema_5()
         .unwrap();
 }
 

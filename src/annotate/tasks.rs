@@ -33,9 +33,7 @@ pub struct PolicyRequest {
 /// otherwise hold the write lock, and every other annotator's next commit, for that long.
 pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> {
     let up_to_date = store.transaction(|store| {
-        let run_id = finished_run(store)?;
-        let stored = store.stored_policy()?;
-        let policy = resolve_policy(stored, request)?;
+        let (run_id, stored, policy) = run_and_policy(store, request)?;
         let unchanged = stored == Some(policy) && !store.has_untasked_contexts(run_id)?;
         Ok(unchanged.then_some(Setup {
             run_id,
@@ -48,9 +46,7 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
         return Ok(setup);
     }
     store.write_transaction(|store| {
-        let run_id = finished_run(store)?;
-        let stored = store.stored_policy()?;
-        let policy = resolve_policy(stored, request)?;
+        let (run_id, stored, policy) = run_and_policy(store, request)?;
         let mut contexts = store.untasked_contexts(run_id)?;
         let without_negatives = contexts.iter().filter(|c| c.negatives.is_empty()).count();
         contexts.retain(|c| !c.negatives.is_empty());
@@ -89,16 +85,18 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
     })
 }
 
-/// The run whose assignments become tasks: the latest finished one.
-fn finished_run(store: &Store) -> Result<i64> {
-    match store.latest_finished_run_id()? {
-        Some(run_id) => Ok(run_id),
-        None => bail!(
+/// The run whose assignments become tasks (the latest finished one), the recorded policy and the
+/// policy to use.
+fn run_and_policy(store: &Store, request: PolicyRequest) -> Result<(i64, Option<Policy>, Policy)> {
+    let Some(run_id) = store.latest_finished_run_id()? else {
+        bail!(
             "{} has no finished adversarial-filtering run: run `afkit filter {}` first",
             store.path().display(),
             store.path().display()
-        ),
-    }
+        );
+    };
+    let stored = store.stored_policy()?;
+    Ok((run_id, stored, resolve_policy(stored, request)?))
 }
 
 /// The policy to use: the recorded one (or the default) with the request's changes; the seed

@@ -1126,13 +1126,8 @@ mod tests {
         // A project of schema 5 (no counts) gets them from its submissions when opened.
         let path = dir.path().join("p.sqlite");
         drop(store);
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch(
-                "DROP TRIGGER submissions_counted; DROP TRIGGER submissions_uncounted;
-                 DROP INDEX tasks_wanting; ALTER TABLE tasks DROP COLUMN submitted;
-                 PRAGMA user_version = 5;",
-            )
+        crate::store::fixtures::Fixtures::on(&Connection::open(&path).unwrap())
+            .back_to_schema_5()
             .unwrap();
         let mut store = Store::open(&path).unwrap();
         assert_eq!(counts(&store), kept);
