@@ -16,6 +16,10 @@ N_NEG=${3:-64}
 PYTHON=${PYTHON:-python3}
 AFKIT=target/release/afkit
 export RAYON_NUM_THREADS=2 AFKIT_NO_PROGRESS=1
+# The peer's job: the context alone as the prompt and the plain stop rules, so afkit runs
+# without its style priming and its corpus-derived ending rules here (both add work the peer
+# does not do). AFKIT_GEN_FLAGS adds flags to afkit's runs.
+GEN=(--style-examples 0 --no-ending-rules ${AFKIT_GEN_FLAGS:-})
 DATA=../shared/data/activitynet-captions/train.json
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -29,9 +33,9 @@ project all
 project peer
 
 echo "afkit generate: $CONTEXTS contexts, N-=$N_NEG" >&2
-$AFKIT generate "$work/all.sqlite" --limit "$CONTEXTS" --n-neg "$N_NEG" --json > "$work/afkit_all.json"
+$AFKIT generate "$work/all.sqlite" --limit "$CONTEXTS" --n-neg "$N_NEG" "${GEN[@]}" --json > "$work/afkit_all.json"
 echo "afkit generate: first $PEER_CONTEXTS contexts" >&2
-$AFKIT generate "$work/peer.sqlite" --limit "$PEER_CONTEXTS" --n-neg "$N_NEG" --json > "$work/afkit_subset.json"
+$AFKIT generate "$work/peer.sqlite" --limit "$PEER_CONTEXTS" --n-neg "$N_NEG" "${GEN[@]}" --json > "$work/afkit_subset.json"
 echo "peer (llama-cpp-python): first $PEER_CONTEXTS contexts" >&2
 $PYTHON scripts/bench_generate_peer.py --project "$work/peer.sqlite" --model "$MODEL" \
   --limit "$PEER_CONTEXTS" --n-neg "$N_NEG" --threads 2 > "$work/peer.json"

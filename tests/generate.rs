@@ -837,13 +837,13 @@ fn smollm2_generate_end_to_end() {
 }
 
 /// f32 GEMM throughput at the decode's shapes (rows × 576 times the model's weight matrices),
-/// candle's GEMM and afkit's packed AVX-512 kernel (where the CPU has it) side by side: the
+/// candle's GEMM and each of afkit's packed kernels this CPU runs, side by side: the
 /// arithmetic limit the batched decode is compared with in BENCHMARKS.md.
 /// `cargo test --release --test generate -- --ignored gemm --nocapture`
 #[test]
 #[ignore]
 fn gemm_throughput_at_decode_shapes() {
-    use afkit::lm::linear::{packed_kernel_available, PackedMatrix};
+    use afkit::lm::linear::{Kernel, PackedMatrix};
     use candle_core::{Device, Tensor};
     let gflops = |rows: usize, k: usize, n: usize, run: &dyn Fn()| {
         run();
@@ -869,13 +869,13 @@ fn gemm_throughput_at_decode_shapes() {
                 a.matmul(&b).unwrap();
             });
             line += &format!("  {k}x{n}: candle {candle:5.1}");
-            if packed_kernel_available() {
-                let packed = PackedMatrix::pack(&b).unwrap();
+            for kernel in Kernel::supported() {
+                let packed = PackedMatrix::pack(&b, kernel).unwrap();
                 let x: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
                 let p = gflops(rows, k, n, &|| {
                     packed.apply(&x, rows).unwrap();
                 });
-                line += &format!(" packed {p:5.1}");
+                line += &format!(" {kernel:?} {p:5.1}");
             }
         }
         println!("{line}  GFLOP/s");

@@ -2,12 +2,14 @@
 //!
 //! Every projection of the decoder (and the 49k-column output head, a fifth of the arithmetic)
 //! is a product of a few hundred activation rows with a constant weight matrix. candle's f32
-//! GEMM runs its AVX2 kernels here and packs the weight matrix again on every call. On CPUs
-//! with AVX-512 the weights are packed once, at load time, into column panels laid out in the
-//! order a 512-bit micro-kernel reads them, which doubles the arithmetic per instruction and
-//! leaves only the (small) activation block to pack per call. Other CPUs keep candle's GEMM, and
-//! so do other devices (the `generic` engine: candle's matmul wherever the tensor lives).
-//! `AFKIT_GEMM=candle` forces candle's GEMM, to compare the two on one machine.
+//! GEMM packs the weight matrix again on every call. On x86-64 CPUs with AVX-512, or with AVX2
+//! and FMA, the weights are packed once, at load time, into column panels laid out in the order
+//! afkit's micro-kernels read them, which leaves only the (small) activation block to pack per
+//! call. The kernel is chosen at run time: 12 rows × 32 columns in 512-bit registers where the
+//! CPU has AVX-512F, else 6 rows × 16 columns in 256-bit registers, twice per panel. Other CPUs
+//! keep candle's GEMM, and so do other devices (the `generic` engine: candle's matmul wherever
+//! the tensor lives). `AFKIT_GEMM=candle` forces candle's GEMM, to compare the two on one
+//! machine.
 
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
@@ -17,18 +19,17 @@ use rayon::prelude::*;
 pub enum Linear {
     /// candle's matmul (any CPU, any device).
     Dense(Tensor),
-    /// Panels for the AVX-512 micro-kernel.
+    /// Panels for afkit's micro-kernels.
     Packed(PackedMatrix),
 }
 
 impl Linear {
-    /// `w` is (in × out). Packs it when afkit's CPU kernels run the model and this CPU has the
-    /// AVX-512 one.
+    /// `w` is (in × out). Packs it when afkit's CPU kernels run the model and this CPU has one
+    /// of its micro-kernels.
     pub fn new(w: Tensor, cpu_kernels: bool) -> Result<Self> {
-        if cpu_kernels && packed_kernel_available() {
-            Ok(Linear::Packed(PackedMatrix::pack(&w)?))
-        } else {
-            Ok(Linear::Dense(w.contiguous()?))
+        match packed_kernel().filter(|_| cpu_kernels) {
+            Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
+            None => Ok(Linear::Dense(w.contiguous()?)),
         }
     }
 
@@ -53,26 +54,65 @@ impl Linear {
     }
 }
 
-/// Whether the packed AVX-512 kernel runs here (and is not switched off by `AFKIT_GEMM=candle`).
-pub fn packed_kernel_available() -> bool {
-    if std::env::var("AFKIT_GEMM").is_ok_and(|v| v == "candle") {
-        return false;
+/// The micro-kernels a packed matrix can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// 12 rows × 32 columns of 512-bit accumulators.
+    Avx512,
+    /// 6 rows × 16 columns of 256-bit accumulators with fused multiply-adds.
+    Avx2Fma,
+}
+
+impl Kernel {
+    /// Every kernel this CPU can run, fastest first.
+    pub fn supported() -> Vec<Kernel> {
+        let mut kernels = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                kernels.push(Kernel::Avx512);
+            }
+            if crate::simd::avx2_fma() {
+                kernels.push(Kernel::Avx2Fma);
+            }
+        }
+        kernels
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
+
+    /// Rows of a full row block: as many accumulators as leave room, in the CPU's vector
+    /// registers, for the panel's values and a broadcast (32 registers with AVX-512, 16 with AVX2).
+    fn block_rows(self) -> usize {
+        match self {
+            Kernel::Avx512 => 12,
+            Kernel::Avx2Fma => 6,
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// The heights a row block may have: a short last block runs the smallest that covers it.
+    fn heights(self) -> &'static [usize] {
+        match self {
+            Kernel::Avx512 => &[1, 2, 4, 8, 12],
+            Kernel::Avx2Fma => &[1, 2, 4, 6],
+        }
     }
 }
 
-/// Columns of one panel: two 16-lane registers.
+/// The kernel packed matrices use here: the fastest this CPU has, none under
+/// `AFKIT_GEMM=candle`.
+pub fn packed_kernel() -> Option<Kernel> {
+    if std::env::var("AFKIT_GEMM").is_ok_and(|v| v == "candle") {
+        return None;
+    }
+    Kernel::supported().first().copied()
+}
+
+/// Whether a packed kernel runs here (see [`packed_kernel`]).
+pub fn packed_kernel_available() -> bool {
+    packed_kernel().is_some()
+}
+
+/// Columns of one panel: two 16-lane registers, or four 8-lane ones.
 const NR: usize = 32;
-/// Rows of one full micro-kernel block: 12 × 2 accumulators leave room for the two weight
-/// registers and a broadcast in the 32 vector registers.
-const MR: usize = 12;
 /// Weight bytes a thread's chunk of panels may take, so the chunk stays in its core's L2 cache
 /// while every row block passes over it.
 const CHUNK_BYTES: usize = 256 * 1024;
@@ -83,10 +123,15 @@ pub struct PackedMatrix {
     k: usize,
     n: usize,
     panels: Vec<f32>,
+    kernel: Kernel,
 }
 
 impl PackedMatrix {
-    pub fn pack(w: &Tensor) -> Result<Self> {
+    /// Packs `w` for `kernel`, which must be one of [`Kernel::supported`].
+    pub fn pack(w: &Tensor, kernel: Kernel) -> Result<Self> {
+        if !Kernel::supported().contains(&kernel) {
+            bail!("this CPU cannot run the {kernel:?} kernel");
+        }
         let (k, n) = w.dims2()?;
         let rows = w.to_vec2::<f32>()?;
         let n_panels = n.div_ceil(NR);
@@ -100,7 +145,12 @@ impl PackedMatrix {
                     out[..width].copy_from_slice(&row[c0..c0 + width]);
                 }
             });
-        Ok(PackedMatrix { k, n, panels })
+        Ok(PackedMatrix {
+            k,
+            n,
+            panels,
+            kernel,
+        })
     }
 
     /// `x · W` for `x` (rows × k, row-major); returns rows × n.
@@ -113,7 +163,7 @@ impl PackedMatrix {
         if rows == 0 {
             return Ok(out);
         }
-        let blocks = RowBlocks::pack(x, rows, k);
+        let blocks = RowBlocks::pack(x, rows, k, self.kernel);
         let n_panels = n.div_ceil(NR);
         let per_chunk = (CHUNK_BYTES / (k * NR * 4)).clamp(1, n_panels);
         let c = OutPtr(out.as_mut_ptr());
@@ -130,7 +180,7 @@ impl PackedMatrix {
                         // `k` steps of the packed block and the panel, both that long.
                         unsafe {
                             let dst = c.at(block.first_row * n + p * NR);
-                            micro_kernel(block, panel, k, dst, n, cols);
+                            micro_kernel(self.kernel, block, panel, k, dst, n, cols);
                         }
                     }
                 }
@@ -170,15 +220,18 @@ struct RowBlock {
 }
 
 impl RowBlocks {
-    fn pack(x: &[f32], rows: usize, k: usize) -> Self {
+    fn pack(x: &[f32], rows: usize, k: usize, kernel: Kernel) -> Self {
+        let full = kernel.block_rows();
         let blocks = (0..rows)
-            .step_by(MR)
+            .step_by(full)
             .map(|first_row| {
-                let real = MR.min(rows - first_row);
-                let height = [1, 2, 4, 8, MR]
-                    .into_iter()
+                let real = full.min(rows - first_row);
+                let height = kernel
+                    .heights()
+                    .iter()
+                    .copied()
                     .find(|&h| h >= real)
-                    .unwrap_or(MR);
+                    .unwrap_or(full);
                 let mut data = vec![0f32; k * height];
                 for r in 0..real {
                     let src = &x[(first_row + r) * k..(first_row + r + 1) * k];
@@ -201,9 +254,11 @@ impl RowBlocks {
 /// Writes `block · panel` (block.rows × cols) at `dst` (row stride `ldc`).
 ///
 /// # Safety
-/// `dst` must be valid for writes of `block.rows` rows of `cols` values at stride `ldc`, and the
-/// CPU must have AVX-512F (checked by [`packed_kernel_available`] before any matrix is packed).
+/// `dst` must be valid for writes of `block.rows` rows of `cols` values at stride `ldc`, the
+/// block must have been packed for `kernel`, and the CPU must run `kernel` (checked by
+/// [`PackedMatrix::pack`]).
 unsafe fn micro_kernel(
+    kernel: Kernel,
     block: &RowBlock,
     panel: &[f32],
     k: usize,
@@ -214,19 +269,40 @@ unsafe fn micro_kernel(
     #[cfg(target_arch = "x86_64")]
     {
         let (a, b) = (block.data.as_ptr(), panel.as_ptr());
-        let (rows, write) = (block.rows, (dst, ldc, cols));
-        match block.height {
-            1 => avx512::kernel::<1>(a, b, k, rows, write),
-            2 => avx512::kernel::<2>(a, b, k, rows, write),
-            4 => avx512::kernel::<4>(a, b, k, rows, write),
-            8 => avx512::kernel::<8>(a, b, k, rows, write),
-            _ => avx512::kernel::<MR>(a, b, k, rows, write),
+        let rows = block.rows;
+        match kernel {
+            Kernel::Avx512 => {
+                let write = (dst, ldc, cols);
+                match block.height {
+                    1 => avx512::kernel::<1>(a, b, k, rows, write),
+                    2 => avx512::kernel::<2>(a, b, k, rows, write),
+                    4 => avx512::kernel::<4>(a, b, k, rows, write),
+                    8 => avx512::kernel::<8>(a, b, k, rows, write),
+                    _ => avx512::kernel::<12>(a, b, k, rows, write),
+                }
+            }
+            // The panel's two 16-column halves, one after the other.
+            Kernel::Avx2Fma => {
+                for half in 0..2 {
+                    let cols = cols.saturating_sub(half * 16).min(16);
+                    if cols == 0 {
+                        break;
+                    }
+                    let (b, write) = (b.add(half * 16), (dst.add(half * 16), ldc, cols));
+                    match block.height {
+                        1 => avx2::kernel::<1>(a, b, k, rows, write),
+                        2 => avx2::kernel::<2>(a, b, k, rows, write),
+                        4 => avx2::kernel::<4>(a, b, k, rows, write),
+                        _ => avx2::kernel::<6>(a, b, k, rows, write),
+                    }
+                }
+            }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (block, panel, k, dst, ldc, cols);
-        unreachable!("matrices are packed only on x86-64 CPUs with AVX-512");
+        let _ = (kernel, block, panel, k, dst, ldc, cols);
+        unreachable!("matrices are packed only on x86-64 CPUs");
     }
 }
 
@@ -277,6 +353,49 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `H` rows × 16 columns of a 32-column panel (`b` points at the half's first column): for
+    /// each of the `k` steps, two panel registers times a broadcast of each row's value,
+    /// accumulated in 2·H registers (12 of the 16 at H = 6); then the first `rows` rows and
+    /// `cols` (≤ 16) columns are stored.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn kernel<const H: usize>(
+        a: *const f32,
+        b: *const f32,
+        k: usize,
+        rows: usize,
+        (dst, ldc, cols): (*mut f32, usize, usize),
+    ) {
+        let mut lo = [_mm256_setzero_ps(); H];
+        let mut hi = [_mm256_setzero_ps(); H];
+        for step in 0..k {
+            let b_lo = _mm256_loadu_ps(b.add(step * 32));
+            let b_hi = _mm256_loadu_ps(b.add(step * 32 + 8));
+            let a_step = a.add(step * H);
+            for r in 0..H {
+                let ar = _mm256_broadcast_ss(&*a_step.add(r));
+                lo[r] = _mm256_fmadd_ps(ar, b_lo, lo[r]);
+                hi[r] = _mm256_fmadd_ps(ar, b_hi, hi[r]);
+            }
+        }
+        for r in 0..rows.min(H) {
+            let row = dst.add(r * ldc);
+            if cols == 16 {
+                _mm256_storeu_ps(row, lo[r]);
+                _mm256_storeu_ps(row.add(8), hi[r]);
+            } else {
+                let mut buf = [0f32; 16];
+                _mm256_storeu_ps(buf.as_mut_ptr(), lo[r]);
+                _mm256_storeu_ps(buf.as_mut_ptr().add(8), hi[r]);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), row, cols);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,14 +414,21 @@ mod tests {
         out
     }
 
-    /// Every row-block height and a ragged last panel, against a plain triple loop.
+    /// Every kernel this CPU runs, every row-block height and a ragged last panel (in either
+    /// half, for AVX2), against a plain triple loop.
     #[test]
     fn packed_product_equals_the_plain_product() {
-        if !packed_kernel_available() {
-            eprintln!("skipped: this CPU has no AVX-512F, the packed kernel is not used here");
+        let kernels = Kernel::supported();
+        if kernels.is_empty() {
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 with FMA");
             return;
         }
-        let (k, n) = (37, 75);
+        for (kernel, n) in kernels.into_iter().flat_map(|c| [(c, 75), (c, 89)]) {
+            packed_product_matches(kernel, 37, n);
+        }
+    }
+
+    fn packed_product_matches(kernel: Kernel, k: usize, n: usize) {
         let w: Vec<Vec<f32>> = (0..k)
             .map(|i| {
                 (0..n)
@@ -311,15 +437,15 @@ mod tests {
             })
             .collect();
         let wt = Tensor::new(w.clone(), &Device::Cpu).unwrap();
-        let packed = PackedMatrix::pack(&wt).unwrap();
-        for rows in [1, 2, 3, 5, 8, 12, 13, 30] {
+        let packed = PackedMatrix::pack(&wt, kernel).unwrap();
+        for rows in [1, 2, 3, 5, 6, 7, 8, 12, 13, 30] {
             let x: Vec<f32> = (0..rows * k)
                 .map(|i| ((i * 17) % 11) as f32 / 5.0 - 1.0)
                 .collect();
             let got = packed.apply(&x, rows).unwrap();
             let want = reference(&x, rows, &w);
             for (g, e) in got.iter().zip(&want) {
-                assert!((g - e).abs() < 1e-4, "rows {rows}: {g} vs {e}");
+                assert!((g - e).abs() < 1e-4, "{kernel:?}, rows {rows}: {g} vs {e}");
             }
         }
     }
