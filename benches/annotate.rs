@@ -4,11 +4,13 @@
 //!
 //! Each process replays a key script (the hidden `--script` mode: label six endings, pick best
 //! and second, Enter) as fast as it can, which is far harsher than people typing: every process
-//! is writing nearly all the time. Run with `bash scripts/bench-annotate [ITEMS_PER_ANNOTATOR]
-//! [--backlog DONE] [--peer OLDER_AFKIT]`: `--backlog` first marks that many items done by
-//! earlier annotators (a project well under way: the next item lies past all of them); with a
-//! peer (an afkit binary built from another commit) every scenario runs with both binaries in
-//! turn, so the two are compared on the same machine in the same run.
+//! is writing or redrawing nearly all the time, and eight of them keep two cores busy. Run with
+//! `bash scripts/bench-annotate [ITEMS_PER_ANNOTATOR] [--backlog DONE] [--peer OLDER_AFKIT]
+//! [--key-delay MS]`: `--backlog` first marks that many items done by earlier annotators (a
+//! project well under way: the next item lies past all of them); with a peer (an afkit binary
+//! built from another commit) every scenario runs with both binaries in turn, so the two are
+//! compared on the same machine in the same run; `--key-delay` pauses that long before each key
+//! (typing speed rather than replay speed: 50 ms is 20 keys a second).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -94,7 +96,21 @@ fn annotate_backlog(bin: &str, dir: &Path, db: &Path, backlog: usize) {
     tx.commit().unwrap();
 }
 
-fn run(dir: &Path, bin: &str, processes: usize, items: usize, backlog: usize, tmux: bool) -> Run {
+/// How a scenario runs, apart from the binary and the number of annotators.
+struct Scenario {
+    items: usize,
+    backlog: usize,
+    key_delay_ms: u64,
+    tmux: bool,
+}
+
+fn run(dir: &Path, bin: &str, processes: usize, scenario: &Scenario) -> Run {
+    let Scenario {
+        items,
+        backlog,
+        key_delay_ms,
+        tmux,
+    } = *scenario;
     let run_dir = tempfile::tempdir_in(dir).unwrap();
     let dir = run_dir.path();
     let db = dir.join(format!("bench{processes}.sqlite"));
@@ -115,7 +131,8 @@ fn run(dir: &Path, bin: &str, processes: usize, items: usize, backlog: usize, tm
         .collect();
     let command = |i: usize| {
         format!(
-            "{bin} annotate {} --annotator a{i} --script {} --timings {}",
+            "{bin} annotate {} --annotator a{i} --script {} --script-delay-ms {key_delay_ms} \
+             --timings {}",
             db.display(),
             keys.display(),
             logs[i].display()
@@ -220,10 +237,29 @@ fn main() {
             .expect("--peer needs an afkit binary")
             .clone()
     });
+    let key_delay_ms: u64 = args
+        .iter()
+        .position(|a| a == "--key-delay")
+        .map(|i| {
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .expect("--key-delay needs milliseconds")
+        })
+        .unwrap_or(0);
     let tmux = tmux_available();
+    let scenario = Scenario {
+        items,
+        backlog,
+        key_delay_ms,
+        tmux,
+    };
     let dir = tempfile::tempdir().unwrap();
+    let pace = match key_delay_ms {
+        0 => "scripted keys with no pause".to_string(),
+        ms => format!("scripted keys {ms} ms apart"),
+    };
     println!(
-        "annotate latency: {items} items per annotator after {backlog} done, scripted keys, {} (every label flushed to the disk before the next item shows)\n",
+        "annotate latency: {items} items per annotator after {backlog} done, {pace}, {} (every label flushed to the disk before the next item shows)\n",
         if tmux {
             "each process in its own 80×24 tmux terminal"
         } else {
@@ -237,7 +273,7 @@ fn main() {
     let mut runs = Vec::new();
     for processes in [1, 8] {
         for (name, bin) in &builds {
-            let r = run(dir.path(), bin, processes, items, backlog, tmux);
+            let r = run(dir.path(), bin, processes, &scenario);
             assert_eq!(
                 r.submissions as usize,
                 processes * items,
