@@ -3,7 +3,8 @@
 //! A training step takes a batch of contexts, lays out all their options (gold first, then the
 //! k assigned negatives) as one padded batch of rows, scores every row with every head, and
 //! reshapes each head's scores to (contexts, k+1) for a softmax cross-entropy with target 0. The
-//! loss is the sum over heads. AdamW with gradient clipping by global norm. Parameters are
+//! loss is the sum over heads. The batch runs as two halves on two threads whose gradients are
+//! combined (see [`batch_gradients`]). AdamW with gradient clipping by global norm. Parameters are
 //! initialised from the seed (candle's CPU initialisers cannot be seeded) on the host and then
 //! placed on the run's device, so a fixed seed gives identical initial models on every device
 //! and identical trained models on the same machine and device.
@@ -129,30 +130,11 @@ pub fn train(
     for _ in 0..epochs {
         order.shuffle(&mut rng);
         for batch_ids in order.chunks(cfg.batch_contexts.max(1)) {
-            let n_options = choices[batch_ids[0]].options.len();
-            let rows: Vec<(&EncodedEnding, usize)> = batch_ids
-                .iter()
-                .flat_map(|&i| {
-                    choices[i]
-                        .options
-                        .iter()
-                        .map(move |e| (*e, choices[i].n_sent2))
-                })
-                .collect();
-            let batch = make_batch(&rows, text, &device)?;
-            let scores = model.forward(&batch)?;
-            let targets = Tensor::zeros(batch_ids.len(), DType::U32, &device)?;
-            let mut loss: Option<Tensor> = None;
-            for head in scores.all() {
-                let logits = head.reshape((batch_ids.len(), n_options))?;
-                let l = candle_nn::loss::cross_entropy(&logits, &targets)?;
-                loss = Some(match loss {
-                    None => l,
-                    Some(sum) => (sum + l)?,
-                });
-            }
-            let Some(loss) = loss else { continue };
-            let mut grads = loss.backward()?;
+            let Some(mut grads) =
+                batch_gradients(&model, choices, batch_ids, text, &vars, &device)?
+            else {
+                continue;
+            };
             clip_global_norm(&mut grads, &vars, cfg.clip_norm)?;
             optimiser.step(&grads)?;
         }
@@ -162,6 +144,94 @@ pub fn train(
         inputs,
         device,
     })
+}
+
+/// Gradients of one batch's loss (the sum over heads of each head's mean cross-entropy), or
+/// `None` when no head exists.
+///
+/// candle runs each op on one thread (see [`super::use_one_candle_thread`]), so the batch is
+/// split in two, each half scored and differentiated on a thread of its own, and the halves'
+/// gradients are combined weighted by their contexts: the mean over the batch, as one pass
+/// would give up to rounding. The split is fixed (contexts by their longest option, shorter
+/// half first, which also pads each half less), so the result does not depend on the number of
+/// threads.
+fn batch_gradients(
+    model: &StylisticModel,
+    choices: &[Choice<'_>],
+    batch_ids: &[usize],
+    text: Option<Inputs>,
+    vars: &[Var],
+    device: &Device,
+) -> anyhow::Result<Option<GradStore>> {
+    let longest = |i: &usize| {
+        let options = &choices[*i].options;
+        options.iter().map(|e| e.words.len()).max().unwrap_or(0)
+    };
+    let mut by_length = batch_ids.to_vec();
+    by_length.sort_by_key(longest);
+    let (short, long) = by_length.split_at(by_length.len() / 2);
+    let half = |ids: &[usize]| -> anyhow::Result<Option<GradStore>> {
+        match batch_loss(model, choices, ids, text, device)? {
+            Some(loss) if !ids.is_empty() => Ok(Some(loss.backward()?)),
+            _ => Ok(None),
+        }
+    };
+    let (short_grads, long_grads) = rayon::join(|| half(short), || half(long));
+    match (short_grads?, long_grads?) {
+        (Some(mut grads), Some(mut long_grads)) => {
+            let n = batch_ids.len() as f64;
+            let (w_short, w_long) = (short.len() as f64 / n, long.len() as f64 / n);
+            for var in vars {
+                let combined = match (grads.remove(var), long_grads.remove(var)) {
+                    (Some(a), Some(b)) => ((a * w_short)? + (b * w_long)?)?,
+                    (Some(a), None) => (a * w_short)?,
+                    (None, Some(b)) => (b * w_long)?,
+                    (None, None) => continue,
+                };
+                grads.insert(var, combined);
+            }
+            Ok(Some(grads))
+        }
+        // A one-context batch has an empty short half; without heads neither half has a loss.
+        (one, None) | (None, one) => Ok(one),
+    }
+}
+
+/// The summed heads' mean cross-entropy over `batch_ids`' choices (target: the gold option,
+/// first), or `None` when no head exists.
+fn batch_loss(
+    model: &StylisticModel,
+    choices: &[Choice<'_>],
+    batch_ids: &[usize],
+    text: Option<Inputs>,
+    device: &Device,
+) -> anyhow::Result<Option<Tensor>> {
+    let Some(&first) = batch_ids.first() else {
+        return Ok(None);
+    };
+    let n_options = choices[first].options.len();
+    let rows: Vec<(&EncodedEnding, usize)> = batch_ids
+        .iter()
+        .flat_map(|&i| {
+            choices[i]
+                .options
+                .iter()
+                .map(move |e| (*e, choices[i].n_sent2))
+        })
+        .collect();
+    let batch = make_batch(&rows, text, device)?;
+    let scores = model.forward(&batch)?;
+    let targets = Tensor::zeros(batch_ids.len(), DType::U32, device)?;
+    let mut loss: Option<Tensor> = None;
+    for head in scores.all() {
+        let logits = head.reshape((batch_ids.len(), n_options))?;
+        let l = candle_nn::loss::cross_entropy(&logits, &targets)?;
+        loss = Some(match loss {
+            None => l,
+            Some(sum) => (sum + l)?,
+        });
+    }
+    Ok(loss)
 }
 
 impl Trained {
@@ -375,6 +445,46 @@ mod tests {
             .iter()
             .flat_map(|c| c.options.iter().map(move |e| (*e, c.n_sent2)))
             .collect()
+    }
+
+    /// The two halves' gradients, weighted by their contexts, are the whole batch's gradient
+    /// (one pass over all its rows) up to rounding, for every parameter of every model.
+    #[test]
+    fn split_batch_gradients_equal_the_whole_batch_gradient() -> anyhow::Result<()> {
+        let data = synthetic_dataset(11);
+        let choices = gold_first_choices(&data);
+        let cfg = TrainConfig::default();
+        let varmap = VarMap::new();
+        let init = SeededInit {
+            varmap: varmap.clone(),
+            seed: 5,
+        };
+        let vb = VarBuilder::from_backend(Box::new(init), DTYPE, Device::Cpu);
+        let inputs = data.inputs();
+        let model = StylisticModel::new(Family::Ensemble, inputs, &cfg.model, true, vb)?;
+        let vars: Vec<Var> = varmap.all_vars();
+        let ids: Vec<usize> = (0..choices.len()).rev().collect();
+        let text = Some(inputs);
+        let whole = batch_loss(&model, &choices, &ids, text, &Device::Cpu)?
+            .expect("heads")
+            .backward()?;
+        let split =
+            batch_gradients(&model, &choices, &ids, text, &vars, &Device::Cpu)?.expect("heads");
+        let mut compared = 0;
+        for var in &vars {
+            let (Some(w), Some(s)) = (whole.get(var), split.get(var)) else {
+                assert!(whole.get(var).is_none() && split.get(var).is_none());
+                continue;
+            };
+            let w: Vec<f32> = w.flatten_all()?.to_vec1()?;
+            let s: Vec<f32> = s.flatten_all()?.to_vec1()?;
+            for (a, b) in w.iter().zip(&s) {
+                assert!((a - b).abs() <= 1e-5 + 1e-3 * a.abs(), "{a} vs {b}");
+            }
+            compared += 1;
+        }
+        assert!(compared > 10, "only {compared} parameters have gradients");
+        Ok(())
     }
 
     /// Each of the two models beyond SWAG's four finds a tell only it can see: a subword id
