@@ -220,32 +220,23 @@ fn run(dir: &Path, bin: &str, processes: usize, scenario: &Scenario) -> Run {
     }
 }
 
+/// The number after `flag`, if the flag is given.
+fn number_after<T: std::str::FromStr>(args: &[String], flag: &str) -> Option<T> {
+    let i = args.iter().position(|a| a == flag)?;
+    let number = args.get(i + 1).and_then(|n| n.parse().ok());
+    Some(number.unwrap_or_else(|| panic!("{flag} needs a number")))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let items: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(100);
-    let backlog: usize = args
-        .iter()
-        .position(|a| a == "--backlog")
-        .map(|i| {
-            args.get(i + 1)
-                .and_then(|n| n.parse().ok())
-                .expect("--backlog needs a number of items")
-        })
-        .unwrap_or(0);
+    let backlog = number_after(&args, "--backlog").unwrap_or(0);
     let peer = args.iter().position(|a| a == "--peer").map(|i| {
         args.get(i + 1)
             .expect("--peer needs an afkit binary")
             .clone()
     });
-    let key_delay_ms: u64 = args
-        .iter()
-        .position(|a| a == "--key-delay")
-        .map(|i| {
-            args.get(i + 1)
-                .and_then(|n| n.parse().ok())
-                .expect("--key-delay needs milliseconds")
-        })
-        .unwrap_or(0);
+    let key_delay_ms = number_after(&args, "--key-delay").unwrap_or(0);
     let tmux = tmux_available();
     let scenario = Scenario {
         items,

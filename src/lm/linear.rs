@@ -278,7 +278,10 @@ unsafe fn micro_kernel(
                     2 => avx512::kernel::<2>(a, b, k, rows, write),
                     4 => avx512::kernel::<4>(a, b, k, rows, write),
                     8 => avx512::kernel::<8>(a, b, k, rows, write),
-                    _ => avx512::kernel::<12>(a, b, k, rows, write),
+                    full => {
+                        debug_assert_eq!(full, Kernel::Avx512.block_rows());
+                        avx512::kernel::<12>(a, b, k, rows, write)
+                    }
                 }
             }
             // The panel's two 16-column halves, one after the other.
@@ -293,7 +296,10 @@ unsafe fn micro_kernel(
                         1 => avx2::kernel::<1>(a, b, k, rows, write),
                         2 => avx2::kernel::<2>(a, b, k, rows, write),
                         4 => avx2::kernel::<4>(a, b, k, rows, write),
-                        _ => avx2::kernel::<6>(a, b, k, rows, write),
+                        full => {
+                            debug_assert_eq!(full, Kernel::Avx2Fma.block_rows());
+                            avx2::kernel::<6>(a, b, k, rows, write)
+                        }
                     }
                 }
             }
