@@ -9,7 +9,7 @@
 //! CPU has AVX-512F, else 6 rows × 16 columns in 256-bit registers, twice per panel. Other CPUs
 //! keep candle's GEMM, and so do other devices (the `generic` engine: candle's matmul wherever
 //! the tensor lives). `AFKIT_GEMM=candle` forces candle's GEMM, to compare the two on one
-//! machine.
+//! machine; debug builds use it unless `AFKIT_GEMM=packed` (see [`packed_kernel`]).
 
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
@@ -97,18 +97,19 @@ impl Kernel {
     }
 }
 
-/// The kernel packed matrices use here: the fastest this CPU has, none under
-/// `AFKIT_GEMM=candle`.
+/// The kernel packed matrices use here: the fastest this CPU has. `AFKIT_GEMM=candle` keeps
+/// candle's GEMM, and so does a debug build unless `AFKIT_GEMM=packed`: there afkit's own code is
+/// unoptimised while candle's (a dependency) is built optimised, and the kernels' intrinsics,
+/// left as calls, would run many times slower than candle (the test suite would crawl).
 pub fn packed_kernel() -> Option<Kernel> {
-    if std::env::var("AFKIT_GEMM").is_ok_and(|v| v == "candle") {
-        return None;
-    }
-    Kernel::supported().first().copied()
-}
-
-/// Whether a packed kernel runs here (see [`packed_kernel`]).
-pub fn packed_kernel_available() -> bool {
-    packed_kernel().is_some()
+    let wanted = match std::env::var("AFKIT_GEMM").as_deref() {
+        Ok("candle") => false,
+        Ok("packed") => true,
+        _ => !cfg!(debug_assertions),
+    };
+    wanted
+        .then(|| Kernel::supported().first().copied())
+        .flatten()
 }
 
 /// Columns of one panel: two 16-lane registers, or four 8-lane ones.
@@ -461,8 +462,10 @@ mod tests {
         }
     }
 
+    /// Every path a `Linear` can take here, `forward` and `forward_rows` alike, against
+    /// candle's matmul.
     #[test]
-    fn both_paths_agree_with_candle() {
+    fn every_path_agrees_with_candle() {
         let w = Tensor::randn(0f32, 1.0, (64, 96), &Device::Cpu).unwrap();
         let x = Tensor::randn(0f32, 1.0, (20, 64), &Device::Cpu).unwrap();
         let want: Vec<f32> = x
@@ -472,17 +475,21 @@ mod tests {
             .unwrap()
             .to_vec1()
             .unwrap();
-        let linear = Linear::new(w, true).unwrap();
-        let got: Vec<f32> = linear
-            .forward(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert_eq!(linear.forward_rows(&x).unwrap(), got);
-        for (g, e) in got.iter().zip(&want) {
-            assert!((g - e).abs() < 1e-3, "{g} vs {e}");
+        let packed = Kernel::supported()
+            .into_iter()
+            .map(|kernel| Linear::Packed(PackedMatrix::pack(&w, kernel).unwrap()));
+        for linear in std::iter::once(Linear::new(w.clone(), true).unwrap()).chain(packed) {
+            let got: Vec<f32> = linear
+                .forward(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert_eq!(linear.forward_rows(&x).unwrap(), got);
+            for (g, e) in got.iter().zip(&want) {
+                assert!((g - e).abs() < 1e-3, "{g} vs {e}");
+            }
         }
     }
 }
