@@ -150,9 +150,9 @@ pub fn train(
 /// `None` when no head exists.
 ///
 /// candle runs each op on one thread (see [`super::use_one_candle_thread`]), so the batch is
-/// split in two, each half scored and differentiated on a thread of its own, and the halves'
-/// gradients are combined weighted by their contexts: the mean over the batch, as one pass
-/// would give up to rounding. The split is fixed (contexts by their longest option, shorter
+/// split in two, each half scored and differentiated on a thread of its own with its loss
+/// weighted by its share of the contexts, and the halves' gradients are added: the mean over
+/// the batch, as one pass would give up to rounding. The split is fixed (contexts by their longest option, shorter
 /// half first, which also pads each half less), so the result does not depend on the number of
 /// threads.
 fn batch_gradients(
@@ -170,25 +170,25 @@ fn batch_gradients(
     let mut by_length = batch_ids.to_vec();
     by_length.sort_by_key(longest);
     let (short, long) = by_length.split_at(by_length.len() / 2);
+    // Each half's loss is weighted by its share of the contexts, so the gradients simply add.
+    let n = batch_ids.len() as f64;
     let half = |ids: &[usize]| -> anyhow::Result<Option<GradStore>> {
-        match batch_loss(model, choices, ids, text, device)? {
-            Some(loss) if !ids.is_empty() => Ok(Some(loss.backward()?)),
-            _ => Ok(None),
-        }
+        let Some(loss) = batch_loss(model, choices, ids, text, device)? else {
+            return Ok(None);
+        };
+        Ok(Some((loss * (ids.len() as f64 / n))?.backward()?))
     };
     let (short_grads, long_grads) = rayon::join(|| half(short), || half(long));
     match (short_grads?, long_grads?) {
         (Some(mut grads), Some(mut long_grads)) => {
-            let n = batch_ids.len() as f64;
-            let (w_short, w_long) = (short.len() as f64 / n, long.len() as f64 / n);
             for var in vars {
-                let combined = match (grads.remove(var), long_grads.remove(var)) {
-                    (Some(a), Some(b)) => ((a * w_short)? + (b * w_long)?)?,
-                    (Some(a), None) => (a * w_short)?,
-                    (None, Some(b)) => (b * w_long)?,
-                    (None, None) => continue,
-                };
-                grads.insert(var, combined);
+                if let Some(b) = long_grads.remove(var) {
+                    let sum = match grads.remove(var) {
+                        Some(a) => (a + b)?,
+                        None => b,
+                    };
+                    grads.insert(var, sum);
+                }
             }
             Ok(Some(grads))
         }
