@@ -215,7 +215,7 @@ pub fn run(
         observer.note(&todo.nothing_to_do());
         return Ok(Summary::default());
     }
-    let adapters = adapters::choose(store, config, observer)?;
+    let adapters = adapters::choose(store, config)?;
     let parts: Vec<(Option<&AdapterRecord>, Todo)> = match &adapters {
         None => vec![(None, todo)],
         Some(set) => set
