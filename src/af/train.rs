@@ -152,9 +152,9 @@ pub fn train(
 /// candle runs each op on one thread (see [`super::use_one_candle_thread`]), so the batch is
 /// split in two, each half scored and differentiated on a thread of its own with its loss
 /// weighted by its share of the contexts, and the halves' gradients are added: the mean over
-/// the batch, as one pass would give up to rounding. The split is fixed (contexts by their longest option, shorter
-/// half first, which also pads each half less), so the result does not depend on the number of
-/// threads.
+/// the batch, as one pass would give up to rounding. The split is fixed (contexts by their
+/// longest option, shorter half first, which also pads each half less), so the result does not
+/// depend on the number of threads.
 fn batch_gradients(
     model: &StylisticModel,
     choices: &[Choice<'_>],
@@ -170,7 +170,6 @@ fn batch_gradients(
     let mut by_length = batch_ids.to_vec();
     by_length.sort_by_key(longest);
     let (short, long) = by_length.split_at(by_length.len() / 2);
-    // Each half's loss is weighted by its share of the contexts, so the gradients simply add.
     let n = batch_ids.len() as f64;
     let half = |ids: &[usize]| -> anyhow::Result<Option<GradStore>> {
         let Some(loss) = batch_loss(model, choices, ids, text, device)? else {
@@ -198,7 +197,7 @@ fn batch_gradients(
 }
 
 /// The summed heads' mean cross-entropy over `batch_ids`' choices (target: the gold option,
-/// first), or `None` when no head exists.
+/// first), or `None` for an empty batch or a model without heads.
 fn batch_loss(
     model: &StylisticModel,
     choices: &[Choice<'_>],

@@ -107,9 +107,10 @@ pub fn packed_kernel() -> Option<Kernel> {
         Ok("packed") => true,
         _ => !cfg!(debug_assertions),
     };
-    wanted
-        .then(|| Kernel::supported().first().copied())
-        .flatten()
+    if !wanted {
+        return None;
+    }
+    Kernel::supported().first().copied()
 }
 
 /// Columns of one panel: two 16-lane registers, or four 8-lane ones.
