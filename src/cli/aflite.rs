@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::aflite::filter::{Observer, Round, Variant};
 use crate::aflite::logreg::FitOptions;
-use crate::aflite::{self, features, Features, SizeSpec, WarmupConfig};
+use crate::aflite::{self, Features, SizeSpec, WarmupConfig};
 
 #[derive(clap::Args)]
 #[command(
@@ -70,8 +70,8 @@ pub struct Args {
     /// Training epochs of the warm-up MLP.
     #[arg(long, default_value_t = 30)]
     pub warmup_epochs: usize,
-    /// Folder for cached MiniLM embeddings (keyed by the SHA-256 of the texts); default
-    /// $AFKIT_HOME/embeddings.
+    /// Folder of the MiniLM embedding cache (one vector per distinct text, keyed by the SHA-256
+    /// of the model and the text, shared with `afkit audit`); default $AFKIT_HOME/embeddings.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Embed again instead of reading or writing the cache.
@@ -91,8 +91,10 @@ impl Args {
     fn config(self) -> aflite::Config {
         let features = if self.features == "minilm" {
             Features::MiniLm {
-                cache: (!self.no_cache)
-                    .then(|| self.cache_dir.unwrap_or_else(features::default_cache_dir)),
+                cache: (!self.no_cache).then(|| {
+                    self.cache_dir
+                        .unwrap_or_else(crate::embed::default_cache_dir)
+                }),
             }
         } else {
             Features::Vectors(PathBuf::from(&self.features))

@@ -59,6 +59,14 @@ pub struct Args {
     /// baseline of --cv.
     #[arg(long)]
     pub no_embed: bool,
+    /// Folder of the MiniLM embedding cache (one vector per distinct text, shared with
+    /// `afkit aflite`); default $AFKIT_HOME/embeddings. An audit of the AF export and one of its
+    /// random control share every context and gold ending.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Embed every text again instead of reading or writing the cache.
+    #[arg(long)]
+    pub no_cache: bool,
 }
 
 impl Args {
@@ -82,6 +90,11 @@ impl Args {
             skip_knn: skip_knn.map(String::from),
             knn_max: self.knn_max,
             no_embed: self.no_embed,
+            embedding_cache: (!self.no_cache).then(|| {
+                self.cache_dir
+                    .clone()
+                    .unwrap_or_else(crate::embed::default_cache_dir)
+            }),
         }
     }
 }

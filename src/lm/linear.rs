@@ -44,6 +44,18 @@ impl Linear {
         }
     }
 
+    /// `x · W` for `x` given as plain rows (rows × in, row-major), for models that keep their
+    /// activations outside tensors (the sentence encoder).
+    pub fn apply(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        match self {
+            Linear::Dense(w) => {
+                let x = Tensor::from_slice(x, (rows, w.dim(0)?), w.device())?;
+                Ok(x.matmul(w)?.flatten_all()?.to_vec1()?)
+            }
+            Linear::Packed(p) => p.apply(x, rows),
+        }
+    }
+
     /// `x · W` as plain rows (rows × out), for callers that read the result element by element
     /// (the sampler over the output head's logits).
     pub fn forward_rows(&self, x: &Tensor) -> Result<Vec<f32>> {
@@ -168,25 +180,34 @@ impl PackedMatrix {
         let blocks = RowBlocks::pack(x, rows, k, self.kernel);
         let n_panels = n.div_ceil(NR);
         let per_chunk = (CHUNK_BYTES / (k * NR * 4)).clamp(1, n_panels);
+        let n_chunks = n_panels.div_ceil(per_chunk);
+        // A narrow matrix has few chunks (a 384-column one has 3), too few to keep every thread
+        // busy: then the row blocks are split into groups as well, each task one group × chunk.
+        let wanted_tasks = 4 * rayon::current_num_threads();
+        let n_groups = wanted_tasks
+            .div_ceil(n_chunks)
+            .clamp(1, blocks.blocks.len());
+        let per_group = blocks.blocks.len().div_ceil(n_groups);
         let c = OutPtr(out.as_mut_ptr());
-        (0..n_panels.div_ceil(per_chunk))
-            .into_par_iter()
-            .for_each(|chunk| {
-                let panels = chunk * per_chunk..((chunk + 1) * per_chunk).min(n_panels);
-                for block in &blocks.blocks {
-                    for p in panels.clone() {
-                        let cols = NR.min(n - p * NR);
-                        let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
-                        // SAFETY: each (block, panel) pair writes its own rows × columns of
-                        // `out`, so no two tasks write the same element; the kernel reads
-                        // `k` steps of the packed block and the panel, both that long.
-                        unsafe {
-                            let dst = c.at(block.first_row * n + p * NR);
-                            micro_kernel(self.kernel, block, panel, k, dst, n, cols);
-                        }
+        (0..n_chunks * n_groups).into_par_iter().for_each(|task| {
+            let (chunk, group) = (task / n_groups, task % n_groups);
+            let panels = chunk * per_chunk..((chunk + 1) * per_chunk).min(n_panels);
+            let group = &blocks.blocks[(group * per_group).min(blocks.blocks.len())
+                ..((group + 1) * per_group).min(blocks.blocks.len())];
+            for block in group {
+                for p in panels.clone() {
+                    let cols = NR.min(n - p * NR);
+                    let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
+                    // SAFETY: each (block, panel) pair writes its own rows × columns of
+                    // `out`, so no two tasks write the same element; the kernel reads
+                    // `k` steps of the packed block and the panel, both that long.
+                    unsafe {
+                        let dst = c.at(block.first_row * n + p * NR);
+                        micro_kernel(self.kernel, block, panel, k, dst, n, cols);
                     }
                 }
-            });
+            }
+        });
         Ok(out)
     }
 }
@@ -224,9 +245,10 @@ struct RowBlock {
 impl RowBlocks {
     fn pack(x: &[f32], rows: usize, k: usize, kernel: Kernel) -> Self {
         let full = kernel.block_rows();
-        let blocks = (0..rows)
-            .step_by(full)
-            .map(|first_row| {
+        let blocks = (0..rows.div_ceil(full))
+            .into_par_iter()
+            .map(|block| {
+                let first_row = block * full;
                 let real = full.min(rows - first_row);
                 let height = kernel
                     .heights()

@@ -37,6 +37,7 @@ pub mod export;
 pub mod fixtures;
 pub mod pool;
 pub mod status;
+pub mod vector_cache;
 
 use std::fs::File;
 use std::io::Read;

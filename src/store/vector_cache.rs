@@ -1,0 +1,129 @@
+//! A cache of sentence vectors shared by every project and run on the machine
+//! (`$AFKIT_HOME/embeddings/`), keyed by a hash of the encoder and the text.
+//!
+//! Embedding is the slow part of AFLite on raw text and of the audit's MiniLM baselines, and the
+//! same texts come back: an audit of the AF export and of its random control shares every context
+//! and gold ending, a re-run of AFLite after editing a dataset shares most of its sentences. A
+//! vector is a pure function of the model and the text, so a hit is always right; losing the
+//! cache only costs time. It is a SQLite file of its own, not part of a project.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+
+pub struct VectorCache {
+    conn: Connection,
+}
+
+/// A cache key: SHA-256 of the encoder's identity and the text, made by the caller.
+pub type Key = [u8; 32];
+
+impl VectorCache {
+    /// Opens (or creates) the cache file at `path`, creating its folder.
+    pub fn open(path: &Path) -> Result<Self> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let conn = Connection::open(path)
+            .with_context(|| format!("cannot open the embedding cache {}", path.display()))?;
+        let setup = || -> rusqlite::Result<()> {
+            // Several afkit processes may fill the cache at once.
+            conn.busy_timeout(std::time::Duration::from_secs(30))?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.execute_batch(
+                "CREATE TABLE IF NOT EXISTS vectors (
+                     key BLOB PRIMARY KEY,
+                     vector BLOB NOT NULL
+                 ) WITHOUT ROWID;",
+            )
+        };
+        setup().with_context(|| {
+            format!(
+                "{} is not a usable embedding cache (delete it to start a new one)",
+                path.display()
+            )
+        })?;
+        Ok(Self { conn })
+    }
+
+    /// The cached vector of each key, `None` where there is none or it is not `dim` wide.
+    pub fn get_many(&self, keys: &[Key], dim: usize) -> Result<Vec<Option<Vec<f32>>>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT vector FROM vectors WHERE key = ?1")?;
+        keys.iter()
+            .map(|key| {
+                let blob: Option<Vec<u8>> = stmt
+                    .query_row(params![&key[..]], |row| row.get(0))
+                    .optional()?;
+                Ok(blob.filter(|b| b.len() == dim * 4).map(|b| {
+                    b.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                        .collect()
+                }))
+            })
+            .collect()
+    }
+
+    /// Stores `rows` in one transaction.
+    pub fn put_many(&mut self, rows: &[(Key, &[f32])]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut stmt =
+                tx.prepare_cached("INSERT OR REPLACE INTO vectors(key, vector) VALUES (?1, ?2)")?;
+            for (key, vector) in rows {
+                let blob: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                stmt.execute(params![&key[..], blob])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vectors_come_back_as_stored_and_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/cache.sqlite");
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        {
+            let mut cache = VectorCache::open(&path).unwrap();
+            assert_eq!(cache.get_many(&[a], 3).unwrap(), vec![None]);
+            cache
+                .put_many(&[(a, &[1.0, -2.5, 3.25][..]), (b, &[0.0, 0.0, 1e-30][..])])
+                .unwrap();
+        }
+        let cache = VectorCache::open(&path).unwrap();
+        let got = cache.get_many(&[b, [9u8; 32], a], 3).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Some(vec![0.0, 0.0, 1e-30]),
+                None,
+                Some(vec![1.0, -2.5, 3.25])
+            ]
+        );
+        // A vector of another width is a miss, not a wrong answer.
+        assert_eq!(cache.get_many(&[a], 4).unwrap(), vec![None]);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_cache_is_refused_with_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache.sqlite");
+        std::fs::write(
+            &path,
+            b"this is not a database, just text long enough to fail",
+        )
+        .unwrap();
+        let err = VectorCache::open(&path).err().expect("refused");
+        assert!(format!("{err:#}").contains("cache.sqlite"), "{err:#}");
+    }
+}
