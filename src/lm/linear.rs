@@ -181,9 +181,10 @@ impl PackedMatrix {
         let n_panels = n.div_ceil(NR);
         let per_chunk = (CHUNK_BYTES / (k * NR * 4)).clamp(1, n_panels);
         let n_chunks = n_panels.div_ceil(per_chunk);
-        // A narrow matrix has few chunks (a 384-column one has 3), too few to keep every thread
-        // busy: then the row blocks are split into groups as well, each task one group × chunk.
-        let wanted_tasks = 4 * rayon::current_num_threads();
+        // A narrow matrix has few chunks (a 384-column one has 3), too few to share out evenly
+        // between the threads: then the row blocks are split into groups as well, each task one
+        // group × chunk. Every group streams the chunk's weights again, so only then.
+        let wanted_tasks = 2 * rayon::current_num_threads();
         let n_groups = wanted_tasks
             .div_ceil(n_chunks)
             .clamp(1, blocks.blocks.len());
