@@ -46,7 +46,9 @@ impl MiniLm {
             "only BERT models with the exact (erf) GELU are supported"
         );
         ensure!(
-            config.hidden_size.is_multiple_of(config.num_attention_heads),
+            config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads),
             "hidden size {} is not a multiple of {} heads",
             config.hidden_size,
             config.num_attention_heads
