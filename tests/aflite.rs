@@ -455,7 +455,7 @@ fn minilm_vectors_are_cached_text_by_text() {
     let first = {
         let mut cache = afkit::embed::open_cache(cache_dir.path()).unwrap();
         encoder
-            .encode_cached(&texts[..3], &mut cache, |n| reported.push(n))
+            .encode_cached(&texts[..3], Some(&mut cache), |n| reported.push(n))
             .unwrap()
     };
     assert_eq!(
@@ -471,7 +471,7 @@ fn minilm_vectors_are_cached_text_by_text() {
     reported.clear();
     let mut cache = afkit::embed::open_cache(cache_dir.path()).unwrap();
     let second = encoder
-        .encode_cached(&texts, &mut cache, |n| reported.push(n))
+        .encode_cached(&texts, Some(&mut cache), |n| reported.push(n))
         .unwrap();
     assert_eq!(reported, vec![3, 1], "three from the cache, one embedded");
     assert_eq!(

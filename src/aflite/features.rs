@@ -228,14 +228,11 @@ pub fn minilm(dataset: &Dataset, cache_dir: Option<&Path>) -> Result<(Matrix, Em
     let bar = crate::progress::bar(unique.len() as u64, "texts");
     bar.set_message("embedding with MiniLM");
     let mut cached_texts = None;
-    let vectors = match cache.as_mut() {
-        Some(cache) => encoder.encode_cached(&unique, cache, |n| {
-            // The first report is the texts the cache held.
-            cached_texts.get_or_insert(n);
-            bar.inc(n as u64)
-        })?,
-        None => encoder.encode_with_progress(&unique, |n| bar.inc(n as u64))?,
-    };
+    let vectors = encoder.encode_cached(&unique, cache.as_mut(), |n| {
+        // The first report is the texts the cache held.
+        cached_texts.get_or_insert(n);
+        bar.inc(n as u64)
+    })?;
     bar.finish_and_clear();
     let dim = encoder.dim();
     let unique_vectors = Matrix::new(unique.len(), dim, vectors.into_iter().flatten().collect());

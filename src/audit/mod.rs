@@ -303,11 +303,6 @@ fn embed(
     texts: &[&str],
     progress: &mut dyn FnMut(usize),
 ) -> Result<Vec<Vec<f32>>> {
-    match cache {
-        Some(cache) => {
-            let mut cache = cache.lock().expect("no embedding call panicked");
-            encoder.encode_cached(texts, &mut cache, progress)
-        }
-        None => encoder.encode_with_progress(texts, progress),
-    }
+    let mut guard = cache.map(|c| c.lock().expect("no embedding call panicked"));
+    encoder.encode_cached(texts, guard.as_deref_mut(), progress)
 }

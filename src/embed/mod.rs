@@ -80,7 +80,7 @@ impl SentenceEncoder {
                 ..Default::default()
             }))
             .map_err(anyhow::Error::msg)?;
-        // Padding is done per batch (to the longest member), not to a fixed length.
+        // No padding: a batch's sentences are laid end to end (see `minilm`).
         tokenizer.with_padding(None);
 
         let weights = dir.join("model.safetensors");
@@ -110,48 +110,52 @@ impl SentenceEncoder {
             "mean-pooled, L2-normalised, at most {MAX_SEQ_LEN} pieces\n"
         ));
         for file in ["config.json", "tokenizer.json", "model.safetensors"] {
-            let path = self.dir.join(file);
-            let mut f = std::fs::File::open(&path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            h.update(file.as_bytes());
-            std::io::copy(&mut f, &mut h)
-                .with_context(|| format!("cannot read {}", path.display()))?;
+            h.update(file);
+            h.update(crate::models::sha256_file(&self.dir.join(file))?);
         }
         Ok(*self.identity.get_or_init(|| h.finalize().into()))
     }
 
-    /// [`encode_with_progress`](Self::encode_with_progress), reading every text it can from
-    /// `cache` and adding the vectors it computes (every few thousand texts, so an interrupted
-    /// run keeps most of its work). Cached texts count as progress at once.
+    /// [`encode_with_progress`](Self::encode_with_progress) through `cache` where there is
+    /// one: every text it holds is read from it, and the vectors computed are added (every few
+    /// thousand texts, so an interrupted run keeps most of its work). `progress` first hears how
+    /// many texts the cache held (0 without one), then each batch embedded.
     pub fn encode_cached(
         &self,
         texts: &[&str],
-        cache: &mut VectorCache,
+        mut cache: Option<&mut VectorCache>,
         mut progress: impl FnMut(usize),
     ) -> Result<Vec<Vec<f32>>> {
-        let identity = self.identity()?;
-        let keys: Vec<Key> = texts
-            .iter()
-            .map(|t| {
-                Sha256::new()
-                    .chain_update(identity)
-                    .chain_update(t)
-                    .finalize()
-                    .into()
-            })
-            .collect();
-        let mut vectors = cache.get_many(&keys, self.dim)?;
+        let keys: Vec<Key> = match cache {
+            Some(_) => {
+                let identity = self.identity()?;
+                texts
+                    .iter()
+                    .map(|t| {
+                        let key = Sha256::new().chain_update(identity).chain_update(t);
+                        key.finalize().into()
+                    })
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let mut vectors = match cache.as_deref() {
+            Some(cache) => cache.get_many(&keys, self.dim)?,
+            None => vec![None; texts.len()],
+        };
         let missing: Vec<usize> = (0..texts.len()).filter(|&i| vectors[i].is_none()).collect();
         progress(texts.len() - missing.len());
         for part in missing.chunks(CACHE_WRITE_EVERY) {
             let part_texts: Vec<&str> = part.iter().map(|&i| texts[i]).collect();
             let fresh = self.encode_with_progress(&part_texts, &mut progress)?;
-            let rows: Vec<(Key, &[f32])> = part
-                .iter()
-                .zip(&fresh)
-                .map(|(&i, v)| (keys[i], v.as_slice()))
-                .collect();
-            cache.put_many(&rows)?;
+            if let Some(cache) = cache.as_deref_mut() {
+                let rows: Vec<(Key, &[f32])> = part
+                    .iter()
+                    .zip(&fresh)
+                    .map(|(&i, v)| (keys[i], v.as_slice()))
+                    .collect();
+                cache.put_many(&rows)?;
+            }
             for (&i, v) in part.iter().zip(fresh) {
                 vectors[i] = Some(v);
             }

@@ -185,30 +185,31 @@ impl PackedMatrix {
         // between the threads: then the row blocks are split into groups as well, each task one
         // group × chunk. Every group streams the chunk's weights again, so only then.
         let wanted_tasks = 2 * rayon::current_num_threads();
-        let n_groups = wanted_tasks
-            .div_ceil(n_chunks)
-            .clamp(1, blocks.blocks.len());
-        let per_group = blocks.blocks.len().div_ceil(n_groups);
+        let per_group = blocks
+            .blocks
+            .len()
+            .div_ceil(wanted_tasks.div_ceil(n_chunks));
+        let groups: Vec<&[RowBlock]> = blocks.blocks.chunks(per_group).collect();
         let c = OutPtr(out.as_mut_ptr());
-        (0..n_chunks * n_groups).into_par_iter().for_each(|task| {
-            let (chunk, group) = (task / n_groups, task % n_groups);
-            let panels = chunk * per_chunk..((chunk + 1) * per_chunk).min(n_panels);
-            let group = &blocks.blocks[(group * per_group).min(blocks.blocks.len())
-                ..((group + 1) * per_group).min(blocks.blocks.len())];
-            for block in group {
-                for p in panels.clone() {
-                    let cols = NR.min(n - p * NR);
-                    let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
-                    // SAFETY: each (block, panel) pair writes its own rows × columns of
-                    // `out`, so no two tasks write the same element; the kernel reads
-                    // `k` steps of the packed block and the panel, both that long.
-                    unsafe {
-                        let dst = c.at(block.first_row * n + p * NR);
-                        micro_kernel(self.kernel, block, panel, k, dst, n, cols);
+        (0..n_chunks * groups.len())
+            .into_par_iter()
+            .for_each(|task| {
+                let (chunk, group) = (task / groups.len(), groups[task % groups.len()]);
+                let panels = chunk * per_chunk..((chunk + 1) * per_chunk).min(n_panels);
+                for block in group {
+                    for p in panels.clone() {
+                        let cols = NR.min(n - p * NR);
+                        let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
+                        // SAFETY: each (block, panel) pair writes its own rows × columns of
+                        // `out`, so no two tasks write the same element; the kernel reads
+                        // `k` steps of the packed block and the panel, both that long.
+                        unsafe {
+                            let dst = c.at(block.first_row * n + p * NR);
+                            micro_kernel(self.kernel, block, panel, k, dst, n, cols);
+                        }
                     }
                 }
-            }
-        });
+            });
         Ok(out)
     }
 }
