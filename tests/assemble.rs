@@ -288,13 +288,53 @@ fn broken_submissions_are_ignored() {
 }
 
 #[test]
-fn unverified_takes_gold_and_the_hardest_assigned_negatives() {
+fn unverified_takes_the_assigned_negatives_nearest_the_found_endings_scores() {
+    // The assigned negatives score 100, 99, ..., 93 and the found ending 50: the matched choice
+    // takes the four lowest, nearest first; --distractors hardest the four highest.
     let p = Project::new();
     let c = p.context("v1", 0, 10, 8);
     let s = p.assemble(&["--unverified", "--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["unverified"], 1);
+    assert_eq!(s["distractors"], "matched");
+    let a = p.assembled();
+    let nearest_first: Vec<i64> = c.cands[4..8].iter().rev().copied().collect();
+    assert_eq!(a[0].3, nearest_first);
+
+    let s = p.assemble(&[
+        "--unverified",
+        "--distractors",
+        "hardest",
+        "--split",
+        "1,0,0",
+    ]);
+    assert_eq!(s["distractors"], "hardest");
     let a = p.assembled();
     assert_eq!(a[0].3, c.cands[..4].to_vec());
+    let err = common::fails(&["assemble", p.p(), "--distractors", "hardest"]);
+    assert!(err.contains("--unverified"), "{err}");
+
+    // With the sentence model's scores, the match is on both: the negatives nearest the found
+    // ending's (50, 0) on the sentence axis win, although 6 and 7 are nearer on the ensemble's.
+    let sentence = [3.0, 2.0, 0.1, 0.2, 0.3, 0.4, 9.0, 8.0];
+    for (i, s) in sentence.into_iter().enumerate() {
+        let ensemble = 50.0 + 0.05 * i as f64;
+        p.conn
+            .execute(
+                "UPDATE af_scores SET score = ?2, sentence_score = ?3 WHERE ending_id = ?1",
+                (c.cands[7 - i], ensemble, s),
+            )
+            .unwrap();
+    }
+    p.conn
+        .execute(
+            "UPDATE af_scores SET sentence_score = 0.0 WHERE ending_id = ?1",
+            [c.found],
+        )
+        .unwrap();
+    p.assemble(&["--unverified", "--split", "1,0,0"]);
+    let mut chosen = p.assembled()[0].3.clone();
+    chosen.sort_unstable();
+    assert_eq!(chosen, c.cands[2..6].to_vec());
     let (verified, gold_type): (i64, Option<String>) = p
         .conn
         .query_row("SELECT verified, gold_type FROM assembled", [], |r| {

@@ -206,6 +206,18 @@ fn run_state(project: &Path) -> RunState {
     }
 }
 
+/// (final scores, of which with a sentence model score) of the latest run.
+fn sentence_scored(project: &Path) -> (i64, i64) {
+    let conn = Connection::open(project).unwrap();
+    conn.query_row(
+        "SELECT COUNT(*), COUNT(sentence_score) FROM af_scores
+         WHERE run_id = (SELECT MAX(id) FROM af_runs)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
+
 fn tell_fraction(project: &Path) -> f64 {
     let conn = Connection::open(project).unwrap();
     conn.query_row(
@@ -289,6 +301,12 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
             );
         }
     }
+    let (scored, with_sentence) = sentence_scored(&project);
+    assert_eq!(
+        (scored, with_sentence),
+        (300 * 17, 300 * 17),
+        "the final pass keeps the sentence model's score of every ending beside the ensemble's"
+    );
     let chance = 1.0 / 5.0;
     // ~1.9 of 4 initial negatives are clean: a model that spots the tell solves about 40% of
     // contexts, twice chance.
@@ -443,6 +461,11 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
     assert_eq!(state.scores.len(), spec.contexts * (spec.candidates + 1));
     assert!(state.scores.values().all(|s| s.is_finite()));
     assert_eq!(state.folds.len(), spec.contexts);
+    assert_eq!(
+        sentence_scored(&project).1,
+        0,
+        "no sentence model, no sentence scores"
+    );
 }
 
 /// The pools stream in chunks: loaded with or without the texts, the dataset holds every context

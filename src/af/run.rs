@@ -25,7 +25,9 @@ use super::algorithm::{
 use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use crate::seed::Seed;
-use crate::store::af::{AfRun, Assignment, Family, HeadAccuracy, IterationRecord, Swap};
+use crate::store::af::{
+    AfRun, Assignment, Family, FinalScore, HeadAccuracy, IterationRecord, Swap,
+};
 use crate::store::Store;
 
 /// Every setting of an AF run, each default resolved: what `afkit filter` records with the run
@@ -251,7 +253,7 @@ fn finish_run(
     observer.final_pass_started(config.folds);
     let (fold_of, mut scores, accuracy) = final_pass(data, assignment, config, observer)?;
     // In key order, SQLite appends to the scores' B-tree instead of splitting pages all over it.
-    scores.sort_unstable_by_key(|(ending_id, _)| *ending_id);
+    scores.sort_unstable_by_key(|s| s.ending_id);
     let folds: Vec<(i64, usize)> = data
         .contexts
         .iter()
@@ -456,7 +458,7 @@ pub fn run_iteration(
 }
 
 /// A held-out context's scores: position 0 is the gold, position i + 1 the context's i-th
-/// candidate, per head.
+/// candidate, per head (in [`named_heads`]' order).
 struct HeldOut<'a> {
     context: &'a EncodedContext,
     heads: Vec<(&'static str, Vec<f32>)>,
@@ -466,6 +468,22 @@ impl HeldOut<'_> {
     /// The scores AF acts on (the last head: the ensemble, or the MLP in MLP-only iterations).
     fn decisive(&self) -> &[f32] {
         &self.heads.last().expect("at least the MLP head").1
+    }
+
+    fn head(&self, name: &str) -> Option<&[f32]> {
+        self.heads
+            .iter()
+            .find(|(head, _)| *head == name)
+            .map(|(_, scores)| scores.as_slice())
+    }
+
+    /// The final pass's record of position `i`: the decisive score and the sentence head's.
+    fn final_score(&self, i: usize, ending_id: i64) -> FinalScore {
+        FinalScore {
+            ending_id,
+            ensemble: self.decisive()[i],
+            sentence: self.head("sentence").map(|s| s[i]),
+        }
     }
 
     fn position(&self, ending_id: i64) -> usize {
@@ -568,15 +586,14 @@ fn apply_swaps(assignment: &mut Assignment, swaps: &[Swap]) {
     }
 }
 
-/// The final cross-fitted pass: returns each context's fold, the ensemble score of every gold
-/// and pool ending, and the held-out accuracy of every head over all folds.
-#[allow(clippy::type_complexity)]
+/// The final cross-fitted pass: returns each context's fold, the ensemble (and sentence model)
+/// score of every gold and pool ending, and the held-out accuracy of every head over all folds.
 fn final_pass(
     data: &Dataset,
     assignment: &Assignment,
     config: &Config,
     observer: &mut dyn Observer,
-) -> Result<(Vec<usize>, Vec<(i64, f32)>, HeadAccuracy)> {
+) -> Result<(Vec<usize>, Vec<FinalScore>, HeadAccuracy)> {
     let family = config.final_family();
     let mut rng = Seed::new(config.seed).stream(FINAL_STREAM);
     let fold_of = folds(data.contexts.len(), config.folds, &mut rng);
@@ -594,10 +611,9 @@ fn final_pass(
         let model = train(data, &choices, family, &config.train, model_seed)?;
         let held_out = score_held_out(&model, data, &test_ids)?;
         for h in &held_out {
-            let ensemble = h.decisive();
-            scores.push((h.context.gold.ending_id, ensemble[0]));
+            scores.push(h.final_score(0, h.context.gold.ending_id));
             for (i, e) in h.context.candidates.iter().enumerate() {
-                scores.push((e.ending_id, ensemble[i + 1]));
+                scores.push(h.final_score(i + 1, e.ending_id));
             }
         }
         held_out_all.extend(held_out);

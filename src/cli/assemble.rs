@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+use crate::assemble::distractors::DistractorChoice;
 use crate::assemble::split::Fractions;
 use crate::assemble::{assemble, Summary};
 use crate::dataset::Split;
@@ -24,13 +25,22 @@ fractions are unchanged."
 pub struct Args {
     /// The project file.
     pub project: PathBuf,
-    /// Skip verification: gold + the three hardest assigned negatives, marked unverified.
+    /// Skip verification: each context's found ending and distractors chosen among its assigned
+    /// negatives (see --distractors), marked unverified.
     #[arg(long)]
     pub unverified: bool,
+    /// With --unverified, how the distractors are chosen among the assigned negatives. matched:
+    /// their final AF scores follow the found endings' scores (drawn per context from the
+    /// recorded seed), so a style classifier finds them as real-looking as the found endings,
+    /// no more; hardest: the highest scores, which on real data makes them look more real than
+    /// the found endings and leaves an inverse artifact (classifiers score below chance).
+    #[arg(long, value_enum, default_value = "matched", requires = "unverified")]
+    pub distractors: DistractorChoice,
     /// Train,val,test fractions; groups (videos) never straddle two splits.
     #[arg(long, default_value = "0.8,0.1,0.1")]
     pub split: String,
-    /// Seed for the split and the order of re-annotation tasks (recorded).
+    /// Seed for the split, the matched distractors and the order of re-annotation tasks
+    /// (recorded).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Print the summary as one JSON object.
@@ -41,7 +51,8 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let fractions = Fractions::parse(&args.split)?;
     let mut store = Store::open(&args.project)?;
-    let summary = assemble(&mut store, fractions, args.seed, args.unverified)?;
+    let unverified = args.unverified.then_some(args.distractors);
+    let summary = assemble(&mut store, fractions, args.seed, unverified)?;
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
@@ -56,7 +67,14 @@ fn print_summary(s: &Summary) {
     } else {
         "verified"
     };
-    println!("assembled {kind} examples from AF run {}", s.af_run);
+    match s.distractors {
+        Some(choice) => println!(
+            "assembled {kind} examples from AF run {} (distractors: {})",
+            s.af_run,
+            choice.as_str()
+        ),
+        None => println!("assembled {kind} examples from AF run {}", s.af_run),
+    }
     for split in Split::ALL {
         let name = split.as_str();
         println!(

@@ -90,7 +90,7 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
         if c.negatives == Negatives::Random {
             " — a control: distractors drawn at random from each context's pre-AF pool, not the AF-selected ones"
         } else {
-            " — the endings Adversarial Filtering selected, hardest first"
+            " — endings Adversarial Filtering assigned to each context"
         }
     )?;
     writeln!(
@@ -320,7 +320,8 @@ fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
          ending0..ending3, label (the gold's position, shuffled per example with a seeded generator). \
          {test}\n\
          - `train_full.csv`, `val_full.csv`{} — SWAG's full columns in the release's order: video-id, \
-         fold-ind, startphrase, gold-ending, distractor-0..3 (hardest first), gold-source, gold-type, \
+         fold-ind, startphrase, gold-ending, distractor-0..3 (in the order assembly chose them: \
+         hardest first when verified, matched to the gold endings' scores when unverified), gold-source, gold-type, \
          distractor-0-type..distractor-3-type (likely/unlikely; empty when unverified or random), \
          sent1, sent2.\n\
          - `jsonl/train.jsonl`, `jsonl/val.jsonl`, `jsonl/test.jsonl` — id, group, sent1, sent2, \

@@ -28,7 +28,8 @@ pub struct Row {
     pub gold_source: String,
     pub gold_type: Option<String>,
     pub verified: bool,
-    /// Distractors with their types, hardest first (three or four).
+    /// Distractors with their types, in the order assembly chose them (three or four); the
+    /// regular files take the first three.
     pub distractors: Vec<(String, Option<String>)>,
     /// The four options in shuffled order and the gold's position among them.
     pub endings: [String; 4],
@@ -165,7 +166,7 @@ pub fn regular_csv(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// SWAG full CSV: gold and distractors in their own columns (hardest first), with types (empty
+/// SWAG full CSV: gold and distractors in their own columns (in assembly's order), with types (empty
 /// when unknown: unverified or random distractors, or a missing fourth distractor).
 pub fn full_csv(rows: &[&Row]) -> Result<Vec<u8>> {
     let mut out = Vec::new();

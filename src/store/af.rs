@@ -4,7 +4,8 @@
 //! Contract for later stages: read the latest run with `finished_at IS NOT NULL`
 //! ([`Store::latest_finished_af_run`]); its `af_assignments` are the k negatives of every filtered
 //! context, and `af_scores` holds the final ensemble score of the gold ending and of every pool
-//! ending of those contexts (higher = harder; compare scores within one context only).
+//! ending of those contexts (higher = harder; compare scores within one fold only), with the
+//! sentence model's score beside it when the run had one.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +23,16 @@ pub struct EndingLm {
     pub lp_alone: Option<f64>,
     pub lp_final_punct: Option<f64>,
     pub n_tok_ending: Option<i64>,
+}
+
+/// One ending's scores from the final cross-fitted pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FinalScore {
+    pub ending_id: i64,
+    /// The deciding model's score (the ensemble, or the MLP in an MLP-only run).
+    pub ensemble: f32,
+    /// The sentence model's own head, when the run had a sentence model.
+    pub sentence: Option<f32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -443,7 +454,7 @@ impl Store {
         &mut self,
         run_id: i64,
         folds: &[(i64, usize)],
-        scores: &[(i64, f32)],
+        scores: &[FinalScore],
         final_accuracy: &HeadAccuracy,
     ) -> Result<()> {
         let tx = self.begin(TransactionBehavior::Deferred)?;
@@ -455,10 +466,17 @@ impl Store {
             for (example_id, fold) in folds {
                 fold_stmt.execute(params![run_id, example_id, *fold as i64])?;
             }
-            let mut score_stmt =
-                tx.prepare("INSERT INTO af_scores(run_id, ending_id, score) VALUES (?1, ?2, ?3)")?;
-            for (ending_id, score) in scores {
-                score_stmt.execute(params![run_id, ending_id, *score as f64])?;
+            let mut score_stmt = tx.prepare(
+                "INSERT INTO af_scores(run_id, ending_id, score, sentence_score)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for s in scores {
+                score_stmt.execute(params![
+                    run_id,
+                    s.ending_id,
+                    s.ensemble as f64,
+                    s.sentence.map(f64::from)
+                ])?;
             }
         }
         tx.execute(

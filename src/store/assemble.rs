@@ -70,6 +70,30 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    /// The final scores unverified distractors are matched on — (ensemble, sentence model) — of
+    /// every context's found ending (by example) and of every assigned negative (by ending).
+    pub fn matching_scores(&self, run_id: i64) -> Result<MatchingScores> {
+        let conn = &self.conn;
+        let mut found = conn.prepare(
+            "SELECT e.example_id, s.score, s.sentence_score FROM af_scores s
+         JOIN endings e ON e.id = s.ending_id AND e.is_gold = 1
+         WHERE s.run_id = ?1",
+        )?;
+        let mut assigned = conn.prepare(
+            "SELECT s.ending_id, s.score, s.sentence_score FROM af_scores s
+         JOIN af_assignments a ON a.run_id = s.run_id AND a.ending_id = s.ending_id
+         WHERE s.run_id = ?1",
+        )?;
+        let row = |r: &rusqlite::Row| Ok((r.get(0)?, (r.get(1)?, r.get(2)?)));
+        let found = found
+            .query_map([run_id], row)?
+            .collect::<rusqlite::Result<_>>()?;
+        let assigned = assigned
+            .query_map([run_id], row)?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(MatchingScores { found, assigned })
+    }
+
     /// Every scored generated candidate of one context (its pre-AF pool), with its final score, in
     /// id order.
     pub fn scored_pool(&self, run_id: i64, example_id: i64) -> Result<Vec<(i64, f64)>> {
@@ -100,6 +124,18 @@ impl Store {
         let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
+}
+
+/// Final (ensemble, sentence model) scores; the second is `None` for runs without a sentence
+/// model and for runs finished before afkit kept it.
+pub type FinalPoint = (f64, Option<f64>);
+
+/// See [`Store::matching_scores`].
+pub struct MatchingScores {
+    /// By example: its found ending's scores.
+    pub found: HashMap<i64, FinalPoint>,
+    /// By ending: an assigned negative's scores.
+    pub assigned: HashMap<i64, FinalPoint>,
 }
 
 /// An annotator's plausibility judgement of one ending (SWAG Figure 3).

@@ -29,6 +29,7 @@ impl<'c> Fixtures<'c> {
         self.conn.execute_batch(
             "DROP TRIGGER submissions_counted; DROP TRIGGER submissions_uncounted;
              DROP INDEX tasks_wanting; ALTER TABLE tasks DROP COLUMN submitted;
+             ALTER TABLE af_scores DROP COLUMN sentence_score;
              PRAGMA user_version = 5;",
         )?;
         Ok(())

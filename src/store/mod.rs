@@ -56,6 +56,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_4.sql"),
     include_str!("migration_5.sql"),
     include_str!("migration_6.sql"),
+    include_str!("migration_7.sql"),
 ];
 
 /// The schema version this build of afkit writes.
