@@ -540,7 +540,7 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
     let cfg = EncodeConfig::default();
     let err = Dataset::load(&store, 3, &cfg, true).unwrap_err();
     assert!(err.to_string().contains("no sentence vector"), "{err:#}");
-    store_sentence_vectors(&mut store, &mut |_, _| {}).unwrap();
+    store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
     assert_eq!(store.count_endings_without_sentence_vector().unwrap(), 0);
     let data = Dataset::load(&store, 3, &cfg, true).unwrap();
     assert_eq!(data.sentence_dim, 384);
@@ -556,11 +556,67 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
         .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
         .unwrap();
     assert_eq!(stored as usize, spec.contexts * (spec.candidates + 1));
-    store_sentence_vectors(&mut store, &mut |_, _| {}).unwrap();
+    store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
     let again: i64 = conn
         .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
         .unwrap();
     assert_eq!(again, stored);
+}
+
+/// With the shared embedding cache, a second project with the same texts reads its sentence
+/// vectors from the cache instead of embedding them.
+#[test]
+fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
+    use afkit::af::data::store_sentence_vectors;
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().join("cache");
+    let spec = PoolSpec {
+        contexts: 6,
+        candidates: 4,
+        clean: 2,
+        seed: 5,
+    };
+    let vectors = |project: &Path| -> Vec<Vec<u8>> {
+        Connection::open(project)
+            .unwrap()
+            .prepare("SELECT vector FROM sentence_vectors ORDER BY ending_id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let first = build_project(dir.path(), "first.sqlite", spec);
+    store_sentence_vectors(
+        &mut Store::open(&first).unwrap(),
+        Some(&cache_dir),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let embedded = vectors(&first);
+    assert_eq!(embedded.len(), spec.contexts * (spec.candidates + 1));
+    // Mark every cached vector: a project that reads the cache stores the mark.
+    let cache = Connection::open(cache_dir.join("minilm.sqlite")).unwrap();
+    let marked: Vec<u8> = (0..384).flat_map(|_| 0.5f32.to_le_bytes()).collect();
+    let cached = cache
+        .execute("UPDATE vectors SET vector = ?1", [&marked])
+        .unwrap();
+    assert!(cached > 0 && cached <= embedded.len(), "one row per text");
+    let second = build_project(dir.path(), "second.sqlite", spec);
+    store_sentence_vectors(
+        &mut Store::open(&second).unwrap(),
+        Some(&cache_dir),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!(vectors(&second).iter().all(|v| *v == marked));
+    let third = build_project(dir.path(), "third.sqlite", spec);
+    store_sentence_vectors(&mut Store::open(&third).unwrap(), None, &mut |_, _| {}).unwrap();
+    assert_eq!(
+        vectors(&third),
+        embedded,
+        "without the cache, embedded again"
+    );
 }
 
 /// Runs AF in-process with tiny models on `project`.

@@ -19,6 +19,7 @@
 //! keeps a 100k-context × 256-ending project near 2 GB (BENCHMARKS.md, "Big projects").
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use anyhow::{bail, Result};
 use rayon::prelude::*;
@@ -420,10 +421,12 @@ impl Builder {
 pub const SENTENCE_ENCODER: &str = "all-MiniLM-L6-v2";
 
 /// Embeds every pool ending (found and generated) that has no stored sentence vector yet, a
-/// batch at a time, each batch committed: an interrupted run keeps what it embedded. `progress`
-/// hears (embedded so far, total missing).
+/// batch at a time, each batch committed: an interrupted run keeps what it embedded. With
+/// `cache_dir`, the shared embedding cache there gives the vectors it holds and keeps the new
+/// ones. `progress` hears (embedded or read so far, total missing).
 pub fn store_sentence_vectors(
     store: &mut Store,
+    cache_dir: Option<&Path>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     const BATCH: usize = 1024;
@@ -432,6 +435,7 @@ pub fn store_sentence_vectors(
         return Ok(());
     }
     let encoder = SentenceEncoder::load_default()?;
+    let mut cache = cache_dir.map(crate::embed::open_cache).transpose()?;
     let mut done = 0;
     progress(done, missing);
     loop {
@@ -441,7 +445,7 @@ pub fn store_sentence_vectors(
             break;
         }
         let texts: Vec<&str> = batch.iter().map(|(_, t)| t.as_str()).collect();
-        let vectors = encoder.encode_with_progress(&texts, |n| {
+        let vectors = encoder.encode_cached(&texts, cache.as_mut(), |n| {
             done += n;
             progress(done, missing)
         })?;

@@ -12,6 +12,7 @@
 //!    the run has no ensemble phase) on all folds but one and scores the held-out fold's gold and
 //!    every pool ending: `af_folds`, `af_scores`.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -51,6 +52,10 @@ pub struct Config {
     /// Start a new run even though the latest one is unfinished or up to date (not recorded).
     #[serde(skip)]
     pub new_run: bool,
+    /// Folder of the shared embedding cache the sentence vectors are read from and added to;
+    /// `None` embeds without it. Not recorded: the vectors are the same either way.
+    #[serde(skip)]
+    pub embedding_cache: Option<PathBuf>,
 }
 
 /// `afkit filter`'s defaults: caps scaled for a two-core CPU (BENCHMARKS.md, "Filter").
@@ -68,6 +73,7 @@ impl Default for Config {
             encode: EncodeConfig::default(),
             train: TrainConfig::default(),
             new_run: false,
+            embedding_cache: None,
         }
     }
 }
@@ -186,7 +192,8 @@ fn load_pools(store: &mut Store, config: &Config, observer: &mut dyn Observer) -
     // reads the LM features alone, which keeps a big project small.
     let with_text = config.final_family() == Family::Ensemble;
     if with_text && config.encode.sentence_vectors {
-        super::data::store_sentence_vectors(store, &mut |done, total| {
+        let cache = config.embedding_cache.as_deref();
+        super::data::store_sentence_vectors(store, cache, &mut |done, total| {
             observer.embedding(done, total)
         })?;
     }

@@ -71,6 +71,14 @@ pub struct FilterArgs {
     /// needs the MiniLM model (`afkit models fetch`) and embeds every pool ending once per run.
     #[arg(long)]
     pub no_sentence_model: bool,
+    /// Folder of the MiniLM embedding cache the sentence model reads first (one vector per
+    /// distinct text, shared with `afkit audit` and `afkit aflite`); default
+    /// $AFKIT_HOME/embeddings. Projects that share contexts and endings embed them once.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Embed every pool ending again instead of reading or writing the cache.
+    #[arg(long)]
+    pub no_cache: bool,
     /// Folds of the final cross-fitted scoring pass.
     #[arg(long, default_value_t = DEFAULTS.folds)]
     pub folds: usize,
@@ -115,6 +123,11 @@ impl FilterArgs {
                 ..defaults.train
             },
             new_run: self.new_run,
+            embedding_cache: (!self.no_cache).then(|| {
+                self.cache_dir
+                    .clone()
+                    .unwrap_or_else(crate::embed::default_cache_dir)
+            }),
             ..defaults
         })
     }
