@@ -26,7 +26,7 @@ use rand_chacha::ChaCha8Rng;
 )]
 #[serde(rename_all = "lowercase")]
 pub enum DistractorChoice {
-    /// Final scores drawn to follow the found endings' scores (the default).
+    /// Final scores drawn to follow the found endings' (the default).
     Matched,
     /// The highest final scores: hardest for the filter's own model, and an inverse artifact
     /// for the audits on real data.

@@ -30,10 +30,11 @@ pub struct Args {
     #[arg(long)]
     pub unverified: bool,
     /// With --unverified, how the distractors are chosen among the assigned negatives. matched:
-    /// their final AF scores follow the found endings' scores (drawn per context from the
-    /// recorded seed), so a style classifier finds them as real-looking as the found endings,
-    /// no more; hardest: the highest scores, which on real data makes them look more real than
-    /// the found endings and leaves an inverse artifact (classifiers score below chance).
+    /// for each, a found ending of the same AF fold is drawn (from the recorded seed) and the
+    /// assigned negative nearest its final scores (the ensemble's and the sentence model's) is
+    /// taken, so a style classifier finds the distractors as real-looking as the found endings,
+    /// no more; hardest: the highest ensemble scores, which on real data look more real than
+    /// the found endings and leave an inverse artifact (classifiers score below chance).
     #[arg(long, value_enum, default_value = "matched", requires = "unverified")]
     pub distractors: DistractorChoice,
     /// Train,val,test fractions; groups (videos) never straddle two splits.
