@@ -18,8 +18,8 @@
 #   --grow N --grow-rounds R: after filtering, R times: `generate --grow N` (more endings for the
 #               pools AF found starved), then filter again
 #   --adapt     fine-tune the generator first (`afkit lm adapt`) and sample with the adapters.
-#               Not the default: on 1,000 test contexts AF on top of the adapted generator went
-#               below chance (an inverse artifact; BENCHMARKS.md, Quality)
+#               Not the default yet: with the matched distractors it reached chance on 1,000
+#               test contexts, but those contexts helped choose the matching (BENCHMARKS.md)
 #   --label     name of the recipe; the project goes to $AFKIT_HOME/bench/quality/LABEL-HALF-N
 #   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a
 #   second `--` go to `afkit filter`.
