@@ -13,6 +13,7 @@ pub mod cli;
 pub mod csv_lines;
 pub mod dataset;
 pub mod device;
+pub mod distractors;
 pub mod embed;
 pub mod export;
 pub mod generate;

@@ -1,5 +1,6 @@
 //! End-to-end tests of assemble, export, audit and score through the `afkit` binary, on
-//! hand-made projects: one label fixture per assembly rule and edge case.
+//! hand-made projects: one label fixture per assembly rule and edge case. The rule tests assemble
+//! with `--distractors hardest`, so that the distractors come in the fixture's score order.
 
 mod common;
 
@@ -31,13 +32,34 @@ fn found_ending_ranked_best_is_gold0_with_the_hardest_usable_distractors() {
         (L, BEST),
         [(G, None), (L, SECOND), (U, None), (U, None), (L, None)],
     );
-    let s = p.assemble(&["--split", "1,0,0"]);
+    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-orig"], 1);
     let a = p.assembled();
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].1, c.found);
     // Gibberish cands[0] is out; the rest hardest first, four kept (the fourth for distractor-3).
     assert_eq!(a[0].3, vec![c.cands[1], c.cands[2], c.cands[3], c.cands[4]]);
+}
+
+#[test]
+fn verified_distractors_are_matched_to_the_found_endings_scores_by_default() {
+    // The shown negatives score 100, 99, ..., 96 and the found ending 50: all accepted, the
+    // four nearest the found ending's score are kept, nearest first; the hardest is left out.
+    let p = Project::new();
+    let c = p.context("v1", 0, 10, 8);
+    let t = p.task(&c, 0, &c.shown());
+    p.label(
+        t,
+        &c,
+        "ann",
+        (L, BEST),
+        [(U, None), (U, None), (L, SECOND), (U, None), (U, None)],
+    );
+    let s = p.assemble(&["--split", "1,0,0"]);
+    assert_eq!(s["distractors"], "matched");
+    assert_eq!(s["gold_sources"]["gold0-orig"], 1);
+    let nearest_first: Vec<i64> = c.cands[1..5].iter().rev().copied().collect();
+    assert_eq!(p.assembled()[0].3, nearest_first);
 }
 
 #[test]
@@ -52,7 +74,7 @@ fn found_ending_ranked_second_is_gold1_and_the_best_generation_is_not_a_distract
         (L, SECOND),
         [(L, None), (U, None), (L, BEST), (U, None), (U, None)],
     );
-    p.assemble(&["--split", "0,1,0"]);
+    p.assemble(&["--distractors", "hardest", "--split", "0,1,0"]);
     let a = p.assembled();
     assert_eq!(a.len(), 1, "no generation-as-gold outside train");
     assert_eq!(a[0].0, "gold1-orig");
@@ -76,7 +98,14 @@ fn generation_best_over_found_second_adds_a_training_only_example() {
             [(L, BEST), (U, None), (G, None), (U, None), (L, None)],
         );
     }
-    let s = p.assemble(&["--split", "0.34,0.33,0.33", "--seed", "4"]);
+    let s = p.assemble(&[
+        "--distractors",
+        "hardest",
+        "--split",
+        "0.34,0.33,0.33",
+        "--seed",
+        "4",
+    ]);
     assert_eq!(s["groups"]["train"], 1);
     assert_eq!(s["generated_gold_withheld_from_eval"], 2);
     let a = p.assembled();
@@ -104,7 +133,7 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
         (L, None),
         [(L, BEST), (U, None), (L, SECOND), (G, None), (U, None)],
     );
-    let s = p.assemble(&["--split", "1,0,0"]);
+    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     assert_eq!(s["reannotation_queued"]["found_outside_top_two"], 1);
     assert!(p.assembled().is_empty());
     let (new_task, round): (i64, i64) = p
@@ -138,7 +167,7 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
     assert_eq!(shown, expected);
 
     // Re-running before the new task is labelled queues nothing twice.
-    let again = p.assemble(&["--split", "1,0,0"]);
+    let again = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     assert_eq!(again["awaiting_labels"], 1);
     assert_eq!(again["reannotation_queued"], serde_json::json!({}));
 
@@ -153,7 +182,7 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
     Fixtures::on(&p.conn)
         .insert_submission(new_task, "ann2", false, &endings)
         .unwrap();
-    let s = p.assemble(&["--split", "1,0,0"]);
+    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-reannot"], 1);
     assert_eq!(
         p.assembled()[0].3,
@@ -223,7 +252,7 @@ fn several_annotators_are_combined_per_ending_with_documented_ties() {
         (U, SECOND),
         [(G, None), (L, BEST), (U, None), (U, None), (L, None)],
     );
-    p.assemble(&["--split", "1,0,0"]);
+    p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     let a = p.assembled();
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].0, "gold1-orig");
@@ -246,7 +275,7 @@ fn several_annotators_are_combined_per_ending_with_documented_ties() {
         (L, SECOND),
         [(L, None), (L, BEST), (U, None), (U, None), (L, None)],
     );
-    p.assemble(&["--split", "1,0,0"]);
+    p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     let a = p.assembled();
     assert_eq!(
         a.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
@@ -310,8 +339,6 @@ fn unverified_takes_the_assigned_negatives_nearest_the_found_endings_scores() {
     assert_eq!(s["distractors"], "hardest");
     let a = p.assembled();
     assert_eq!(a[0].3, c.cands[..4].to_vec());
-    let err = common::fails(&["assemble", p.p(), "--distractors", "hardest"]);
-    assert!(err.contains("--unverified"), "{err}");
 
     // With the sentence model's scores, the match is on both: the negatives nearest the found
     // ending's (50, 0) on the sentence axis win, although 6 and 7 are nearer on the ensemble's.

@@ -1,9 +1,16 @@
 //! Making annotation tasks from the latest finished AF run (SWAG §3.5): each context's found
-//! ending and its five hardest assigned negatives, in a shuffled order fixed by a recorded seed.
+//! ending and five of its assigned negatives, in a shuffled order fixed by a recorded seed.
+//!
+//! The five are matched to the found endings' final scores (see [`crate::distractors`]), not the
+//! five hardest: the hardest look more real than real endings to a style classifier, so a
+//! dataset built from them would carry that inverse tell however the annotators judged them.
+//! Runs that kept no scores for the found endings fall back to the hardest.
 
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 
+use crate::distractors::Matching;
+use crate::seed::Seed;
 use crate::store::annotate::{self as db, NewTask, Policy, DEFAULT_POLICY, ENDINGS_PER_TASK};
 use crate::store::Store;
 
@@ -53,11 +60,17 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
         // The hand-out order: a seeded permutation of the new contexts, appended after earlier
         // tasks.
         contexts.shuffle(&mut db::handout_rng(policy.seed, run_id));
+        let matching = if contexts.is_empty() {
+            None
+        } else {
+            let folds = store.folds(run_id)?;
+            Matching::load(store, run_id, &folds)?.map(|m| (m, folds))
+        };
         let first_index = store.count_round0_tasks()?;
         for (index, context) in (first_index..).zip(&contexts) {
             let seed = db::task_seed(policy.seed, context.example_id, 0);
             let mut endings = vec![context.gold_ending_id];
-            endings.extend(context.negatives.iter().take(ENDINGS_PER_TASK - 1));
+            endings.extend(shown_negatives(context, matching.as_ref(), seed));
             db::shuffle_endings(&mut endings, seed);
             store.insert_task(&NewTask {
                 example_id: context.example_id,
@@ -83,6 +96,22 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
             without_negatives,
         })
     })
+}
+
+/// The negatives a context's task shows: five matched to the found endings of its fold, drawn
+/// from the task's seed; the five hardest when the run has nothing to match them to.
+fn shown_negatives(
+    context: &db::UntaskedContext,
+    matching: Option<&(Matching, std::collections::HashMap<i64, i64>)>,
+    task_seed: u64,
+) -> Vec<i64> {
+    let wanted = ENDINGS_PER_TASK - 1;
+    let matched = matching.and_then(|(matching, folds)| {
+        let fold = *folds.get(&context.example_id)?;
+        let mut rng = Seed::new(task_seed).derive("shown negatives").rng();
+        matching.choose(fold, &context.negatives, wanted, &mut rng)
+    });
+    matched.unwrap_or_else(|| context.negatives.iter().copied().take(wanted).collect())
 }
 
 /// The run whose assignments become tasks (the latest finished one), the recorded policy and the
@@ -137,28 +166,77 @@ mod tests {
         (dir, store)
     }
 
+    /// Found endings score 0.50–0.55; negative slot j of every context scores j / 8.
+    fn scored_like_real_data(store: &mut Store, run: i64) {
+        let mut scores: Vec<(i64, Option<f64>)> = Vec::new();
+        for (i, ex) in store.examples().unwrap().iter().enumerate() {
+            scores.push((ex.gold_ending_id, Some(0.5 + 0.01 * i as f64)));
+        }
+        for negatives in store.assignments(run).unwrap().values() {
+            for (slot, &ending) in negatives.iter().enumerate() {
+                scores.push((ending, Some(slot as f64 / 8.0)));
+            }
+        }
+        store.set_final_scores(run, &scores).unwrap();
+    }
+
     #[test]
-    fn tasks_show_the_found_ending_and_the_five_hardest() {
-        let (_dir, mut store) = project(4, 9);
-        let setup = ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
-        assert_eq!(setup.created, 4);
-        let assigned = store.assignments(setup.run_id).unwrap();
-        let score = store.af_scores(setup.run_id).unwrap();
+    fn tasks_show_the_negatives_nearest_the_found_endings_scores_not_the_hardest() {
+        let (_dir, mut store) = project(6, 9);
+        let run = store.latest_finished_run_id().unwrap().unwrap();
+        scored_like_real_data(&mut store, run);
+        ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
+        let assigned = store.assignments(run).unwrap();
         for task in store.open_tasks(false).unwrap() {
             assert_eq!(task.endings.len(), 6);
             assert_eq!(task.endings.iter().filter(|e| e.is_gold).count(), 1);
-            let mut scores: Vec<f64> = assigned[&task.example_id]
+            let mut slots: Vec<usize> = task
+                .endings
                 .iter()
-                .map(|e| score[e])
+                .filter(|e| !e.is_gold)
+                .map(|e| {
+                    let negatives = &assigned[&task.example_id];
+                    negatives.iter().position(|&n| n == e.ending_id).unwrap()
+                })
                 .collect();
-            scores.sort_by(|a, b| b.total_cmp(a));
-            let fifth_hardest = scores[4];
-            for e in task.endings.iter().filter(|e| !e.is_gold) {
-                assert!(
-                    score[&e.ending_id] >= fifth_hardest,
-                    "a shown negative is not among the five hardest"
-                );
-            }
+            slots.sort_unstable();
+            // Slots 2–6 (0.25–0.75) surround the found endings' 0.50–0.55; the five hardest
+            // would be slots 4–8.
+            assert_eq!(
+                slots,
+                [2, 3, 4, 5, 6],
+                "task of example {}",
+                task.example_id
+            );
+        }
+    }
+
+    #[test]
+    fn without_found_ending_scores_tasks_show_the_five_hardest() {
+        let (_dir, mut store) = project(4, 9);
+        let run = store.latest_finished_run_id().unwrap().unwrap();
+        scored_like_real_data(&mut store, run);
+        let found: Vec<(i64, Option<f64>)> = store
+            .examples()
+            .unwrap()
+            .iter()
+            .map(|ex| (ex.gold_ending_id, None))
+            .collect();
+        store.set_final_scores(run, &found).unwrap();
+        ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
+        let assigned = store.assignments(run).unwrap();
+        for task in store.open_tasks(false).unwrap() {
+            let mut slots: Vec<usize> = task
+                .endings
+                .iter()
+                .filter(|e| !e.is_gold)
+                .map(|e| {
+                    let negatives = &assigned[&task.example_id];
+                    negatives.iter().position(|&n| n == e.ending_id).unwrap()
+                })
+                .collect();
+            slots.sort_unstable();
+            assert_eq!(slots, [4, 5, 6, 7, 8]);
         }
     }
 

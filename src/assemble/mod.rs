@@ -3,9 +3,9 @@
 //! Order of work, all inside one transaction so that a re-run replaces the previous assembly
 //! atomically: (1) split every group of the project (see [`split`]); (2) for every context of
 //! the latest finished AF run, apply the rules of [`rules`] to its current annotation task, or,
-//! with `--unverified`, take the gold and assigned negatives chosen by [`distractors`] (by default
-//! matched to the found endings' final scores); (3) queue the items
-//! that need re-annotation as new tasks; (4) record the parameters.
+//! with `--unverified`, take the gold and assigned negatives; either way the distractors are
+//! taken in the order of [`DistractorChoice`] (by default matched to the found endings' final
+//! scores); (3) queue the items that need re-annotation as new tasks; (4) record the parameters.
 //!
 //! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
 //! the next-hardest endings of the context that have a final AF score and were never shown to
@@ -13,7 +13,6 @@
 //! scored. Pool endings without a final score cannot be ranked by hardness, so they are not used;
 //! an item that cannot be refilled to its task's size stays out and is reported.
 
-pub mod distractors;
 pub mod rules;
 pub mod split;
 
@@ -23,14 +22,13 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::dataset::Split;
+use crate::distractors::{DistractorChoice, Matching};
 use crate::seed::Seed;
 use crate::store::assemble::{
-    AssembledDistractor, Assembly, CurrentTask, FinalPoint, Judgement, NewAssembled, Rank,
+    AssembledDistractor, Assembly, CurrentTask, Judgement, NewAssembled, Rank,
 };
 use crate::store::examples::Example;
 use crate::store::Store;
-use distractors::{DistractorChoice, MatchingSpace};
-use rand_chacha::ChaCha8Rng;
 use rules::{Built, Decision};
 use split::Fractions;
 
@@ -39,9 +37,8 @@ use split::Fractions;
 pub struct Summary {
     pub af_run: i64,
     pub unverified: bool,
-    /// How the unverified examples' distractors were chosen (absent when verified).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub distractors: Option<DistractorChoice>,
+    /// How the distractors were chosen among the candidates.
+    pub distractors: DistractorChoice,
     /// Examples per split.
     pub examples: BTreeMap<String, usize>,
     /// Examples per gold source (gold0-orig, gen-orig, unverified, ...).
@@ -79,12 +76,14 @@ struct Recorded {
 }
 
 /// Runs the whole assembly in one transaction; see the module docs. `unverified`: skip the
-/// annotators' labels and choose each context's distractors among its assigned negatives so.
+/// annotators' labels and take each context's distractors among its assigned negatives;
+/// `distractors`: the order in which candidates become distractors, verified or not.
 pub fn assemble(
     store: &mut Store,
     fractions: Fractions,
     seed: u64,
-    unverified: Option<DistractorChoice>,
+    unverified: bool,
+    distractors: DistractorChoice,
 ) -> Result<Summary> {
     let Some(run) = store.latest_finished_run()? else {
         bail!(
@@ -102,26 +101,37 @@ pub fn assemble(
     };
     let mut summary = Summary {
         af_run: run.id,
-        unverified: unverified.is_some(),
-        distractors: unverified,
+        unverified,
+        distractors,
         ..Summary::default()
     };
     for split in splits.values() {
         *summary.groups.entry(split.to_string()).or_default() += 1;
     }
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
-    let mut built = if let Some(choice) = unverified {
-        let matching = match choice {
-            DistractorChoice::Matched => Some(Matching::load(store, run.id, &run_data.folds)?),
-            DistractorChoice::Hardest => None,
-        };
-        assemble_unverified(&examples, &run_data, matching.as_ref(), seed, &mut summary)
+    let order = match distractors {
+        DistractorChoice::Matched => {
+            let Some(matching) = Matching::load(store, run.id, &run_data.folds)? else {
+                bail!(
+                    "AF run {} in {} scored no found ending, so there is nothing to match the \
+                     distractors to: run `afkit filter` again, or assemble with --distractors hardest",
+                    run.id,
+                    store.path().display()
+                );
+            };
+            DistractorOrder::Matched { matching, seed }
+        }
+        DistractorChoice::Hardest => DistractorOrder::Hardest,
+    };
+    let mut built = if unverified {
+        assemble_unverified(&examples, &run_data, &order, &mut summary)
     } else {
         assemble_verified(
             store,
             run.id,
             &examples,
             &run_data,
+            &order,
             &mut summary,
             &mut reannotations,
         )?
@@ -139,8 +149,8 @@ pub fn assemble(
     let record = Recorded {
         seed,
         split: fractions.to_text(),
-        unverified: unverified.is_some(),
-        distractors: unverified,
+        unverified,
+        distractors: Some(distractors),
         af_run: run.id,
     };
     store.commit_assembly(&Assembly {
@@ -193,76 +203,39 @@ fn group_splits(
     Ok(split::assign(&sizes, fractions, seed, &recorded))
 }
 
-/// What the matched distractors of a run are chosen with: per fold, the space of its found
-/// endings' scores (see [`distractors`]), and every assigned negative's raw scores.
-struct Matching {
-    spaces: HashMap<i64, MatchingSpace>,
-    assigned: HashMap<i64, Vec<f64>>,
+/// The order in which a context's candidates become its distractors (see [`DistractorChoice`]).
+enum DistractorOrder {
+    /// As matching to the found endings of the context's fold draws them, from `seed` and the
+    /// example id; candidates the run did not assign (re-annotation refills) come last.
+    Matched { matching: Matching, seed: u64 },
+    /// Highest final ensemble score first.
+    Hardest,
 }
 
-impl Matching {
-    fn load(store: &Store, run_id: i64, folds: &HashMap<i64, i64>) -> Result<Matching> {
-        let scores = store.matching_scores(run_id)?;
-        // The sentence axis only where every ending has it (runs without a sentence model, or
-        // finished before afkit kept its scores, match on the ensemble's score alone).
-        let both_axes = scores
-            .found
-            .values()
-            .chain(scores.assigned.values())
-            .all(|p| p.1.is_some());
-        let point = |&(ensemble, sentence): &FinalPoint| match sentence {
-            Some(sentence) if both_axes => vec![ensemble, sentence],
-            _ => vec![ensemble],
+impl DistractorOrder {
+    fn order(&self, example: &Example, run: &RunData, candidates: &[i64]) -> Vec<i64> {
+        let hardest = || rules::hardest_first(candidates.iter().copied(), &|e| run.score(e));
+        let DistractorOrder::Matched { matching, seed } = self else {
+            return hardest();
         };
-        let mut by_fold: BTreeMap<i64, Vec<(i64, Vec<f64>)>> = BTreeMap::new();
-        for (example, p) in &scores.found {
-            if let Some(&fold) = folds.get(example) {
-                by_fold.entry(fold).or_default().push((*example, point(p)));
-            }
-        }
-        if by_fold.is_empty() {
-            bail!(
-                "AF run {run_id} in {} scored no found ending, so there is nothing to match the \
-                 distractors to: run `afkit filter` again, or assemble with --distractors hardest",
-                store.path().display()
-            );
-        }
-        let spaces = by_fold
-            .into_iter()
-            .map(|(fold, mut found)| {
-                // In example order, so that a seeded draw does not depend on SQLite's row order.
-                found.sort_by_key(|(example, _)| *example);
-                let points: Vec<Vec<f64>> = found.into_iter().map(|(_, p)| p).collect();
-                (fold, MatchingSpace::new(&points))
-            })
-            .collect();
-        let assigned = scores
-            .assigned
-            .iter()
-            .map(|(ending, p)| (*ending, point(p)))
-            .collect();
-        Ok(Matching { spaces, assigned })
-    }
-
-    /// Up to four of `assigned`, matched to the found endings of `fold`; `None` when the fold
-    /// has no scored found ending.
-    fn choose(&self, fold: i64, assigned: &[i64], rng: &mut ChaCha8Rng) -> Option<Vec<i64>> {
-        let space = self.spaces.get(&fold)?;
-        let candidates: Vec<(i64, Option<Vec<f64>>)> = assigned
-            .iter()
-            .map(|&e| (e, self.assigned.get(&e).map(|p| space.place(p))))
-            .collect();
-        Some(space.choose(&candidates, 4, rng))
+        let Some(&fold) = run.folds.get(&example.id) else {
+            return hardest();
+        };
+        let mut rng = Seed::new(*seed)
+            .derive(&format!("distractors\u{0}{}", example.id))
+            .rng();
+        matching
+            .choose(fold, candidates, candidates.len(), &mut rng)
+            .unwrap_or_else(hardest)
     }
 }
 
-/// Without verification: the gold and up to four assigned negatives of every AF context, matched
-/// to the found endings of the context's fold when `matching` is given, else the hardest.
+/// Without verification: the gold and up to four assigned negatives of every AF context, the
+/// first four in `order`.
 fn assemble_unverified(
     examples: &[Example],
     run: &RunData,
-    matching: Option<&Matching>,
-    seed: u64,
+    order: &DistractorOrder,
     summary: &mut Summary,
 ) -> Vec<NewAssembled> {
     let mut built = Vec::new();
@@ -275,14 +248,7 @@ fn assemble_unverified(
             continue;
         }
         let fold = run.folds.get(&ex.id).copied();
-        let mut rng = Seed::new(seed)
-            .derive(&format!("distractors\u{0}{}", ex.id))
-            .rng();
-        let matched = matching
-            .zip(fold)
-            .and_then(|(m, f)| m.choose(f, assigned, &mut rng));
-        let chosen = matched
-            .unwrap_or_else(|| rules::hardest_first(assigned.iter().copied(), &|e| run.score(e)));
+        let chosen = order.order(ex, run, assigned);
         built.push(NewAssembled {
             example_id: ex.id,
             split: run.splits[&ex.group],
@@ -311,6 +277,7 @@ fn assemble_verified(
     run_id: i64,
     examples: &[Example],
     run: &RunData,
+    order: &DistractorOrder,
     summary: &mut Summary,
     reannotations: &mut Vec<(i64, Vec<i64>)>,
 ) -> Result<Vec<NewAssembled>> {
@@ -330,8 +297,14 @@ fn assemble_verified(
         };
         let split = run.splits[&ex.group];
         let fold = run.folds.get(&ex.id).copied();
-        let score = |e: i64| run.score(e);
-        match rules::decide(ex.gold_ending_id, &task.endings, &labels, &score) {
+        let generations: Vec<i64> = task
+            .endings
+            .iter()
+            .copied()
+            .filter(|&e| e != ex.gold_ending_id)
+            .collect();
+        let generations = order.order(ex, run, &generations);
+        match rules::decide(ex.gold_ending_id, &generations, &labels) {
             Decision::Gold {
                 found_rank,
                 example,

@@ -47,12 +47,12 @@ pub fn consensus(votes: &[(Judgement, Rank)]) -> Option<Consensus> {
     Some(Consensus { judgement, rank })
 }
 
-/// A verified example built from an item: a gold ending and its distractors, hardest first.
+/// A verified example built from an item: a gold ending and its distractors, in the order given.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Built {
     pub gold: i64,
     pub gold_type: Judgement,
-    /// (ending id, judgement), hardest first, at most four.
+    /// (ending id, judgement), in the order given, at most four.
     pub distractors: Vec<(i64, Judgement)>,
 }
 
@@ -86,7 +86,7 @@ pub enum Decision {
         generated_gold: Option<Built>,
     },
     /// Back to the queue: `keep` are the endings that stay (the found one first, then the
-    /// generations that are neither gibberish nor ranked above it, hardest first); the rest of
+    /// generations that are neither gibberish nor ranked above it, in the order given); the rest of
     /// the task is refilled from the pool.
     Reannotate {
         reason: ReannotateReason,
@@ -113,21 +113,14 @@ impl DropReason {
     }
 }
 
-/// Applies the assembly rules to one item. `endings` are the task's endings (the found one among them),
-/// `labels` their combined labels, `score` the final AF ensemble score (higher = harder; endings
-/// without a score sort last).
-pub fn decide(
-    found: i64,
-    endings: &[i64],
-    labels: &HashMap<i64, Consensus>,
-    score: &dyn Fn(i64) -> Option<f64>,
-) -> Decision {
-    if endings.iter().any(|e| !labels.contains_key(e)) || !labels.contains_key(&found) {
+/// Applies the assembly rules to one item. `found` is the task's found ending, `generations` its
+/// other endings in the order they should become distractors (assemble matches them to the found
+/// endings' scores, or puts the hardest first), `labels` their combined labels.
+pub fn decide(found: i64, generations: &[i64], labels: &HashMap<i64, Consensus>) -> Decision {
+    if generations.iter().any(|e| !labels.contains_key(e)) || !labels.contains_key(&found) {
         return Decision::Drop(DropReason::IncompleteLabels);
     }
     let found_label = labels[&found];
-    let generations: Vec<i64> =
-        hardest_first(endings.iter().copied().filter(|&e| e != found), score);
     let usable = |e: &i64| labels[e].judgement != Judgement::Gibberish;
     // What a re-annotation round keeps: the found ending and the generations that pass `keep`.
     let reannotate = |reason, keep: &dyn Fn(&i64) -> bool| Decision::Reannotate {
@@ -265,9 +258,11 @@ mod tests {
         )
     }
 
-    /// Scores: ending id 10 + i has score i, so higher ids are harder.
-    fn score(e: i64) -> Option<f64> {
-        (e != 1).then_some(e as f64)
+    /// The generations of a task (every ending but the found one, 1), higher ids first: as if
+    /// ending 10 + i had score i and assemble put the hardest first.
+    fn hardest(endings: &[i64]) -> Vec<i64> {
+        let score = |e: i64| Some(e as f64);
+        hardest_first(endings.iter().copied().filter(|&e| e != 1), &score)
     }
 
     #[test]
@@ -284,7 +279,7 @@ mod tests {
             found_rank,
             example,
             generated_gold,
-        } = decide(1, &endings, &l, &score)
+        } = decide(1, &hardest(&endings), &l)
         else {
             panic!("expected gold")
         };
@@ -310,7 +305,7 @@ mod tests {
             found_rank,
             example,
             generated_gold,
-        } = decide(1, &endings, &l, &score)
+        } = decide(1, &hardest(&endings), &l)
         else {
             panic!("expected gold")
         };
@@ -338,7 +333,7 @@ mod tests {
             (15, Likely, Neither),
         ]);
         assert_eq!(
-            decide(1, &endings, &l, &score),
+            decide(1, &hardest(&endings), &l),
             Decision::Reannotate {
                 reason: ReannotateReason::FoundOutsideTopTwo,
                 keep: vec![1, 15, 14]
@@ -357,7 +352,7 @@ mod tests {
             (15, Likely, Neither),
         ]);
         assert_eq!(
-            decide(1, &endings, &l, &score),
+            decide(1, &hardest(&endings), &l),
             Decision::Reannotate {
                 reason: ReannotateReason::TooFewNonGibberish,
                 keep: vec![1, 15, 14]
@@ -375,14 +370,33 @@ mod tests {
             (14, Likely, Neither),
         ]);
         assert_eq!(
-            decide(1, &endings, &l, &score),
+            decide(1, &hardest(&endings), &l),
             Decision::Drop(DropReason::FoundGibberish)
         );
         let mut partial = l.clone();
         partial.remove(&13);
         assert_eq!(
-            decide(1, &endings, &partial, &score),
+            decide(1, &hardest(&endings), &partial),
             Decision::Drop(DropReason::IncompleteLabels)
+        );
+    }
+
+    #[test]
+    fn distractors_follow_the_given_order() {
+        let (_, l) = labels(&[
+            (1, Likely, Best),
+            (11, Unlikely, Neither),
+            (12, Gibberish, Neither),
+            (13, Unlikely, Second),
+            (14, Likely, Neither),
+            (15, Unlikely, Neither),
+        ]);
+        let Decision::Gold { example, .. } = decide(1, &[13, 11, 12, 15, 14], &l) else {
+            panic!("expected gold")
+        };
+        assert_eq!(
+            example.distractors.iter().map(|d| d.0).collect::<Vec<_>>(),
+            vec![13, 11, 15, 14]
         );
     }
 

@@ -13,7 +13,8 @@ use crate::store::Store;
 #[derive(clap::Args)]
 #[command(
     long_about = "Verify candidates in a terminal UI, as SWAG's human verification did: for each \
-    item (a context and six shuffled endings: the found one and the five hardest AF negatives) \
+    item (a context and six shuffled endings: the found one and five of its AF negatives, \
+    matched to the found endings' final scores so that none looks more real than real endings) \
     label every ending likely / unlikely / gibberish and pick the best and the second-best ending.\n\n\
     Keys are shown on screen; ? shows the instructions. Each submission is committed to the \
     project file before the next item shows; after a crash, kill or dropped connection, run the \

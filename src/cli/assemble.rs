@@ -4,17 +4,17 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::assemble::distractors::DistractorChoice;
 use crate::assemble::split::Fractions;
 use crate::assemble::{assemble, Summary};
 use crate::dataset::Split;
+use crate::distractors::DistractorChoice;
 use crate::store::Store;
 
 #[derive(clap::Args)]
 #[command(
     after_help = "Rules (SWAG §3.5): the found ending ranked best or second is gold \
-(gold0/gold1, -orig or -reannot by annotation round) with the hardest generations not ranked best \
-and not gibberish as distractors; a generation ranked best over a second-ranked found ending adds a \
+(gold0/gold1, -orig or -reannot by annotation round) with the generations not ranked best and \
+not gibberish as distractors, up to four, taken in the order --distractors gives; a generation ranked best over a second-ranked found ending adds a \
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
 than three usable distractors, is queued for re-annotation with those endings replaced by the \
 next-hardest scored pool endings. Several annotators: a judgement needs half the votes (ties go to \
@@ -29,13 +29,14 @@ pub struct Args {
     /// negatives (see --distractors), marked unverified.
     #[arg(long)]
     pub unverified: bool,
-    /// With --unverified, how the distractors are chosen among the assigned negatives. matched:
-    /// for each, a found ending of the same AF fold is drawn (from the recorded seed) and the
-    /// assigned negative nearest its final scores (the ensemble's and the sentence model's) is
-    /// taken, so a style classifier finds the distractors as real-looking as the found endings,
-    /// no more; hardest: the highest ensemble scores, which on real data look more real than
-    /// the found endings and leave an inverse artifact (classifiers score below chance).
-    #[arg(long, value_enum, default_value = "matched", requires = "unverified")]
+    /// How the distractors are chosen among the candidates: the assigned negatives with
+    /// --unverified, else those the annotators accepted. matched: for each, a found ending of
+    /// the same AF fold is drawn (from the recorded seed) and the candidate nearest its final
+    /// scores (the ensemble's and the sentence model's) is taken, so a style classifier finds
+    /// the distractors as real-looking as the found endings, no more; hardest: the highest
+    /// ensemble scores, which on real data look more real than the found endings and leave an
+    /// inverse artifact (classifiers score below chance).
+    #[arg(long, value_enum, default_value = "matched")]
     pub distractors: DistractorChoice,
     /// Train,val,test fractions; groups (videos) never straddle two splits.
     #[arg(long, default_value = "0.8,0.1,0.1")]
@@ -52,8 +53,13 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let fractions = Fractions::parse(&args.split)?;
     let mut store = Store::open(&args.project)?;
-    let unverified = args.unverified.then_some(args.distractors);
-    let summary = assemble(&mut store, fractions, args.seed, unverified)?;
+    let summary = assemble(
+        &mut store,
+        fractions,
+        args.seed,
+        args.unverified,
+        args.distractors,
+    )?;
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
@@ -68,14 +74,11 @@ fn print_summary(s: &Summary) {
     } else {
         "verified"
     };
-    match s.distractors {
-        Some(choice) => println!(
-            "assembled {kind} examples from AF run {} (distractors: {})",
-            s.af_run,
-            choice.as_str()
-        ),
-        None => println!("assembled {kind} examples from AF run {}", s.af_run),
-    }
+    println!(
+        "assembled {kind} examples from AF run {} (distractors: {})",
+        s.af_run,
+        s.distractors.as_str()
+    );
     for split in Split::ALL {
         let name = split.as_str();
         println!(

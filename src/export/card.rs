@@ -321,7 +321,8 @@ fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
          {test}\n\
          - `train_full.csv`, `val_full.csv`{} — SWAG's full columns in the release's order: video-id, \
          fold-ind, startphrase, gold-ending, distractor-0..3 (in the order assembly chose them: \
-         hardest first when verified, matched to the gold endings' scores when unverified), gold-source, gold-type, \
+         matched to the gold endings' final scores by default, hardest first with `assemble \
+         --distractors hardest`), gold-source, gold-type, \
          distractor-0-type..distractor-3-type (likely/unlikely; empty when unverified or random), \
          sent1, sent2.\n\
          - `jsonl/train.jsonl`, `jsonl/val.jsonl`, `jsonl/test.jsonl` — id, group, sent1, sent2, \

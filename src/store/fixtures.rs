@@ -332,4 +332,24 @@ impl Store {
         tx.commit()?;
         Ok(run)
     }
+
+    /// Replaces the final ensemble scores of the given endings in `run`; `None` removes one, as
+    /// in runs that never scored it.
+    pub fn set_final_scores(&mut self, run: i64, scores: &[(i64, Option<f64>)]) -> Result<()> {
+        let tx = self.begin(TransactionBehavior::Deferred)?;
+        for &(ending, score) in scores {
+            match score {
+                Some(score) => tx.execute(
+                    "UPDATE af_scores SET score = ?3 WHERE run_id = ?1 AND ending_id = ?2",
+                    params![run, ending, score],
+                )?,
+                None => tx.execute(
+                    "DELETE FROM af_scores WHERE run_id = ?1 AND ending_id = ?2",
+                    params![run, ending],
+                )?,
+            };
+        }
+        tx.commit()?;
+        Ok(())
+    }
 }

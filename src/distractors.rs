@@ -1,4 +1,5 @@
-//! Which of a context's assigned negatives become the distractors of an unverified example.
+//! Which of a context's assigned negatives become its distractors: the ones annotators are
+//! shown (`annotate`) and the ones an example keeps (`assemble`).
 //!
 //! AF assigns k negatives to every context (9 by default) and its final cross-fitted pass scores
 //! every ending, the found ones included. Taking the negatives that final ensemble scores highest
@@ -17,16 +18,31 @@
 //! apart by a classifier on sentence embeddings (0.38–0.40 against chance 0.25), because the
 //! ensemble's score weighs the word-level models most.
 
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::Result;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 
-/// How `assemble --unverified` chooses among the assigned negatives.
+use crate::store::assemble::FinalPoint;
+use crate::store::Store;
+
+/// How a context's distractors are chosen among its assigned negatives.
 #[derive(
-    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+    clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum DistractorChoice {
     /// Final scores drawn to follow the found endings' (the default).
+    #[default]
     Matched,
     /// The highest final scores: hardest for the filter's own model, and an inverse artifact
     /// for the audits on real data.
@@ -111,6 +127,74 @@ impl MatchingSpace {
             chosen.push(left.swap_remove(nearest).0);
         }
         chosen
+    }
+}
+
+/// What a run's matched distractors are chosen with: per fold, the space of its found endings'
+/// scores, and every assigned negative's raw scores.
+pub struct Matching {
+    spaces: HashMap<i64, MatchingSpace>,
+    assigned: HashMap<i64, Vec<f64>>,
+}
+
+impl Matching {
+    /// The matching of AF run `run_id` (`folds`: each context's fold); `None` when the run
+    /// scored no found ending (runs finished before afkit kept those scores).
+    pub fn load(store: &Store, run_id: i64, folds: &HashMap<i64, i64>) -> Result<Option<Matching>> {
+        let scores = store.matching_scores(run_id)?;
+        // The sentence axis only where every ending has it (runs without a sentence model, or
+        // finished before afkit kept its scores, match on the ensemble's score alone).
+        let both_axes = scores
+            .found
+            .values()
+            .chain(scores.assigned.values())
+            .all(|p| p.1.is_some());
+        let point = |&(ensemble, sentence): &FinalPoint| match sentence {
+            Some(sentence) if both_axes => vec![ensemble, sentence],
+            _ => vec![ensemble],
+        };
+        let mut by_fold: BTreeMap<i64, Vec<(i64, Vec<f64>)>> = BTreeMap::new();
+        for (example, p) in &scores.found {
+            if let Some(&fold) = folds.get(example) {
+                by_fold.entry(fold).or_default().push((*example, point(p)));
+            }
+        }
+        if by_fold.is_empty() {
+            return Ok(None);
+        }
+        let spaces = by_fold
+            .into_iter()
+            .map(|(fold, mut found)| {
+                // In example order, so that a seeded draw does not depend on SQLite's row order.
+                found.sort_by_key(|(example, _)| *example);
+                let points: Vec<Vec<f64>> = found.into_iter().map(|(_, p)| p).collect();
+                (fold, MatchingSpace::new(&points))
+            })
+            .collect();
+        let assigned = scores
+            .assigned
+            .iter()
+            .map(|(ending, p)| (*ending, point(p)))
+            .collect();
+        Ok(Some(Matching { spaces, assigned }))
+    }
+
+    /// Up to `n` of `candidates` (assigned negatives of a context in `fold`), matched to the
+    /// found endings of that fold, in the order they were chosen; `None` when the fold has no
+    /// scored found ending.
+    pub fn choose(
+        &self,
+        fold: i64,
+        candidates: &[i64],
+        n: usize,
+        rng: &mut ChaCha8Rng,
+    ) -> Option<Vec<i64>> {
+        let space = self.spaces.get(&fold)?;
+        let candidates: Vec<(i64, Option<Vec<f64>>)> = candidates
+            .iter()
+            .map(|&e| (e, self.assigned.get(&e).map(|p| space.place(p))))
+            .collect();
+        Some(space.choose(&candidates, n, rng))
     }
 }
 
