@@ -134,7 +134,11 @@ impl MatchingSpace {
 /// scores, and every assigned negative's raw scores.
 pub struct Matching {
     spaces: HashMap<i64, MatchingSpace>,
-    assigned: HashMap<i64, Vec<f64>>,
+    assigned: HashMap<i64, FinalPoint>,
+    /// Whether the match is on both scores: only where every found and assigned ending has the
+    /// sentence model's (runs without a sentence model, or finished before afkit kept its
+    /// scores, match on the ensemble's score alone).
+    both_axes: bool,
 }
 
 impl Matching {
@@ -142,21 +146,15 @@ impl Matching {
     /// scored no found ending (runs finished before afkit kept those scores).
     pub fn load(store: &Store, run_id: i64, folds: &HashMap<i64, i64>) -> Result<Option<Matching>> {
         let scores = store.matching_scores(run_id)?;
-        // The sentence axis only where every ending has it (runs without a sentence model, or
-        // finished before afkit kept its scores, match on the ensemble's score alone).
         let both_axes = scores
             .found
             .values()
             .chain(scores.assigned.values())
             .all(|p| p.1.is_some());
-        let point = |&(ensemble, sentence): &FinalPoint| match sentence {
-            Some(sentence) if both_axes => vec![ensemble, sentence],
-            _ => vec![ensemble],
-        };
         let mut by_fold: BTreeMap<i64, Vec<(i64, Vec<f64>)>> = BTreeMap::new();
         for (example, p) in &scores.found {
-            if let Some(&fold) = folds.get(example) {
-                by_fold.entry(fold).or_default().push((*example, point(p)));
+            if let (Some(&fold), Some(point)) = (folds.get(example), raw_point(p, both_axes)) {
+                by_fold.entry(fold).or_default().push((*example, point));
             }
         }
         if by_fold.is_empty() {
@@ -171,30 +169,47 @@ impl Matching {
                 (fold, MatchingSpace::new(&points))
             })
             .collect();
-        let assigned = scores
-            .assigned
-            .iter()
-            .map(|(ending, p)| (*ending, point(p)))
-            .collect();
-        Ok(Some(Matching { spaces, assigned }))
+        Ok(Some(Matching {
+            spaces,
+            assigned: scores.assigned,
+            both_axes,
+        }))
     }
 
-    /// Up to `n` of `candidates` (assigned negatives of a context in `fold`), matched to the
-    /// found endings of that fold, in the order they were chosen; `None` when the fold has no
-    /// scored found ending.
+    /// The final scores of an assigned negative of the run.
+    pub fn assigned_point(&self, ending: i64) -> Option<FinalPoint> {
+        self.assigned.get(&ending).copied()
+    }
+
+    /// Up to `n` of a context's `candidates` (with their final scores; `None`: not scored,
+    /// taken last), matched to the found endings of its `fold`, in the order they were chosen;
+    /// `None` when the fold has no scored found ending.
     pub fn choose(
         &self,
         fold: i64,
-        candidates: &[i64],
+        candidates: &[(i64, Option<FinalPoint>)],
         n: usize,
         rng: &mut ChaCha8Rng,
     ) -> Option<Vec<i64>> {
         let space = self.spaces.get(&fold)?;
-        let candidates: Vec<(i64, Option<Vec<f64>>)> = candidates
+        let placed: Vec<(i64, Option<Vec<f64>>)> = candidates
             .iter()
-            .map(|&e| (e, self.assigned.get(&e).map(|p| space.place(p))))
+            .map(|(e, p)| {
+                let point = p.as_ref().and_then(|p| raw_point(p, self.both_axes));
+                (*e, point.map(|p| space.place(&p)))
+            })
             .collect();
-        Some(space.choose(&candidates, n, rng))
+        Some(space.choose(&placed, n, rng))
+    }
+}
+
+/// An ending's point on the matching's axes; `None` when it lacks the sentence score the
+/// matching needs.
+fn raw_point(&(ensemble, sentence): &FinalPoint, both_axes: bool) -> Option<Vec<f64>> {
+    match (both_axes, sentence) {
+        (false, _) => Some(vec![ensemble]),
+        (true, Some(sentence)) => Some(vec![ensemble, sentence]),
+        (true, None) => None,
     }
 }
 

@@ -191,6 +191,46 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
 }
 
 #[test]
+fn matched_refill_takes_the_unseen_pool_endings_nearest_the_found_endings_score() {
+    // Unseen scored pool endings: cands 5–7 (assigned, 95–93) and 8–9 (not assigned, 40 and
+    // 10); the found ending scores 50. The default refill takes 8, 9 and 7 (distances 10, 40,
+    // 43), where --distractors hardest would take 5, 6, 7.
+    let p = Project::new();
+    let c = p.context("v1", 0, 10, 8);
+    for (cand, score) in [(c.cands[8], 40.0), (c.cands[9], 10.0)] {
+        Fixtures::on(&p.conn)
+            .insert_score(p.run, cand, score)
+            .unwrap();
+    }
+    let t = p.task(&c, 0, &c.shown());
+    p.label(
+        t,
+        &c,
+        "ann",
+        (L, None),
+        [(L, BEST), (U, None), (L, SECOND), (G, None), (U, None)],
+    );
+    let s = p.assemble(&["--split", "1,0,0"]);
+    assert_eq!(s["reannotation_queued"]["found_outside_top_two"], 1);
+    let shown: BTreeSet<i64> = p
+        .conn
+        .prepare(
+            "SELECT ending_id FROM task_endings JOIN tasks ON tasks.id = task_id
+             WHERE status = 'open'",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let expected: BTreeSet<i64> = [
+        c.found, c.cands[1], c.cands[4], c.cands[7], c.cands[8], c.cands[9],
+    ]
+    .into();
+    assert_eq!(shown, expected);
+}
+
+#[test]
 fn fewer_than_four_non_gibberish_endings_goes_back_to_the_queue() {
     let p = Project::new();
     let c = p.context("v1", 0, 10, 8);

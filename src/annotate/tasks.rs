@@ -109,7 +109,12 @@ fn shown_negatives(
     let matched = matching.and_then(|(matching, folds)| {
         let fold = *folds.get(&context.example_id)?;
         let mut rng = Seed::new(task_seed).derive("shown negatives").rng();
-        matching.choose(fold, &context.negatives, wanted, &mut rng)
+        let scored: Vec<_> = context
+            .negatives
+            .iter()
+            .map(|&e| (e, matching.assigned_point(e)))
+            .collect();
+        matching.choose(fold, &scored, wanted, &mut rng)
     });
     matched.unwrap_or_else(|| context.negatives.iter().copied().take(wanted).collect())
 }

@@ -8,10 +8,10 @@
 //! scores); (3) queue the items that need re-annotation as new tasks; (4) record the parameters.
 //!
 //! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
-//! the next-hardest endings of the context that have a final AF score and were never shown to
-//! annotators: first the remaining assigned negatives, then any other pool ending the AF run
-//! scored. Pool endings without a final score cannot be ranked by hardness, so they are not used;
-//! an item that cannot be refilled to its task's size stays out and is reported.
+//! endings of the context's pool that the AF run scored and annotators never saw, taken in the
+//! same order as distractors (matched to the found endings' scores, or the hardest first). Pool
+//! endings without a final score cannot be placed, so they are not used; an item that cannot be
+//! refilled to its task's size stays out and is reported.
 
 pub mod rules;
 pub mod split;
@@ -25,7 +25,7 @@ use crate::dataset::Split;
 use crate::distractors::{DistractorChoice, Matching};
 use crate::seed::Seed;
 use crate::store::assemble::{
-    AssembledDistractor, Assembly, CurrentTask, Judgement, NewAssembled, Rank,
+    AssembledDistractor, Assembly, CurrentTask, FinalPoint, Judgement, NewAssembled, Rank,
 };
 use crate::store::examples::Example;
 use crate::store::Store;
@@ -205,15 +205,25 @@ fn group_splits(
 
 /// The order in which a context's candidates become its distractors (see [`DistractorChoice`]).
 enum DistractorOrder {
-    /// As matching to the found endings of the context's fold draws them, from `seed` and the
-    /// example id; candidates the run did not assign (re-annotation refills) come last.
+    /// As matching to the found endings of the context's fold draws them, from `seed`, the
+    /// example id and what is drawn for.
     Matched { matching: Matching, seed: u64 },
     /// Highest final ensemble score first.
     Hardest,
 }
 
 impl DistractorOrder {
-    fn order(&self, example: &Example, run: &RunData, candidates: &[i64]) -> Vec<i64> {
+    /// `candidates` in the order they become distractors of `example`. Their scores come from
+    /// the run (assigned negatives) or `pool` (the context's scored pool, for endings a
+    /// re-annotation refill brought in); `draw` names the seeded draw.
+    fn order(
+        &self,
+        example: &Example,
+        run: &RunData,
+        candidates: &[i64],
+        pool: &HashMap<i64, FinalPoint>,
+        draw: &str,
+    ) -> Vec<i64> {
         let hardest = || rules::hardest_first(candidates.iter().copied(), &|e| run.score(e));
         let DistractorOrder::Matched { matching, seed } = self else {
             return hardest();
@@ -221,11 +231,15 @@ impl DistractorOrder {
         let Some(&fold) = run.folds.get(&example.id) else {
             return hardest();
         };
+        let scored: Vec<(i64, Option<FinalPoint>)> = candidates
+            .iter()
+            .map(|&e| (e, matching.assigned_point(e).or(pool.get(&e).copied())))
+            .collect();
         let mut rng = Seed::new(*seed)
-            .derive(&format!("distractors\u{0}{}", example.id))
+            .derive(&format!("{draw}\u{0}{}", example.id))
             .rng();
         matching
-            .choose(fold, candidates, candidates.len(), &mut rng)
+            .choose(fold, &scored, candidates.len(), &mut rng)
             .unwrap_or_else(hardest)
     }
 }
@@ -248,7 +262,7 @@ fn assemble_unverified(
             continue;
         }
         let fold = run.folds.get(&ex.id).copied();
-        let chosen = order.order(ex, run, assigned);
+        let chosen = order.order(ex, run, assigned, &HashMap::new(), "distractors");
         built.push(NewAssembled {
             example_id: ex.id,
             split: run.splits[&ex.group],
@@ -303,7 +317,13 @@ fn assemble_verified(
             .copied()
             .filter(|&e| e != ex.gold_ending_id)
             .collect();
-        let generations = order.order(ex, run, &generations);
+        // Endings a re-annotation refill brought in may not be assigned negatives.
+        let pool: HashMap<i64, FinalPoint> = if task.round > 0 {
+            store.scored_pool(run_id, ex.id)?.into_iter().collect()
+        } else {
+            HashMap::new()
+        };
+        let generations = order.order(ex, run, &generations, &pool, "distractors");
         match rules::decide(ex.gold_ending_id, &generations, &labels) {
             Decision::Gold {
                 found_rank,
@@ -334,8 +354,18 @@ fn assemble_verified(
                 }
             }
             Decision::Reannotate { reason, keep } => {
-                let pool = store.scored_pool(run_id, ex.id)?;
-                match refill(task, &keep, shown.get(&ex.id), &pool) {
+                let pool: HashMap<i64, FinalPoint> =
+                    store.scored_pool(run_id, ex.id)?.into_iter().collect();
+                let shown = shown.get(&ex.id);
+                let mut fresh: Vec<i64> = pool
+                    .keys()
+                    .copied()
+                    .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e))
+                    .collect();
+                fresh.sort_unstable();
+                let draw = format!("refill\u{0}{}", task.round + 1);
+                let fresh = order.order(ex, run, &fresh, &pool, &draw);
+                match refill(task, &keep, fresh) {
                     Some(endings) => {
                         *summary
                             .reannotation_queued
@@ -409,29 +439,18 @@ fn verified(
     }
 }
 
-/// The endings of a re-annotation task: `keep` plus the next-hardest scored pool endings
-/// (`pool`: the context's candidates with their final scores) never shown before, up to the old
-/// task's size; `None` when the pool cannot fill it.
-fn refill(
-    task: &CurrentTask,
-    keep: &[i64],
-    shown: Option<&std::collections::BTreeSet<i64>>,
-    pool: &[(i64, f64)],
-) -> Option<Vec<i64>> {
+/// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
+/// pool endings never shown before, in the order they become distractors), up to the old task's
+/// size; `None` when the pool cannot fill it.
+fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>> {
     let need = task.endings.len().saturating_sub(keep.len());
-    let scores: HashMap<i64, f64> = pool.iter().copied().collect();
-    let fresh = pool
-        .iter()
-        .map(|(e, _)| *e)
-        .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e));
-    let candidates = rules::hardest_first(fresh, &|e| scores.get(&e).copied());
-    if candidates.len() < need {
+    if fresh.len() < need {
         return None;
     }
     Some(
         keep.iter()
             .copied()
-            .chain(candidates.into_iter().take(need))
+            .chain(fresh.into_iter().take(need))
             .collect(),
     )
 }

@@ -94,16 +94,18 @@ impl Store {
         Ok(MatchingScores { found, assigned })
     }
 
-    /// Every scored generated candidate of one context (its pre-AF pool), with its final score, in
-    /// id order.
-    pub fn scored_pool(&self, run_id: i64, example_id: i64) -> Result<Vec<(i64, f64)>> {
+    /// Every scored generated candidate of one context (its pre-AF pool), with its final
+    /// scores, in id order.
+    pub fn scored_pool(&self, run_id: i64, example_id: i64) -> Result<Vec<(i64, FinalPoint)>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare_cached(
-            "SELECT e.id, s.score FROM endings e
+            "SELECT e.id, s.score, s.sentence_score FROM endings e
          JOIN af_scores s ON s.run_id = ?1 AND s.ending_id = e.id
          WHERE e.example_id = ?2 AND e.is_gold = 0 ORDER BY e.id",
         )?;
-        let rows = stmt.query_map([run_id, example_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let rows = stmt.query_map([run_id, example_id], |r| {
+            Ok((r.get(0)?, (r.get(1)?, r.get(2)?)))
+        })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
