@@ -16,8 +16,8 @@ use crate::store::Store;
 (gold0/gold1, -orig or -reannot by annotation round) with the generations not ranked best and \
 not gibberish as distractors, up to four, taken in the order --distractors gives; a generation ranked best over a second-ranked found ending adds a \
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
-than three usable distractors, is queued for re-annotation with those endings replaced by the \
-next-hardest scored pool endings. Several annotators: a judgement needs half the votes (ties go to \
+than three usable distractors, is queued for re-annotation with those endings replaced by scored \
+pool endings never shown, in the same order. Several annotators: a judgement needs half the votes (ties go to \
 the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
 ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
 fractions are unchanged."
