@@ -8,6 +8,7 @@
 //! [`report`] reads the stored iterations back for the plot, the markdown and the JSON.
 
 pub mod algorithm;
+pub mod bags;
 pub mod bilstm;
 pub mod data;
 pub mod model;

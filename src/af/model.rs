@@ -30,6 +30,7 @@ use serde::Serialize;
 
 use crate::store::af::Family;
 
+use super::bags::bag_mean;
 use super::bilstm::{BiLstm, BiLstmInput};
 use super::data::LM_FEATURES;
 use super::windows::{shifted_windows, time_windows};
@@ -165,45 +166,60 @@ impl MlpModel {
 }
 
 pub struct BowModel {
-    embed: Embedding,
+    embed: MeanEmbedding,
 }
 
 impl BowModel {
-    fn new(vocab: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    fn new(vocab: usize, cfg: &ModelConfig, cpu_kernels: bool, vb: VarBuilder) -> Result<Self> {
         Ok(BowModel {
-            embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
+            embed: MeanEmbedding::new(vocab, cfg.word_dim, cpu_kernels, vb.pp("embed"))?,
         })
     }
 
     fn forward(&self, text: &TextBatch) -> Result<Tensor> {
-        mean_embedding(&self.embed, &text.words, &text.mask, &text.lengths)
+        self.embed.forward(&text.words, &text.mask, &text.lengths)
     }
 }
 
-/// The mean of the embeddings of the real ids of each row.
-fn mean_embedding(
-    embed: &Embedding,
-    ids: &Tensor,
-    mask: &Tensor,
-    lengths: &Tensor,
-) -> Result<Tensor> {
-    let summed = embed.forward(ids)?.broadcast_mul(mask)?.sum(1)?;
-    summed.broadcast_div(lengths)
+/// An embedding table read as the mean of the embeddings of each row's real ids.
+struct MeanEmbedding {
+    table: Embedding,
+    /// The mean from afkit's CPU op rather than candle ops.
+    cpu_kernels: bool,
+}
+
+impl MeanEmbedding {
+    fn new(vocab: usize, dim: usize, cpu_kernels: bool, vb: VarBuilder) -> Result<Self> {
+        Ok(MeanEmbedding {
+            table: embedding(vocab, dim, vb)?,
+            cpu_kernels,
+        })
+    }
+
+    /// `ids` (rows, len; 0 = padding), `mask` (rows, len, 1) and `lengths` (rows, 1) as in
+    /// [`Bag`] → (rows, dim).
+    fn forward(&self, ids: &Tensor, mask: &Tensor, lengths: &Tensor) -> Result<Tensor> {
+        if self.cpu_kernels {
+            return bag_mean(self.table.embeddings(), ids, lengths);
+        }
+        let summed = self.table.forward(ids)?.broadcast_mul(mask)?.sum(1)?;
+        summed.broadcast_div(lengths)
+    }
 }
 
 pub struct SubwordModel {
-    embed: Embedding,
+    embed: MeanEmbedding,
 }
 
 impl SubwordModel {
-    fn new(buckets: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    fn new(buckets: usize, cfg: &ModelConfig, cpu_kernels: bool, vb: VarBuilder) -> Result<Self> {
         Ok(SubwordModel {
-            embed: embedding(buckets + 1, cfg.word_dim, vb.pp("embed"))?,
+            embed: MeanEmbedding::new(buckets + 1, cfg.word_dim, cpu_kernels, vb.pp("embed"))?,
         })
     }
 
     fn forward(&self, bag: &Bag) -> Result<Tensor> {
-        mean_embedding(&self.embed, &bag.ids, &bag.mask, &bag.lengths)
+        self.embed.forward(&bag.ids, &bag.mask, &bag.lengths)
     }
 }
 
@@ -343,7 +359,12 @@ impl StylisticModel {
                 let subword = (inputs.subword_buckets > 0)
                     .then(|| -> Result<_> {
                         Ok((
-                            SubwordModel::new(inputs.subword_buckets, cfg, vb.pp("subword"))?,
+                            SubwordModel::new(
+                                inputs.subword_buckets,
+                                cfg,
+                                cpu_kernels,
+                                vb.pp("subword"),
+                            )?,
                             linear(cfg.word_dim, 1, vb.pp("subword_head"))?,
                         ))
                     })
@@ -367,7 +388,7 @@ impl StylisticModel {
                         0
                     };
                 Some(TextModels {
-                    bow: BowModel::new(inputs.words, cfg, vb.pp("bow"))?,
+                    bow: BowModel::new(inputs.words, cfg, cpu_kernels, vb.pp("bow"))?,
                     cnn: CnnModel::new(inputs.words, cfg, cpu_kernels, vb.pp("cnn"))?,
                     lstm: LstmModel::new(inputs.lstm_words, cfg, vb.pp("bilstm"))?,
                     bow_head: linear(cfg.word_dim, 1, vb.pp("bow_head"))?,

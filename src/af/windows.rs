@@ -31,7 +31,11 @@ struct Windows {
 }
 
 /// The contiguous f32 data of a CPU tensor.
-fn f32_data<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<&'a [f32]> {
+pub(super) fn f32_data<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    op: &str,
+) -> Result<&'a [f32]> {
     let CpuStorage::F32(data) = storage else {
         bail!("{op}: f32 tensors only")
     };
