@@ -185,34 +185,40 @@ mod tests {
         store.set_final_scores(run, &scores).unwrap();
     }
 
+    /// Every open task's example and the slots (in the AF assignment) of the five negatives it
+    /// shows, sorted; each task shows the found ending once, beside them.
+    fn shown_slots(store: &Store, run: i64) -> Vec<(i64, Vec<usize>)> {
+        let assigned = store.assignments(run).unwrap();
+        let tasks = store.open_tasks(false).unwrap();
+        tasks
+            .iter()
+            .map(|task| {
+                assert_eq!(task.endings.iter().filter(|e| e.is_gold).count(), 1);
+                let negatives = &assigned[&task.example_id];
+                let mut slots: Vec<usize> = task
+                    .endings
+                    .iter()
+                    .filter(|e| !e.is_gold)
+                    .map(|e| negatives.iter().position(|&n| n == e.ending_id).unwrap())
+                    .collect();
+                slots.sort_unstable();
+                (task.example_id, slots)
+            })
+            .collect()
+    }
+
     #[test]
     fn tasks_show_the_negatives_nearest_the_found_endings_scores_not_the_hardest() {
         let (_dir, mut store) = project(6, 9);
         let run = store.latest_finished_run_id().unwrap().unwrap();
         scored_like_real_data(&mut store, run);
         ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
-        let assigned = store.assignments(run).unwrap();
-        for task in store.open_tasks(false).unwrap() {
-            assert_eq!(task.endings.len(), 6);
-            assert_eq!(task.endings.iter().filter(|e| e.is_gold).count(), 1);
-            let mut slots: Vec<usize> = task
-                .endings
-                .iter()
-                .filter(|e| !e.is_gold)
-                .map(|e| {
-                    let negatives = &assigned[&task.example_id];
-                    negatives.iter().position(|&n| n == e.ending_id).unwrap()
-                })
-                .collect();
-            slots.sort_unstable();
+        let shown = shown_slots(&store, run);
+        assert_eq!(shown.len(), 6, "one task per context");
+        for (example, slots) in shown {
             // Slots 2–6 (0.25–0.75) surround the found endings' 0.50–0.55; the five hardest
             // would be slots 4–8.
-            assert_eq!(
-                slots,
-                [2, 3, 4, 5, 6],
-                "task of example {}",
-                task.example_id
-            );
+            assert_eq!(slots, [2, 3, 4, 5, 6], "task of example {example}");
         }
     }
 
@@ -229,18 +235,9 @@ mod tests {
             .collect();
         store.set_final_scores(run, &found).unwrap();
         ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
-        let assigned = store.assignments(run).unwrap();
-        for task in store.open_tasks(false).unwrap() {
-            let mut slots: Vec<usize> = task
-                .endings
-                .iter()
-                .filter(|e| !e.is_gold)
-                .map(|e| {
-                    let negatives = &assigned[&task.example_id];
-                    negatives.iter().position(|&n| n == e.ending_id).unwrap()
-                })
-                .collect();
-            slots.sort_unstable();
+        let shown = shown_slots(&store, run);
+        assert_eq!(shown.len(), 4, "one task per context");
+        for (_, slots) in shown {
             assert_eq!(slots, [4, 5, 6, 7, 8]);
         }
     }
