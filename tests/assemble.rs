@@ -63,6 +63,32 @@ fn verified_distractors_are_matched_to_the_found_endings_scores_by_default() {
 }
 
 #[test]
+fn matching_without_found_ending_scores_fails_clearly_and_writes_nothing() {
+    // A run that kept no score for the found endings (finished before afkit kept them) has
+    // nothing to match distractors to: assemble says so and how to go on.
+    let p = Project::new();
+    let c = p.context("v1", 0, 10, 8);
+    p.conn
+        .execute("DELETE FROM af_scores WHERE ending_id = ?1", [c.found])
+        .unwrap();
+    for flags in [&["--unverified"][..], &[][..]] {
+        let mut args = vec!["assemble", p.p(), "--split", "1,0,0"];
+        args.extend_from_slice(flags);
+        let err = common::fails(&args);
+        assert!(err.contains("--distractors hardest"), "{err}");
+        assert!(p.assembled().is_empty(), "nothing is written");
+    }
+    let s = p.assemble(&[
+        "--unverified",
+        "--distractors",
+        "hardest",
+        "--split",
+        "1,0,0",
+    ]);
+    assert_eq!(s["gold_sources"]["unverified"], 1);
+}
+
+#[test]
 fn found_ending_ranked_second_is_gold1_and_the_best_generation_is_not_a_distractor() {
     let p = Project::new();
     let c = p.context("v1", 0, 10, 8);
