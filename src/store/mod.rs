@@ -19,7 +19,10 @@
 //! new draws), the seeds and hand-out order of new annotation tasks (existing tasks keep their
 //! recorded seed and ending order), and an export's option order and random negatives. Generated
 //! endings, AF's splits, initial draws and folds, assemble's group split, AFLite and the audit
-//! draw exactly as before.
+//! draw exactly as before. Since schema 7 the distractors are matched to the found endings'
+//! scores by default: new annotation tasks show matched negatives (existing tasks keep theirs),
+//! and re-running `assemble` on an earlier project takes its distractors in the matched order;
+//! `--distractors hardest` gives the earlier choice back.
 //!
 //! Durability: WAL journal, `synchronous = NORMAL` (a committed transaction survives a process
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy handler that
