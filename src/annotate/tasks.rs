@@ -23,6 +23,9 @@ pub struct Setup {
     pub created: usize,
     /// Contexts skipped because they have no assigned negative.
     pub without_negatives: usize,
+    /// Tasks created by this call that show the five hardest negatives, because the run kept
+    /// no found-ending score to match them to.
+    pub hardest_shown: usize,
 }
 
 /// The policy asked for on the command line; `None` fields keep the recorded (or default) value.
@@ -47,6 +50,7 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
             policy,
             created: 0,
             without_negatives: 0,
+            hardest_shown: 0,
         }))
     })?;
     if let Some(setup) = up_to_date {
@@ -67,10 +71,13 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
             Matching::load(store, run_id, &folds)?.map(|m| (m, folds))
         };
         let first_index = store.count_round0_tasks()?;
+        let mut hardest_shown = 0;
         for (index, context) in (first_index..).zip(&contexts) {
             let seed = db::task_seed(policy.seed, context.example_id, 0);
             let mut endings = vec![context.gold_ending_id];
-            endings.extend(shown_negatives(context, matching.as_ref(), seed));
+            let (negatives, matched) = shown_negatives(context, matching.as_ref(), seed);
+            hardest_shown += usize::from(!matched);
+            endings.extend(negatives);
             db::shuffle_endings(&mut endings, seed);
             store.insert_task(&NewTask {
                 example_id: context.example_id,
@@ -94,17 +101,19 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
             policy,
             created: contexts.len(),
             without_negatives,
+            hardest_shown,
         })
     })
 }
 
 /// The negatives a context's task shows: five matched to the found endings of its fold, drawn
-/// from the task's seed; the five hardest when the run has nothing to match them to.
+/// from the task's seed; the five hardest when the run has nothing to match them to. The flag
+/// says which.
 fn shown_negatives(
     context: &db::UntaskedContext,
     matching: Option<&(Matching, std::collections::HashMap<i64, i64>)>,
     task_seed: u64,
-) -> Vec<i64> {
+) -> (Vec<i64>, bool) {
     let wanted = ENDINGS_PER_TASK - 1;
     let matched = matching.and_then(|(matching, folds)| {
         let fold = *folds.get(&context.example_id)?;
@@ -116,7 +125,13 @@ fn shown_negatives(
             .collect();
         matching.choose(fold, &scored, wanted, &mut rng)
     });
-    matched.unwrap_or_else(|| context.negatives.iter().copied().take(wanted).collect())
+    match matched {
+        Some(negatives) => (negatives, true),
+        None => (
+            context.negatives.iter().copied().take(wanted).collect(),
+            false,
+        ),
+    }
 }
 
 /// The run whose assignments become tasks (the latest finished one), the recorded policy and the
@@ -234,7 +249,8 @@ mod tests {
             .map(|ex| (ex.gold_ending_id, None))
             .collect();
         store.set_final_scores(run, &found).unwrap();
-        ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
+        let setup = ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
+        assert_eq!(setup.hardest_shown, 4);
         let shown = shown_slots(&store, run);
         assert_eq!(shown.len(), 4, "one task per context");
         for (_, slots) in shown {

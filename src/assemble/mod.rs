@@ -114,7 +114,7 @@ pub fn assemble(
             let Some(matching) = Matching::load(store, run.id, &run_data.folds)? else {
                 bail!(
                     "AF run {} in {} scored no found ending, so there is nothing to match the \
-                     distractors to: run `afkit filter` again, or assemble with --distractors hardest",
+                     distractors to: run `afkit filter --new-run`, or assemble with --distractors hardest",
                     run.id,
                     store.path().display()
                 );

@@ -141,6 +141,9 @@ pub fn run(args: Args) -> Result<()> {
             setup.run_id
         );
     }
+    if setup.hardest_shown > 0 {
+        let _ = writeln!(std::io::stderr(), "{}", hardest_shown_note(&setup));
+    }
     let _ = writeln!(
         std::io::stdout(),
         "{}: {} submitted this session, {} in all; {} items left for you. \
@@ -170,11 +173,24 @@ pub fn run_agreement(args: AgreementArgs) -> Result<()> {
     Ok(())
 }
 
+/// Why some new tasks show the hardest negatives rather than matched ones.
+fn hardest_shown_note(setup: &tasks::Setup) -> String {
+    format!(
+        "note: AF run {} kept no scores for the found endings, so {} new tasks show the five \
+         hardest negatives instead of five matched to the found endings (`afkit filter --new-run` \
+         makes a run with those scores)",
+        setup.run_id, setup.hardest_shown
+    )
+}
+
 pub fn run_crowd(command: CrowdCommand) -> Result<()> {
     match command {
         CrowdCommand::Export { project, out, all } => {
             let mut store = Store::open(&project)?;
-            tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
+            let setup = tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
+            if setup.hardest_shown > 0 {
+                eprintln!("{}", hardest_shown_note(&setup));
+            }
             let exported = crowd::export(&store, &out, all)?;
             println!("wrote {} items to {}", exported.rows, out.display());
             if exported.neutralised > 0 {
