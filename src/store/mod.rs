@@ -310,16 +310,35 @@ fn set_meta(conn: &Connection, key: &str, value: &str) -> Result<()> {
 
 /// UTC timestamp in RFC 3339 form, as every `*_at` column stores it.
 pub fn now() -> String {
-    let secs = std::time::SystemTime::now()
+    let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    format_timestamp(secs)
+        .map_or(0, |d| d.as_millis() as i64);
+    format_millis(strictly_later(millis))
+}
+
+/// `millis`, or one past the last timestamp this process made when the clock has not moved on
+/// since: what one process records is ordered by its timestamps, so `undo_last` can tell which
+/// of an annotator's skip and submission came last even when both fall in one millisecond.
+fn strictly_later(millis: i64) -> i64 {
+    static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
+    let previous = LAST
+        .fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |last| Some(millis.max(last.saturating_add(1))),
+        )
+        .expect("the update always succeeds");
+    millis.max(previous.saturating_add(1))
 }
 
 fn format_timestamp(unix_secs: f64) -> String {
-    let secs = unix_secs.floor() as i64;
-    let millis = ((unix_secs - secs as f64) * 1000.0) as i64;
+    format_millis((unix_secs * 1000.0).floor() as i64)
+}
+
+/// RFC 3339 (UTC, milliseconds) of a Unix time in milliseconds.
+fn format_millis(unix_millis: i64) -> String {
+    let secs = unix_millis.div_euclid(1000);
+    let millis = unix_millis.rem_euclid(1000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     // Civil-from-days (Howard Hinnant's algorithm).
@@ -343,6 +362,12 @@ fn format_timestamp(unix_secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_process_timestamps_strictly_increase() {
+        let stamps: Vec<String> = (0..200).map(|_| now()).collect();
+        assert!(stamps.windows(2).all(|w| w[0] < w[1]), "{stamps:?}");
+    }
 
     #[test]
     fn timestamps_are_rfc3339() {
