@@ -131,9 +131,10 @@ impl MatchingSpace {
 }
 
 /// What a run's matched distractors are chosen with: per fold, the space of its found endings'
-/// scores, and every assigned negative's raw scores.
+/// scores; each context's fold; and every assigned negative's raw scores.
 pub struct Matching {
     spaces: HashMap<i64, MatchingSpace>,
+    folds: HashMap<i64, i64>,
     assigned: HashMap<i64, FinalPoint>,
     /// Whether the match is on both scores: only where every found and assigned ending has the
     /// sentence model's (runs without a sentence model, or finished before afkit kept its
@@ -171,32 +172,32 @@ impl Matching {
             .collect();
         Ok(Some(Matching {
             spaces,
+            folds: folds.clone(),
             assigned: scores.assigned,
             both_axes,
         }))
     }
 
-    /// The final scores of an assigned negative of the run.
-    pub fn assigned_point(&self, ending: i64) -> Option<FinalPoint> {
-        self.assigned.get(&ending).copied()
-    }
-
-    /// Up to `n` of a context's `candidates` (with their final scores; `None`: not scored,
-    /// taken last), matched to the found endings of its `fold`, in the order they were chosen;
-    /// `None` when the fold has no scored found ending.
+    /// Up to `n` of `example`'s `candidates`, matched to the found endings of its fold, in the
+    /// order they were chosen. A candidate's scores are the run's when it is an assigned
+    /// negative, else `pool`'s (the context's scored pool, for endings a re-annotation refill
+    /// brings in); candidates with neither are taken last. `None` when the context's fold has
+    /// no scored found ending.
     pub fn choose(
         &self,
-        fold: i64,
-        candidates: &[(i64, Option<FinalPoint>)],
+        example: i64,
+        candidates: &[i64],
+        pool: &HashMap<i64, FinalPoint>,
         n: usize,
         rng: &mut ChaCha8Rng,
     ) -> Option<Vec<i64>> {
-        let space = self.spaces.get(&fold)?;
+        let space = self.spaces.get(self.folds.get(&example)?)?;
         let placed: Vec<(i64, Option<Vec<f64>>)> = candidates
             .iter()
-            .map(|(e, p)| {
-                let point = p.as_ref().and_then(|p| raw_point(p, self.both_axes));
-                (*e, point.map(|p| space.place(&p)))
+            .map(|&e| {
+                let scores = self.assigned.get(&e).or_else(|| pool.get(&e));
+                let point = scores.and_then(|p| raw_point(p, self.both_axes));
+                (e, point.map(|p| space.place(&p)))
             })
             .collect();
         Some(space.choose(&placed, n, rng))

@@ -30,6 +30,8 @@ pub fn bag_mean(table: &Tensor, ids: &Tensor, lengths: &Tensor) -> Result<Tensor
     table.contiguous()?.apply_op1(op)
 }
 
+/// The ids and lengths are shared with the backward op rather than copied.
+#[derive(Clone)]
 struct BagMean {
     ids: Arc<Vec<u32>>,
     lengths: Arc<Vec<f32>>,
@@ -76,12 +78,7 @@ impl CustomOp1 for BagMean {
 
     fn bwd(&self, table: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
         let grad = grad_res.contiguous()?.apply_op1_no_bwd(&BagMeanGrad {
-            bag: BagMean {
-                ids: self.ids.clone(),
-                lengths: self.lengths.clone(),
-                rows: self.rows,
-                len: self.len,
-            },
+            bag: self.clone(),
             vocab: table.dim(0)?,
         })?;
         Ok(Some(grad))

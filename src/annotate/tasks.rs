@@ -6,6 +6,8 @@
 //! dataset built from them would carry that inverse tell however the annotators judged them.
 //! Runs that kept no scores for the found endings fall back to the hardest.
 
+use std::collections::HashMap;
+
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 
@@ -67,8 +69,7 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
         let matching = if contexts.is_empty() {
             None
         } else {
-            let folds = store.folds(run_id)?;
-            Matching::load(store, run_id, &folds)?.map(|m| (m, folds))
+            Matching::load(store, run_id, &store.folds(run_id)?)?
         };
         let first_index = store.count_round0_tasks()?;
         let mut hardest_shown = 0;
@@ -111,19 +112,20 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
 /// says which.
 fn shown_negatives(
     context: &db::UntaskedContext,
-    matching: Option<&(Matching, std::collections::HashMap<i64, i64>)>,
+    matching: Option<&Matching>,
     task_seed: u64,
 ) -> (Vec<i64>, bool) {
     let wanted = ENDINGS_PER_TASK - 1;
-    let matched = matching.and_then(|(matching, folds)| {
-        let fold = *folds.get(&context.example_id)?;
+    let matched = matching.and_then(|matching| {
         let mut rng = Seed::new(task_seed).derive("shown negatives").rng();
-        let scored: Vec<_> = context
-            .negatives
-            .iter()
-            .map(|&e| (e, matching.assigned_point(e)))
-            .collect();
-        matching.choose(fold, &scored, wanted, &mut rng)
+        let negatives = &context.negatives;
+        matching.choose(
+            context.example_id,
+            negatives,
+            &HashMap::new(),
+            wanted,
+            &mut rng,
+        )
     });
     match matched {
         Some(negatives) => (negatives, true),

@@ -228,18 +228,11 @@ impl DistractorOrder {
         let DistractorOrder::Matched { matching, seed } = self else {
             return hardest();
         };
-        let Some(&fold) = run.folds.get(&example.id) else {
-            return hardest();
-        };
-        let scored: Vec<(i64, Option<FinalPoint>)> = candidates
-            .iter()
-            .map(|&e| (e, matching.assigned_point(e).or(pool.get(&e).copied())))
-            .collect();
         let mut rng = Seed::new(*seed)
             .derive(&format!("{draw}\u{0}{}", example.id))
             .rng();
         matching
-            .choose(fold, &scored, candidates.len(), &mut rng)
+            .choose(example.id, candidates, pool, candidates.len(), &mut rng)
             .unwrap_or_else(hardest)
     }
 }
@@ -317,9 +310,13 @@ fn assemble_verified(
             .copied()
             .filter(|&e| e != ex.gold_ending_id)
             .collect();
-        // Endings a re-annotation refill brought in may not be assigned negatives.
-        let pool: HashMap<i64, FinalPoint> = if task.round > 0 {
-            store.scored_pool(run_id, ex.id)?.into_iter().collect()
+        // The context's scored pool holds the scores of endings a re-annotation refill brought
+        // in (not assigned negatives) and the candidates of a new refill: read once, if needed.
+        let read_pool = || -> Result<HashMap<i64, FinalPoint>> {
+            Ok(store.scored_pool(run_id, ex.id)?.into_iter().collect())
+        };
+        let pool = if task.round > 0 {
+            read_pool()?
         } else {
             HashMap::new()
         };
@@ -354,8 +351,7 @@ fn assemble_verified(
                 }
             }
             Decision::Reannotate { reason, keep } => {
-                let pool: HashMap<i64, FinalPoint> =
-                    store.scored_pool(run_id, ex.id)?.into_iter().collect();
+                let pool = if task.round > 0 { pool } else { read_pool()? };
                 let shown = shown.get(&ex.id);
                 let mut fresh: Vec<i64> = pool
                     .keys()
