@@ -7,7 +7,8 @@
 //!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time. The convolution is
 //!   written as windows ([`super::windows`]) → linear layer (im2col), because candle's CPU conv1d
 //!   backward pass goes through a naive transposed convolution that dominated training time.
-//!   The windows are afkit's CPU op with afkit's CPU kernels, candle ops otherwise (any device).
+//!   With afkit's CPU kernels the texts are packed end to end and only windows on real tokens
+//!   are multiplied; otherwise (any device) the windows are candle ops over the padded batch.
 //! - [`LstmModel`]: a bidirectional LSTM over top-word/UPOS ids ⊕ indicator, max-pooled
 //!   ([`super::bilstm`]).
 //! - [`SubwordModel`]: the mean of trainable embeddings of the ending's hashed character
@@ -33,7 +34,7 @@ use crate::store::af::Family;
 use super::bags::bag_mean;
 use super::bilstm::{BiLstm, BiLstmInput};
 use super::data::LM_FEATURES;
-use super::windows::{shifted_windows, time_windows};
+use super::windows::{max_per_text, shifted_windows, text_windows, PackedText, TextWindows};
 
 /// Filter widths of the CNN (SWAG: "filter sizes ranging from 2-5").
 pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
@@ -100,6 +101,8 @@ pub struct TextBatch {
     pub lengths: Tensor,
     /// Per CNN width: (rows, len - width + 1, 1) 1.0 where the window starts on a real token.
     pub conv_masks: Vec<Tensor>,
+    /// The same texts end to end without padding, for the CNN on afkit's CPU kernels.
+    pub packed: PackedText,
     /// The ending's subword ids, padded with 0, and their mask and counts; `None` without the
     /// subword model.
     pub subwords: Option<Bag>,
@@ -244,7 +247,7 @@ pub struct CnnModel {
     indicator: Embedding,
     /// Per width w: a linear map of the w concatenated token vectors of a window to the filters.
     convs: Vec<Linear>,
-    /// Windows from afkit's CPU op rather than candle ops.
+    /// Windows over the packed texts from afkit's CPU ops rather than candle ops.
     cpu_kernels: bool,
 }
 
@@ -264,6 +267,9 @@ impl CnnModel {
     }
 
     fn forward(&self, text: &TextBatch) -> Result<Tensor> {
+        if self.cpu_kernels {
+            return self.forward_packed(&text.packed);
+        }
         let xs = Tensor::cat(
             &[
                 self.embed.forward(&text.words)?,
@@ -276,13 +282,30 @@ impl CnnModel {
             .zip(&self.convs)
             .zip(&text.conv_masks)
             .map(|((w, conv), mask)| {
-                let windows = if self.cpu_kernels {
-                    time_windows(&xs, *w)?
-                } else {
-                    shifted_windows(&xs, *w)?
-                };
-                let features = conv.forward(&windows)?.relu()?;
+                let features = conv.forward(&shifted_windows(&xs, *w)?)?.relu()?;
                 masked_max_over_time(&features, mask)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&pooled, 1)
+    }
+
+    /// The same function over the texts end to end: only windows that start on a real token
+    /// are multiplied, about half as many rows as in the padded batch.
+    fn forward_packed(&self, text: &PackedText) -> Result<Tensor> {
+        let xs = Tensor::cat(
+            &[
+                self.embed.forward(&text.words)?,
+                self.indicator.forward(&text.in_sent2)?,
+            ],
+            1,
+        )?;
+        let pooled = CNN_WIDTHS
+            .iter()
+            .zip(&self.convs)
+            .zip(&text.windows)
+            .map(|((w, conv), windows)| {
+                let features = conv.forward(&text_windows(&xs, windows, *w)?)?.relu()?;
+                max_per_text(&features, windows)
             })
             .collect::<Result<Vec<_>>>()?;
         Tensor::cat(&pooled, 1)
@@ -486,6 +509,39 @@ pub fn make_batch(
     Ok(Batch { lm, text })
 }
 
+/// The CNN's inputs of a batch without padding: each text's word ids and `sent2` indicators in
+/// slots of their own (at least as many as the widest filter), and every width's windows.
+fn packed_text(
+    options: &[(&super::data::EncodedEnding, usize)],
+    device: &Device,
+) -> Result<PackedText> {
+    let max_width = *CNN_WIDTHS.iter().max().unwrap_or(&1);
+    // An empty text gets one UNK token, as in the padded batch.
+    let lengths: Vec<usize> = options.iter().map(|(e, _)| e.words.len().max(1)).collect();
+    let slots: Vec<usize> = lengths.iter().map(|&n| n.max(max_width)).collect();
+    let total = slots.iter().sum();
+    let (mut words, mut in_sent2) = (Vec::with_capacity(total), Vec::with_capacity(total));
+    for (((ending, n_sent2), &n), &s) in options.iter().zip(&lengths).zip(&slots) {
+        for t in 0..s {
+            let real = t < n;
+            words.push(if real {
+                ending.words.get(t).copied().unwrap_or(super::data::UNK)
+            } else {
+                0
+            });
+            in_sent2.push(u32::from(real && t < *n_sent2));
+        }
+    }
+    Ok(PackedText {
+        words: Tensor::from_vec(words, total, device)?,
+        in_sent2: Tensor::from_vec(in_sent2, total, device)?,
+        windows: CNN_WIDTHS
+            .iter()
+            .map(|&w| TextWindows::new(&lengths, &slots, w))
+            .collect(),
+    })
+}
+
 /// The text models' inputs of a batch: word and POS ids padded to the longest row (forwards and
 /// backwards for the BiLSTM), masks, the CNN's valid windows, subword bags, sentence vectors.
 fn text_batch(
@@ -536,6 +592,7 @@ fn text_batch(
         }
     }
     let ids = |v: Vec<u32>| Tensor::from_vec(v, (rows, len), device);
+    let packed = packed_text(options, device)?;
     Ok(TextBatch {
         words: ids(words)?,
         in_sent2: ids(in_sent2)?,
@@ -549,6 +606,7 @@ fn text_batch(
             .zip(conv_masks)
             .map(|(w, m)| Tensor::from_vec(m, (rows, len - w + 1, 1), device))
             .collect::<Result<_>>()?,
+        packed,
         subwords: (inputs.subword_buckets > 0)
             .then(|| bag(options.iter().map(|(e, _)| &e.subwords[..]), device))
             .transpose()?,
