@@ -18,11 +18,14 @@
 //!   materialised at the full size of what was sliced, which makes per-step slicing quadratic in
 //!   the padded length.
 //!
-//! It is built from candle ops only, so it runs unchanged on any device (the CPU-specific part
-//! of the ensemble is the CNN's window op, [`super::windows`]).
+//! It is built from candle ops, so it runs unchanged on any device; with afkit's CPU kernels the
+//! gate activations and the cell's tanh are the vectorised ops of [`super::gates`] instead of
+//! candle's element-by-element `tanh` and sigmoid.
 
 use candle_core::{Result, Tensor, D};
 use candle_nn::{embedding, Embedding, Init, VarBuilder};
+
+use super::gates;
 
 /// Rows of both directions, in the layout of [`super::model::TextBatch`]: (rows, len) ids and
 /// `sent2` indicators, forward and reversed (padding at the end of both).
@@ -68,6 +71,8 @@ pub struct BiLstm {
     forward: Direction,
     backward: Direction,
     hidden: usize,
+    /// Gate activations from afkit's CPU ops rather than candle ops.
+    cpu_kernels: bool,
 }
 
 impl BiLstm {
@@ -78,6 +83,7 @@ impl BiLstm {
         word_dim: usize,
         indicator_dim: usize,
         hidden: usize,
+        cpu_kernels: bool,
         vb: VarBuilder,
     ) -> Result<Self> {
         let input = word_dim + indicator_dim;
@@ -88,6 +94,7 @@ impl BiLstm {
             forward: Direction::new(input, hidden, "", &lstm)?,
             backward: Direction::new(input, hidden, "_reverse", &lstm)?,
             hidden,
+            cpu_kernels,
         })
     }
 
@@ -145,13 +152,26 @@ impl BiLstm {
                 .index_select(&keys.get(t)?, 0)?
                 .reshape((2, rows, 4 * h))?;
             let gates = (projected + state_h.matmul(&w_hh_t)?)?;
-            let sig = candle_nn::ops::sigmoid(&gates)?;
-            let in_gate = sig.narrow(D::Minus1, 0, h)?;
-            let forget_gate = sig.narrow(D::Minus1, h, h)?;
-            let cell_gate = gates.narrow(D::Minus1, 2 * h, h)?.tanh()?;
-            let out_gate = sig.narrow(D::Minus1, 3 * h, h)?;
+            let (in_gate, forget_gate, cell_gate, out_gate) = if self.cpu_kernels {
+                let act = gates::gate_activations(&gates, h)?;
+                let gate = |i: usize| act.narrow(D::Minus1, i * h, h);
+                (gate(0)?, gate(1)?, gate(2)?, gate(3)?)
+            } else {
+                let sig = candle_nn::ops::sigmoid(&gates)?;
+                (
+                    sig.narrow(D::Minus1, 0, h)?,
+                    sig.narrow(D::Minus1, h, h)?,
+                    gates.narrow(D::Minus1, 2 * h, h)?.tanh()?,
+                    sig.narrow(D::Minus1, 3 * h, h)?,
+                )
+            };
             state_c = ((forget_gate * &state_c)? + (in_gate * cell_gate)?)?;
-            state_h = (out_gate * state_c.tanh()?)?;
+            let cell_tanh = if self.cpu_kernels {
+                gates::tanh(&state_c)?
+            } else {
+                state_c.tanh()?
+            };
+            state_h = (out_gate * cell_tanh)?;
             hidden.push(state_h.clone());
         }
         Tensor::stack(&hidden, 2)
@@ -221,11 +241,20 @@ mod tests {
 
     #[test]
     fn equals_candle_lstm_forward_and_gradients() -> Result<()> {
+        equals_candle_lstm(false)
+    }
+
+    #[test]
+    fn with_cpu_gate_activations_equals_candle_lstm_forward_and_gradients() -> Result<()> {
+        equals_candle_lstm(true)
+    }
+
+    fn equals_candle_lstm(cpu_kernels: bool) -> Result<()> {
         let device = Device::Cpu;
         let (vocab, rows, len) = (13, 7, 9);
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        let model = BiLstm::new(vocab, 6, 3, 5, vb.clone())?;
+        let model = BiLstm::new(vocab, 6, 3, 5, cpu_kernels, vb.clone())?;
         // Non-zero biases, so that folding them into the table is tested too.
         for (name, var) in varmap.data().lock().unwrap().iter() {
             if name.contains("bias") {

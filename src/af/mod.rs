@@ -11,6 +11,7 @@ pub mod algorithm;
 pub mod bags;
 pub mod bilstm;
 pub mod data;
+pub mod gates;
 pub mod model;
 pub mod report;
 pub mod run;

@@ -317,9 +317,10 @@ pub struct LstmModel {
 }
 
 impl LstmModel {
-    fn new(vocab: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    fn new(vocab: usize, cfg: &ModelConfig, cpu_kernels: bool, vb: VarBuilder) -> Result<Self> {
+        let (word_dim, indicator_dim, hidden) = (cfg.word_dim, cfg.indicator_dim, cfg.lstm_hidden);
         Ok(LstmModel {
-            bilstm: BiLstm::new(vocab, cfg.word_dim, cfg.indicator_dim, cfg.lstm_hidden, vb)?,
+            bilstm: BiLstm::new(vocab, word_dim, indicator_dim, hidden, cpu_kernels, vb)?,
         })
     }
 
@@ -413,7 +414,7 @@ impl StylisticModel {
                 Some(TextModels {
                     bow: BowModel::new(inputs.words, cfg, cpu_kernels, vb.pp("bow"))?,
                     cnn: CnnModel::new(inputs.words, cfg, cpu_kernels, vb.pp("cnn"))?,
-                    lstm: LstmModel::new(inputs.lstm_words, cfg, vb.pp("bilstm"))?,
+                    lstm: LstmModel::new(inputs.lstm_words, cfg, cpu_kernels, vb.pp("bilstm"))?,
                     bow_head: linear(cfg.word_dim, 1, vb.pp("bow_head"))?,
                     cnn_head: linear(cnn_dim, 1, vb.pp("cnn_head"))?,
                     lstm_head: linear(lstm_dim, 1, vb.pp("lstm_head"))?,
