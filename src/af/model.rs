@@ -25,7 +25,7 @@
 //! their softmax cross-entropy losses, as SWAG's reference code does), so each head's accuracy can
 //! be reported on its own. In MLP-only iterations only the MLP and its head exist.
 
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{embedding, linear, Embedding, Linear, VarBuilder};
 use serde::Serialize;
 
@@ -266,17 +266,20 @@ impl CnnModel {
         })
     }
 
+    /// Word ⊕ `sent2`-indicator embeddings, concatenated along the last dimension.
+    fn token_vectors(&self, words: &Tensor, in_sent2: &Tensor) -> Result<Tensor> {
+        let parts = [
+            self.embed.forward(words)?,
+            self.indicator.forward(in_sent2)?,
+        ];
+        Tensor::cat(&parts, D::Minus1)
+    }
+
     fn forward(&self, text: &TextBatch) -> Result<Tensor> {
         if self.cpu_kernels {
             return self.forward_packed(&text.packed);
         }
-        let xs = Tensor::cat(
-            &[
-                self.embed.forward(&text.words)?,
-                self.indicator.forward(&text.in_sent2)?,
-            ],
-            2,
-        )?;
+        let xs = self.token_vectors(&text.words, &text.in_sent2)?;
         let pooled = CNN_WIDTHS
             .iter()
             .zip(&self.convs)
@@ -292,13 +295,7 @@ impl CnnModel {
     /// The same function over the texts end to end: only windows that start on a real token
     /// are multiplied, about half as many rows as in the padded batch.
     fn forward_packed(&self, text: &PackedText) -> Result<Tensor> {
-        let xs = Tensor::cat(
-            &[
-                self.embed.forward(&text.words)?,
-                self.indicator.forward(&text.in_sent2)?,
-            ],
-            1,
-        )?;
+        let xs = self.token_vectors(&text.words, &text.in_sent2)?;
         let pooled = CNN_WIDTHS
             .iter()
             .zip(&self.convs)
