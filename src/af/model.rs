@@ -99,15 +99,30 @@ pub struct TextBatch {
     pub mask: Tensor,
     /// (rows, 1) number of real tokens.
     pub lengths: Tensor,
-    /// Per CNN width: (rows, len - width + 1, 1) 1.0 where the window starts on a real token.
-    pub conv_masks: Vec<Tensor>,
-    /// The same texts end to end without padding, for the CNN on afkit's CPU kernels.
-    pub packed: PackedText,
+    /// The CNN's input, in the layout the model's CNN reads.
+    pub cnn: CnnInput,
     /// The ending's subword ids, padded with 0, and their mask and counts; `None` without the
     /// subword model.
     pub subwords: Option<Bag>,
     /// (rows, sentence_dim) sentence vectors; `None` without the sentence model.
     pub sentence: Option<Tensor>,
+}
+
+/// How a batch lays out the CNN's input ([`StylisticModel::cnn_layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CnnLayout {
+    /// Windows as candle ops over the padded `words` (any device).
+    Padded,
+    /// Texts end to end for afkit's CPU ops.
+    Packed,
+}
+
+pub enum CnnInput {
+    /// Per CNN width: (rows, len - width + 1, 1) 1.0 where the window starts on a real token;
+    /// the tokens are the batch's padded `words` and `in_sent2`.
+    Padded { conv_masks: Vec<Tensor> },
+    /// The same texts end to end without padding.
+    Packed(PackedText),
 }
 
 /// Padded id sequences to be averaged.
@@ -247,8 +262,8 @@ pub struct CnnModel {
     indicator: Embedding,
     /// Per width w: a linear map of the w concatenated token vectors of a window to the filters.
     convs: Vec<Linear>,
-    /// Windows over the packed texts from afkit's CPU ops rather than candle ops.
-    cpu_kernels: bool,
+    /// Packed: windows over the packed texts from afkit's CPU ops rather than candle ops.
+    layout: CnnLayout,
 }
 
 impl CnnModel {
@@ -262,7 +277,11 @@ impl CnnModel {
             embed: embedding(vocab, cfg.word_dim, vb.pp("embed"))?,
             indicator: embedding(2, cfg.indicator_dim, vb.pp("indicator"))?,
             convs,
-            cpu_kernels,
+            layout: if cpu_kernels {
+                CnnLayout::Packed
+            } else {
+                CnnLayout::Padded
+            },
         })
     }
 
@@ -276,14 +295,15 @@ impl CnnModel {
     }
 
     fn forward(&self, text: &TextBatch) -> Result<Tensor> {
-        if self.cpu_kernels {
-            return self.forward_packed(&text.packed);
-        }
+        let conv_masks = match &text.cnn {
+            CnnInput::Packed(packed) => return self.forward_packed(packed),
+            CnnInput::Padded { conv_masks } => conv_masks,
+        };
         let xs = self.token_vectors(&text.words, &text.in_sent2)?;
         let pooled = CNN_WIDTHS
             .iter()
             .zip(&self.convs)
-            .zip(&text.conv_masks)
+            .zip(conv_masks)
             .map(|((w, conv), mask)| {
                 let features = conv.forward(&shifted_windows(&xs, *w)?)?.relu()?;
                 masked_max_over_time(&features, mask)
@@ -429,6 +449,13 @@ impl StylisticModel {
         })
     }
 
+    /// The layout of the CNN input its batches need ([`make_batch`]).
+    pub fn cnn_layout(&self) -> CnnLayout {
+        self.text
+            .as_ref()
+            .map_or(CnnLayout::Padded, |models| models.cnn.layout)
+    }
+
     pub fn family(&self) -> Family {
         if self.text.is_some() {
             Family::Ensemble
@@ -492,17 +519,18 @@ impl StylisticModel {
 }
 
 /// Builds a batch from options given as (ending, tokens of `sent2` at its start); `text`: the
-/// inputs of the text models, `None` for the MLP alone.
+/// inputs of the text models, `None` for the MLP alone; `cnn`: the layout the model's CNN reads.
 pub fn make_batch(
     options: &[(&super::data::EncodedEnding, usize)],
     text: Option<Inputs>,
+    cnn: CnnLayout,
     device: &Device,
 ) -> Result<Batch> {
     let rows = options.len();
     let lm: Vec<f32> = options.iter().flat_map(|(e, _)| e.lm).collect();
     let lm = Tensor::from_vec(lm, (rows, LM_FEATURES), device)?;
     let text = text
-        .map(|inputs| text_batch(options, inputs, device))
+        .map(|inputs| text_batch(options, inputs, cnn, device))
         .transpose()?;
     Ok(Batch { lm, text })
 }
@@ -540,11 +568,35 @@ fn packed_text(
     })
 }
 
+/// Per CNN width, (rows, len - width + 1, 1): 1.0 where a window of the padded batch starts on
+/// a real token; a text shorter than the filter (or empty, one UNK) keeps window 0.
+fn conv_masks(
+    options: &[(&super::data::EncodedEnding, usize)],
+    len: usize,
+    device: &Device,
+) -> Result<Vec<Tensor>> {
+    CNN_WIDTHS
+        .iter()
+        .map(|w| {
+            let windows = len - w + 1;
+            let mask: Vec<f32> = options
+                .iter()
+                .flat_map(|(ending, _)| {
+                    let real = ending.words.len().max(1).saturating_sub(w - 1).max(1);
+                    (0..windows).map(move |t| f32::from(t < real))
+                })
+                .collect();
+            Tensor::from_vec(mask, (options.len(), windows, 1), device)
+        })
+        .collect()
+}
+
 /// The text models' inputs of a batch: word and POS ids padded to the longest row (forwards and
-/// backwards for the BiLSTM), masks, the CNN's valid windows, subword bags, sentence vectors.
+/// backwards for the BiLSTM), masks, the CNN's input, subword bags, sentence vectors.
 fn text_batch(
     options: &[(&super::data::EncodedEnding, usize)],
     inputs: Inputs,
+    cnn: CnnLayout,
     device: &Device,
 ) -> Result<TextBatch> {
     let rows = options.len();
@@ -563,10 +615,6 @@ fn text_batch(
     let mut in_sent2_rev = vec![0u32; rows * len];
     let mut mask = vec![0f32; rows * len];
     let mut lengths = vec![0f32; rows];
-    let mut conv_masks: Vec<Vec<f32>> = CNN_WIDTHS
-        .iter()
-        .map(|w| vec![0f32; rows * (len - w + 1)])
-        .collect();
     for (r, (ending, n_sent2)) in options.iter().enumerate() {
         // An empty text still gets one (UNK) token so that every row has something to pool.
         let n = ending.words.len().max(1);
@@ -581,16 +629,14 @@ fn text_batch(
             in_sent2_rev[at] = u32::from(src < *n_sent2);
             mask[at] = 1.0;
         }
-        for (w, conv_mask) in CNN_WIDTHS.iter().zip(conv_masks.iter_mut()) {
-            let windows = len - w + 1;
-            // Windows that start on a real token; a text shorter than the filter keeps window 0.
-            for t in 0..windows.min(n.saturating_sub(w - 1).max(1)) {
-                conv_mask[r * windows + t] = 1.0;
-            }
-        }
     }
     let ids = |v: Vec<u32>| Tensor::from_vec(v, (rows, len), device);
-    let packed = packed_text(options, device)?;
+    let cnn = match cnn {
+        CnnLayout::Packed => CnnInput::Packed(packed_text(options, device)?),
+        CnnLayout::Padded => CnnInput::Padded {
+            conv_masks: conv_masks(options, len, device)?,
+        },
+    };
     Ok(TextBatch {
         words: ids(words)?,
         in_sent2: ids(in_sent2)?,
@@ -599,12 +645,7 @@ fn text_batch(
         in_sent2_rev: ids(in_sent2_rev)?,
         mask: Tensor::from_vec(mask, (rows, len, 1), device)?,
         lengths: Tensor::from_vec(lengths, (rows, 1), device)?,
-        conv_masks: CNN_WIDTHS
-            .iter()
-            .zip(conv_masks)
-            .map(|(w, m)| Tensor::from_vec(m, (rows, len - w + 1, 1), device))
-            .collect::<Result<_>>()?,
-        packed,
+        cnn,
         subwords: (inputs.subword_buckets > 0)
             .then(|| bag(options.iter().map(|(e, _)| &e.subwords[..]), device))
             .transpose()?,

@@ -218,7 +218,7 @@ fn batch_loss(
                 .map(move |e| (*e, choices[i].n_sent2))
         })
         .collect();
-    let batch = make_batch(&rows, text, device)?;
+    let batch = make_batch(&rows, text, model.cnn_layout(), device)?;
     let scores = model.forward(&batch)?;
     let targets = Tensor::zeros(batch_ids.len(), DType::U32, device)?;
     let mut loss: Option<Tensor> = None;
@@ -258,7 +258,7 @@ impl Trained {
         };
         for chunk in order.chunks(CHUNK) {
             let rows: Vec<(&EncodedEnding, usize)> = chunk.iter().map(|&i| options[i]).collect();
-            let batch = make_batch(&rows, text, &self.device)?;
+            let batch = make_batch(&rows, text, self.model.cnn_layout(), &self.device)?;
             let scores = self.model.forward(&batch)?;
             scatter(&mut out.mlp, chunk, &scores.mlp)?;
             for (dst, src) in [
