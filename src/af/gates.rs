@@ -34,15 +34,15 @@ struct Activation {
 }
 
 impl Activation {
-    /// Calls `f(range, is_tanh)` for the runs of `len` elements that share a function.
-    fn runs(&self, len: usize, mut f: impl FnMut(std::ops::Range<usize>, bool)) {
+    /// Calls `f(range, function)` for the runs of `len` elements that share a function.
+    fn runs(&self, len: usize, mut f: impl FnMut(std::ops::Range<usize>, Function)) {
         match self.gates_of {
-            None => f(0..len, true),
+            None => f(0..len, Function::Tanh),
             Some(h) => {
                 for row in (0..len).step_by(4 * h) {
-                    f(row..row + 2 * h, false);
-                    f(row + 2 * h..row + 3 * h, true);
-                    f(row + 3 * h..row + 4 * h, false);
+                    f(row..row + 2 * h, Function::Sigmoid);
+                    f(row + 2 * h..row + 3 * h, Function::Tanh);
+                    f(row + 3 * h..row + 4 * h, Function::Sigmoid);
                 }
             }
         }
@@ -68,13 +68,8 @@ impl CustomOp1 for Activation {
         let shape = layout.shape();
         self.check(xs.len(), shape.dims().last().copied().unwrap_or(0))?;
         let mut out = vec![0f32; xs.len()];
-        self.runs(xs.len(), |run, is_tanh| {
-            let (src, dst) = (&xs[run.clone()], &mut out[run]);
-            if is_tanh {
-                map(src, dst, Function::Tanh)
-            } else {
-                map(src, dst, Function::Sigmoid)
-            }
+        self.runs(xs.len(), |run, function| {
+            map(&xs[run.clone()], &mut out[run], function)
         });
         Ok((CpuStorage::F32(out), shape.clone()))
     }
@@ -104,13 +99,12 @@ impl CustomOp2 for ActivationGrad {
         let ys = f32_data(res, res_layout, self.name())?;
         let grad = f32_data(grad, grad_layout, self.name())?;
         let mut out = vec![0f32; ys.len()];
-        self.0.runs(ys.len(), |run, is_tanh| {
+        self.0.runs(ys.len(), |run, function| {
             let pairs = ys[run.clone()].iter().zip(&grad[run.clone()]);
             for (o, (&y, &g)) in out[run].iter_mut().zip(pairs) {
-                *o = if is_tanh {
-                    g * (1.0 - y * y)
-                } else {
-                    g * (y * (1.0 - y))
+                *o = match function {
+                    Function::Tanh => g * (1.0 - y * y),
+                    Function::Sigmoid => g * (y * (1.0 - y)),
                 };
             }
         });
