@@ -320,15 +320,11 @@ pub fn now() -> String {
 /// since: what one process records is ordered by its timestamps, so `undo_last` can tell which
 /// of an annotator's skip and submission came last even when both fall in one millisecond.
 fn strictly_later(millis: i64) -> i64 {
-    static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
-    let previous = LAST
-        .fetch_update(
-            std::sync::atomic::Ordering::SeqCst,
-            std::sync::atomic::Ordering::SeqCst,
-            |last| Some(millis.max(last.saturating_add(1))),
-        )
-        .expect("the update always succeeds");
-    millis.max(previous.saturating_add(1))
+    use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+    static LAST: AtomicI64 = AtomicI64::new(i64::MIN);
+    let after = |last: i64| millis.max(last.saturating_add(1));
+    let (Ok(last) | Err(last)) = LAST.fetch_update(SeqCst, SeqCst, |last| Some(after(last)));
+    after(last)
 }
 
 fn format_timestamp(unix_secs: f64) -> String {
