@@ -10,6 +10,7 @@
 #
 #   scripts/bench_quality.sh [--half dev|test] [--pairs N] [--contexts N] [--seed S]
 #                            [--grow N --grow-rounds R] [--adapt] [--label NAME]
+#                            [--exclude SUBSET.json ...]
 #                            [-- GENERATE FLAGS ...
 #                            [-- FILTER FLAGS ...]]
 #
@@ -21,6 +22,8 @@
 #               Not the default yet: with the matched distractors it reached chance on 1,000
 #               test contexts, but those contexts helped choose the matching (BENCHMARKS.md)
 #   --label     name of the recipe; the project goes to $AFKIT_HOME/bench/quality/LABEL-HALF-N
+#   --exclude   the captions.json of an earlier run: its videos are left out (repeatable), for a
+#               check on contexts no earlier run has seen
 #   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a
 #   second `--` go to `afkit filter`.
 #
@@ -30,7 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 AFKIT=${AFKIT:-target/release/afkit}
 CAPTIONS=${CAPTIONS:-../shared/data/activitynet-captions/train.json}
-HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default GROW=32 GROW_ROUNDS=0 ADAPT=0
+HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default GROW=32 GROW_ROUNDS=0 ADAPT=0 EXCLUDE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --half) HALF=$2; shift 2 ;;
@@ -41,6 +44,7 @@ while [ $# -gt 0 ]; do
     --grow) GROW=$2; shift 2 ;;
     --grow-rounds) GROW_ROUNDS=$2; shift 2 ;;
     --adapt) ADAPT=1; shift ;;
+    --exclude) EXCLUDE+=(--exclude "$2"); shift 2 ;;
     --) shift; break ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -67,7 +71,7 @@ stage() { # stage NAME COMMAND...: runs and records its wall time
 }
 if [ ! -f "$P" ]; then
   : > "$TIMES"
-  python3 scripts/activitynet_subset.py "$CAPTIONS" --half "$HALF" --pairs "$PAIRS" --seed "$SEED" > "$DIR/captions.json"
+  python3 scripts/activitynet_subset.py "$CAPTIONS" --half "$HALF" --pairs "$PAIRS" --seed "$SEED" "${EXCLUDE[@]}" > "$DIR/captions.json"
   $AFKIT init "$P.partial" >/dev/null
   stage ingest $AFKIT ingest "$P.partial" --format activitynet "$DIR/captions.json"
   mv "$P.partial" "$P"
