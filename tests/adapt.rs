@@ -160,7 +160,13 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     let plain = dir.path().join("plain");
     std::fs::create_dir(&plain).unwrap();
     let q = project(&plain);
-    run_ok(&mut generate(&q, &["--style-examples", "0"]));
+    let out = generate(&q, &["--style-examples", "0"]).output().unwrap();
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("no adapters for this model") && said.contains("afkit lm adapt"),
+        "a project without adapters is told how the default recipe differs: {said}"
+    );
     let texts = |p: &Path| -> Vec<String> {
         let conn = Connection::open(p).unwrap();
         let mut stmt = conn
@@ -185,10 +191,11 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     let out = generate(&p, &["--style-examples", "0"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the adapter the project recorded"));
-    // Unless the model alone is asked for.
-    run_ok(&mut generate(
-        &p,
-        &["--style-examples", "0", "--no-adapters"],
-    ));
+    // Unless the model alone is asked for, which needs no reminder.
+    let out = generate(&p, &["--style-examples", "0", "--no-adapters"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("no adapters for this model"));
     assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM generations"), 2);
 }

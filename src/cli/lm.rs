@@ -30,12 +30,11 @@ never read) without and with the adapter: the drop is how much closer to the cor
 writes.\n\n\
 Resumable: an interrupted run trains only the folds not yet recorded, exactly as an \
 uninterrupted run would.\n\n\
-Not part of the default recipe: on 1,000 ActivityNet contexts the adapted generator's endings \
-were far harder to tell from the real ones before filtering (random distractors: 0.33-0.39 for \
-style classifiers, against 0.58-0.65 without adapters), but AF with its default settings then \
-overshot, to 0.17-0.20 (chance 0.25): the chosen distractors were preferred to the real \
-endings, which is a tell of its own. Check an adapted project's export with \
-`afkit audit DIR --cv 5`.")]
+Part of the default recipe (init, ingest, lm adapt, generate, filter, assemble, export): on \
+1,000 ActivityNet contexts the adapted generator's endings were far harder to tell from the \
+real ones before filtering (random distractors: 0.33-0.39 for style classifiers, against \
+0.57-0.68 without adapters, chance 0.25), so AF has much less style left to remove. Check an \
+export with `afkit audit DIR --cv 5`.")]
 pub struct AdaptArgs {
     /// The project file.
     pub project: PathBuf,

@@ -216,6 +216,13 @@ pub fn run(
         return Ok(Summary::default());
     }
     let adapters = adapters::choose(store, config)?;
+    if adapters.is_none() && config.adapters == AdapterUse::Auto && config.server.is_none() {
+        observer.note(
+            "the project has no adapters for this model: sampling with the model alone. The \
+             default recipe runs `afkit lm adapt` first, whose endings are much harder to tell \
+             from the corpus's (--no-adapters says you mean it)",
+        );
+    }
     let parts: Vec<(Option<&AdapterRecord>, Todo)> = match &adapters {
         None => vec![(None, todo)],
         Some(set) => set
