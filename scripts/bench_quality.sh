@@ -3,13 +3,13 @@
 #
 # From ActivityNet Captions (../shared by default) it takes a seeded set of videos from one half
 # of the corpus (`dev` to tune on, `test` to report on: the halves never share a video), runs
-#   init → ingest → [lm adapt] → generate → filter → assemble --unverified → export
+#   init → ingest → lm adapt → generate → filter → assemble --unverified → export
 # and exports the same pools twice: with the AF negatives, and with random pool negatives (the
 # control, which shows what the generator alone achieves). Both are scored with
 # `afkit audit --cv 5` (5 folds by video, mean ± standard error per baseline). Chance is 0.25.
 #
 #   scripts/bench_quality.sh [--half dev|test] [--pairs N] [--contexts N] [--seed S]
-#                            [--grow N --grow-rounds R] [--adapt] [--label NAME]
+#                            [--grow N --grow-rounds R] [--no-adapt] [--label NAME]
 #                            [--exclude SUBSET.json ...]
 #                            [-- GENERATE FLAGS ...
 #                            [-- FILTER FLAGS ...]]
@@ -18,9 +18,8 @@
 #   --contexts  contexts that get a pool (default 1000)
 #   --grow N --grow-rounds R: after filtering, R times: `generate --grow N` (more endings for the
 #               pools AF found starved), then filter again
-#   --adapt     fine-tune the generator first (`afkit lm adapt`) and sample with the adapters.
-#               Not the default yet: with the matched distractors it reached chance on 1,000
-#               test contexts, but those contexts helped choose the matching (BENCHMARKS.md)
+#   --no-adapt  the recipe before adaptation joined the default: no `afkit lm adapt`, and
+#               `generate --no-adapters` (style priming alone); --adapt is the default
 #   --label     name of the recipe; the project goes to $AFKIT_HOME/bench/quality/LABEL-HALF-N
 #   --exclude   the captions.json of an earlier run: its videos are left out (repeatable), for a
 #               check on contexts no earlier run has seen
@@ -33,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 AFKIT=${AFKIT:-target/release/afkit}
 CAPTIONS=${CAPTIONS:-../shared/data/activitynet-captions/train.json}
-HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default GROW=32 GROW_ROUNDS=0 ADAPT=0 EXCLUDE=()
+HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default GROW=32 GROW_ROUNDS=0 ADAPT=1 EXCLUDE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --half) HALF=$2; shift 2 ;;
@@ -44,6 +43,7 @@ while [ $# -gt 0 ]; do
     --grow) GROW=$2; shift 2 ;;
     --grow-rounds) GROW_ROUNDS=$2; shift 2 ;;
     --adapt) ADAPT=1; shift ;;
+    --no-adapt) ADAPT=0; shift ;;
     --exclude) EXCLUDE+=(--exclude "$2"); shift 2 ;;
     --) shift; break ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;

@@ -34,9 +34,9 @@ pub struct Args {
     /// the same AF fold is drawn (from the recorded seed) and the candidate nearest its final
     /// scores (the ensemble's and the sentence model's) is taken, so a style classifier finds
     /// the distractors as real-looking as the found endings, no more; hardest: the highest
-    /// ensemble scores, which on runs of a few hundred contexts overshot into an inverse
-    /// artifact (classifiers below chance) but on a 1,000-context run fooled them best (README,
-    /// "What quality to expect"). Audit both on a copy of the project.
+    /// ensemble scores, which on the default recipe's pools overshoot further into an inverse
+    /// artifact (classifiers below chance; README, "What quality to expect"). Audit both on a
+    /// copy of the project.
     #[arg(long, value_enum, default_value = "matched")]
     pub distractors: DistractorChoice,
     /// Train,val,test fractions; groups (videos) never straddle two splits.
