@@ -34,7 +34,9 @@ use crate::store::af::Family;
 use super::bags::bag_mean;
 use super::bilstm::{BiLstm, BiLstmInput};
 use super::data::LM_FEATURES;
-use super::windows::{max_per_text, shifted_windows, text_windows, PackedText, TextWindows};
+use super::windows::{
+    max_per_text, shifted_windows, text_windows, windows_of, PackedText, TextWindows,
+};
 
 /// Filter widths of the CNN (SWAG: "filter sizes ranging from 2-5").
 pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
@@ -582,7 +584,7 @@ fn conv_masks(
             let mask: Vec<f32> = options
                 .iter()
                 .flat_map(|(ending, _)| {
-                    let real = ending.words.len().max(1).saturating_sub(w - 1).max(1);
+                    let real = windows_of(ending.words.len().max(1), *w);
                     (0..windows).map(move |t| f32::from(t < real))
                 })
                 .collect();

@@ -39,6 +39,12 @@ pub struct TextWindows {
     pub offsets: Arc<Vec<u32>>,
 }
 
+/// The windows of `width` a text of `length` real tokens gets: those that start on a real token
+/// and end inside the text, and window 0 for a text shorter than the filter.
+pub fn windows_of(length: usize, width: usize) -> usize {
+    length.saturating_sub(width - 1).max(1)
+}
+
 impl TextWindows {
     /// The windows of `width` over texts of `lengths` real tokens laid out in slots of
     /// `slots[r]` (≥ width): those starting on a real token and ending inside the text's
@@ -49,7 +55,7 @@ impl TextWindows {
         offsets.push(0);
         let mut first = 0;
         for (&n, &s) in lengths.iter().zip(slots) {
-            let count = n.saturating_sub(width - 1).max(1);
+            let count = windows_of(n, width);
             starts.extend((first..first + count).map(|t| t as u32));
             offsets.push(starts.len() as u32);
             first += s;
