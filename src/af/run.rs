@@ -66,7 +66,7 @@ impl Default for Config {
             seed: 0,
             n_easy: 2,
             mlp_iterations: 20,
-            ensemble_iterations: 10,
+            ensemble_iterations: 3,
             folds: 5,
             train_fraction: 0.8,
             convergence: Convergence::default(),

@@ -26,9 +26,11 @@ pub struct FilterArgs {
     /// Cap on the cheap MLP-only iterations that run first (SWAG: 100 on GPUs).
     #[arg(long, default_value_t = DEFAULTS.mlp_iterations)]
     pub mlp_iterations: usize,
-    /// Cap on the full-ensemble iterations (SWAG: 50). The phase stops earlier once it has
-    /// converged: 2 iterations in a row with swaps below 1% of the held-out contexts or ensemble
-    /// accuracy within two standard errors of chance. 0 runs MLP-only AF (for
+    /// Cap on the full-ensemble iterations (SWAG: 50). The default is low because with
+    /// in-domain pools (`lm adapt`) more iterations overshoot: the stylistic classifiers end up
+    /// preferring the distractors to the real ending, an artifact of its own. The phase stops
+    /// earlier once it has converged: 2 iterations in a row with swaps below 1% of the held-out
+    /// contexts or ensemble accuracy within two standard errors of chance. 0 runs MLP-only AF (for
     /// projects too big for the text models on this machine): the final cross-fitted pass then
     /// scores with the MLP, and the pools' texts are never loaded.
     #[arg(long, default_value_t = DEFAULTS.ensemble_iterations)]
