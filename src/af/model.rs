@@ -584,7 +584,7 @@ fn conv_masks(
             let mask: Vec<f32> = options
                 .iter()
                 .flat_map(|(ending, _)| {
-                    let real = windows_of(ending.words.len().max(1), *w);
+                    let real = windows_of(ending.words.len(), *w);
                     (0..windows).map(move |t| f32::from(t < real))
                 })
                 .collect();
