@@ -25,6 +25,7 @@ pub mod lm;
 pub mod models;
 pub mod plot;
 pub mod progress;
+pub mod runtime;
 pub mod seed;
 pub mod simd;
 pub mod store;

@@ -96,6 +96,7 @@ struct InitArgs {
 
 /// Runs the command line and maps errors to an exit status: 1 for errors, 130 for Ctrl-C.
 pub fn main() -> ExitCode {
+    crate::runtime::prepare();
     end_quietly_on_a_closed_pipe();
     crate::interrupt::install_handler();
     let cli = Cli::parse();
