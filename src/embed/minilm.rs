@@ -204,8 +204,6 @@ impl Spans {
 /// softmax(q·kᵀ / √d) · v per sentence and head, from the fused projections `qkv`
 /// (tokens × 3·width: queries, keys, values); returns tokens × width, heads side by side.
 fn self_attention(qkv: &[f32], spans: &Spans, heads: usize, width: usize) -> Vec<f32> {
-    let head = width / heads;
-    let scale = 1.0 / (head as f32).sqrt();
     let mut context = vec![0f32; spans.tokens * width];
     let mut outputs = Vec::with_capacity(spans.ranges.len());
     let mut rest = context.as_mut_slice();
@@ -216,32 +214,52 @@ fn self_attention(qkv: &[f32], spans: &Spans, heads: usize, width: usize) -> Vec
     }
     outputs.into_par_iter().for_each(|(span, out)| {
         let rows = &qkv[span.start * 3 * width..span.end * 3 * width];
-        let mut scores = vec![0f32; span.len()];
-        for h in 0..heads {
-            let (q0, k0, v0) = (h * head, width + h * head, 2 * width + h * head);
-            for (i, query) in rows.chunks_exact(3 * width).enumerate() {
-                let q = &query[q0..q0 + head];
-                for (score, key) in scores.iter_mut().zip(rows.chunks_exact(3 * width)) {
-                    let k = &key[k0..k0 + head];
-                    *score = crate::simd::dot_lanes::<false>(q, k) * scale;
-                }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut total = 0.0;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                let o = &mut out[i * width + h * head..i * width + (h + 1) * head];
-                for (p, value) in scores.iter().zip(rows.chunks_exact(3 * width)) {
-                    let (p, v) = (p / total, &value[v0..v0 + head]);
-                    for (o, v) in o.iter_mut().zip(v) {
-                        *o += p * v;
-                    }
-                }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::avx2_fma() {
+                // SAFETY: the CPU supports the features the function is compiled for.
+                return unsafe { attend_avx2_fma(rows, out, heads, width) };
             }
         }
+        attend::<false>(rows, out, heads, width)
     });
     context
+}
+
+/// [`attend`] compiled for AVX2 and FMA: the attention was a tenth of the encoder's time in
+/// the baseline x86-64 build (four-lane vectors, separate multiplies and adds).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2_fma(rows: &[f32], out: &mut [f32], heads: usize, width: usize) {
+    attend::<true>(rows, out, heads, width)
+}
+
+/// One sentence's attention: `rows` are its tokens' fused projections, `out` its tokens'
+/// context vectors (zeroed).
+#[inline(always)]
+fn attend<const FMA: bool>(rows: &[f32], out: &mut [f32], heads: usize, width: usize) {
+    let head = width / heads;
+    let scale = 1.0 / (head as f32).sqrt();
+    let mut scores = vec![0f32; rows.len() / (3 * width)];
+    for h in 0..heads {
+        let (q0, k0, v0) = (h * head, width + h * head, 2 * width + h * head);
+        for (i, query) in rows.chunks_exact(3 * width).enumerate() {
+            let q = &query[q0..q0 + head];
+            for (score, key) in scores.iter_mut().zip(rows.chunks_exact(3 * width)) {
+                *score = crate::simd::dot_lanes::<FMA>(q, &key[k0..k0 + head]) * scale;
+            }
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            let o = &mut out[i * width + h * head..i * width + (h + 1) * head];
+            for (p, value) in scores.iter().zip(rows.chunks_exact(3 * width)) {
+                crate::simd::axpy_lanes::<FMA>(p / total, &value[v0..v0 + head], o);
+            }
+        }
+    }
 }
 
 /// A linear layer with a bias, `x · W + b`.
@@ -293,13 +311,32 @@ impl LayerNorm {
         x.par_chunks_mut(width * 64)
             .zip(residual.par_chunks(width * 64))
             .for_each(|(x, residual)| {
-                for (row, res) in x.chunks_exact_mut(width).zip(residual.chunks_exact(width)) {
-                    for ((v, b), r) in row.iter_mut().zip(bias).zip(res) {
-                        *v += b + r;
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if crate::simd::avx2_fma() {
+                        // SAFETY: the CPU supports the features the function is compiled for.
+                        return unsafe { self.add_and_normalise_avx2_fma(x, bias, residual) };
                     }
-                    self.normalise(row);
                 }
+                self.add_and_normalise_rows(x, bias, residual)
             });
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn add_and_normalise_avx2_fma(&self, x: &mut [f32], bias: &[f32], residual: &[f32]) {
+        self.add_and_normalise_rows(x, bias, residual)
+    }
+
+    #[inline(always)]
+    fn add_and_normalise_rows(&self, x: &mut [f32], bias: &[f32], residual: &[f32]) {
+        let width = self.gamma.len();
+        for (row, res) in x.chunks_exact_mut(width).zip(residual.chunks_exact(width)) {
+            for ((v, b), r) in row.iter_mut().zip(bias).zip(res) {
+                *v += b + r;
+            }
+            self.normalise(row);
+        }
     }
 
     /// Normalises each row of `x` in place.
@@ -311,6 +348,7 @@ impl LayerNorm {
         });
     }
 
+    #[inline(always)]
     fn normalise(&self, row: &mut [f32]) {
         let n = row.len() as f32;
         let mean = lane_sum(row.iter().copied()) / n;
