@@ -7,6 +7,7 @@
 //! [`algorithm::choose_swaps`], commit → final cross-fitted pass → `af_folds`, `af_scores`.
 //! [`report`] reads the stored iterations back for the plot, the markdown and the JSON.
 
+pub mod adamw;
 pub mod algorithm;
 pub mod bags;
 pub mod bilstm;

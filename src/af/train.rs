@@ -4,7 +4,8 @@
 //! k assigned negatives) as one padded batch of rows, scores every row with every head, and
 //! reshapes each head's scores to (contexts, k+1) for a softmax cross-entropy with target 0. The
 //! loss is the sum over heads. The batch runs as two halves on two threads whose gradients are
-//! combined (see [`batch_gradients`]). AdamW with gradient clipping by global norm. Parameters are
+//! combined (see [`batch_gradients`]). AdamW (in one pass per parameter on the CPU, see
+//! [`super::adamw`]) with gradient clipping by global norm. Parameters are
 //! initialised from the seed (candle's CPU initialisers cannot be seeded) on the host and then
 //! placed on the run's device, so a fixed seed gives identical initial models on every device
 //! and identical trained models on the same machine and device.
@@ -13,13 +14,14 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::init::{FanInOut, NormalOrUniform};
 use candle_nn::var_builder::SimpleBackend;
-use candle_nn::{AdamW, Init, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use candle_nn::{Init, ParamsAdamW, VarBuilder, VarMap};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
+use super::adamw::Optimiser;
 use super::data::{Dataset, EncodedEnding};
 use super::model::{make_batch, Inputs, ModelConfig, StylisticModel, DTYPE};
 use crate::device::Compute;
@@ -112,7 +114,7 @@ pub fn train(
         named.sort_by(|a, b| a.0.cmp(b.0));
         named.into_iter().map(|(_, v)| v.clone()).collect()
     };
-    let mut optimiser = AdamW::new(
+    let mut optimiser = Optimiser::new(
         vars.clone(),
         ParamsAdamW {
             lr: cfg.learning_rate,
