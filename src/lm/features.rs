@@ -245,7 +245,7 @@ mod tests {
             .sum();
         let real: usize = (0..lengths.len()).map(fed).sum();
         assert!(
-            padded as f64 <= 1.25 * real as f64,
+            padded as f64 <= SCORE_BATCH_SLACK * real as f64,
             "{padded} positions for {real}"
         );
     }
