@@ -12,8 +12,9 @@
 //! that rotary pairs are adjacent (interleaved), hence `rope_i`.
 //!
 //! Two engines ([`crate::device`]): with afkit's CPU kernels, the weights are packed for its
-//! GEMM, SwiGLU is one pass over host memory and [`Llama::decode_step`] decodes by continuous
-//! batching with per-row attention. The generic engine keeps every tensor on the model's device
+//! GEMM, SwiGLU is one pass over host memory and [`Llama::slot_forward`] runs rows of any
+//! contexts and lengths packed end to end with per-row attention: the decode step of continuous
+//! batching, and the scoring of continuations. The generic engine keeps every tensor on the model's device
 //! and uses candle ops only: [`Llama::prefill`], [`Llama::forward`] (which also decodes a batch
 //! of rows of one context in lockstep) and the scoring functions run on any device.
 
@@ -169,12 +170,13 @@ pub struct Prefix {
     pub next_logprobs: Vec<f32>,
 }
 
-/// Where a row of a decode step stands: its cache slot, its prefix and the own position of the
-/// token it feeds (0 for the first token after the prefix).
+/// A row of [`Llama::slot_forward`]: its cache slot, its prefix, the tokens it feeds and the own
+/// position of the first of them (0 for the first token after the prefix).
 pub struct SlotRow<'a> {
     pub slot: usize,
     pub prefix: &'a Prefix,
     pub position: usize,
+    pub tokens: &'a [u32],
 }
 
 /// Keys and values of the tokens each decoding row generated itself, in fixed slots: a slot
@@ -501,76 +503,75 @@ impl Llama {
         self.logits(&hidden)
     }
 
-    /// One decode step of continuous batching: `rows[i]` feeds `tokens[i]`, its own token at
-    /// position `rows[i].position` after its prefix. Each row's key and value go into its slot of
-    /// `cache`; attention runs per row over its prefix and its own cached tokens, so rows of any
-    /// context, length and age share the step. Returns hidden states (rows × d_model) after the
-    /// final norm. Runs with afkit's CPU kernels only.
-    pub fn decode_step(
-        &self,
-        tokens: &[u32],
-        rows: &[SlotRow],
-        cache: &mut SlotCache,
-    ) -> Result<Tensor> {
+    /// The packed forward pass of afkit's CPU kernels: each row feeds its `tokens` at its own
+    /// positions `position..` after its prefix, all rows' tokens laid end to end (no padding),
+    /// one GEMM per projection over all of them. Each token's key and value go into its row's
+    /// slot of `cache`; attention runs per token over its row's prefix and the row's own tokens
+    /// up to it, so rows of any context, length and age share the pass. A decode step of
+    /// continuous batching is the case of one token per row; scoring continuations feeds each
+    /// whole continuation at once. Returns hidden states (tokens × d_model, in the rows' order)
+    /// after the final norm.
+    pub fn slot_forward(&self, rows: &[SlotRow], cache: &mut SlotCache) -> Result<Tensor> {
         if !self.cpu_kernels {
-            bail!("the continuous-batching decode step runs with afkit's CPU kernels only");
+            bail!("the packed forward pass runs with afkit's CPU kernels only");
         }
         let c = &self.cfg;
         let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
-        if tokens.len() != rows.len() {
-            bail!("{} tokens for {} rows", tokens.len(), rows.len());
-        }
         if let Some(r) = rows
             .iter()
-            .find(|r| r.position >= cache.max_len || r.slot >= cache.slots)
+            .find(|r| r.position + r.tokens.len() > cache.max_len || r.slot >= cache.slots)
         {
             bail!(
-                "row at own position {} in slot {} is outside the cache ({} slots × {} tokens)",
+                "row of {} tokens from own position {} in slot {} is outside the cache ({} slots \
+                 × {} tokens)",
+                r.tokens.len(),
                 r.position,
                 r.slot,
                 cache.slots,
                 cache.max_len
             );
         }
-        let n = rows.len();
-        let ids = Tensor::new(tokens, &Device::Cpu)?;
-        let mut x = self.embed.index_select(&ids, 0)?;
+        // Each fed token: its row and its own position.
+        let fed: Vec<(&SlotRow, usize)> = rows
+            .iter()
+            .flat_map(|r| (0..r.tokens.len()).map(move |j| (r, r.position + j)))
+            .collect();
+        let ids: Vec<u32> = rows.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+        let mut x = self
+            .embed
+            .index_select(&Tensor::new(ids, &Device::Cpu)?, 0)?;
+        let width = (nh + 2 * nkv) * hd;
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
             let mut qkv = block.wqkv.forward_rows(&h)?;
-            let width = (nh + 2 * nkv) * hd;
             let (cache_k, cache_v) = &mut cache.kv[layer];
-            for (row, qkv) in rows.iter().zip(qkv.chunks_exact_mut(width)) {
-                let position = row.prefix.len + row.position;
+            for (&(row, own), qkv) in fed.iter().zip(qkv.chunks_exact_mut(width)) {
                 let (q, kv) = qkv.split_at_mut(nh * hd);
                 let (k, v) = kv.split_at_mut(nkv * hd);
-                self.rotate(q, position);
-                self.rotate(k, position);
-                let at = cache.row_stride * row.slot + row.position * nkv * hd;
+                self.rotate(q, row.prefix.len + own);
+                self.rotate(k, row.prefix.len + own);
+                let at = cache.row_stride * row.slot + own * nkv * hd;
                 cache_k[at..at + nkv * hd].copy_from_slice(k);
                 cache_v[at..at + nkv * hd].copy_from_slice(v);
             }
-            let mut attn = vec![0f32; n * nh * hd];
+            let mut attn = vec![0f32; fed.len() * nh * hd];
             let (cache_k, cache_v) = (&cache.kv[layer].0, &cache.kv[layer].1);
             attn.par_chunks_mut(nh * hd)
                 .zip(qkv.par_chunks(width))
-                .zip(rows.par_iter())
-                .for_each_init(Vec::new, |scores, ((out, qkv), row)| {
+                .zip(fed.par_iter())
+                .for_each_init(Vec::new, |scores, ((out, qkv), &(row, own))| {
                     let slot = cache.row_stride * row.slot;
-                    let own = (
-                        &cache_k[slot..slot + (row.position + 1) * nkv * hd],
-                        &cache_v[slot..slot + (row.position + 1) * nkv * hd],
-                    );
+                    let seen = slot..slot + (own + 1) * nkv * hd;
                     let (pk, pv) = &row.prefix.raw_kv[layer];
                     RowAttention {
                         q: &qkv[..nh * hd],
                         prefix: (pk, pv),
-                        own,
+                        own: (&cache_k[seen.clone()], &cache_v[seen]),
                         heads: (nh, nkv, hd),
                     }
                     .run(scores, out);
                 });
-            let attn = Tensor::from_vec(attn, (n, nh * hd), &Device::Cpu)?;
+            let attn = Tensor::from_vec(attn, (fed.len(), nh * hd), &Device::Cpu)?;
             x = (x + block.wo.forward(&attn)?)?;
             let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
             let act = self.swiglu(&block.w_gate_up.forward(&h)?)?;
@@ -624,7 +625,8 @@ impl Llama {
     }
 
     /// Per-token log-probabilities of each sequence in `seqs` as a continuation of `prefix`:
-    /// `result[r][j] = log p(seqs[r][j] | prefix, seqs[r][..j])`. Rows run as one batch.
+    /// `result[r][j] = log p(seqs[r][j] | prefix, seqs[r][..j])`. Rows run as one batch: packed
+    /// end to end with afkit's CPU kernels, else right-padded to the longest.
     pub fn score_continuations(&self, prefix: &Prefix, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
         let mut out: Vec<Vec<f32>> = seqs
@@ -638,8 +640,52 @@ impl Llama {
         if longest < 2 {
             return Ok(out);
         }
-        // Feed every token but the last; pad with token 0 (never attended to by real tokens).
-        let steps = longest - 1;
+        // Every token but the last is fed; the hidden state after it predicts the next one.
+        let hidden = if self.cpu_kernels {
+            self.packed_continuations(prefix, seqs)?
+        } else {
+            self.padded_continuations(prefix, seqs)?
+        };
+        let targets: Vec<u32> = seqs
+            .iter()
+            .flat_map(|s| s.iter().skip(1).copied())
+            .collect();
+        let mut lps = self.target_logprobs(&hidden, &targets)?.into_iter();
+        for (r, s) in seqs.iter().enumerate() {
+            out[r].extend(lps.by_ref().take(s.len().saturating_sub(1)));
+        }
+        Ok(out)
+    }
+
+    /// Hidden states of every fed token of `seqs` (all but each one's last), in order, from one
+    /// [`Llama::slot_forward`] with a slot per sequence.
+    fn packed_continuations(&self, prefix: &Prefix, seqs: &[Vec<u32>]) -> Result<Tensor> {
+        let fed = |s: &[u32]| s.len().saturating_sub(1);
+        let longest = seqs.iter().map(|s| fed(s)).max().unwrap_or(0);
+        let mut cache = SlotCache::new(&self.cfg, seqs.len(), longest);
+        let rows: Vec<SlotRow> = seqs
+            .iter()
+            .enumerate()
+            .map(|(slot, s)| SlotRow {
+                slot,
+                prefix,
+                position: 0,
+                tokens: &s[..fed(s)],
+            })
+            .collect();
+        self.slot_forward(&rows, &mut cache)
+    }
+
+    /// Hidden states of every fed token of `seqs` (all but each one's last), in order, from one
+    /// [`Llama::forward`] over the rows right-padded to the longest.
+    fn padded_continuations(&self, prefix: &Prefix, seqs: &[Vec<u32>]) -> Result<Tensor> {
+        let steps = seqs
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+            .saturating_sub(1);
+        // Padded with token 0, never attended to by real tokens.
         let mut ids = vec![0u32; seqs.len() * steps];
         for (r, s) in seqs.iter().enumerate() {
             for (j, &t) in s.iter().take(steps).enumerate() {
@@ -650,21 +696,12 @@ impl Llama {
         let hidden = self
             .forward(&input, Some(prefix), &mut RowCache::default())?
             .reshape((seqs.len() * steps, self.cfg.d_model))?;
-        // Only the positions that predict a real token.
-        let mut positions = Vec::new();
-        let mut targets = Vec::new();
-        for (r, s) in seqs.iter().enumerate() {
-            for (j, &token) in s.iter().enumerate().skip(1) {
-                positions.push((r * steps + j - 1) as u32);
-                targets.push(token);
-            }
-        }
-        let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &self.device)?, 0)?;
-        let mut lps = self.target_logprobs(&picked, &targets)?.into_iter();
-        for (r, s) in seqs.iter().enumerate() {
-            out[r].extend(lps.by_ref().take(s.len().saturating_sub(1)));
-        }
-        Ok(out)
+        let positions: Vec<u32> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(r, s)| (0..s.len().saturating_sub(1)).map(move |j| (r * steps + j) as u32))
+            .collect();
+        Ok(hidden.index_select(&Tensor::new(positions.as_slice(), &self.device)?, 0)?)
     }
 
     /// SwiGLU of the gate and up projections side by side in each row (rows × 2·d_ff):

@@ -170,13 +170,15 @@ impl LocalLm {
                 .collect();
             let rows: Vec<SlotRow> = live
                 .iter()
-                .map(|r| SlotRow {
+                .zip(&tokens)
+                .map(|(r, token)| SlotRow {
                     slot: r.slot,
                     prefix: prefixes[r.group],
                     position: out[r.group][r.row].tokens.len() - 1,
+                    tokens: std::slice::from_ref(token),
                 })
                 .collect();
-            let hidden = llama.decode_step(&tokens, &rows, &mut cache)?;
+            let hidden = llama.slot_forward(&rows, &mut cache)?;
             let logits = llama.logits(&hidden)?;
             let mut stepped = std::mem::take(&mut live);
             let drawn = self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);

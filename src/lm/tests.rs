@@ -171,7 +171,9 @@ fn shared_prefix_decoding_matches_full_recomputation() {
         let rows = decode(&lm, &prompt.prefix, 8, &mut rng);
         let seqs: Vec<Vec<u32>> = rows.iter().map(|r| r.tokens.clone()).collect();
         // Log-probs recorded while decoding the batch = the same tokens scored as one batch
-        // = each scored alone = a plain causal pass over prefix + tokens.
+        // = each scored alone = a plain causal pass over prefix + tokens. With the CPU kernels
+        // decoding and scoring are the same packed pass, so they agree to the head's rounding.
+        let close = if compute.cpu_kernels { 1e-5 } else { 1e-3 };
         let batch = llama.score_continuations(&prompt.prefix, &seqs).unwrap();
         let mut full_ids = vec![lm.model.tokenizer.doc_start];
         full_ids.extend(lm.model.tokenizer.encode(&prompt.prompt).unwrap());
@@ -185,11 +187,11 @@ fn shared_prefix_decoding_matches_full_recomputation() {
             let full = &full[full.len() - row.tokens.len()..];
             for j in 0..row.tokens.len() {
                 assert!(
-                    (row.logprobs[j] - batch[r][j]).abs() < 1e-3,
+                    (row.logprobs[j] - batch[r][j]).abs() < close,
                     "row {r} token {j}"
                 );
                 assert!(
-                    (batch[r][j] - alone[0][j]).abs() < 1e-3,
+                    (batch[r][j] - alone[0][j]).abs() < close,
                     "row {r} token {j}"
                 );
                 assert!((alone[0][j] - full[j]).abs() < 1e-3, "row {r} token {j}");
