@@ -2,13 +2,15 @@
 //!
 //! A context is run through the model once (its *prefix*). With afkit's CPU kernels, rows of
 //! several contexts decode together by continuous batching: each step is one GEMM per projection
-//! over every row in flight, and a finished row's slot goes at once to a waiting row. The generic
-//! engine (any device, [`crate::device`]) decodes one context's rows in lockstep through candle
-//! ops, dropping rows as they stop. Both draw the same tokens from the same per-row generators
-//! with the same stop rules. Every row's tokens and their log-probabilities are kept, so an
+//! over every row in flight, and a finished row's slot goes at once to a waiting row; a context
+//! starts rows only as its pool needs them. The generic engine (any device, [`crate::device`])
+//! decodes one context's rows in lockstep through candle ops, in rounds, dropping rows as they
+//! stop. Both draw the same tokens from the same per-row generators with the same stop rules, and
+//! a pool keeps the first N⁻ acceptable rows in row order, so both keep the same endings (up to
+//! the rounding of the logits). Every row's tokens and their log-probabilities are kept, so an
 //! ending's conditional log-probability costs nothing extra (an LM feature).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
@@ -107,66 +109,69 @@ impl LocalLm {
     /// whichever contexts share the batch and whichever engine decodes it (up to the rounding of
     /// the logits).
     pub fn decode_groups(&self, groups: &mut [DecodeGroup]) -> Result<Vec<Vec<DecodedRow>>> {
-        let mut out: Vec<Vec<DecodedRow>> = groups
-            .iter()
-            .map(|g| (0..g.rows).map(|_| DecodedRow::default()).collect())
-            .collect();
-        let mut waiting: VecDeque<LiveRow> = VecDeque::new();
+        let mut feed = AllRows {
+            waiting: VecDeque::new(),
+            out: groups
+                .iter()
+                .map(|g| (0..g.rows).map(|_| DecodedRow::default()).collect())
+                .collect(),
+        };
         for (g, group) in groups.iter_mut().enumerate() {
             for row in 0..group.rows {
-                let seed = group.rng.random::<u64>();
-                waiting.push_back(LiveRow {
-                    group: g,
-                    row,
-                    slot: 0,
-                    rng: Seed::new(seed).rng(),
-                });
+                feed.waiting.push_back(LiveRow::new(g, row, group.rng));
             }
         }
         let prefixes: Vec<&Prefix> = groups.iter().map(|g| g.prefix).collect();
         if self.model.llama.cpu_kernels() {
-            self.decode_continuous(&prefixes, waiting, &mut out)?;
+            self.decode_continuous(&prefixes, &mut feed)?;
         } else {
-            self.decode_lockstep(&prefixes, waiting, &mut out)?;
+            self.decode_lockstep(&prefixes, &mut feed)?;
         }
-        Ok(out)
+        Ok(feed.out)
     }
 
     /// Continuous batching (afkit's CPU kernels): at most `batch` rows are in flight, one decode
-    /// step advances all of them, and a finished row's slot goes at once to the next waiting row
-    /// (of any group), so the matrix products stay large until the queue runs dry.
-    fn decode_continuous(
-        &self,
-        prefixes: &[&Prefix],
-        mut waiting: VecDeque<LiveRow>,
-        out: &mut [Vec<DecodedRow>],
-    ) -> Result<()> {
+    /// step advances all of them, and a finished row's slot goes at once to the next row the
+    /// feed gives (of any group), so the matrix products stay large until the feed runs dry.
+    /// Rows of a group the feed no longer wants are dropped unfinished.
+    fn decode_continuous(&self, prefixes: &[&Prefix], feed: &mut dyn RowFeed) -> Result<()> {
         let llama = &self.model.llama;
         let vocab = llama.cfg.vocab;
-        let slots = self.params.batch.clamp(1, waiting.len().max(1));
+        let slots = self.params.batch.clamp(1, feed.most_rows().max(1));
         let mut cache = SlotCache::new(&llama.cfg, slots, self.params.max_tokens);
         let mut free_slots: Vec<usize> = (0..slots).rev().collect();
         let mut live: Vec<LiveRow> = Vec::new();
         loop {
-            // Admit waiting rows into free slots. A row's first token comes from its prefix's
+            // Admit rows into free slots. A row's first token comes from its prefix's
             // next-token distribution, so it is drawn at once; rows that stop there free the
             // slot again.
-            while !free_slots.is_empty() && !waiting.is_empty() {
-                let take = free_slots.len().min(waiting.len());
-                let mut newcomers: Vec<LiveRow> = waiting.drain(..take).collect();
+            loop {
+                let mut newcomers = Vec::new();
+                while newcomers.len() < free_slots.len() {
+                    match feed.next_row() {
+                        Some(row) => newcomers.push(row),
+                        None => break,
+                    }
+                }
+                if newcomers.is_empty() {
+                    break;
+                }
                 for row in &mut newcomers {
                     row.slot = free_slots.pop().expect("a free slot per newcomer");
                 }
                 let drawn =
                     self.draw_tokens(&mut newcomers, |_, r| &prefixes[r.group].next_logprobs);
-                self.advance(newcomers, drawn, out, &mut live, &mut free_slots);
+                for row in self.advance(newcomers, drawn, &mut live) {
+                    free_slots.push(row.slot);
+                    feed.stopped(row)?;
+                }
             }
             if live.is_empty() {
                 return Ok(());
             }
             let tokens: Vec<u32> = live
                 .iter()
-                .map(|r| *out[r.group][r.row].tokens.last().expect("a token"))
+                .map(|r| *r.decoded.tokens.last().expect("a token"))
                 .collect();
             let rows: Vec<SlotRow> = live
                 .iter()
@@ -174,7 +179,7 @@ impl LocalLm {
                 .map(|(r, token)| SlotRow {
                     slot: r.slot,
                     prefix: prefixes[r.group],
-                    position: out[r.group][r.row].tokens.len() - 1,
+                    position: r.decoded.tokens.len() - 1,
                     tokens: std::slice::from_ref(token),
                 })
                 .collect();
@@ -182,7 +187,18 @@ impl LocalLm {
             let logits = llama.logits(&hidden)?;
             let mut stepped = std::mem::take(&mut live);
             let drawn = self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);
-            self.advance(stepped, drawn, out, &mut live, &mut free_slots);
+            for row in self.advance(stepped, drawn, &mut live) {
+                free_slots.push(row.slot);
+                feed.stopped(row)?;
+            }
+            let (wanted, unwanted) = std::mem::take(&mut live)
+                .into_iter()
+                .partition(|r| feed.wants(r.group));
+            live = wanted;
+            for row in unwanted {
+                free_slots.push(row.slot);
+                feed.dropped(row);
+            }
         }
     }
 
@@ -190,45 +206,46 @@ impl LocalLm {
     /// together, all at the same position after their shared prefix, so that one
     /// [`super::llama::Llama::step_lockstep`] advances them through candle ops on any device.
     /// A row's slot is its row in the batch's cache; rows that stop leave the cache.
-    fn decode_lockstep(
-        &self,
-        prefixes: &[&Prefix],
-        mut waiting: VecDeque<LiveRow>,
-        out: &mut [Vec<DecodedRow>],
-    ) -> Result<()> {
+    fn decode_lockstep(&self, prefixes: &[&Prefix], feed: &mut AllRows) -> Result<()> {
         let llama = &self.model.llama;
         let vocab = llama.cfg.vocab;
-        while let Some(first) = waiting.front() {
+        while let Some(first) = feed.waiting.front() {
             let prefix = prefixes[first.group];
             let group = first.group;
-            let take = waiting
+            let take = feed
+                .waiting
                 .iter()
                 .take(self.params.batch.max(1))
                 .take_while(|r| r.group == group)
                 .count();
-            let mut batch: Vec<LiveRow> = waiting.drain(..take).collect();
+            let mut batch: Vec<LiveRow> = feed.waiting.drain(..take).collect();
             let drawn = self.draw_tokens(&mut batch, |_, _| &prefix.next_logprobs);
-            let (mut live, mut stopped) = (Vec::new(), Vec::new());
-            self.advance(batch, drawn, out, &mut live, &mut stopped);
+            let mut live = Vec::new();
+            let mut stopped = self.advance(batch, drawn, &mut live);
             let mut cache = RowCache::default();
             while !live.is_empty() {
                 if !stopped.is_empty() {
                     let kept: Vec<u32> = live.iter().map(|r| r.slot as u32).collect();
                     cache.keep_rows(&kept)?;
-                    stopped.clear();
+                    for row in stopped.drain(..) {
+                        feed.stopped(row)?;
+                    }
                 }
                 for (i, row) in live.iter_mut().enumerate() {
                     row.slot = i;
                 }
                 let tokens: Vec<u32> = live
                     .iter()
-                    .map(|r| *out[r.group][r.row].tokens.last().expect("a token"))
+                    .map(|r| *r.decoded.tokens.last().expect("a token"))
                     .collect();
                 let logits = llama.step_lockstep(&tokens, prefix, &mut cache)?;
                 let mut stepped = std::mem::take(&mut live);
                 let drawn =
                     self.draw_tokens(&mut stepped, |i, _| &logits[i * vocab..(i + 1) * vocab]);
-                self.advance(stepped, drawn, out, &mut live, &mut stopped);
+                stopped.extend(self.advance(stepped, drawn, &mut live));
+            }
+            for row in stopped {
+                feed.stopped(row)?;
             }
         }
         Ok(())
@@ -251,18 +268,17 @@ impl LocalLm {
             .collect()
     }
 
-    /// Appends each row's drawn token; rows that go on join `live`, the others free their slot.
+    /// Appends each row's drawn token; rows that go on join `live`, the others are returned.
     fn advance(
         &self,
         rows: Vec<LiveRow>,
         drawn: Vec<(u32, f32)>,
-        out: &mut [Vec<DecodedRow>],
         live: &mut Vec<LiveRow>,
-        free_slots: &mut Vec<usize>,
-    ) {
+    ) -> Vec<LiveRow> {
         let tok = &self.model.tokenizer;
-        for (row, (token, lp)) in rows.into_iter().zip(drawn) {
-            let r = &mut out[row.group][row.row];
+        let mut stopped = Vec::new();
+        for (mut row, (token, lp)) in rows.into_iter().zip(drawn) {
+            let r = &mut row.decoded;
             let goes_on = if tok.is_end_of_generation(token) {
                 r.stop = Stop::EndOfText;
                 false
@@ -283,18 +299,77 @@ impl LocalLm {
             if goes_on {
                 live.push(row);
             } else {
-                free_slots.push(row.slot);
+                stopped.push(row);
             }
         }
+        stopped
     }
 }
 
-/// A row in flight: which group and row it is, its cache slot and its generator.
+/// Where the rows of continuous batching come from, and where they go when they stop.
+trait RowFeed {
+    /// The next row to decode, if one is wanted now.
+    fn next_row(&mut self) -> Option<LiveRow>;
+    /// Takes a row that stopped.
+    fn stopped(&mut self, row: LiveRow) -> Result<()>;
+    /// Whether `group` still wants the rows it has in flight.
+    fn wants(&self, group: usize) -> bool;
+    /// Takes a row dropped unfinished because its group no longer wanted it.
+    fn dropped(&mut self, row: LiveRow);
+    /// The most rows the feed may give in all (to size the batch).
+    fn most_rows(&self) -> usize;
+}
+
+/// A fixed set of rows, every one decoded to its end.
+struct AllRows {
+    waiting: VecDeque<LiveRow>,
+    out: Vec<Vec<DecodedRow>>,
+}
+
+impl RowFeed for AllRows {
+    fn next_row(&mut self) -> Option<LiveRow> {
+        self.waiting.pop_front()
+    }
+
+    fn stopped(&mut self, row: LiveRow) -> Result<()> {
+        self.out[row.group][row.row] = row.decoded;
+        Ok(())
+    }
+
+    fn wants(&self, _group: usize) -> bool {
+        true
+    }
+
+    fn dropped(&mut self, _row: LiveRow) {
+        unreachable!("every row is wanted to its end")
+    }
+
+    fn most_rows(&self) -> usize {
+        self.waiting.len()
+    }
+}
+
+/// A row in flight: which group and row it is, its cache slot, its generator and its tokens so
+/// far.
 struct LiveRow {
     group: usize,
     row: usize,
     slot: usize,
     rng: ChaCha8Rng,
+    decoded: DecodedRow,
+}
+
+impl LiveRow {
+    /// Row `row` of `group`, its generator seeded by the next draw of the group's generator.
+    fn new(group: usize, row: usize, group_rng: &mut ChaCha8Rng) -> Self {
+        LiveRow {
+            group,
+            row,
+            slot: 0,
+            rng: Seed::new(group_rng.random::<u64>()).rng(),
+            decoded: DecodedRow::default(),
+        }
+    }
 }
 
 /// One context's share of a decode batch: `rows` sequences continuing `prefix`, drawn from the
@@ -305,7 +380,9 @@ pub struct DecodeGroup<'a> {
     pub rng: &'a mut ChaCha8Rng,
 }
 
-/// A context being sampled: its prompt, generator, the endings kept so far and its draw budget.
+/// A context being sampled: its prompt, generator, the endings kept so far and its draw budget;
+/// with continuous batching also its rows in flight and those stopped but not yet offered to the
+/// pool (rows are offered in row order, so the pool is the same however rows finish).
 struct Sampling<'a> {
     request: &'a SampleRequest,
     prompt: Arc<PromptPrefix>,
@@ -313,17 +390,100 @@ struct Sampling<'a> {
     seen: HashSet<String>,
     pool: SampledPool,
     max_draws: usize,
+    admitted: usize,
+    in_flight: usize,
+    waiting_offer: BTreeMap<usize, DecodedRow>,
+    offered: usize,
 }
 
 impl Sampling<'_> {
+    fn full(&self) -> bool {
+        self.pool.endings.len() >= self.request.n
+    }
+
     /// Rows this context wants in the next round (0 when done).
     fn wanted(&self) -> usize {
-        if self.pool.endings.len() >= self.request.n || self.pool.draws >= self.max_draws {
+        if self.full() || self.pool.draws >= self.max_draws {
             return 0;
         }
         self.pool
             .draws_to_cover(self.request.n, self.max_draws)
             .max(1)
+    }
+
+    /// Whether continuous batching should start another row of this context: only while the
+    /// endings kept, those likely among the stopped rows and those expected from the rows in
+    /// flight (at the share of offered rows kept so far) fall short of N⁻. Starting every row a
+    /// round would need at once drew a fifth more rows than the pool took.
+    fn wants_row(&self) -> bool {
+        if self.full() || self.admitted >= self.max_draws {
+            return false;
+        }
+        let likely = self
+            .waiting_offer
+            .values()
+            .filter(|r| r.stop == Stop::SentenceEnd)
+            .count();
+        let survival = if self.pool.draws == 0 {
+            1.0
+        } else {
+            (self.pool.endings.len() as f64 / self.pool.draws as f64).max(0.1)
+        };
+        ((self.pool.endings.len() + likely) as f64 + self.in_flight as f64 * survival)
+            < self.request.n as f64
+    }
+}
+
+/// Sampling's rows for continuous batching: each context's rows in row order, started while the
+/// context [`Sampling::wants_row`], offered to its pool in row order as they stop, and dropped
+/// unfinished once its pool is full. The pool is the one rounds of whole batches would keep
+/// (the first N⁻ acceptable rows in row order); only the rows drawn for nothing are fewer.
+struct Demand<'l, 's, 'r> {
+    lm: &'l LocalLm,
+    states: &'s mut [Sampling<'r>],
+}
+
+impl RowFeed for Demand<'_, '_, '_> {
+    fn next_row(&mut self) -> Option<LiveRow> {
+        let (group, state) = self
+            .states
+            .iter_mut()
+            .enumerate()
+            .find(|(_, s)| s.wants_row())?;
+        let row = LiveRow::new(group, state.admitted, &mut state.rng);
+        state.admitted += 1;
+        state.in_flight += 1;
+        Some(row)
+    }
+
+    fn stopped(&mut self, row: LiveRow) -> Result<()> {
+        let state = &mut self.states[row.group];
+        state.in_flight -= 1;
+        state.waiting_offer.insert(row.row, row.decoded);
+        while let Some(decoded) = state.waiting_offer.remove(&state.offered) {
+            state.offered += 1;
+            self.lm.offer_row(state, decoded)?;
+        }
+        Ok(())
+    }
+
+    fn wants(&self, group: usize) -> bool {
+        !self.states[group].full()
+    }
+
+    fn dropped(&mut self, row: LiveRow) {
+        let state = &mut self.states[row.group];
+        state.in_flight -= 1;
+        state.pool.draws += 1;
+        state.pool.tokens_generated += row.decoded.tokens.len();
+        state.pool.reject(Rejection::Surplus);
+    }
+
+    fn most_rows(&self) -> usize {
+        self.states
+            .iter()
+            .map(|s| s.max_draws.saturating_sub(s.admitted))
+            .sum()
     }
 }
 
@@ -356,9 +516,10 @@ impl EndingSampler for LocalLm {
         (ROWS_PER_SLOT * self.params.batch / first_round).clamp(1, MAX_CONTEXTS_PER_BATCH)
     }
 
-    /// Rounds of decoding: each round decodes the rows every unfinished context still wants, all
-    /// contexts in one continuous batch, until each context has its N⁻ unique endings or has
-    /// spent its draws.
+    /// With afkit's CPU kernels, one continuous batch over all contexts, each starting rows as
+    /// its pool needs them ([`Demand`]). On the generic engine, rounds: each round decodes the
+    /// rows every unfinished context still wants, until each context has its N⁻ unique endings
+    /// or has spent its draws.
     fn sample_many(&self, requests: &[SampleRequest]) -> Result<Vec<SampledPool>> {
         let mut states: Vec<Sampling> = requests
             .iter()
@@ -370,9 +531,32 @@ impl EndingSampler for LocalLm {
                     seen: request.seen_endings(),
                     pool: SampledPool::default(),
                     max_draws: self.params.max_draws(request.n),
+                    admitted: 0,
+                    in_flight: 0,
+                    waiting_offer: BTreeMap::new(),
+                    offered: 0,
                 })
             })
             .collect::<Result<_>>()?;
+        if self.model.llama.cpu_kernels() {
+            let prompts: Vec<Arc<PromptPrefix>> =
+                states.iter().map(|s| Arc::clone(&s.prompt)).collect();
+            let prefixes: Vec<&Prefix> = prompts.iter().map(|p| &p.prefix).collect();
+            self.decode_continuous(
+                &prefixes,
+                &mut Demand {
+                    lm: self,
+                    states: &mut states,
+                },
+            )?;
+            // Rows that stopped after a row dropped unfinished were drawn for nothing too.
+            for state in &mut states {
+                for (_, decoded) in std::mem::take(&mut state.waiting_offer) {
+                    self.offer_row(state, decoded)?;
+                }
+            }
+            return Ok(states.into_iter().map(|s| s.pool).collect());
+        }
         loop {
             let wanted: Vec<usize> = states.iter().map(Sampling::wanted).collect();
             if wanted.iter().all(|&w| w == 0) {
@@ -392,7 +576,9 @@ impl EndingSampler for LocalLm {
             drop(groups);
             let sampling = states.iter_mut().zip(&wanted).filter(|(_, &w)| w > 0);
             for ((state, _), rows) in sampling.zip(decoded) {
-                self.keep_endings(state, rows)?;
+                for row in rows {
+                    self.offer_row(state, row)?;
+                }
             }
         }
         Ok(states.into_iter().map(|s| s.pool).collect())
@@ -400,34 +586,33 @@ impl EndingSampler for LocalLm {
 }
 
 impl LocalLm {
-    /// Adds a context's decoded rows to its pool: whole sentences, not too long, unique.
-    fn keep_endings(&self, state: &mut Sampling, rows: Vec<DecodedRow>) -> Result<()> {
-        for row in rows {
-            state.pool.draws += 1;
-            state.pool.tokens_generated += row.tokens.len();
-            match row.stop {
-                Stop::SentenceEnd => {}
-                Stop::TooLong => {
-                    state.pool.reject(Rejection::TooLong);
-                    continue;
-                }
-                Stop::EndOfText | Stop::TokenCap => {
-                    state.pool.reject(Rejection::NoSentenceEnd);
-                    continue;
-                }
+    /// Offers a context's next decoded row (in row order) to its pool, which keeps it if it is a
+    /// whole sentence, not too long and unique, while the pool still wants endings.
+    fn offer_row(&self, state: &mut Sampling, row: DecodedRow) -> Result<()> {
+        state.pool.draws += 1;
+        state.pool.tokens_generated += row.tokens.len();
+        match row.stop {
+            Stop::SentenceEnd => {}
+            Stop::TooLong => {
+                state.pool.reject(Rejection::TooLong);
+                return Ok(());
             }
-            let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
-            let ending = SampledEnding {
-                text,
-                tokens: Some((row.tokens, row.logprobs)),
-            };
-            state.pool.offer(
-                ending,
-                state.request,
-                self.params.max_words,
-                &mut state.seen,
-            );
+            Stop::EndOfText | Stop::TokenCap => {
+                state.pool.reject(Rejection::NoSentenceEnd);
+                return Ok(());
+            }
         }
+        let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
+        let ending = SampledEnding {
+            text,
+            tokens: Some((row.tokens, row.logprobs)),
+        };
+        state.pool.offer(
+            ending,
+            state.request,
+            self.params.max_words,
+            &mut state.seen,
+        );
         Ok(())
     }
 }
