@@ -1,5 +1,5 @@
 //! Small vector kernels for hot loops that are not matrix products (the logistic-regression
-//! fits of AFLite, the decode step's attention).
+//! fits of AFLite, the decode step's attention, the softmax over the language model's vocabulary).
 //!
 //! Release builds target plain x86-64 (SSE2), so the compiler cannot use AVX2 or fused
 //! multiply-adds on its own. Callers write their loop once, generic over `FMA`, call these
@@ -73,9 +73,154 @@ unsafe fn dot_avx2_fma(a: &[f32], b: &[f32]) -> f32 {
     dot_lanes::<true>(a, b)
 }
 
+/// The largest value of `xs` (−∞ for none; NaNs are skipped).
+#[inline]
+pub fn max(xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_fma() {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            return unsafe { max_avx2_fma(xs) };
+        }
+    }
+    max_lanes(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn max_avx2_fma(xs: &[f32]) -> f32 {
+    max_lanes(xs)
+}
+
+#[inline(always)]
+fn max_lanes(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            // A compare and select (not `f32::max`, whose NaN rule keeps the loop scalar).
+            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// `Σ exp(x − shift)` over `xs`, summed in f64; with `out`, each term is also appended to it.
+/// With `shift` the maximum these are softmax weights relative to the most probable token, and
+/// `shift + ln(sum)` is the log-normaliser. [`exp_lanes`] runs eight or sixteen at a time, which
+/// the vocabulary-sized softmaxes of sampling and scoring need (libm's `expf` was 4% of generate).
+#[inline]
+pub fn sum_exp_shifted(xs: &[f32], shift: f32, out: Option<&mut Vec<f32>>) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_fma() {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            return unsafe { sum_exp_shifted_avx2_fma(xs, shift, out) };
+        }
+    }
+    sum_exp_shifted_lanes::<false>(xs, shift, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sum_exp_shifted_avx2_fma(xs: &[f32], shift: f32, out: Option<&mut Vec<f32>>) -> f64 {
+    sum_exp_shifted_lanes::<true>(xs, shift, out)
+}
+
+#[inline(always)]
+fn sum_exp_shifted_lanes<const FMA: bool>(
+    xs: &[f32],
+    shift: f32,
+    mut out: Option<&mut Vec<f32>>,
+) -> f64 {
+    const LANES: usize = 16;
+    let mut sums = [0f64; LANES];
+    let mut terms = [0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            terms[l] = exp_lanes::<FMA>(c[l] - shift);
+            sums[l] += terms[l] as f64;
+        }
+        if let Some(out) = out.as_deref_mut() {
+            out.extend_from_slice(&terms);
+        }
+    }
+    let mut total: f64 = sums.iter().sum();
+    for &x in tail {
+        let term = exp_lanes::<FMA>(x - shift);
+        total += term as f64;
+        if let Some(out) = out.as_deref_mut() {
+            out.push(term);
+        }
+    }
+    total
+}
+
+/// `exp(x)` to within two ulp for x ≤ 88 (Cephes' `expf`: x = n·ln 2 + r, a degree-6 polynomial
+/// for e^r, n added to the exponent bits), in operations that vectorise. Below −87 it returns
+/// e^−87 ≈ 1.6e−38 rather than 0 or a subnormal.
+#[inline(always)]
+pub fn exp_lanes<const FMA: bool>(x: f32) -> f32 {
+    let fma = |a: f32, b: f32, c: f32| if FMA { a.mul_add(b, c) } else { a * b + c };
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = fma(n, -0.693_359_4, x);
+    let r = fma(n, 2.121_944_4e-4, r);
+    let mut p = 1.987_569_1e-4;
+    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        p = fma(p, r, c);
+    }
+    let e_r = fma(p, r * r, r) + 1.0;
+    e_r * f32::from_bits((((n as i32) + 127) << 23) as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_is_within_two_ulp_of_libm() {
+        let mut worst = 0f32;
+        for i in -87_000..88_000 {
+            let x = i as f32 * 1e-3 + 0.000_37;
+            for e in [exp_lanes::<false>(x), exp_lanes::<true>(x)] {
+                let want = x.exp();
+                worst = worst.max((e - want).abs() / (want * f32::EPSILON));
+            }
+        }
+        assert!(worst <= 2.0, "{worst} ulp");
+        assert!(exp_lanes::<false>(-1e4) > 0.0 && exp_lanes::<false>(-1e4) < 2e-38);
+    }
+
+    #[test]
+    fn softmax_sums_and_maxima_agree_with_plain_loops() {
+        let xs: Vec<f32> = (0..1000)
+            .map(|i| ((i * 37 % 101) as f32 - 70.0) * 0.9)
+            .collect();
+        let plain_max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(max(&xs), plain_max);
+        assert_eq!(
+            max(&xs[..7]),
+            xs[..7].iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        );
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        let plain: f64 = xs.iter().map(|&x| ((x - plain_max) as f64).exp()).sum();
+        let mut terms = Vec::new();
+        let total = sum_exp_shifted(&xs, plain_max, Some(&mut terms));
+        assert!((total - plain).abs() < 1e-6 * plain);
+        assert_eq!(terms.len(), xs.len());
+        assert_eq!(sum_exp_shifted(&xs, plain_max, None), total);
+        for (t, &x) in terms.iter().zip(&xs) {
+            assert!((t - (x - plain_max).exp()).abs() <= 2.0 * f32::EPSILON * t.max(1e-30));
+        }
+    }
 
     #[test]
     fn kernels_agree_with_plain_loops() {

@@ -32,7 +32,7 @@ use rayon::prelude::*;
 use super::adapt::Adapter;
 use super::linear::Linear;
 use crate::device::Compute;
-use crate::simd::{axpy_lanes, dot_lanes};
+use crate::simd::{axpy_lanes, dot_lanes, exp_lanes};
 
 /// Longest sequence (context + ending) the rotary tables cover.
 pub const MAX_POSITIONS: usize = 4096;
@@ -606,7 +606,9 @@ impl Llama {
     }
 
     /// `log p(targets[i] | hidden[i])` for each row, computing the output head in chunks so
-    /// that a long batch never holds all its logits at once.
+    /// that a long batch never holds all its logits at once. With afkit's CPU kernels the
+    /// log-normaliser is summed as the sampler sums it, so a scored ending's log-probs are the
+    /// ones recorded while sampling it; elsewhere candle's log-softmax runs on the device.
     pub fn target_logprobs(&self, hidden: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
         const CHUNK: usize = 256;
         let n = hidden.dim(0)?;
@@ -616,10 +618,23 @@ impl Llama {
         let mut out = Vec::with_capacity(n);
         for start in (0..n).step_by(CHUNK) {
             let len = CHUNK.min(n - start);
-            let logits = self.head.forward(&hidden.narrow(0, start, len)?)?;
-            let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-            let idx = Tensor::new(&targets[start..start + len], &self.device)?.reshape((len, 1))?;
-            out.extend(lsm.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?);
+            let hidden = hidden.narrow(0, start, len)?;
+            let targets = &targets[start..start + len];
+            if !self.cpu_kernels {
+                let logits = self.head.forward(&hidden)?;
+                let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+                let idx = Tensor::new(targets, &self.device)?.reshape((len, 1))?;
+                out.extend(lsm.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?);
+                continue;
+            }
+            // One pass per row for the log-normaliser, as the sampler takes it.
+            let logits = self.head.forward_rows(&hidden)?;
+            let vocab = self.cfg.vocab;
+            out.par_extend(logits.par_chunks(vocab).zip(targets).map(|(row, &t)| {
+                let max = crate::simd::max(row);
+                let log_z = crate::simd::sum_exp_shifted(row, max, None).ln();
+                row[t as usize] - max - log_z as f32
+            }));
         }
         Ok(out)
     }
@@ -791,7 +806,7 @@ impl RowAttention<'_> {
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut total = 0f32;
             for s in scores.iter_mut() {
-                *s = (*s - max).exp();
+                *s = exp_lanes::<FMA>(*s - max);
                 total += *s;
             }
             let oh = &mut out[head * hd..(head + 1) * hd];

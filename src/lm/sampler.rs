@@ -254,13 +254,12 @@ pub fn sample_token(
     params: &SamplingParams,
     scratch: &mut Vec<f32>,
 ) -> (u32, f32) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = crate::simd::max(logits);
     let plain = params.temperature == 1.0 && !params.truncates();
     scratch.clear();
     let mut log_z = 0f64;
     if plain {
-        scratch.extend(logits.iter().map(|&l| (l - max).exp()));
-        let total: f64 = scratch.iter().map(|&w| w as f64).sum();
+        let total = crate::simd::sum_exp_shifted(logits, max, Some(scratch));
         log_z = total.ln();
         let token = inverse_cdf(scratch, u * total);
         return (token, logits[token as usize] - max - log_z as f32);
