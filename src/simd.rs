@@ -163,6 +163,41 @@ fn sum_exp_shifted_lanes<const FMA: bool>(
     total
 }
 
+/// SwiGLU of one row: `out[i] = silu(gate[i]) · up[i]`, `silu(g) = g / (1 + e^−g)`.
+#[inline]
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_fma() {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            return unsafe { swiglu_avx2_fma(gate, up, out) };
+        }
+    }
+    swiglu_lanes::<false>(gate, up, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2_fma(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    swiglu_lanes::<true>(gate, up, out)
+}
+
+#[inline(always)]
+fn swiglu_lanes<const FMA: bool>(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + exp_lanes::<FMA>(-g)) * u;
+    }
+}
+
+/// RMS norm of one row: `out[i] = x[i] · weight[i] / √(mean(x²) + eps)`.
+#[inline]
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let scale = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
+    for ((o, &xi), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = xi * scale * w;
+    }
+}
+
 /// `exp(x)` to within two ulp for x ≤ 88 (Cephes' `expf`: x = n·ln 2 + r, a degree-6 polynomial
 /// for e^r, n added to the exponent bits), in operations that vectorise. Below −87 it returns
 /// e^−87 ≈ 1.6e−38 rather than 0 or a subnormal.
@@ -219,6 +254,22 @@ mod tests {
         assert_eq!(sum_exp_shifted(&xs, plain_max, None), total);
         for (t, &x) in terms.iter().zip(&xs) {
             assert!((t - (x - plain_max).exp()).abs() <= 2.0 * f32::EPSILON * t.max(1e-30));
+        }
+    }
+
+    #[test]
+    fn swiglu_and_rms_norm_agree_with_plain_loops() {
+        let g: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin() * 6.0).collect();
+        let u: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut out = vec![0f32; 37];
+        swiglu(&g, &u, &mut out);
+        for ((o, &g), &u) in out.iter().zip(&g).zip(&u) {
+            assert!((o - g / (1.0 + (-g).exp()) * u).abs() < 1e-6);
+        }
+        rms_norm(&g, &u, 1e-5, &mut out);
+        let rms = (g.iter().map(|x| x * x).sum::<f32>() / 37.0 + 1e-5).sqrt();
+        for ((o, &g), &u) in out.iter().zip(&g).zip(&u) {
+            assert!((o - g / rms * u).abs() < 1e-5);
         }
     }
 

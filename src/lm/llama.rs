@@ -34,6 +34,9 @@ use super::linear::Linear;
 use crate::device::Compute;
 use crate::simd::{axpy_lanes, dot_lanes, exp_lanes};
 
+/// Rows whose output-head logits are held at once when scoring (256 × 49k vocabulary: 50 MB).
+const HEAD_CHUNK: usize = 256;
+
 /// Longest sequence (context + ending) the rotary tables cover.
 pub const MAX_POSITIONS: usize = 4096;
 
@@ -500,7 +503,7 @@ impl Llama {
         let hidden = self
             .forward(&ids, Some(prefix), cache)?
             .reshape((rows, self.cfg.d_model))?;
-        self.logits(&hidden)
+        self.head.forward_rows(&hidden)
     }
 
     /// The packed forward pass of afkit's CPU kernels: each row feeds its `tokens` at its own
@@ -509,9 +512,9 @@ impl Llama {
     /// slot of `cache`; attention runs per token over its row's prefix and the row's own tokens
     /// up to it, so rows of any context, length and age share the pass. A decode step of
     /// continuous batching is the case of one token per row; scoring continuations feeds each
-    /// whole continuation at once. Returns hidden states (tokens × d_model, in the rows' order)
-    /// after the final norm.
-    pub fn slot_forward(&self, rows: &[SlotRow], cache: &mut SlotCache) -> Result<Tensor> {
+    /// whole continuation at once. Returns hidden states as plain rows (tokens × d_model, in the
+    /// rows' order) after the final norm.
+    pub fn slot_forward(&self, rows: &[SlotRow], cache: &mut SlotCache) -> Result<Vec<f32>> {
         if !self.cpu_kernels {
             bail!("the packed forward pass runs with afkit's CPU kernels only");
         }
@@ -537,13 +540,18 @@ impl Llama {
             .flat_map(|r| (0..r.tokens.len()).map(move |j| (r, r.position + j)))
             .collect();
         let ids: Vec<u32> = rows.iter().flat_map(|r| r.tokens.iter().copied()).collect();
-        let mut x = self
+        let n = ids.len();
+        // Activations stay plain rows between the packed products: candle's ops and the copies
+        // in and out of tensors around every product were a tenth of a decode step.
+        let mut x: Vec<f32> = self
             .embed
-            .index_select(&Tensor::new(ids, &Device::Cpu)?, 0)?;
+            .index_select(&Tensor::new(ids, &Device::Cpu)?, 0)?
+            .flatten_all()?
+            .to_vec1()?;
         let width = (nh + 2 * nkv) * hd;
         for (layer, block) in self.blocks.iter().enumerate() {
-            let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
-            let mut qkv = block.wqkv.forward_rows(&h)?;
+            let h = rms_norm_plain(&x, &block.attn_norm.to_vec1::<f32>()?, c.rms_eps);
+            let mut qkv = block.wqkv.apply(&h, n)?;
             let (cache_k, cache_v) = &mut cache.kv[layer];
             for (&(row, own), qkv) in fed.iter().zip(qkv.chunks_exact_mut(width)) {
                 let (q, kv) = qkv.split_at_mut(nh * hd);
@@ -554,7 +562,7 @@ impl Llama {
                 cache_k[at..at + nkv * hd].copy_from_slice(k);
                 cache_v[at..at + nkv * hd].copy_from_slice(v);
             }
-            let mut attn = vec![0f32; fed.len() * nh * hd];
+            let mut attn = vec![0f32; n * nh * hd];
             let (cache_k, cache_v) = (&cache.kv[layer].0, &cache.kv[layer].1);
             attn.par_chunks_mut(nh * hd)
                 .zip(qkv.par_chunks(width))
@@ -571,13 +579,16 @@ impl Llama {
                     }
                     .run(scores, out);
                 });
-            let attn = Tensor::from_vec(attn, (fed.len(), nh * hd), &Device::Cpu)?;
-            x = (x + block.wo.forward(&attn)?)?;
-            let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
-            let act = self.swiglu(&block.w_gate_up.forward(&h)?)?;
-            x = (x + block.w_down.forward(&act)?)?;
+            add_into(&mut x, &block.wo.apply(&attn, n)?);
+            let h = rms_norm_plain(&x, &block.ffn_norm.to_vec1::<f32>()?, c.rms_eps);
+            let act = swiglu_plain(&block.w_gate_up.apply(&h, n)?, n, c.d_ff);
+            add_into(&mut x, &block.w_down.apply(&act, n)?);
         }
-        Ok(rms_norm(&x, &self.final_norm, c.rms_eps)?)
+        Ok(rms_norm_plain(
+            &x,
+            &self.final_norm.to_vec1::<f32>()?,
+            c.rms_eps,
+        ))
     }
 
     /// Rotary embedding of the heads in `x` (heads × head_dim, pairs adjacent) at `position`.
@@ -600,9 +611,9 @@ impl Llama {
         Ok(candle_nn::ops::log_softmax(&logits, D::Minus1)?.to_vec2()?)
     }
 
-    /// Raw logits for each row of `hidden`, as plain rows (n × vocab).
-    pub fn logits(&self, hidden: &Tensor) -> Result<Vec<f32>> {
-        self.head.forward_rows(hidden)
+    /// Raw logits for each row of `hidden` (plain rows, n × d_model), as plain rows (n × vocab).
+    pub fn logits(&self, hidden: &[f32]) -> Result<Vec<f32>> {
+        self.head.apply(hidden, hidden.len() / self.cfg.d_model)
     }
 
     /// `log p(targets[i] | hidden[i])` for each row, computing the output head in chunks so
@@ -610,26 +621,41 @@ impl Llama {
     /// log-normaliser is summed as the sampler sums it, so a scored ending's log-probs are the
     /// ones recorded while sampling it; elsewhere candle's log-softmax runs on the device.
     pub fn target_logprobs(&self, hidden: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
-        const CHUNK: usize = 256;
         let n = hidden.dim(0)?;
         if n != targets.len() {
             bail!("{n} hidden states for {} targets", targets.len());
         }
+        if self.cpu_kernels {
+            return self.target_logprobs_plain(&hidden.flatten_all()?.to_vec1()?, targets);
+        }
         let mut out = Vec::with_capacity(n);
-        for start in (0..n).step_by(CHUNK) {
-            let len = CHUNK.min(n - start);
-            let hidden = hidden.narrow(0, start, len)?;
-            let targets = &targets[start..start + len];
-            if !self.cpu_kernels {
-                let logits = self.head.forward(&hidden)?;
-                let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-                let idx = Tensor::new(targets, &self.device)?.reshape((len, 1))?;
-                out.extend(lsm.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?);
-                continue;
-            }
-            // One pass per row for the log-normaliser, as the sampler takes it.
-            let logits = self.head.forward_rows(&hidden)?;
-            let vocab = self.cfg.vocab;
+        for start in (0..n).step_by(HEAD_CHUNK) {
+            let len = HEAD_CHUNK.min(n - start);
+            let logits = self.head.forward(&hidden.narrow(0, start, len)?)?;
+            let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            let idx = Tensor::new(&targets[start..start + len], &self.device)?.reshape((len, 1))?;
+            out.extend(lsm.gather(&idx, 1)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// [`Llama::target_logprobs`] for hidden states as plain rows (afkit's CPU kernels): one pass
+    /// per row for the log-normaliser, as the sampler takes it.
+    fn target_logprobs_plain(&self, hidden: &[f32], targets: &[u32]) -> Result<Vec<f32>> {
+        let (d, vocab) = (self.cfg.d_model, self.cfg.vocab);
+        if hidden.len() != targets.len() * d {
+            bail!(
+                "{} hidden values for {} targets",
+                hidden.len(),
+                targets.len()
+            );
+        }
+        let mut out = Vec::with_capacity(targets.len());
+        for (hidden, targets) in hidden
+            .chunks(HEAD_CHUNK * d)
+            .zip(targets.chunks(HEAD_CHUNK))
+        {
+            let logits = self.head.apply(hidden, targets.len())?;
             out.par_extend(logits.par_chunks(vocab).zip(targets).map(|(row, &t)| {
                 let max = crate::simd::max(row);
                 let log_z = crate::simd::sum_exp_shifted(row, max, None).ln();
@@ -656,25 +682,25 @@ impl Llama {
             return Ok(out);
         }
         // Every token but the last is fed; the hidden state after it predicts the next one.
-        let hidden = if self.cpu_kernels {
-            self.packed_continuations(prefix, seqs)?
-        } else {
-            self.padded_continuations(prefix, seqs)?
-        };
         let targets: Vec<u32> = seqs
             .iter()
             .flat_map(|s| s.iter().skip(1).copied())
             .collect();
-        let mut lps = self.target_logprobs(&hidden, &targets)?.into_iter();
+        let lps = if self.cpu_kernels {
+            self.target_logprobs_plain(&self.packed_continuations(prefix, seqs)?, &targets)?
+        } else {
+            self.target_logprobs(&self.padded_continuations(prefix, seqs)?, &targets)?
+        };
+        let mut lps = lps.into_iter();
         for (r, s) in seqs.iter().enumerate() {
             out[r].extend(lps.by_ref().take(s.len().saturating_sub(1)));
         }
         Ok(out)
     }
 
-    /// Hidden states of every fed token of `seqs` (all but each one's last), in order, from one
-    /// [`Llama::slot_forward`] with a slot per sequence.
-    fn packed_continuations(&self, prefix: &Prefix, seqs: &[Vec<u32>]) -> Result<Tensor> {
+    /// Hidden states of every fed token of `seqs` (all but each one's last), in order, as plain
+    /// rows from one [`Llama::slot_forward`] with a slot per sequence.
+    fn packed_continuations(&self, prefix: &Prefix, seqs: &[Vec<u32>]) -> Result<Vec<f32>> {
         let fed = |s: &[u32]| s.len().saturating_sub(1);
         let longest = seqs.iter().map(|s| fed(s)).max().unwrap_or(0);
         let mut cache = SlotCache::new(&self.cfg, seqs.len(), longest);
@@ -736,18 +762,43 @@ impl Llama {
 
 /// [`Llama::swiglu`] as one pass over host memory.
 fn swiglu_rows(gate_up: &Tensor, rows: usize, d_ff: usize) -> Result<Tensor> {
-    let width = 2 * d_ff;
     let input = gate_up.flatten_all()?.to_vec1::<f32>()?;
+    Ok(Tensor::from_vec(
+        swiglu_plain(&input, rows, d_ff),
+        (rows, d_ff),
+        &Device::Cpu,
+    )?)
+}
+
+/// [`swiglu_rows`] over plain rows (rows × 2·d_ff, gate then up in each).
+fn swiglu_plain(gate_up: &[f32], rows: usize, d_ff: usize) -> Vec<f32> {
     let mut out = vec![0f32; rows * d_ff];
     out.par_chunks_mut(d_ff)
-        .zip(input.par_chunks(width))
+        .zip(gate_up.par_chunks(2 * d_ff))
         .for_each(|(out, row)| {
             let (gate, up) = row.split_at(d_ff);
-            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                *o = g / (1.0 + (-g).exp()) * u;
-            }
+            crate::simd::swiglu(gate, up, out);
         });
-    Ok(Tensor::from_vec(out, (rows, d_ff), &Device::Cpu)?)
+    out
+}
+
+/// RMS norm of each row of `x` (rows × weight's length).
+fn rms_norm_plain(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (out, x) in out
+        .chunks_exact_mut(weight.len())
+        .zip(x.chunks_exact(weight.len()))
+    {
+        crate::simd::rms_norm(x, weight, eps, out);
+    }
+    out
+}
+
+/// `x += y`, element by element.
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (x, y) in x.iter_mut().zip(y) {
+        *x += y;
+    }
 }
 
 /// One row's attention in a decode step: each query head against the prefix's keys and then the
