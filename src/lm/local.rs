@@ -142,30 +142,7 @@ impl LocalLm {
         let mut free_slots: Vec<usize> = (0..slots).rev().collect();
         let mut live: Vec<LiveRow> = Vec::new();
         loop {
-            // Admit rows into free slots. A row's first token comes from its prefix's
-            // next-token distribution, so it is drawn at once; rows that stop there free the
-            // slot again.
-            loop {
-                let mut newcomers = Vec::new();
-                while newcomers.len() < free_slots.len() {
-                    match feed.next_row() {
-                        Some(row) => newcomers.push(row),
-                        None => break,
-                    }
-                }
-                if newcomers.is_empty() {
-                    break;
-                }
-                for row in &mut newcomers {
-                    row.slot = free_slots.pop().expect("a free slot per newcomer");
-                }
-                let drawn =
-                    self.draw_tokens(&mut newcomers, |_, r| &prefixes[r.group].next_logprobs);
-                for row in self.advance(newcomers, drawn, &mut live) {
-                    free_slots.push(row.slot);
-                    feed.stopped(row)?;
-                }
-            }
+            self.admit(prefixes, feed, &mut free_slots, &mut live)?;
             if live.is_empty() {
                 return Ok(());
             }
@@ -198,6 +175,37 @@ impl LocalLm {
             for row in unwanted {
                 free_slots.push(row.slot);
                 feed.dropped(row);
+            }
+        }
+    }
+
+    /// Fills free slots with the feed's next rows. A row's first token comes from its prefix's
+    /// next-token distribution, so it is drawn at once; rows that stop there free the slot again.
+    fn admit(
+        &self,
+        prefixes: &[&Prefix],
+        feed: &mut dyn RowFeed,
+        free_slots: &mut Vec<usize>,
+        live: &mut Vec<LiveRow>,
+    ) -> Result<()> {
+        loop {
+            let mut newcomers = Vec::new();
+            while newcomers.len() < free_slots.len() {
+                match feed.next_row() {
+                    Some(row) => newcomers.push(row),
+                    None => break,
+                }
+            }
+            if newcomers.is_empty() {
+                return Ok(());
+            }
+            for row in &mut newcomers {
+                row.slot = free_slots.pop().expect("a free slot per newcomer");
+            }
+            let drawn = self.draw_tokens(&mut newcomers, |_, r| &prefixes[r.group].next_logprobs);
+            for row in self.advance(newcomers, drawn, live) {
+                free_slots.push(row.slot);
+                feed.stopped(row)?;
             }
         }
     }
