@@ -8,8 +8,9 @@
 //! call. The kernel is chosen at run time: 12 rows × 32 columns in 512-bit registers where the
 //! CPU has AVX-512F, else 6 rows × 16 columns in 256-bit registers, twice per panel. Other CPUs
 //! keep candle's GEMM, and so do other devices (the `generic` engine: candle's matmul wherever
-//! the tensor lives). `AFKIT_GEMM=candle` forces candle's GEMM, to compare the two on one
-//! machine; debug builds use it unless `AFKIT_GEMM=packed` (see [`packed_kernel`]).
+//! the tensor lives). `AFKIT_GEMM=candle` forces candle's GEMM and `AFKIT_GEMM=avx2` the AVX2
+//! kernel, to compare them on one machine; debug builds use candle's unless `AFKIT_GEMM=packed`
+//! (see [`packed_kernel`]).
 
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
@@ -113,16 +114,17 @@ impl Kernel {
 /// candle's GEMM, and so does a debug build unless `AFKIT_GEMM=packed`: there afkit's own code is
 /// unoptimised while candle's (a dependency) is built optimised, and the kernels' intrinsics,
 /// left as calls, would run many times slower than candle (the test suite would crawl).
+/// `AFKIT_GEMM=avx2` takes the AVX2 kernel where AVX-512 is there too, so that one machine can
+/// time both paths.
 pub fn packed_kernel() -> Option<Kernel> {
-    let wanted = match std::env::var("AFKIT_GEMM").as_deref() {
-        Ok("candle") => false,
-        Ok("packed") => true,
-        _ => !cfg!(debug_assertions),
-    };
-    if !wanted {
-        return None;
+    let supported = Kernel::supported();
+    match std::env::var("AFKIT_GEMM").as_deref() {
+        Ok("candle") => None,
+        Ok("packed") => supported.first().copied(),
+        Ok("avx2") => supported.into_iter().find(|&k| k == Kernel::Avx2Fma),
+        _ if cfg!(debug_assertions) => None,
+        _ => supported.first().copied(),
     }
-    Kernel::supported().first().copied()
 }
 
 /// Columns of one panel: two 16-lane registers, or four 8-lane ones.
