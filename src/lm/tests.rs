@@ -73,6 +73,21 @@ fn decode(lm: &LocalLm, prefix: &Prefix, rows: usize, rng: &mut ChaCha8Rng) -> V
     lm.decode_groups(&mut groups).unwrap().pop().unwrap()
 }
 
+/// A request for `n` endings per prompt, seeded `first_seed`, `first_seed + 1`, ...
+fn requests(prompts: &[&str], n: usize, first_seed: u64) -> Vec<SampleRequest> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| SampleRequest {
+            prompt: p.to_string(),
+            exclude: vec![],
+            n,
+            seed: first_seed + i as u64,
+            rule: Default::default(),
+        })
+        .collect()
+}
+
 #[test]
 fn contexts_decoded_in_one_batch_sample_what_they_sample_alone() {
     for compute in engines() {
@@ -122,17 +137,7 @@ fn contexts_decoded_in_one_batch_sample_what_they_sample_alone() {
         }
         // The same through the sampler interface: pools of several contexts at once equal the
         // pools sampled one by one.
-        let requests: Vec<SampleRequest> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| SampleRequest {
-                prompt: p.to_string(),
-                exclude: vec![],
-                n: 6,
-                seed: 40 + i as u64,
-                rule: Default::default(),
-            })
-            .collect();
+        let requests = requests(&prompts, 6, 40);
         let many = lm.sample_many(&requests).unwrap();
         for (request, pool) in requests.iter().zip(&many) {
             let single = roomy.sample(request).unwrap();
@@ -160,17 +165,7 @@ fn pools_keep_the_first_acceptable_rows_in_row_order() {
         &Compute::cpu(),
     );
     let prompts = ["A man is seen speaking to the camera. He", "Two dogs"];
-    let requests: Vec<SampleRequest> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| SampleRequest {
-            prompt: p.to_string(),
-            exclude: vec![],
-            n: 7,
-            seed: 70 + i as u64,
-            rule: Default::default(),
-        })
-        .collect();
+    let requests = requests(&prompts, 7, 70);
     let pools = lm.sample_many(&requests).unwrap();
     for (request, pool) in requests.iter().zip(&pools) {
         let budget = lm.params.max_draws(request.n);
