@@ -1,5 +1,6 @@
 //! Small vector kernels for hot loops that are not matrix products (the logistic-regression
-//! fits of AFLite, the decode step's attention, the softmax over the language model's vocabulary).
+//! fits of AFLite, the language model's per-row attention, norms, SwiGLU and softmaxes over its
+//! vocabulary).
 //!
 //! Release builds target plain x86-64 (SSE2), so the compiler cannot use AVX2 or fused
 //! multiply-adds on its own. Callers write their loop once, generic over `FMA`, call these

@@ -154,7 +154,7 @@ pub struct Llama {
     final_norm: Tensor,
     cos: Tensor,
     sin: Tensor,
-    /// `cos`/`sin` as plain rows (position × head_dim/2), for the decode step.
+    /// `cos`/`sin` as plain rows (position × head_dim/2), for the packed pass.
     cos_raw: Vec<f32>,
     sin_raw: Vec<f32>,
 }
@@ -164,9 +164,9 @@ pub struct Llama {
 pub struct Prefix {
     kv: Vec<(Tensor, Tensor)>,
     /// The same keys, transposed (kv_heads × head_dim × len), and values (kv_heads × len ×
-    /// head_dim) as plain rows, for the decode step: with keys transposed, a query's scores
+    /// head_dim) as plain rows, for the packed pass: with keys transposed, a query's scores
     /// against the whole prefix are a sum of scaled key rows (vertical vector arithmetic, no
-    /// per-key horizontal sums). Empty under the generic engine, which has no decode step.
+    /// per-key horizontal sums). Empty under the generic engine, which has no packed pass.
     raw_kv: Vec<(Vec<f32>, Vec<f32>)>,
     pub len: usize,
     /// Log-probabilities of the next token after the prefix.
@@ -801,10 +801,10 @@ fn add_into(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// One row's attention in a decode step: each query head against the prefix's keys and then the
-/// row's own keys (one softmax over both), values summed into the output (heads × head_dim).
-/// Prefix keys are (kv_heads × hd × len), prefix values (kv_heads × len × hd); own keys and
-/// values (len × kv_heads × hd).
+/// One token's attention in the packed pass: each query head against the prefix's keys and then
+/// the row's own keys up to the token (one softmax over both), values summed into the output
+/// (heads × head_dim). Prefix keys are (kv_heads × hd × len), prefix values (kv_heads × len ×
+/// hd); own keys and values (len × kv_heads × hd).
 struct RowAttention<'a> {
     q: &'a [f32],
     prefix: (&'a [f32], &'a [f32]),
