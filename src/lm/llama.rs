@@ -132,11 +132,25 @@ impl LlamaConfig {
 /// One decoder block. Projection matrices are stored transposed (in × out) so that `x.matmul(w)`
 /// maps a (tokens × in) activation; Q, K and V share one matrix, as do the gate and up
 /// projections, so each is a single GEMM.
+/// An RMS norm's weight, on the model's device and as plain values for the packed pass (read
+/// once at load, not on every step).
+struct Norm {
+    weight: Tensor,
+    plain: Vec<f32>,
+}
+
+impl Norm {
+    fn new(weight: Tensor) -> Result<Self> {
+        let plain = weight.to_vec1()?;
+        Ok(Norm { weight, plain })
+    }
+}
+
 struct Block {
-    attn_norm: Tensor,
+    attn_norm: Norm,
     wqkv: Linear,
     wo: Linear,
-    ffn_norm: Tensor,
+    ffn_norm: Norm,
     w_gate_up: Linear,
     w_down: Linear,
 }
@@ -151,7 +165,7 @@ pub struct Llama {
     /// The output head, transposed (d_model × vocab); the embedding matrix when tied.
     head: Linear,
     blocks: Vec<Block>,
-    final_norm: Tensor,
+    final_norm: Norm,
     cos: Tensor,
     sin: Tensor,
     /// `cos`/`sin` as plain rows (position × head_dim/2), for the packed pass.
@@ -297,10 +311,10 @@ impl Llama {
             let (q, k, v) = (w("attn_q")?, w("attn_k")?, w("attn_v")?);
             let (gate, up) = (w("ffn_gate")?, w("ffn_up")?);
             blocks.push(Block {
-                attn_norm: w("attn_norm")?,
+                attn_norm: Norm::new(w("attn_norm")?)?,
                 wqkv: linear(Tensor::cat(&[q, k, v], 0)?.t()?)?,
                 wo: linear(w("attn_output")?.t()?)?,
-                ffn_norm: w("ffn_norm")?,
+                ffn_norm: Norm::new(w("ffn_norm")?)?,
                 w_gate_up: linear(Tensor::cat(&[gate, up], 0)?.t()?)?,
                 w_down: linear(w("ffn_down")?.t()?)?,
             });
@@ -329,7 +343,7 @@ impl Llama {
             embed,
             head,
             blocks,
-            final_norm,
+            final_norm: Norm::new(final_norm)?,
         })
     }
 
@@ -407,7 +421,7 @@ impl Llama {
         let sin = self.sin.narrow(0, start, steps)?;
         let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?;
         for (layer, block) in self.blocks.iter().enumerate() {
-            let h = rms_norm(&x, &block.attn_norm, self.cfg.rms_eps)?;
+            let h = rms_norm(&x, &block.attn_norm.weight, self.cfg.rms_eps)?;
             let attn = self.attention(
                 block,
                 &h,
@@ -419,12 +433,12 @@ impl Llama {
                 layer,
             )?;
             x = (x + block.wo.forward(&attn)?)?;
-            let h = rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps)?;
+            let h = rms_norm(&x, &block.ffn_norm.weight, self.cfg.rms_eps)?;
             let act = self.swiglu(&block.w_gate_up.forward(&h)?)?;
             x = (x + block.w_down.forward(&act)?)?;
         }
         cache.len += steps;
-        rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
+        rms_norm(&x, &self.final_norm.weight, self.cfg.rms_eps)?
             .reshape((rows, steps, self.cfg.d_model))
             .map_err(Into::into)
     }
@@ -550,7 +564,7 @@ impl Llama {
             .to_vec1()?;
         let width = (nh + 2 * nkv) * hd;
         for (layer, block) in self.blocks.iter().enumerate() {
-            let h = rms_norm_plain(&x, &block.attn_norm.to_vec1::<f32>()?, c.rms_eps);
+            let h = rms_norm_plain(&x, &block.attn_norm.plain, c.rms_eps);
             let mut qkv = block.wqkv.apply(&h, n)?;
             let (cache_k, cache_v) = &mut cache.kv[layer];
             for (&(row, own), qkv) in fed.iter().zip(qkv.chunks_exact_mut(width)) {
@@ -580,15 +594,11 @@ impl Llama {
                     .run(scores, out);
                 });
             add_into(&mut x, &block.wo.apply(&attn, n)?);
-            let h = rms_norm_plain(&x, &block.ffn_norm.to_vec1::<f32>()?, c.rms_eps);
+            let h = rms_norm_plain(&x, &block.ffn_norm.plain, c.rms_eps);
             let act = swiglu_plain(&block.w_gate_up.apply(&h, n)?, n, c.d_ff);
             add_into(&mut x, &block.w_down.apply(&act, n)?);
         }
-        Ok(rms_norm_plain(
-            &x,
-            &self.final_norm.to_vec1::<f32>()?,
-            c.rms_eps,
-        ))
+        Ok(rms_norm_plain(&x, &self.final_norm.plain, c.rms_eps))
     }
 
     /// Rotary embedding of the heads in `x` (heads × head_dim, pairs adjacent) at `position`.
