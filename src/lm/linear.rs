@@ -11,15 +11,25 @@
 //! the tensor lives). `AFKIT_GEMM=candle` forces candle's GEMM and `AFKIT_GEMM=avx2` the AVX2
 //! kernel, to compare them on one machine; debug builds use candle's unless `AFKIT_GEMM=packed`
 //! (see [`packed_kernel`]).
+//!
+//! A matrix can also be packed in bfloat16 ([`Precision::Bf16`]), for the sentence encoder:
+//! weights and activations are rounded to bf16 and their products, exact in f32, are added in
+//! f32 two steps at a time. CPUs with AVX512-BF16 do that with `vdpbf16ps`, twice the
+//! multiply-adds of an f32 FMA per instruction; other x86-64 CPUs with AVX2 and FMA run the same
+//! additions in the same order with f32 FMAs, so every machine computes the same bits (short of
+//! subnormal values, which `vdpbf16ps` flushes to zero).
 
 use anyhow::{bail, Result};
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 /// A weight matrix (in × out) applied to activation rows.
 pub enum Linear {
     /// candle's matmul (any CPU, any device).
     Dense(Tensor),
+    /// candle's matmul over bf16-rounded weights; the activations are rounded on every call,
+    /// so the products equal the packed bf16 kernels' up to the order of the additions.
+    DenseBf16(Tensor),
     /// Panels for afkit's micro-kernels.
     Packed(PackedMatrix),
 }
@@ -28,9 +38,26 @@ impl Linear {
     /// `w` is (in × out). Packs it when afkit's CPU kernels run the model and this CPU has one
     /// of its micro-kernels.
     pub fn new(w: Tensor, cpu_kernels: bool) -> Result<Self> {
-        match packed_kernel().filter(|_| cpu_kernels) {
+        match packed_kernel(Precision::F32).filter(|_| cpu_kernels) {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
             None => Ok(Linear::Dense(w.contiguous()?)),
+        }
+    }
+
+    /// `w` (in × out) in bf16 arithmetic (see the module's comment), packed for this CPU's
+    /// bf16 kernel where it has one.
+    pub fn bf16(w: Tensor) -> Result<Self> {
+        match packed_kernel(Precision::Bf16) {
+            Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
+            None => {
+                let rounded: Vec<f32> = w.flatten_all()?.to_vec1()?;
+                let rounded = rounded.into_iter().map(round_to_bf16).collect();
+                Ok(Linear::DenseBf16(Tensor::from_vec(
+                    rounded,
+                    w.dims2()?,
+                    w.device(),
+                )?))
+            }
         }
     }
 
@@ -38,9 +65,10 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?),
-            Linear::Packed(p) => {
+            Linear::DenseBf16(_) | Linear::Packed(_) => {
+                let n = self.outputs()?;
                 let out = self.forward_rows(x)?;
-                Ok(Tensor::from_vec(out, (x.dim(0)?, p.n), &Device::Cpu)?)
+                Ok(Tensor::from_vec(out, (x.dim(0)?, n), x.device())?)
             }
         }
     }
@@ -53,7 +81,19 @@ impl Linear {
                 let x = Tensor::from_slice(x, (rows, w.dim(0)?), w.device())?;
                 Ok(x.matmul(w)?.flatten_all()?.to_vec1()?)
             }
+            Linear::DenseBf16(w) => {
+                let x: Vec<f32> = x.iter().copied().map(round_to_bf16).collect();
+                Linear::Dense(w.clone()).apply(&x, rows)
+            }
             Linear::Packed(p) => p.apply(x, rows),
+        }
+    }
+
+    /// Output columns.
+    fn outputs(&self) -> Result<usize> {
+        match self {
+            Linear::Dense(w) | Linear::DenseBf16(w) => Ok(w.dim(1)?),
+            Linear::Packed(p) => Ok(p.n),
         }
     }
 
@@ -62,69 +102,154 @@ impl Linear {
     pub fn forward_rows(&self, x: &Tensor) -> Result<Vec<f32>> {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?.flatten_all()?.to_vec1()?),
-            Linear::Packed(p) => p.apply(&x.flatten_all()?.to_vec1::<f32>()?, x.dim(0)?),
+            Linear::DenseBf16(_) | Linear::Packed(_) => {
+                self.apply(&x.flatten_all()?.to_vec1::<f32>()?, x.dim(0)?)
+            }
         }
     }
+}
+
+/// What a packed matrix rounds its operands to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 operands, one multiply-add per step.
+    F32,
+    /// bf16 operands (rounded to nearest, ties to even) and f32 sums: for each pair of steps,
+    /// the odd step's product is added, then the even step's (the order of `vdpbf16ps`).
+    Bf16,
 }
 
 /// The micro-kernels a packed matrix can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// 12 rows × 32 columns of 512-bit accumulators.
+    /// f32: 12 rows × 32 columns of 512-bit accumulators.
     Avx512,
-    /// 6 rows × 16 columns of 256-bit accumulators with fused multiply-adds.
+    /// f32: 6 rows × 16 columns of 256-bit accumulators with fused multiply-adds.
     Avx2Fma,
+    /// bf16: 12 rows × 32 columns, `vdpbf16ps` on pairs of steps.
+    Avx512Bf16,
+    /// bf16 on CPUs without bf16 instructions: 6 rows × 16 columns, each pair of bf16 weights
+    /// widened to two f32 registers and added with fused multiply-adds in `vdpbf16ps`'s order.
+    Avx2FmaBf16,
 }
 
 impl Kernel {
-    /// Every kernel this CPU can run, fastest first.
+    /// Every kernel this CPU can run, fastest first for each precision.
     pub fn supported() -> Vec<Kernel> {
         let mut kernels = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx512f") {
+            let avx512 = std::is_x86_feature_detected!("avx512f");
+            if avx512 {
                 kernels.push(Kernel::Avx512);
             }
+            if avx512 && std::is_x86_feature_detected!("avx512bf16") {
+                kernels.push(Kernel::Avx512Bf16);
+            }
             if crate::simd::avx2_fma() {
-                kernels.push(Kernel::Avx2Fma);
+                kernels.extend([Kernel::Avx2Fma, Kernel::Avx2FmaBf16]);
             }
         }
         kernels
     }
 
+    pub fn precision(self) -> Precision {
+        match self {
+            Kernel::Avx512 | Kernel::Avx2Fma => Precision::F32,
+            Kernel::Avx512Bf16 | Kernel::Avx2FmaBf16 => Precision::Bf16,
+        }
+    }
+
+    fn is_avx2(self) -> bool {
+        matches!(self, Kernel::Avx2Fma | Kernel::Avx2FmaBf16)
+    }
+
     /// Rows of a full row block: as many accumulators as leave room, in the CPU's vector
     /// registers, for the panel's values and a broadcast (32 registers with AVX-512, 16 with AVX2).
     fn block_rows(self) -> usize {
-        match self {
-            Kernel::Avx512 => 12,
-            Kernel::Avx2Fma => 6,
+        if self.is_avx2() {
+            6
+        } else {
+            12
         }
     }
 
     /// The heights a row block may have: a short last block runs the smallest that covers it.
     fn heights(self) -> &'static [usize] {
-        match self {
-            Kernel::Avx512 => &[1, 2, 4, 8, 12],
-            Kernel::Avx2Fma => &[1, 2, 4, 6],
+        if self.is_avx2() {
+            &[1, 2, 4, 6]
+        } else {
+            &[1, 2, 4, 8, 12]
+        }
+    }
+
+    /// 32-bit words a panel column holds for `k` steps: one f32 per step, or one pair of bf16
+    /// per two steps (an odd `k` padded with a zero step).
+    fn words(self, k: usize) -> usize {
+        match self.precision() {
+            Precision::F32 => k,
+            Precision::Bf16 => k.div_ceil(2),
         }
     }
 }
 
-/// The kernel packed matrices use here: the fastest this CPU has. `AFKIT_GEMM=candle` keeps
-/// candle's GEMM, and so does a debug build unless `AFKIT_GEMM=packed`: there afkit's own code is
-/// unoptimised while candle's (a dependency) is built optimised, and the kernels' intrinsics,
-/// left as calls, would run many times slower than candle (the test suite would crawl).
-/// `AFKIT_GEMM=avx2` takes the AVX2 kernel where AVX-512 is there too, so that one machine can
-/// time both paths.
-pub fn packed_kernel() -> Option<Kernel> {
-    let supported = Kernel::supported();
+/// The kernel packed matrices of `precision` use here: the fastest this CPU has.
+/// `AFKIT_GEMM=candle` keeps candle's GEMM, and so does a debug build unless
+/// `AFKIT_GEMM=packed`: there afkit's own code is unoptimised while candle's (a dependency) is
+/// built optimised, and the kernels' intrinsics, left as calls, would run many times slower than
+/// candle (the test suite would crawl). `AFKIT_GEMM=avx2` takes the AVX2 kernels where AVX-512
+/// is there too, so that one machine can time both paths.
+pub fn packed_kernel(precision: Precision) -> Option<Kernel> {
+    let mut supported = Kernel::supported()
+        .into_iter()
+        .filter(|k| k.precision() == precision);
     match std::env::var("AFKIT_GEMM").as_deref() {
         Ok("candle") => None,
-        Ok("packed") => supported.first().copied(),
-        Ok("avx2") => supported.into_iter().find(|&k| k == Kernel::Avx2Fma),
+        Ok("packed") => supported.next(),
+        Ok("avx2") => supported.find(|k| k.is_avx2()),
         _ if cfg!(debug_assertions) => None,
-        _ => supported.first().copied(),
+        _ => supported.next(),
     }
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as an f32.
+pub fn round_to_bf16(x: f32) -> f32 {
+    bf16_as_f32(bf16_bits(x))
+}
+
+/// The bits of `x` rounded to the nearest bf16, ties to even; a NaN stays a NaN. Without
+/// branches, so that the loops packing activations over it vectorise (rounding one value at a
+/// time took a fifth of the encoder's narrow products).
+fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    let quiet_nan = (bits >> 16) | 0x40;
+    (if x.is_nan() { quiet_nan } else { rounded }) as u16
+}
+
+/// A bf16 is an f32's high half.
+fn bf16_as_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// Two bf16 as one 32-bit word, `low` in the low half (the even step, as `vdpbf16ps` reads
+/// pairs), held in an f32 as the packed panels and blocks hold words.
+fn bf16_word(low: u16, high: u16) -> f32 {
+    f32::from_bits(u32::from(low) | u32::from(high) << 16)
+}
+
+/// Where the AVX2 bf16 kernel keeps column `c` (of 32) among a step's 32 bf16 weights: each
+/// 16-column half is one 256-bit register, ordered so that interleaving it with zeros, within
+/// each 128-bit lane, gives columns 0–7 of the half from the low words and 8–15 from the high
+/// ones: [0–3, 8–11 | 4–7, 12–15].
+fn avx2_bf16_position(c: usize) -> usize {
+    let (half, c) = (c / 16, c % 16);
+    half * 16
+        + match c {
+            4..8 => c + 4,
+            8..12 => c - 4,
+            _ => c,
+        }
 }
 
 /// Columns of one panel: two 16-lane registers, or four 8-lane ones.
@@ -133,8 +258,11 @@ const NR: usize = 32;
 /// while every row block passes over it.
 const CHUNK_BYTES: usize = 256 * 1024;
 
-/// A weight matrix (k × n) as ⌈n / 32⌉ panels of k × 32 values, row-major inside a panel, the
-/// last panel padded with zero columns.
+/// A weight matrix (k × n) as ⌈n / 32⌉ panels of 32 columns, row-major inside a panel, the last
+/// panel padded with zero columns. A panel row is one step of f32 values, or for the bf16
+/// kernels two steps of bf16 held in 32 f32 words: for `vdpbf16ps` each word a column's pair
+/// (the even step in the low half), for the AVX2 bf16 kernel the odd step's 32 values and then
+/// the even step's (see [`avx2_bf16_position`]).
 pub struct PackedMatrix {
     k: usize,
     n: usize,
@@ -150,15 +278,39 @@ impl PackedMatrix {
         }
         let (k, n) = w.dims2()?;
         let rows = w.to_vec2::<f32>()?;
+        let words = kernel.words(k);
         let n_panels = n.div_ceil(NR);
-        let mut panels = vec![0f32; n_panels * k * NR];
+        let mut panels = vec![0f32; n_panels * words * NR];
         panels
-            .par_chunks_mut(k * NR)
+            .par_chunks_mut(words * NR)
             .enumerate()
             .for_each(|(p, panel)| {
                 let (c0, width) = (p * NR, NR.min(n - p * NR));
-                for (row, out) in rows.iter().zip(panel.chunks_exact_mut(NR)) {
-                    out[..width].copy_from_slice(&row[c0..c0 + width]);
+                let value = |step: usize, c: usize| rows.get(step).map_or(0.0, |r| r[c0 + c]);
+                for (word, out) in panel.chunks_exact_mut(NR).enumerate() {
+                    match kernel {
+                        Kernel::Avx512 | Kernel::Avx2Fma => {
+                            out[..width].copy_from_slice(&rows[word][c0..c0 + width])
+                        }
+                        Kernel::Avx512Bf16 => {
+                            for (c, out) in out[..width].iter_mut().enumerate() {
+                                let (even, odd) = (value(2 * word, c), value(2 * word + 1, c));
+                                *out = bf16_word(bf16_bits(even), bf16_bits(odd));
+                            }
+                        }
+                        Kernel::Avx2FmaBf16 => {
+                            let mut halves = [0u16; 2 * NR];
+                            for c in 0..width {
+                                let (odd, even) = (value(2 * word + 1, c), value(2 * word, c));
+                                let at = avx2_bf16_position(c);
+                                halves[at] = bf16_bits(odd);
+                                halves[NR + at] = bf16_bits(even);
+                            }
+                            for (out, two) in out.iter_mut().zip(halves.chunks_exact(2)) {
+                                *out = bf16_word(two[0], two[1]);
+                            }
+                        }
+                    }
                 }
             });
         Ok(PackedMatrix {
@@ -178,13 +330,14 @@ impl PackedMatrix {
         if rows == 0 {
             return Ok(Vec::new());
         }
+        let words = self.kernel.words(k);
         // Not zeroed first: the tasks below write every element once (the row blocks cover the
         // rows, the panels the columns), and zeroing the output head's 49k columns per decode
         // step was a pass over tens of megabytes for nothing.
         let mut out: Vec<f32> = Vec::with_capacity(rows * n);
         let blocks = RowBlocks::pack(x, rows, k, self.kernel);
         let n_panels = n.div_ceil(NR);
-        let per_chunk = (CHUNK_BYTES / (k * NR * 4)).clamp(1, n_panels);
+        let per_chunk = (CHUNK_BYTES / (words * NR * 4)).clamp(1, n_panels);
         let n_chunks = n_panels.div_ceil(per_chunk);
         // A narrow matrix has few chunks (a 384-column one has 3), too few to share out evenly
         // between the threads: then the row blocks are split into groups as well, each task one
@@ -204,13 +357,13 @@ impl PackedMatrix {
                 for block in group {
                     for p in panels.clone() {
                         let cols = NR.min(n - p * NR);
-                        let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
+                        let panel = &self.panels[p * words * NR..(p + 1) * words * NR];
                         // SAFETY: each (block, panel) pair writes its own rows × columns of
                         // `out`, so no two tasks write the same element; the kernel reads
-                        // `k` steps of the packed block and the panel, both that long.
+                        // `words` rows of the packed block and the panel, both that long.
                         unsafe {
                             let dst = c.at(block.first_row * n + p * NR);
-                            micro_kernel(self.kernel, block, panel, k, dst, n, cols);
+                            micro_kernel(self.kernel, block, panel, words, dst, n, cols);
                         }
                     }
                 }
@@ -237,8 +390,9 @@ impl OutPtr {
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Activation rows regrouped for the micro-kernel: a block of `height` rows stored step-major
-/// (for each of the k steps, the block's rows side by side), zero-padded to the kernel's height.
+/// Activation rows regrouped for the micro-kernel: a block of `height` rows stored word-major
+/// (for each word of the panels' columns, what the kernel broadcasts of the block's rows side by
+/// side), zero-padded to the kernel's height and to whole words.
 struct RowBlocks {
     blocks: Vec<RowBlock>,
 }
@@ -249,12 +403,16 @@ struct RowBlock {
     rows: usize,
     /// Rows the kernel computes: the smallest kernel height that covers `rows`.
     height: usize,
+    /// Per word, `height` values: f32 values for the f32 kernels, bf16 pairs (as
+    /// [`PackedMatrix`]'s panels) for `vdpbf16ps`; for the AVX2 bf16 kernel `2·height` values,
+    /// the odd step's rounded values and then the even step's, in the order they are added.
     data: Vec<f32>,
 }
 
 impl RowBlocks {
     fn pack(x: &[f32], rows: usize, k: usize, kernel: Kernel) -> Self {
         let full = kernel.block_rows();
+        let words = kernel.words(k);
         let blocks = (0..rows.div_ceil(full))
             .into_par_iter()
             .map(|block| {
@@ -266,11 +424,34 @@ impl RowBlocks {
                     .copied()
                     .find(|&h| h >= real)
                     .unwrap_or(full);
-                let mut data = vec![0f32; k * height];
+                let per_word = match kernel {
+                    Kernel::Avx2FmaBf16 => 2 * height,
+                    _ => height,
+                };
+                let mut data = vec![0f32; words * per_word];
+                // One row's bf16, padded to whole pairs.
+                let mut bits = vec![0u16; 2 * words];
                 for r in 0..real {
-                    let src = &x[(first_row + r) * k..(first_row + r + 1) * k];
-                    for (step, &v) in src.iter().enumerate() {
-                        data[step * height + r] = v;
+                    let row = &x[(first_row + r) * k..(first_row + r + 1) * k];
+                    if kernel.precision() == Precision::Bf16 {
+                        for (b, &v) in bits.iter_mut().zip(row) {
+                            *b = bf16_bits(v);
+                        }
+                    }
+                    let slots = data.chunks_exact_mut(per_word);
+                    match kernel {
+                        Kernel::Avx512 | Kernel::Avx2Fma => {
+                            slots.zip(row).for_each(|(slot, &v)| slot[r] = v)
+                        }
+                        Kernel::Avx512Bf16 => slots
+                            .zip(bits.chunks_exact(2))
+                            .for_each(|(slot, pair)| slot[r] = bf16_word(pair[0], pair[1])),
+                        Kernel::Avx2FmaBf16 => {
+                            for (slot, pair) in slots.zip(bits.chunks_exact(2)) {
+                                slot[r] = bf16_as_f32(pair[1]);
+                                slot[height + r] = bf16_as_f32(pair[0]);
+                            }
+                        }
                     }
                 }
                 RowBlock {
@@ -285,7 +466,8 @@ impl RowBlocks {
     }
 }
 
-/// Writes `block · panel` (block.rows × cols) at `dst` (row stride `ldc`).
+/// Writes `block · panel` (block.rows × cols) at `dst` (row stride `ldc`), over `words` rows of
+/// the panel.
 ///
 /// # Safety
 /// `dst` must be valid for writes of `block.rows` rows of `cols` values at stride `ldc`, the
@@ -295,7 +477,7 @@ unsafe fn micro_kernel(
     kernel: Kernel,
     block: &RowBlock,
     panel: &[f32],
-    k: usize,
+    words: usize,
     dst: *mut f32,
     ldc: usize,
     cols: usize,
@@ -304,44 +486,50 @@ unsafe fn micro_kernel(
     {
         let (a, b) = (block.data.as_ptr(), panel.as_ptr());
         let rows = block.rows;
-        match kernel {
-            Kernel::Avx512 => {
-                let write = (dst, ldc, cols);
-                match block.height {
-                    1 => avx512::kernel::<1>(a, b, k, rows, write),
-                    2 => avx512::kernel::<2>(a, b, k, rows, write),
-                    4 => avx512::kernel::<4>(a, b, k, rows, write),
-                    8 => avx512::kernel::<8>(a, b, k, rows, write),
-                    full => {
-                        debug_assert_eq!(full, Kernel::Avx512.block_rows());
-                        avx512::kernel::<12>(a, b, k, rows, write)
-                    }
+        if kernel.is_avx2() {
+            // The panel's two 16-column halves, one after the other.
+            for half in 0..2 {
+                let cols = cols.saturating_sub(half * 16).min(16);
+                if cols == 0 {
+                    break;
+                }
+                let bf16 = kernel == Kernel::Avx2FmaBf16;
+                // A half is 16 f32 words, or 16 bf16 (8 words) of each step (see
+                // `avx2_bf16_position`).
+                let b = b.add(half * if bf16 { 8 } else { 16 });
+                let write = (dst.add(half * 16), ldc, cols);
+                match (block.height, bf16) {
+                    (1, false) => avx2::kernel::<1>(a, b, words, rows, write),
+                    (2, false) => avx2::kernel::<2>(a, b, words, rows, write),
+                    (4, false) => avx2::kernel::<4>(a, b, words, rows, write),
+                    (_, false) => avx2::kernel::<6>(a, b, words, rows, write),
+                    (1, true) => avx2::kernel_bf16::<1>(a, b, words, rows, write),
+                    (2, true) => avx2::kernel_bf16::<2>(a, b, words, rows, write),
+                    (4, true) => avx2::kernel_bf16::<4>(a, b, words, rows, write),
+                    (_, true) => avx2::kernel_bf16::<6>(a, b, words, rows, write),
                 }
             }
-            // The panel's two 16-column halves, one after the other.
-            Kernel::Avx2Fma => {
-                for half in 0..2 {
-                    let cols = cols.saturating_sub(half * 16).min(16);
-                    if cols == 0 {
-                        break;
-                    }
-                    let (b, write) = (b.add(half * 16), (dst.add(half * 16), ldc, cols));
-                    match block.height {
-                        1 => avx2::kernel::<1>(a, b, k, rows, write),
-                        2 => avx2::kernel::<2>(a, b, k, rows, write),
-                        4 => avx2::kernel::<4>(a, b, k, rows, write),
-                        full => {
-                            debug_assert_eq!(full, Kernel::Avx2Fma.block_rows());
-                            avx2::kernel::<6>(a, b, k, rows, write)
-                        }
-                    }
-                }
+        } else {
+            debug_assert!(kernel.heights().contains(&block.height));
+            let write = (dst, ldc, cols);
+            let bf16 = kernel == Kernel::Avx512Bf16;
+            match (block.height, bf16) {
+                (1, false) => avx512::kernel::<1>(a, b, words, rows, write),
+                (2, false) => avx512::kernel::<2>(a, b, words, rows, write),
+                (4, false) => avx512::kernel::<4>(a, b, words, rows, write),
+                (8, false) => avx512::kernel::<8>(a, b, words, rows, write),
+                (_, false) => avx512::kernel::<12>(a, b, words, rows, write),
+                (1, true) => avx512::kernel_bf16::<1>(a, b, words, rows, write),
+                (2, true) => avx512::kernel_bf16::<2>(a, b, words, rows, write),
+                (4, true) => avx512::kernel_bf16::<4>(a, b, words, rows, write),
+                (8, true) => avx512::kernel_bf16::<8>(a, b, words, rows, write),
+                (_, true) => avx512::kernel_bf16::<12>(a, b, words, rows, write),
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (kernel, block, panel, k, dst, ldc, cols);
+        let _ = (kernel, block, panel, words, dst, ldc, cols);
         unreachable!("matrices are packed only on x86-64 CPUs");
     }
 }
@@ -359,7 +547,7 @@ mod avx512 {
         b: *const f32,
         k: usize,
         rows: usize,
-        (dst, ldc, cols): (*mut f32, usize, usize),
+        write: (*mut f32, usize, usize),
     ) {
         let mut lo = [_mm512_setzero_ps(); H];
         let mut hi = [_mm512_setzero_ps(); H];
@@ -373,6 +561,45 @@ mod avx512 {
                 hi[r] = _mm512_fmadd_ps(ar, b_hi, hi[r]);
             }
         }
+        store(&lo, &hi, rows, write);
+    }
+
+    /// As [`kernel`] over `pairs` words of bf16 pairs: each `vdpbf16ps` adds two steps'
+    /// products to sixteen columns.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn kernel_bf16<const H: usize>(
+        a: *const f32,
+        b: *const f32,
+        pairs: usize,
+        rows: usize,
+        write: (*mut f32, usize, usize),
+    ) {
+        let (a, b) = (a as *const i32, b as *const i32);
+        let mut lo = [_mm512_setzero_ps(); H];
+        let mut hi = [_mm512_setzero_ps(); H];
+        for pair in 0..pairs {
+            let b_lo: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(pair * 32).cast()));
+            let b_hi: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(b.add(pair * 32 + 16).cast()));
+            let a_pair = a.add(pair * H);
+            for r in 0..H {
+                let ar: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a_pair.add(r)));
+                lo[r] = _mm512_dpbf16_ps(lo[r], ar, b_lo);
+                hi[r] = _mm512_dpbf16_ps(hi[r], ar, b_hi);
+            }
+        }
+        store(&lo, &hi, rows, write);
+    }
+
+    /// Stores the first `rows` rows and `cols` columns of the accumulators.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store<const H: usize>(
+        lo: &[__m512; H],
+        hi: &[__m512; H],
+        rows: usize,
+        (dst, ldc, cols): (*mut f32, usize, usize),
+    ) {
         let mask_lo: __mmask16 = if cols >= 16 {
             0xffff
         } else {
@@ -407,7 +634,7 @@ mod avx2 {
         b: *const f32,
         k: usize,
         rows: usize,
-        (dst, ldc, cols): (*mut f32, usize, usize),
+        write: (*mut f32, usize, usize),
     ) {
         let mut lo = [_mm256_setzero_ps(); H];
         let mut hi = [_mm256_setzero_ps(); H];
@@ -421,6 +648,56 @@ mod avx2 {
                 hi[r] = _mm256_fmadd_ps(ar, b_hi, hi[r]);
             }
         }
+        store(&lo, &hi, rows, write);
+    }
+
+    /// As [`kernel`] over `pairs` rows of bf16 weights packed for this kernel (see
+    /// [`avx2_bf16_position`](super::avx2_bf16_position)), in `vdpbf16ps`'s order: the odd
+    /// step's weights times the odd step's values, then the even step's. Interleaving a
+    /// register of 16 bf16 with zeros gives eight of them as f32 (a bf16 is an f32's high half),
+    /// and a bf16 times a bf16 is exact in f32, so each fused multiply-add rounds once, as
+    /// `vdpbf16ps` does.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn kernel_bf16<const H: usize>(
+        a: *const f32,
+        b: *const f32,
+        pairs: usize,
+        rows: usize,
+        write: (*mut f32, usize, usize),
+    ) {
+        let b = b as *const __m256i;
+        let zero = _mm256_setzero_si256();
+        let mut lo = [_mm256_setzero_ps(); H];
+        let mut hi = [_mm256_setzero_ps(); H];
+        for pair in 0..pairs {
+            let a_pair = a.add(pair * 2 * H);
+            // A pair's row: the odd step's 32 columns (two halves of 16), then the even step's.
+            for (step, weights) in [b.add(pair * 4), b.add(pair * 4 + 2)]
+                .into_iter()
+                .enumerate()
+            {
+                let w = _mm256_loadu_si256(weights);
+                let w_lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w));
+                let w_hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w));
+                for r in 0..H {
+                    let ar = _mm256_broadcast_ss(&*a_pair.add(step * H + r));
+                    lo[r] = _mm256_fmadd_ps(ar, w_lo, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(ar, w_hi, hi[r]);
+                }
+            }
+        }
+        store(&lo, &hi, rows, write);
+    }
+
+    /// Stores the first `rows` rows and `cols` (≤ 16) columns of the accumulators.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store<const H: usize>(
+        lo: &[__m256; H],
+        hi: &[__m256; H],
+        rows: usize,
+        (dst, ldc, cols): (*mut f32, usize, usize),
+    ) {
         for r in 0..rows.min(H) {
             let row = dst.add(r * ldc);
             if cols == 16 {
@@ -439,6 +716,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     fn reference(x: &[f32], rows: usize, w: &[Vec<f32>]) -> Vec<f32> {
         let n = w[0].len();
@@ -454,8 +732,59 @@ mod tests {
         out
     }
 
+    /// [`Precision::Bf16`] written out: operands rounded to bf16, and for each pair of steps one
+    /// fused multiply-add for the odd step, then one for the even step.
+    fn reference_bf16(x: &[f32], rows: usize, w: &[Vec<f32>]) -> Vec<f32> {
+        let (k, n) = (w.len(), w[0].len());
+        let term = |r: usize, c: usize, step: usize| match w.get(step) {
+            Some(wrow) => {
+                let round = |v: f32| half::bf16::from_f32(v).to_f32();
+                (round(x[r * k + step]), round(wrow[c]))
+            }
+            None => (0.0, 0.0),
+        };
+        let mut out = vec![0f32; rows * n];
+        for r in 0..rows {
+            for c in 0..n {
+                let mut acc = 0f32;
+                for pair in 0..k.div_ceil(2) {
+                    for step in [2 * pair + 1, 2 * pair] {
+                        let (a, b) = term(r, c, step);
+                        acc = a.mul_add(b, acc);
+                    }
+                }
+                out[r * n + c] = acc;
+            }
+        }
+        out
+    }
+
+    /// The branch-free rounding agrees with the `half` crate's on every class of value:
+    /// ties both ways, subnormals, the largest finite values (which round to infinity), NaNs.
+    #[test]
+    fn bf16_rounding_agrees_with_the_half_crate() {
+        let mut values = vec![0.0, -0.0, 1.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX];
+        values.extend([f32::MIN_POSITIVE, 1e-40, -1e-45, f32::NAN, -f32::NAN]);
+        values.extend([f32::from_bits(0x7f80_0001), f32::from_bits(0xffc0_1234)]);
+        // Every pattern of the 17 bits rounding looks at, under a few exponents and both signs.
+        for high in [0x3f80_u32, 0xbf80, 0x0000, 0x7f00, 0x4b00] {
+            values.extend((0..1u32 << 17).map(|low| f32::from_bits(high << 16 ^ low)));
+        }
+        for v in values {
+            let want = half::bf16::from_f32(v);
+            let got = bf16_bits(v);
+            if v.is_nan() {
+                assert!(half::bf16::from_bits(got).is_nan(), "{:#x}", v.to_bits());
+            } else {
+                assert_eq!(got, want.to_bits(), "{v:e} ({:#x})", v.to_bits());
+            }
+        }
+    }
+
     /// Every kernel this CPU runs, every row-block height, a ragged last panel (in either half,
-    /// for AVX2) and a long inner dimension, against a plain triple loop.
+    /// for AVX2), odd and long inner dimensions: the f32 kernels against a plain triple loop,
+    /// the bf16 kernels bit for bit against [`reference_bf16`] (so the AVX2 kernel gives the
+    /// same bits as `vdpbf16ps`).
     #[test]
     fn packed_product_equals_the_plain_product() {
         let kernels = Kernel::supported();
@@ -485,33 +814,58 @@ mod tests {
                 .map(|i| ((i * 17) % 11) as f32 / 5.0 - 1.0)
                 .collect();
             let got = packed.apply(&x, rows).unwrap();
-            let want = reference(&x, rows, &w);
-            for (g, e) in got.iter().zip(&want) {
-                assert!(
-                    (g - e).abs() < 1e-4 * (1.0 + e.abs()),
-                    "{kernel:?}, rows {rows}: {g} vs {e}"
-                );
+            match kernel.precision() {
+                Precision::F32 => {
+                    let want = reference(&x, rows, &w);
+                    for (g, e) in got.iter().zip(&want) {
+                        assert!(
+                            (g - e).abs() < 1e-4 * (1.0 + e.abs()),
+                            "{kernel:?}, rows {rows}: {g} vs {e}"
+                        );
+                    }
+                }
+                Precision::Bf16 => {
+                    let want = reference_bf16(&x, rows, &w);
+                    for (g, e) in got.iter().zip(&want) {
+                        assert_eq!(g.to_bits(), e.to_bits(), "{kernel:?}, rows {rows}");
+                    }
+                }
             }
         }
     }
 
-    /// Every path a `Linear` can take here, `forward` and `forward_rows` alike, against
-    /// candle's matmul.
+    /// Every path a `Linear` can take here, `forward` and `forward_rows` alike: the f32 ones
+    /// against candle's matmul, the bf16 ones against candle's matmul of the bf16-rounded
+    /// operands (the same products, added in another order) and, loosely, against f32.
     #[test]
     fn every_path_agrees_with_candle() {
         let w = Tensor::randn(0f32, 1.0, (64, 96), &Device::Cpu).unwrap();
         let x = Tensor::randn(0f32, 1.0, (20, 64), &Device::Cpu).unwrap();
-        let want: Vec<f32> = x
-            .matmul(&w)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let product = |x: &Tensor, w: &Tensor| -> Vec<f32> {
+            x.matmul(w)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let rounded = |t: &Tensor| {
+            let values: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+            let values = values.into_iter().map(|v| half::bf16::from_f32(v).to_f32());
+            let values: Vec<f32> = values.collect();
+            Tensor::from_vec(values, t.dims2().unwrap(), &Device::Cpu).unwrap()
+        };
+        let f32_product = product(&x, &w);
+        let bf16_product = product(&rounded(&x), &rounded(&w));
         let packed = Kernel::supported()
             .into_iter()
             .map(|kernel| Linear::Packed(PackedMatrix::pack(&w, kernel).unwrap()));
-        for linear in std::iter::once(Linear::new(w.clone(), true).unwrap()).chain(packed) {
+        let mut paths = vec![
+            Linear::new(w.clone(), true).unwrap(),
+            Linear::bf16(w.clone()).unwrap(),
+        ];
+        paths.extend(packed);
+        for linear in paths {
             let got: Vec<f32> = linear
                 .forward(&x)
                 .unwrap()
@@ -520,8 +874,15 @@ mod tests {
                 .to_vec1()
                 .unwrap();
             assert_eq!(linear.forward_rows(&x).unwrap(), got);
-            for (g, e) in got.iter().zip(&want) {
+            let is_bf16 = match &linear {
+                Linear::Dense(_) => false,
+                Linear::DenseBf16(_) => true,
+                Linear::Packed(p) => p.kernel.precision() == Precision::Bf16,
+            };
+            let want = if is_bf16 { &bf16_product } else { &f32_product };
+            for ((g, e), f) in got.iter().zip(want).zip(&f32_product) {
                 assert!((g - e).abs() < 1e-3, "{g} vs {e}");
+                assert!((g - f).abs() < 0.1, "{g} vs {f} in f32");
             }
         }
     }
