@@ -6,7 +6,11 @@
 //! must see sentence boundaries, runs per sentence. The weights go through `lm::linear`, which
 //! packs them once for afkit's GEMM micro-kernels (AVX-512, or AVX2 with FMA, chosen at run time)
 //! and falls back to candle's matmul elsewhere. What it computes is Hugging Face's `BertModel`
-//! with an all-ones attention mask, followed by sentence-transformers' mean pooling.
+//! with an all-ones attention mask, followed by sentence-transformers' mean pooling, except
+//! that the linear layers multiply in bf16 (operands rounded, sums in f32): on CPUs with
+//! AVX512-BF16 that doubles their arithmetic rate, and the vectors stay within a cosine of
+//! 0.9999 of sentence-transformers' f32 ones (BENCHMARKS.md, "AFLite"). Every other CPU
+//! computes the same bits with f32 instructions, so a vector does not depend on the machine.
 
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
@@ -283,7 +287,7 @@ impl Dense {
 
     fn new(w: Tensor, bias: Vec<f32>) -> Result<Self> {
         Ok(Self {
-            weight: Linear::new(w, true)?,
+            weight: Linear::bf16(w)?,
             bias,
         })
     }

@@ -109,7 +109,7 @@ impl SentenceEncoder {
         }
         let mut h = Sha256::new();
         h.update(format!(
-            "mean-pooled, L2-normalised, at most {MAX_SEQ_LEN} pieces\n"
+            "mean-pooled, L2-normalised, at most {MAX_SEQ_LEN} pieces, linear layers in bf16\n"
         ));
         for file in ["config.json", "tokenizer.json", "model.safetensors"] {
             h.update(file);
