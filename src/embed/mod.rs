@@ -90,7 +90,7 @@ impl SentenceEncoder {
         let vb =
             unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &Device::Cpu) }
                 .with_context(|| format!("cannot map {}", weights.display()))?;
-        let model = MiniLm::load(vb, &config)
+        let model = MiniLm::load(vb, &config, crate::lm::linear::Precision::Bf16)
             .with_context(|| format!("{} is not a BERT model", weights.display()))?;
         Ok(Self {
             model,
