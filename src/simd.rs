@@ -43,6 +43,60 @@ pub fn dot_lanes<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     total
 }
 
+/// [`dot_lanes`] of `a` with four rows as long, each summed exactly as `dot_lanes` sums it (so
+/// a caller's results do not depend on how it groups rows), reading `a` once for all four.
+/// Like every `FMA = true` kernel here it may run only where [`avx2_fma`] holds: that build is
+/// written with AVX2 intrinsics, as the compiler would not keep four rows' lanes in registers.
+#[inline(always)]
+pub fn dot_lanes_4<const FMA: bool>(a: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
+    let n = a.len();
+    assert!(
+        rows.iter().all(|row| row.len() >= n),
+        "rows shorter than the vector"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if FMA {
+            // SAFETY: `FMA = true` builds run only on CPUs with AVX2 and FMA (see above), and
+            // every row holds at least `n` values.
+            return unsafe { dot_4_avx2_fma(a, rows) };
+        }
+    }
+    rows.map(|row| dot_lanes::<FMA>(a, &row[..n]))
+}
+
+/// [`dot_lanes_4`] in AVX2 registers: lanes 0–7 and 8–15 of each row's sixteen, then the same
+/// sum over the lanes and the same tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot_4_avx2_fma(a: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let n = a.len();
+    let whole = n / 16 * 16;
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    for start in (0..whole).step_by(16) {
+        let a_lo = _mm256_loadu_ps(a.as_ptr().add(start));
+        let a_hi = _mm256_loadu_ps(a.as_ptr().add(start + 8));
+        for (acc, row) in acc.iter_mut().zip(rows) {
+            let b = row.as_ptr().add(start);
+            acc[0] = _mm256_fmadd_ps(a_lo, _mm256_loadu_ps(b), acc[0]);
+            acc[1] = _mm256_fmadd_ps(a_hi, _mm256_loadu_ps(b.add(8)), acc[1]);
+        }
+    }
+    let mut totals = [0f32; 4];
+    for ((total, acc), row) in totals.iter_mut().zip(acc).zip(rows) {
+        let mut lanes = [0f32; 16];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
+        *total = lanes.iter().sum();
+        for i in whole..n {
+            *total += a[i] * row[i];
+        }
+    }
+    totals
+}
+
 /// `y += alpha·x`.
 #[inline(always)]
 pub fn axpy_lanes<const FMA: bool>(alpha: f32, x: &[f32], y: &mut [f32]) {
@@ -52,6 +106,51 @@ pub fn axpy_lanes<const FMA: bool>(alpha: f32, x: &[f32], y: &mut [f32]) {
         } else {
             *yi + alpha * xi
         };
+    }
+}
+
+/// [`axpy_lanes`] with four rows and their factors in turn, `y` read and written once: every
+/// element gets the same additions in the same order as from one `axpy_lanes` per row. As
+/// [`dot_lanes_4`], `FMA = true` only where [`avx2_fma`] holds.
+#[inline(always)]
+pub fn axpy_lanes_4<const FMA: bool>(alphas: [f32; 4], rows: [&[f32]; 4], y: &mut [f32]) {
+    let n = y.len();
+    assert!(
+        rows.iter().all(|row| row.len() >= n),
+        "rows shorter than the vector"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if FMA {
+            // SAFETY: as in `dot_lanes_4`.
+            return unsafe { axpy_4_avx2_fma(alphas, rows, y) };
+        }
+    }
+    for (&alpha, row) in alphas.iter().zip(rows) {
+        axpy_lanes::<FMA>(alpha, &row[..n], y);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn axpy_4_avx2_fma(alphas: [f32; 4], rows: [&[f32]; 4], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = y.len();
+    let whole = n / 8 * 8;
+    let factors = alphas.map(|alpha| _mm256_set1_ps(alpha));
+    for start in (0..whole).step_by(8) {
+        let out = y.as_mut_ptr().add(start);
+        let mut acc = _mm256_loadu_ps(out);
+        for (&factor, row) in factors.iter().zip(rows) {
+            acc = _mm256_fmadd_ps(factor, _mm256_loadu_ps(row.as_ptr().add(start)), acc);
+        }
+        _mm256_storeu_ps(out, acc);
+    }
+    for j in whole..n {
+        for (&alpha, row) in alphas.iter().zip(rows) {
+            y[j] = alpha.mul_add(row[j], y[j]);
+        }
     }
 }
 
@@ -220,6 +319,41 @@ pub fn exp_lanes<const FMA: bool>(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Grouped rows give the bits of one call per row, with and without fused multiply-adds
+    /// (the AVX2 build where the CPU has it), for lengths with and without a tail.
+    #[test]
+    fn grouped_dots_and_axpys_equal_one_call_per_row() {
+        fn check<const FMA: bool>(len: usize) {
+            let value = |i: usize| ((i * 37 % 101) as f32 / 17.0 - 2.9) * 1.001;
+            let a: Vec<f32> = (0..len).map(value).collect();
+            let rows: Vec<Vec<f32>> = (1..=4)
+                .map(|r| (0..len).map(|i| value(i * r + 7 * r)).collect())
+                .collect();
+            let rows = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
+            let grouped = dot_lanes_4::<FMA>(&a, rows);
+            for (g, row) in grouped.iter().zip(rows) {
+                assert_eq!(
+                    g.to_bits(),
+                    dot_lanes::<FMA>(&a, row).to_bits(),
+                    "len {len}"
+                );
+            }
+            let alphas = [0.3, -1.7, 2.2, 0.01];
+            let (mut one_by_one, mut together) = (a.clone(), a.clone());
+            for (&alpha, row) in alphas.iter().zip(rows) {
+                axpy_lanes::<FMA>(alpha, row, &mut one_by_one);
+            }
+            axpy_lanes_4::<FMA>(alphas, rows, &mut together);
+            assert_eq!(one_by_one, together, "len {len}");
+        }
+        for len in [1, 15, 16, 33, 384] {
+            check::<false>(len);
+            if avx2_fma() {
+                check::<true>(len);
+            }
+        }
+    }
 
     #[test]
     fn exp_is_within_two_ulp_of_libm() {

@@ -289,8 +289,15 @@ fn score_histogram(scores: &[Option<f64>]) -> ([usize; HISTOGRAM_BINS], f64, usi
     (histogram, mean, scored)
 }
 
+/// Positions of S predicted by every model in turn before moving on: 64 rows of 384 f32 stay in
+/// a core's L2 cache while each model's weights pass over them.
+const PREDICT_CHUNK: usize = 64;
+
 /// Fits one model per partition in parallel; per position of S returns how often it was
 /// predicted correctly and predicted at all, plus the number of fits that did not converge.
+///
+/// The predictions go through S once for all models, chunk by chunk: streaming S once per
+/// model had been a sixth of the filter's time on 20k × 384.
 fn predict_partitions(
     features: &Matrix,
     labels: &[u32],
@@ -299,35 +306,49 @@ fn predict_partitions(
     fit: &FitOptions,
     observer: &dyn Observer,
 ) -> (Vec<u32>, Vec<u32>, usize) {
-    // Outcome per partition and position of S: 0 = trained on, 1 = wrong, 2 = right.
-    let outcomes: Vec<(Vec<u8>, bool)> = train_sets
+    let models: Vec<LogReg> = train_sets
         .par_iter()
         .map(|train| {
+            // Copied out: the fit passes over its rows dozens of times, and rows scattered
+            // over the matrix made those passes 2.6 times slower than the copy costs.
             let x = features.select(train);
             let y: Vec<u32> = train.iter().map(|&i| labels[i]).collect();
             let model = LogReg::fit(&x.data, features.cols, &y, fit);
-            let mut outcome = vec![0u8; s.len()];
-            let mut t = train.iter().peekable();
-            for (p, &i) in s.iter().enumerate() {
-                if t.peek() == Some(&&i) {
-                    t.next();
-                    continue;
-                }
-                outcome[p] = 1 + u8::from(model.predict(features.row(i)) == labels[i]);
-            }
             observer.partition_done();
-            (outcome, model.converged)
+            model
+        })
+        .collect();
+    // trained_on[m][p]: whether model m was fitted on position p of S (train sets are drawn
+    // from S in its order).
+    let trained_on: Vec<Vec<bool>> = train_sets
+        .iter()
+        .map(|train| {
+            let mut t = train.iter().peekable();
+            s.iter()
+                .map(|&i| t.next_if(|&&j| j == i).is_some())
+                .collect()
         })
         .collect();
     let mut correct = vec![0u32; s.len()];
     let mut predicted = vec![0u32; s.len()];
-    for (outcome, _) in &outcomes {
-        for (p, &o) in outcome.iter().enumerate() {
-            predicted[p] += u32::from(o > 0);
-            correct[p] += u32::from(o == 2);
-        }
-    }
-    let not_converged = outcomes.iter().filter(|(_, c)| !c).count();
+    correct
+        .par_chunks_mut(PREDICT_CHUNK)
+        .zip(predicted.par_chunks_mut(PREDICT_CHUNK))
+        .enumerate()
+        .for_each(|(chunk, (correct, predicted))| {
+            let first = chunk * PREDICT_CHUNK;
+            for (model, trained_on) in models.iter().zip(&trained_on) {
+                for (p, (c, n)) in (first..).zip(correct.iter_mut().zip(predicted.iter_mut())) {
+                    if trained_on[p] {
+                        continue;
+                    }
+                    let i = s[p];
+                    *n += 1;
+                    *c += u32::from(model.predict(features.row(i)) == labels[i]);
+                }
+            }
+        });
+    let not_converged = models.iter().filter(|m| !m.converged).count();
     (correct, predicted, not_converged)
 }
 

@@ -13,7 +13,7 @@
 //! (~¼ per row) and the weights' (feature variance, tiny for unit-length embeddings).
 
 use crate::lbfgs::{self, Objective};
-use crate::simd::{axpy_lanes, dot, dot_lanes};
+use crate::simd::{axpy_lanes, axpy_lanes_4, dot, dot_lanes, dot_lanes_4};
 
 /// SciPy's L-BFGS-B default `ftol` (relative decrease of one step), on which scikit-learn's
 /// fit also stops.
@@ -295,17 +295,35 @@ impl Problem<'_> {
         let mut r = vec![0f32; outputs];
         for (block_start, xb) in (0..rows).step_by(BLOCK).zip(x.chunks(BLOCK * dim)) {
             block_acc.fill(0.0);
-            for (i, row) in (block_start..).zip(xb.chunks_exact(dim)) {
+            let mut rest = xb;
+            if outputs == 1 {
+                // Two classes: four rows at a time share the reads of the weights and of the
+                // block's sums; each row's dot product and additions are the one-row loop's.
+                let mut quads = xb.chunks_exact(QUAD * dim);
+                for (q, quad) in quads.by_ref().enumerate() {
+                    let first = block_start + q * QUAD;
+                    let rows: [&[f32]; QUAD] =
+                        std::array::from_fn(|j| &quad[j * dim..(j + 1) * dim]);
+                    let dots = dot_lanes_4::<FMA>(weights, rows);
+                    let residuals: [f32; QUAD] = std::array::from_fn(|j| {
+                        let r =
+                            binary_residual(&mut loss, (dots[j] + bias[0]) as f64, y[first + j]);
+                        residual_sum[0] += r as f64;
+                        r
+                    });
+                    axpy_lanes_4::<FMA>(residuals, rows, &mut block_acc);
+                }
+                rest = quads.remainder();
+            }
+            let first = block_start + (xb.len() - rest.len()) / dim;
+            for (i, row) in (first..).zip(rest.chunks_exact(dim)) {
                 for k in 0..outputs {
                     z[k] =
                         (dot_lanes::<FMA>(&weights[k * dim..(k + 1) * dim], row) + bias[k]) as f64;
                 }
                 let yi = y[i] as usize;
                 if outputs == 1 {
-                    let target = yi as f64; // class index 0 or 1
-                    let (softplus, sigmoid) = softplus_sigmoid(z[0]);
-                    loss += softplus - target * z[0];
-                    r[0] = (sigmoid - target) as f32;
+                    r[0] = binary_residual(&mut loss, z[0], y[i]);
                 } else {
                     let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let sum: f64 = z.iter().map(|&a| (a - max).exp()).sum();
@@ -326,6 +344,19 @@ impl Problem<'_> {
         }
         (loss, residual_sum, xtr)
     }
+}
+
+/// Rows a two-class fit takes at a time.
+const QUAD: usize = 4;
+
+/// A two-class row with score `z` and class index `target` (0 or 1): adds its cross-entropy to
+/// `loss` and returns its residual σ(z) − target.
+#[inline(always)]
+fn binary_residual(loss: &mut f64, z: f64, target: u32) -> f32 {
+    let target = target as f64;
+    let (softplus, sigmoid) = softplus_sigmoid(z);
+    *loss += softplus - target * z;
+    (sigmoid - target) as f32
 }
 
 /// `(ln(1 + eᶻ), 1 / (1 + e⁻ᶻ))` from one exponential, without overflow.
