@@ -524,10 +524,11 @@ fn dataset_streams_every_pool_whole_with_or_without_text() {
 }
 
 /// The sentence model's vectors: a load that needs them and finds none says so; once stored,
-/// every ending of every pool has one MiniLM vector, and storing again embeds nothing.
+/// every ending of every pool has one MiniLM vector, and storing again embeds nothing. A vector
+/// another encoder made (an older afkit's f32 build) is not used: it is made again.
 #[test]
 fn sentence_vectors_are_stored_once_for_every_pool_ending() {
-    use afkit::af::data::{store_sentence_vectors, Dataset, EncodeConfig};
+    use afkit::af::data::{store_sentence_vectors, Dataset, EncodeConfig, SENTENCE_ENCODER};
     let dir = tempfile::tempdir().unwrap();
     let spec = PoolSpec {
         contexts: 12,
@@ -541,7 +542,12 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
     let err = Dataset::load(&store, 3, &cfg, true).unwrap_err();
     assert!(err.to_string().contains("no sentence vector"), "{err:#}");
     store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
-    assert_eq!(store.count_endings_without_sentence_vector().unwrap(), 0);
+    assert_eq!(
+        store
+            .count_endings_without_sentence_vector(SENTENCE_ENCODER)
+            .unwrap(),
+        0
+    );
     let data = Dataset::load(&store, 3, &cfg, true).unwrap();
     assert_eq!(data.sentence_dim, 384);
     for c in &data.contexts {
@@ -561,6 +567,33 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
         .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
         .unwrap();
     assert_eq!(again, stored);
+
+    let older = conn
+        .execute(
+            "UPDATE sentence_vectors SET model = 'all-MiniLM-L6-v2', vector = zeroblob(1536)
+             WHERE ending_id = (SELECT MIN(ending_id) FROM sentence_vectors)",
+            [],
+        )
+        .unwrap();
+    assert_eq!(older, 1);
+    let count = |store: &Store| {
+        store
+            .count_endings_without_sentence_vector(SENTENCE_ENCODER)
+            .unwrap()
+    };
+    assert_eq!(
+        count(&store),
+        1,
+        "the older encoder's vector does not count"
+    );
+    store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
+    assert_eq!(count(&store), 0);
+    let data = Dataset::load(&store, 3, &cfg, true).unwrap();
+    let first = &data.contexts[0].gold.sentence;
+    assert!(
+        first.iter().any(|&v| v != 0.0),
+        "made again, not the stored zeros"
+    );
 }
 
 /// With the shared embedding cache, a second project with the same texts reads its sentence
@@ -599,7 +632,7 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
     let cache = Connection::open(cache_dir.join("minilm.sqlite")).unwrap();
     let marked: Vec<u8> = (0..384).flat_map(|_| 0.5f32.to_le_bytes()).collect();
     let cached = cache
-        .execute("UPDATE vectors SET vector = ?1", [&marked])
+        .execute("UPDATE embeddings SET vector = ?1", [&marked])
         .unwrap();
     assert!(cached > 0 && cached <= embedded.len(), "one row per text");
     let second = build_project(dir.path(), "second.sqlite", spec);

@@ -320,7 +320,7 @@ impl Builder {
             .iter()
             .flat_map(|c| std::iter::once(&c.gold).chain(&c.candidates))
         {
-            let Some(v) = store.sentence_vector(e.id)? else {
+            let Some(v) = store.sentence_vector(SENTENCE_ENCODER, e.id)? else {
                 bail!(
                     "ending {} has no sentence vector (embed the pools first)",
                     e.id
@@ -417,8 +417,9 @@ impl Builder {
     }
 }
 
-/// The encoder behind the stored sentence vectors.
-pub const SENTENCE_ENCODER: &str = "all-MiniLM-L6-v2";
+/// The encoder behind the stored sentence vectors. Vectors stored under another name (the f32
+/// build's were "all-MiniLM-L6-v2") are made again by the next `afkit filter`.
+pub const SENTENCE_ENCODER: &str = "all-MiniLM-L6-v2, bf16 products";
 
 /// Embeds every pool ending (found and generated) that has no stored sentence vector yet, a
 /// batch at a time, each batch committed: an interrupted run keeps what it embedded. With
@@ -430,7 +431,7 @@ pub fn store_sentence_vectors(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     const BATCH: usize = 1024;
-    let missing = store.count_endings_without_sentence_vector()?;
+    let missing = store.count_endings_without_sentence_vector(SENTENCE_ENCODER)?;
     if missing == 0 {
         return Ok(());
     }
@@ -440,7 +441,7 @@ pub fn store_sentence_vectors(
     progress(done, missing);
     loop {
         crate::interrupt::check()?;
-        let batch = store.endings_without_sentence_vector(BATCH)?;
+        let batch = store.endings_without_sentence_vector(SENTENCE_ENCODER, BATCH)?;
         if batch.is_empty() {
             break;
         }

@@ -524,29 +524,35 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<AfRun> {
 }
 
 /// Endings of pools (found and generated) that have no sentence vector yet.
+/// Endings of pools without a vector from the encoder named `?1` (one made by another encoder,
+/// or an earlier build of it, does not count: it is made again and replaces the old one).
 const WITHOUT_SENTENCE_VECTOR: &str = "e.example_id IN (SELECT example_id FROM pools)
-    AND e.id NOT IN (SELECT ending_id FROM sentence_vectors)";
+    AND e.id NOT IN (SELECT ending_id FROM sentence_vectors WHERE model = ?1)";
 
 /// The sentence model's vectors, stored per ending so that a resumed or repeated `afkit filter`
 /// embeds each ending once.
 impl Store {
     /// Endings of pools (found and generated) that have no sentence vector yet, as
     /// (ending id, `sent2 + " " + ending`), in id order, at most `limit`.
-    pub fn endings_without_sentence_vector(&self, limit: usize) -> Result<Vec<(i64, String)>> {
+    pub fn endings_without_sentence_vector(
+        &self,
+        model: &str,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>> {
         let mut stmt = self.conn.prepare(&format!(
             "SELECT e.id, x.sent2 || ' ' || e.text FROM endings e
              JOIN examples x ON x.id = e.example_id
-             WHERE {WITHOUT_SENTENCE_VECTOR} ORDER BY e.id LIMIT ?1"
+             WHERE {WITHOUT_SENTENCE_VECTOR} ORDER BY e.id LIMIT ?2"
         ))?;
-        let rows = stmt.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let rows = stmt.query_map(params![model, limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// How many endings of pools have no sentence vector yet.
-    pub fn count_endings_without_sentence_vector(&self) -> Result<usize> {
+    /// How many endings of pools have no sentence vector from `model` yet.
+    pub fn count_endings_without_sentence_vector(&self, model: &str) -> Result<usize> {
         let n: i64 = self.conn.query_row(
             &format!("SELECT COUNT(*) FROM endings e WHERE {WITHOUT_SENTENCE_VECTOR}"),
-            [],
+            [model],
             |r| r.get(0),
         )?;
         Ok(n as usize)
@@ -568,12 +574,14 @@ impl Store {
         Ok(())
     }
 
-    /// The stored vector of an ending, if any.
-    pub fn sentence_vector(&self, ending_id: i64) -> Result<Option<Vec<f32>>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT vector FROM sentence_vectors WHERE ending_id = ?1")?;
-        let bytes: Option<Vec<u8>> = stmt.query_row([ending_id], |r| r.get(0)).optional()?;
+    /// The stored vector of an ending from `model`, if any.
+    pub fn sentence_vector(&self, model: &str, ending_id: i64) -> Result<Option<Vec<f32>>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT vector FROM sentence_vectors WHERE ending_id = ?1 AND model = ?2",
+        )?;
+        let bytes: Option<Vec<u8>> = stmt
+            .query_row(params![ending_id, model], |r| r.get(0))
+            .optional()?;
         Ok(bytes.map(|b| {
             b.chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
