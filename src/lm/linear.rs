@@ -153,6 +153,7 @@ impl Kernel {
         kernels
     }
 
+    /// What the kernel rounds its operands to.
     pub fn precision(self) -> Precision {
         match self {
             Kernel::Avx512 | Kernel::Avx2Fma => Precision::F32,

@@ -523,9 +523,9 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<AfRun> {
     })
 }
 
-/// Endings of pools (found and generated) that have no sentence vector yet.
-/// Endings of pools without a vector from the encoder named `?1` (one made by another encoder,
-/// or an earlier build of it, does not count: it is made again and replaces the old one).
+/// Endings of pools (found and generated) without a vector from the encoder named `?1` (one
+/// made by another encoder, or an earlier build of it, does not count: it is made again and
+/// replaces the old one).
 const WITHOUT_SENTENCE_VECTOR: &str = "e.example_id IN (SELECT example_id FROM pools)
     AND e.id NOT IN (SELECT ending_id FROM sentence_vectors WHERE model = ?1)";
 
