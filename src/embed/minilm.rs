@@ -261,64 +261,105 @@ fn attend<const FMA: bool>(rows: &[f32], out: &mut [f32], heads: usize, width: u
     // Keys padded with zeros to whole blocks; the padded scores are never read.
     let padded = tokens.next_multiple_of(LANES);
     let scale = 1.0 / (head as f32).sqrt();
-    let fma = |a: f32, b: f32, c: f32| if FMA { a.mul_add(b, c) } else { a * b + c };
     let mut keys = vec![0f32; head * padded];
     let mut scores = vec![0f32; padded];
     for h in 0..heads {
         let (q0, k0, v0) = (h * head, width + h * head, 2 * width + h * head);
-        // Block by block of 16 keys, dimension by dimension: keys[(block · head + d) · 16 + l]
-        // is dimension d of key 16 · block + l.
-        for (j, row) in rows.chunks_exact(3 * width).enumerate() {
-            let (block, l) = (j / LANES, j % LANES);
-            for (d, &k) in row[k0..k0 + head].iter().enumerate() {
-                keys[(block * head + d) * LANES + l] = k;
-            }
-        }
+        transpose_keys(rows, k0..k0 + head, width, &mut keys);
         for (i, query) in rows.chunks_exact(3 * width).enumerate() {
-            let q = &query[q0..q0 + head];
-            for (block_keys, out) in keys
-                .chunks_exact(head * LANES)
-                .zip(scores.chunks_exact_mut(LANES))
-            {
-                let mut acc = [0f32; LANES];
-                for (&qd, k) in q.iter().zip(block_keys.chunks_exact(LANES)) {
-                    for (a, &kj) in acc.iter_mut().zip(k) {
-                        *a = fma(qd, kj, *a);
-                    }
-                }
-                for (o, a) in out.iter_mut().zip(acc) {
-                    *o = a * scale;
-                }
-            }
-            let scores = &mut scores[..tokens];
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            // Exponentials apart from their sum, so that they vectorise.
-            for s in scores.iter_mut() {
-                *s = crate::simd::exp_lanes::<FMA>(*s - max);
-            }
-            let total: f32 = scores.iter().sum();
-            let o = &mut out[i * width + h * head..i * width + (h + 1) * head];
-            let mut o_blocks = o.chunks_exact_mut(LANES);
-            for (block, o) in o_blocks.by_ref().enumerate() {
-                let mut acc = [0f32; LANES];
-                for (&p, value) in scores.iter().zip(rows.chunks_exact(3 * width)) {
-                    let v = &value[v0 + block * LANES..][..LANES];
-                    for (a, &vc) in acc.iter_mut().zip(v) {
-                        *a = fma(p, vc, *a);
-                    }
-                }
-                for (o, a) in o.iter_mut().zip(acc) {
-                    *o = a / total;
-                }
-            }
-            // A head whose size is not a multiple of the block: its last columns one by one.
-            let tail = o_blocks.into_remainder();
-            let first = head - tail.len();
-            for (p, value) in scores.iter().zip(rows.chunks_exact(3 * width)) {
-                let v = &value[v0 + first..v0 + head];
-                crate::simd::axpy_lanes::<FMA>(p / total, v, tail);
+            score_keys::<FMA>(&query[q0..q0 + head], &keys, scale, &mut scores);
+            let weights = &mut scores[..tokens];
+            let total = exp_shifted_by_max::<FMA>(weights);
+            let out = &mut out[i * width + h * head..i * width + (h + 1) * head];
+            sum_values::<FMA>(weights, total, rows, v0, width, out);
+        }
+    }
+}
+
+/// `a·b + c`, fused where the build has FMA.
+#[inline(always)]
+fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// One head's keys (columns `dims` of each token's projections) block by block of 16 keys,
+/// dimension by dimension: `keys[(block · head + d) · 16 + l]` is dimension d of key 16 · block + l.
+#[inline(always)]
+fn transpose_keys(rows: &[f32], dims: std::ops::Range<usize>, width: usize, keys: &mut [f32]) {
+    let head = dims.len();
+    for (j, row) in rows.chunks_exact(3 * width).enumerate() {
+        let (block, l) = (j / LANES, j % LANES);
+        for (d, &k) in row[dims.clone()].iter().enumerate() {
+            keys[(block * head + d) * LANES + l] = k;
+        }
+    }
+}
+
+/// `scale · q·k` for every key, 16 keys at a time with their sums in registers.
+#[inline(always)]
+fn score_keys<const FMA: bool>(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
+    for (block_keys, out) in keys
+        .chunks_exact(q.len() * LANES)
+        .zip(scores.chunks_exact_mut(LANES))
+    {
+        let mut acc = [0f32; LANES];
+        for (&qd, k) in q.iter().zip(block_keys.chunks_exact(LANES)) {
+            for (a, &kj) in acc.iter_mut().zip(k) {
+                *a = fma::<FMA>(qd, kj, *a);
             }
         }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a * scale;
+        }
+    }
+}
+
+/// Replaces each score by `exp(score − max)` and returns their sum; the exponentials are
+/// computed apart from the sum so that they vectorise.
+#[inline(always)]
+fn exp_shifted_by_max<const FMA: bool>(scores: &mut [f32]) -> f32 {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for s in scores.iter_mut() {
+        *s = crate::simd::exp_lanes::<FMA>(*s - max);
+    }
+    scores.iter().sum()
+}
+
+/// `out = Σⱼ weights[j] · value_j / total` over the head's value columns starting at `v0`, 16
+/// columns at a time with their sums in registers; `out` must be zeroed (its columns past the
+/// last whole block are added to one by one).
+#[inline(always)]
+fn sum_values<const FMA: bool>(
+    weights: &[f32],
+    total: f32,
+    rows: &[f32],
+    v0: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let head = out.len();
+    let mut blocks = out.chunks_exact_mut(LANES);
+    for (block, o) in blocks.by_ref().enumerate() {
+        let mut acc = [0f32; LANES];
+        for (&p, value) in weights.iter().zip(rows.chunks_exact(3 * width)) {
+            let v = &value[v0 + block * LANES..][..LANES];
+            for (a, &vc) in acc.iter_mut().zip(v) {
+                *a = fma::<FMA>(p, vc, *a);
+            }
+        }
+        for (o, a) in o.iter_mut().zip(acc) {
+            *o = a / total;
+        }
+    }
+    let tail = blocks.into_remainder();
+    let first = head - tail.len();
+    for (p, value) in weights.iter().zip(rows.chunks_exact(3 * width)) {
+        let v = &value[v0 + first..v0 + head];
+        crate::simd::axpy_lanes::<FMA>(p / total, v, tail);
     }
 }
 
