@@ -77,13 +77,10 @@ impl Linear {
     /// activations outside tensors (the sentence encoder).
     pub fn apply(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         match self {
-            Linear::Dense(w) => {
-                let x = Tensor::from_slice(x, (rows, w.dim(0)?), w.device())?;
-                Ok(x.matmul(w)?.flatten_all()?.to_vec1()?)
-            }
+            Linear::Dense(w) => dense_apply(w, x, rows),
             Linear::DenseBf16(w) => {
                 let x: Vec<f32> = x.iter().copied().map(round_to_bf16).collect();
-                Linear::Dense(w.clone()).apply(&x, rows)
+                dense_apply(w, &x, rows)
             }
             Linear::Packed(p) => p.apply(x, rows),
         }
@@ -117,6 +114,12 @@ pub enum Precision {
     /// bf16 operands (rounded to nearest, ties to even) and f32 sums: for each pair of steps,
     /// the odd step's product is added, then the even step's (the order of `vdpbf16ps`).
     Bf16,
+}
+
+/// `x · w` with candle's matmul, for plain rows `x` (rows × in).
+fn dense_apply(w: &Tensor, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+    let x = Tensor::from_slice(x, (rows, w.dim(0)?), w.device())?;
+    Ok(x.matmul(w)?.flatten_all()?.to_vec1()?)
 }
 
 /// The micro-kernels a packed matrix can run on.
@@ -430,14 +433,15 @@ impl RowBlocks {
                     _ => height,
                 };
                 let mut data = vec![0f32; words * per_word];
-                // One row's bf16, padded to whole pairs.
-                let mut bits = vec![0u16; 2 * words];
+                // One row's bf16, padded to whole pairs (none for the f32 kernels).
+                let mut bits = match kernel.precision() {
+                    Precision::F32 => Vec::new(),
+                    Precision::Bf16 => vec![0u16; 2 * words],
+                };
                 for r in 0..real {
                     let row = &x[(first_row + r) * k..(first_row + r + 1) * k];
-                    if kernel.precision() == Precision::Bf16 {
-                        for (b, &v) in bits.iter_mut().zip(row) {
-                            *b = bf16_bits(v);
-                        }
+                    for (b, &v) in bits.iter_mut().zip(row) {
+                        *b = bf16_bits(v);
                     }
                     let slots = data.chunks_exact_mut(per_word);
                     match kernel {

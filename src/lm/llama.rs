@@ -129,9 +129,6 @@ impl LlamaConfig {
     }
 }
 
-/// One decoder block. Projection matrices are stored transposed (in × out) so that `x.matmul(w)`
-/// maps a (tokens × in) activation; Q, K and V share one matrix, as do the gate and up
-/// projections, so each is a single GEMM.
 /// An RMS norm's weight, on the model's device and as plain values for the packed pass (read
 /// once at load, not on every step).
 struct Norm {
@@ -146,6 +143,9 @@ impl Norm {
     }
 }
 
+/// One decoder block. Projection matrices are stored transposed (in × out) so that `x.matmul(w)`
+/// maps a (tokens × in) activation; Q, K and V share one matrix, as do the gate and up
+/// projections, so each is a single GEMM.
 struct Block {
     attn_norm: Norm,
     wqkv: Linear,
