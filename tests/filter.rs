@@ -528,7 +528,8 @@ fn dataset_streams_every_pool_whole_with_or_without_text() {
 /// another encoder made (an older afkit's f32 build) is not used: it is made again.
 #[test]
 fn sentence_vectors_are_stored_once_for_every_pool_ending() {
-    use afkit::af::data::{store_sentence_vectors, Dataset, EncodeConfig, SENTENCE_ENCODER};
+    use afkit::af::data::{store_sentence_vectors, Dataset, EncodeConfig};
+    use afkit::embed::ENCODER;
     let dir = tempfile::tempdir().unwrap();
     let spec = PoolSpec {
         contexts: 12,
@@ -544,7 +545,7 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
     store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
     assert_eq!(
         store
-            .count_endings_without_sentence_vector(SENTENCE_ENCODER)
+            .count_endings_without_sentence_vector(ENCODER)
             .unwrap(),
         0
     );
@@ -578,7 +579,7 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
     assert_eq!(older, 1);
     let count = |store: &Store| {
         store
-            .count_endings_without_sentence_vector(SENTENCE_ENCODER)
+            .count_endings_without_sentence_vector(ENCODER)
             .unwrap()
     };
     assert_eq!(

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::embed::SentenceEncoder;
+use crate::embed::{SentenceEncoder, ENCODER};
 use crate::store::af::{EndingLm, PoolContext};
 use crate::store::Store;
 use crate::text::subwords::char_gram_hashes;
@@ -320,7 +320,7 @@ impl Builder {
             .iter()
             .flat_map(|c| std::iter::once(&c.gold).chain(&c.candidates))
         {
-            let Some(v) = store.sentence_vector(SENTENCE_ENCODER, e.id)? else {
+            let Some(v) = store.sentence_vector(ENCODER, e.id)? else {
                 bail!(
                     "ending {} has no sentence vector (embed the pools first)",
                     e.id
@@ -417,10 +417,6 @@ impl Builder {
     }
 }
 
-/// The encoder behind the stored sentence vectors. Vectors stored under another name (the f32
-/// build's were "all-MiniLM-L6-v2") are made again by the next `afkit filter`.
-pub const SENTENCE_ENCODER: &str = "all-MiniLM-L6-v2, bf16 products";
-
 /// Embeds every pool ending (found and generated) that has no stored sentence vector yet, a
 /// batch at a time, each batch committed: an interrupted run keeps what it embedded. With
 /// `cache_dir`, the shared embedding cache there gives the vectors it holds and keeps the new
@@ -431,7 +427,7 @@ pub fn store_sentence_vectors(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     const BATCH: usize = 1024;
-    let missing = store.count_endings_without_sentence_vector(SENTENCE_ENCODER)?;
+    let missing = store.count_endings_without_sentence_vector(ENCODER)?;
     if missing == 0 {
         return Ok(());
     }
@@ -441,7 +437,7 @@ pub fn store_sentence_vectors(
     progress(done, missing);
     loop {
         crate::interrupt::check()?;
-        let batch = store.endings_without_sentence_vector(SENTENCE_ENCODER, BATCH)?;
+        let batch = store.endings_without_sentence_vector(ENCODER, BATCH)?;
         if batch.is_empty() {
             break;
         }
@@ -451,7 +447,7 @@ pub fn store_sentence_vectors(
             progress(done, missing)
         })?;
         let rows: Vec<(i64, Vec<f32>)> = batch.iter().map(|(id, _)| *id).zip(vectors).collect();
-        store.put_sentence_vectors(SENTENCE_ENCODER, &rows)?;
+        store.put_sentence_vectors(ENCODER, &rows)?;
     }
     Ok(())
 }

