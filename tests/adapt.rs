@@ -2,7 +2,7 @@
 //! group, adapters recorded with their hashes, resumable after kill -9 and reproducible from the
 //! seed, and each context sampled by the adapter that never read its group.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

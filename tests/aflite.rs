@@ -1,7 +1,7 @@
 //! AFLite: the papers' synthetic experiment, the algorithm's invariants, the command line, and
 //! the MiniLM sentence encoder it uses by default.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

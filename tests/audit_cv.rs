@@ -2,13 +2,14 @@
 //! chance where there are none, keeps every video in one fold, and reads a dataset directory the
 //! way an export writes it (an unlabelled test.csv is skipped with a note).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
 use afkit::audit::cv::{cross_validate, Baseline, CvReport, CvResult, Embedder};
 use afkit::audit::dataset::Question;
 use afkit::audit::grams::View;
+use afkit::dataset::REGULAR_COLUMNS;
 use common::afkit;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
@@ -146,20 +147,7 @@ fn the_minilm_baseline_learns_from_the_embeddings() {
 /// export with a hidden test split does.
 fn write_split(path: &Path, qs: &[Question], labelled: bool) {
     let mut w = csv::Writer::from_path(path).unwrap();
-    w.write_record([
-        "video-id",
-        "fold-ind",
-        "startphrase",
-        "sent1",
-        "sent2",
-        "gold-source",
-        "ending0",
-        "ending1",
-        "ending2",
-        "ending3",
-        "label",
-    ])
-    .unwrap();
+    w.write_record(REGULAR_COLUMNS).unwrap();
     for q in qs {
         let label = if labelled {
             q.label.unwrap().to_string()

@@ -4,17 +4,17 @@
 //! off, formulas in crowd task files, and concurrent or malformed input that ended in raw SQLite
 //! errors or was silently accepted.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use afkit::store::examples::NewExample;
-use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 use common::tmux::Tmux;
-use common::{afkit, arg, command, fails, ok, query_i64, stderr, succeeded, tiny_gguf, BIN};
+use common::{
+    afkit, arg, command, examples_project, fails, ok, query_i64, stderr, succeeded, tiny_gguf, BIN,
+};
 use rusqlite::Connection;
 use serde_json::Value;
 
@@ -23,28 +23,6 @@ fn af_project(dir: &Path, contexts: usize) -> PathBuf {
     let path = dir.join("af.sqlite");
     let mut store = Store::create(&path).unwrap();
     store.synthetic_af_project(contexts, 9, 11).unwrap();
-    path
-}
-
-/// A project holding `examples` as (id, sent1, sent2, ending), written directly (no ingest).
-fn examples_project(dir: &Path, examples: &[(String, String, String, String)]) -> PathBuf {
-    let path = dir.join("ex.sqlite");
-    Store::create(&path).unwrap();
-    let conn = Connection::open(&path).unwrap();
-    let src = Fixtures::on(&conn)
-        .upsert_source("test.jsonl", "jsonl", "test", "{}")
-        .unwrap();
-    for (id, sent1, sent2, ending) in examples {
-        let ex = NewExample {
-            ext_id: id.clone(),
-            group: id.clone(),
-            sent1: sent1.clone(),
-            sent2: sent2.clone(),
-            ending: ending.clone(),
-            gold_source: None,
-        };
-        Fixtures::on(&conn).insert_example(src, &ex).unwrap();
-    }
     path
 }
 
@@ -139,12 +117,10 @@ fn annotate_command(db: &Path, annotator: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(not(has_tmux), ignore = "needs tmux on PATH: absent")]
 fn annotate_exits_and_frees_its_item_when_its_terminal_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(tmux) = Tmux::new(dir.path()) else {
-        eprintln!("skipped: tmux is not installed");
-        return;
-    };
+    let tmux = Tmux::new(dir.path());
     let db = af_project(dir.path(), 4);
     let session = annotate_command(&db, "dave");
     tmux.start("t", &session);
@@ -166,12 +142,10 @@ fn annotate_exits_and_frees_its_item_when_its_terminal_is_killed() {
 }
 
 #[test]
+#[cfg_attr(not(has_tmux), ignore = "needs tmux on PATH: absent")]
 fn annotate_ends_cleanly_on_sigterm_and_restores_the_terminal() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(tmux) = Tmux::new(dir.path()) else {
-        eprintln!("skipped: tmux is not installed");
-        return;
-    };
+    let tmux = Tmux::new(dir.path());
     let db = af_project(dir.path(), 4);
     let session = annotate_command(&db, "erin");
     tmux.start("t", &session);

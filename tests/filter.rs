@@ -3,7 +3,7 @@
 //! The pools are written straight into the project file (the generate stage is not needed): each
 //! context gets a gold ending and candidates, some of which carry a planted stylistic tell.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! model against llama.cpp's reference outputs (fixtures in ../shared; those tests skip when it
 //! is absent).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,37 +14,14 @@ use afkit::lm::model::LanguageModel;
 use afkit::lm::sampler::{acceptable_ending, SampledEnding};
 use afkit::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
 use afkit::models::DefaultModel;
-use afkit::store::examples::NewExample;
-use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
-use common::{command, query_i64, run_ok, tiny_gguf};
+use common::{command, examples_project as project, query_i64, run_ok, tiny_gguf};
 use serde_json::Value;
 
-fn shared() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
-    dir.is_dir().then_some(dir)
-}
-
-/// A project holding `examples` as (id, sent1, sent2, ending).
-fn project(dir: &Path, examples: &[(String, String, String, String)]) -> PathBuf {
-    let path = dir.join("p.sqlite");
-    Store::create(&path).unwrap();
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let src = Fixtures::on(&conn)
-        .upsert_source("test.jsonl", "jsonl", "test", "{}")
-        .unwrap();
-    for (id, sent1, sent2, ending) in examples {
-        let ex = NewExample {
-            ext_id: id.clone(),
-            group: id.split('#').next().unwrap().to_string(),
-            sent1: sent1.clone(),
-            sent2: sent2.clone(),
-            ending: ending.clone(),
-            gold_source: None,
-        };
-        Fixtures::on(&conn).insert_example(src, &ex).unwrap();
-    }
-    path
+/// The real corpora and reference outputs next to the checkout; the tests that read it are
+/// ignored when the tests were built without it.
+fn shared() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared")
 }
 
 fn synthetic_examples(n: usize) -> Vec<(String, String, String, String)> {
@@ -630,17 +607,12 @@ fn smollm2() -> &'static LocalLm {
     })
 }
 
-fn fixture_lines(name: &str) -> Option<Vec<Value>> {
-    let Some(shared) = shared() else {
-        eprintln!("skipping: ../shared (fixtures) is absent");
-        return None;
-    };
-    let text = std::fs::read_to_string(shared.join("fixtures").join(name)).unwrap();
-    Some(
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect(),
-    )
+fn fixture_lines(name: &str) -> Vec<Value> {
+    let path = shared().join("fixtures").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -652,10 +624,12 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_shared_fixtures),
+    ignore = "needs ../shared/fixtures (llama.cpp reference outputs): absent"
+)]
 fn smollm2_tokenizer_matches_llama_cpp() {
-    let Some(lines) = fixture_lines("smollm2_token_ids.jsonl") else {
-        return;
-    };
+    let lines = fixture_lines("smollm2_token_ids.jsonl");
     let tok = &smollm2().model.tokenizer;
     for line in &lines {
         let text = line["text"].as_str().unwrap();
@@ -666,10 +640,12 @@ fn smollm2_tokenizer_matches_llama_cpp() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_shared_fixtures),
+    ignore = "needs ../shared/fixtures (llama.cpp reference outputs): absent"
+)]
 fn smollm2_forward_pass_matches_llama_cpp() {
-    let Some(lines) = fixture_lines("smollm2_logprobs.jsonl") else {
-        return;
-    };
+    let lines = fixture_lines("smollm2_logprobs.jsonl");
     let lm = smollm2();
     let tok = &lm.model.tokenizer;
     for line in &lines {
@@ -729,13 +705,9 @@ fn smollm2_forward_pass_matches_llama_cpp() {
 }
 
 /// (sent1, second sentence) of consecutive captions of the first videos in the shared data.
-fn activitynet_pairs(n: usize) -> Option<Vec<(String, String)>> {
-    let Some(shared) = shared() else {
-        eprintln!("skipping: ../shared (ActivityNet captions) is absent");
-        return None;
-    };
-    let text =
-        std::fs::read_to_string(shared.join("data/activitynet-captions/train.json")).unwrap();
+fn activitynet_pairs(n: usize) -> Vec<(String, String)> {
+    let path = shared().join("data/activitynet-captions/train.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let data: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
     let mut pairs = Vec::new();
     for video in data.values() {
@@ -749,14 +721,16 @@ fn activitynet_pairs(n: usize) -> Option<Vec<(String, String)>> {
             pairs.push((s[0].to_string(), s[1].to_string()));
         }
     }
-    Some(pairs)
+    pairs
 }
 
 #[test]
+#[cfg_attr(
+    not(has_shared_data),
+    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+)]
 fn smollm2_found_ending_is_likelier_after_its_own_context() {
-    let Some(pairs) = activitynet_pairs(20) else {
-        return;
-    };
+    let pairs = activitynet_pairs(20);
     let lm = smollm2();
     let (mut own, mut shuffled) = (0.0, 0.0);
     for (i, (sent1, second)) in pairs.iter().enumerate() {
@@ -783,10 +757,12 @@ fn smollm2_found_ending_is_likelier_after_its_own_context() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_shared_data),
+    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+)]
 fn smollm2_generate_end_to_end() {
-    let Some(pairs) = activitynet_pairs(2) else {
-        return;
-    };
+    let pairs = activitynet_pairs(2);
     let dir = tempfile::tempdir().unwrap();
     let examples: Vec<_> = pairs
         .iter()
@@ -834,67 +810,6 @@ fn smollm2_generate_end_to_end() {
         ),
         1
     );
-}
-
-/// f32 GEMM throughput at the decode's shapes (rows × 576 times the model's weight matrices),
-/// candle's GEMM and each of afkit's packed kernels this CPU runs, side by side: the
-/// arithmetic limit the batched decode is compared with in BENCHMARKS.md.
-/// `cargo test --release --test generate -- --ignored gemm --nocapture`
-#[test]
-#[ignore]
-fn gemm_throughput_at_decode_shapes() {
-    let shapes = [
-        (576, 960),
-        (576, 576),
-        (576, 3072),
-        (1536, 576),
-        (576, 49152),
-    ];
-    print_gemm_throughput(&[8, 32, 64, 128, 256], &shapes);
-}
-
-/// The sentence encoder's products (MiniLM: fused q/k/v, attention output, the two feed-forward
-/// matrices) at its batch sizes, in tokens.
-#[test]
-#[ignore = "benchmark: run with --release --ignored --nocapture"]
-fn gemm_throughput_at_encoder_shapes() {
-    let shapes = [(384, 1152), (384, 384), (384, 1536), (1536, 384)];
-    print_gemm_throughput(&[512, 1024, 4096], &shapes);
-}
-
-/// GFLOP/s of candle's matmul and of every packed kernel this CPU runs, one line per row count.
-fn print_gemm_throughput(row_counts: &[usize], shapes: &[(usize, usize)]) {
-    use afkit::lm::linear::{Kernel, PackedMatrix};
-    use candle_core::{Device, Tensor};
-    let gflops = |rows: usize, k: usize, n: usize, run: &dyn Fn()| {
-        run();
-        let iters = (2e9 / (2.0 * (rows * k * n) as f64)).ceil() as usize;
-        let t = Instant::now();
-        for _ in 0..iters {
-            run();
-        }
-        2.0 * (rows * k * n * iters) as f64 / t.elapsed().as_secs_f64() / 1e9
-    };
-    for &rows in row_counts {
-        let mut line = format!("rows {rows:>4}:");
-        for &(k, n) in shapes {
-            let a = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu).unwrap();
-            let b = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu).unwrap();
-            let candle = gflops(rows, k, n, &|| {
-                a.matmul(&b).unwrap();
-            });
-            line += &format!("  {k}x{n}: candle {candle:5.1}");
-            for kernel in Kernel::supported() {
-                let packed = PackedMatrix::pack(&b, kernel).unwrap();
-                let x: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
-                let p = gflops(rows, k, n, &|| {
-                    packed.apply(&x, rows).unwrap();
-                });
-                line += &format!(" {kernel:?} {p:5.1}");
-            }
-        }
-        println!("{line}  GFLOP/s");
-    }
 }
 
 // ---------- --device and --engine ----------

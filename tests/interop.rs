@@ -4,7 +4,7 @@
 //! reach), `ingest` reads its JSONL and HellaSwag's, and `score` reads the harness's samples and
 //! Hugging Face-style predictions.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,9 +52,10 @@ fn pip(python: &Path, args: &[&str]) -> Result<(), String> {
     ))
 }
 
-/// The environment's Python, made on first use; None, after saying why, when it cannot be made.
-fn python() -> Option<PathBuf> {
-    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// The environment's Python, made on first use. The tests that need it are ignored when the tests
+/// were built without python3's venv or with AFKIT_TEST_OFFLINE set; any other failure fails.
+fn python() -> PathBuf {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     PYTHON
         .get_or_init(|| {
             let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-python");
@@ -62,31 +63,27 @@ fn python() -> Option<PathBuf> {
             let ready = venv.join("installed.txt");
             let wanted = format!("{DATASETS} {LM_EVAL} {}", LM_EVAL_IMPORTS.join(" "));
             if std::fs::read_to_string(&ready).is_ok_and(|s| s == wanted) {
-                return Some(python);
+                return Ok(python);
             }
             let made = Command::new("python3")
                 .args(["-m", "venv", "--clear"])
                 .arg(&venv)
                 .output();
             if !made.is_ok_and(|o| o.status.success()) {
-                eprintln!("skipping: `python3 -m venv` is not available");
-                return None;
+                return Err("`python3 -m venv` failed".into());
             }
             let installed = pip(&python, &[DATASETS])
                 .and_then(|_| pip(&python, &["--no-deps", LM_EVAL]))
                 .and_then(|_| pip(&python, &LM_EVAL_IMPORTS));
-            match installed {
-                Ok(()) => {
-                    std::fs::write(&ready, wanted).unwrap();
-                    Some(python)
-                }
-                Err(why) => {
-                    eprintln!("skipping: cannot install the Python packages ({why})");
-                    None
-                }
-            }
+            installed.map(|()| {
+                std::fs::write(&ready, wanted).unwrap();
+                python
+            })
         })
         .clone()
+        .unwrap_or_else(|why| {
+            panic!("cannot install the Python packages ({why}); set AFKIT_TEST_OFFLINE=1 to skip")
+        })
 }
 
 /// Runs a check script of tests/python on an export folder, offline, with its own caches.
@@ -115,18 +112,26 @@ fn run_check(python: &Path, script: &str, folder: &Path) {
 }
 
 #[test]
+#[cfg_attr(
+    any(not(has_python_venv), offline),
+    ignore = "needs python3 with venv and pip's package index (AFKIT_TEST_OFFLINE unset)"
+)]
 fn datasets_loads_every_configuration_row_by_row() {
     let p = unverified_project(12);
     let dir = tempfile::tempdir().unwrap();
     let (published, internal) = (dir.path().join("pub"), dir.path().join("int"));
     export(p.p(), &published, &[]);
     export(p.p(), &internal, &["--with-test-labels"]);
-    let Some(python) = python() else { return };
+    let python = python();
     run_check(&python, "check_datasets.py", &published);
     run_check(&python, "check_datasets.py", &internal);
 }
 
 #[test]
+#[cfg_attr(
+    any(not(has_python_venv), offline),
+    ignore = "needs python3 with venv and pip's package index (AFKIT_TEST_OFFLINE unset)"
+)]
 fn lm_eval_builds_every_request_of_both_tasks() {
     let p = unverified_project(12);
     let dir = tempfile::tempdir().unwrap();
@@ -137,7 +142,7 @@ fn lm_eval_builds_every_request_of_both_tasks() {
     assert!(swag.contains("test_split: null\n"), "{swag}");
     let swag = String::from_utf8(read(&internal.join("lm_eval/afkit_swag.yaml"))).unwrap();
     assert!(swag.contains("test_split: test\n"), "{swag}");
-    let Some(python) = python() else { return };
+    let python = python();
     run_check(&python, "check_lm_eval.py", &published);
     run_check(&python, "check_lm_eval.py", &internal);
 }

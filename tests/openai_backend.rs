@@ -3,7 +3,7 @@
 //! Retry-After, hangs, dropped connections, malformed JSON. One ignored test runs against a real
 //! server named by `AFKIT_OPENAI_TEST_URL`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,10 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use afkit::lm::model::LanguageModel;
-use afkit::store::examples::NewExample;
-use afkit::store::fixtures::Fixtures;
-use afkit::store::Store;
-use common::{command, query_i64, succeeded, tiny_gguf};
+use common::{command, examples_project, query_i64, succeeded, tiny_gguf};
 use serde_json::{json, Value};
 
 /// What the fake server does with one request.
@@ -179,24 +176,17 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
 /// A project with `n` examples (ingest's job is not under test here, so they go in through the
 /// store).
 fn project(dir: &Path, n: usize) -> PathBuf {
-    let path = dir.join("p.sqlite");
-    Store::create(&path).unwrap();
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let src = Fixtures::on(&conn)
-        .upsert_source("test.jsonl", "jsonl", "test", "{}")
-        .unwrap();
-    for i in 0..n {
-        let ex = NewExample {
-            ext_id: format!("ex{i}"),
-            group: format!("g{i}"),
-            sent1: format!("A man number {i} stands in a large bright kitchen."),
-            sent2: "The man".into(),
-            ending: "slowly walks to the sink and washes a cup.".into(),
-            gold_source: None,
-        };
-        Fixtures::on(&conn).insert_example(src, &ex).unwrap();
-    }
-    path
+    let examples: Vec<_> = (0..n)
+        .map(|i| {
+            (
+                format!("ex{i}"),
+                format!("A man number {i} stands in a large bright kitchen."),
+                "The man".into(),
+                "slowly walks to the sink and washes a cup.".into(),
+            )
+        })
+        .collect();
+    examples_project(dir, &examples)
 }
 
 fn generate(project: &Path, scorer: &Path, urls: &[&str], extra: &[&str]) -> std::process::Output {
@@ -421,14 +411,12 @@ fn a_failing_context_is_reported_and_never_stored_partially() {
 }
 
 /// Against a real OpenAI-compatible server, e.g. llama.cpp's server on the SmolLM2 GGUF:
-/// `AFKIT_OPENAI_TEST_URL=http://127.0.0.1:8089 cargo test --test openai_backend -- --ignored`.
+/// `AFKIT_OPENAI_TEST_URL=http://127.0.0.1:8089 cargo test --release real_server -- --ignored`.
 #[test]
-#[ignore]
+#[ignore = "needs a running completions server named in AFKIT_OPENAI_TEST_URL; run with --ignored"]
 fn real_server_generates_a_pool() {
-    let Ok(url) = std::env::var("AFKIT_OPENAI_TEST_URL") else {
-        eprintln!("skipping: AFKIT_OPENAI_TEST_URL is not set");
-        return;
-    };
+    let url = std::env::var("AFKIT_OPENAI_TEST_URL")
+        .expect("AFKIT_OPENAI_TEST_URL names the server this test generates with");
     afkit::models::DefaultModel::SmolLm2.ensure().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let project = project(dir.path(), 2);

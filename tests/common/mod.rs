@@ -1,7 +1,7 @@
-//! What the integration tests share: the helpers that run the `afkit` binary, and the hand-made
-//! projects of the export tests (contexts with candidate endings, AF assignments and scores
-//! written straight into the project file, no model runs). Each test crate uses a part of it.
-#![allow(dead_code)]
+//! What the integration tests share: the helpers that run the `afkit` binary, projects written
+//! through the store (examples only, for the model stages; and the hand-made projects of the
+//! export tests: contexts with candidate endings, AF assignments and scores written straight
+//! into the project file, no model runs), a tiny random model, and a terminal (`tmux`).
 
 pub mod tmux;
 
@@ -255,6 +255,35 @@ impl Project {
             })
             .collect()
     }
+}
+
+/// An example as the tests write it: (ext id, sent1, sent2, found ending). Its group is the id up
+/// to a `#`, or the whole id.
+pub type ExampleText = (String, String, String, String);
+
+/// A project file `dir/p.sqlite` holding `examples`, written through the store (the tests that
+/// use it are not about ingest).
+pub fn examples_project(dir: &Path, examples: &[ExampleText]) -> PathBuf {
+    let path = dir.join("p.sqlite");
+    Store::create(&path).unwrap();
+    let conn = Connection::open(&path).unwrap();
+    let source = Fixtures::on(&conn)
+        .upsert_source("test.jsonl", "jsonl", "test", "{}")
+        .unwrap();
+    for (id, sent1, sent2, ending) in examples {
+        let example = NewExample {
+            ext_id: id.clone(),
+            group: id.split('#').next().unwrap().to_string(),
+            sent1: sent1.clone(),
+            sent2: sent2.clone(),
+            ending: ending.clone(),
+            gold_source: None,
+        };
+        Fixtures::on(&conn)
+            .insert_example(source, &example)
+            .unwrap();
+    }
+    path
 }
 
 /// One integer from a query on the project file (a count, an id).

@@ -10,16 +10,12 @@ pub struct Tmux {
 }
 
 impl Tmux {
-    /// A tmux server with its socket in `dir`, or `None` when tmux is not installed (the tests
-    /// that need a real terminal then skip, saying so).
-    pub fn new(dir: &Path) -> Option<Tmux> {
-        let available = Command::new("tmux")
-            .arg("-V")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        available.then(|| Tmux {
+    /// A tmux server with its socket in `dir` (the tests that need one are ignored when the
+    /// tests were built where tmux is not installed).
+    pub fn new(dir: &Path) -> Tmux {
+        Tmux {
             socket: dir.join("tmux.sock"),
-        })
+        }
     }
 
     pub fn cmd(&self, args: &[&str]) -> Output {

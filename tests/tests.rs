@@ -1,0 +1,98 @@
+//! The integration tests, one module per area, built as one binary so that candle and afkit are
+//! linked once rather than once per file. `common` holds the builders and helpers they share.
+//!
+//! A test that cannot run here (no `../shared`, no tmux, no Python) is ignored with its reason,
+//! decided when the tests are built (see build.rs), so that it is counted as skipped rather
+//! than shown as passed; `scripts/test` lists the skipped tests and why at the end.
+
+mod common;
+
+mod adapt;
+mod aflite;
+mod annotate;
+mod assemble;
+mod audit_cv;
+mod faults;
+mod filter;
+mod generate;
+mod ingest;
+mod interop;
+mod layering;
+mod openai_backend;
+
+/// Cargo builds only this file's modules (`autotests = false`): a new file under tests/ that is
+/// not named above would never run.
+#[test]
+fn every_file_under_tests_is_a_module_of_the_test_binary() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let this = std::fs::read_to_string(dir.join("tests.rs")).unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let Some(module) = name.strip_suffix(".rs") else {
+            continue;
+        };
+        if module != "tests" && !this.contains(&format!("\nmod {module};\n")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "add `mod NAME;` to tests/tests.rs for {missing:?}"
+    );
+}
+
+/// A skipped test says why: `#[ignore]` without a reason would be counted but not explained.
+#[test]
+fn every_ignored_test_gives_its_reason() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut bare = Vec::new();
+    let mut dirs = vec![root.join("src"), root.join("tests")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (i, line) in text.lines().enumerate() {
+                    if line.trim() == "#[ignore]" {
+                        bare.push(format!("{}:{}", path.display(), i + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(bare.is_empty(), "#[ignore] without a reason at {bare:?}");
+}
+
+/// The last line of `scripts/test`: the skipped tests and why, read from libtest's output.
+#[test]
+fn the_skipped_tests_are_listed_with_their_reasons() {
+    let log = "test layering::a ... ok\n\
+               test generate::b ... ignored, needs ../shared/fixtures: absent\n\
+               test faults::c ... ignored\n\
+               test result: ok. 1 passed; 0 failed; 2 ignored\n";
+    let summary = |input: &str| {
+        let mut child = std::process::Command::new("bash")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/skipped"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    };
+    assert_eq!(
+        summary(log),
+        "skipped 2 tests: generate::b (needs ../shared/fixtures: absent); \
+         faults::c (no reason given)\n"
+    );
+    assert_eq!(summary("test a ... ok\n"), "skipped no tests\n");
+}
