@@ -1,6 +1,7 @@
-//! The dataset vocabulary every stage shares: SWAG's column lists, the three splits, the
-//! startphrase, and the seed derivation of per-example shuffles. Readers (ingest), writers (export)
-//! and the stages between them take these from here, so a file afkit writes is one it reads back.
+//! The dataset vocabulary every stage shares: SWAG's column lists, the three splits, an
+//! annotator's labels of an ending, the startphrase, and the seed derivation of per-example
+//! shuffles. Readers (ingest), writers (export) and the stages between them take these from here,
+//! so a file afkit writes is one it reads back.
 
 use std::fmt;
 use std::str::FromStr;
@@ -111,6 +112,65 @@ impl FromStr for Split {
         match Split::ALL.into_iter().find(|s| s.as_str() == text) {
             Some(split) => Ok(split),
             None => bail!("unknown split {text:?}: expected train, val or test"),
+        }
+    }
+}
+
+/// An annotator's judgement of one ending (SWAG Figure 3): what annotate records and assemble
+/// counts, and the `*-type` columns of the full CSVs. Declared from most to least usable, so a
+/// vote counts toward every judgement at or above it in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Judgement {
+    Likely,
+    Unlikely,
+    Gibberish,
+}
+
+impl Judgement {
+    pub const ALL: [Judgement; 3] = [Judgement::Likely, Judgement::Unlikely, Judgement::Gibberish];
+
+    /// The name stored in the project and written in the full CSVs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Judgement::Likely => "likely",
+            Judgement::Unlikely => "unlikely",
+            Judgement::Gibberish => "gibberish",
+        }
+    }
+
+    /// Parses the stored name, case-insensitively; also accepts the UI's keys `l`, `u`, `g`.
+    pub fn parse(text: &str) -> Option<Judgement> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "likely" | "l" => Some(Judgement::Likely),
+            "unlikely" | "u" => Some(Judgement::Unlikely),
+            "gibberish" | "g" => Some(Judgement::Gibberish),
+            _ => None,
+        }
+    }
+}
+
+/// The best or second-best mark an annotator gives one ending of an item; an ending without one
+/// (`None` where a rank is an `Option<Rank>`) is neither, which orders below both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rank {
+    Second,
+    Best,
+}
+
+impl Rank {
+    /// The name stored in the project.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rank::Best => "best",
+            Rank::Second => "second",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Rank> {
+        match text {
+            "best" => Some(Rank::Best),
+            "second" => Some(Rank::Second),
+            _ => None,
         }
     }
 }

@@ -8,7 +8,8 @@ use std::hash::Hash;
 
 use serde::Serialize;
 
-use crate::store::annotate::{Judgement, Rank, SubmissionRecord};
+use crate::dataset::{Judgement, Rank};
+use crate::store::annotate::SubmissionRecord;
 
 /// Krippendorff's α for nominal data. `units` holds, per unit, the values the coders gave it;
 /// units with fewer than two values cannot be paired and are ignored. `None` when no unit is

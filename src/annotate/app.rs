@@ -2,7 +2,8 @@
 //! [`App::on_key`] changes the state and returns the [`Action`] the session must carry out
 //! (store a submission, skip, undo, quit); the session then loads the next item.
 
-use crate::store::annotate::{EndingLabel, Judgement, Rank, TaskView};
+use crate::dataset::{Judgement, Rank};
+use crate::store::annotate::{EndingLabel, TaskView};
 
 use super::verdict::{self, Problem};
 

@@ -8,7 +8,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::csv_lines::RecordLines;
-use crate::store::annotate::{Judgement, NewSubmission, Origin, TaskView, ENDINGS_PER_TASK};
+use crate::dataset::Judgement;
+use crate::store::annotate::{NewSubmission, Origin, TaskView, ENDINGS_PER_TASK};
 use crate::store::Store;
 
 use super::verdict;

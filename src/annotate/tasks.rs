@@ -139,7 +139,7 @@ fn shown_negatives(
 /// The run whose assignments become tasks (the latest finished one), the recorded policy and the
 /// policy to use.
 fn run_and_policy(store: &Store, request: PolicyRequest) -> Result<(i64, Option<Policy>, Policy)> {
-    let Some(run_id) = store.latest_finished_run_id()? else {
+    let Some(run_id) = store.latest_finished_af_run()?.map(|run| run.id) else {
         bail!(
             "{} has no finished adversarial-filtering run: run `afkit filter {}` first",
             store.path().display(),
@@ -227,7 +227,7 @@ mod tests {
     #[test]
     fn tasks_show_the_negatives_nearest_the_found_endings_scores_not_the_hardest() {
         let (_dir, mut store) = project(6, 9);
-        let run = store.latest_finished_run_id().unwrap().unwrap();
+        let run = store.latest_finished_af_run().unwrap().unwrap().id;
         scored_like_real_data(&mut store, run);
         ensure_tasks(&mut store, PolicyRequest::default()).unwrap();
         let shown = shown_slots(&store, run);
@@ -242,7 +242,7 @@ mod tests {
     #[test]
     fn without_found_ending_scores_tasks_show_the_five_hardest() {
         let (_dir, mut store) = project(4, 9);
-        let run = store.latest_finished_run_id().unwrap().unwrap();
+        let run = store.latest_finished_af_run().unwrap().unwrap().id;
         scored_like_real_data(&mut store, run);
         let found: Vec<(i64, Option<f64>)> = store
             .examples()

@@ -8,7 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 use ratatui::Frame;
 
-use crate::store::annotate::{Judgement, Rank};
+use crate::dataset::{Judgement, Rank};
 
 use super::app::{App, Item, Tone};
 use super::text::{self, words};

@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use crate::store::annotate::{EndingLabel, Judgement, Rank};
+use crate::dataset::{Judgement, Rank};
+use crate::store::annotate::EndingLabel;
 
 /// Something that keeps an annotation from being submitted. Ending numbers are 1-based, as shown.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,11 +21,11 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::dataset::Split;
+use crate::dataset::{Judgement, Rank, Split};
 use crate::distractors::{DistractorChoice, Matching};
 use crate::seed::Seed;
 use crate::store::assemble::{
-    AssembledDistractor, Assembly, CurrentTask, FinalPoint, Judgement, NewAssembled, Rank,
+    AssembledDistractor, Assembly, CurrentTask, FinalPoint, NewAssembled,
 };
 use crate::store::examples::Example;
 use crate::store::Store;
@@ -85,7 +85,7 @@ pub fn assemble(
     unverified: bool,
     distractors: DistractorChoice,
 ) -> Result<Summary> {
-    let Some(run) = store.latest_finished_run()? else {
+    let Some(run) = store.latest_finished_af_run()? else {
         bail!(
             "no finished AF run in {}: run `afkit filter` first",
             store.path().display()
@@ -399,7 +399,7 @@ fn consensus_labels(
         task.endings
             .iter()
             .filter_map(|&e| {
-                let votes: Vec<(Judgement, Rank)> = submissions
+                let votes: Vec<(Judgement, Option<Rank>)> = submissions
                     .iter()
                     .filter_map(|s| s.labels.get(&e).copied())
                     .collect();

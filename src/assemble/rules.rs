@@ -13,17 +13,18 @@
 
 use std::collections::HashMap;
 
-use crate::store::assemble::{Judgement, Rank};
+use crate::dataset::{Judgement, Rank};
 
 /// The combined labels of one ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Consensus {
     pub judgement: Judgement,
-    pub rank: Rank,
+    /// `None`: neither best nor second.
+    pub rank: Option<Rank>,
 }
 
 /// Combines the votes (one per non-broken submission) on one ending; `None` without votes.
-pub fn consensus(votes: &[(Judgement, Rank)]) -> Option<Consensus> {
+pub fn consensus(votes: &[(Judgement, Option<Rank>)]) -> Option<Consensus> {
     let n = votes.len();
     if n == 0 {
         return None;
@@ -36,13 +37,13 @@ pub fn consensus(votes: &[(Judgement, Rank)]) -> Option<Consensus> {
     } else {
         Judgement::Likely
     };
-    let count_r = |r: Rank| votes.iter().filter(|(_, v)| *v >= r).count();
+    let count_r = |r: Rank| votes.iter().filter(|(_, v)| *v >= Some(r)).count();
     let rank = if 2 * count_r(Rank::Best) > n {
-        Rank::Best
+        Some(Rank::Best)
     } else if 2 * count_r(Rank::Second) > n {
-        Rank::Second
+        Some(Rank::Second)
     } else {
-        Rank::Neither
+        None
     };
     Some(Consensus { judgement, rank })
 }
@@ -129,11 +130,11 @@ pub fn decide(found: i64, generations: &[i64], labels: &HashMap<i64, Consensus>)
             .chain(generations.iter().copied().filter(|e| usable(e) && keep(e)))
             .collect(),
     };
-    if found_label.rank == Rank::Neither {
+    let Some(found_rank) = found_label.rank else {
         return reannotate(ReannotateReason::FoundOutsideTopTwo, &|e| {
-            labels[e].rank == Rank::Neither
+            labels[e].rank.is_none()
         });
-    }
+    };
     if found_label.judgement == Judgement::Gibberish {
         return Decision::Drop(DropReason::FoundGibberish);
     }
@@ -146,18 +147,18 @@ pub fn decide(found: i64, generations: &[i64], labels: &HashMap<i64, Consensus>)
     let distractors: Vec<i64> = generations
         .iter()
         .copied()
-        .filter(|e| usable(e) && labels[e].rank != Rank::Best)
+        .filter(|e| usable(e) && labels[e].rank != Some(Rank::Best))
         .collect();
     if distractors.len() < 3 {
         return reannotate(ReannotateReason::TooFewNonGibberish, &|e| {
             labels[e].rank <= found_label.rank
         });
     }
-    let generated_gold = if found_label.rank == Rank::Second {
+    let generated_gold = if found_rank == Rank::Second {
         generations
             .iter()
             .copied()
-            .find(|e| usable(e) && labels[e].rank == Rank::Best)
+            .find(|e| usable(e) && labels[e].rank == Some(Rank::Best))
             .map(|gold| Built {
                 gold,
                 gold_type: labels[&gold].judgement,
@@ -173,7 +174,7 @@ pub fn decide(found: i64, generations: &[i64], labels: &HashMap<i64, Consensus>)
         None
     };
     Decision::Gold {
-        found_rank: found_label.rank,
+        found_rank,
         example: Built {
             gold: found,
             gold_type: found_label.judgement,
@@ -204,54 +205,59 @@ mod tests {
     use Judgement::*;
     use Rank::*;
 
-    fn c(judgement: Judgement, rank: Rank) -> Consensus {
+    fn c(judgement: Judgement, rank: Option<Rank>) -> Consensus {
         Consensus { judgement, rank }
     }
 
     #[test]
     fn one_vote_is_its_own_consensus() {
-        assert_eq!(consensus(&[(Unlikely, Second)]), Some(c(Unlikely, Second)));
+        assert_eq!(
+            consensus(&[(Unlikely, Some(Second))]),
+            Some(c(Unlikely, Some(Second)))
+        );
         assert_eq!(consensus(&[]), None);
     }
 
     #[test]
     fn judgement_ties_go_to_the_more_severe_label() {
         assert_eq!(
-            consensus(&[(Likely, Neither), (Gibberish, Neither)])
+            consensus(&[(Likely, None), (Gibberish, None)])
                 .unwrap()
                 .judgement,
             Gibberish
         );
         assert_eq!(
-            consensus(&[(Likely, Neither), (Unlikely, Neither)])
+            consensus(&[(Likely, None), (Unlikely, None)])
                 .unwrap()
                 .judgement,
             Unlikely
         );
         // Median of likely, unlikely, gibberish is unlikely.
-        let three = [(Likely, Neither), (Unlikely, Neither), (Gibberish, Neither)];
+        let three = [(Likely, None), (Unlikely, None), (Gibberish, None)];
         assert_eq!(consensus(&three).unwrap().judgement, Unlikely);
-        let majority = [(Likely, Neither), (Likely, Neither), (Gibberish, Neither)];
+        let majority = [(Likely, None), (Likely, None), (Gibberish, None)];
         assert_eq!(consensus(&majority).unwrap().judgement, Likely);
     }
 
     #[test]
     fn rank_needs_a_strict_majority() {
         assert_eq!(
-            consensus(&[(Likely, Best), (Likely, Second)]).unwrap().rank,
-            Second
-        );
-        assert_eq!(
-            consensus(&[(Likely, Best), (Likely, Neither)])
+            consensus(&[(Likely, Some(Best)), (Likely, Some(Second))])
                 .unwrap()
                 .rank,
-            Neither
+            Some(Second)
         );
-        let three = [(Likely, Best), (Likely, Best), (Likely, Neither)];
-        assert_eq!(consensus(&three).unwrap().rank, Best);
+        assert_eq!(
+            consensus(&[(Likely, Some(Best)), (Likely, None)])
+                .unwrap()
+                .rank,
+            None
+        );
+        let three = [(Likely, Some(Best)), (Likely, Some(Best)), (Likely, None)];
+        assert_eq!(consensus(&three).unwrap().rank, Some(Best));
     }
 
-    fn labels(list: &[(i64, Judgement, Rank)]) -> (Vec<i64>, HashMap<i64, Consensus>) {
+    fn labels(list: &[(i64, Judgement, Option<Rank>)]) -> (Vec<i64>, HashMap<i64, Consensus>) {
         (
             list.iter().map(|x| x.0).collect(),
             list.iter().map(|&(e, j, r)| (e, c(j, r))).collect(),
@@ -268,12 +274,12 @@ mod tests {
     #[test]
     fn found_best_keeps_hardest_non_gibberish_generations() {
         let (endings, l) = labels(&[
-            (1, Likely, Best),
-            (11, Likely, Second),
-            (12, Gibberish, Neither),
-            (13, Unlikely, Neither),
-            (14, Unlikely, Neither),
-            (15, Likely, Neither),
+            (1, Likely, Some(Best)),
+            (11, Likely, Some(Second)),
+            (12, Gibberish, None),
+            (13, Unlikely, None),
+            (14, Unlikely, None),
+            (15, Likely, None),
         ]);
         let Decision::Gold {
             found_rank,
@@ -294,12 +300,12 @@ mod tests {
     #[test]
     fn generation_best_with_found_second_adds_a_generated_gold() {
         let (endings, l) = labels(&[
-            (1, Likely, Second),
-            (11, Unlikely, Neither),
-            (12, Unlikely, Neither),
-            (13, Likely, Neither),
-            (14, Likely, Best),
-            (15, Gibberish, Neither),
+            (1, Likely, Some(Second)),
+            (11, Unlikely, None),
+            (12, Unlikely, None),
+            (13, Likely, None),
+            (14, Likely, Some(Best)),
+            (15, Gibberish, None),
         ]);
         let Decision::Gold {
             found_rank,
@@ -325,12 +331,12 @@ mod tests {
     #[test]
     fn found_outside_top_two_is_reannotated_without_the_endings_that_beat_it() {
         let (endings, l) = labels(&[
-            (1, Likely, Neither),
-            (11, Likely, Best),
-            (12, Gibberish, Neither),
-            (13, Unlikely, Second),
-            (14, Unlikely, Neither),
-            (15, Likely, Neither),
+            (1, Likely, None),
+            (11, Likely, Some(Best)),
+            (12, Gibberish, None),
+            (13, Unlikely, Some(Second)),
+            (14, Unlikely, None),
+            (15, Likely, None),
         ]);
         assert_eq!(
             decide(1, &hardest(&endings), &l),
@@ -344,12 +350,12 @@ mod tests {
     #[test]
     fn too_few_non_gibberish_is_reannotated() {
         let (endings, l) = labels(&[
-            (1, Likely, Second),
-            (11, Gibberish, Neither),
-            (12, Gibberish, Neither),
-            (13, Likely, Best),
-            (14, Unlikely, Neither),
-            (15, Likely, Neither),
+            (1, Likely, Some(Second)),
+            (11, Gibberish, None),
+            (12, Gibberish, None),
+            (13, Likely, Some(Best)),
+            (14, Unlikely, None),
+            (15, Likely, None),
         ]);
         assert_eq!(
             decide(1, &hardest(&endings), &l),
@@ -363,11 +369,11 @@ mod tests {
     #[test]
     fn gibberish_found_ending_and_missing_labels_are_dropped() {
         let (endings, l) = labels(&[
-            (1, Gibberish, Best),
-            (11, Likely, Second),
-            (12, Likely, Neither),
-            (13, Likely, Neither),
-            (14, Likely, Neither),
+            (1, Gibberish, Some(Best)),
+            (11, Likely, Some(Second)),
+            (12, Likely, None),
+            (13, Likely, None),
+            (14, Likely, None),
         ]);
         assert_eq!(
             decide(1, &hardest(&endings), &l),
@@ -384,12 +390,12 @@ mod tests {
     #[test]
     fn distractors_follow_the_given_order() {
         let (_, l) = labels(&[
-            (1, Likely, Best),
-            (11, Unlikely, Neither),
-            (12, Gibberish, Neither),
-            (13, Unlikely, Second),
-            (14, Likely, Neither),
-            (15, Unlikely, Neither),
+            (1, Likely, Some(Best)),
+            (11, Unlikely, None),
+            (12, Gibberish, None),
+            (13, Unlikely, Some(Second)),
+            (14, Likely, None),
+            (15, Unlikely, None),
         ]);
         let Decision::Gold { example, .. } = decide(1, &[13, 11, 12, 15, 14], &l) else {
             panic!("expected gold")

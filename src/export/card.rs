@@ -16,9 +16,9 @@ use super::layout::{Layout, HF_SPLITS};
 use super::rows::Row;
 use super::{Negatives, Options};
 use crate::dataset::Split;
-use crate::store::af::{Family, IterationRecord};
+use crate::store::af::{AfRun, Family, IterationRecord};
 use crate::store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
-use crate::store::{assemble::AfRun, Store};
+use crate::store::Store;
 
 /// Everything the card reports, read from the project.
 pub struct CardInputs {
@@ -40,7 +40,7 @@ pub struct CardInputs {
 
 impl CardInputs {
     pub fn read(store: &Store, options: &Options, left_out: Vec<String>) -> Result<CardInputs> {
-        let af_run = store.latest_finished_run()?;
+        let af_run = store.latest_finished_af_run()?;
         let iterations = match &af_run {
             Some(run) => store.af_iterations(run.id)?,
             None => Vec::new(),

@@ -15,61 +15,8 @@ use rand_chacha::ChaCha8Rng;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{get_meta, now, set_meta, Store};
+use crate::dataset::{Judgement, Rank};
 use crate::seed::Seed;
-
-/// An annotator's judgement of one ending (SWAG Figure 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Judgement {
-    Likely,
-    Unlikely,
-    Gibberish,
-}
-
-impl Judgement {
-    pub const ALL: [Judgement; 3] = [Judgement::Likely, Judgement::Unlikely, Judgement::Gibberish];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Judgement::Likely => "likely",
-            Judgement::Unlikely => "unlikely",
-            Judgement::Gibberish => "gibberish",
-        }
-    }
-
-    /// Parses the stored name, case-insensitively; also accepts the UI's keys `l`, `u`, `g`.
-    pub fn parse(text: &str) -> Option<Judgement> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "likely" | "l" => Some(Judgement::Likely),
-            "unlikely" | "u" => Some(Judgement::Unlikely),
-            "gibberish" | "g" => Some(Judgement::Gibberish),
-            _ => None,
-        }
-    }
-}
-
-/// Best or second-best mark of an ending; every other ending is "neither".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Rank {
-    Best,
-    Second,
-}
-
-impl Rank {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rank::Best => "best",
-            Rank::Second => "second",
-        }
-    }
-
-    fn parse(text: &str) -> Option<Rank> {
-        match text {
-            "best" => Some(Rank::Best),
-            "second" => Some(Rank::Second),
-            _ => None,
-        }
-    }
-}
 
 /// How items are handed out: the first `agreement_items` round-0 tasks go to `replicas`
 /// annotators each, the rest to one; `seed` fixes the order of contexts and every shuffle.
@@ -140,16 +87,6 @@ impl Store {
             params![policy.agreement_items, policy.replicas],
         )?;
         Ok(())
-    }
-
-    /// The latest AF run whose final cross-fitted scores are stored.
-    pub fn latest_finished_run_id(&self) -> Result<Option<i64>> {
-        let conn = &self.conn;
-        Ok(conn.query_row(
-            "SELECT MAX(id) FROM af_runs WHERE finished_at IS NOT NULL",
-            [],
-            |r| r.get(0),
-        )?)
     }
 }
 
@@ -356,8 +293,9 @@ impl Store {
         Ok(match self.open_task_of(example_id)? {
             Some((_, run, _)) => (run, self.max_round(example_id)?.expect("a task exists") + 1),
             None => (
-                self.latest_finished_run_id()?
-                    .context("no finished AF run to attach a re-annotation task to")?,
+                self.latest_finished_af_run()?
+                    .context("no finished AF run to attach a re-annotation task to")?
+                    .id,
                 self.max_round(example_id)?.map_or(0, |r| r + 1),
             ),
         })

@@ -1,44 +1,17 @@
 //! Assemble's tables (`splits`, `assembled`, `assembled_distractors`) and the reads assemble makes
-//! of the filter and annotate stages' tables (latest finished AF run, current tasks and labels).
+//! of the filter and annotate stages' tables (assignments and scores of the latest finished AF
+//! run, current tasks and labels).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{bail, Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
-use rusqlite::{params, OptionalExtension, ToSql, TransactionBehavior};
+use rusqlite::{params, ToSql, TransactionBehavior};
 
 use super::Store;
-use crate::dataset::Split;
-
-/// The AF run that downstream stages read: the latest one whose final scoring pass finished.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AfRun {
-    pub id: i64,
-    pub k: i64,
-    pub seed: i64,
-    pub params: String,
-}
+use crate::dataset::{Judgement, Rank, Split};
 
 impl Store {
-    pub fn latest_finished_run(&self) -> Result<Option<AfRun>> {
-        let conn = &self.conn;
-        Ok(conn
-            .query_row(
-                "SELECT id, k, seed, params FROM af_runs WHERE finished_at IS NOT NULL
-             ORDER BY id DESC LIMIT 1",
-                [],
-                |r| {
-                    Ok(AfRun {
-                        id: r.get(0)?,
-                        k: r.get(1)?,
-                        seed: r.get(2)?,
-                        params: r.get(3)?,
-                    })
-                },
-            )
-            .optional()?)
-    }
-
     /// The assigned negatives of every context in a run, in slot order.
     pub fn assignments(&self, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
         let conn = &self.conn;
@@ -140,58 +113,12 @@ pub struct MatchingScores {
     pub assigned: HashMap<i64, FinalPoint>,
 }
 
-/// An annotator's plausibility judgement of one ending (SWAG Figure 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Judgement {
-    Likely,
-    Unlikely,
-    Gibberish,
-}
-
-impl Judgement {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Judgement::Likely => "likely",
-            Judgement::Unlikely => "unlikely",
-            Judgement::Gibberish => "gibberish",
-        }
-    }
-
-    fn parse(s: &str) -> Result<Judgement> {
-        Ok(match s {
-            "likely" => Judgement::Likely,
-            "unlikely" => Judgement::Unlikely,
-            "gibberish" => Judgement::Gibberish,
-            other => bail!("unknown judgement {other:?} in labels"),
-        })
-    }
-}
-
-/// An annotator's ranking of one ending: best, second best, or neither.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Rank {
-    Neither,
-    Second,
-    Best,
-}
-
-impl Rank {
-    fn parse(s: Option<&str>) -> Result<Rank> {
-        Ok(match s {
-            None => Rank::Neither,
-            Some("best") => Rank::Best,
-            Some("second") => Rank::Second,
-            Some(other) => bail!("unknown rank {other:?} in labels"),
-        })
-    }
-}
-
 /// One submission of a task: the labels an annotator gave, per ending id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Submission {
     pub annotator: String,
     pub broken: bool,
-    pub labels: HashMap<i64, (Judgement, Rank)>,
+    pub labels: HashMap<i64, (Judgement, Option<Rank>)>,
 }
 
 /// The current (highest-round, open) annotation task of a context with its submissions.
@@ -267,12 +194,18 @@ impl Store {
             if let Some(ending) = r.get::<_, Option<i64>>(4)? {
                 let judgement: String = r.get(5)?;
                 let rank: Option<String> = r.get(6)?;
-                let label = (
-                    Judgement::parse(&judgement)
-                        .with_context(|| format!("submission {submission_id}"))?,
-                    Rank::parse(rank.as_deref())
-                        .with_context(|| format!("submission {submission_id}"))?,
-                );
+                let Some(judgement) = Judgement::parse(&judgement) else {
+                    bail!(
+                        "unknown judgement {judgement:?} in labels of submission {submission_id}"
+                    );
+                };
+                let rank = match rank {
+                    None => None,
+                    Some(r) => Some(Rank::parse(&r).with_context(|| {
+                        format!("unknown rank {r:?} in labels of submission {submission_id}")
+                    })?),
+                };
+                let label = (judgement, rank);
                 task.submissions
                     .last_mut()
                     .expect("pushed above")
