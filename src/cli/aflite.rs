@@ -52,13 +52,13 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Inverse L2 strength C of the logistic regression (scikit-learn's parametrisation).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = FitOptions::default().c)]
     pub c: f64,
     /// Gradient tolerance of each fit (largest entry of the per-example objective's gradient).
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = FitOptions::default().tol)]
     pub tol: f64,
     /// Iteration cap of each fit.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = FitOptions::default().max_iter)]
     pub max_iter: usize,
     /// Hold out this fraction (random) to train a one-hidden-layer MLP on the base features and
     /// filter the rest with its hidden layer as Φ. The held-out part is left out of OUT.

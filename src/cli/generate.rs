@@ -72,7 +72,7 @@ pub struct GenerateArgs {
     pub max_pool: usize,
     /// Sampling temperature. Keep 1: cooler sampling lowers perplexity, an artifact that the
     /// stylistic classifiers pick up.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplingParams::default().temperature)]
     pub temperature: f32,
     /// Keep only the k most probable tokens (off by default).
     #[arg(long)]
@@ -84,15 +84,15 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub min_p: Option<f32>,
     /// Token cap per ending; endings that reach it without ending a sentence are discarded.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = SamplingParams::default().max_tokens)]
     pub max_tokens: usize,
     /// Sequences decoded together (continuous batching: a finished sequence's place goes to the
     /// next one, from any context). Bigger keeps the matrix products efficient; the key/value
     /// cache grows with it (about 0.5 GB for SmolLM2 at 256 × --max-tokens 40).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = SamplingParams::default().batch)]
     pub batch: usize,
     /// Draws allowed per requested ending before a context's shortfall is accepted.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = SamplingParams::default().max_draws_per_ending)]
     pub max_draws_per_ending: usize,
     /// Print a JSON summary (counts, timings) on stdout.
     #[arg(long)]

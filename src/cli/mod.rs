@@ -159,3 +159,17 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Aflite(args) => aflite::run(args),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// clap's own consistency checks of every command (names, conflicts, defaults that parse as
+    /// their flag's type), which it otherwise makes only when a command is first parsed.
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
