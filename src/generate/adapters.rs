@@ -28,11 +28,11 @@ pub enum AdapterUse {
     Off,
 }
 
-/// The adapter set this call samples with, if any.
-pub fn choose(store: &Store, config: &Config) -> Result<Option<AdapterSet>> {
+/// The adapter set this call samples with, if any; `model_sha` is the SHA-256 of `config.model`.
+pub fn choose(store: &Store, config: &Config, model_sha: &str) -> Result<Option<AdapterSet>> {
     match config.adapters {
         AdapterUse::Off => Ok(None),
-        AdapterUse::Require => AdapterSet::find(store, &config.model)?
+        AdapterUse::Require => AdapterSet::find(store, model_sha)?
             .map(Some)
             .with_context(|| {
                 format!(
@@ -42,20 +42,20 @@ pub fn choose(store: &Store, config: &Config) -> Result<Option<AdapterSet>> {
                 )
             }),
         AdapterUse::Auto if config.server.is_some() => Ok(None),
-        AdapterUse::Auto => AdapterSet::find(store, &config.model),
+        AdapterUse::Auto => AdapterSet::find(store, model_sha),
     }
 }
 
-/// The project's newest complete adapter set for `model`, checked against the files.
+/// The project's newest complete adapter set for a model, checked against the files.
 pub struct AdapterSet {
     settings: AdapterSettings,
     pub records: Vec<AdapterRecord>,
 }
 
 impl AdapterSet {
-    pub fn find(store: &Store, model: &Path) -> Result<Option<Self>> {
-        let model_sha = sha256_file(model)?;
-        let Some(records) = store.latest_adapter_set(&model_sha)? else {
+    /// The newest complete set for the model whose file has SHA-256 `model_sha`.
+    pub fn find(store: &Store, model_sha: &str) -> Result<Option<Self>> {
+        let Some(records) = store.latest_adapter_set(model_sha)? else {
             return Ok(None);
         };
         let settings = serde_json::from_str(&records[0].settings_json)

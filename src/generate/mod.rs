@@ -16,7 +16,6 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::device::Compute;
-use crate::lm::adapt::Adapter;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
 use crate::lm::local::LocalLm;
 use crate::lm::model::LanguageModel;
@@ -215,7 +214,10 @@ pub fn run(
         observer.note(&todo.nothing_to_do());
         return Ok(Summary::default());
     }
-    let adapters = adapters::choose(store, config)?;
+    // Hashed once: the adapter sets are recorded per model hash, and every fold's model and the
+    // generation record carry it.
+    let model_sha = sha256_file(&config.model)?;
+    let adapters = adapters::choose(store, config, &model_sha)?;
     if adapters.is_none() && config.adapters == AdapterUse::Auto && config.server.is_none() {
         observer.note(
             "the project has no adapters for this model: sampling with the model alone. The \
@@ -243,7 +245,7 @@ pub fn run(
     let started = Instant::now();
     let mut generation_id = None;
     for (adapter, todo) in parts.iter().filter(|(_, todo)| !todo.is_empty()) {
-        let lm = load_fold_model(store, config, compute, *adapter, observer)?;
+        let lm = load_fold_model(store, config, compute, *adapter, &model_sha, observer)?;
         let remote = match &config.server {
             None => None,
             Some(server) => Some(OpenAiSampler::new(
@@ -275,26 +277,18 @@ pub fn run(
 
 /// The local model on `compute`'s device.
 fn load_local(path: &Path, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
-    load_adapted(path, params, compute, None)
+    let model = LanguageModel::load_on(path, compute)?;
+    Ok(LocalLm::new(model, params, Some(sha256_file(path)?)))
 }
 
-fn load_adapted(
-    path: &Path,
-    params: SamplingParams,
-    compute: &Compute,
-    adapter: Option<&Adapter>,
-) -> Result<LocalLm> {
-    let sha = sha256_file(path)?;
-    let model = LanguageModel::load_adapted(path, compute, adapter)?;
-    Ok(LocalLm::new(model, params, Some(sha)))
-}
-
-/// The local model, with the adapter of `fold` merged in (if any).
+/// The local model, with the adapter of `fold` merged in (if any); `model_sha` is the SHA-256 of
+/// `config.model`, hashed once per call.
 fn load_fold_model(
     store: &Store,
     config: &Config,
     compute: &Compute,
     fold: Option<&AdapterRecord>,
+    model_sha: &str,
     observer: &mut dyn Observer,
 ) -> Result<LocalLm> {
     let model = config.model.display();
@@ -311,12 +305,12 @@ fn load_fold_model(
             Some(AdapterSet::load(store, record)?)
         }
     };
-    load_adapted(
-        &config.model,
+    let model = LanguageModel::load_adapted(&config.model, compute, adapter.as_ref())?;
+    Ok(LocalLm::new(
+        model,
         config.sampling.clone(),
-        compute,
-        adapter.as_ref(),
-    )
+        Some(model_sha.to_string()),
+    ))
 }
 
 /// The contexts a `generate` call works on.
