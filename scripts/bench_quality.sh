@@ -5,12 +5,14 @@
 # of the corpus (`dev` to tune on, `test` to report on: the halves never share a video), runs
 #   init → ingest → lm adapt → generate → filter → assemble --unverified → export
 # and exports the same pools twice: with the AF negatives, and with random pool negatives (the
-# control, which shows what the generator alone achieves). Both are scored with
-# `afkit audit --cv 5` (5 folds by video, mean ± standard error per baseline). Chance is 0.25.
+# control, which shows what the generator alone achieves). Both are scored with one
+# `afkit audit AF --cv 5 --control RANDOM --lm smollm2` (5 folds by video, mean ± standard error
+# per baseline; the style and relational baselines, and each language model's zero-shot acc and
+# acc_norm with the standard error of a proportion). Chance is 0.25.
 #
 #   scripts/bench_quality.sh [--half dev|test] [--pairs N] [--contexts N] [--seed S]
 #                            [--grow N --grow-rounds R] [--no-adapt] [--label NAME]
-#                            [--exclude SUBSET.json ...]
+#                            [--exclude SUBSET.json ...] [--lm MODEL ...] [--no-lm]
 #                            [-- GENERATE FLAGS ...
 #                            [-- FILTER FLAGS ...]]
 #
@@ -23,16 +25,22 @@
 #   --label     name of the recipe; the project goes to $AFKIT_HOME/bench/quality/LABEL-HALF-N
 #   --exclude   the captions.json of an earlier run: its videos are left out (repeatable), for a
 #               check on contexts no earlier run has seen
+#   --lm        a further language model for the audit's zero-shot rows (smollm2 or a GGUF path;
+#               repeatable; also AUDIT_LM="MODEL ..."); --no-lm leaves out every model, smollm2 too
 #   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a
 #   second `--` go to `afkit filter`.
 #
 # Resumable: re-running with the same arguments continues the stage that was interrupted.
-# Prints one table (baseline, AF mean ± se, control mean ± se) and the time of every stage.
+# Prints one table (row, AF mean ± se, control mean ± se, difference in points), the audit's
+# verdict per family, and the time of every stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AFKIT=${AFKIT:-target/release/afkit}
 CAPTIONS=${CAPTIONS:-../shared/data/activitynet-captions/train.json}
 HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default GROW=32 GROW_ROUNDS=0 ADAPT=1 EXCLUDE=()
+LMS=(smollm2)
+# shellcheck disable=SC2206
+[ -n "${AUDIT_LM:-}" ] && LMS+=($AUDIT_LM)
 while [ $# -gt 0 ]; do
   case "$1" in
     --half) HALF=$2; shift 2 ;;
@@ -45,6 +53,8 @@ while [ $# -gt 0 ]; do
     --adapt) ADAPT=1; shift ;;
     --no-adapt) ADAPT=0; shift ;;
     --exclude) EXCLUDE+=(--exclude "$2"); shift 2 ;;
+    --lm) LMS+=("$2"); shift 2 ;;
+    --no-lm) NO_LM=1; shift ;;
     --) shift; break ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -100,27 +110,35 @@ TEST_LABELS=()
 if $AFKIT export --help | grep -q -- --with-test-labels; then TEST_LABELS=(--with-test-labels); fi
 for negatives in adversarial random; do
   stage "export-$negatives" $AFKIT export "$P" --out "$DIR/$negatives" --negatives "$negatives" --seed "$SEED" "${TEST_LABELS[@]}" >/dev/null
-  stage "audit-$negatives" $AFKIT audit "$DIR/$negatives" --cv 5 --seed "$SEED" --json > "$DIR/$negatives.audit.json"
 done
+[ "${NO_LM:-0}" = 1 ] && LMS=()
+LM_FLAGS=()
+for lm in "${LMS[@]}"; do LM_FLAGS+=(--lm "$lm"); done
+stage audit $AFKIT audit "$DIR/adversarial" --cv 5 --seed "$SEED" --control "$DIR/random" "${LM_FLAGS[@]}" --json > "$DIR/audit.json"
 python3 - "$DIR" "$LABEL" "$HALF" "$CONTEXTS" <<'EOF'
 import json, sqlite3, sys
 d, label, half, contexts = sys.argv[1:5]
-af = json.load(open(f"{d}/adversarial.audit.json"))["cv"]
-ctl = json.load(open(f"{d}/random.audit.json"))["cv"]
+audit = json.load(open(f"{d}/audit.json"))
+af, ctl = audit["cv"], audit["control"]["cv"]
 db = sqlite3.connect(f"{d}/project.sqlite")
 drawn, kept = db.execute(
     "SELECT AVG(p.draws + COALESCE((SELECT SUM(g.draws) FROM pool_growth g"
     " WHERE g.example_id = p.example_id), 0)), AVG(p.produced) FROM pools p").fetchone()
 print(f"recipe {label} on the {half} half, {contexts} contexts; {af['questions']} questions, "
       f"{af['folds']} folds by video; per context {drawn or 0:.1f} endings drawn, {kept:.1f} kept")
-print(f"{'baseline':<14} {'AF export':>16} {'random control':>16}")
+print(f"{'row':<24} {'AF export':>14} {'random control':>16} {'diff':>6}")
+for row in audit["summary"]:
+    c = row.get("control")
+    right = f"{c['mean']:.3f} ± {c['se']:.3f}" if c else "-"
+    diff = f"{row['difference'] * 100:+.1f}" if "difference" in row else "-"
+    print(f"{row['name']:<24} {row['mean']:.3f} ± {row['se']:.3f} {right:>16} {diff:>6}")
 for name, b in af["baselines"].items():
-    c = ctl["baselines"].get(name)
     if "mean" not in b:
-        print(f"{name:<14} {b.get('skipped', 'not measured'):>16}")
-        continue
-    right = f"{c['mean']:.3f} ± {c['se']:.3f}" if c and "mean" in c else "-"
-    print(f"{name:<14} {b['mean']:.3f} ± {b['se']:.3f}   {right:>16}")
+        print(f"{name:<24} {b.get('skipped', 'not measured')}")
+for lm in audit["lm"]:
+    print(f"{lm['model']}: {lm['questions']} questions scored in {lm['seconds']:.0f} s")
+for v in audit["verdicts"]:
+    print(f"{v['family']}: {v['text']}")
 print("wall time per stage (s): " + ", ".join(
     f"{n} {t}" for n, t in (l.split() for l in open(f"{d}/times.txt"))))
 EOF

@@ -11,7 +11,7 @@
 //! (`ngram::tie_aware_accuracy`). The trained ones are `ngram`'s logistic regression (linear score
 //! per option, softmax over the four, L2-regularised L-BFGS, λ chosen on a seeded split of the
 //! training folds alone) on different features: word 1–2-grams, character 2–5-grams (`grams`),
-//! or MiniLM sentence embeddings.
+//! MiniLM sentence embeddings, or the relations of each ending to its context (`relational`).
 
 use anyhow::{bail, Result};
 use rayon::prelude::*;
@@ -35,11 +35,14 @@ pub enum Baseline {
     Chars(View),
     /// Logistic regression on the MiniLM embedding of sent2 + ending.
     MiniLm,
+    /// Logistic regression on how each ending relates to its context and to the other endings
+    /// (`relational`): word overlap, novelty, agreement among the options.
+    Relational,
 }
 
 impl Baseline {
     /// Every baseline, in report order.
-    pub const ALL: [Baseline; 9] = [
+    pub const ALL: [Baseline; 10] = [
         Baseline::Shortest,
         Baseline::Longest,
         Baseline::Words(View::Ending),
@@ -49,6 +52,7 @@ impl Baseline {
         Baseline::Chars(View::Sent2),
         Baseline::Chars(View::Context),
         Baseline::MiniLm,
+        Baseline::Relational,
     ];
 
     /// The key in the report.
@@ -64,6 +68,7 @@ impl Baseline {
             Baseline::Words(v) => ["ngram_end", "ngram_s2", "ngram_ctx"][view(v)],
             Baseline::Chars(v) => ["char_end", "char_s2", "char_ctx"][view(v)],
             Baseline::MiniLm => "minilm_s2",
+            Baseline::Relational => "relational",
         }
     }
 
@@ -79,6 +84,9 @@ impl Baseline {
             Baseline::Chars(View::Sent2) => "character 2–5-gram LR on sent2 + ending",
             Baseline::Chars(View::Context) => "character 2–5-gram LR on sent1 + sent2 + ending",
             Baseline::MiniLm => "LR on the MiniLM embedding of sent2 + ending",
+            Baseline::Relational => {
+                "LR on word overlap and novelty against sent1, sent2 and the other endings"
+            }
         }
     }
 }
@@ -216,6 +224,7 @@ fn prepare(b: Baseline, questions: &[Question], embedder: &Embedder) -> Result<P
                 Prepared::Features(grams::dense(&embed_options(questions, encode)?))
             }
         },
+        Baseline::Relational => Prepared::Features(super::relational::featurise(questions)),
     })
 }
 

@@ -3,19 +3,25 @@
 //! The audit asks how far a 4-way question can be answered without understanding it: by chance,
 //! by ending length, by n-gram style of the ending / second sentence / whole text (SWAG Table 3,
 //! left columns), which words give the gold away (PPMI), and how close held-out items sit to the
-//! training items (KNN distances, AFLite Table 3). It reads only the dataset directory, so it
-//! works on afkit's exports, the SWAG release, or anyone's SWAG-format data.
+//! training items (KNN distances, AFLite Table 3); with `--cv`, also how each ending relates to
+//! its context (`relational`). `--lm` adds language models' zero-shot accuracy (`lm`), and
+//! `--control` audits a second dataset the same way and sets the two side by side (`verdict`,
+//! which also says in words what each family of baselines found). It reads only the dataset
+//! directories, so it works on afkit's exports, the SWAG release, or anyone's SWAG-format data.
 
 pub mod cv;
 pub mod dataset;
 pub mod folds;
 pub mod grams;
 pub mod knn;
+pub mod lm;
 pub mod ngram;
 pub mod ppmi;
 pub mod predictions;
+pub mod relational;
 pub mod report;
 pub mod score;
+pub mod verdict;
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -51,6 +57,22 @@ pub struct Config {
     pub no_embed: bool,
     /// Folder of the embedding cache to read and add to (`None`: embed every text again).
     pub embedding_cache: Option<PathBuf>,
+    /// Language models whose zero-shot accuracy is measured.
+    pub lm: Vec<lm::LmSpec>,
+    /// A dataset audited the same way and reported beside this one (into `out/control`).
+    pub control: Option<PathBuf>,
+}
+
+impl Config {
+    /// The same audit of the control dataset, its files under `out/control`.
+    fn for_control(&self, dir: &std::path::Path) -> Config {
+        Config {
+            dataset: dir.to_path_buf(),
+            out: self.out.join("control"),
+            control: None,
+            ..self.clone()
+        }
+    }
 }
 
 /// KNN result, or why it was not measured.
@@ -77,6 +99,14 @@ pub struct AuditReport {
     pub lambda: [f64; 3],
     pub ppmi: Vec<ppmi::Association>,
     pub knn: Knn,
+    /// Zero-shot accuracies on val of the `--lm` models.
+    pub lm: Vec<lm::LmResult>,
+    /// Every measured row (random excepted; se of a proportion), with the control's beside it.
+    pub summary: Vec<verdict::Row>,
+    pub verdicts: Vec<verdict::Verdict>,
+    /// The control dataset's audit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<Box<AuditReport>>,
 }
 
 impl AuditReport {
@@ -90,6 +120,51 @@ impl AuditReport {
             ("ngram_ctx", self.ngram_ctx),
         ]
     }
+
+    /// The rows the verdicts read: every measured baseline but random, with the standard error
+    /// of a proportion over the val questions, and the language models'.
+    fn rows(&self) -> Vec<verdict::Row> {
+        let se = |p: f64| lm::proportion_se(p, self.n_val);
+        let mut rows: Vec<verdict::Row> = self
+            .accuracies()
+            .into_iter()
+            .filter(|(name, _)| *name != "random")
+            .map(|(name, p)| verdict::Row::new(name, p, se(p)))
+            .collect();
+        rows.extend(lm_rows(&self.lm));
+        rows
+    }
+}
+
+/// Two rows per language model: `lm:MODEL:acc` and `lm:MODEL:acc_norm`.
+fn lm_rows(results: &[lm::LmResult]) -> Vec<verdict::Row> {
+    results
+        .iter()
+        .flat_map(|r| {
+            let name = |metric: &str| format!("{}{}:{metric}", verdict::LM_PREFIX, r.model);
+            [
+                verdict::Row::new(name("acc"), r.acc, r.acc_se),
+                verdict::Row::new(name("acc_norm"), r.acc_norm, r.acc_norm_se),
+            ]
+        })
+        .collect()
+}
+
+/// Zero-shot accuracies of the config's language models on `questions`.
+fn measure_lms(config: &Config, questions: &[Question]) -> Result<Vec<lm::LmResult>> {
+    config
+        .lm
+        .iter()
+        .map(|spec| {
+            let bar = crate::progress::bar(
+                questions.len() as u64,
+                &format!("questions scored by {}", spec.name),
+            );
+            let result = lm::zero_shot(spec, questions, &|| bar.inc(1));
+            bar.finish_and_clear();
+            result
+        })
+        .collect()
 }
 
 /// The train → val audit: reads the dataset, measures, writes the report files.
@@ -110,7 +185,7 @@ pub fn holdout(config: &Config) -> Result<AuditReport> {
         },
         None => measure_knn(&train, &val, config)?,
     };
-    let report = audit(
+    let mut report = audit(
         &train,
         &val,
         config.seed,
@@ -118,6 +193,17 @@ pub fn holdout(config: &Config) -> Result<AuditReport> {
         config.ppmi_min_count,
         knn,
     );
+    report.lm = measure_lms(config, &val)?;
+    let control = match &config.control {
+        Some(dir) => Some(
+            holdout(&config.for_control(dir))
+                .with_context(|| format!("the control dataset {}", dir.display()))?,
+        ),
+        None => None,
+    };
+    (report.summary, report.verdicts) =
+        verdict::judge(report.rows(), control.as_ref().map(|c| c.rows()).as_deref());
+    report.control = control.map(Box::new);
     report::write(&config.out, &report)?;
     Ok(report)
 }
@@ -130,6 +216,33 @@ pub struct CvAudit {
     pub files: Vec<dataset::PooledFile>,
     /// PPMI word-label associations over the pooled questions.
     pub ppmi: Vec<ppmi::Association>,
+    /// Zero-shot accuracies of the `--lm` models on every pooled question.
+    pub lm: Vec<lm::LmResult>,
+    /// Every measured row, with the control's beside it.
+    pub summary: Vec<verdict::Row>,
+    pub verdicts: Vec<verdict::Verdict>,
+    /// The control dataset's audit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<Box<CvAudit>>,
+}
+
+impl CvAudit {
+    /// The rows the verdicts read: every measured baseline and the language models'.
+    fn rows(&self) -> Vec<verdict::Row> {
+        let mut rows: Vec<verdict::Row> = self
+            .cv
+            .baselines
+            .iter()
+            .filter_map(|(b, result)| match result {
+                cv::CvResult::Measured { mean, se, .. } => {
+                    Some(verdict::Row::new(b.name(), *mean, *se))
+                }
+                cv::CvResult::Skipped { .. } => None,
+            })
+            .collect();
+        rows.extend(lm_rows(&self.lm));
+        rows
+    }
 }
 
 /// The K-fold audit over every labelled split, by group; writes the report files. `note` hears
@@ -166,11 +279,25 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
     let cv = cv::cross_validate(&questions, k, config.seed, &cv::Baseline::ALL, &embedder)
         .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
     let pooled: Vec<&Question> = questions.iter().collect();
-    let audit = CvAudit {
+    let mut audit = CvAudit {
         cv,
         files,
         ppmi: ppmi::top_associations(&pooled, config.ppmi_top, config.ppmi_min_count),
+        lm: measure_lms(config, &questions)?,
+        summary: Vec::new(),
+        verdicts: Vec::new(),
+        control: None,
     };
+    let control = match &config.control {
+        Some(dir) => Some(
+            cross_validated(&config.for_control(dir), k, note)
+                .with_context(|| format!("the control dataset {}", dir.display()))?,
+        ),
+        None => None,
+    };
+    (audit.summary, audit.verdicts) =
+        verdict::judge(audit.rows(), control.as_ref().map(|c| c.rows()).as_deref());
+    audit.control = control.map(Box::new);
     report::write_cv(&config.out, &audit)?;
     Ok(audit)
 }
@@ -240,6 +367,10 @@ pub fn audit(
         lambda,
         ppmi: ppmi::top_associations(&all, ppmi_top, ppmi_min_count),
         knn,
+        lm: Vec::new(),
+        summary: Vec::new(),
+        verdicts: Vec::new(),
+        control: None,
     }
 }
 

@@ -7,7 +7,9 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 
 use super::cv::CvResult;
+use super::lm::LmResult;
 use super::ppmi::Association;
+use super::verdict::{Row, Verdict};
 use super::{AuditReport, CvAudit, Knn};
 use crate::plot::{register_font, FONT};
 
@@ -100,6 +102,7 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
         r.lambda[0], r.lambda[1], r.lambda[2]
     )?;
     writeln!(md, "![accuracy](accuracy.png)\n")?;
+    write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)?;
     writeln!(md, "\n## KNN distances (MiniLM)\n")?;
     match &r.knn {
@@ -266,7 +269,72 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
          every whitespace-separated word between `<` and `>`, case and punctuation kept.\n"
     )?;
     writeln!(md, "![accuracy](accuracy.png)\n")?;
+    write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)
+}
+
+/// The language models' table, the side-by-side table with the control, and the verdicts.
+fn write_findings(
+    md: &mut String,
+    lm: &[LmResult],
+    summary: &[Row],
+    verdicts: &[Verdict],
+    with_control: bool,
+) -> std::fmt::Result {
+    if !lm.is_empty() {
+        writeln!(md, "## Language models, zero-shot\n")?;
+        writeln!(
+            md,
+            "Every question is posed as lm-evaluation-harness poses this dataset's SWAG-style task \
+             (the startphrase, then each ending after a space): `acc` picks the ending with the \
+             highest summed log-probability of its tokens, `acc_norm` the highest per character of \
+             the ending. ± is the standard error of a proportion, as the harness reports it.\n"
+        )?;
+        writeln!(
+            md,
+            "| model | questions | acc | ± se | acc_norm | ± se | seconds |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        )?;
+        for r in lm {
+            writeln!(
+                md,
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |",
+                r.model, r.questions, r.acc, r.acc_se, r.acc_norm, r.acc_norm_se, r.seconds
+            )?;
+        }
+        writeln!(md)?;
+    }
+    if with_control {
+        writeln!(md, "## Against the control\n")?;
+        writeln!(
+            md,
+            "The control (its own report in `control/`) is audited the same way; difference is \
+             this dataset's accuracy minus the control's, in points.\n"
+        )?;
+        writeln!(
+            md,
+            "| row | this dataset | control | difference |\n| --- | ---: | ---: | ---: |"
+        )?;
+        for row in summary {
+            let control = row.control.map_or("—".to_string(), |c| {
+                format!("{:.3} ± {:.3}", c.mean, c.se)
+            });
+            let difference = row
+                .difference
+                .map_or("—".to_string(), |d| format!("{:+.1}", d * 100.0));
+            writeln!(
+                md,
+                "| {} | {:.3} ± {:.3} | {control} | {difference} |",
+                row.name, row.mean, row.se
+            )?;
+        }
+        writeln!(md)?;
+    }
+    writeln!(md, "## Verdicts\n")?;
+    for v in verdicts {
+        writeln!(md, "- **{}**: {}", v.family, v.text)?;
+    }
+    writeln!(md)
 }
 
 fn bar_chart(

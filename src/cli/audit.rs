@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
+use crate::audit::lm::LmSpec;
 use crate::audit::predictions::Choice;
+use crate::audit::verdict::{Row, Verdict};
 use crate::audit::{self, cv, score::score};
 
 #[derive(clap::Args)]
@@ -25,8 +27,25 @@ shortest, longest, word 1-2-gram LR (ngram_end, ngram_s2, ngram_ctx), character 
 MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
 \"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
 \"folds\": [accuracy per fold], \"lambda\": [chosen per fold]} or {\"skipped\": WHY}}}, \
-\"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..]}; mean is the mean fold \
-accuracy and se the standard deviation of the fold accuracies / sqrt(K)."
+\"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..], \"lm\": [..], \"summary\": [..], \
+\"verdicts\": [..]}; mean is the mean fold accuracy and se the standard deviation of the fold \
+accuracies / sqrt(K). Also under --cv: relational, LR on how each ending relates to its context \
+(the share of its words found in sent1, in sent2 and in neither, Jaccard similarities, shared word \
+pairs) and to the other endings (similarity, words no other ending has, relative length).
+
+--lm MODEL (repeatable; smollm2 or the path of a GGUF file) adds the model's zero-shot accuracy on \
+the val questions (with --cv: on every labelled question), scored as lm-evaluation-harness scores \
+the export's afkit_swag task: the context is the startphrase (sent1 + \" \" + sent2), each ending \
+follows it after a space, acc picks the ending with the highest summed log-probability of its \
+tokens and acc_norm the highest per character of the ending; se is the standard error of a \
+proportion, as the harness reports it. Rows lm:MODEL:acc and lm:MODEL:acc_norm.
+
+--control DIR audits a second dataset the same way (typically the same export with random \
+negatives, `afkit export --negatives random`), writes its report under OUT/control, and sets its \
+numbers beside this dataset's (summary: every row with control and difference). The report ends \
+with one verdict per family of evidence (style, relational, LM zero-shot, fine-tuned): at chance \
+when the family's best row is within two standard errors of 0.25, else how many points above \
+chance, and how far from the control."
 )]
 pub struct Args {
     /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
@@ -67,10 +86,18 @@ pub struct Args {
     /// Embed every text again instead of reading or writing the cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// Also measure this language model's zero-shot accuracy (repeatable): `smollm2` or the
+    /// path of a GGUF file.
+    #[arg(long, value_name = "MODEL")]
+    pub lm: Vec<String>,
+    /// Audit this dataset too, the same way, and report it beside DATASET (e.g. the export with
+    /// random negatives).
+    #[arg(long, value_name = "DIR")]
+    pub control: Option<PathBuf>,
 }
 
 impl Args {
-    fn config(&self) -> audit::Config {
+    fn config(&self) -> Result<audit::Config> {
         let skip_knn = if self.no_knn {
             Some("--no-knn")
         } else if self.no_embed {
@@ -78,7 +105,23 @@ impl Args {
         } else {
             None
         };
-        audit::Config {
+        let lm = self
+            .lm
+            .iter()
+            .map(|name| {
+                let path =
+                    crate::models::generator_gguf(name).with_context(|| format!("--lm {name}"))?;
+                // A file's rows are named by its stem (`lm:SmolLM2-360M.Q8_0:acc`).
+                let shown = match std::path::Path::new(name).file_stem() {
+                    Some(stem) if path.as_os_str() == name.as_str() => {
+                        stem.to_string_lossy().into_owned()
+                    }
+                    _ => name.clone(),
+                };
+                Ok(LmSpec { name: shown, path })
+            })
+            .collect::<Result<_>>()?;
+        Ok(audit::Config {
             dataset: self.dataset.clone(),
             out: self
                 .out
@@ -95,18 +138,20 @@ impl Args {
                     .clone()
                     .unwrap_or_else(crate::embed::default_cache_dir)
             }),
-        }
+            lm,
+            control: self.control.clone(),
+        })
     }
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let config = args.config();
+    let config = args.config()?;
     if let Some(k) = args.cv {
         let audit = audit::cross_validated(&config, k as usize, &mut |note| eprintln!("{note}"))?;
         if args.json {
             println!("{}", serde_json::to_string(&audit)?);
         } else {
-            print_cv_table(&audit.cv);
+            print_cv_table(&audit);
             println!("report: {}", config.out.join("audit.md").display());
         }
         return Ok(());
@@ -115,28 +160,62 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        for (name, acc) in report.accuracies() {
-            println!("{name:<10} {acc:.3}");
-        }
+        println!(
+            "train {} -> val {} questions (chance 0.250; ± is the se of a proportion)",
+            report.n_train, report.n_val
+        );
+        print_rows(&report.summary, report.control.is_some());
+        print_verdicts(&report.verdicts);
         println!("report: {}", config.out.join("audit.md").display());
     }
     Ok(())
 }
 
-fn print_cv_table(cv: &cv::CvReport) {
+fn print_cv_table(audit: &audit::CvAudit) {
+    let cv = &audit.cv;
     println!(
         "{}-fold cross-validation by group: {} questions, {} groups, seed {} (chance 0.250)",
         cv.folds, cv.questions, cv.groups, cv.seed
     );
-    println!("{:<10} {:>6} {:>7}", "baseline", "mean", "± se");
+    print_rows(&audit.summary, audit.control.is_some());
     for (baseline, result) in &cv.baselines {
-        let name = baseline.name();
-        match result {
-            cv::CvResult::Measured { mean, se, .. } => {
-                println!("{name:<10} {mean:>6.3} {:>7}", format!("± {se:.3}"))
-            }
-            cv::CvResult::Skipped { skipped } => println!("{name:<10} skipped: {skipped}"),
+        if let cv::CvResult::Skipped { skipped } = result {
+            println!("{:<22} skipped: {skipped}", baseline.name());
         }
+    }
+    print_verdicts(&audit.verdicts);
+}
+
+/// One line per measured row; with a control, its mean ± se and the difference in points.
+fn print_rows(rows: &[Row], with_control: bool) {
+    if with_control {
+        println!(
+            "{:<22} {:>13} {:>13} {:>6}",
+            "baseline", "mean ± se", "control", "diff"
+        );
+    } else {
+        println!("{:<22} {:>13}", "baseline", "mean ± se");
+    }
+    for row in rows {
+        let measured = format!("{:.3} ± {:.3}", row.mean, row.se);
+        if !with_control {
+            println!("{:<22} {measured:>13}", row.name);
+            continue;
+        }
+        let control = row
+            .control
+            .map_or("-".to_string(), |c| format!("{:.3} ± {:.3}", c.mean, c.se));
+        let diff = row
+            .difference
+            .map_or("-".to_string(), |d| format!("{:+.1}", d * 100.0));
+        println!("{:<22} {measured:>13} {control:>13} {diff:>6}", row.name);
+    }
+}
+
+fn print_verdicts(verdicts: &[Verdict]) {
+    println!("verdicts:");
+    for v in verdicts {
+        println!("  {}: {}", v.family, v.text);
     }
 }
 

@@ -1,8 +1,10 @@
 //! The language-model engine: GGUF loading, the llama forward pass and its CPU kernels, the
-//! tokenizer, token sampling and the LM features the AF perplexity MLP reads. It knows nothing of
+//! tokenizer, token sampling, the LM features the AF perplexity MLP reads and multiple-choice
+//! scoring as lm-evaluation-harness does it (`choice`). It knows nothing of
 //! projects: the `generate` stage drives it.
 
 pub mod adapt;
+pub mod choice;
 pub mod features;
 pub mod linear;
 pub mod llama;
