@@ -114,7 +114,7 @@ fn run_check(python: &Path, script: &str, folder: &Path) {
 #[test]
 #[cfg_attr(
     any(not(has_python_venv), offline),
-    ignore = "needs python3 with venv and pip's package index (AFKIT_TEST_OFFLINE unset)"
+    ignore = "needs python3 with venv and downloads from pip (not allowed by AFKIT_TEST_OFFLINE)"
 )]
 fn datasets_loads_every_configuration_row_by_row() {
     let p = unverified_project(12);
@@ -130,7 +130,7 @@ fn datasets_loads_every_configuration_row_by_row() {
 #[test]
 #[cfg_attr(
     any(not(has_python_venv), offline),
-    ignore = "needs python3 with venv and pip's package index (AFKIT_TEST_OFFLINE unset)"
+    ignore = "needs python3 with venv and downloads from pip (not allowed by AFKIT_TEST_OFFLINE)"
 )]
 fn lm_eval_builds_every_request_of_both_tasks() {
     let p = unverified_project(12);
