@@ -90,7 +90,8 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             .map(|l| pack_sequences(&tokenizer, l, s.train.seq_len))
             .collect::<Result<_>>()?;
         observer.note(&format!(
-            "running the {} frozen layers once over {} sequences of {} tokens",
+            "running the model's lower {} layers (not adapted, so computed once for every \
+             fold) over {} sequences of {} tokens",
             model.frozen_layers(),
             sequences.iter().map(Vec::len).sum::<usize>(),
             s.train.seq_len
