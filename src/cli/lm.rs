@@ -141,13 +141,30 @@ impl Observer for CliObserver {
         self.lines.start(steps, "steps");
     }
 
+    fn frozen_pass(&mut self, done: usize, total: usize) {
+        if done == 0 {
+            self.lines
+                .start(total, "sequences through the lower layers");
+        } else if let Some(bar) = self.lines.bar() {
+            bar.set_position(done as u64);
+        }
+        if done == total {
+            self.lines.clear();
+        }
+    }
+
     fn step(&mut self, report: &StepReport) {
         if let Some(bar) = self.lines.bar() {
             let per_epoch = report.steps.div_ceil(self.epochs.max(1)).max(1);
             let epoch = (report.step - 1) / per_epoch + 1;
             bar.set_position(report.step as u64);
+            let next = if report.step == report.steps {
+                "; now the held-out loss"
+            } else {
+                ""
+            };
             bar.set_message(format!(
-                "epoch {epoch}/{}, training loss {:.3}",
+                "epoch {epoch}/{}, training loss {:.3}{next}",
                 self.epochs, report.loss
             ));
         }
