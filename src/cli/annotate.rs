@@ -10,6 +10,7 @@ use crate::annotate::tasks::{self, PolicyRequest};
 use crate::annotate::{self, agreement, crowd};
 use crate::store::Store;
 
+/// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
 #[derive(clap::Args)]
 #[command(
     long_about = "Verify candidates in a terminal UI, as SWAG's human verification did: for each \
@@ -51,6 +52,7 @@ pub struct Args {
     pub timings: Option<PathBuf>,
 }
 
+/// Inter-annotator agreement, label distributions and annotator quality.
 #[derive(clap::Args)]
 #[command(
     long_about = "Inter-annotator agreement, label distributions and annotator quality.\n\n\

@@ -7,6 +7,7 @@ use anyhow::Result;
 use crate::ingest::{ingest, Format};
 use crate::store::Store;
 
+/// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
 #[derive(clap::Args)]
 #[command(
     long_about = "Load contexts with their found endings into the project.\n\n\
