@@ -917,11 +917,11 @@ fn status_tells_pools_too_small_for_af_from_pools_added_after_it() {
     assert_eq!(status["af_too_few_candidates"], 1);
     let text = ok(&["status", p.p()]);
     assert!(
-        text.contains("1 contexts got a pool after the last AF run"),
+        text.contains("1 context got a pool after the last AF run"),
         "{text}"
     );
     assert!(
-        text.contains("1 contexts have fewer candidate endings than AF's k"),
+        text.contains("1 context has fewer candidate endings than AF's k"),
         "{text}"
     );
 }

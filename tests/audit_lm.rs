@@ -4,7 +4,7 @@
 //! per family; and, where lm-evaluation-harness is installed, afkit's `acc` equals the harness's
 //! on the same export and model, question by question.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -12,13 +12,17 @@ mod aflite;
 mod annotate;
 mod assemble;
 mod audit_cv;
+mod audit_lm;
 mod faults;
 mod filter;
 mod generate;
+mod group_counts;
+mod help_sections;
 mod ingest;
 mod interop;
 mod layering;
 mod openai_backend;
+mod progress_lines;
 
 /// Cargo builds only this file's modules (`autotests = false`): a new file under tests/ that is
 /// not named above would never run.

@@ -55,8 +55,38 @@ pub trait Observer {
     fn note(&mut self, _message: &str) {}
     /// Training of fold `fold` begins, `steps` steps long.
     fn fold_started(&mut self, _fold: usize, _steps: usize) {}
+    /// `done` of `total` sequences have run through the frozen layers (once, before any fold).
+    fn frozen_pass(&mut self, _done: usize, _total: usize) {}
     fn step(&mut self, _report: &StepReport) {}
     fn fold_done(&mut self, _adapter: &AdapterRecord) {}
+}
+
+/// Sequences run through the frozen layers per progress report: a multiple of the engine's
+/// batches, so the chunks change no batch.
+const FROZEN_CHUNK: usize = 64;
+
+/// Every fold's sequences through the frozen layers, reporting as it goes: on a big corpus
+/// this pass takes minutes before the first fold starts.
+fn frozen_states(
+    model: &AdaptModel,
+    sequences: &[Vec<Vec<u32>>],
+    observer: &mut dyn Observer,
+) -> Result<Vec<Vec<Tensor>>> {
+    let total = sequences.iter().map(Vec::len).sum();
+    let mut done = 0;
+    observer.frozen_pass(done, total);
+    let mut states = Vec::with_capacity(sequences.len());
+    for fold in sequences {
+        let mut fold_states = Vec::with_capacity(fold.len());
+        for chunk in fold.chunks(FROZEN_CHUNK) {
+            crate::interrupt::check()?;
+            fold_states.extend(model.frozen_states(chunk)?);
+            done += chunk.len();
+            observer.frozen_pass(done, total);
+        }
+        states.push(fold_states);
+    }
+    Ok(states)
 }
 
 /// What an `lm adapt` call did (`--json` prints it as is).
@@ -90,15 +120,13 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             .map(|l| pack_sequences(&tokenizer, l, s.train.seq_len))
             .collect::<Result<_>>()?;
         observer.note(&format!(
-            "running the {} frozen layers once over {} sequences of {} tokens",
+            "running the model's lower {} layers (not adapted, so computed once for every \
+             fold) over {} sequences of {} tokens",
             model.frozen_layers(),
             sequences.iter().map(Vec::len).sum::<usize>(),
             s.train.seq_len
         ));
-        let states: Vec<Vec<Tensor>> = sequences
-            .iter()
-            .map(|seqs| model.frozen_states(seqs))
-            .collect::<Result<_>>()?;
+        let states = frozen_states(&model, &sequences, observer)?;
         let folder = adapter_folder(store.path());
         std::fs::create_dir_all(&folder)
             .with_context(|| format!("cannot create {}", folder.display()))?;

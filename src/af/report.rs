@@ -55,7 +55,12 @@ fn head(a: &HeadAccuracy, model: usize) -> Option<f64> {
     ][model]
 }
 
-/// Accuracy by iteration, one line per model, the MLP-only phase shaded, chance dashed.
+/// Below this many held-out contexts per iteration, the chart says its points are noisy.
+const FEW_HELD_OUT: usize = 200;
+
+/// Accuracy by iteration, one line per model (each a little apart from the others, with its
+/// own marker, so that equal accuracies do not hide a line), the MLP-only phase shaded, chance
+/// dashed; the legend beside the plot, where it covers nothing.
 fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> {
     crate::plot::register_font();
     let chance = 1.0 / (run.k as f64 + 1.0);
@@ -64,24 +69,26 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .iter()
         .flat_map(|r| (0..MODELS.len()).filter_map(|m| head(&r.accuracy, m)))
         .fold(chance * 2.0, f64::max);
-    let y_max = (top * 1.1).min(1.0).max(chance * 1.5);
+    // Headroom above the highest point for the phase labels.
+    let y_max = (top * 1.15).min(1.05).max(chance * 1.5);
     let mlp_end = iterations
         .iter()
         .filter(|r| r.phase == Family::Mlp)
         .map(|r| r.iteration)
         .max();
 
-    let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1200, 650)).into_drawing_area();
     let draw_err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
     root.fill(&WHITE).map_err(draw_err)?;
+    let (plot_area, legend_area) = root.split_horizontally(920);
     let font = crate::plot::FONT;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&plot_area)
         .caption(
             format!(
                 "Held-out accuracy by AF iteration (k = {}, run {})",
                 run.k, run.id
             ),
-            (font, 26),
+            (font, 24),
         )
         .margin(20)
         .x_label_area_size(50)
@@ -93,6 +100,7 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .x_desc("AF iteration")
         .x_labels((last + 2).min(12))
         .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_max_light_lines(1)
         .y_desc("accuracy on the held-out 20%")
         .axis_desc_style((font, 18))
         .label_style((font, 15))
@@ -105,28 +113,21 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         shade_mlp_phase(&mut chart, end as f64 + 0.5, y_max, ensemble_phase).map_err(draw_err)?;
     }
     draw_chance(&mut chart, chance, last as f64 + 0.5).map_err(draw_err)?;
-    draw_models(&mut chart, iterations).map_err(draw_err)?;
-    chart
-        .configure_series_labels()
-        .label_font((font, 15))
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(200, 200, 200))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(draw_err)?;
+    let drawn = draw_models(&mut chart, iterations).map_err(draw_err)?;
+    draw_legend(&legend_area, &drawn, chance, iterations).map_err(draw_err)?;
     root.present().map_err(draw_err)?;
     Ok(())
 }
 
 type Chart<'a, 'b> =
     ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
-type DrawResult = std::result::Result<
-    (),
+type DrawResult<T = ()> = std::result::Result<
+    T,
     DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>,
 >;
 
-/// The MLP-only phase as a shaded band up to `boundary`, labelled, with the ensemble phase's
-/// label after it when there is one.
+/// The MLP-only phase as a shaded band up to `boundary`, its name at the top, with the ensemble
+/// phase's name after it when there is one.
 fn shade_mlp_phase(
     chart: &mut Chart,
     boundary: f64,
@@ -139,15 +140,16 @@ fn shade_mlp_phase(
     )))?;
     let label_style =
         TextStyle::from((crate::plot::FONT, 16).into_font()).color(&RGBColor(90, 90, 90));
+    let at_top = y_max * 0.99;
     let mut labels = vec![Text::new(
         "MLP only".to_string(),
-        (-0.3, y_max * 0.04),
+        (-0.4, at_top),
         label_style.clone(),
     )];
     if ensemble_phase {
         labels.push(Text::new(
-            "ensemble".to_string(),
-            (boundary + 0.2, y_max * 0.04),
+            "ensemble phase".to_string(),
+            (boundary + 0.1, at_top),
             label_style,
         ));
     }
@@ -156,36 +158,120 @@ fn shade_mlp_phase(
 }
 
 fn draw_chance(chart: &mut Chart, chance: f64, x_end: f64) -> DrawResult {
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(-0.5, chance), (x_end, chance)],
-            8,
-            6,
-            BLACK.stroke_width(2),
-        ))?
-        .label(format!("chance 1/(k+1) = {chance:.2}"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    chart.draw_series(DashedLineSeries::new(
+        [(-0.5, chance), (x_end, chance)],
+        8,
+        6,
+        BLACK.stroke_width(2),
+    ))?;
     Ok(())
 }
 
-/// One line with dots per model that has accuracies, the ensemble's thicker.
-fn draw_models(chart: &mut Chart, iterations: &[IterationRecord]) -> DrawResult {
-    for (m, (name, colour)) in MODELS.iter().enumerate() {
+/// A marker of shape `shape` (0 circle, 1 triangle, 2 cross) at `at`.
+fn marker<DB: DrawingBackend>(
+    shape: usize,
+    at: (i32, i32),
+    style: ShapeStyle,
+) -> DynElement<'static, DB, (i32, i32)> {
+    match shape % 3 {
+        0 => Circle::new(at, 4, style).into_dyn(),
+        1 => TriangleMarker::new(at, 6, style).into_dyn(),
+        _ => Cross::new(at, 5, style.stroke_width(2)).into_dyn(),
+    }
+}
+
+/// One line with markers per model that has accuracies, the ensemble's thicker; each model's
+/// points shifted a little sideways. The models drawn, as indices into `MODELS`.
+fn draw_models(chart: &mut Chart, iterations: &[IterationRecord]) -> DrawResult<Vec<usize>> {
+    let drawn: Vec<usize> = (0..MODELS.len())
+        .filter(|&m| iterations.iter().any(|r| head(&r.accuracy, m).is_some()))
+        .collect();
+    for &m in &drawn {
+        let (_, colour) = MODELS[m];
         let points: Vec<(f64, f64)> = iterations
             .iter()
-            .filter_map(|r| head(&r.accuracy, m).map(|a| (r.iteration as f64, a)))
+            .filter_map(|r| {
+                head(&r.accuracy, m).map(|a| (r.iteration as f64 + sideways(&r.accuracy, m), a))
+            })
             .collect();
-        if points.is_empty() {
-            continue;
+        let ensemble = m == MODELS.len() - 1;
+        let style = colour.stroke_width(if ensemble { 3 } else { 2 });
+        chart.draw_series(LineSeries::new(points.clone(), style))?;
+        chart.draw_series(
+            points
+                .iter()
+                .map(|&p| EmptyElement::at(p) + marker(m, (0, 0), colour.filled())),
+        )?;
+    }
+    Ok(drawn)
+}
+
+/// How far model `m`'s point of an iteration sits beside the iteration: the models measured
+/// in it spread evenly around it, 0.06 apart; a lone model sits on it.
+fn sideways(accuracy: &HeadAccuracy, m: usize) -> f64 {
+    let present: Vec<usize> = (0..MODELS.len())
+        .filter(|&i| head(accuracy, i).is_some())
+        .collect();
+    let slot = present.iter().position(|&i| i == m).unwrap_or(0);
+    (slot as f64 - (present.len().max(1) - 1) as f64 / 2.0) * 0.06
+}
+
+/// The legend in its own panel: each drawn model's line and marker, chance, and how many
+/// held-out contexts each point rests on when they are few.
+fn draw_legend(
+    area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
+    drawn: &[usize],
+    chance: f64,
+    iterations: &[IterationRecord],
+) -> DrawResult {
+    let font = crate::plot::FONT;
+    let text = TextStyle::from((font, 15).into_font());
+    let mut y = 70;
+    for &m in drawn {
+        let (name, colour) = MODELS[m];
+        let width = if m == MODELS.len() - 1 { 3 } else { 2 };
+        area.draw(&PathElement::new(
+            [(8, y), (40, y)],
+            colour.stroke_width(width),
+        ))?;
+        area.draw(&(EmptyElement::at((24, y)) + marker(m, (0, 0), colour.filled())))?;
+        area.draw(&Text::new(name, (48, y - 8), text.clone()))?;
+        y += 26;
+    }
+    area.draw(&PathElement::new([(8, y), (18, y)], BLACK.stroke_width(2)))?;
+    area.draw(&PathElement::new([(28, y), (40, y)], BLACK.stroke_width(2)))?;
+    area.draw(&Text::new(
+        format!("chance = {chance:.2}"),
+        (48, y - 8),
+        text.clone(),
+    ))?;
+    if let Some(few) = iterations.iter().map(|r| r.n_test).min() {
+        if few < FEW_HELD_OUT {
+            let note = TextStyle::from((font, 14).into_font()).color(&RGBColor(150, 30, 30));
+            y += 44;
+            let most = iterations.iter().map(|r| r.n_test).max().unwrap_or(few);
+            let count = if most == few {
+                few.to_string()
+            } else {
+                format!("{few} to {most}")
+            };
+            for line in [
+                format!("Each point: {count}"),
+                "held-out contexts, so".to_string(),
+                format!("±{:.2} is noise", standard_error(0.5, few)),
+                "(standard error).".to_string(),
+            ] {
+                area.draw(&Text::new(line, (8, y), note.clone()))?;
+                y += 19;
+            }
         }
-        let style = colour.stroke_width(if m == MODELS.len() - 1 { 3 } else { 2 });
-        chart
-            .draw_series(LineSeries::new(points.clone(), style))?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
-        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
     }
     Ok(())
+}
+
+/// The standard error of an accuracy near `p` measured on `n` contexts.
+fn standard_error(p: f64, n: usize) -> f64 {
+    (p * (1.0 - p) / n.max(1) as f64).sqrt()
 }
 
 fn fmt_acc(v: Option<f64>) -> String {
@@ -239,7 +325,29 @@ fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
         mlp.len(),
         ens.len()
     )?;
-    writeln!(md, "- swaps: {total_swaps} in all")?;
+    writeln!(
+        md,
+        "- swaps: {total_swaps} in all (an easy negative replaced by a harder one from the pool)"
+    )?;
+    let held_out = iterations.iter().map(|r| r.n_test);
+    if let (Some(few), Some(most)) = (held_out.clone().min(), held_out.max()) {
+        let range = if few == most {
+            few.to_string()
+        } else {
+            format!("{few} to {most}")
+        };
+        writeln!(
+            md,
+            "- held-out contexts per iteration: {range}; an accuracy measured on {few} contexts \
+             has a standard error of up to ±{:.3}{}",
+            standard_error(0.5, few),
+            if few < FEW_HELD_OUT {
+                ", so at this size most of the ups and downs of the curve are noise"
+            } else {
+                ""
+            }
+        )?;
+    }
     let mean = |rs: &[&IterationRecord]| {
         if rs.is_empty() {
             "–".to_string()

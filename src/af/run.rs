@@ -30,6 +30,7 @@ use crate::store::af::{
     AfRun, Assignment, Family, FinalScore, HeadAccuracy, IterationRecord, Swap,
 };
 use crate::store::Store;
+use crate::text::counted;
 
 /// Every setting of an AF run, each default resolved: what `afkit filter` records with the run
 /// (with the pool counts, [`RunParams`]) and compares when it resumes one.
@@ -161,9 +162,9 @@ pub fn filter(
         return Ok(None);
     };
     observer.note(&format!(
-        "AF run {}: {} contexts, k = {}, chance = {:.3} (pools read in {:.1} s)",
+        "AF run {}: {}, k = {}, chance = {:.3} (pools read in {:.1} s)",
         run.id,
-        data.contexts.len(),
+        counted(data.contexts.len(), "context", "contexts"),
         config.k,
         1.0 / (config.k as f64 + 1.0),
         started.elapsed().as_secs_f64()
@@ -199,8 +200,13 @@ fn load_pools(store: &mut Store, config: &Config, observer: &mut dyn Observer) -
     }
     let data = Dataset::load(store, config.k, &config.encode, with_text)?;
     if data.excluded > 0 {
+        let (has, is) = if data.excluded == 1 {
+            ("context has", "is")
+        } else {
+            ("contexts have", "are")
+        };
         observer.note(&format!(
-            "{} contexts have fewer than k = {} candidate endings and are left out",
+            "{} {has} fewer than k = {} candidate endings and {is} left out",
             data.excluded, config.k
         ));
     }

@@ -16,7 +16,7 @@
 pub mod rules;
 pub mod split;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -43,7 +43,8 @@ pub struct Summary {
     pub examples: BTreeMap<String, usize>,
     /// Examples per gold source (gold0-orig, gen-orig, unverified, ...).
     pub gold_sources: BTreeMap<String, usize>,
-    /// Groups per split.
+    /// Groups (the `group` an example was ingested with: an ActivityNet video) with at least
+    /// one example in the split; the dataset card counts the same.
     pub groups: BTreeMap<String, usize>,
     /// Items sent back to annotation, by reason.
     pub reannotation_queued: BTreeMap<String, usize>,
@@ -105,9 +106,6 @@ pub fn assemble(
         distractors,
         ..Summary::default()
     };
-    for split in splits.values() {
-        *summary.groups.entry(split.to_string()).or_default() += 1;
-    }
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
     let order = match distractors {
         DistractorChoice::Matched => {
@@ -136,13 +134,20 @@ pub fn assemble(
             &mut reannotations,
         )?
     };
+    let group_of: HashMap<i64, &str> = examples.iter().map(|e| (e.id, e.group.as_str())).collect();
+    let mut groups: BTreeMap<String, HashSet<&str>> = BTreeMap::new();
     for ex in &built {
         *summary.examples.entry(ex.split.to_string()).or_default() += 1;
         *summary
             .gold_sources
             .entry(ex.gold_source.clone())
             .or_default() += 1;
+        groups
+            .entry(ex.split.to_string())
+            .or_default()
+            .insert(group_of[&ex.example_id]);
     }
+    summary.groups = groups.into_iter().map(|(s, g)| (s, g.len())).collect();
     // Train first, then val, then test; assembly order within a split follows the examples.
     built.sort_by_key(|ex| ex.split);
 

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::cv::CvResult;
 use super::lm::LmResult;
@@ -346,7 +347,11 @@ fn bar_chart(
     hline: Option<f64>,
 ) -> Result<()> {
     register_font();
-    let width = (120 + 90 * labels.len() as u32).max(640);
+    // Each bar as wide as its label (13-pixel monospace, 8 pixels a character), so labels
+    // never run together.
+    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u32;
+    let per_bar = (8 * longest + 20).max(90);
+    let width = (120 + per_bar * labels.len() as u32).max(640);
     let root = BitMapBackend::new(path, (width, 480)).into_drawing_area();
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         root.fill(&WHITE)?;
@@ -356,7 +361,8 @@ fn bar_chart(
             .margin(12)
             .x_label_area_size(70)
             .y_label_area_size(50)
-            .build_cartesian_2d((0..n).into_segmented(), 0.0..y_max)?;
+            // `0..n - 1` holds n values: one segment per bar, none empty after the last.
+            .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..y_max)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -366,29 +372,33 @@ fn bar_chart(
                 _ => String::new(),
             })
             .label_style((FONT, 13))
+            .y_max_light_lines(1)
             .draw()?;
         chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
             let v = if v.is_finite() { v } else { 0.0 };
             let mut bar = Rectangle::new(
                 [
                     (SegmentValue::Exact(i as i32), 0.0),
-                    (SegmentValue::Exact(i as i32 + 1), v),
+                    (segment_end(i as i32, n), v),
                 ],
                 Palette99::pick(i).filled(),
             );
             bar.set_margin(0, 0, 8, 8);
             bar
         }))?;
+        // Each value centred just above its bar.
+        let value_style =
+            TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
         chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
             Text::new(
                 format!("{v:.3}"),
                 (SegmentValue::CenterOf(i as i32), v),
-                (FONT, 13),
+                value_style.clone(),
             )
         }))?;
         if let Some(h) = hline {
             chart.draw_series(DashedLineSeries::new(
-                [(SegmentValue::Exact(0), h), (SegmentValue::Exact(n), h)],
+                [(SegmentValue::Exact(0), h), (SegmentValue::Last, h)],
                 6,
                 4,
                 BLACK.stroke_width(1),
@@ -398,4 +408,13 @@ fn bar_chart(
         Ok(())
     };
     draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+}
+
+/// Where bar `i` of `n` ends: the next segment's start, or the axis's end for the last bar.
+fn segment_end(i: i32, n: i32) -> SegmentValue<i32> {
+    if i + 1 < n {
+        SegmentValue::Exact(i + 1)
+    } else {
+        SegmentValue::Last
+    }
 }

@@ -10,7 +10,7 @@ use crate::aflite::{self, Features, SizeSpec, WarmupConfig};
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Outputs: OUT (the retained examples, in the input's format), \
+    after_long_help = "Outputs: OUT (the retained examples, in the input's format), \
     OUT.scores.jsonl (one line per input example: id, score = its last predictability p̃, \
     removed_round = the round that removed it or null) and OUT.summary.json (parameters, seed, \
     rounds with |S|, removed counts and score histograms, wall time).\n\n\
@@ -135,10 +135,10 @@ pub fn run(args: Args) -> Result<()> {
     let summary = aflite::run(&config, &mut progress)?;
     let stop = serde_json::to_value(summary.stop)?;
     eprintln!(
-        "aflite: kept {} of {} examples after {} rounds ({}); wrote {}",
+        "aflite: kept {} of {} examples after {} ({}); wrote {}",
         summary.kept,
         summary.filtered,
-        summary.rounds,
+        crate::text::counted(summary.rounds, "round", "rounds"),
         stop.as_str().unwrap_or_default().replace('_', " "),
         config.out.display()
     );

@@ -10,6 +10,7 @@ use crate::annotate::tasks::{self, PolicyRequest};
 use crate::annotate::{self, agreement, crowd};
 use crate::store::Store;
 
+/// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
 #[derive(clap::Args)]
 #[command(
     long_about = "Verify candidates in a terminal UI, as SWAG's human verification did: for each \
@@ -51,6 +52,7 @@ pub struct Args {
     pub timings: Option<PathBuf>,
 }
 
+/// Inter-annotator agreement, label distributions and annotator quality.
 #[derive(clap::Args)]
 #[command(
     long_about = "Inter-annotator agreement, label distributions and annotator quality.\n\n\
@@ -136,8 +138,8 @@ pub fn run(args: Args) -> Result<()> {
     if setup.without_negatives > 0 {
         let _ = writeln!(
             std::io::stderr(),
-            "note: {} contexts of AF run {} have no assigned negatives and got no task",
-            setup.without_negatives,
+            "note: {} of AF run {} without assigned negatives got no task",
+            crate::text::counted(setup.without_negatives, "context", "contexts"),
             setup.run_id
         );
     }
@@ -146,12 +148,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     let _ = writeln!(
         std::io::stdout(),
-        "{}: {} submitted this session, {} in all; {} items left for you. \
+        "{}: {} submitted this session, {} in all; {} left for you. \
          Run the same command to continue.",
         config.annotator.trim(),
         summary.submitted,
         summary.done_total,
-        summary.remaining
+        crate::text::counted(summary.remaining, "item", "items")
     );
     Ok(())
 }
@@ -192,7 +194,11 @@ pub fn run_crowd(command: CrowdCommand) -> Result<()> {
                 eprintln!("{}", hardest_shown_note(&setup));
             }
             let exported = crowd::export(&store, &out, all)?;
-            println!("wrote {} items to {}", exported.rows, out.display());
+            println!(
+                "wrote {} to {}",
+                crate::text::counted(exported.rows, "item", "items"),
+                out.display()
+            );
             if exported.neutralised > 0 {
                 println!(
                     "note: {} text cells began with =, +, -, @, a tab or a carriage return and \
@@ -229,10 +235,10 @@ fn import(project: &Path, file: &Path, strict: bool) -> Result<()> {
         );
     }
     println!(
-        "imported {} submissions from {} ({layout}); {} rows rejected",
-        outcome.imported,
+        "imported {} from {} ({layout}); {} rejected",
+        crate::text::counted(outcome.imported, "submission", "submissions"),
         file.display(),
-        outcome.rejected.len()
+        crate::text::counted(outcome.rejected.len(), "row", "rows")
     );
     Ok(())
 }

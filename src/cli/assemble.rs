@@ -12,7 +12,7 @@ use crate::store::Store;
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Rules (SWAG §3.5): the found ending ranked best or second is gold \
+    after_long_help = "Rules (SWAG §3.5): the found ending ranked best or second is gold \
 (gold0/gold1, -orig or -reannot by annotation round) with the generations not ranked best and \
 not gibberish as distractors, up to four, taken in the order --distractors gives; a generation ranked best over a second-ranked found ending adds a \
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
@@ -82,12 +82,15 @@ fn print_summary(s: &Summary) {
     );
     for split in Split::ALL {
         let name = split.as_str();
+        let examples = s.examples.get(name).copied().unwrap_or(0);
+        let groups = s.groups.get(name).copied().unwrap_or(0);
         println!(
-            "  {name:<6} {:>7} examples  {:>6} groups",
-            s.examples.get(name).copied().unwrap_or(0),
-            s.groups.get(name).copied().unwrap_or(0)
+            "  {name:<6} {:>14} from {}",
+            crate::text::counted(examples, "example", "examples"),
+            crate::text::counted(groups, "group", "groups")
         );
     }
+    println!("  (a group is the source its contexts came from, e.g. one video; it is never split)");
     for (source, n) in &s.gold_sources {
         println!("  {source:<14} {n:>7}");
     }

@@ -9,9 +9,13 @@ use crate::audit::predictions::Choice;
 use crate::audit::verdict::{Row, Verdict};
 use crate::audit::{self, cv, score::score};
 
+// Help headings after the common options.
+const BASELINES: &str = "Baselines";
+const CACHE: &str = "Embedding cache";
+
 #[derive(clap::Args)]
 #[command(
-    after_help = "Writes audit.md, audit.json and PNG bar charts (default DATASET/audit). \
+    after_long_help = "Writes audit.md, audit.json and PNG bar charts (default DATASET/audit). \
 Baselines, scored on val as a 4-way choice: random (expected accuracy of a uniform guess), \
 shortest and longest ending (ties split evenly), and 1-2-gram logistic regressions trained on \
 train over the ending (ngram_end), sent2 + ending (ngram_s2) and sent1 + sent2 + ending \
@@ -60,31 +64,31 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// PPMI: words listed per label.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, help_heading = BASELINES)]
     pub ppmi_top: usize,
     /// PPMI: skip words seen fewer times than this in all endings.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, help_heading = BASELINES)]
     pub ppmi_min_count: u64,
     /// Skip the KNN distances (they need the MiniLM encoder).
-    #[arg(long)]
+    #[arg(long, help_heading = BASELINES)]
     pub no_knn: bool,
     /// KNN: at most this many questions per split are embedded (a seeded sample).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, help_heading = BASELINES)]
     pub knn_max: usize,
     /// Cross-validate over all labelled splits in K folds (K >= 2) instead of train -> val.
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(2..))]
     pub cv: Option<u64>,
     /// Skip everything that needs the MiniLM encoder: the KNN distances and the minilm_s2
     /// baseline of --cv.
-    #[arg(long)]
+    #[arg(long, help_heading = BASELINES)]
     pub no_embed: bool,
     /// Folder of the MiniLM embedding cache (one vector per distinct text, shared with
     /// `afkit aflite`); default $AFKIT_HOME/embeddings. An audit of the AF export and one of its
     /// random control share every context and gold ending.
-    #[arg(long)]
+    #[arg(long, help_heading = CACHE)]
     pub cache_dir: Option<PathBuf>,
     /// Embed every text again instead of reading or writing the cache.
-    #[arg(long)]
+    #[arg(long, help_heading = CACHE)]
     pub no_cache: bool,
     /// Also measure this language model's zero-shot accuracy (repeatable): `smollm2` or the
     /// path of a GGUF file.
@@ -219,6 +223,7 @@ fn print_verdicts(verdicts: &[Verdict]) {
     }
 }
 
+/// Grade predicted labels against a split.
 #[derive(clap::Args)]
 #[command(
     long_about = "The accuracy of a model's predictions on a labelled split.\n\n\

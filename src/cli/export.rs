@@ -8,6 +8,10 @@ use crate::export::layout::Layout;
 use crate::export::{answers_path, export, parse_license, Negatives, Options};
 use crate::store::Store;
 
+/// Help heading after the common options.
+const PUBLISHING: &str = "Publishing";
+
+/// Write the assembled splits (SWAG CSVs, JSONL, dataset card).
 #[derive(clap::Args)]
 #[command(long_about = "Write the assembled splits as a dataset folder.\n\n\
     OUT holds train/val/test.csv (SWAG's regular columns after an unnamed row-number column, as in \
@@ -34,11 +38,11 @@ pub struct Args {
     pub seed: u64,
     /// Keep the test split's labels (and test_full.csv) in OUT, for internal measurement; without
     /// it they are withheld, so OUT can be published.
-    #[arg(long)]
+    #[arg(long, help_heading = PUBLISHING)]
     pub with_test_labels: bool,
     /// The dataset's licence, as a Hugging Face Hub licence id (cc-by-4.0, apache-2.0, other,
     /// ...), for the card's metadata: the terms of your inputs and generator decide it.
-    #[arg(long, default_value = "unknown", value_parser = parse_license)]
+    #[arg(long, default_value = "unknown", value_parser = parse_license, help_heading = PUBLISHING)]
     pub license: String,
 }
 

@@ -12,79 +12,90 @@ use crate::af::train::TrainConfig;
 use crate::af::{self, Config};
 use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
 use crate::store::Store;
+use crate::text::counted;
 
 /// The defaults shown in `--help` are the stage's own.
 static DEFAULTS: LazyLock<Config> = LazyLock::new(Config::default);
+
+// Help headings, most used first.
+const RUN: &str = "The run";
+const TRAINING: &str = "Training the classifiers";
+const MODELS: &str = "Models in the ensemble";
 
 #[derive(clap::Args)]
 pub struct FilterArgs {
     /// The project file.
     pub project: PathBuf,
     /// Negatives assigned per context during AF (contexts whose pool is smaller are left out).
-    #[arg(long, default_value_t = DEFAULTS.k)]
+    #[arg(long, default_value_t = DEFAULTS.k, help_heading = RUN)]
     pub k: usize,
     /// Cap on the cheap MLP-only iterations that run first (SWAG: 100 on GPUs).
-    #[arg(long, default_value_t = DEFAULTS.mlp_iterations)]
+    #[arg(long, default_value_t = DEFAULTS.mlp_iterations, help_heading = RUN)]
     pub mlp_iterations: usize,
-    /// Cap on the full-ensemble iterations (SWAG: 50). The default is low because with
-    /// in-domain pools (`lm adapt`) more iterations overshoot: the stylistic classifiers end up
+    /// Cap on the full-ensemble iterations (SWAG: 50).
+    ///
+    /// The default is low because with in-domain pools (`lm adapt`) more iterations overshoot: the stylistic classifiers end up
     /// preferring the distractors to the real ending, an artifact of its own. The phase stops
     /// earlier once it has converged: 2 iterations in a row with swaps below 1% of the held-out
     /// contexts or ensemble accuracy within two standard errors of chance. 0 runs MLP-only AF (for
     /// projects too big for the text models on this machine): the final cross-fitted pass then
     /// scores with the MLP, and the pools' texts are never loaded.
-    #[arg(long, default_value_t = DEFAULTS.ensemble_iterations)]
+    #[arg(long, default_value_t = DEFAULTS.ensemble_iterations, help_heading = RUN)]
     pub ensemble_iterations: usize,
     /// Seed for splits, initial assignment, model initialisation and batch order (recorded).
-    #[arg(long, default_value_t = DEFAULTS.seed)]
+    #[arg(long, default_value_t = DEFAULTS.seed, help_heading = RUN)]
     pub seed: u64,
     /// Easy negatives replaced per held-out context and iteration (SWAG: N_easy = 2).
-    #[arg(long, default_value_t = DEFAULTS.n_easy)]
+    #[arg(long, default_value_t = DEFAULTS.n_easy, help_heading = RUN)]
     pub n_easy: usize,
     /// Start a new run even though the latest one is unfinished or finished on the same pools.
-    #[arg(long)]
+    #[arg(long, help_heading = RUN)]
     pub new_run: bool,
     /// Training passes over the training contexts in an MLP-only iteration.
-    #[arg(long, default_value_t = DEFAULTS.train.mlp_epochs)]
+    #[arg(long, default_value_t = DEFAULTS.train.mlp_epochs, help_heading = TRAINING)]
     pub mlp_epochs: usize,
     /// Training passes in an ensemble iteration and in each fold of the final pass.
-    #[arg(long, default_value_t = DEFAULTS.train.ensemble_epochs)]
+    #[arg(long, default_value_t = DEFAULTS.train.ensemble_epochs, help_heading = TRAINING)]
     pub ensemble_epochs: usize,
     /// Contexts per optimisation step.
-    #[arg(long, default_value_t = DEFAULTS.train.batch_contexts)]
+    #[arg(long, default_value_t = DEFAULTS.train.batch_contexts, help_heading = TRAINING)]
     pub batch_contexts: usize,
     /// AdamW learning rate.
-    #[arg(long, default_value_t = DEFAULTS.train.learning_rate)]
+    #[arg(long, default_value_t = DEFAULTS.train.learning_rate, help_heading = TRAINING)]
     pub learning_rate: f64,
     /// Word-embedding size of the bag-of-words, CNN and BiLSTM models.
-    #[arg(long, default_value_t = DEFAULTS.train.model.word_dim)]
+    #[arg(long, default_value_t = DEFAULTS.train.model.word_dim, help_heading = TRAINING)]
     pub word_dim: usize,
-    /// Hidden size of the MLP and the ensemble; the CNN uses half as many filters per width and
-    /// the BiLSTM half as many units per direction.
-    #[arg(long, default_value_t = DEFAULTS.train.model.mlp_hidden)]
+    /// Hidden size of the MLP and the ensemble.
+    ///
+    /// The CNN uses half as many filters per width and the BiLSTM half as many units per
+    /// direction.
+    #[arg(long, default_value_t = DEFAULTS.train.model.mlp_hidden, help_heading = TRAINING)]
     pub hidden: usize,
     /// Words seen fewer times than this in the project's texts share the UNK embedding.
-    #[arg(long, default_value_t = DEFAULTS.encode.min_count)]
+    #[arg(long, default_value_t = DEFAULTS.encode.min_count, help_heading = TRAINING)]
     pub min_count: usize,
     /// Leave the subword model (hashed character n-grams of the ending) out of the ensemble.
-    #[arg(long)]
+    #[arg(long, help_heading = MODELS)]
     pub no_subword_model: bool,
-    /// Leave the sentence model (MiniLM embedding of sent2 + ending) out of the ensemble; it
-    /// needs the MiniLM model (`afkit models fetch`) and embeds every pool ending once per run.
-    #[arg(long)]
+    /// Leave the sentence model (MiniLM embedding of sent2 + ending) out of the ensemble.
+    ///
+    /// It needs the MiniLM model (`afkit models fetch`) and embeds every pool ending once per run.
+    #[arg(long, help_heading = MODELS)]
     pub no_sentence_model: bool,
-    /// Folder of the MiniLM embedding cache the sentence model reads first (one vector per
-    /// distinct text, shared with `afkit audit` and `afkit aflite`); default
-    /// $AFKIT_HOME/embeddings. Projects that share contexts and endings embed them once.
-    #[arg(long)]
+    /// Folder of the MiniLM embedding cache; default $AFKIT_HOME/embeddings.
+    ///
+    /// The sentence model reads it first (one vector per distinct text, shared with `afkit
+    /// audit` and `afkit aflite`). Projects that share contexts and endings embed them once.
+    #[arg(long, help_heading = MODELS)]
     pub cache_dir: Option<PathBuf>,
     /// Embed every pool ending again instead of reading or writing the cache.
-    #[arg(long)]
+    #[arg(long, help_heading = MODELS)]
     pub no_cache: bool,
     /// Folds of the final cross-fitted scoring pass.
-    #[arg(long, default_value_t = DEFAULTS.folds)]
+    #[arg(long, default_value_t = DEFAULTS.folds, help_heading = RUN)]
     pub folds: usize,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Device")]
     pub device: DeviceArgs,
 }
 
@@ -150,8 +161,10 @@ pub fn run(args: FilterArgs) -> Result<()> {
             accuracy_text(&s.final_accuracy)
         );
         println!(
-            "AF run {} finished: {} iterations; scores of {} endings stored (see `afkit report`)",
-            s.run_id, s.iterations, s.scored
+            "AF run {} finished: {}; scores of {} stored (see `afkit report`)",
+            s.run_id,
+            counted(s.iterations, "iteration", "iterations"),
+            counted(s.scored, "ending", "endings")
         );
     }
     Ok(())
@@ -216,14 +229,16 @@ fn accuracy_text(a: &HeadAccuracy) -> String {
         .join("  ")
 }
 
+/// An iteration's accuracies on its held-out contexts, and how many of their easy negatives
+/// it replaced.
 fn iteration_line(r: &IterationRecord, train_seconds: f64) -> String {
     format!(
-        "iteration {:>4} {:<8} {}  swaps {:>5}/{} held out  {:.1} s (training {:.1} s)",
+        "iteration {:>4} {:<8} {}  replaced {:>5} easy negatives in {}  {:.1} s (training {:.1} s)",
         r.iteration,
         r.phase.name(),
         accuracy_text(&r.accuracy),
         r.swaps,
-        r.n_test,
+        counted(r.n_test, "held-out context", "held-out contexts"),
         r.seconds,
         train_seconds
     )

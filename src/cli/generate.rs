@@ -12,93 +12,120 @@ use crate::lm::openai::OpenAiConfig;
 use crate::lm::sampler::SamplingParams;
 use crate::models::generator_gguf;
 use crate::store::Store;
+use crate::text::counted;
+
+// Help headings, most used first.
+const WHAT: &str = "What to generate";
+const SAMPLING: &str = "Sampling";
+const SERVER: &str = "Server (--backend openai)";
+const OUTPUT: &str = "Output";
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
     /// The project file.
     pub project: PathBuf,
-    /// Where endings are sampled: `local` (the candle model) or `openai` (an OpenAI-compatible
-    /// completions server, see --endpoint; the local model then only scores the LM features).
-    #[arg(long, value_enum, default_value = "local")]
-    pub backend: Backend,
-    /// Boxed: the server flags would otherwise make every `Command` value large.
-    #[command(flatten)]
-    pub openai: Box<OpenAiArgs>,
     /// `smollm2` (the default model, fetched if needed) or the path of a llama-family GGUF file.
+    ///
     /// With `--backend openai` it is the scoring model: point the server at the same GGUF.
-    #[arg(long, default_value = "smollm2")]
+    #[arg(long, default_value = "smollm2", help_heading = WHAT)]
     pub model: String,
     /// Unique endings to sample per context (N⁻).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, help_heading = WHAT)]
     pub n_neg: usize,
     /// Only generate for the first N contexts that have no pool yet.
-    #[arg(long)]
+    #[arg(long, help_heading = WHAT)]
     pub limit: Option<usize>,
-    /// Seed for sampling (recorded in the project; each context's stream is derived from it and
-    /// the example id, so a resumed run samples what an uninterrupted one would have).
-    #[arg(long, default_value_t = 0)]
+    /// Seed for sampling, recorded in the project.
+    ///
+    /// Each context's stream is derived from it and the example id, so a resumed run samples
+    /// what an uninterrupted one would have.
+    #[arg(long, default_value_t = 0, help_heading = WHAT)]
     pub seed: u64,
-    /// Prompt template: a built-in name (`continuation`) or a file whose text contains
-    /// `{startphrase}` (or `{sent1}` and `{sent2}`); the endings continue the filled template.
-    #[arg(long, default_value = "continuation")]
+    /// Prompt template: `continuation` (built in) or a file with `{startphrase}`.
+    ///
+    /// A file's text contains `{startphrase}` (or `{sent1}` and `{sent2}`); the endings
+    /// continue the filled template.
+    #[arg(long, default_value = "continuation", help_heading = WHAT)]
     pub prompt: String,
-    /// Real context + ending pairs from the project's other groups (videos) shown before each
-    /// context, one per line, so that the model writes in the corpus's own style; chosen per
+    /// Real context + ending pairs shown before each context, so the model writes in the
+    /// corpus's style.
+    ///
+    /// The pairs come from the project's other groups (videos), one per line, chosen per
     /// context from the seed and recorded with its pool. 0 shows none.
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = 12, help_heading = WHAT)]
     pub style_examples: usize,
-    /// Keep sampled endings that no found ending could be. By default an ending must pass the
-    /// rules ingest applies to found ones: 5 to 25 tokens, and a verb phrase that the splitter
-    /// would cut right after `sent2` (so not "of the man throws ...").
-    #[arg(long)]
+    /// Keep sampled endings that no found ending could be.
+    ///
+    /// By default an ending must pass the rules ingest applies to found ones: 5 to 25 tokens,
+    /// and a verb phrase that the splitter would cut right after `sent2` (so not "of the man
+    /// throws ...").
+    #[arg(long, help_heading = WHAT)]
     pub no_ending_rules: bool,
-    /// Grow starved pools instead of making new ones: sample this many more endings for every
-    /// context whose found ending the latest finished AF run scored above all of its candidates
-    /// (AF had nothing left to swap in). Then run `afkit filter` again.
-    #[arg(long)]
+    /// Grow starved pools instead of making new ones: this many more endings per context.
+    ///
+    /// A pool is starved when the latest finished AF run scored its found ending above all of
+    /// its candidates (AF had nothing left to swap in). Then run `afkit filter` again.
+    #[arg(long, help_heading = WHAT)]
     pub grow: Option<usize>,
-    /// Require the project's adapters (`afkit lm adapt`, same --model) and fail without them.
+    /// Require the project's adapters (`afkit lm adapt`, same --model); fail without them.
+    ///
     /// By default a project that holds adapters for the model samples each context with its
     /// fold's adapter (the model fine-tuned on the project's other groups, which writes in the
     /// corpus's register without having read the context's found ending), and one without
     /// them samples with the model alone.
-    #[arg(long, conflicts_with = "no_adapters")]
+    #[arg(long, conflicts_with = "no_adapters", help_heading = WHAT)]
     pub adapted: bool,
     /// Sample with the model alone even where the project holds adapters.
-    #[arg(long)]
+    #[arg(long, help_heading = WHAT)]
     pub no_adapters: bool,
     /// With --grow: leave pools that already hold this many candidates as they are.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, help_heading = WHAT)]
     pub max_pool: usize,
-    /// Sampling temperature. Keep 1: cooler sampling lowers perplexity, an artifact that the
-    /// stylistic classifiers pick up.
-    #[arg(long, default_value_t = SamplingParams::default().temperature)]
+    /// Sampling temperature.
+    ///
+    /// Keep 1: cooler sampling lowers perplexity, an artifact that the stylistic classifiers
+    /// pick up.
+    #[arg(long, default_value_t = SamplingParams::default().temperature, help_heading = SAMPLING)]
     pub temperature: f32,
     /// Keep only the k most probable tokens (off by default).
-    #[arg(long)]
+    #[arg(long, help_heading = SAMPLING)]
     pub top_k: Option<usize>,
     /// Nucleus sampling threshold (off by default).
-    #[arg(long)]
+    #[arg(long, help_heading = SAMPLING)]
     pub top_p: Option<f32>,
     /// Drop tokens less than this fraction as probable as the best one (off by default).
-    #[arg(long)]
+    #[arg(long, help_heading = SAMPLING)]
     pub min_p: Option<f32>,
     /// Token cap per ending; endings that reach it without ending a sentence are discarded.
-    #[arg(long, default_value_t = SamplingParams::default().max_tokens)]
+    #[arg(long, default_value_t = SamplingParams::default().max_tokens, help_heading = SAMPLING)]
     pub max_tokens: usize,
-    /// Sequences decoded together (continuous batching: a finished sequence's place goes to the
-    /// next one, from any context). Bigger keeps the matrix products efficient; the key/value
-    /// cache grows with it (about 0.5 GB for SmolLM2 at 256 × --max-tokens 40).
-    #[arg(long, default_value_t = SamplingParams::default().batch)]
+    /// Sequences decoded together.
+    ///
+    /// Continuous batching: a finished sequence's place goes to the next one, from any
+    /// context. Bigger keeps the matrix products efficient; the key/value cache grows with it
+    /// (about 0.5 GB for SmolLM2 at 256 × --max-tokens 40).
+    #[arg(long, default_value_t = SamplingParams::default().batch, help_heading = SAMPLING)]
     pub batch: usize,
-    /// Draws allowed per requested ending before a context's shortfall is accepted.
-    #[arg(long, default_value_t = SamplingParams::default().max_draws_per_ending)]
+    /// Draws allowed per requested ending before a context is left with fewer endings.
+    ///
+    /// A context whose pool is still short of --n-neg after this many draws per ending keeps
+    /// what it has; the summary counts the endings missing.
+    #[arg(long, default_value_t = SamplingParams::default().max_draws_per_ending, help_heading = SAMPLING)]
     pub max_draws_per_ending: usize,
+    /// Where endings are sampled: `local` (the model, on this machine) or `openai`.
+    ///
+    /// `openai`: an OpenAI-compatible completions server (see --endpoint); the local model then
+    /// only scores the LM features.
+    #[arg(long, value_enum, default_value = "local", help_heading = SERVER)]
+    pub backend: Backend,
+    /// Boxed: the server flags would otherwise make every `Command` value large.
+    #[command(flatten, next_help_heading = SERVER)]
+    pub openai: Box<OpenAiArgs>,
     /// Print a JSON summary (counts, timings) on stdout.
-    #[arg(long)]
+    #[arg(long, help_heading = OUTPUT)]
     pub json: bool,
     /// Where the local model samples (`--backend local`) and scores the LM features.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Device")]
     pub device: DeviceArgs,
 }
 
@@ -128,48 +155,48 @@ pub struct ImportPoolArgs {
     pub prompt: String,
 }
 
-/// Flags of `afkit generate --backend openai`.
+/// Flags of `afkit generate --backend openai`: shown by `--help`, left out of `-h`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct OpenAiArgs {
     /// Base URL of an OpenAI-compatible completions server (e.g. http://127.0.0.1:8000);
     /// `/v1/completions` is appended unless the URL already ends with `/completions`. Repeat the
     /// flag to spread requests over several servers (round-robin).
-    #[arg(long = "endpoint")]
+    #[arg(long = "endpoint", hide_short_help = true)]
     pub endpoints: Vec<String>,
     /// Name of the environment variable holding the API key (sent as a Bearer token; never
     /// stored in the project).
-    #[arg(long)]
+    #[arg(long, hide_short_help = true)]
     pub api_key_env: Option<String>,
     /// The `model` field of each request (servers hosting several models need it); also recorded
     /// as the generation's model name.
-    #[arg(long)]
+    #[arg(long, hide_short_help = true)]
     pub model_name: Option<String>,
     /// Requests in flight at once, over all endpoints.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, hide_short_help = true)]
     pub concurrency: usize,
     /// Seconds one request may take before it is abandoned and retried.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, hide_short_help = true)]
     pub request_timeout: f64,
     /// Retries per request after the first attempt (429, 5xx, timeouts, dropped connections,
     /// malformed responses); then the context fails and the command stops with a report.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, hide_short_help = true)]
     pub retries: u32,
     /// First back-off in seconds; doubles per retry, with jitter, capped at 30 s.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, hide_short_help = true)]
     pub backoff: f64,
     /// Completions asked for per request (`n`). Keep 1 for servers that ignore `n`
     /// (llama.cpp's server does).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, hide_short_help = true)]
     pub n_per_request: usize,
     /// Stop strings sent to the server (the sentence end).
-    #[arg(long = "stop", default_values_t = [".".to_string(), "!".to_string(), "?".to_string()])]
+    #[arg(long = "stop", default_values_t = [".".to_string(), "!".to_string(), "?".to_string()], hide_short_help = true)]
     pub stop: Vec<String>,
     /// Extra request fields as KEY=JSON, overriding the defaults `top_k=0`, `min_p=0`,
     /// `repeat_penalty=1`; `KEY=null` removes a field (for servers that reject it).
-    #[arg(long = "server-param", value_name = "KEY=JSON")]
+    #[arg(long = "server-param", value_name = "KEY=JSON", hide_short_help = true)]
     pub server_params: Vec<String>,
     /// Do not send `seed` (for servers that reject it).
-    #[arg(long)]
+    #[arg(long, hide_short_help = true)]
     pub no_seed: bool,
 }
 
@@ -235,38 +262,86 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let config = args.config()?;
     let mut observer = Progress::default();
     let summary = generate::run(&mut store, &config, &compute, &mut observer)?;
-    observer.0.clear();
+    observer.lines.clear();
     if summary.contexts + summary.unusable > 0 {
         print_summary(&summary, json)?;
     }
     Ok(())
 }
 
-/// A progress bar over contexts; notes and skipped contexts printed above it, on stderr.
+/// A progress bar over the endings a call aims for (contexts × endings each), moved by every
+/// ending kept, so that it moves while a batch of contexts decodes; over contexts for
+/// `import-pool`. Notes and skipped contexts are printed above it, on stderr.
 #[derive(Default)]
-struct Progress(crate::progress::Lines);
+struct Progress {
+    lines: crate::progress::Lines,
+    contexts: usize,
+    endings_each: usize,
+    contexts_done: usize,
+    /// Endings kept so far, and those of them in contexts already done.
+    kept: usize,
+    kept_in_done: usize,
+    /// Endings per second with their scoring, as the stage last measured it.
+    rate: Option<f64>,
+}
+
+impl Progress {
+    /// Done contexts count whole (what they fell short of is not coming); the others count
+    /// their endings kept so far.
+    fn show(&self) {
+        let Some(bar) = self.lines.bar() else {
+            return;
+        };
+        if self.endings_each == 0 {
+            bar.set_position(self.contexts_done as u64);
+            return;
+        }
+        let in_flight = self.kept.saturating_sub(self.kept_in_done);
+        bar.set_position((self.contexts_done * self.endings_each + in_flight) as u64);
+        let mut message = format!(
+            "{}/{} done",
+            self.contexts_done,
+            counted(self.contexts, "context", "contexts")
+        );
+        if let Some(rate) = self.rate {
+            message.push_str(&format!(", {rate:.1} endings/s with scoring"));
+        }
+        bar.set_message(message);
+    }
+}
 
 impl generate::Observer for Progress {
     fn note(&mut self, message: &str) {
-        self.0.say(message, false);
+        self.lines.say(message, false);
     }
 
-    fn started(&mut self, contexts: usize) {
-        self.0.start(contexts, "contexts");
+    fn started(&mut self, contexts: usize, endings_each: usize) {
+        self.contexts = contexts;
+        self.endings_each = endings_each;
+        if endings_each == 0 {
+            self.lines.start(contexts, "contexts");
+        } else {
+            self.lines.start(contexts * endings_each, "endings");
+        }
+        self.show();
     }
 
     fn skipped(&mut self, ext_id: &str, reason: &str) {
-        self.0.say(&format!("skipping {ext_id}: {reason}"), false);
-        self.context_done(None);
+        self.lines
+            .say(&format!("skipping {ext_id}: {reason}"), false);
+        self.context_done(0, None);
     }
 
-    fn context_done(&mut self, endings_per_second: Option<f64>) {
-        if let Some(bar) = self.0.bar() {
-            bar.inc(1);
-            if let Some(rate) = endings_per_second {
-                bar.set_message(format!("{rate:.1} endings/s"));
-            }
-        }
+    fn ending_kept(&mut self) {
+        self.kept += 1;
+        self.show();
+    }
+
+    fn context_done(&mut self, kept: usize, endings_per_second: Option<f64>) {
+        self.contexts_done += 1;
+        self.kept_in_done += kept;
+        self.rate = endings_per_second.or(self.rate);
+        self.show();
     }
 }
 
@@ -277,15 +352,22 @@ fn print_summary(summary: &Summary, json: bool) -> Result<()> {
     }
     if summary.unusable > 0 {
         println!(
-            "{} contexts skipped: too long for the model (listed above, counted by `afkit status`)",
-            summary.unusable
+            "{} skipped: too long for the model (listed above, counted by `afkit status`)",
+            counted(summary.unusable, "context", "contexts")
         );
     }
+    let missing = if summary.shortfall == 0 {
+        "every pool full".to_string()
+    } else {
+        format!(
+            "{} short of the number asked for",
+            counted(summary.shortfall, "ending", "endings")
+        )
+    };
     println!(
-        "{} contexts: {} endings (shortfall {}), {:.1} endings/s overall; sampling {:.1} endings/s, {:.0} tokens/s",
-        summary.contexts,
-        summary.endings,
-        summary.shortfall,
+        "{}: {} ({missing}), {:.1} endings/s overall; sampling {:.1} endings/s, {:.0} tokens/s",
+        counted(summary.contexts, "context", "contexts"),
+        counted(summary.endings, "ending", "endings"),
         summary.endings_per_second,
         summary.sampling_endings_per_second,
         summary.sampling_tokens_per_second
@@ -293,11 +375,11 @@ fn print_summary(summary: &Summary, json: bool) -> Result<()> {
     let rejected: Vec<String> = summary
         .rejected
         .iter()
-        .map(|(why, n)| format!("{why} {n}"))
+        .map(|(why, n)| format!("{} {n}", rejection_words(why)))
         .collect();
     println!(
-        "{} draws, not kept: {}",
-        summary.draws,
+        "{} sampled in all; not kept: {}",
+        counted(summary.draws, "ending", "endings"),
         if rejected.is_empty() {
             "none".to_string()
         } else {
@@ -305,6 +387,15 @@ fn print_summary(summary: &Summary, json: bool) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// A recorded rejection reason (a stable key in the project and `--json`) in plain words.
+fn rejection_words(why: &str) -> String {
+    match why {
+        "surplus" => "finished after the pool was full".to_string(),
+        "duplicate" => "duplicates".to_string(),
+        other => other.replace('_', " "),
+    }
 }
 
 pub fn import(args: ImportPoolArgs) -> Result<()> {
@@ -316,26 +407,29 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
     };
     let mut observer = Progress::default();
     let summary = generate::import(&mut store, &config, &mut observer)?;
-    observer.0.clear();
+    observer.lines.clear();
     print_import_summary(&summary);
     Ok(())
 }
 
 fn print_import_summary(counts: &ImportSummary) {
     println!(
-        "imported {} endings for {} contexts; {} contexts skipped (they already have a pool)",
-        counts.endings, counts.imported, counts.skipped
+        "imported {} for {}; {} skipped (they already have a pool)",
+        counted(counts.endings, "ending", "endings"),
+        counted(counts.imported, "context", "contexts"),
+        counted(counts.skipped, "context", "contexts")
     );
     if counts.dropped_at_ingest > 0 {
         println!(
-            "{} lines skipped: their records were dropped at ingest (see `afkit status`)",
-            counts.dropped_at_ingest
+            "{} skipped: their records were dropped at ingest (see `afkit status`)",
+            counted(counts.dropped_at_ingest, "line", "lines")
         );
     }
     if counts.scored_elsewhere > 0 {
         println!(
-            "{} contexts came with their own LM features; {} were scored with the local model",
-            counts.scored_elsewhere, counts.scored_here
+            "{} came with their own LM features; {} scored with the local model",
+            counted(counts.scored_elsewhere, "context", "contexts"),
+            counts.scored_here
         );
     }
     if counts.incomplete > 0 {
@@ -343,5 +437,31 @@ fn print_import_summary(counts: &ImportSummary) {
             "note: {} imported endings do not end with . ! or ? (kept as given)",
             counts.incomplete
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use generate::Observer;
+
+    #[test]
+    fn the_bar_moves_with_every_ending_kept_and_done_contexts_count_whole() {
+        let mut p = Progress::default();
+        p.started(3, 4);
+        let position = |p: &Progress| p.lines.bar().map(|b| b.position());
+        // Two contexts sampled together: endings arrive before either is done.
+        for _ in 0..5 {
+            p.ending_kept();
+        }
+        assert_eq!(position(&p), Some(5));
+        // The first is done with 3 of its 4 endings: it counts whole, the other's 2 still count.
+        p.context_done(3, Some(10.0));
+        assert_eq!(position(&p), Some(4 + 2));
+        p.context_done(2, Some(10.0));
+        assert_eq!(position(&p), Some(8));
+        p.skipped("v9#0", "too long");
+        assert_eq!(position(&p), Some(12));
+        assert_eq!(p.lines.bar().map(|b| b.length()), Some(Some(12)));
     }
 }

@@ -7,6 +7,7 @@ use anyhow::Result;
 use crate::ingest::{ingest, Format};
 use crate::store::Store;
 
+/// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
 #[derive(clap::Args)]
 #[command(
     long_about = "Load contexts with their found endings into the project.\n\n\
@@ -55,9 +56,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     let dropped: usize = summary.dropped.values().sum();
     println!(
-        "read {} records from {} file(s) in {:.2} s ({:.0} records/s)",
-        summary.records,
-        args.files.len(),
+        "read {} from {} in {:.2} s ({:.0} records/s)",
+        crate::text::counted(summary.records, "record", "records"),
+        crate::text::counted(args.files.len(), "file", "files"),
         summary.seconds,
         summary.records as f64 / summary.seconds.max(1e-9)
     );

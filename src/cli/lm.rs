@@ -20,7 +20,7 @@ pub enum LmCommand {
 }
 
 #[derive(clap::Args)]
-#[command(after_help = "\
+#[command(after_long_help = "\
 The project's groups (videos) are dealt into --folds parts; fold k's adapter is trained on \
 the `context ending` lines of the other parts and later samples fold k's contexts \
 (`afkit generate P` uses a project's adapters by default; --no-adapters leaves them out). Adapters are written to NAME.adapters/ beside the project file \
@@ -100,7 +100,10 @@ fn run_adapt(args: AdaptArgs) -> Result<()> {
             },
         },
     };
-    let mut observer = CliObserver::default();
+    let mut observer = CliObserver {
+        lines: Lines::default(),
+        epochs: args.epochs,
+    };
     let summary = adapt::run(&mut store, &config, &mut observer)?;
     observer.lines.clear();
     if args.json {
@@ -116,9 +119,10 @@ fn run_adapt(args: AdaptArgs) -> Result<()> {
     Ok(())
 }
 
-#[derive(Default)]
+/// A bar per fold over its training steps, with the epoch and the latest loss.
 struct CliObserver {
     lines: Lines,
+    epochs: usize,
 }
 
 impl Observer for CliObserver {
@@ -127,14 +131,42 @@ impl Observer for CliObserver {
     }
 
     fn fold_started(&mut self, fold: usize, steps: usize) {
+        self.lines.say(
+            &format!(
+                "fold {fold}: training its adapter on the other folds' lines ({})",
+                crate::text::counted(steps, "step", "steps")
+            ),
+            false,
+        );
         self.lines.start(steps, "steps");
-        self.lines.say(&format!("fold {fold}: training"), false);
+    }
+
+    fn frozen_pass(&mut self, done: usize, total: usize) {
+        if done == 0 {
+            self.lines
+                .start(total, "sequences through the lower layers");
+        } else if let Some(bar) = self.lines.bar() {
+            bar.set_position(done as u64);
+        }
+        if done == total {
+            self.lines.clear();
+        }
     }
 
     fn step(&mut self, report: &StepReport) {
         if let Some(bar) = self.lines.bar() {
+            let per_epoch = report.steps.div_ceil(self.epochs.max(1)).max(1);
+            let epoch = (report.step - 1) / per_epoch + 1;
             bar.set_position(report.step as u64);
-            bar.set_message(format!("loss {:.3}", report.loss));
+            let next = if report.step == report.steps {
+                "; now the held-out loss"
+            } else {
+                ""
+            };
+            bar.set_message(format!(
+                "epoch {epoch}/{}, training loss {:.3}{next}",
+                self.epochs, report.loss
+            ));
         }
     }
 

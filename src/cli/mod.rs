@@ -34,21 +34,26 @@ mod tagger;
     about = "Build adversarial multiple-choice benchmarks, SWAG-style",
     long_about = "Build adversarial multiple-choice benchmarks, SWAG-style.\n\n\
         A project is one SQLite file. The pipeline:\n  \
-        init → ingest → generate → filter (adversarial filtering) → annotate → assemble → export\n\
-        plus `audit` (artifact report on any SWAG-format dataset) and `aflite` (de-bias an \
-        existing labelled dataset).\n\nEvery stage is resumable after Ctrl-C and reproducible from \
-        its recorded seed."
+        init → ingest → lm adapt → generate → filter (adversarial filtering) → annotate → \
+        assemble → export\n\
+        `lm adapt` matters most: it fine-tunes the generator on the corpus, so that its endings \
+        are hard to tell from the real ones before filtering starts. Then `audit DIR --cv 5` \
+        says how hard the export is; `aflite` de-biases an existing labelled dataset.\n\n\
+        Every stage is resumable after Ctrl-C and reproducible from its recorded seed. \
+        `afkit COMMAND -h` lists a command's common flags, `--help` all of them."
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+// A command whose flags' struct has a `long_about` (ingest, annotate, agreement, export, score)
+// takes its one-line help from that struct's doc comment: one on its variant here would
+// replace the long description with nothing.
 #[derive(Subcommand)]
 enum Command {
     /// Create a new, empty project file.
     Init(InitArgs),
-    /// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
     Ingest(ingest::Args),
     /// Show what the project holds, stage by stage.
     Status(status::StatusArgs),
@@ -58,7 +63,7 @@ enum Command {
     /// Fetch the default models (SmolLM2 generator, MiniLM encoder) into the model cache.
     #[command(subcommand)]
     Models(models::ModelsCommand),
-    /// Adapt the generator to the project's corpus (`lm adapt`).
+    /// Adapt the generator to the project's corpus (`lm adapt`): the step that matters most.
     #[command(subcommand)]
     Lm(lm::LmCommand),
     /// Sample counterfactual endings for every context and compute their LM features.
@@ -69,20 +74,16 @@ enum Command {
     Filter(filter::FilterArgs),
     /// Plot and summarise the AF run (accuracy by iteration, per model).
     Report(report::ReportArgs),
-    /// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
     Annotate(annotate::Args),
-    /// Inter-annotator agreement, label distributions and annotator quality.
     Agreement(annotate::AgreementArgs),
     /// Export tasks to, or import results from, a crowdsourcing platform.
     #[command(subcommand)]
     Crowd(annotate::CrowdCommand),
     /// Build the final examples from the labels and split them by group.
     Assemble(assemble::Args),
-    /// Write the assembled splits (SWAG CSVs, JSONL, dataset card).
     Export(export::Args),
     /// Audit a SWAG-format dataset for stylistic artifacts.
     Audit(audit::Args),
-    /// Grade predicted labels against a split.
     Score(audit::ScoreArgs),
     /// AFLite: remove the most predictable examples of a labelled dataset.
     Aflite(aflite::Args),

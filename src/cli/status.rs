@@ -36,24 +36,29 @@ pub fn run(args: StatusArgs) -> Result<()> {
             s.adapters
         );
     }
+    let contexts = |n: i64| crate::text::counted(n, "context", "contexts");
     println!(
-        "pools        {} contexts, {} candidate endings ({} short of the requested count)",
-        s.contexts_with_pool, s.candidates, s.pool_shortfalls
+        "pools        {}, {} candidate endings ({} with fewer endings than asked for)",
+        contexts(s.contexts_with_pool),
+        s.candidates,
+        s.pool_shortfalls
     );
     let waiting = s.contexts_without_pool - s.unusable_contexts;
     if waiting > 0 && s.contexts_with_pool > 0 {
-        println!("  {waiting} contexts have no pool yet: run `afkit generate` again");
+        println!(
+            "  {} without a pool yet (`afkit generate` samples them; --limit stops it early)",
+            contexts(waiting)
+        );
     }
     if s.unusable_contexts > 0 {
         println!(
-            "  {} contexts are too long for the generating model and were skipped \
-             (`afkit generate` lists them)",
-            s.unusable_contexts
+            "  {} too long for the generating model, skipped (`afkit generate` lists them)",
+            contexts(s.unusable_contexts)
         );
     }
     println!(
-        "filter       {} iterations{}",
-        s.af_iterations,
+        "filter       {}{}",
+        crate::text::counted(s.af_iterations, "iteration", "iterations"),
         if s.af_finished {
             ", final scores done"
         } else {
@@ -62,17 +67,23 @@ pub fn run(args: StatusArgs) -> Result<()> {
     );
     if s.af_stale_contexts > 0 && s.af_iterations > 0 {
         println!(
-            "  {} contexts got a pool after the last AF run: its results are stale for them",
-            s.af_stale_contexts
+            "  {} got a pool after the last AF run: its results are stale for them",
+            contexts(s.af_stale_contexts)
         );
     }
     if s.af_too_few_candidates > 0 && s.af_iterations > 0 {
         println!(
-            "  {} contexts have fewer candidate endings than AF's k and were left out of it",
-            s.af_too_few_candidates
+            "  {} fewer candidate endings than AF's k (left out of AF)",
+            crate::text::counted(s.af_too_few_candidates, "context has", "contexts have")
         );
     }
-    println!("annotation   {} labelled items", s.labelled_items);
-    println!("assembled    {} examples", s.assembled);
+    println!(
+        "annotation   {}",
+        crate::text::counted(s.labelled_items, "labelled item", "labelled items")
+    );
+    println!(
+        "assembled    {}",
+        crate::text::counted(s.assembled, "example", "examples")
+    );
     Ok(())
 }

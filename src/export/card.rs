@@ -19,6 +19,7 @@ use crate::dataset::Split;
 use crate::store::af::{AfRun, Family, IterationRecord};
 use crate::store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
 use crate::store::Store;
+use crate::text::counted;
 
 /// Everything the card reports, read from the project.
 pub struct CardInputs {
@@ -137,6 +138,12 @@ fn write_sizes(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Resul
             labels[3]
         )?;
     }
+    writeln!(
+        md,
+        "\nA group is the source its contexts came from (for ActivityNet Captions, one video); \
+         all of a group's examples are in one split, so no split shares a source with another."
+    )?;
+
     let mut sources: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for r in rows {
         *sources
@@ -193,15 +200,15 @@ fn write_generator(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     for g in &c.generations {
         writeln!(
             md,
-            "- `{}` via {} — SHA-256 `{}`; prompt `{}`; parameters `{}`; seed {}; {} contexts, {} candidate endings. Licence: {}",
+            "- `{}` via {} — SHA-256 `{}`; prompt `{}`; parameters `{}`; seed {}; {}, {}. Licence: {}",
             g.model,
             g.backend,
             g.model_sha256.as_deref().unwrap_or("not recorded"),
             g.prompt,
             g.params,
             g.seed,
-            g.contexts,
-            g.candidates,
+            counted(g.contexts, "context", "contexts"),
+            counted(g.candidates, "candidate ending", "candidate endings"),
             model_licence(&g.model)
         )?;
     }
@@ -236,12 +243,12 @@ fn write_af(md: &mut String, c: &CardInputs) -> std::fmt::Result {
                 .count();
             writeln!(
                 md,
-                "Run {} with k = {}, seed {}, parameters `{}`: {} iterations ({} MLP-only, {} ensemble).",
+                "Run {} with k = {}, seed {}, parameters `{}`: {} ({} MLP-only, {} ensemble).",
                 run.id,
                 run.k,
                 run.seed,
                 run.params,
-                c.iterations.len(),
+                counted(c.iterations.len(), "iteration", "iterations"),
                 mlp,
                 c.iterations.len() - mlp
             )?;
@@ -406,11 +413,15 @@ fn write_agreement(
     let shared = per_task.values().filter(|a| a.len() > 1).count();
     writeln!(
         md,
-        "{} labelled items, {} annotators, {} items labelled by several annotators. Tasks per round: {}.",
-        per_task.len(),
-        annotators.len(),
-        shared,
-        rounds.iter().map(|(r, n)| format!("round {r}: {n}")).collect::<Vec<_>>().join(", ")
+        "{}, {}, {} labelled by several annotators. Tasks per round: {}.",
+        counted(per_task.len(), "labelled item", "labelled items"),
+        counted(annotators.len(), "annotator", "annotators"),
+        counted(shared, "item", "items"),
+        rounds
+            .iter()
+            .map(|(r, n)| format!("round {r}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     )?;
     write_label_shares(md, labels)?;
     write_pairwise_agreement(md, labels)

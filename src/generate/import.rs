@@ -244,7 +244,7 @@ pub fn import(
         None
     };
     let generation_id = import_generation(store, &config.file, &config.template, lm.as_ref())?;
-    observer.started(check.contexts());
+    observer.started(check.contexts(), 0);
     let mut counts = ImportSummary {
         dropped_at_ingest: check.dropped_at_ingest(),
         scored_elsewhere: check.contexts() - check.unscored,
@@ -262,7 +262,7 @@ pub fn import(
         let Some(example_id) = *example_id else {
             continue; // dropped at ingest
         };
-        observer.context_done(None);
+        observer.context_done(0, None);
         if store.has_pool(example_id)? {
             counts.skipped += 1;
             continue;

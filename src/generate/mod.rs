@@ -88,13 +88,18 @@ impl Config {
 pub trait Observer {
     /// Something worth telling the user (the model being loaded, nothing to do, ...).
     fn note(&mut self, _message: &str) {}
-    /// The number of contexts this call will work on.
-    fn started(&mut self, _contexts: usize) {}
+    /// The number of contexts this call will work on, and the endings each asks for (0 where
+    /// the call does not sample: `import-pool`).
+    fn started(&mut self, _contexts: usize, _endings_each: usize) {}
+    /// One more ending kept for a context still being sampled (it moves progress within a
+    /// batch of contexts sampled together).
+    fn ending_kept(&mut self) {}
     /// A context left out because it does not fit the model (recorded in the project).
     fn skipped(&mut self, _ext_id: &str, _reason: &str) {}
-    /// One more context done (its pool committed, or passed over); the endings per second so
-    /// far, where the call measures them.
-    fn context_done(&mut self, _endings_per_second: Option<f64>) {}
+    /// One more context done (its pool committed, or passed over) with `kept` endings, those
+    /// told by [`Observer::ending_kept`]; the endings per second so far, where the call
+    /// measures them.
+    fn context_done(&mut self, _kept: usize, _endings_per_second: Option<f64>) {}
 }
 
 /// A context's own sampling seed, derived from the run's seed with the context's ext id as the
@@ -241,7 +246,10 @@ pub fn run(
         style: style.as_ref(),
     };
     let mut summary = Summary::default();
-    observer.started(parts.iter().map(|(_, todo)| todo.len()).sum());
+    observer.started(
+        parts.iter().map(|(_, todo)| todo.len()).sum(),
+        config.grow.map_or(config.n_neg, |g| g.per_context),
+    );
     let started = Instant::now();
     let mut generation_id = None;
     for (adapter, todo) in parts.iter().filter(|(_, todo)| !todo.is_empty()) {
@@ -564,10 +572,13 @@ impl Stored<'_> {
         crate::interrupt::check()?;
         let t0 = Instant::now();
         let requests: Vec<SampleRequest> = jobs.iter().map(|j| j.request.clone()).collect();
-        let pools = sampler.sample_many(&requests).with_context(|| {
-            let ids: Vec<&str> = jobs.iter().map(|j| j.ex.ext_id.as_str()).collect();
-            format!("sampling endings for {}", ids.join(", "))
-        })?;
+        let observer = &mut *self.observer;
+        let pools = sampler
+            .sample_many_telling(&requests, &mut || observer.ending_kept())
+            .with_context(|| {
+                let ids: Vec<&str> = jobs.iter().map(|j| j.ex.ext_id.as_str()).collect();
+                format!("sampling endings for {}", ids.join(", "))
+            })?;
         let sampling_seconds = t0.elapsed().as_secs_f64();
         self.summary.sampling_seconds += sampling_seconds;
         for (job, sampled) in jobs.iter().zip(pools) {
@@ -604,8 +615,10 @@ impl Stored<'_> {
             })?;
             self.summary
                 .add(job.request.n, &sampled, t1.elapsed().as_secs_f64());
-            self.observer
-                .context_done(Some(self.summary.endings_per_second_so_far()));
+            self.observer.context_done(
+                sampled.endings.len(),
+                Some(self.summary.endings_per_second_so_far()),
+            );
         }
         Ok(())
     }

@@ -446,12 +446,14 @@ impl Sampling<'_> {
 /// context [`Sampling::wants_row`], offered to its pool in row order as they stop, and dropped
 /// unfinished once its pool is full. The pool is the one rounds of whole batches would keep
 /// (the first N⁻ acceptable rows in row order); only the rows drawn for nothing are fewer.
-struct Demand<'l, 's, 'r> {
+struct Demand<'l, 's, 'r, 'k> {
     lm: &'l LocalLm,
     states: &'s mut [Sampling<'r>],
+    /// Hears of every ending a pool keeps.
+    kept: &'k mut dyn FnMut(),
 }
 
-impl RowFeed for Demand<'_, '_, '_> {
+impl RowFeed for Demand<'_, '_, '_, '_> {
     fn next_row(&mut self) -> Option<LiveRow> {
         let (group, state) = self
             .states
@@ -470,7 +472,9 @@ impl RowFeed for Demand<'_, '_, '_> {
         state.waiting_offer.insert(row.row, row.decoded);
         while let Some(decoded) = state.waiting_offer.remove(&state.offered) {
             state.offered += 1;
-            self.lm.offer_row(state, decoded)?;
+            if self.lm.offer_row(state, decoded)? {
+                (self.kept)();
+            }
         }
         Ok(())
     }
@@ -528,7 +532,11 @@ impl EndingSampler for LocalLm {
     /// its pool needs them ([`Demand`]). On the generic engine, rounds: each round decodes the
     /// rows every unfinished context still wants, until each context has its N⁻ unique endings
     /// or has spent its draws.
-    fn sample_many(&self, requests: &[SampleRequest]) -> Result<Vec<SampledPool>> {
+    fn sample_many_telling(
+        &self,
+        requests: &[SampleRequest],
+        kept: &mut dyn FnMut(),
+    ) -> Result<Vec<SampledPool>> {
         let mut states: Vec<Sampling> = requests
             .iter()
             .map(|request| {
@@ -555,12 +563,15 @@ impl EndingSampler for LocalLm {
                 &mut Demand {
                     lm: self,
                     states: &mut states,
+                    kept,
                 },
             )?;
             // Rows that stopped after a row dropped unfinished were drawn for nothing too.
             for state in &mut states {
                 for (_, decoded) in std::mem::take(&mut state.waiting_offer) {
-                    self.offer_row(state, decoded)?;
+                    if self.offer_row(state, decoded)? {
+                        kept();
+                    }
                 }
             }
             return Ok(states.into_iter().map(|s| s.pool).collect());
@@ -585,7 +596,9 @@ impl EndingSampler for LocalLm {
             let sampling = states.iter_mut().zip(&wanted).filter(|(_, &w)| w > 0);
             for ((state, _), rows) in sampling.zip(decoded) {
                 for row in rows {
-                    self.offer_row(state, row)?;
+                    if self.offer_row(state, row)? {
+                        kept();
+                    }
                 }
             }
         }
@@ -595,19 +608,20 @@ impl EndingSampler for LocalLm {
 
 impl LocalLm {
     /// Offers a context's next decoded row (in row order) to its pool, which keeps it if it is a
-    /// whole sentence, not too long and unique, while the pool still wants endings.
-    fn offer_row(&self, state: &mut Sampling, row: DecodedRow) -> Result<()> {
+    /// whole sentence, not too long and unique, while the pool still wants endings. Whether the
+    /// pool kept it.
+    fn offer_row(&self, state: &mut Sampling, row: DecodedRow) -> Result<bool> {
         state.pool.draws += 1;
         state.pool.tokens_generated += row.tokens.len();
         match row.stop {
             Stop::SentenceEnd => {}
             Stop::TooLong => {
                 state.pool.reject(Rejection::TooLong);
-                return Ok(());
+                return Ok(false);
             }
             Stop::EndOfText | Stop::TokenCap => {
                 state.pool.reject(Rejection::NoSentenceEnd);
-                return Ok(());
+                return Ok(false);
             }
         }
         let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
@@ -615,12 +629,13 @@ impl LocalLm {
             text,
             tokens: Some((row.tokens, row.logprobs)),
         };
+        let before = state.pool.endings.len();
         state.pool.offer(
             ending,
             state.request,
             self.params.max_words,
             &mut state.seen,
         );
-        Ok(())
+        Ok(state.pool.endings.len() > before)
     }
 }

@@ -229,7 +229,25 @@ pub trait EndingSampler {
 
     /// One pool per request, in order.
     fn sample_many(&self, requests: &[SampleRequest]) -> anyhow::Result<Vec<SampledPool>> {
-        requests.iter().map(|r| self.sample(r)).collect()
+        self.sample_many_telling(requests, &mut || {})
+    }
+
+    /// As [`EndingSampler::sample_many`], calling `kept` for every ending a pool keeps, so that
+    /// progress can move while a long batch decodes. By default a pool's endings are told when
+    /// the pool is done.
+    fn sample_many_telling(
+        &self,
+        requests: &[SampleRequest],
+        kept: &mut dyn FnMut(),
+    ) -> anyhow::Result<Vec<SampledPool>> {
+        requests
+            .iter()
+            .map(|r| {
+                let pool = self.sample(r)?;
+                pool.endings.iter().for_each(|_| kept());
+                Ok(pool)
+            })
+            .collect()
     }
 }
 

@@ -12,3 +12,9 @@ pub use conllu::{read_conllu, TaggedSentence};
 pub use split::{split_second_sentence, split_with};
 pub use tagger::{Tagger, TrainOptions, Upos};
 pub use tokenize::{token_spans, tokenize, Token};
+
+/// `n` with its noun in the number it takes, for messages: "1 context", "3 contexts".
+pub fn counted<N: std::fmt::Display + PartialEq + From<u8>>(n: N, one: &str, many: &str) -> String {
+    let noun = if n == N::from(1) { one } else { many };
+    format!("{n} {noun}")
+}
