@@ -23,6 +23,7 @@ pub mod json_errors;
 pub mod lbfgs;
 pub mod lm;
 pub mod models;
+pub mod output;
 pub mod plot;
 pub mod progress;
 pub mod runtime;

@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::csv_lines::RecordLines;
+use crate::output::Output;
 use crate::store::annotate::{Judgement, NewSubmission, Origin, TaskView, ENDINGS_PER_TASK};
 use crate::store::Store;
 
@@ -24,19 +25,15 @@ pub struct Exported {
     pub neutralised: usize,
 }
 
-/// Writes every open item that still needs annotators (all open items with `all`) to `out`,
-/// atomically (a temporary file renamed into place).
-pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
+/// Writes every open item that still needs annotators (all open items with `all`) to `out`
+/// through `output` (never over the project; a temporary file renamed into place).
+pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<Exported> {
+    let output = output.clone().protect_project(store.path());
+    let mut staged = output.stage(out)?;
     let tasks = store.open_tasks(!all)?;
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
     let mut neutralised = 0;
     {
-        let mut w = csv::Writer::from_writer(tmp.as_file());
+        let mut w = csv::Writer::from_writer(staged.file());
         let mut header: Vec<String> = EXPORT_COLUMNS.iter().map(|s| s.to_string()).collect();
         header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
         w.write_record(&header)?;
@@ -61,8 +58,7 @@ pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
         }
         w.flush()?;
     }
-    tmp.persist(out)
-        .with_context(|| format!("cannot write {}", out.display()))?;
+    output.commit(vec![staged])?;
     Ok(Exported {
         rows: tasks.len(),
         neutralised,

@@ -26,6 +26,7 @@ use serde::Serialize;
 
 use crate::dataset::Split;
 use crate::embed::SentenceEncoder;
+use crate::output::Output;
 use crate::seed::Seed;
 use crate::store::vector_cache::VectorCache;
 use dataset::Question;
@@ -51,6 +52,28 @@ pub struct Config {
     pub no_embed: bool,
     /// Folder of the embedding cache to read and add to (`None`: embed every text again).
     pub embedding_cache: Option<PathBuf>,
+    /// Replace report files afkit did not write (never the dataset's CSV files).
+    pub force: bool,
+}
+
+impl Config {
+    /// How the report is written: never over the dataset's CSV files, and checked before any
+    /// work, so an audit that could not write its report stops at once.
+    fn output(&self) -> Result<Output> {
+        let mut output = Output::new(self.force);
+        if let Ok(entries) = std::fs::read_dir(&self.dataset) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.extension().is_some_and(|e| e == "csv") {
+                    output = output.protect(&path);
+                }
+            }
+        }
+        for name in report::FILES {
+            output.check(&self.out.join(name))?;
+        }
+        Ok(output)
+    }
 }
 
 /// KNN result, or why it was not measured.
@@ -94,6 +117,7 @@ impl AuditReport {
 
 /// The train → val audit: reads the dataset, measures, writes the report files.
 pub fn holdout(config: &Config) -> Result<AuditReport> {
+    let output = config.output()?;
     let train = dataset::read_split(&config.dataset.join(Split::Train.regular_csv()), true)?;
     let val = dataset::read_split(&config.dataset.join(Split::Val.regular_csv()), true)?;
     if train.is_empty() || val.is_empty() {
@@ -118,7 +142,7 @@ pub fn holdout(config: &Config) -> Result<AuditReport> {
         config.ppmi_min_count,
         knn,
     );
-    report::write(&config.out, &report)?;
+    report::write(&config.out, &report, &output)?;
     Ok(report)
 }
 
@@ -135,6 +159,7 @@ pub struct CvAudit {
 /// The K-fold audit over every labelled split, by group; writes the report files. `note` hears
 /// what was left out and why.
 pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) -> Result<CvAudit> {
+    let output = config.output()?;
     let (questions, files) = dataset::read_labelled_splits(&config.dataset)?;
     for f in files
         .iter()
@@ -171,7 +196,7 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
         files,
         ppmi: ppmi::top_associations(&pooled, config.ppmi_top, config.ppmi_min_count),
     };
-    report::write_cv(&config.out, &audit)?;
+    report::write_cv(&config.out, &audit, &output)?;
     Ok(audit)
 }
 

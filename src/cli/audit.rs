@@ -67,6 +67,10 @@ pub struct Args {
     /// Embed every text again instead of reading or writing the cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// Replace report files at OUT that afkit did not write (or that were changed since); the
+    /// dataset's CSV files are never written over.
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl Args {
@@ -95,6 +99,7 @@ impl Args {
                     .clone()
                     .unwrap_or_else(crate::embed::default_cache_dir)
             }),
+            force: self.force,
         }
     }
 }
