@@ -31,7 +31,9 @@ pub struct GenerateArgs {
     /// Unique endings to sample per context (N⁻).
     #[arg(long, default_value_t = 64)]
     pub n_neg: usize,
-    /// Only generate for the first N contexts that have no pool yet.
+    /// Sample at most N contexts in this run: the first N (by id) that have no pool yet. It counts
+    /// per run: contexts finished by an earlier run (also one that was stopped) have pools, so
+    /// running the same command again samples the next N.
     #[arg(long)]
     pub limit: Option<usize>,
     /// Seed for sampling (recorded in the project; each context's stream is derived from it and
@@ -116,8 +118,10 @@ pub struct ImportPoolArgs {
     /// or a pool scored elsewhere, {"id", "endings": [{"text", "lp_cond", "lp_alone",
     /// "lp_final_punct", "n_tok"}, ...], "gold": {"lp_cond", "lp_alone", "lp_final_punct",
     /// "n_tok"}, "context": {"ctx_logprob", "n_tok_sent1", "n_tok_sent2"}} (the LM features:
-    /// mean log-probs, the final punctuation's log-prob or null, lengths in LM tokens). The whole
-    /// file is checked before anything is written.
+    /// mean log-probs, each at most 0, the final punctuation's log-prob or null, lengths in LM
+    /// tokens, whole numbers up to 1000000). The whole file is checked before anything is
+    /// written. A context whose endings are all blank or copies of its found ending gets no pool
+    /// (it is listed, and `generate` samples one for it).
     pub file: PathBuf,
     /// The model that scores endings imported without features: `smollm2` or a GGUF path (not
     /// loaded when every line brings its features).
@@ -233,9 +237,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut store = Store::open(&args.project)?;
     let json = args.json;
     let config = args.config()?;
-    let mut observer = Progress::default();
+    let mut observer = Progress {
+        limit: config.limit,
+        ..Progress::default()
+    };
     let summary = generate::run(&mut store, &config, &compute, &mut observer)?;
-    observer.0.clear();
+    observer.lines.clear();
     if summary.contexts + summary.unusable > 0 {
         print_summary(&summary, json)?;
     }
@@ -244,24 +251,38 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 
 /// A progress bar over contexts; notes and skipped contexts printed above it, on stderr.
 #[derive(Default)]
-struct Progress(crate::progress::Lines);
+struct Progress {
+    lines: crate::progress::Lines,
+    /// `--limit`, said at the start so that a second run's count surprises no one.
+    limit: Option<usize>,
+}
 
 impl generate::Observer for Progress {
     fn note(&mut self, message: &str) {
-        self.0.say(message, false);
+        self.lines.say(message, false);
     }
 
     fn started(&mut self, contexts: usize) {
-        self.0.start(contexts, "contexts");
+        if let Some(limit) = self.limit {
+            self.lines.say(
+                &format!(
+                    "this run samples {contexts} contexts (--limit {limit} counts this run's \
+                     contexts: the first without a pool)"
+                ),
+                false,
+            );
+        }
+        self.lines.start(contexts, "contexts");
     }
 
     fn skipped(&mut self, ext_id: &str, reason: &str) {
-        self.0.say(&format!("skipping {ext_id}: {reason}"), false);
+        self.lines
+            .say(&format!("skipping {ext_id}: {reason}"), false);
         self.context_done(None);
     }
 
     fn context_done(&mut self, endings_per_second: Option<f64>) {
-        if let Some(bar) = self.0.bar() {
+        if let Some(bar) = self.lines.bar() {
             bar.inc(1);
             if let Some(rate) = endings_per_second {
                 bar.set_message(format!("{rate:.1} endings/s"));
@@ -316,12 +337,12 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
     };
     let mut observer = Progress::default();
     let summary = generate::import(&mut store, &config, &mut observer)?;
-    observer.0.clear();
-    print_import_summary(&summary);
+    observer.lines.clear();
+    print_import_summary(&summary, &config.file);
     Ok(())
 }
 
-fn print_import_summary(counts: &ImportSummary) {
+fn print_import_summary(counts: &ImportSummary, file: &std::path::Path) {
     println!(
         "imported {} endings for {} contexts; {} contexts skipped (they already have a pool)",
         counts.endings, counts.imported, counts.skipped
@@ -342,6 +363,13 @@ fn print_import_summary(counts: &ImportSummary) {
         eprintln!(
             "note: {} imported endings do not end with . ! or ? (kept as given)",
             counts.incomplete
+        );
+    }
+    for (line, id) in &counts.without_usable_endings {
+        eprintln!(
+            "{}:{line}: every ending of {id:?} is blank or the found ending: no pool imported \
+             for it (`afkit generate` will sample one)",
+            file.display()
         );
     }
 }
