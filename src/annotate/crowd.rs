@@ -167,6 +167,8 @@ pub struct Rejected {
     /// Line in the file (the header is line 1).
     pub line: u64,
     pub reason: String,
+    /// The project already holds this worker's answer for the item (a file imported again).
+    pub already_in_project: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -282,17 +284,23 @@ impl RowChecks<'_> {
         let sub = match parse_row(self.store, self.columns, row, &mut self.tasks) {
             Ok(sub) => sub,
             Err(reason) => {
-                self.rejected.push(Rejected { line, reason });
+                self.rejected.push(Rejected {
+                    line,
+                    reason,
+                    already_in_project: false,
+                });
                 return Ok(());
             }
         };
         let key = (sub.annotator.clone(), sub.task_id);
+        let already_in_project = !self.first_line.contains_key(&key)
+            && self.store.has_submitted(sub.task_id, &sub.annotator)?;
         let reason = if let Some(first) = self.first_line.get(&key) {
             format!(
                 "duplicate: worker {} already answered item {} on line {first}",
                 sub.annotator, sub.task_id
             )
-        } else if self.store.has_submitted(sub.task_id, &sub.annotator)? {
+        } else if already_in_project {
             format!(
                 "duplicate: worker {} already has a submission for item {} in the project",
                 sub.annotator, sub.task_id
@@ -316,7 +324,11 @@ impl RowChecks<'_> {
                 return Ok(());
             }
         };
-        self.rejected.push(Rejected { line, reason });
+        self.rejected.push(Rejected {
+            line,
+            reason,
+            already_in_project,
+        });
         Ok(())
     }
 }

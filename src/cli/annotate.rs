@@ -113,7 +113,8 @@ pub enum CrowdCommand {
         second missing, equal, or gibberish, and duplicate worker/item pairs (in the file or \
         already in the project) are reported with their line number and not imported. The valid \
         rows are imported in one transaction; with --strict nothing is imported if any row is \
-        invalid. The command fails when the file had rows and none of them could be imported.")]
+        invalid. The command fails when no row could be imported and some row was invalid (a file \
+        imported again, whose rows are all in the project already, is not a failure).")]
     Import {
         project: PathBuf,
         file: PathBuf,
@@ -241,7 +242,8 @@ fn import(project: &Path, file: &Path, strict: bool) -> Result<()> {
             file.display()
         );
     }
-    if outcome.imported == 0 && !outcome.rejected.is_empty() {
+    let failed = outcome.rejected.iter().any(|r| !r.already_in_project);
+    if outcome.imported == 0 && failed {
         bail!(
             "none of the {} rows in {} could be imported (listed above); nothing imported",
             outcome.rejected.len(),
