@@ -53,6 +53,9 @@ pub mod device;
 pub mod runtime;
 // The one way a recorded seed becomes randomness.
 pub mod seed;
+// The one rule for every file afkit writes: never over its inputs or the project, never over a
+// file it did not write unless told, always through a temporary file renamed into place.
+pub mod output;
 // Ctrl-C: stop after the current unit of work.
 pub mod interrupt;
 // Progress bars on stderr.

@@ -285,7 +285,7 @@ fn cli_filters_a_jsonl_dataset_with_npy_features() {
         .collect();
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let npy = dir.path().join("phi.npy");
-    x.write_npy(&npy).unwrap();
+    x.write_npy(&npy, &Default::default()).unwrap();
 
     let run = |out: &Path| {
         let o = afkit(&[
@@ -371,7 +371,9 @@ fn cli_rejects_features_with_the_wrong_row_count() {
     let input = dir.path().join("d.csv");
     std::fs::write(&input, "id,text,label\na,x,0\nb,y,1\nc,z,0\n").unwrap();
     let npy = dir.path().join("f.npy");
-    Matrix::new(2, 2, vec![0.0; 4]).write_npy(&npy).unwrap();
+    Matrix::new(2, 2, vec![0.0; 4])
+        .write_npy(&npy, &Default::default())
+        .unwrap();
     let out = dir.path().join("o.csv");
     let o = afkit(&[
         "aflite",

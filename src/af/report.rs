@@ -8,6 +8,7 @@ use anyhow::{anyhow, Context, Result};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
+use crate::output::Output;
 use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
 use crate::store::Store;
 
@@ -18,19 +19,25 @@ pub struct Report {
     pub iterations: Vec<IterationRecord>,
 }
 
-/// Writes `af_accuracy.png` and `report.md` for the latest AF run into `out`.
-pub fn report(store: &Store, out: &Path) -> Result<Report> {
+/// Writes `af_accuracy.png` and `report.md` for the latest AF run into `out`, through `output`
+/// (never over the project).
+pub fn report(store: &Store, out: &Path, output: &Output) -> Result<Report> {
+    let output = output.clone().protect_project(store.path());
+    let png = out.join("af_accuracy.png");
+    let md = out.join("report.md");
+    output.check(&png)?;
+    output.check(&md)?;
     let project = store.path().display();
     let run = store.latest_af_run()?.ok_or_else(|| {
         anyhow!("{project} has no AF run yet: run `afkit filter {project}` first")
     })?;
     let iterations = store.af_iterations(run.id)?;
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let png = out.join("af_accuracy.png");
-    plot(&run, &iterations, &png)?;
-    let md = out.join("report.md");
-    std::fs::write(&md, markdown(&run, &iterations, store)?)
+    let chart = output.stage(&png)?;
+    plot(&run, &iterations, chart.path())?;
+    let mut text = output.stage(&md)?;
+    std::io::Write::write_all(text.file(), markdown(&run, &iterations, store)?.as_bytes())
         .with_context(|| format!("cannot write {}", md.display()))?;
+    output.commit(vec![chart, text])?;
     Ok(Report {
         png,
         markdown: md,

@@ -150,6 +150,7 @@ pub fn filter(
     observer: &mut dyn Observer,
 ) -> Result<Option<Summary>> {
     config.validate()?;
+    let _claim = store.claim_af_runs()?;
     let started = Instant::now();
     let data = load_pools(store, config, observer)?;
     let params = RunParams {

@@ -168,9 +168,17 @@ fn read_jsonl(path: &Path) -> Result<(Vec<Example>, Vec<Raw>)> {
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut examples = Vec::new();
     let mut raw = Vec::new();
+    let mut kinds = LabelKinds::default();
     for (n, line) in BufReader::new(file).lines().enumerate() {
         let line_no = n + 1;
-        let line = line.with_context(|| format!("{}:{line_no}: cannot read", path.display()))?;
+        let mut line =
+            line.with_context(|| format!("{}:{line_no}: cannot read", path.display()))?;
+        if line_no == 1 {
+            // A byte-order mark, as some editors write first, is not part of the record.
+            if let Some(rest) = line.strip_prefix('\u{feff}') {
+                line = rest.to_string();
+            }
+        }
         if line.trim().is_empty() {
             continue;
         }
@@ -200,6 +208,7 @@ fn read_jsonl(path: &Path) -> Result<(Vec<Example>, Vec<Raw>)> {
             field("label")?,
             examples.len(),
         )
+        .and_then(|e| kinds.check(&e.label, line_no as u64).map(|()| e))
         .with_context(|| format!("{}:{line_no}", path.display()))?;
         examples.push(example);
         raw.push(Raw::Line(line));
@@ -239,6 +248,7 @@ fn read_csv(path: &Path) -> Result<(Vec<Example>, Vec<Raw>, csv::StringRecord)> 
     }
     let mut examples = Vec::new();
     let mut raw = Vec::new();
+    let mut kinds = LabelKinds::default();
     for record in reader.records() {
         let record = record.map_err(|e| {
             let line = lines.line_of_position(e.position());
@@ -258,11 +268,49 @@ fn read_csv(path: &Path) -> Result<(Vec<Example>, Vec<Raw>, csv::StringRecord)> 
             get(Some(label_col)),
             examples.len(),
         )
+        .and_then(|e| kinds.check(&e.label, line).map(|()| e))
         .with_context(|| format!("{}:{line}", path.display()))?;
         examples.push(example);
         raw.push(Raw::Record(record));
     }
     Ok((examples, raw, header))
+}
+
+/// What a label is: a class name, either a whole number (`0`, `1`, `-1`) or a word
+/// (`entailment`, `true`), the same kind on every line. A fraction or an exponent (`0.5`, `1e30`)
+/// is a score, not a class, and a word among numbers is a typo: either would silently become a
+/// class of its own, so both are refused.
+#[derive(Default)]
+struct LabelKinds {
+    /// Whether the first label was a number, and its line.
+    first: Option<(bool, u64, String)>,
+}
+
+impl LabelKinds {
+    fn check(&mut self, label: &str, line: u64) -> Result<()> {
+        let is_number = label.parse::<i64>().is_ok();
+        let looks_numeric = label
+            .starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+' || c == '.')
+            && label.parse::<f64>().is_ok();
+        if !is_number && looks_numeric {
+            bail!(
+                "label {label} is not a class: expected a whole number (0, 1, 2, ...) or a class                  name such as entailment"
+            );
+        }
+        if label.trim().is_empty() || label.trim() != label {
+            bail!("label {label:?} is not a class name: expected no spaces around it");
+        }
+        match &self.first {
+            None => self.first = Some((is_number, line, label.to_string())),
+            Some((first_is_number, first_line, first)) if *first_is_number != is_number => bail!(
+                "label {label:?} is {} but line {first_line}'s label {first:?} is {}: every label                  must be a whole number, or every label a class name",
+                if is_number { "a number" } else { "a name" },
+                if *first_is_number { "a number" } else { "a name" },
+            ),
+            Some(_) => {}
+        }
+        Ok(())
+    }
 }
 
 /// One example from its fields; `index` (0-based) names examples without an id.
@@ -293,6 +341,40 @@ fn make_example(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_that_are_not_class_names_are_refused_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        for (label, says) in [
+            ("0.5", "not a class"),
+            ("1e30", "not a class"),
+            ("\"x\"", "every label"),
+            ("1.0", "not a class"),
+        ] {
+            let body = format!(
+                "{{\"text\": \"a\", \"label\": 0}}\n{{\"text\": \"b\", \"label\": 1}}\n\
+                 {{\"text\": \"c\", \"label\": {label}}}\n"
+            );
+            let p = write(dir.path(), "d.jsonl", &body);
+            let err = format!("{:#}", Dataset::read(&p).err().unwrap());
+            assert!(
+                err.contains("d.jsonl:3") && err.contains(says),
+                "{label}: {err}"
+            );
+        }
+        let p = write(
+            dir.path(),
+            "n.csv",
+            "text,label\na,entail\nb,contra\nc,-1\n",
+        );
+        let err = format!("{:#}", Dataset::read(&p).err().unwrap());
+        assert!(
+            err.contains("n.csv:4") && err.contains("every label"),
+            "{err}"
+        );
+        let p = write(dir.path(), "ok.csv", "text,label\na,-1\nb,2\n");
+        assert_eq!(Dataset::read(&p).unwrap().label_names().len(), 2);
+    }
 
     fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);

@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::data::{Dataset, Text};
 use crate::embed::SentenceEncoder;
+use crate::output::Output;
 
 /// A dense row-major f32 matrix, one row per example.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,10 +64,11 @@ impl Matrix {
     /// Writes the matrix as a float32 `.npy` file (format 1.0, C order). Written here rather
     /// than by candle's `Tensor::write_npy`, which makes one system call per value: 7 s for
     /// 20k × 384.
-    pub fn write_npy(&self, path: &Path) -> Result<()> {
+    pub fn write_npy(&self, path: &Path, output: &Output) -> Result<()> {
         use std::io::Write;
-        let write = || -> std::io::Result<()> {
-            let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let mut staged = output.stage(path)?;
+        let mut write = || -> std::io::Result<()> {
+            let mut out = std::io::BufWriter::new(staged.file());
             let mut header = format!(
                 "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
                 self.rows, self.cols
@@ -84,7 +86,8 @@ impl Matrix {
             }
             out.flush()
         };
-        write().with_context(|| format!("cannot write {}", path.display()))
+        write().with_context(|| format!("cannot write {}", path.display()))?;
+        output.commit(vec![staged])
     }
 }
 
@@ -304,7 +307,7 @@ mod tests {
             "{huge_shape}"
         );
         Matrix::new(2, 2, vec![1.0, 2.0, 3.0, 4.0])
-            .write_npy(&path)
+            .write_npy(&path, &Output::new(true))
             .unwrap();
         let good = std::fs::read(&path).unwrap();
         let truncated = message(&good[..good.len() - 1]);
@@ -316,7 +319,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = Matrix::new(3, 2, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let npy = dir.path().join("f.npy");
-        m.write_npy(&npy).unwrap();
+        m.write_npy(&npy, &Output::default()).unwrap();
         assert_eq!(load_vectors(&npy, 3).unwrap(), m);
         let err = format!("{:#}", load_vectors(&npy, 4).unwrap_err());
         assert!(

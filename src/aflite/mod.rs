@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use rand::seq::index::sample;
 use serde_json::json;
 
+use crate::output::{Output, Staged};
 use crate::seed::Seed;
 use data::Dataset;
 use features::Matrix;
@@ -65,6 +66,8 @@ pub struct Config {
     pub write_features: Option<PathBuf>,
     /// Write every round's partitions as JSON lines.
     pub dump_partitions: Option<PathBuf>,
+    /// Replace output files afkit did not write (never the input or the features).
+    pub force: bool,
 }
 
 /// What an AFLite run did.
@@ -111,12 +114,12 @@ impl SizeSpec {
 /// Runs AFLite on `config.input` and writes the three outputs, all or nothing.
 pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     let started = Instant::now();
-    refuse_overwriting_the_input(&config.input, &config.out)?;
+    let output = outputs_checked(config)?;
     let dataset = Dataset::read(&config.input)?;
     let (label_names, labels) = class_ids(&dataset, &config.input)?;
     let (base, features_summary) = base_features(config, &dataset)?;
     if let Some(path) = &config.write_features {
-        base.write_npy(path)?;
+        base.write_npy(path, &output)?;
     }
     let part = filtered_part(config, base, &labels, label_names.len(), observer)?;
     let filtered_labels: Vec<u32> = part.rows.iter().map(|&i| labels[i]).collect();
@@ -129,11 +132,12 @@ pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
         &part.rows,
         config.dump_partitions.as_deref(),
         params.seed,
+        &output,
     )?;
     let filter_started = Instant::now();
     let outcome = filter::run(&part.phi, &filtered_labels, &params, &mut observer)?;
     let filter_seconds = filter_started.elapsed().as_secs_f64();
-    observer.finish()?;
+    observer.finish(&output)?;
 
     let removed_round = on_input_rows(&outcome.removed_round, &part.rows, dataset.len());
     let score = on_input_rows(&outcome.score, &part.rows, dataset.len());
@@ -165,15 +169,13 @@ pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     });
     summary["wall_seconds"] = json!(started.elapsed().as_secs_f64());
     let warmup_rows = part.warmup.map(|(held, _)| held).unwrap_or_default();
-    write_outputs(
-        &config.out,
-        &dataset,
-        &keep,
-        &score,
-        &removed_round,
-        &warmup_rows,
-        &summary,
-    )?;
+    let rows = Rows {
+        keep: &keep,
+        score: &score,
+        removed_round: &removed_round,
+        warmup: &warmup_rows,
+    };
+    write_outputs(&output, &config.out, &dataset, &rows, &summary)?;
     Ok(Summary {
         kept: keep.len(),
         filtered: total,
@@ -371,38 +373,43 @@ fn run_warmup(
     Ok((held, rest, phi, summary))
 }
 
+/// What a run decided for the input rows: the kept ones, and per row its last score, the round
+/// that removed it, and whether the warm-up held it out.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    keep: &'a [usize],
+    score: &'a [Option<f64>],
+    removed_round: &'a [Option<usize>],
+    warmup: &'a [usize],
+}
+
 /// Writes OUT, OUT.scores.jsonl and OUT.summary.json, all or nothing: each goes to a temporary
 /// file beside its target and the three are renamed only once all are complete.
 fn write_outputs(
+    output: &Output,
     out: &Path,
     dataset: &Dataset,
-    keep: &[usize],
-    score: &[Option<f64>],
-    removed_round: &[Option<usize>],
-    warmup_rows: &[usize],
+    rows: &Rows,
     summary: &serde_json::Value,
 ) -> Result<()> {
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let temp = || {
-        tempfile::NamedTempFile::new_in(&dir)
-            .with_context(|| format!("cannot create a file in {}", dir.display()))
-    };
-
-    let mut subset = temp()?;
+    let Rows {
+        keep,
+        score,
+        removed_round,
+        warmup: warmup_rows,
+    } = *rows;
+    let mut subset = output.stage(out)?;
     {
-        let mut w = BufWriter::new(subset.as_file_mut());
+        let mut w = BufWriter::new(subset.file());
         dataset.write_subset(keep, &mut w)?;
         w.flush()?;
     }
 
     let mut is_warmup = vec![false; dataset.len()];
     warmup_rows.iter().for_each(|&i| is_warmup[i] = true);
-    let mut scores = temp()?;
+    let mut scores = output.stage(&suffixed(out, ".scores.jsonl"))?;
     {
-        let mut w = BufWriter::new(scores.as_file_mut());
+        let mut w = BufWriter::new(scores.file());
         for (i, e) in dataset.examples.iter().enumerate() {
             let mut line = json!({
                 "id": e.id,
@@ -417,42 +424,49 @@ fn write_outputs(
         w.flush()?;
     }
 
-    let mut summary_file = temp()?;
-    serde_json::to_writer_pretty(summary_file.as_file_mut(), summary)?;
-    writeln!(summary_file.as_file_mut())?;
-
-    for (file, target) in [
-        (subset, out.to_path_buf()),
-        (scores, suffixed(out, ".scores.jsonl")),
-        (summary_file, suffixed(out, ".summary.json")),
-    ] {
-        file.persist(&target)
-            .with_context(|| format!("cannot write {}", target.display()))?;
-    }
-    Ok(())
+    let mut summary_file = output.stage(&suffixed(out, ".summary.json"))?;
+    serde_json::to_writer_pretty(summary_file.file(), summary)?;
+    writeln!(summary_file.file())?;
+    output.commit(vec![subset, scores, summary_file])
 }
 
-/// AFLite writes OUT and its two side files; none of them may be the input, which would be lost
-/// (replaced by the kept subset) the moment the outputs are renamed into place.
-fn refuse_overwriting_the_input(input: &Path, out: &Path) -> Result<()> {
-    let Ok(input_file) = input.canonicalize() else {
-        return Ok(()); // reading the input reports it
-    };
-    for target in [
-        out.to_path_buf(),
-        suffixed(out, ".scores.jsonl"),
-        suffixed(out, ".summary.json"),
-    ] {
-        if target.canonicalize().is_ok_and(|t| t == input_file) {
+/// Every file AFLite reads is protected and every file it writes is checked before any work:
+/// none of them may be the input or the features (which would be lost the moment the outputs
+/// are renamed into place), two outputs may not share a path, and an existing file afkit did
+/// not write needs `--force`.
+fn outputs_checked(config: &Config) -> Result<Output> {
+    let mut output = Output::new(config.force).protect(&config.input);
+    match &config.features {
+        Features::Vectors(path) => output = output.protect(path),
+        Features::MiniLm { cache: Some(cache) } => output = output.protect_project(cache),
+        Features::MiniLm { cache: None } => {}
+    }
+    let targets = [
+        ("--out", Some(config.out.clone())),
+        (
+            "--out's scores",
+            Some(suffixed(&config.out, ".scores.jsonl")),
+        ),
+        (
+            "--out's summary",
+            Some(suffixed(&config.out, ".summary.json")),
+        ),
+        ("--write-features", config.write_features.clone()),
+        ("--dump-partitions", config.dump_partitions.clone()),
+    ];
+    let mut seen: Vec<(&str, PathBuf)> = Vec::new();
+    for (flag, path) in targets.iter().filter_map(|(f, p)| Some((*f, p.as_ref()?))) {
+        output.check(path)?;
+        let resolved = crate::output::resolve(path);
+        if let Some((other, _)) = seen.iter().find(|(_, r)| *r == resolved) {
             bail!(
-                "{} is the input file; with --out {} AFLite would write its output over it: \
-                 choose another --out",
-                input.display(),
-                out.display()
+                "{flag} and {other} are the same file, {}: give each output its own path",
+                path.display()
             );
         }
+        seen.push((flag, resolved));
     }
-    Ok(())
+    Ok(output)
 }
 
 /// `OUT` + suffix, the name of the side files (`FILE.scores.jsonl`).
@@ -468,7 +482,7 @@ struct PartitionsDump<'a> {
     inner: &'a mut dyn Observer,
     /// Input row of each filtered position (partitions are written as input rows).
     rows: &'a [usize],
-    dump: Option<BufWriter<std::fs::File>>,
+    dump: Option<(Staged, BufWriter<std::fs::File>)>,
 }
 
 impl<'a> PartitionsDump<'a> {
@@ -477,12 +491,16 @@ impl<'a> PartitionsDump<'a> {
         rows: &'a [usize],
         dump: Option<&Path>,
         seed: u64,
+        output: &Output,
     ) -> Result<Self> {
         let dump = match dump {
             None => None,
             Some(path) => {
-                let file = std::fs::File::create(path)
-                    .with_context(|| format!("cannot create {}", path.display()))?;
+                let mut staged = output.stage(path)?;
+                let file = staged
+                    .file()
+                    .try_clone()
+                    .with_context(|| format!("cannot write {}", path.display()))?;
                 let mut w = BufWriter::new(file);
                 // Tie-break ranks per input row (filtered rows only; others never compete).
                 let ranks = filter::tiebreak_ranks(rows.len(), seed);
@@ -495,15 +513,17 @@ impl<'a> PartitionsDump<'a> {
                     "{}",
                     json!({"seed": seed, "examples": rows.len(), "tiebreak_rank": by_row})
                 )?;
-                Some(w)
+                Some((staged, w))
             }
         };
         Ok(PartitionsDump { inner, rows, dump })
     }
 
-    fn finish(&mut self) -> Result<()> {
-        if let Some(w) = &mut self.dump {
+    /// Renames the partitions file into place, complete.
+    fn finish(&mut self, output: &Output) -> Result<()> {
+        if let Some((staged, mut w)) = self.dump.take() {
             w.flush()?;
+            output.commit(vec![staged])?;
         }
         Ok(())
     }
@@ -511,7 +531,7 @@ impl<'a> PartitionsDump<'a> {
 
 impl Observer for PartitionsDump<'_> {
     fn partitions(&mut self, round: usize, s: &[usize], train: &[Vec<usize>]) -> Result<()> {
-        if let Some(w) = &mut self.dump {
+        if let Some((_, w)) = &mut self.dump {
             let rows = self.rows;
             let to_rows = |v: &[usize]| v.iter().map(|&p| rows[p]).collect::<Vec<usize>>();
             let train: Vec<Vec<usize>> = train.iter().map(|t| to_rows(t)).collect();

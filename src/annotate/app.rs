@@ -144,6 +144,9 @@ pub struct App {
     pub help: Option<Help>,
     pub message: Option<Message>,
     pub progress: Progress,
+    /// The terminal is too small to show the item (the drawing code says so): every key but
+    /// quitting is ignored, so nothing is labelled unseen.
+    pub hidden: bool,
 }
 
 impl App {
@@ -154,6 +157,7 @@ impl App {
             help: None,
             message: None,
             progress: Progress::default(),
+            hidden: false,
         }
     }
 
@@ -169,9 +173,25 @@ impl App {
         });
     }
 
+    /// Pasted text is never taken as keys: a paste of ordinary words would undo (`z`), quit (`q`)
+    /// or label endings.
+    pub fn on_paste(&mut self) {
+        self.say(
+            Tone::Warn,
+            "pasted text ignored: annotate takes one key at a time",
+        );
+    }
+
     pub fn on_key(&mut self, key: Key) -> Action {
         if key == Key::CtrlC {
             return Action::Quit;
+        }
+        if self.hidden {
+            return if key == Key::Char('q') {
+                Action::Quit
+            } else {
+                Action::None
+            };
         }
         if let Some(help) = &mut self.help {
             if help.on_key(key) {
@@ -256,6 +276,8 @@ impl App {
     }
 
     /// Marks the selected ending best or second (again: unmarks it); one ending holds one mark.
+    /// Giving the other mark to an ending that holds one swaps the two marks (the other ending,
+    /// if any, takes this one's old mark), and the status line says what moved.
     fn rank(&mut self, rank: Rank) {
         let item = self.item.as_mut().expect("an item is on screen");
         let i = item.selected;
@@ -272,12 +294,35 @@ impl App {
         };
         if *mark == Some(i) {
             *mark = None;
-        } else {
-            *mark = Some(i);
-            if *other == Some(i) {
-                *other = None;
-            }
+            return;
         }
+        if *other != Some(i) {
+            *mark = Some(i);
+            return;
+        }
+        let previous = mark.replace(i);
+        *other = previous;
+        let other_rank = match rank {
+            Rank::Best => Rank::Second,
+            Rank::Second => Rank::Best,
+        };
+        let text = match previous {
+            Some(p) => format!(
+                "ending {} is now {} and ending {} {} (swapped)",
+                i + 1,
+                rank.as_str(),
+                p + 1,
+                other_rank.as_str()
+            ),
+            None => format!(
+                "ending {} is now {} (it was {}): no ending is {} yet",
+                i + 1,
+                rank.as_str(),
+                other_rank.as_str(),
+                other_rank.as_str()
+            ),
+        };
+        self.say(Tone::Info, text);
     }
 
     /// The item's labels when they are complete; otherwise what is missing, on the status line.
@@ -402,6 +447,42 @@ mod tests {
         assert_eq!(item(&app).best, None, "gibberish cannot be marked");
         app.on_key(Key::Backspace);
         assert_eq!(item(&app).judgements[2], None, "backspace clears the label");
+    }
+
+    #[test]
+    fn a_second_mark_on_the_best_ending_swaps_and_says_so() {
+        let mut app = app(6);
+        press(&mut app, "lllllu1b3s");
+        press(&mut app, "1s");
+        assert_eq!((item(&app).best, item(&app).second), (Some(2), Some(0)));
+        let said = &app.message.as_ref().unwrap().text;
+        assert!(
+            said.contains("ending 1 is now second and ending 3 best"),
+            "{said}"
+        );
+        press(&mut app, "1b3c1s");
+        assert_eq!((item(&app).best, item(&app).second), (None, Some(0)));
+        let said = &app.message.as_ref().unwrap().text;
+        assert!(said.contains("no ending is best yet"), "{said}");
+    }
+
+    #[test]
+    fn keys_are_ignored_while_the_item_is_hidden_and_pastes_always() {
+        let mut app = app(6);
+        app.hidden = true;
+        assert_eq!(press(&mut app, "llllllbzxn"), Action::None);
+        assert_eq!(item(&app).judgements, vec![None; 6]);
+        assert_eq!(app.on_key(Key::Enter), Action::None);
+        assert_eq!(press(&mut app, "q"), Action::Quit);
+        app.hidden = false;
+        app.on_paste();
+        assert!(app
+            .message
+            .as_ref()
+            .unwrap()
+            .text
+            .contains("pasted text ignored"));
+        assert_eq!(item(&app).judgements, vec![None; 6]);
     }
 
     #[test]

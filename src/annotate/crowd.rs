@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::csv_lines::RecordLines;
 use crate::dataset::Judgement;
+use crate::output::Output;
 use crate::store::annotate::{NewSubmission, Origin, TaskView, ENDINGS_PER_TASK};
 use crate::store::Store;
 
@@ -25,19 +26,15 @@ pub struct Exported {
     pub neutralised: usize,
 }
 
-/// Writes every open item that still needs annotators (all open items with `all`) to `out`,
-/// atomically (a temporary file renamed into place).
-pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
+/// Writes every open item that still needs annotators (all open items with `all`) to `out`
+/// through `output` (never over the project; a temporary file renamed into place).
+pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<Exported> {
+    let output = output.clone().protect_project(store.path());
+    let mut staged = output.stage(out)?;
     let tasks = store.open_tasks(!all)?;
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
     let mut neutralised = 0;
     {
-        let mut w = csv::Writer::from_writer(tmp.as_file());
+        let mut w = csv::Writer::from_writer(staged.file());
         let mut header: Vec<String> = EXPORT_COLUMNS.iter().map(|s| s.to_string()).collect();
         header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
         w.write_record(&header)?;
@@ -62,8 +59,7 @@ pub fn export(store: &Store, out: &Path, all: bool) -> Result<Exported> {
         }
         w.flush()?;
     }
-    tmp.persist(out)
-        .with_context(|| format!("cannot write {}", out.display()))?;
+    output.commit(vec![staged])?;
     Ok(Exported {
         rows: tasks.len(),
         neutralised,
@@ -172,6 +168,8 @@ pub struct Rejected {
     /// Line in the file (the header is line 1).
     pub line: u64,
     pub reason: String,
+    /// The project already holds this worker's answer for the item (a file imported again).
+    pub already_in_project: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -287,17 +285,23 @@ impl RowChecks<'_> {
         let sub = match parse_row(self.store, self.columns, row, &mut self.tasks) {
             Ok(sub) => sub,
             Err(reason) => {
-                self.rejected.push(Rejected { line, reason });
+                self.rejected.push(Rejected {
+                    line,
+                    reason,
+                    already_in_project: false,
+                });
                 return Ok(());
             }
         };
         let key = (sub.annotator.clone(), sub.task_id);
+        let already_in_project = !self.first_line.contains_key(&key)
+            && self.store.has_submitted(sub.task_id, &sub.annotator)?;
         let reason = if let Some(first) = self.first_line.get(&key) {
             format!(
                 "duplicate: worker {} already answered item {} on line {first}",
                 sub.annotator, sub.task_id
             )
-        } else if self.store.has_submitted(sub.task_id, &sub.annotator)? {
+        } else if already_in_project {
             format!(
                 "duplicate: worker {} already has a submission for item {} in the project",
                 sub.annotator, sub.task_id
@@ -321,7 +325,11 @@ impl RowChecks<'_> {
                 return Ok(());
             }
         };
-        self.rejected.push(Rejected { line, reason });
+        self.rejected.push(Rejected {
+            line,
+            reason,
+            already_in_project,
+        });
         Ok(())
     }
 }

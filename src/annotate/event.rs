@@ -18,6 +18,8 @@ use super::app::Key;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Input {
     Key(Key),
+    /// Text pasted into the terminal (bracketed paste): never taken as keys.
+    Paste,
     /// Nothing happened for a while (or the terminal was resized): redraw, heartbeat.
     Tick,
     /// A signal asked the session to end, or the script is over.
@@ -112,6 +114,7 @@ fn buffered_keys() -> Vec<Input> {
             Ok(Some(Event::Key(k))) if k.kind != KeyEventKind::Release => {
                 keys.extend(map_key(k).map(Input::Key));
             }
+            Ok(Some(Event::Paste(_))) => keys.push(Input::Paste),
             Ok(Some(_)) => {}
             Ok(None) => return keys,
             Err(_) => {
@@ -184,10 +187,17 @@ impl Tty {
     }
 }
 
+/// The app's key for a terminal key; `None` for keys that are not commands: Ctrl- and Alt-
+/// combinations (Alt+q must not quit), except Ctrl+C.
 fn map_key(k: KeyEvent) -> Option<Key> {
     Some(match k.code {
         KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => Key::CtrlC,
-        KeyCode::Char(_) if k.modifiers.contains(KeyModifiers::CONTROL) => return None,
+        _ if k.modifiers.intersects(
+            KeyModifiers::CONTROL | KeyModifiers::ALT | KeyModifiers::SUPER | KeyModifiers::META,
+        ) =>
+        {
+            return None
+        }
         KeyCode::Char(c) => Key::Char(c),
         KeyCode::Enter => Key::Enter,
         KeyCode::Esc => Key::Esc,
@@ -307,6 +317,11 @@ mod tests {
             Some(Key::Char('?'))
         );
         assert_eq!(k(KeyCode::Delete, KeyModifiers::NONE), Some(Key::Backspace));
+        for c in ['q', 'x', 'z'] {
+            assert_eq!(k(KeyCode::Char(c), KeyModifiers::ALT), None, "Alt+{c}");
+        }
+        assert_eq!(k(KeyCode::Enter, KeyModifiers::ALT), None);
+        assert_eq!(k(KeyCode::Char('z'), KeyModifiers::CONTROL), None);
         assert_eq!(k(KeyCode::F(1), KeyModifiers::NONE), None);
     }
 }

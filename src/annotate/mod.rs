@@ -83,18 +83,22 @@ pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
     Ok(Outcome { summary, setup })
 }
 
-/// Runs the session in the real terminal (raw mode, alternate screen), restoring the terminal
-/// on every way out: normal return, error, panic (ratatui's hook) or signal (the session ends
-/// its loop and returns here).
+/// Runs the session in the real terminal (raw mode, alternate screen, bracketed paste so that
+/// pasted text arrives as one paste and not as keys), restoring the terminal on every way out:
+/// normal return, error, panic (ratatui's hook) or signal (the session ends its loop and returns
+/// here).
 fn with_terminal(session: &mut Session, keys: &mut dyn Keys) -> Result<Summary> {
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
+            let _ = crossterm::execute!(std::io::stdout(), crossterm::event::DisableBracketedPaste);
             ratatui::restore();
             let _ = crossterm::execute!(std::io::stdout(), crossterm::cursor::Show);
         }
     }
     let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
     let _restore = Restore;
+    crossterm::execute!(std::io::stdout(), crossterm::event::EnableBracketedPaste)
+        .context("cannot set up the terminal")?;
     session.run(&mut terminal, keys)
 }

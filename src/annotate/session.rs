@@ -114,6 +114,10 @@ impl<'a> Session<'a> {
             let key = match input {
                 Input::Stop => break,
                 Input::Tick => continue,
+                Input::Paste => {
+                    self.app.on_paste();
+                    continue;
+                }
                 Input::Key(key) => key,
             };
             let pressed = Instant::now();

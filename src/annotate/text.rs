@@ -141,7 +141,8 @@ pub fn markdown(source: &str, width: usize) -> Vec<Line<'static>> {
 fn blocks(source: &str) -> Vec<Option<Block>> {
     let heading = Style::default().add_modifier(Modifier::BOLD | Modifier::UNDERLINED);
     let mut out: Vec<Option<Block>> = Vec::new();
-    for raw in source.lines() {
+    let widths = table_widths(source);
+    for (n, raw) in source.lines().enumerate() {
         let line = raw.trim_end();
         let trimmed = line.trim_start();
         if trimmed.is_empty() {
@@ -166,34 +167,11 @@ fn blocks(source: &str) -> Vec<Option<Block>> {
                 prefix: Some(Span::raw(format!("{}• ", " ".repeat(depth)))),
             }));
         } else if trimmed.starts_with('|') {
-            let cells: Vec<&str> = trimmed
-                .trim_matches('|')
-                .split('|')
-                .map(str::trim)
-                .collect();
-            if cells
-                .iter()
-                .all(|c| c.chars().all(|ch| matches!(ch, '-' | ':' | ' ')))
-            {
+            let cells = table_cells(trimmed);
+            if is_table_rule(&cells) {
                 continue;
             }
-            let mut words = Vec::new();
-            for (i, cell) in cells.iter().enumerate() {
-                if i > 0 {
-                    words.push(Word {
-                        text: "│".to_string(),
-                        style: Style::default().fg(Color::DarkGray),
-                        glue: false,
-                    });
-                }
-                words.extend(inline(cell));
-            }
-            out.push(Some(Block {
-                words,
-                first_indent: 2,
-                rest_indent: 4,
-                prefix: Some(Span::raw("  ")),
-            }));
+            out.push(Some(table_row(&cells, &widths[n])));
         } else {
             out.push(Some(Block {
                 words: inline(trimmed),
@@ -204,6 +182,100 @@ fn blocks(source: &str) -> Vec<Option<Block>> {
         }
     }
     out
+}
+
+/// The cells of a Markdown table row, emphasis resolved.
+fn table_cells(row: &str) -> Vec<Vec<Word>> {
+    row.trim_matches('|')
+        .split('|')
+        .map(|c| inline(c.trim()))
+        .collect()
+}
+
+/// The `| --- | :-: |` line under a table's header.
+fn is_table_rule(cells: &[Vec<Word>]) -> bool {
+    cells.iter().all(|c| {
+        c.iter()
+            .all(|w| w.text.chars().all(|ch| matches!(ch, '-' | ':')))
+    })
+}
+
+/// Columns a cell's words take when laid out on one line.
+fn cell_width(words: &[Word]) -> usize {
+    words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| w.text.width() + usize::from(i > 0 && !w.glue))
+        .sum()
+}
+
+/// For every line of `source` that belongs to a table, the width of each of that table's
+/// columns (its widest cell), so that the rows line up.
+fn table_widths(source: &str) -> Vec<Vec<usize>> {
+    let lines: Vec<&str> = source.lines().map(str::trim).collect();
+    let mut widths = vec![Vec::new(); lines.len()];
+    let mut start = 0;
+    while start < lines.len() {
+        if !lines[start].starts_with('|') {
+            start += 1;
+            continue;
+        }
+        let end = (start..lines.len())
+            .find(|&i| !lines[i].starts_with('|'))
+            .unwrap_or(lines.len());
+        let mut table: Vec<usize> = Vec::new();
+        for line in &lines[start..end] {
+            let cells = table_cells(line);
+            if is_table_rule(&cells) {
+                continue;
+            }
+            for (i, cell) in cells.iter().enumerate() {
+                let w = cell_width(cell);
+                match table.get_mut(i) {
+                    Some(max) => *max = (*max).max(w),
+                    None => table.push(w),
+                }
+            }
+        }
+        widths[start..end].fill(table);
+        start = end;
+    }
+    widths
+}
+
+/// A table row with every cell but the last padded to its column's width; the last cell wraps
+/// under its own column.
+fn table_row(cells: &[Vec<Word>], widths: &[usize]) -> Block {
+    let mut words = Vec::new();
+    let mut last_column = 2;
+    for (i, cell) in cells.iter().enumerate() {
+        if i > 0 {
+            words.push(Word {
+                text: "│".to_string(),
+                style: Style::default().fg(Color::DarkGray),
+                glue: false,
+            });
+        }
+        words.extend(cell.iter().cloned());
+        if i + 1 < cells.len() {
+            let width = widths.get(i).copied().unwrap_or(0);
+            let pad = width.saturating_sub(cell_width(cell));
+            if pad > 0 {
+                words.push(Word {
+                    text: " ".repeat(pad),
+                    style: Style::default(),
+                    glue: true,
+                });
+            }
+            last_column += width + 3;
+        }
+    }
+    Block {
+        words,
+        first_indent: 2,
+        rest_indent: last_column,
+        prefix: Some(Span::raw("  ")),
+    }
 }
 
 /// Inline emphasis: `**bold**`, `*italic*`, `` `code` `` (shown as an example, in colour).
@@ -316,6 +388,34 @@ mod tests {
         let w = words("one two three four five six", Style::default());
         let lines = truncate(wrap(&w, 9, 0, 0), 2, 9);
         assert_eq!(plain(&lines), ["one two", "three …"]);
+    }
+
+    #[test]
+    fn table_columns_line_up_and_the_last_wraps_under_itself() {
+        let md = "| ending | label | why |\n| --- | --- | --- |\n\
+                  | pours paint into a tray. | likely | the natural next step |\n\
+                  | drinks it. | unlikely | clear but absurd and more |\n";
+        let lines = plain(&markdown(md, 60));
+        let bars: Vec<Vec<usize>> = lines
+            .iter()
+            .filter(|l| l.contains('│'))
+            .map(|l| {
+                l.char_indices()
+                    .filter(|(_, c)| *c == '│')
+                    .map(|(i, _)| l[..i].chars().count())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(bars.len(), 3, "{lines:?}");
+        assert!(bars.iter().all(|b| b == &bars[0]), "{lines:?}");
+        let wrapped = lines
+            .iter()
+            .find(|l| !l.contains('│') && !l.trim().is_empty())
+            .unwrap();
+        let why = lines[1][..lines[1].find("the natural").unwrap()]
+            .chars()
+            .count();
+        assert_eq!(wrapped.len() - wrapped.trim_start().len(), why, "{lines:?}");
     }
 
     #[test]

@@ -33,9 +33,10 @@ const PREFIX: usize = 19;
 
 pub fn draw(frame: &mut Frame, app: &mut App) {
     let area = frame.area();
-    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+    app.hidden = area.width < MIN_WIDTH || area.height < MIN_HEIGHT;
+    if app.hidden {
         let text = format!(
-            "Terminal too small ({}×{}); afkit annotate needs at least {MIN_WIDTH}×{MIN_HEIGHT} (80×24 is best). q quits.",
+            "Terminal too small ({}×{}); afkit annotate needs at least {MIN_WIDTH}×{MIN_HEIGHT} (80×24 is best). Keys are ignored until it is larger; q quits.",
             area.width, area.height
         );
         let lines = text::wrap(&words(&text, Style::default()), area.width as usize, 0, 0);

@@ -32,6 +32,7 @@ use serde::Serialize;
 
 use crate::dataset::Split;
 use crate::embed::SentenceEncoder;
+use crate::output::Output;
 use crate::seed::Seed;
 use crate::store::vector_cache::VectorCache;
 use dataset::Question;
@@ -61,6 +62,8 @@ pub struct Config {
     pub lm: Vec<lm::LmSpec>,
     /// A dataset audited the same way and reported beside this one (into `out/control`).
     pub control: Option<PathBuf>,
+    /// Replace report files afkit did not write (never the dataset's CSV files).
+    pub force: bool,
 }
 
 impl Config {
@@ -72,6 +75,24 @@ impl Config {
             control: None,
             ..self.clone()
         }
+    }
+
+    /// How the report is written: never over the dataset's CSV files, and checked before any
+    /// work, so an audit that could not write its report stops at once.
+    fn output(&self) -> Result<Output> {
+        let mut output = Output::new(self.force);
+        if let Ok(entries) = std::fs::read_dir(&self.dataset) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.extension().is_some_and(|e| e == "csv") {
+                    output = output.protect(&path);
+                }
+            }
+        }
+        for name in report::FILES {
+            output.check(&self.out.join(name))?;
+        }
+        Ok(output)
     }
 }
 
@@ -169,6 +190,7 @@ fn measure_lms(config: &Config, questions: &[Question]) -> Result<Vec<lm::LmResu
 
 /// The train → val audit: reads the dataset, measures, writes the report files.
 pub fn holdout(config: &Config) -> Result<AuditReport> {
+    let output = config.output()?;
     let train = dataset::read_split(&config.dataset.join(Split::Train.regular_csv()), true)?;
     let val = dataset::read_split(&config.dataset.join(Split::Val.regular_csv()), true)?;
     if train.is_empty() || val.is_empty() {
@@ -204,7 +226,7 @@ pub fn holdout(config: &Config) -> Result<AuditReport> {
     (report.summary, report.verdicts) =
         verdict::judge(report.rows(), control.as_ref().map(|c| c.rows()).as_deref());
     report.control = control.map(Box::new);
-    report::write(&config.out, &report)?;
+    report::write(&config.out, &report, &output)?;
     Ok(report)
 }
 
@@ -248,6 +270,7 @@ impl CvAudit {
 /// The K-fold audit over every labelled split, by group; writes the report files. `note` hears
 /// what was left out and why.
 pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) -> Result<CvAudit> {
+    let output = config.output()?;
     let (questions, files) = dataset::read_labelled_splits(&config.dataset)?;
     for f in files
         .iter()
@@ -298,7 +321,7 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
     (audit.summary, audit.verdicts) =
         verdict::judge(audit.rows(), control.as_ref().map(|c| c.rows()).as_deref());
     audit.control = control.map(Box::new);
-    report::write_cv(&config.out, &audit)?;
+    report::write_cv(&config.out, &audit, &output)?;
     Ok(audit)
 }
 

@@ -1,7 +1,7 @@
 //! The audit's markdown report and PNG bar charts.
 
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use plotters::prelude::*;
@@ -12,14 +12,61 @@ use super::lm::LmResult;
 use super::ppmi::Association;
 use super::verdict::{Row, Verdict};
 use super::{AuditReport, CvAudit, Knn};
+use crate::output::{Output, Staged};
 use crate::plot::{register_font, FONT};
 
+/// Every file an audit may write into its folder.
+pub const FILES: [&str; 5] = [
+    "audit.md",
+    "audit.json",
+    "accuracy.png",
+    "ppmi.png",
+    "knn.png",
+];
+
+/// The files of one report, staged through `output` and renamed into place together.
+struct Files<'a> {
+    output: &'a Output,
+    dir: &'a Path,
+    staged: Vec<Staged>,
+}
+
+impl<'a> Files<'a> {
+    fn new(output: &'a Output, dir: &'a Path) -> Files<'a> {
+        Files {
+            output,
+            dir,
+            staged: Vec::new(),
+        }
+    }
+
+    /// A staged file for `name`, whose temporary path a chart is drawn to.
+    fn chart(&mut self, name: &str) -> Result<PathBuf> {
+        let staged = self.output.stage(&self.dir.join(name))?;
+        let path = staged.path().to_path_buf();
+        self.staged.push(staged);
+        Ok(path)
+    }
+
+    fn text(&mut self, name: &str, text: &str) -> Result<()> {
+        let mut staged = self.output.stage(&self.dir.join(name))?;
+        std::io::Write::write_all(staged.file(), text.as_bytes())
+            .with_context(|| format!("cannot write {}", self.dir.join(name).display()))?;
+        self.staged.push(staged);
+        Ok(())
+    }
+
+    fn commit(self) -> Result<()> {
+        self.output.commit(self.staged)
+    }
+}
+
 /// Writes audit.md, audit.json, accuracy.png, ppmi.png and (when measured) knn.png into `dir`.
-pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+pub fn write(dir: &Path, r: &AuditReport, output: &Output) -> Result<()> {
+    let mut files = Files::new(output, dir);
     let accuracies = r.accuracies();
     bar_chart(
-        &dir.join("accuracy.png"),
+        &files.chart("accuracy.png")?,
         "Val accuracy by baseline (4-way; dashed: chance)",
         &accuracies
             .iter()
@@ -29,7 +76,7 @@ pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
         1.08,
         Some(0.25),
     )?;
-    ppmi_chart(dir, &r.ppmi)?;
+    ppmi_chart(&mut files, &r.ppmi)?;
     if let Knn::Measured(k) = &r.knn {
         let mut labels = Vec::new();
         let mut values = Vec::new();
@@ -46,7 +93,7 @@ pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
             .fold(0.0, f64::max)
             * 1.1;
         bar_chart(
-            &dir.join("knn.png"),
+            &files.chart("knn.png")?,
             "Mean cosine distance to k nearest train examples",
             &labels,
             &values,
@@ -54,12 +101,9 @@ pub fn write(dir: &Path, r: &AuditReport) -> Result<()> {
             None,
         )?;
     }
-    let json = dir.join("audit.json");
-    std::fs::write(&json, serde_json::to_string_pretty(r)? + "\n")
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    std::fs::write(dir.join("audit.md"), markdown(r))
-        .with_context(|| format!("cannot write {}", dir.join("audit.md").display()))?;
-    Ok(())
+    files.text("audit.json", &(serde_json::to_string_pretty(r)? + "\n"))?;
+    files.text("audit.md", &markdown(r))?;
+    files.commit()
 }
 
 fn markdown(r: &AuditReport) -> String {
@@ -139,13 +183,13 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
 }
 
 /// The bar chart of the words most associated with gold endings, when there are any.
-fn ppmi_chart(dir: &Path, ppmi: &[Association]) -> Result<()> {
+fn ppmi_chart(files: &mut Files, ppmi: &[Association]) -> Result<()> {
     let gold: Vec<_> = ppmi.iter().filter(|a| a.label == "gold").collect();
     if gold.is_empty() {
         return Ok(());
     }
     bar_chart(
-        &dir.join("ppmi.png"),
+        &files.chart("ppmi.png")?,
         "Words most associated with gold endings (PPMI)",
         &gold.iter().map(|a| a.word.clone()).collect::<Vec<_>>(),
         &gold.iter().map(|a| a.ppmi).collect::<Vec<_>>(),
@@ -178,8 +222,8 @@ fn write_ppmi(md: &mut String, ppmi: &[Association]) -> std::fmt::Result {
 
 /// Writes the cross-validated audit: audit.md, audit.json, accuracy.png (mean fold accuracy of
 /// every measured baseline) and ppmi.png into `dir`.
-pub fn write_cv(dir: &Path, r: &CvAudit) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+pub fn write_cv(dir: &Path, r: &CvAudit, output: &Output) -> Result<()> {
+    let mut files = Files::new(output, dir);
     let measured: Vec<(&str, f64)> =
         r.cv.baselines
             .iter()
@@ -189,7 +233,7 @@ pub fn write_cv(dir: &Path, r: &CvAudit) -> Result<()> {
             })
             .collect();
     bar_chart(
-        &dir.join("accuracy.png"),
+        &files.chart("accuracy.png")?,
         &format!(
             "{}-fold cross-validated accuracy (4-way; dashed: chance)",
             r.cv.folds
@@ -199,15 +243,12 @@ pub fn write_cv(dir: &Path, r: &CvAudit) -> Result<()> {
         1.08,
         Some(0.25),
     )?;
-    ppmi_chart(dir, &r.ppmi)?;
-    let json = dir.join("audit.json");
-    std::fs::write(&json, serde_json::to_string_pretty(r)? + "\n")
-        .with_context(|| format!("cannot write {}", json.display()))?;
+    ppmi_chart(&mut files, &r.ppmi)?;
+    files.text("audit.json", &(serde_json::to_string_pretty(r)? + "\n"))?;
     let mut md = String::new();
     let _ = write_cv_markdown(&mut md, r);
-    std::fs::write(dir.join("audit.md"), md)
-        .with_context(|| format!("cannot write {}", dir.join("audit.md").display()))?;
-    Ok(())
+    files.text("audit.md", &md)?;
+    files.commit()
 }
 
 fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {

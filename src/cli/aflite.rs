@@ -85,6 +85,10 @@ pub struct Args {
     /// {"seed", "examples", "tiebreak_rank"}, then {"round", "s", "train": [[...] × m]}.
     #[arg(long)]
     pub dump_partitions: Option<PathBuf>,
+    /// Replace output files that afkit did not write (or that were changed since). No output may
+    /// be the input or the features file, with or without it.
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl Args {
@@ -122,6 +126,7 @@ impl Args {
             }),
             write_features: self.write_features,
             dump_partitions: self.dump_partitions,
+            force: self.force,
         }
     }
 }

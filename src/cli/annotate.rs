@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 
 use crate::annotate::tasks::{self, PolicyRequest};
 use crate::annotate::{self, agreement, crowd};
+use crate::output::Output;
 use crate::store::Store;
 
 /// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
@@ -90,11 +91,16 @@ pub enum CrowdCommand {
     )]
     Export {
         project: PathBuf,
+        /// The CSV file to write (never the project; an existing file afkit did not write needs
+        /// --force).
         #[arg(long)]
         out: PathBuf,
         /// Export every open item, also those that have all their annotators.
         #[arg(long)]
         all: bool,
+        /// Replace OUT even if afkit did not write it (or it was changed since).
+        #[arg(long)]
+        force: bool,
     },
     /// Read crowd results (afkit's columns or Mechanical Turk's batch results) into the project.
     #[command(long_about = "Read crowd results into the project's label tables.\n\n\
@@ -109,7 +115,8 @@ pub enum CrowdCommand {
         second missing, equal, or gibberish, and duplicate worker/item pairs (in the file or \
         already in the project) are reported with their line number and not imported. The valid \
         rows are imported in one transaction; with --strict nothing is imported if any row is \
-        invalid.")]
+        invalid. The command fails when no row could be imported and some row was invalid (a file \
+        imported again, whose rows are all in the project already, is not a failure).")]
     Import {
         project: PathBuf,
         file: PathBuf,
@@ -187,13 +194,20 @@ fn hardest_shown_note(setup: &tasks::Setup) -> String {
 
 pub fn run_crowd(command: CrowdCommand) -> Result<()> {
     match command {
-        CrowdCommand::Export { project, out, all } => {
+        CrowdCommand::Export {
+            project,
+            out,
+            all,
+            force,
+        } => {
+            let output = Output::new(force).protect_project(&project);
+            output.check(&out)?;
             let mut store = Store::open(&project)?;
             let setup = tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
             if setup.hardest_shown > 0 {
                 eprintln!("{}", hardest_shown_note(&setup));
             }
-            let exported = crowd::export(&store, &out, all)?;
+            let exported = crowd::export(&store, &out, all, &output)?;
             println!(
                 "wrote {} to {}",
                 crate::text::counted(exported.rows, "item", "items"),
@@ -230,6 +244,14 @@ fn import(project: &Path, file: &Path, strict: bool) -> Result<()> {
     if strict && !outcome.rejected.is_empty() {
         bail!(
             "{} of the rows in {} are invalid (listed above); nothing imported (--strict)",
+            outcome.rejected.len(),
+            file.display()
+        );
+    }
+    let failed = outcome.rejected.iter().any(|r| !r.already_in_project);
+    if outcome.imported == 0 && failed {
+        bail!(
+            "none of the {} rows in {} could be imported (listed above); nothing imported",
             outcome.rejected.len(),
             file.display()
         );

@@ -98,6 +98,10 @@ pub struct Args {
     /// random negatives).
     #[arg(long, value_name = "DIR")]
     pub control: Option<PathBuf>,
+    /// Replace report files at OUT that afkit did not write (or that were changed since); the
+    /// dataset's CSV files are never written over.
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl Args {
@@ -144,6 +148,7 @@ impl Args {
             }),
             lm,
             control: self.control.clone(),
+            force: self.force,
         })
     }
 }

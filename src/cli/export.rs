@@ -6,6 +6,7 @@ use anyhow::Result;
 
 use crate::export::layout::Layout;
 use crate::export::{answers_path, export, parse_license, Negatives, Options};
+use crate::output::Output;
 use crate::store::Store;
 
 /// Help heading after the common options.
@@ -27,9 +28,14 @@ const PUBLISHING: &str = "Publishing";
 pub struct Args {
     /// The project file.
     pub project: PathBuf,
-    /// Output directory (replaced whole if it holds a previous export).
+    /// Output directory. Exporting onto a previous export replaces only the files an export wrote
+    /// there; everything else in the folder (an audit, a git repository, your files) stays.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace files at OUT (and the answers file beside it) that afkit did not write, or that were
+    /// changed since; without it such a file stops the export before anything is written.
+    #[arg(long)]
+    pub force: bool,
     /// `adversarial` (the AF negatives) or `random` (a control drawn from the pre-AF pool).
     #[arg(long, value_enum, default_value = "adversarial")]
     pub negatives: Negatives,
@@ -56,7 +62,7 @@ pub fn run(args: Args) -> Result<()> {
         },
         license: args.license,
     };
-    let files = export(&store, &args.out, &options)?;
+    let files = export(&store, &args.out, &options, &Output::new(args.force))?;
     println!("exported to {}", args.out.display());
     for (name, (bytes, _)) in &files {
         println!("  {name:<28} {bytes:>10} bytes");

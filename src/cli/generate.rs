@@ -32,7 +32,9 @@ pub struct GenerateArgs {
     /// Unique endings to sample per context (N⁻).
     #[arg(long, default_value_t = 64, help_heading = WHAT)]
     pub n_neg: usize,
-    /// Only generate for the first N contexts that have no pool yet.
+    /// Sample at most N contexts in this run: the first N (by id) that have no pool yet. It counts
+    /// per run: contexts finished by an earlier run (also one that was stopped) have pools, so
+    /// running the same command again samples the next N.
     #[arg(long, help_heading = WHAT)]
     pub limit: Option<usize>,
     /// Seed for sampling, recorded in the project.
@@ -143,8 +145,10 @@ pub struct ImportPoolArgs {
     /// or a pool scored elsewhere, {"id", "endings": [{"text", "lp_cond", "lp_alone",
     /// "lp_final_punct", "n_tok"}, ...], "gold": {"lp_cond", "lp_alone", "lp_final_punct",
     /// "n_tok"}, "context": {"ctx_logprob", "n_tok_sent1", "n_tok_sent2"}} (the LM features:
-    /// mean log-probs, the final punctuation's log-prob or null, lengths in LM tokens). The whole
-    /// file is checked before anything is written.
+    /// mean log-probs, each at most 0, the final punctuation's log-prob or null, lengths in LM
+    /// tokens, whole numbers up to 1000000). The whole file is checked before anything is
+    /// written. A context whose endings are all blank or copies of its found ending gets no pool
+    /// (it is listed, and `generate` samples one for it).
     pub file: PathBuf,
     /// The model that scores endings imported without features: `smollm2` or a GGUF path (not
     /// loaded when every line brings its features).
@@ -260,7 +264,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut store = Store::open(&args.project)?;
     let json = args.json;
     let config = args.config()?;
-    let mut observer = Progress::default();
+    let mut observer = Progress {
+        limit: config.limit,
+        ..Progress::default()
+    };
     let summary = generate::run(&mut store, &config, &compute, &mut observer)?;
     observer.lines.clear();
     if summary.contexts + summary.unusable > 0 {
@@ -283,6 +290,8 @@ struct Progress {
     kept_in_done: usize,
     /// Endings per second with their scoring, as the stage last measured it.
     rate: Option<f64>,
+    /// `--limit`, said at the start so that a second run's count surprises no one.
+    limit: Option<usize>,
 }
 
 impl Progress {
@@ -316,6 +325,16 @@ impl generate::Observer for Progress {
     }
 
     fn started(&mut self, contexts: usize, endings_each: usize) {
+        if let Some(limit) = self.limit {
+            self.lines.say(
+                &format!(
+                    "this run samples {} (--limit {limit} counts this run's contexts: the first \
+                     without a pool)",
+                    counted(contexts, "context", "contexts")
+                ),
+                false,
+            );
+        }
         self.contexts = contexts;
         self.endings_each = endings_each;
         if endings_each == 0 {
@@ -408,11 +427,11 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
     let mut observer = Progress::default();
     let summary = generate::import(&mut store, &config, &mut observer)?;
     observer.lines.clear();
-    print_import_summary(&summary);
+    print_import_summary(&summary, &config.file);
     Ok(())
 }
 
-fn print_import_summary(counts: &ImportSummary) {
+fn print_import_summary(counts: &ImportSummary, file: &std::path::Path) {
     println!(
         "imported {} for {}; {} skipped (they already have a pool)",
         counted(counts.endings, "ending", "endings"),
@@ -436,6 +455,13 @@ fn print_import_summary(counts: &ImportSummary) {
         eprintln!(
             "note: {} imported endings do not end with . ! or ? (kept as given)",
             counts.incomplete
+        );
+    }
+    for (line, id) in &counts.without_usable_endings {
+        eprintln!(
+            "{}:{line}: every ending of {id:?} is blank or the found ending: no pool imported \
+             for it (`afkit generate` will sample one)",
+            file.display()
         );
     }
 }

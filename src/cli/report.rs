@@ -6,6 +6,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::af::report::report;
+use crate::output::Output;
 use crate::store::af::{Family, HeadAccuracy};
 use crate::store::Store;
 
@@ -19,6 +20,9 @@ pub struct ReportArgs {
     /// Also print the per-iteration record as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Replace files at OUT that afkit did not write (or that were changed since).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// One element of the `--json` output's `iterations` array (a stable interface for scripts).
@@ -33,7 +37,7 @@ struct JsonIteration {
 
 pub fn run(args: ReportArgs) -> Result<()> {
     let store = Store::open(&args.project)?;
-    let written = report(&store, &args.out)?;
+    let written = report(&store, &args.out, &Output::new(args.force))?;
     if args.json {
         let rows: Vec<JsonIteration> = written
             .iterations

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
+use crate::output::Output;
 use crate::text::{read_conllu, split_with, tokenize, TaggedSentence, Tagger, TrainOptions};
 
 #[derive(clap::Subcommand)]
@@ -13,14 +14,19 @@ pub enum TaggerCommand {
     /// Train an averaged-perceptron UPOS tagger on CoNLL-U treebanks.
     ///
     /// The shipped tagger (data/tagger.bin) was trained with
-    /// `afkit tagger train --conllu en_ewt-ud-dev.conllu en_pud-ud-test.conllu --out data/tagger.bin`.
+    /// `afkit tagger train --conllu en_ewt-ud-dev.conllu en_pud-ud-test.conllu --out data/tagger.bin`
+    /// (`--force` replaces the checked-in file).
     Train {
         /// Training treebanks in CoNLL-U format (FORM and UPOS columns are read).
         #[arg(long, required = true, num_args = 1..)]
         conllu: Vec<PathBuf>,
-        /// Where to write the trained weights.
+        /// Where to write the trained weights (never over a treebank; an existing file afkit did
+        /// not write needs --force).
         #[arg(long)]
         out: PathBuf,
+        /// Replace OUT even if afkit did not write it (or it was changed since).
+        #[arg(long)]
+        force: bool,
         /// Passes over the training data.
         #[arg(long, default_value_t = TrainOptions::default().epochs)]
         epochs: usize,
@@ -60,7 +66,14 @@ pub fn run_tagger(command: TaggerCommand) -> Result<()> {
             out,
             epochs,
             seed,
-        } => train(&conllu, &out, &TrainOptions { epochs, seed }),
+            force,
+        } => {
+            let output = conllu
+                .iter()
+                .fold(Output::new(force), |output, file| output.protect(file));
+            output.check(&out)?;
+            train(&conllu, &out, &TrainOptions { epochs, seed }, &output)
+        }
         TaggerCommand::Eval { conllu, model } => {
             let tagger = load_or_shipped(model.as_deref())?;
             let sentences = read_all(&conllu)?;
@@ -83,7 +96,7 @@ pub fn run_tagger(command: TaggerCommand) -> Result<()> {
     }
 }
 
-fn train(files: &[PathBuf], out: &Path, options: &TrainOptions) -> Result<()> {
+fn train(files: &[PathBuf], out: &Path, options: &TrainOptions, output: &Output) -> Result<()> {
     let sentences = read_all(files)?;
     let names = files
         .iter()
@@ -96,7 +109,7 @@ fn train(files: &[PathBuf], out: &Path, options: &TrainOptions) -> Result<()> {
     let tagger = Tagger::train(&sentences, names, options, |epoch, accuracy| {
         eprintln!("epoch {epoch:>2}: training accuracy {accuracy:.4}");
     })?;
-    tagger.save(out)?;
+    tagger.save(out, output)?;
     let size = std::fs::metadata(out)?.len();
     println!(
         "trained on {} sentences ({} tokens) in {:.1} s; wrote {} ({} bytes)",

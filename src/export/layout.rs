@@ -13,10 +13,6 @@ pub const HF_SPLITS: [(Split, &str); 3] = [
 /// The dataset card, with the YAML header the Hugging Face Hub reads.
 pub const CARD: &str = "README.md";
 
-/// The card's name before the export became a Hub dataset folder; such a folder is a previous
-/// export, so `export` may replace it.
-pub const LEGACY_CARD: &str = "DATASET_CARD.md";
-
 /// The folder of the lm-evaluation-harness task files.
 pub const HARNESS_DIR: &str = "lm_eval";
 

@@ -5,9 +5,11 @@
 //! and written beside it for the maintainer.
 //!
 //! Deterministic: the same project and arguments give byte-identical files (every shuffle is
-//! seeded, rows follow assembly order, the card holds no clock time or path). Atomic: the files
-//! are written into a temporary directory beside `--out` and renamed into place, so `--out` is
-//! always either the previous complete export or the new one, never a half-written mix.
+//! seeded, rows follow assembly order, the card holds no clock time or path). Written through
+//! `output`: each file goes to a temporary file renamed into place once all are complete, and
+//! an export onto a previous one replaces only the files an export wrote there (the folder's
+//! ledger lists them), leaving everything else in the folder (an audit, a git repository, the
+//! user's own files) alone.
 
 pub mod card;
 pub mod harness;
@@ -24,8 +26,9 @@ use sha2::{Digest, Sha256};
 
 use crate::dataset::Split;
 use crate::models::hex;
+use crate::output::Output;
 use crate::store::Store;
-use layout::{Layout, CARD, LEGACY_CARD};
+use layout::{Layout, CARD};
 
 /// A licence id goes into the card's YAML header: lowercase letters, digits, `.` and `-`.
 pub fn parse_license(text: &str) -> Result<String, String> {
@@ -76,11 +79,19 @@ pub fn answers_path(out: &Path) -> Result<PathBuf> {
 
 /// Writes the export (and, unless the test labels stay in it, the answers file beside it) and
 /// records it; returns file name → (size, SHA-256), the answers file under its own name.
+/// `output` says whether files afkit did not write may be replaced; the project is never
+/// written over.
 pub fn export(
     store: &Store,
     out: &Path,
     options: &Options,
+    output: &Output,
 ) -> Result<BTreeMap<String, (usize, String)>> {
+    let output = output.clone().protect_project(store.path());
+    let answers_target = answers_path(out)?;
+    if !options.layout.with_test_labels {
+        output.check(&answers_target)?;
+    }
     let mut examples = store.assembled_examples()?;
     if examples.is_empty() {
         bail!(
@@ -104,9 +115,12 @@ pub fn export(
         None
     } else {
         let test: Vec<&rows::Row> = rows.iter().filter(|r| r.split == Split::Test).collect();
-        Some((answers_path(out)?, rows::regular_csv(&test, true)?))
+        Some((answers_target, rows::regular_csv(&test, true)?))
     };
-    write_atomically(out, &files, answers.as_ref())?;
+    output.folder(out, &files, WRITER)?;
+    if let Some((path, bytes)) = &answers {
+        output.write(path, bytes)?;
+    }
 
     let mut summary: BTreeMap<String, (usize, String)> = files
         .iter()
@@ -125,6 +139,10 @@ pub fn export(
     )?;
     Ok(summary)
 }
+
+/// Who wrote a file, in the ledger: a re-export removes the files an export wrote before and no
+/// longer writes.
+const WRITER: &str = "export";
 
 /// Every file of the folder: path relative to it → contents.
 fn folder_files(
@@ -162,115 +180,4 @@ fn folder_files(
 
 fn summarise(bytes: &[u8]) -> (usize, String) {
     (bytes.len(), hex(&Sha256::digest(bytes)))
-}
-
-/// Whether `dir` holds a previous afkit export (its card), so that replacing it loses nothing
-/// of the user's.
-fn is_previous_export(dir: &Path) -> bool {
-    let card = fs::read_to_string(dir.join(CARD)).unwrap_or_default();
-    let header = card
-        .strip_prefix("---\n")
-        .and_then(|rest| rest.split("\n---\n").next());
-    let tag = format!("- {}", hub::AFKIT_TAG);
-    let tagged = header.is_some_and(|h| h.lines().any(|l| l == tag));
-    tagged || dir.join(LEGACY_CARD).exists()
-}
-
-/// Writes `files` into a fresh temporary directory beside `out`, then swaps it in, then moves the
-/// answers file (staged beside it as well) to its place. An existing `out` must be empty or a
-/// previous export; it is replaced whole.
-fn write_atomically(
-    out: &Path,
-    files: &BTreeMap<String, Vec<u8>>,
-    answers: Option<&(PathBuf, Vec<u8>)>,
-) -> Result<()> {
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).with_context(|| format!("cannot create {}", parent.display()))?;
-    if out.exists() {
-        if !out.is_dir() {
-            bail!("{} exists and is not a directory", out.display());
-        }
-        let empty = fs::read_dir(out)?.next().is_none();
-        if !empty && !is_previous_export(out) {
-            bail!(
-                "{} exists and is not an afkit export (no afkit {CARD}); choose an empty or new directory",
-                out.display()
-            );
-        }
-    }
-    let staged_answers = answers
-        .map(|(_, bytes)| stage_file(&parent, bytes))
-        .transpose()?;
-    let staged = stage_folder(&parent, files)?;
-    swap_in(&staged, out, &parent)?;
-    if let (Some(temp), Some((path, _))) = (staged_answers, answers) {
-        temp.persist(path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(())
-}
-
-/// Writes `bytes` to a durable temporary file in `parent`, to be renamed into place.
-fn stage_file(parent: &Path, bytes: &[u8]) -> Result<tempfile::NamedTempFile> {
-    let mut temp = tempfile::Builder::new()
-        .prefix(".afkit-answers-")
-        .tempfile_in(parent)
-        .with_context(|| format!("cannot create a temporary file in {}", parent.display()))?;
-    std::io::Write::write_all(&mut temp, bytes)?;
-    temp.as_file().sync_all()?;
-    Ok(temp)
-}
-
-/// Writes `files` (paths relative to the folder) into a new durable temporary folder in `parent`.
-fn stage_folder(parent: &Path, files: &BTreeMap<String, Vec<u8>>) -> Result<PathBuf> {
-    let staging = tempfile::Builder::new()
-        .prefix(".afkit-export-")
-        .tempdir_in(parent)
-        .with_context(|| {
-            format!(
-                "cannot create a temporary directory in {}",
-                parent.display()
-            )
-        })?;
-    for (name, bytes) in files {
-        let path = staging.path().join(name);
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
-        crate::interrupt::check()?;
-    }
-    // Make the staged files durable before they become visible under `out`.
-    for name in files.keys() {
-        fs::File::open(staging.path().join(name))?.sync_all()?;
-    }
-    Ok(staging.keep())
-}
-
-/// Renames the staged folder to `out`, moving a previous `out` aside first and removing it after.
-fn swap_in(staged: &Path, out: &Path, parent: &Path) -> Result<()> {
-    if out.exists() {
-        let old = tempfile::Builder::new()
-            .prefix(".afkit-old-")
-            .tempdir_in(parent)?
-            .keep();
-        fs::remove_dir(&old)?;
-        fs::rename(out, &old)
-            .with_context(|| format!("cannot move the old {} aside", out.display()))?;
-        if let Err(err) = fs::rename(staged, out) {
-            let _ = fs::rename(&old, out);
-            let _ = fs::remove_dir_all(staged);
-            return Err(err)
-                .with_context(|| format!("cannot move the new export to {}", out.display()));
-        }
-        fs::remove_dir_all(&old)
-            .with_context(|| format!("cannot remove the old export {}", old.display()))?;
-    } else if let Err(err) = fs::rename(staged, out) {
-        let _ = fs::remove_dir_all(staged);
-        return Err(err).with_context(|| format!("cannot move the export to {}", out.display()));
-    }
-    Ok(())
 }

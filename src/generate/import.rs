@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
 
 use super::prompt::PromptTemplate;
 use super::{load_local, new_pool, Observer};
@@ -21,13 +22,10 @@ use crate::store::examples::Example;
 use crate::store::pool::{NewGeneration, NewPool};
 use crate::store::Store;
 
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
 enum ImportedEnding {
     Text(String),
     Scored {
         text: String,
-        #[serde(flatten)]
         features: EndingFeatures,
     },
 }
@@ -47,7 +45,6 @@ impl ImportedEnding {
     }
 }
 
-#[derive(serde::Deserialize)]
 struct ImportedContext {
     ctx_logprob: f64,
     n_tok_sent1: usize,
@@ -57,13 +54,10 @@ struct ImportedContext {
 /// One line of an `import-pool` file. Either every ending is a plain string (afkit scores them
 /// with `--model`), or the pool comes scored: every ending an object with its features, plus the
 /// gold ending's and the context's features.
-#[derive(serde::Deserialize)]
 struct ImportRecord {
     id: String,
     endings: Vec<ImportedEnding>,
-    #[serde(default)]
     gold: Option<EndingFeatures>,
-    #[serde(default)]
     context: Option<ImportedContext>,
 }
 
@@ -72,7 +66,154 @@ const IMPORT_FORMAT: &str = "expected {\"id\": string, \"endings\": [string, ...
      \"gold\": {\"lp_cond\", \"lp_alone\", \"lp_final_punct\", \"n_tok\"}, \
      \"context\": {\"ctx_logprob\", \"n_tok_sent1\", \"n_tok_sent2\"}}";
 
+/// The most tokens a count may give (a context or ending longer than this is no caption).
+const MAX_TOKENS: u64 = 1_000_000;
+
+type Object = serde_json::Map<String, Value>;
+
+/// What a JSON value is, in words.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "true or false",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `"key"` of `place` (`"gold"`, `ending 3`), for messages.
+fn field_name(key: &str, place: &str) -> String {
+    if place.is_empty() {
+        format!("\"{key}\"")
+    } else {
+        format!("\"{key}\" of {place}")
+    }
+}
+
+/// A token count: a whole number from 0 to [`MAX_TOKENS`].
+fn token_count(object: &Object, key: &str, place: &str) -> Result<usize, String> {
+    let name = field_name(key, place);
+    match object.get(key) {
+        None => Err(format!("{name} is missing")),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n <= MAX_TOKENS)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                format!("{name} must be a whole number of tokens from 0 to {MAX_TOKENS}, found {v}")
+            }),
+    }
+}
+
+/// A log-probability: a number no greater than 0.
+fn log_prob(value: Option<&Value>, name: &str) -> Result<f64, String> {
+    let v = value.ok_or_else(|| format!("{name} is missing"))?;
+    v.as_f64()
+        .filter(|x| x.is_finite() && *x <= 0.0)
+        .ok_or_else(|| {
+            format!("{name} must be a log-probability (a number no greater than 0), found {v}")
+        })
+}
+
+/// An ending's features (of an ending object, or of `"gold"`).
+fn ending_features(object: &Object, place: &str) -> Result<EndingFeatures, String> {
+    let lp = |key: &str| log_prob(object.get(key), &field_name(key, place));
+    let lp_final_punct = match object.get("lp_final_punct") {
+        None | Some(Value::Null) => None,
+        v => Some(log_prob(v, &field_name("lp_final_punct", place))?),
+    };
+    Ok(EndingFeatures {
+        lp_cond: lp("lp_cond")?,
+        lp_alone: lp("lp_alone")?,
+        lp_final_punct,
+        n_tok: token_count(object, "n_tok", place)?,
+    })
+}
+
+fn ending(value: &Value, number: usize) -> Result<ImportedEnding, String> {
+    let place = format!("ending {number}");
+    match value {
+        Value::String(text) => Ok(ImportedEnding::Text(text.clone())),
+        Value::Object(object) => {
+            let text = match object.get("text") {
+                Some(Value::String(text)) => text.clone(),
+                Some(v) => {
+                    return Err(format!(
+                        "\"text\" of {place} must be a string, found {}",
+                        kind(v)
+                    ))
+                }
+                None => return Err(format!("{place} has no \"text\"")),
+            };
+            Ok(ImportedEnding::Scored {
+                text,
+                features: ending_features(object, &place)?,
+            })
+        }
+        v => Err(format!(
+            "{place} must be a string, or an object with \"text\" and its features; found {}",
+            kind(v)
+        )),
+    }
+}
+
+fn context(object: &Object) -> Result<ImportedContext, String> {
+    Ok(ImportedContext {
+        ctx_logprob: log_prob(
+            object.get("ctx_logprob"),
+            &field_name("ctx_logprob", "\"context\""),
+        )?,
+        n_tok_sent1: token_count(object, "n_tok_sent1", "\"context\"")?,
+        n_tok_sent2: token_count(object, "n_tok_sent2", "\"context\"")?,
+    })
+}
+
+/// An optional object field, read by `read`.
+fn optional_object<T>(
+    object: &Object,
+    key: &str,
+    read: impl Fn(&Object) -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(inner)) => read(inner).map(Some),
+        Some(v) => Err(format!("\"{key}\" must be an object, found {}", kind(v))),
+    }
+}
+
 impl ImportRecord {
+    /// A record from one parsed line, every field checked and named in the error.
+    fn from_json(value: &Value) -> Result<ImportRecord, String> {
+        let Value::Object(object) = value else {
+            return Err(format!(
+                "expected one JSON object per line, found {}",
+                kind(value)
+            ));
+        };
+        let id = match object.get("id") {
+            Some(Value::String(id)) => id.clone(),
+            Some(v) => return Err(format!("\"id\" must be a string, found {}", kind(v))),
+            None => return Err("\"id\" is missing".into()),
+        };
+        let endings = match object.get("endings") {
+            Some(Value::Array(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(i, e)| ending(e, i + 1))
+                .collect::<Result<Vec<_>, String>>()?,
+            Some(v) => return Err(format!("\"endings\" must be a list, found {}", kind(v))),
+            None => return Err("\"endings\" is missing".into()),
+        };
+        Ok(ImportRecord {
+            id,
+            endings,
+            gold: optional_object(object, "gold", |o| ending_features(o, "\"gold\""))?,
+            context: optional_object(object, "context", context)?,
+        })
+    }
+
     /// Whether the line brings its own features; an error for a line that brings only some.
     fn is_scored(&self) -> std::result::Result<bool, &'static str> {
         let scored = self
@@ -92,7 +233,7 @@ impl ImportRecord {
 }
 
 /// The lines of an import file, parsed and checked one at a time, with their line numbers and
-/// whether they bring their own features.
+/// whether they bring their own features. A byte-order mark before the first line is skipped.
 fn import_lines(
     path: &Path,
 ) -> Result<impl Iterator<Item = Result<(usize, ImportRecord, bool)>> + '_> {
@@ -101,6 +242,7 @@ fn import_lines(
     Ok(std::io::BufReader::new(file)
         .lines()
         .enumerate()
+        .map(|(i, line)| (i, line.map(|l| without_bom(i, l))))
         .filter(|(_, line)| line.as_ref().map_or(true, |l| !l.trim().is_empty()))
         .map(move |(i, line)| {
             let line = line
@@ -111,11 +253,20 @@ fn import_lines(
         }))
 }
 
+/// The first line without a byte-order mark (some editors on Windows write one).
+fn without_bom(index: usize, line: String) -> String {
+    match line.strip_prefix('\u{feff}') {
+        Some(rest) if index == 0 => rest.to_string(),
+        _ => line,
+    }
+}
+
 /// One line: well-formed, with at least one ending, and scored either fully or not at all. The
 /// error starts with `:COLUMN: ` when the JSON itself is malformed, else with `: `.
 fn parse_import_line(line: &str) -> std::result::Result<(ImportRecord, bool), String> {
-    let rec: ImportRecord = serde_json::from_str(line)
+    let value: Value = serde_json::from_str(line)
         .map_err(|e| format!(":{}: {}", e.column(), json_error_without_position(&e)))?;
+    let rec = ImportRecord::from_json(&value).map_err(|why| format!(": {why}"))?;
     if rec.endings.is_empty() {
         return Err(
             ": \"endings\" is empty, so the context would count as done without a pool \
@@ -221,6 +372,9 @@ pub struct ImportSummary {
     pub scored_elsewhere: usize,
     /// Contexts scored with the local model.
     pub scored_here: usize,
+    /// (line, id) of the records whose endings were all blank or copies of the found ending:
+    /// no pool is stored for them, so `generate` still samples one.
+    pub without_usable_endings: Vec<(usize, String)>,
 }
 
 /// Imports a pools file whole, after checking every line: pools commit in batches, so an
@@ -231,6 +385,12 @@ pub fn import(
     observer: &mut dyn Observer,
 ) -> Result<ImportSummary> {
     let check = check_import_file(store, &config.file)?;
+    if check.example_ids.is_empty() {
+        bail!(
+            "{}: no pools in the file; {IMPORT_FORMAT}, one per line",
+            config.file.display()
+        );
+    }
     // The scoring model is loaded only when some line brings no features of its own.
     let lm = if check.unscored > 0 {
         let path = crate::models::generator_gguf(&config.scorer)?;
@@ -258,7 +418,7 @@ pub fn import(
             write_pools(store, &mut batch)?;
             return Err(stop.into());
         }
-        let (_, rec, _) = line?;
+        let (line_no, rec, _) = line?;
         let Some(example_id) = *example_id else {
             continue; // dropped at ingest
         };
@@ -276,7 +436,11 @@ pub fn import(
             .iter()
             .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
             .count();
-        let (kept, features) = pool_of_record(&ex, &rec, lm.as_ref(), &config.template)?;
+        let Some((kept, features)) = pool_of_record(&ex, &rec, lm.as_ref(), &config.template)?
+        else {
+            counts.without_usable_endings.push((line_no, rec.id));
+            continue;
+        };
         batch_endings += kept.len();
         batch.push(new_pool(
             &ex,
@@ -323,13 +487,14 @@ fn import_generation(
 }
 
 /// A record's endings, normalised and without duplicates (or copies of the found ending), with
-/// their LM features: the record's own, or the local model's.
+/// their LM features: the record's own, or the local model's. `None` when no ending is left: an
+/// empty pool would count the context as done.
 fn pool_of_record(
     ex: &Example,
     rec: &ImportRecord,
     lm: Option<&LocalLm>,
     template: &PromptTemplate,
-) -> Result<(Vec<SampledEnding>, ContextFeatures)> {
+) -> Result<Option<(Vec<SampledEnding>, ContextFeatures)>> {
     let mut seen: HashSet<String> = HashSet::from([normalise_ending(&ex.ending)]);
     let (kept, imported_endings): (Vec<SampledEnding>, Vec<&ImportedEnding>) = rec
         .endings
@@ -338,6 +503,9 @@ fn pool_of_record(
         .filter(|(text, _)| !text.is_empty() && seen.insert(text.clone()))
         .map(|(text, e)| (SampledEnding { text, tokens: None }, e))
         .unzip();
+    if kept.is_empty() {
+        return Ok(None);
+    }
     let features = match (&rec.gold, &rec.context) {
         (Some(gold), Some(context)) => ContextFeatures {
             ctx_logprob: context.ctx_logprob,
@@ -355,5 +523,43 @@ fn pool_of_record(
             lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?
         }
     };
-    Ok((kept, features))
+    Ok(Some((kept, features)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(line: &str) -> String {
+        parse_import_line(line).err().expect("refused")
+    }
+
+    #[test]
+    fn lines_are_refused_in_words_a_user_knows() {
+        assert!(error(r#"["v#0", ["a."]]"#).contains("one JSON object per line, found a list"));
+        let said = error(r#"{"id": "v#0", "endings": [3]}"#);
+        assert!(said.contains("ending 1 must be a string"), "{said}");
+        assert!(!said.contains("enum"), "{said}");
+        let scored = |n_tok_sent1: &str, lp: &str| {
+            format!(
+                r#"{{"id": "v", "endings": [{{"text": "a.", "lp_cond": {lp}, "lp_alone": -1, "n_tok": 2}}],
+                   "gold": {{"lp_cond": -1, "lp_alone": -1, "n_tok": 2}},
+                   "context": {{"ctx_logprob": -1, "n_tok_sent1": {n_tok_sent1}, "n_tok_sent2": 1}}}}"#
+            )
+        };
+        let said = error(&scored("10000000000000000000", "-1"));
+        assert!(
+            said.contains("\"n_tok_sent1\" of \"context\" must be a whole number of tokens"),
+            "{said}"
+        );
+        assert!(error(&scored("-3", "-1")).contains("whole number"));
+        let said = error(&scored("5", "2.5"));
+        assert!(
+            said.contains("\"lp_cond\" of ending 1 must be a log-probability"),
+            "{said}"
+        );
+        let (rec, scored_line) = parse_import_line(&scored("5", "-1")).unwrap();
+        assert!(scored_line);
+        assert_eq!(rec.context.unwrap().n_tok_sent1, 5);
+    }
 }

@@ -42,7 +42,8 @@ pub struct Parsed {
     pub sentences: Vec<String>,
 }
 
-/// Reads a file as UTF-8 text; an empty file, a missing file or invalid UTF-8 is an error.
+/// Reads a file as UTF-8 text without the byte-order mark some editors put first (the hash is of
+/// the file as it is); an empty file, a missing file or invalid UTF-8 is an error.
 fn read_text(path: &Path, expected: &str) -> Result<(String, String)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let sha256 = format!("{:x}", Sha256::digest(&bytes));
@@ -55,6 +56,10 @@ fn read_text(path: &Path, expected: &str) -> Result<(String, String)> {
             valid.len()
         )
     })?;
+    let text = match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    };
     if text.trim().is_empty() {
         bail!("{}: the file is empty; expected {expected}", path.display());
     }
@@ -450,6 +455,24 @@ mod tests {
         );
         assert_eq!(parsed.records[2].group, "v_a");
         assert_eq!(parsed.sentences.len(), 5);
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_json_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            &dir,
+            "a.json",
+            "\u{feff}{\"v\": {\"sentences\": [\"A man walks in.\", \"He sits down.\"]}}".as_bytes(),
+        );
+        assert_eq!(read_activitynet(&p).unwrap().records.len(), 1);
+        let p = write(
+            &dir,
+            "a.jsonl",
+            "\u{feff}{\"id\": \"x\", \"sent1\": \"A man walks in.\", \"sent2\": \"He\", \"ending\": \"sits down.\"}\n"
+                .as_bytes(),
+        );
+        assert_eq!(read_jsonl(&p).unwrap().records.len(), 1);
     }
 
     #[test]

@@ -264,6 +264,29 @@ impl Store {
             .optional()?)
     }
 
+    /// Claims the project's AF runs for this process until the returned guard is dropped (or the
+    /// process ends, kill -9 included): two `afkit filter` calls on one project would otherwise
+    /// both resume the same run and collide on its iterations. The claim is an advisory `flock`
+    /// on the project file, which SQLite's own (`fcntl`) locks on Linux do not see.
+    pub fn claim_af_runs(&self) -> Result<AfClaim> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(self.path())?;
+        // SAFETY: a valid open descriptor, owned by `file` for the whole call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                bail!(
+                    "another `afkit filter` is working on {}: wait for it to finish (or stop it \
+                     with Ctrl-C; its run resumes when you run filter again)",
+                    self.path().display()
+                );
+            }
+            return Err(err.into());
+        }
+        Ok(AfClaim { _file: file })
+    }
+
     /// Creates a run with its initial assignment (recorded with `since_iteration = -1`), atomically.
     pub fn start_af_run(
         &mut self,
@@ -504,6 +527,11 @@ impl Store {
         let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as usize)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
+}
+
+/// This process's claim on a project's AF runs ([`Store::claim_af_runs`]); released when dropped.
+pub struct AfClaim {
+    _file: std::fs::File,
 }
 
 const RUN_COLUMNS: &str = "SELECT id, k, seed, params, pool_fingerprint, started_at, finished_at,

@@ -24,6 +24,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::conllu::TaggedSentence;
+use crate::output::Output;
 use crate::seed::Seed;
 
 /// The 17 Universal POS tags.
@@ -264,9 +265,8 @@ impl Tagger {
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
-    pub fn save(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_bytes()?)
-            .with_context(|| format!("cannot write {}", path.display()))
+    pub fn save(&self, path: &Path, output: &Output) -> Result<()> {
+        output.write(path, &self.to_bytes()?)
     }
 
     pub fn load(path: &Path) -> Result<Tagger> {
@@ -760,7 +760,7 @@ mod tests {
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.bin");
-        tagger.save(&path).unwrap();
+        tagger.save(&path, &Output::default()).unwrap();
         let loaded = Tagger::load(&path).unwrap();
         assert_eq!(loaded.info, tagger.info);
         for s in &data {

@@ -1,0 +1,508 @@
+//! The one rule for every file afkit writes for the user (exports, crowd task files, AFLite's
+//! outputs, reports, audits, tagger models):
+//!
+//! - never over one of the command's own inputs or the project (paths compared resolved, and
+//!   by file identity, so `./p.sqlite`, a symlink or a hard link to it are all caught), not even
+//!   with `--force`;
+//! - never over an existing file that afkit did not write, unless told (`--force`): afkit knows
+//!   its own files by a ledger it keeps in each folder it writes into ([`LEDGER`]: each file's
+//!   name and the SHA-256 of what afkit wrote), so a file the user edited since, or put there
+//!   themselves, is refused by name;
+//! - always through a temporary file in the target's folder, renamed into place, so a reader
+//!   never sees a half-written file and a killed command leaves the old file whole.
+//!
+//! The ledger is updated before the renames (listing the old and the new content of each file)
+//! and after them (the new content only), so a command killed between the two can be re-run
+//! without `--force`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::models::hex;
+
+/// The ledger's file name in every folder afkit writes into.
+pub const LEDGER: &str = ".afkit-written.json";
+
+/// The writer recorded for files written one by one (never removed as stale).
+const SINGLE_FILES: &str = "afkit";
+
+/// How a command may write its outputs: what it must never write over, and whether the user
+/// allowed replacing files afkit did not write.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    protected: Vec<Protected>,
+    force: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Protected {
+    path: PathBuf,
+    resolved: PathBuf,
+}
+
+/// A file being written: a temporary file beside its target, renamed into place by
+/// [`Output::commit`] (dropped uncommitted, it is removed).
+pub struct Staged {
+    temp: tempfile::NamedTempFile,
+    target: Target,
+}
+
+/// A file to write, and the folder whose ledger lists it under `name`.
+#[derive(Debug, Clone)]
+struct Target {
+    path: PathBuf,
+    root: PathBuf,
+    name: String,
+}
+
+impl Target {
+    /// A file listed in its own folder's ledger.
+    fn file(path: &Path) -> Target {
+        Target {
+            path: path.to_path_buf(),
+            root: folder_of(path),
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// `name` (which may hold `/`) of the folder `root`, listed in that folder's ledger.
+    fn in_folder(root: &Path, name: &str) -> Target {
+        Target {
+            path: root.join(name),
+            root: root.to_path_buf(),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl Staged {
+    pub fn file(&mut self) -> &mut fs::File {
+        self.temp.as_file_mut()
+    }
+
+    /// Where the writer may write the contents itself (a chart library that takes a path).
+    pub fn path(&self) -> &Path {
+        self.temp.path()
+    }
+}
+
+/// A folder's ledger: file name (relative to the folder) → who wrote it and the hashes of the
+/// contents afkit wrote there (two while a write is under way).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Ledger {
+    files: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Entry {
+    writer: String,
+    sha256: Vec<String>,
+}
+
+impl Output {
+    /// `force`: replace existing files afkit did not write (never the protected ones).
+    pub fn new(force: bool) -> Output {
+        Output {
+            protected: Vec::new(),
+            force,
+        }
+    }
+
+    /// Never write over `path` (an input of the command, or the project with its SQLite side
+    /// files).
+    pub fn protect(mut self, path: &Path) -> Output {
+        self.protected.push(Protected {
+            path: path.to_path_buf(),
+            resolved: resolve(path),
+        });
+        self
+    }
+
+    /// The project file and the side files SQLite keeps beside it.
+    pub fn protect_project(self, project: &Path) -> Output {
+        ["", "-wal", "-shm", "-journal"]
+            .iter()
+            .fold(self, |out, suffix| {
+                out.protect(&with_suffix(project, suffix))
+            })
+    }
+
+    /// Fails unless `target` may be written by `writer` (check early, before long work; the
+    /// check is repeated when the file is committed).
+    pub fn check(&self, target: &Path) -> Result<()> {
+        self.check_target(&Target::file(target))
+    }
+
+    fn check_target(&self, t: &Target) -> Result<()> {
+        let target = t.path.as_path();
+        let resolved = resolve(target);
+        for p in &self.protected {
+            if resolved == p.resolved || same_file(target, &p.path) {
+                let what = if target == p.path {
+                    "an input of this command".to_string()
+                } else {
+                    format!(
+                        "the same file as {}, an input of this command",
+                        p.path.display()
+                    )
+                };
+                bail!(
+                    "{} is {what}; afkit never writes over its inputs or the project: choose \
+                     another output path",
+                    target.display()
+                );
+            }
+        }
+        if resolved.is_dir() {
+            bail!(
+                "{} is a directory: give a file name to write",
+                target.display()
+            );
+        }
+        if !self.force && fs::symlink_metadata(target).is_ok() && !written_by_afkit(t)? {
+            bail!(
+                "{} exists and afkit did not write it (or it was changed since): \
+                 choose another name, or add --force to replace it",
+                target.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Starts writing `target`: checks it, then opens a temporary file beside it.
+    pub fn stage(&self, target: &Path) -> Result<Staged> {
+        self.stage_target(Target::file(target))
+    }
+
+    fn stage_target(&self, target: Target) -> Result<Staged> {
+        self.check_target(&target)?;
+        let dir = folder_of(&target.path);
+        fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let temp = tempfile::Builder::new()
+            .prefix(".afkit-")
+            .suffix(&extension_of(&target.path))
+            .tempfile_in(&dir)
+            .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+        Ok(Staged { temp, target })
+    }
+
+    /// Writes one file whole.
+    pub fn write(&self, target: &Path, bytes: &[u8]) -> Result<()> {
+        let mut staged = self.stage(target)?;
+        std::io::Write::write_all(staged.file(), bytes)
+            .with_context(|| format!("cannot write {}", target.display()))?;
+        self.commit(vec![staged])
+    }
+
+    /// Renames staged files into place, all checked first: none is renamed if any may not be.
+    pub fn commit(&self, staged: Vec<Staged>) -> Result<()> {
+        self.commit_as(staged, SINGLE_FILES)
+    }
+
+    fn commit_as(&self, staged: Vec<Staged>, writer: &str) -> Result<()> {
+        let mut hashes = Vec::with_capacity(staged.len());
+        for s in &staged {
+            self.check_target(&s.target)?;
+            s.temp.as_file().sync_all()?;
+            hashes.push(hash_file(s.temp.path())?);
+        }
+        let named: Vec<(Target, String)> = staged
+            .iter()
+            .zip(&hashes)
+            .map(|(s, h)| (s.target.clone(), h.clone()))
+            .collect();
+        record(&named, writer, true)?;
+        for s in staged {
+            let target = s.target.path;
+            s.temp
+                .persist(&target)
+                .with_context(|| format!("cannot write {}", target.display()))?;
+        }
+        record(&named, writer, false)
+    }
+
+    /// Writes `files` (paths relative to `dir`) into `dir`, creating it if needed: each file is
+    /// replaced on its own, everything else in the folder is left alone, and files `writer`
+    /// wrote there before that are no longer among `files` are removed (when unchanged).
+    pub fn folder(
+        &self,
+        dir: &Path,
+        files: &BTreeMap<String, Vec<u8>>,
+        writer: &str,
+    ) -> Result<()> {
+        if dir.exists() && !dir.is_dir() {
+            bail!("{} exists and is not a directory", dir.display());
+        }
+        for name in files.keys() {
+            self.check_target(&Target::in_folder(dir, name))?;
+        }
+        let mut staged = Vec::with_capacity(files.len());
+        for (name, bytes) in files {
+            let mut s = self.stage_target(Target::in_folder(dir, name))?;
+            std::io::Write::write_all(s.file(), bytes)
+                .with_context(|| format!("cannot write {}", dir.join(name).display()))?;
+            staged.push(s);
+            crate::interrupt::check()?;
+        }
+        self.commit_as(staged, writer)?;
+        remove_stale(dir, files, writer)
+    }
+}
+
+/// Whether the target's ledger says afkit wrote what it holds now.
+fn written_by_afkit(t: &Target) -> Result<bool> {
+    written_by_afkit_in(&t.root, &t.name, &read_ledger(&t.root)?)
+}
+
+/// Records `files` in their folders' ledgers: with `keep_old`, beside what each held before.
+fn record(files: &[(Target, String)], writer: &str, keep_old: bool) -> Result<()> {
+    let mut by_root: BTreeMap<&Path, Vec<(&String, &String)>> = BTreeMap::new();
+    for (target, hash) in files {
+        by_root
+            .entry(&target.root)
+            .or_default()
+            .push((&target.name, hash));
+    }
+    for (root, entries) in by_root {
+        let mut ledger = read_ledger(root)?;
+        for (name, hash) in entries {
+            let entry = ledger.files.entry(name.clone()).or_insert_with(|| Entry {
+                writer: writer.to_string(),
+                sha256: Vec::new(),
+            });
+            entry.writer = writer.to_string();
+            if !keep_old {
+                entry.sha256.clear();
+            }
+            if !entry.sha256.contains(hash) {
+                entry.sha256.push(hash.clone());
+            }
+        }
+        write_ledger(root, &ledger)?;
+    }
+    Ok(())
+}
+
+/// Removes the files `writer` wrote into `dir` before that it did not write now, when they still
+/// hold what it wrote, and the folders that leaves empty.
+fn remove_stale(dir: &Path, files: &BTreeMap<String, Vec<u8>>, writer: &str) -> Result<()> {
+    let mut ledger = read_ledger(dir)?;
+    let stale: Vec<String> = ledger
+        .files
+        .iter()
+        .filter(|(name, e)| e.writer == writer && !files.contains_key(*name))
+        .map(|(name, _)| name.clone())
+        .collect();
+    if stale.is_empty() {
+        return Ok(());
+    }
+    let mut folders = BTreeSet::new();
+    for name in stale {
+        let path = dir.join(&name);
+        if written_by_afkit_in(dir, &name, &ledger)? {
+            fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+            folders.extend(path.parent().map(Path::to_path_buf));
+        }
+        if !path.exists() {
+            ledger.files.remove(&name);
+        }
+    }
+    write_ledger(dir, &ledger)?;
+    for folder in folders.into_iter().rev() {
+        if folder != dir {
+            let _ = fs::remove_dir(folder); // only succeeds when empty
+        }
+    }
+    Ok(())
+}
+
+fn written_by_afkit_in(dir: &Path, name: &str, ledger: &Ledger) -> Result<bool> {
+    let path = dir.join(name);
+    let is_file = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+    Ok(is_file
+        && ledger
+            .files
+            .get(name)
+            .is_some_and(|e| hash_file(&path).is_ok_and(|h| e.sha256.contains(&h))))
+}
+
+fn read_ledger(dir: &Path) -> Result<Ledger> {
+    let path = dir.join(LEDGER);
+    match fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "{}: not afkit's list of the files it wrote here; move it away to go on",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::default()),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+fn write_ledger(dir: &Path, ledger: &Ledger) -> Result<()> {
+    let mut temp = tempfile::Builder::new()
+        .prefix(".afkit-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+    serde_json::to_writer_pretty(temp.as_file_mut(), ledger)?;
+    std::io::Write::write_all(temp.as_file_mut(), b"\n")?;
+    temp.as_file().sync_all()?;
+    let path = dir.join(LEDGER);
+    temp.persist(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn hash_file(path: &Path) -> Result<String> {
+    let mut file =
+        fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+/// The folder a file goes into (`.` for a bare name).
+fn folder_of(target: &Path) -> PathBuf {
+    match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// `.png` for `chart.png`: the temporary file keeps the extension, for writers that pick a
+/// format by it.
+fn extension_of(target: &Path) -> String {
+    target
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default()
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// `path` made absolute with every symlink and `..` resolved, also when the file itself does
+/// not exist yet (its folder is resolved and the name appended).
+pub fn resolve(path: &Path) -> PathBuf {
+    if let Ok(p) = fs::canonicalize(path) {
+        return p;
+    }
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => resolve(parent).join(name),
+        _ => absolute,
+    }
+}
+
+/// Whether two existing paths are one file (hard links included).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_afkit_wrote_is_replaced_and_a_users_file_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("tasks.csv");
+        let output = Output::new(false);
+        output.write(&out, b"one").unwrap();
+        output.write(&out, b"two").unwrap();
+        assert_eq!(fs::read(&out).unwrap(), b"two");
+
+        fs::write(&out, b"edited by the user").unwrap();
+        let err = output.write(&out, b"three").unwrap_err();
+        assert!(err.to_string().contains("--force"), "{err}");
+        assert_eq!(fs::read(&out).unwrap(), b"edited by the user");
+        Output::new(true).write(&out, b"three").unwrap();
+        assert_eq!(fs::read(&out).unwrap(), b"three");
+    }
+
+    #[test]
+    fn an_input_is_never_written_over_even_with_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.jsonl");
+        fs::write(&input, b"data").unwrap();
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&input, &link).unwrap();
+        let hard = dir.path().join("hard.jsonl");
+        fs::hard_link(&input, &hard).unwrap();
+        let output = Output::new(true).protect(&input);
+        let dotted = dir.path().join(".").join("in.jsonl");
+        for target in [&input, &link, &hard, &dotted] {
+            assert!(output.write(target, b"x").is_err(), "{target:?}");
+        }
+        assert_eq!(fs::read(&input).unwrap(), b"data");
+    }
+
+    #[test]
+    fn a_folder_write_keeps_other_files_and_removes_only_its_stale_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ds");
+        let output = Output::new(false);
+        let files = |names: &[&str]| -> BTreeMap<String, Vec<u8>> {
+            names
+                .iter()
+                .map(|n| (n.to_string(), n.as_bytes().to_vec()))
+                .collect()
+        };
+        output
+            .folder(&out, &files(&["a.csv", "sub/b.yaml"]), "export")
+            .unwrap();
+        fs::write(out.join("mine.txt"), b"user").unwrap();
+        fs::create_dir(out.join("audit")).unwrap();
+        output
+            .write(&out.join("audit").join("audit.md"), b"report")
+            .unwrap();
+        output.folder(&out, &files(&["a.csv"]), "export").unwrap();
+        assert!(out.join("a.csv").exists());
+        assert!(
+            !out.join("sub").exists(),
+            "the stale file and its folder go"
+        );
+        assert_eq!(fs::read(out.join("mine.txt")).unwrap(), b"user");
+        assert_eq!(fs::read(out.join("audit/audit.md")).unwrap(), b"report");
+
+        fs::write(out.join("a.csv"), b"changed").unwrap();
+        assert!(output.folder(&out, &files(&["a.csv"]), "export").is_err());
+    }
+
+    #[test]
+    fn a_killed_write_between_the_ledger_and_the_rename_can_be_rerun() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("x.csv");
+        let output = Output::new(false);
+        output.write(&out, b"old").unwrap();
+        let new = hex(&Sha256::digest(b"new"));
+        record(&[(Target::file(&out), new)], SINGLE_FILES, true).unwrap();
+        output.check(&out).unwrap();
+        fs::write(&out, b"new").unwrap(); // as if renamed, then killed
+        output.write(&out, b"newer").unwrap();
+    }
+}
