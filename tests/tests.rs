@@ -23,6 +23,7 @@ mod interop;
 mod layering;
 mod openai_backend;
 mod progress_lines;
+mod safety;
 
 /// Cargo builds only this file's modules (`autotests = false`): a new file under tests/ that is
 /// not named above would never run.
