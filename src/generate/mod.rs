@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::device::Compute;
-use crate::lm::adapt::Adapter;
+use crate::lm::adapter::Adapter;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
 use crate::lm::local::LocalLm;
 use crate::lm::model::LanguageModel;
