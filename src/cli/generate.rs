@@ -24,7 +24,8 @@ pub struct GenerateArgs {
     /// Boxed: the server flags would otherwise make every `Command` value large.
     #[command(flatten)]
     pub openai: Box<OpenAiArgs>,
-    /// `smollm2` (the default model, fetched if needed) or the path of a llama-family GGUF file.
+    /// `smollm2` (the default model), `gemma3` (both fetched if needed) or the path of a GGUF file
+    /// (llama, qwen2, qwen3 or gemma3).
     /// With `--backend openai` it is the scoring model: point the server at the same GGUF.
     #[arg(long, default_value = "smollm2")]
     pub model: String,

@@ -1,5 +1,7 @@
-//! A llama-family decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) over f32
-//! weights dequantised from a GGUF file at load time.
+//! A decoder of the llama shape (RMSNorm, rotary embeddings, grouped-query attention, a gated
+//! feed-forward) over f32 weights dequantised from a GGUF file at load time, with the parts the
+//! Qwen 2, Qwen 3 and Gemma 3 families add ([`super::family`]) switched on by the file's
+//! architecture. (`Llama` and `LlamaConfig` keep their names: every family is this one model.)
 //!
 //! Why not candle-transformers' `quantized_llama`: generation here decodes a batch of B rows that
 //! all continue one context. The context's keys and values are computed once (the *prefix*) and
@@ -9,10 +11,11 @@
 //! the batch is one GEMM, which candle runs far faster on CPU than its quantised matmul.
 //!
 //! Rotary layout: llama.cpp's converter permutes the Q and K weights of `llama` GGUF files so
-//! that rotary pairs are adjacent (interleaved), hence `rope_i`.
+//! that rotary pairs are adjacent (interleaved), hence `rope_i`; the other families keep pairs
+//! half a head apart (`rope`).
 //!
 //! Two engines ([`crate::device`]): with afkit's CPU kernels, the weights are packed for its
-//! GEMM, SwiGLU is one pass over host memory and [`Llama::slot_forward`] runs rows of any
+//! GEMM, the gated activation is one pass over host memory and [`Llama::slot_forward`] runs rows of any
 //! contexts and lengths packed end to end with per-row attention: the decode step of continuous
 //! batching, and the scoring of continuations. The generic engine keeps every tensor on the model's device
 //! and uses candle ops only: [`Llama::prefill`], [`Llama::forward`] (which also decodes a batch

@@ -28,12 +28,13 @@ pub struct LanguageModel {
 }
 
 impl LanguageModel {
-    /// Loads a llama-family GGUF file onto the CPU, run by afkit's kernels.
+    /// Loads a GGUF file of one of the engine's families onto the CPU, run by afkit's kernels.
     pub fn load(path: &Path) -> Result<Self> {
         Self::load_on(path, &Compute::cpu())
     }
 
-    /// Loads a llama-family GGUF file, dequantising its weights to f32, onto `compute`'s device.
+    /// Loads a GGUF file of one of the engine's families, dequantising its weights to f32, onto
+    /// `compute`'s device.
     pub fn load_on(path: &Path, compute: &Compute) -> Result<Self> {
         Self::load_adapted(path, compute, None)
     }
