@@ -339,29 +339,31 @@ fn load_block(
 ) -> Result<Block> {
     let mut w = |part: &str| load(&format!("blk.{i}.{part}.weight"));
     let linear = |w: Tensor| Linear::new(w, cpu_kernels);
-    let vector = |w: Tensor| Vector::new(w);
     let (q, k, v) = (w("attn_q")?, w("attn_k")?, w("attn_v")?);
     let (gate, up) = (w("ffn_gate")?, w("ffn_up")?);
     let arch = &cfg.arch;
     let qk_norm = match arch.qk_norm() {
-        true => Some((vector(w("attn_q_norm")?)?, vector(w("attn_k_norm")?)?)),
+        true => Some((
+            Vector::new(w("attn_q_norm")?)?,
+            Vector::new(w("attn_k_norm")?)?,
+        )),
         false => None,
     };
     let (post_attn_norm, post_ffn_norm) = match arch.post_norms() {
         true => (
-            Some(vector(w("post_attention_norm")?)?),
-            Some(vector(w("post_ffw_norm")?)?),
+            Some(Vector::new(w("post_attention_norm")?)?),
+            Some(Vector::new(w("post_ffw_norm")?)?),
         ),
         false => (None, None),
     };
     let block = Block {
-        attn_norm: vector(w("attn_norm")?)?,
+        attn_norm: Vector::new(w("attn_norm")?)?,
         wqkv: linear(Tensor::cat(&[q, k, v], 0)?.t()?)?,
         qkv_bias: None,
         qk_norm,
         wo: linear(w("attn_output")?.t()?)?,
         post_attn_norm,
-        ffn_norm: vector(w("ffn_norm")?)?,
+        ffn_norm: Vector::new(w("ffn_norm")?)?,
         w_gate_up: linear(Tensor::cat(&[gate, up], 0)?.t()?)?,
         w_down: linear(w("ffn_down")?.t()?)?,
         post_ffn_norm,
@@ -374,7 +376,7 @@ fn load_block(
     let mut bias = |part: &str| load(&format!("blk.{i}.{part}.bias"));
     let (bq, bk, bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
     Ok(Block {
-        qkv_bias: Some(vector(Tensor::cat(&[bq, bk, bv], 0)?)?),
+        qkv_bias: Some(Vector::new(Tensor::cat(&[bq, bk, bv], 0)?)?),
         ..block
     })
 }
@@ -788,10 +790,8 @@ impl Llama {
                 }
                 RopeLayout::Halves => {
                     let (low, high) = head.split_at_mut(half);
-                    for i in 0..half {
-                        let (a, b) = (low[i], high[i]);
-                        low[i] = a * cos[i] - b * sin[i];
-                        high[i] = a * sin[i] + b * cos[i];
+                    for (((a, b), &cos), &sin) in low.iter_mut().zip(high).zip(cos).zip(sin) {
+                        (*a, *b) = (*a * cos - *b * sin, *a * sin + *b * cos);
                     }
                 }
             }

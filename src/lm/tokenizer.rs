@@ -256,34 +256,7 @@ fn sentencepiece_bpe(content: &Content) -> Result<(Tokenizer, Vec<String>)> {
             false => t,
         })
         .collect();
-    let scores: Vec<f32> = meta(content, "tokenizer.ggml.scores")?
-        .to_vec()
-        .context("`tokenizer.ggml.scores` is not an array")?
-        .iter()
-        .map(|v| {
-            v.to_f32()
-                .context("`tokenizer.ggml.scores` holds a non-number")
-        })
-        .collect::<Result<_>>()?;
-    let types: Vec<i32> = match content.metadata.get("tokenizer.ggml.token_type") {
-        Some(v) => v
-            .to_vec()?
-            .iter()
-            .map(|v| {
-                v.to_i32()
-                    .context("`tokenizer.ggml.token_type` holds a non-integer")
-            })
-            .collect::<Result<_>>()?,
-        None => vec![TOKEN_NORMAL; tokens.len()],
-    };
-    if scores.len() != tokens.len() || types.len() != tokens.len() {
-        bail!(
-            "the vocabulary has {} tokens but {} scores and {} token types",
-            tokens.len(),
-            scores.len(),
-            types.len()
-        );
-    }
+    let (scores, types) = scores_and_types(content, tokens.len())?;
     let merges = merges_from_scores(&tokens, &scores, &types);
     let vocab: Vocab = tokens
         .iter()
@@ -332,6 +305,38 @@ fn sentencepiece_bpe(content: &Content) -> Result<(Tokenizer, Vec<String>)> {
         .add_tokens(user_defined)
         .map_err(|e| anyhow!("cannot add the user-defined pieces: {e}"))?;
     Ok((inner, tokens))
+}
+
+/// Each token's score and type (every token ordinary when the file gives no types).
+fn scores_and_types(content: &Content, n: usize) -> Result<(Vec<f32>, Vec<i32>)> {
+    let scores: Vec<f32> = meta(content, "tokenizer.ggml.scores")?
+        .to_vec()
+        .context("`tokenizer.ggml.scores` is not an array")?
+        .iter()
+        .map(|v| {
+            v.to_f32()
+                .context("`tokenizer.ggml.scores` holds a non-number")
+        })
+        .collect::<Result<_>>()?;
+    let types: Vec<i32> = match content.metadata.get("tokenizer.ggml.token_type") {
+        Some(v) => v
+            .to_vec()?
+            .iter()
+            .map(|v| {
+                v.to_i32()
+                    .context("`tokenizer.ggml.token_type` holds a non-integer")
+            })
+            .collect::<Result<_>>()?,
+        None => vec![TOKEN_NORMAL; n],
+    };
+    if scores.len() != n || types.len() != n {
+        bail!(
+            "the vocabulary has {n} tokens but {} scores and {} token types",
+            scores.len(),
+            types.len()
+        );
+    }
+    Ok((scores, types))
 }
 
 /// The merges that rebuild each mergeable piece from two mergeable pieces, the merge making the
