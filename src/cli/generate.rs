@@ -24,7 +24,8 @@ const OUTPUT: &str = "Output";
 pub struct GenerateArgs {
     /// The project file.
     pub project: PathBuf,
-    /// `smollm2` (the default model, fetched if needed) or the path of a llama-family GGUF file.
+    /// `smollm2` (the default model), `gemma3` (both fetched if needed) or the path of a GGUF file
+    /// (llama, qwen2, qwen3 or gemma3).
     ///
     /// With `--backend openai` it is the scoring model: point the server at the same GGUF.
     #[arg(long, default_value = "smollm2", help_heading = WHAT)]

@@ -38,7 +38,8 @@ export with `afkit audit DIR --cv 5`.")]
 pub struct AdaptArgs {
     /// The project file.
     pub project: PathBuf,
-    /// `smollm2` (the default model, fetched if needed) or the path of a llama-family GGUF file:
+    /// `smollm2` (the default model, fetched if needed) or the path of a llama-family GGUF file
+    /// (adapters are trained for llama-family models only):
     /// the model `generate` samples with.
     #[arg(long, default_value = "smollm2")]
     pub model: String,

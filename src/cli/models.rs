@@ -20,6 +20,9 @@ pub enum FetchWhich {
     Smollm2,
     /// all-MiniLM-L6-v2, the default sentence encoder.
     Minilm,
+    /// Gemma-3-270M (Q4_K_M GGUF), a scorer or generator from another family; not in `all`.
+    Gemma3,
+    /// SmolLM2 and MiniLM, the models the default pipeline uses.
     All,
 }
 
@@ -28,6 +31,7 @@ pub fn run_models(command: ModelsCommand) -> Result<()> {
     let wanted: &[DefaultModel] = match which {
         FetchWhich::Smollm2 => &[DefaultModel::SmolLm2],
         FetchWhich::Minilm => &[DefaultModel::MiniLm],
+        FetchWhich::Gemma3 => &[DefaultModel::Gemma3],
         FetchWhich::All => &[DefaultModel::SmolLm2, DefaultModel::MiniLm],
     };
     for &model in wanted {

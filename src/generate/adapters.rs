@@ -9,7 +9,8 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::dataset::group_fold;
-use crate::lm::adapt::{Adapter, AdapterSettings};
+use crate::lm::adapt::AdapterSettings;
+use crate::lm::adapter::Adapter;
 use crate::models::sha256_file;
 use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;

@@ -31,6 +31,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
+use super::adapter::Adapter;
+use super::family::Arch;
 use super::llama::{dequantised, rotary_tables, LlamaConfig};
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
@@ -80,57 +82,6 @@ pub struct AdapterSettings {
     pub folds: usize,
     pub lora: LoraShape,
     pub train: TrainSettings,
-}
-
-/// Low-rank updates of some weight matrices, by GGUF tensor name (`blk.29.attn_q.weight`).
-pub struct Adapter {
-    pub scale: f32,
-    /// (A: rank × in, B: out × rank) per adapted matrix.
-    pub updates: BTreeMap<String, (Tensor, Tensor)>,
-}
-
-impl Adapter {
-    /// The update of the matrix `name` (out × in), if this adapter changes it.
-    pub fn delta(&self, name: &str) -> Result<Option<Tensor>> {
-        let Some((a, b)) = self.updates.get(name) else {
-            return Ok(None);
-        };
-        Ok(Some((b.matmul(a)? * f64::from(self.scale))?))
-    }
-
-    /// Writes the adapter as a safetensors file (`NAME.lora_a`, `NAME.lora_b`, `scale`).
-    pub fn save(&self, path: &Path) -> Result<()> {
-        let mut tensors: std::collections::HashMap<String, Tensor> = Default::default();
-        for (name, (a, b)) in &self.updates {
-            tensors.insert(format!("{name}.lora_a"), a.clone());
-            tensors.insert(format!("{name}.lora_b"), b.clone());
-        }
-        tensors.insert("scale".into(), Tensor::new(&[self.scale], &Device::Cpu)?);
-        candle_core::safetensors::save(&tensors, path)
-            .with_context(|| format!("cannot write the adapter {}", path.display()))
-    }
-
-    pub fn load(path: &Path) -> Result<Self> {
-        let mut tensors = candle_core::safetensors::load(path, &Device::Cpu)
-            .with_context(|| format!("cannot read the adapter {}", path.display()))?;
-        let scale = tensors
-            .remove("scale")
-            .with_context(|| format!("{} is not an afkit adapter (no `scale`)", path.display()))?
-            .to_vec1::<f32>()?[0];
-        let mut updates = BTreeMap::new();
-        let names: Vec<String> = tensors
-            .keys()
-            .filter_map(|k| k.strip_suffix(".lora_a").map(str::to_string))
-            .collect();
-        for name in names {
-            let a = tensors.remove(&format!("{name}.lora_a")).expect("listed");
-            let b = tensors
-                .remove(&format!("{name}.lora_b"))
-                .with_context(|| format!("{}: `{name}` has no B matrix", path.display()))?;
-            updates.insert(name, (a, b));
-        }
-        Ok(Adapter { scale, updates })
-    }
 }
 
 /// A frozen block's weights, each (out × in) as the GGUF file stores them.
@@ -187,6 +138,13 @@ impl AdaptModel {
         let (content, tokenizer, mut file) = read_header(path)?;
         let cfg = LlamaConfig::from_gguf(&content)
             .with_context(|| format!("{} is not a usable llama model", path.display()))?;
+        if cfg.arch != Arch::default() {
+            bail!(
+                "{}: adapters are trained for llama-family models only (this one is {})",
+                path.display(),
+                cfg.arch.family.architecture()
+            );
+        }
         if shape.rank == 0 || shape.top_layers == 0 || shape.top_layers > cfg.n_layer {
             bail!(
                 "LoRA needs a rank ≥ 1 and 1 to {} top layers (got rank {}, {} layers)",
@@ -216,7 +174,7 @@ impl AdaptModel {
             });
         }
         let final_norm = load("output_norm.weight")?;
-        let (cos, sin) = rotary_tables(&cfg)?;
+        let (cos, sin) = rotary_tables(cfg.head_dim(), cfg.rope_theta)?;
         let mut model = AdaptModel {
             cfg,
             doc_start: tokenizer.doc_start,
@@ -594,6 +552,7 @@ mod tests {
             d_ff: 128,
             rope_theta: 10_000.0,
             rms_eps: 1e-5,
+            arch: Default::default(),
         };
         write_random_gguf(&path, &cfg, 5).unwrap();
         path

@@ -1,5 +1,7 @@
-//! A llama-family decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) over f32
-//! weights dequantised from a GGUF file at load time.
+//! A decoder of the llama shape (RMSNorm, rotary embeddings, grouped-query attention, a gated
+//! feed-forward) over f32 weights dequantised from a GGUF file at load time, with the parts the
+//! Qwen 2, Qwen 3 and Gemma 3 families add ([`super::family`]) switched on by the file's
+//! architecture. (`Llama` and `LlamaConfig` keep their names: every family is this one model.)
 //!
 //! Why not candle-transformers' `quantized_llama`: generation here decodes a batch of B rows that
 //! all continue one context. The context's keys and values are computed once (the *prefix*) and
@@ -9,10 +11,11 @@
 //! the batch is one GEMM, which candle runs far faster on CPU than its quantised matmul.
 //!
 //! Rotary layout: llama.cpp's converter permutes the Q and K weights of `llama` GGUF files so
-//! that rotary pairs are adjacent (interleaved), hence `rope_i`.
+//! that rotary pairs are adjacent (interleaved), hence `rope_i`; the other families keep pairs
+//! half a head apart (`rope`).
 //!
 //! Two engines ([`crate::device`]): with afkit's CPU kernels, the weights are packed for its
-//! GEMM, SwiGLU is one pass over host memory and [`Llama::slot_forward`] runs rows of any
+//! GEMM, the gated activation is one pass over host memory and [`Llama::slot_forward`] runs rows of any
 //! contexts and lengths packed end to end with per-row attention: the decode step of continuous
 //! batching, and the scoring of continuations. The generic engine keeps every tensor on the model's device
 //! and uses candle ops only: [`Llama::prefill`], [`Llama::forward`] (which also decodes a batch
@@ -26,10 +29,11 @@ use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::ops::{rms_norm, softmax_last_dim};
-use candle_nn::rotary_emb::rope_i;
+use candle_nn::rotary_emb::{rope, rope_i};
 use rayon::prelude::*;
 
-use super::adapt::Adapter;
+use super::adapter::Adapter;
+use super::family::{Activation, Arch, Family, LocalLayers, RopeLayout};
 use super::linear::Linear;
 use crate::device::Compute;
 use crate::simd::{axpy_lanes, dot_lanes, exp_lanes};
@@ -50,11 +54,13 @@ pub struct LlamaConfig {
     pub d_ff: usize,
     pub rope_theta: f32,
     pub rms_eps: f32,
+    /// The family and what sets its forward pass apart from llama's.
+    pub arch: Arch,
 }
 
 impl LlamaConfig {
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_head
+        self.arch.head_dim.unwrap_or(self.d_model / self.n_head)
     }
 
     /// Multiply-adds ×2 of one token's forward pass through the weight matrices (attention
@@ -62,7 +68,7 @@ impl LlamaConfig {
     pub fn flops_per_token(&self) -> f64 {
         let hd = self.head_dim();
         let qkv = self.d_model * (self.n_head + 2 * self.n_kv_head) * hd;
-        let per_layer = qkv + self.d_model * self.d_model + 3 * self.d_model * self.d_ff;
+        let per_layer = qkv + self.n_head * hd * self.d_model + 3 * self.d_model * self.d_ff;
         2.0 * (self.n_layer * per_layer + self.d_model * self.vocab) as f64
     }
 
@@ -73,17 +79,17 @@ impl LlamaConfig {
             .and_then(|v| v.to_string().ok())
             .map(String::as_str)
             .unwrap_or("llama");
-        if arch != "llama" {
-            bail!("architecture `{arch}` is not supported: afkit runs llama-family GGUF models (general.architecture = llama)");
-        }
-        let get = |key: &str| -> Result<&Value> {
+        let family = Family::from_architecture(arch)?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let get = |k: &str| -> Result<&Value> {
             content
                 .metadata
-                .get(&format!("llama.{key}"))
-                .with_context(|| format!("the GGUF metadata has no `llama.{key}`"))
+                .get(&key(k))
+                .with_context(|| format!("the GGUF metadata has no `{}`", key(k)))
         };
-        let u = |key: &str| -> Result<usize> { Ok(get(key)?.to_u32()? as usize) };
-        if let Some(kind) = content.metadata.get("llama.rope.scaling.type") {
+        let u = |k: &str| -> Result<usize> { Ok(get(k)?.to_u32()? as usize) };
+        let f = |k: &str| -> Result<f32> { Ok(get(k)?.to_f32()?) };
+        if let Ok(kind) = get("rope.scaling.type") {
             let kind = kind.to_string()?;
             if kind != "none" {
                 bail!("rope scaling `{kind}` is not supported");
@@ -94,6 +100,20 @@ impl LlamaConfig {
         }
         let d_model = u("embedding_length")?;
         let n_head = u("attention.head_count")?;
+        let head_dim = u("attention.key_length").ok();
+        if let (Some(k), Ok(v)) = (head_dim, u("attention.value_length")) {
+            if k != v {
+                bail!("keys of {k} and values of {v} dims per head are not supported");
+            }
+        }
+        let local_layers = match family {
+            Family::Gemma3 => Some(LocalLayers {
+                window: u("attention.sliding_window")?,
+                period: u("attention.sliding_window_type").unwrap_or(6),
+                rope_theta: f("rope.local_freq_base").unwrap_or(10_000.0),
+            }),
+            _ => None,
+        };
         let cfg = LlamaConfig {
             vocab: content
                 .tensor_infos
@@ -106,10 +126,13 @@ impl LlamaConfig {
             n_head,
             n_kv_head: u("attention.head_count_kv").unwrap_or(n_head),
             d_ff: u("feed_forward_length")?,
-            rope_theta: get("rope.freq_base")
-                .and_then(|v| Ok(v.to_f32()?))
-                .unwrap_or(10_000.0),
-            rms_eps: get("attention.layer_norm_rms_epsilon")?.to_f32()?,
+            rope_theta: f("rope.freq_base").unwrap_or(family.default_rope_theta()),
+            rms_eps: f("attention.layer_norm_rms_epsilon")?,
+            arch: Arch {
+                family,
+                head_dim: head_dim.filter(|&hd| hd != d_model / n_head),
+                local_layers,
+            },
         };
         if let Ok(rope_dim) = u("rope.dimension_count") {
             if rope_dim != cfg.head_dim() {
@@ -129,30 +152,62 @@ impl LlamaConfig {
     }
 }
 
-/// An RMS norm's weight, on the model's device and as plain values for the packed pass (read
-/// once at load, not on every step).
-struct Norm {
+/// A weight vector (a norm's weight, a bias), on the model's device and as plain values for the
+/// packed pass (read once at load, not on every step).
+struct Vector {
     weight: Tensor,
     plain: Vec<f32>,
 }
 
-impl Norm {
+impl Vector {
     fn new(weight: Tensor) -> Result<Self> {
         let plain = weight.to_vec1()?;
-        Ok(Norm { weight, plain })
+        Ok(Vector { weight, plain })
     }
 }
 
 /// One decoder block. Projection matrices are stored transposed (in × out) so that `x.matmul(w)`
 /// maps a (tokens × in) activation; Q, K and V share one matrix, as do the gate and up
-/// projections, so each is a single GEMM.
+/// projections, so each is a single GEMM. The optional parts are the families' extras
+/// ([`super::family`]).
 struct Block {
-    attn_norm: Norm,
+    attn_norm: Vector,
     wqkv: Linear,
+    /// Biases of Q, K and V side by side.
+    qkv_bias: Option<Vector>,
+    /// The norms of each query head and of each key head.
+    qk_norm: Option<(Vector, Vector)>,
     wo: Linear,
-    ffn_norm: Norm,
+    post_attn_norm: Option<Vector>,
+    ffn_norm: Vector,
     w_gate_up: Linear,
     w_down: Linear,
+    post_ffn_norm: Option<Vector>,
+    /// Index of the block's rotary table in [`Llama::ropes`].
+    rope: usize,
+    /// How many positions back (its own included) a local layer's tokens see.
+    window: Option<usize>,
+}
+
+/// The rotary embedding of one base: cosines and sines (position × head_dim/2) on the model's
+/// device and as plain rows for the packed pass.
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    cos_raw: Vec<f32>,
+    sin_raw: Vec<f32>,
+}
+
+impl Rope {
+    fn new(head_dim: usize, theta: f32, device: &Device) -> Result<Self> {
+        let (cos, sin) = rotary_tables(head_dim, theta)?;
+        Ok(Rope {
+            cos_raw: cos.flatten_all()?.to_vec1()?,
+            sin_raw: sin.flatten_all()?.to_vec1()?,
+            cos: cos.to_device(device)?,
+            sin: sin.to_device(device)?,
+        })
+    }
 }
 
 pub struct Llama {
@@ -165,12 +220,9 @@ pub struct Llama {
     /// The output head, transposed (d_model × vocab); the embedding matrix when tied.
     head: Linear,
     blocks: Vec<Block>,
-    final_norm: Norm,
-    cos: Tensor,
-    sin: Tensor,
-    /// `cos`/`sin` as plain rows (position × head_dim/2), for the packed pass.
-    cos_raw: Vec<f32>,
-    sin_raw: Vec<f32>,
+    final_norm: Vector,
+    /// The model's rotary table, then the local layers' (when their base differs).
+    ropes: Vec<Rope>,
 }
 
 /// Keys and values of a context, shared by every row decoded after it: per layer
@@ -250,10 +302,10 @@ impl RowCache {
 }
 
 /// Cosines and sines of the rotary embedding (position × head_dim/2) on the CPU.
-pub(super) fn rotary_tables(cfg: &LlamaConfig) -> Result<(Tensor, Tensor)> {
-    let half = cfg.head_dim() / 2;
+pub(super) fn rotary_tables(head_dim: usize, theta: f32) -> Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim() as f32))
+        .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))
         .collect();
     let inv_freq = Tensor::from_vec(inv_freq, (1, half), &Device::Cpu)?;
     let positions = Tensor::arange(0u32, MAX_POSITIONS as u32, &Device::Cpu)?
@@ -277,8 +329,60 @@ pub(super) fn dequantised(
     Ok(q.dequantize(&Device::Cpu)?.to_device(device)?)
 }
 
+/// Reads block `i`'s weights through `load` (which applies any adapter): llama's matrices and
+/// norms, plus what the model's family adds.
+fn load_block(
+    cfg: &LlamaConfig,
+    i: usize,
+    cpu_kernels: bool,
+    load: &mut impl FnMut(&str) -> Result<Tensor>,
+) -> Result<Block> {
+    let mut w = |part: &str| load(&format!("blk.{i}.{part}.weight"));
+    let linear = |w: Tensor| Linear::new(w, cpu_kernels);
+    let (q, k, v) = (w("attn_q")?, w("attn_k")?, w("attn_v")?);
+    let (gate, up) = (w("ffn_gate")?, w("ffn_up")?);
+    let arch = &cfg.arch;
+    let qk_norm = match arch.qk_norm() {
+        true => Some((
+            Vector::new(w("attn_q_norm")?)?,
+            Vector::new(w("attn_k_norm")?)?,
+        )),
+        false => None,
+    };
+    let (post_attn_norm, post_ffn_norm) = match arch.post_norms() {
+        true => (
+            Some(Vector::new(w("post_attention_norm")?)?),
+            Some(Vector::new(w("post_ffw_norm")?)?),
+        ),
+        false => (None, None),
+    };
+    let block = Block {
+        attn_norm: Vector::new(w("attn_norm")?)?,
+        wqkv: linear(Tensor::cat(&[q, k, v], 0)?.t()?)?,
+        qkv_bias: None,
+        qk_norm,
+        wo: linear(w("attn_output")?.t()?)?,
+        post_attn_norm,
+        ffn_norm: Vector::new(w("ffn_norm")?)?,
+        w_gate_up: linear(Tensor::cat(&[gate, up], 0)?.t()?)?,
+        w_down: linear(w("ffn_down")?.t()?)?,
+        post_ffn_norm,
+        rope: usize::from(arch.window(i).is_some()),
+        window: arch.window(i),
+    };
+    if !arch.qkv_bias() {
+        return Ok(block);
+    }
+    let mut bias = |part: &str| load(&format!("blk.{i}.{part}.bias"));
+    let (bq, bk, bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
+    Ok(Block {
+        qkv_bias: Some(Vector::new(Tensor::cat(&[bq, bk, bv], 0)?)?),
+        ..block
+    })
+}
+
 impl Llama {
-    /// Reads the weights of a llama-family GGUF file (`content` is its parsed header) onto
+    /// Reads the weights of a GGUF file of one of the engine's families (`content` is its parsed header) onto
     /// `compute`'s device.
     /// With an `adapter`, the matrices it changes are loaded with its update added.
     pub fn from_gguf(
@@ -298,52 +402,32 @@ impl Llama {
             };
             Ok(w.to_device(&compute.device)?)
         };
-        let linear = |w: Tensor| Linear::new(w, compute.cpu_kernels);
         let embed = load("token_embd.weight")?;
-        let head = if content.tensor_infos.contains_key("output.weight") {
-            linear(load("output.weight")?.t()?)?
-        } else {
-            linear(embed.t()?)?
+        let head = match content.tensor_infos.contains_key("output.weight") {
+            true => Linear::new(load("output.weight")?.t()?, compute.cpu_kernels)?,
+            false => Linear::new(embed.t()?, compute.cpu_kernels)?,
         };
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let mut w = |part: &str| load(&format!("blk.{i}.{part}.weight"));
-            let (q, k, v) = (w("attn_q")?, w("attn_k")?, w("attn_v")?);
-            let (gate, up) = (w("ffn_gate")?, w("ffn_up")?);
-            blocks.push(Block {
-                attn_norm: Norm::new(w("attn_norm")?)?,
-                wqkv: linear(Tensor::cat(&[q, k, v], 0)?.t()?)?,
-                wo: linear(w("attn_output")?.t()?)?,
-                ffn_norm: Norm::new(w("ffn_norm")?)?,
-                w_gate_up: linear(Tensor::cat(&[gate, up], 0)?.t()?)?,
-                w_down: linear(w("ffn_down")?.t()?)?,
-            });
+        let blocks = (0..cfg.n_layer)
+            .map(|i| load_block(&cfg, i, compute.cpu_kernels, &mut load))
+            .collect::<Result<Vec<_>>>()?;
+        let final_norm = Vector::new(load("output_norm.weight")?)?;
+        let mut ropes = vec![Rope::new(cfg.head_dim(), cfg.rope_theta, &compute.device)?];
+        if let Some(local) = &cfg.arch.local_layers {
+            ropes.push(Rope::new(
+                cfg.head_dim(),
+                local.rope_theta,
+                &compute.device,
+            )?);
         }
-        let final_norm = load("output_norm.weight")?;
-        Llama::assemble(cfg, compute, embed, head, blocks, final_norm)
-    }
-
-    fn assemble(
-        cfg: LlamaConfig,
-        compute: &Compute,
-        embed: Tensor,
-        head: Linear,
-        blocks: Vec<Block>,
-        final_norm: Tensor,
-    ) -> Result<Self> {
-        let (cos, sin) = rotary_tables(&cfg)?;
         Ok(Llama {
-            cos_raw: cos.flatten_all()?.to_vec1()?,
-            sin_raw: sin.flatten_all()?.to_vec1()?,
-            cos: cos.to_device(&compute.device)?,
-            sin: sin.to_device(&compute.device)?,
             cfg,
             device: compute.device.clone(),
             cpu_kernels: compute.cpu_kernels,
             embed,
             head,
             blocks,
-            final_norm: Norm::new(final_norm)?,
+            final_norm,
+            ropes,
         })
     }
 
@@ -417,48 +501,42 @@ impl Llama {
         if start + steps > MAX_POSITIONS {
             bail!("sequence longer than {MAX_POSITIONS} tokens");
         }
-        let cos = self.cos.narrow(0, start, steps)?;
-        let sin = self.sin.narrow(0, start, steps)?;
         let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?;
+        let embed_scale = self.cfg.arch.embed_scale(self.cfg.d_model);
+        if embed_scale != 1.0 {
+            x = (x * f64::from(embed_scale))?;
+        }
+        let eps = self.cfg.rms_eps;
         for (layer, block) in self.blocks.iter().enumerate() {
-            let h = rms_norm(&x, &block.attn_norm.weight, self.cfg.rms_eps)?;
-            let attn = self.attention(
-                block,
-                &h,
-                rows,
-                steps,
-                (&cos, &sin),
-                prefix.map(|p| &p.kv[layer]),
-                cache,
-                layer,
-            )?;
-            x = (x + block.wo.forward(&attn)?)?;
-            let h = rms_norm(&x, &block.ffn_norm.weight, self.cfg.rms_eps)?;
-            let act = self.swiglu(&block.w_gate_up.forward(&h)?)?;
-            x = (x + block.w_down.forward(&act)?)?;
+            let h = rms_norm(&x, &block.attn_norm.weight, eps)?;
+            let attn = self.attention(block, &h, (rows, steps), prefix, cache, layer)?;
+            x = (x + post_norm(block.wo.forward(&attn)?, &block.post_attn_norm, eps)?)?;
+            let h = rms_norm(&x, &block.ffn_norm.weight, eps)?;
+            let act = self.gated(&block.w_gate_up.forward(&h)?)?;
+            x = (x + post_norm(block.w_down.forward(&act)?, &block.post_ffn_norm, eps)?)?;
         }
         cache.len += steps;
-        rms_norm(&x, &self.final_norm.weight, self.cfg.rms_eps)?
+        rms_norm(&x, &self.final_norm.weight, eps)?
             .reshape((rows, steps, self.cfg.d_model))
             .map_err(Into::into)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
+    /// Queries, keys and values of `h` as heads (rows, heads, steps, hd), with the block's
+    /// biases and head norms applied and the queries and keys rotated for positions
+    /// `start..start + steps`.
+    fn project_heads(
         &self,
         block: &Block,
         h: &Tensor,
-        rows: usize,
-        steps: usize,
-        (cos, sin): (&Tensor, &Tensor),
-        prefix: Option<&(Tensor, Tensor)>,
-        cache: &mut RowCache,
-        layer: usize,
-    ) -> Result<Tensor> {
+        (rows, steps): (usize, usize),
+        start: usize,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let c = &self.cfg;
         let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
-        let group = nh / nkv;
-        let qkv = block.wqkv.forward(h)?;
+        let mut qkv = block.wqkv.forward(h)?;
+        if let Some(bias) = &block.qkv_bias {
+            qkv = qkv.broadcast_add(&bias.weight)?;
+        }
         let heads = |offset: usize, n: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(1, offset * hd, n * hd)?
@@ -466,9 +544,35 @@ impl Llama {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = rope_i(&heads(0, nh)?, cos, sin)?;
-        let k = rope_i(&heads(nh, nkv)?, cos, sin)?;
-        let v = heads(nh + nkv, nkv)?;
+        let (mut q, mut k) = (heads(0, nh)?, heads(nh, nkv)?);
+        if let Some((q_norm, k_norm)) = &block.qk_norm {
+            q = rms_norm(&q, &q_norm.weight, c.rms_eps)?;
+            k = rms_norm(&k, &k_norm.weight, c.rms_eps)?;
+        }
+        let table = &self.ropes[block.rope];
+        let cos = table.cos.narrow(0, start, steps)?;
+        let sin = table.sin.narrow(0, start, steps)?;
+        let rotate = |x: &Tensor| match c.arch.rope_layout() {
+            RopeLayout::Adjacent => rope_i(x, &cos, &sin),
+            RopeLayout::Halves => rope(x, &cos, &sin),
+        };
+        Ok((rotate(&q)?, rotate(&k)?, heads(nh + nkv, nkv)?))
+    }
+
+    fn attention(
+        &self,
+        block: &Block,
+        h: &Tensor,
+        (rows, steps): (usize, usize),
+        prefix: Option<&Prefix>,
+        cache: &mut RowCache,
+        layer: usize,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
+        let group = nh / nkv;
+        let plen = prefix.map_or(0, |p| p.len);
+        let (q, k, v) = self.project_heads(block, h, (rows, steps), plen + cache.len)?;
         let (k, v) = match cache.kv.get(layer) {
             Some((k0, v0)) => (Tensor::cat(&[k0, &k], 2)?, Tensor::cat(&[v0, &v], 2)?),
             None => (k, v),
@@ -484,16 +588,29 @@ impl Llama {
         // Scores against the row's own tokens, causal: query t sits at own position
         // own_len - steps + t.
         let own = q.matmul(&k.transpose(2, 3)?)?;
-        let own = if steps > 1 {
+        let own = if steps > 1 || block.window.is_some() {
+            let mask = attention_mask(steps, (own_len - steps, 0), own_len, block.window);
             own.reshape((rows, nkv, group, steps, own_len))?
-                .broadcast_add(&causal_mask(steps, own_len, &self.device)?)?
+                .broadcast_add(&Tensor::from_vec(mask, (steps, own_len), &self.device)?)?
                 .reshape((rows, nkv, group * steps, own_len))?
         } else {
             own
         };
         let out = match prefix {
             None => softmax_last_dim(&own)?.matmul(&v)?,
-            Some(prefix) => attend_with_prefix(&q, &own, &v, prefix)?,
+            Some(prefix) => {
+                // Only a local layer hides prefix keys, those its window has passed.
+                let mask = block
+                    .window
+                    .filter(|&w| plen + own_len > w)
+                    .map(|w| {
+                        let mask =
+                            attention_mask(steps, (plen + own_len - steps, 0), plen, Some(w));
+                        Tensor::from_vec(mask, (steps, plen), &self.device)
+                    })
+                    .transpose()?;
+                attend_with_prefix(&q, &own, &v, &prefix.kv[layer], mask.as_ref())?
+            }
         };
         // (rows, kv, group·steps, hd) → (rows·steps, heads·hd)
         Ok(out
@@ -533,7 +650,6 @@ impl Llama {
             bail!("the packed forward pass runs with afkit's CPU kernels only");
         }
         let c = &self.cfg;
-        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
         if let Some(r) = rows
             .iter()
             .find(|r| r.position + r.tokens.len() > cache.max_len || r.slot >= cache.slots)
@@ -562,55 +678,122 @@ impl Llama {
             .index_select(&Tensor::new(ids, &Device::Cpu)?, 0)?
             .flatten_all()?
             .to_vec1()?;
-        let width = (nh + 2 * nkv) * hd;
+        let embed_scale = c.arch.embed_scale(c.d_model);
+        if embed_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= embed_scale);
+        }
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = rms_norm_plain(&x, &block.attn_norm.plain, c.rms_eps);
-            let mut qkv = block.wqkv.apply(&h, n)?;
-            let (cache_k, cache_v) = &mut cache.kv[layer];
-            for (&(row, own), qkv) in fed.iter().zip(qkv.chunks_exact_mut(width)) {
-                let (q, kv) = qkv.split_at_mut(nh * hd);
-                let (k, v) = kv.split_at_mut(nkv * hd);
-                self.rotate(q, row.prefix.len + own);
-                self.rotate(k, row.prefix.len + own);
-                let at = cache.row_stride * row.slot + own * nkv * hd;
-                cache_k[at..at + nkv * hd].copy_from_slice(k);
-                cache_v[at..at + nkv * hd].copy_from_slice(v);
-            }
-            let mut attn = vec![0f32; n * nh * hd];
-            let (cache_k, cache_v) = (&cache.kv[layer].0, &cache.kv[layer].1);
-            attn.par_chunks_mut(nh * hd)
-                .zip(qkv.par_chunks(width))
-                .zip(fed.par_iter())
-                .for_each_init(Vec::new, |scores, ((out, qkv), &(row, own))| {
-                    let slot = cache.row_stride * row.slot;
-                    let seen = slot..slot + (own + 1) * nkv * hd;
-                    let (pk, pv) = &row.prefix.raw_kv[layer];
-                    RowAttention {
-                        q: &qkv[..nh * hd],
-                        prefix: (pk, pv),
-                        own: (&cache_k[seen.clone()], &cache_v[seen]),
-                        heads: (nh, nkv, hd),
-                    }
-                    .run(scores, out);
-                });
-            add_into(&mut x, &block.wo.apply(&attn, n)?);
+            let qkv = self.packed_qkv(block, &block.wqkv.apply(&h, n)?, &fed, layer, cache);
+            let attn = self.packed_attention(block, &qkv, &fed, layer, cache);
+            let out = block.wo.apply(&attn, n)?;
+            add_into(
+                &mut x,
+                &post_norm_plain(out, &block.post_attn_norm, c.rms_eps),
+            );
             let h = rms_norm_plain(&x, &block.ffn_norm.plain, c.rms_eps);
-            let act = swiglu_plain(&block.w_gate_up.apply(&h, n)?, n, c.d_ff);
-            add_into(&mut x, &block.w_down.apply(&act, n)?);
+            let act = gated_plain(&block.w_gate_up.apply(&h, n)?, n, c.arch.activation());
+            let out = block.w_down.apply(&act, n)?;
+            add_into(
+                &mut x,
+                &post_norm_plain(out, &block.post_ffn_norm, c.rms_eps),
+            );
         }
         Ok(rms_norm_plain(&x, &self.final_norm.plain, c.rms_eps))
     }
 
-    /// Rotary embedding of the heads in `x` (heads × head_dim, pairs adjacent) at `position`.
-    fn rotate(&self, x: &mut [f32], position: usize) {
+    /// The packed pass's queries, keys and values (one row of Q, K, V per fed token) with the
+    /// block's biases and head norms applied and Q and K rotated; writes each token's key and
+    /// value into its row's slot of `cache`.
+    fn packed_qkv(
+        &self,
+        block: &Block,
+        qkv: &[f32],
+        fed: &[(&SlotRow, usize)],
+        layer: usize,
+        cache: &mut SlotCache,
+    ) -> Vec<f32> {
+        let c = &self.cfg;
+        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
+        let width = (nh + 2 * nkv) * hd;
+        let mut qkv = qkv.to_vec();
+        let (cache_k, cache_v) = &mut cache.kv[layer];
+        for (&(row, own), qkv) in fed.iter().zip(qkv.chunks_exact_mut(width)) {
+            if let Some(bias) = &block.qkv_bias {
+                add_into(qkv, &bias.plain);
+            }
+            let (q, kv) = qkv.split_at_mut(nh * hd);
+            let (k, v) = kv.split_at_mut(nkv * hd);
+            if let Some((q_norm, k_norm)) = &block.qk_norm {
+                norm_heads(q, &q_norm.plain, c.rms_eps);
+                norm_heads(k, &k_norm.plain, c.rms_eps);
+            }
+            self.rotate(q, block.rope, row.prefix.len + own);
+            self.rotate(k, block.rope, row.prefix.len + own);
+            let at = cache.row_stride * row.slot + own * nkv * hd;
+            cache_k[at..at + nkv * hd].copy_from_slice(k);
+            cache_v[at..at + nkv * hd].copy_from_slice(v);
+        }
+        qkv
+    }
+
+    /// The packed pass's attention: each fed token's query heads against its row's prefix and
+    /// own tokens up to it (within the block's window), as rows (tokens × heads·hd).
+    fn packed_attention(
+        &self,
+        block: &Block,
+        qkv: &[f32],
+        fed: &[(&SlotRow, usize)],
+        layer: usize,
+        cache: &SlotCache,
+    ) -> Vec<f32> {
+        let c = &self.cfg;
+        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
+        let width = (nh + 2 * nkv) * hd;
+        let mut attn = vec![0f32; fed.len() * nh * hd];
+        let (cache_k, cache_v) = (&cache.kv[layer].0, &cache.kv[layer].1);
+        attn.par_chunks_mut(nh * hd)
+            .zip(qkv.par_chunks(width))
+            .zip(fed.par_iter())
+            .for_each_init(Vec::new, |scores, ((out, qkv), &(row, own))| {
+                let slot = cache.row_stride * row.slot;
+                let seen = slot..slot + (own + 1) * nkv * hd;
+                let (pk, pv) = &row.prefix.raw_kv[layer];
+                let position = row.prefix.len + own;
+                RowAttention {
+                    q: &qkv[..nh * hd],
+                    prefix: (pk, pv),
+                    own: (&cache_k[seen.clone()], &cache_v[seen]),
+                    heads: (nh, nkv, hd),
+                    first_key: block.window.map_or(0, |w| (position + 1).saturating_sub(w)),
+                }
+                .run(scores, out);
+            });
+        attn
+    }
+
+    /// Rotary embedding of the heads in `x` (heads × head_dim) at `position`, from rotary table
+    /// `table`, pairs laid out as the family lays them.
+    fn rotate(&self, x: &mut [f32], table: usize, position: usize) {
         let half = self.cfg.head_dim() / 2;
-        let cos = &self.cos_raw[position * half..(position + 1) * half];
-        let sin = &self.sin_raw[position * half..(position + 1) * half];
+        let table = &self.ropes[table];
+        let cos = &table.cos_raw[position * half..(position + 1) * half];
+        let sin = &table.sin_raw[position * half..(position + 1) * half];
         for head in x.chunks_exact_mut(2 * half) {
-            for (i, pair) in head.chunks_exact_mut(2).enumerate() {
-                let (a, b) = (pair[0], pair[1]);
-                pair[0] = a * cos[i] - b * sin[i];
-                pair[1] = a * sin[i] + b * cos[i];
+            match self.cfg.arch.rope_layout() {
+                RopeLayout::Adjacent => {
+                    for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a * cos[i] - b * sin[i];
+                        pair[1] = a * sin[i] + b * cos[i];
+                    }
+                }
+                RopeLayout::Halves => {
+                    let (low, high) = head.split_at_mut(half);
+                    for (((a, b), &cos), &sin) in low.iter_mut().zip(high).zip(cos).zip(sin) {
+                        (*a, *b) = (*a * cos - *b * sin, *a * sin + *b * cos);
+                    }
+                }
             }
         }
     }
@@ -755,41 +938,80 @@ impl Llama {
         Ok(hidden.index_select(&Tensor::new(positions.as_slice(), &self.device)?, 0)?)
     }
 
-    /// SwiGLU of the gate and up projections side by side in each row (rows × 2·d_ff):
-    /// `silu(gate) ⊙ up`. With afkit's CPU kernels, one parallel pass over contiguous rows
-    /// (candle's elementwise ops on the two strided halves cost as much as the matrix products
-    /// at decode batch sizes); otherwise candle ops on the model's device.
-    fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor> {
+    /// The gated feed-forward's activation `act(gate) ⊙ up` of the gate and up projections side
+    /// by side in each row (rows × 2·d_ff). With afkit's CPU kernels, one parallel pass over
+    /// contiguous rows (candle's elementwise ops on the two strided halves cost as much as the
+    /// matrix products at decode batch sizes); otherwise candle ops on the model's device.
+    fn gated(&self, gate_up: &Tensor) -> Result<Tensor> {
         let (rows, width) = gate_up.dims2()?;
         let d_ff = width / 2;
-        if !self.cpu_kernels {
-            let gate = gate_up.narrow(1, 0, d_ff)?;
-            return Ok((gate.silu()? * gate_up.narrow(1, d_ff, d_ff)?)?);
+        let activation = self.cfg.arch.activation();
+        if self.cpu_kernels {
+            let input = gate_up.flatten_all()?.to_vec1::<f32>()?;
+            let out = gated_plain(&input, rows, activation);
+            return Ok(Tensor::from_vec(out, (rows, d_ff), &Device::Cpu)?);
         }
-        swiglu_rows(gate_up, rows, d_ff)
+        let gate = gate_up.narrow(1, 0, d_ff)?;
+        let gate = match activation {
+            Activation::Silu => gate.silu()?,
+            // candle's `gelu` is the tanh approximation.
+            Activation::GeluTanh => gate.gelu()?,
+        };
+        Ok((gate * gate_up.narrow(1, d_ff, d_ff)?)?)
     }
 }
 
-/// [`Llama::swiglu`] as one pass over host memory.
-fn swiglu_rows(gate_up: &Tensor, rows: usize, d_ff: usize) -> Result<Tensor> {
-    let input = gate_up.flatten_all()?.to_vec1::<f32>()?;
-    Ok(Tensor::from_vec(
-        swiglu_plain(&input, rows, d_ff),
-        (rows, d_ff),
-        &Device::Cpu,
-    )?)
-}
-
-/// [`swiglu_rows`] over plain rows (rows × 2·d_ff, gate then up in each).
-fn swiglu_plain(gate_up: &[f32], rows: usize, d_ff: usize) -> Vec<f32> {
+/// [`Llama::gated`] over plain rows (rows × 2·d_ff, gate then up in each).
+fn gated_plain(gate_up: &[f32], rows: usize, activation: Activation) -> Vec<f32> {
+    let d_ff = gate_up.len() / rows / 2;
     let mut out = vec![0f32; rows * d_ff];
     out.par_chunks_mut(d_ff)
         .zip(gate_up.par_chunks(2 * d_ff))
         .for_each(|(out, row)| {
             let (gate, up) = row.split_at(d_ff);
-            crate::simd::swiglu(gate, up, out);
+            match activation {
+                Activation::Silu => crate::simd::swiglu(gate, up, out),
+                Activation::GeluTanh => gelu_tanh_gate(gate, up, out),
+            }
         });
     out
+}
+
+/// `gelu(gate) ⊙ up` with GELU's tanh approximation, tanh written through `exp_lanes` so that
+/// the loop vectorises.
+fn gelu_tanh_gate(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+        // tanh(y) = 1 - 2 / (e^2y + 1); |y| ≤ 10 keeps e^2y finite and tanh within 1e-8 of ±1.
+        let tanh = 1.0 - 2.0 / (exp_lanes::<false>(2.0 * inner.clamp(-10.0, 10.0)) + 1.0);
+        *o = 0.5 * g * (1.0 + tanh) * u;
+    }
+}
+
+/// RMS norm over each head of `x` (heads × the weight's length), in place.
+fn norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(weight.len()) {
+        let input = head.to_vec();
+        crate::simd::rms_norm(&input, weight, eps, head);
+    }
+}
+
+/// `x` through the block's norm `norm`, if it has one (Gemma's norms after attention and after
+/// the feed-forward).
+fn post_norm(x: Tensor, norm: &Option<Vector>, eps: f32) -> Result<Tensor> {
+    match norm {
+        Some(norm) => Ok(rms_norm(&x, &norm.weight, eps)?),
+        None => Ok(x),
+    }
+}
+
+/// [`post_norm`] over plain rows.
+fn post_norm_plain(x: Vec<f32>, norm: &Option<Vector>, eps: f32) -> Vec<f32> {
+    match norm {
+        Some(norm) => rms_norm_plain(&x, &norm.plain, eps),
+        None => x,
+    }
 }
 
 /// RMS norm of each row of `x` (rows × weight's length).
@@ -821,6 +1043,8 @@ struct RowAttention<'a> {
     own: (&'a [f32], &'a [f32]),
     /// (query heads, key/value heads, head dim).
     heads: (usize, usize, usize),
+    /// Position of the first key the query sees (a local layer's window start; 0 elsewhere).
+    first_key: usize,
 }
 
 impl RowAttention<'_> {
@@ -849,18 +1073,23 @@ impl RowAttention<'_> {
         let group = nh / nkv;
         let plen = pk.len() / (nkv * hd);
         let own_len = own_k.len() / (nkv * hd);
+        // Keys the window has passed: the first `skip_prefix` of the prefix, then the first
+        // `skip_own` own ones.
+        let skip_prefix = self.first_key.min(plen);
+        let skip_own = self.first_key.saturating_sub(plen);
+        let seen_prefix = plen - skip_prefix;
         let scale = 1.0 / (hd as f32).sqrt();
         for head in 0..nh {
             let kv_head = head / group;
             let qh = &q[head * hd..(head + 1) * hd];
             // Plain loops, no closures: a closure is compiled without the caller's target features.
             scores.clear();
-            scores.resize(plen, 0.0);
+            scores.resize(seen_prefix, 0.0);
             for (d, &qd) in qh.iter().enumerate() {
-                let keys_d = &pk[(kv_head * hd + d) * plen..][..plen];
+                let keys_d = &pk[(kv_head * hd + d) * plen..][skip_prefix..plen];
                 axpy_lanes::<FMA>(qd * scale, keys_d, scores);
             }
-            for j in 0..own_len {
+            for j in skip_own..own_len {
                 let key = &own_k[(j * nkv + kv_head) * hd..][..hd];
                 scores.push(dot_lanes::<FMA>(qh, key) * scale);
             }
@@ -872,41 +1101,53 @@ impl RowAttention<'_> {
             }
             let oh = &mut out[head * hd..(head + 1) * hd];
             oh.fill(0.0);
-            for (j, &p) in scores[..plen].iter().enumerate() {
-                axpy_lanes::<FMA>(p / total, &pv[(kv_head * plen + j) * hd..][..hd], oh);
+            for (j, &p) in scores[..seen_prefix].iter().enumerate() {
+                let at = (kv_head * plen + skip_prefix + j) * hd;
+                axpy_lanes::<FMA>(p / total, &pv[at..][..hd], oh);
             }
-            for (j, &p) in scores[plen..].iter().enumerate() {
-                axpy_lanes::<FMA>(p / total, &own_v[(j * nkv + kv_head) * hd..][..hd], oh);
+            for (j, &p) in scores[seen_prefix..].iter().enumerate() {
+                let at = ((skip_own + j) * nkv + kv_head) * hd;
+                axpy_lanes::<FMA>(p / total, &own_v[at..][..hd], oh);
             }
         }
     }
 }
 
-/// The causal mask of `steps` new queries over a row's `own_len` tokens: query t sits at
-/// position own_len - steps + t and sees nothing after it.
-fn causal_mask(steps: usize, own_len: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..steps)
+/// An additive attention mask (steps × keys): query t sits at position `first_query + t`, key j
+/// at `first_key + j`; a query sees no key after it and, with a `window`, none `window` or more
+/// positions before it.
+fn attention_mask(
+    steps: usize,
+    (first_query, first_key): (usize, usize),
+    keys: usize,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let window = window.unwrap_or(usize::MAX);
+    (0..steps)
         .flat_map(|t| {
-            (0..own_len).map(move |s| {
-                if s > own_len - steps + t {
+            let query = first_query + t;
+            (0..keys).map(move |j| {
+                let key = first_key + j;
+                if key > query || query - key >= window {
                     f32::NEG_INFINITY
                 } else {
                     0.0
                 }
             })
         })
-        .collect();
-    Ok(Tensor::from_vec(mask, (steps, own_len), device)?)
+        .collect()
 }
 
 /// Attention over the shared prompt prefix and the row's own tokens, one softmax over both.
 /// `q`: (rows, kv heads, group·steps, hd); `own`: the masked scores against the own tokens;
-/// `v`: the own values; `prefix`: the prefix's keys and values, (kv heads, plen, hd).
+/// `v`: the own values; `prefix`: the prefix's keys and values, (kv heads, plen, hd);
+/// `prefix_mask`: what a local layer's window hides of the prefix.
 fn attend_with_prefix(
     q: &Tensor,
     own: &Tensor,
     v: &Tensor,
     (pk, pv): &(Tensor, Tensor),
+    prefix_mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (rows, nkv, queries, hd) = q.dims4()?;
     let (plen, own_len) = (pk.dim(1)?, own.dim(3)?);
@@ -920,6 +1161,17 @@ fn attend_with_prefix(
         .reshape((nkv, rows, queries, plen))?
         .transpose(0, 1)?
         .contiguous()?;
+    // A mask (steps × plen) hides prefix keys from every query head of a group alike.
+    let shared = match prefix_mask {
+        Some(mask) => {
+            let steps = mask.dim(0)?;
+            shared
+                .reshape((rows, nkv, queries / steps, steps, plen))?
+                .broadcast_add(mask)?
+                .reshape((rows, nkv, queries, plen))?
+        }
+        None => shared,
+    };
     let probs = softmax_last_dim(&Tensor::cat(&[&shared, own], 3)?)?;
     let p_shared = probs
         .narrow(3, 0, plen)?

@@ -4,7 +4,11 @@
 //! projects: the `generate` stage drives it.
 
 pub mod adapt;
+pub mod adapter;
 pub mod choice;
+pub mod family;
+#[cfg(test)]
+mod family_tests;
 pub mod features;
 pub mod linear;
 pub mod llama;

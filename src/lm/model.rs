@@ -8,10 +8,12 @@ use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use super::adapt::Adapter;
-use super::llama::{Llama, LlamaConfig, Prefix};
+use super::adapter::Adapter;
+use super::family::Family;
+use super::llama::{Llama, LlamaConfig, Prefix, MAX_POSITIONS};
 use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
 use crate::seed::Seed;
@@ -26,12 +28,13 @@ pub struct LanguageModel {
 }
 
 impl LanguageModel {
-    /// Loads a llama-family GGUF file onto the CPU, run by afkit's kernels.
+    /// Loads a GGUF file of one of the engine's families onto the CPU, run by afkit's kernels.
     pub fn load(path: &Path) -> Result<Self> {
         Self::load_on(path, &Compute::cpu())
     }
 
-    /// Loads a llama-family GGUF file, dequantising its weights to f32, onto `compute`'s device.
+    /// Loads a GGUF file of one of the engine's families, dequantising its weights to f32, onto
+    /// `compute`'s device.
     pub fn load_on(path: &Path, compute: &Compute) -> Result<Self> {
         Self::load_adapted(path, compute, None)
     }
@@ -100,21 +103,33 @@ fn check_complete(content: &Content, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes a small llama GGUF with random f32 weights and a byte-level vocabulary (the 256 byte
-/// symbols, a few merges, `<|endoftext|>` and `<|im_end|>`). It exercises the real loading,
+/// Writes a small GGUF of `cfg`'s family with random f32 weights and a small vocabulary (for
+/// llama and Qwen the 256 byte symbols, a few merges, `<|endoftext|>` and `<|im_end|>`; for
+/// Gemma a SentencePiece vocabulary with byte fallback). It exercises the real loading,
 /// tokenising and sampling code in tests without a download; its text is noise.
 #[doc(hidden)]
 pub fn write_random_gguf(path: &Path, cfg: &LlamaConfig, seed: u64) -> Result<()> {
-    let (tokens, merges) = random_vocabulary();
-    if cfg.vocab != tokens.len() {
-        bail!("a random GGUF has a vocabulary of {} tokens", tokens.len());
+    if cfg.vocab != RANDOM_GGUF_VOCAB {
+        bail!("a random GGUF has a vocabulary of {RANDOM_GGUF_VOCAB} tokens");
     }
-    let metadata = random_metadata(cfg, &tokens, &merges);
+    let mut metadata = random_shape_metadata(cfg);
+    metadata.extend(match cfg.arch.family {
+        Family::Gemma3 => sentencepiece_metadata(),
+        family => {
+            let (tokens, merges) = random_vocabulary();
+            let pre = if family == Family::Llama {
+                "smollm"
+            } else {
+                "qwen2"
+            };
+            byte_level_metadata(&tokens, &merges, pre)
+        }
+    });
     let tensors = random_weights(cfg, seed)?;
     let mut out = BufWriter::new(
         File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
     );
-    let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     gguf_file::write(&mut out, &meta_refs, &tensor_refs)?;
     Ok(())
@@ -142,77 +157,152 @@ fn random_vocabulary() -> (Vec<String>, Vec<String>) {
     (tokens, merges)
 }
 
-/// A random GGUF's metadata: llama's shape keys and the tokenizer.
-fn random_metadata(
-    cfg: &LlamaConfig,
-    tokens: &[String],
-    merges: &[String],
-) -> Vec<(&'static str, Value)> {
+/// A random GGUF's shape keys, under its family's prefix.
+fn random_shape_metadata(cfg: &LlamaConfig) -> Vec<(String, Value)> {
+    let arch = cfg.arch.family.architecture();
+    let u = |k: &str, v: usize| (format!("{arch}.{k}"), Value::U32(v as u32));
+    let f = |k: &str, v: f32| (format!("{arch}.{k}"), Value::F32(v));
+    let mut keys = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String(arch.into()),
+        ),
+        u("block_count", cfg.n_layer),
+        u("context_length", MAX_POSITIONS),
+        u("embedding_length", cfg.d_model),
+        u("feed_forward_length", cfg.d_ff),
+        u("attention.head_count", cfg.n_head),
+        u("attention.head_count_kv", cfg.n_kv_head),
+        u("attention.key_length", cfg.head_dim()),
+        u("attention.value_length", cfg.head_dim()),
+        f("rope.freq_base", cfg.rope_theta),
+        f("attention.layer_norm_rms_epsilon", cfg.rms_eps),
+        u("rope.dimension_count", cfg.head_dim()),
+    ];
+    if let Some(local) = &cfg.arch.local_layers {
+        keys.push(u("attention.sliding_window", local.window));
+        keys.push(u("attention.sliding_window_type", local.period));
+        keys.push(f("rope.local_freq_base", local.rope_theta));
+    }
+    keys
+}
+
+fn strings(v: &[String]) -> Value {
+    Value::Array(v.iter().map(|s| Value::String(s.clone())).collect())
+}
+
+/// A byte-level BPE vocabulary's keys; BOS and EOS are its last two tokens.
+fn byte_level_metadata(tokens: &[String], merges: &[String], pre: &str) -> Vec<(String, Value)> {
     let n = tokens.len() as u32;
-    let strings = |v: &[String]| Value::Array(v.iter().map(|s| Value::String(s.clone())).collect());
     vec![
-        ("general.architecture", Value::String("llama".into())),
-        ("llama.block_count", Value::U32(cfg.n_layer as u32)),
-        ("llama.embedding_length", Value::U32(cfg.d_model as u32)),
-        ("llama.feed_forward_length", Value::U32(cfg.d_ff as u32)),
-        ("llama.attention.head_count", Value::U32(cfg.n_head as u32)),
-        (
-            "llama.attention.head_count_kv",
-            Value::U32(cfg.n_kv_head as u32),
-        ),
-        ("llama.rope.freq_base", Value::F32(cfg.rope_theta)),
-        (
-            "llama.attention.layer_norm_rms_epsilon",
-            Value::F32(cfg.rms_eps),
-        ),
-        (
-            "llama.rope.dimension_count",
-            Value::U32(cfg.head_dim() as u32),
-        ),
-        ("tokenizer.ggml.model", Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre", Value::String("smollm".into())),
-        ("tokenizer.ggml.tokens", strings(tokens)),
-        ("tokenizer.ggml.merges", strings(merges)),
-        ("tokenizer.ggml.bos_token_id", Value::U32(n - 2)),
-        ("tokenizer.ggml.eos_token_id", Value::U32(n - 1)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
+        ("tokenizer.ggml.tokens".into(), strings(tokens)),
+        ("tokenizer.ggml.merges".into(), strings(merges)),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(n - 2)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(n - 1)),
     ]
 }
 
-/// Random f32 weights for every tensor of a llama of shape `cfg`, drawn in a fixed order from `seed`.
+/// A SentencePiece vocabulary laid out as Gemma's: `<pad>`, `<eos>`, `<bos>`, `<unk>`, the 256
+/// byte tokens, then pieces (`▁`, the letters, `▁t`, `he`, `▁the`), earlier pieces scoring
+/// higher.
+fn sentencepiece_metadata() -> Vec<(String, Value)> {
+    let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"]
+        .map(String::from)
+        .to_vec();
+    let mut types = vec![3, 3, 3, 2];
+    tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+    types.extend([6; 256]);
+    let pieces = std::iter::once("▁".to_string())
+        .chain(('a'..='z').map(String::from))
+        .chain(["▁t", "he", "▁the"].map(String::from));
+    for piece in pieces {
+        tokens.push(piece);
+        types.push(1);
+    }
+    let scores = (0..tokens.len()).map(|i| Value::F32(-(i as f32))).collect();
+    vec![
+        ("tokenizer.ggml.model".into(), Value::String("llama".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("default".into())),
+        ("tokenizer.ggml.tokens".into(), strings(&tokens)),
+        ("tokenizer.ggml.scores".into(), Value::Array(scores)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(2)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(1)),
+        ("tokenizer.ggml.unknown_token_id".into(), Value::U32(3)),
+        ("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)),
+    ]
+}
+
+/// Random f32 weights for every tensor of a model of shape `cfg`, drawn in a fixed order from
+/// `seed`: llama's tensors first (norms all ones), then per block the family's extras (norms
+/// near one, biases near zero).
 fn random_weights(cfg: &LlamaConfig, seed: u64) -> Result<Vec<(String, QTensor)>> {
-    let dev = Device::Cpu;
-    let mut rng = Seed::new(seed).rng();
+    let rng = &mut Seed::new(seed).rng();
     let (d, hd) = (cfg.d_model, cfg.head_dim());
     // Weights as llama.cpp stores them: (out × in), scaled to keep activations O(1).
-    let mut mat = |rows: usize, cols: usize, scale: f32| -> Result<QTensor> {
-        let normal = Normal::new(0f32, scale / (cols as f32).sqrt())?;
-        let values: Vec<f32> = (0..rows * cols).map(|_| normal.sample(&mut rng)).collect();
-        let t = Tensor::from_vec(values, (rows, cols), &dev)?;
-        Ok(QTensor::quantize(&t, GgmlDType::F32)?)
+    let mat = |rng: &mut ChaCha8Rng, rows: usize, cols: usize| -> Result<QTensor> {
+        f32_tensor(
+            normal(rng, rows * cols, 0.0, 1.0 / (cols as f32).sqrt())?,
+            &[rows, cols],
+        )
     };
-    let ones = || -> Result<QTensor> {
-        Ok(QTensor::quantize(
-            &Tensor::ones(d, candle_core::DType::F32, &dev)?,
-            GgmlDType::F32,
-        )?)
-    };
+    let ones = |n: usize| f32_tensor(vec![1.0; n], &[n]);
+    let embed = f32_tensor(
+        normal(rng, cfg.vocab * d, 0.0, 1.5 / (d as f32).sqrt())?,
+        &[cfg.vocab, d],
+    )?;
     let mut tensors: Vec<(String, QTensor)> = vec![
-        ("token_embd.weight".into(), mat(cfg.vocab, d, 1.5)?),
-        ("output_norm.weight".into(), ones()?),
+        ("token_embd.weight".into(), embed),
+        ("output_norm.weight".into(), ones(d)?),
     ];
+    let arch = &cfg.arch;
     for i in 0..cfg.n_layer {
         let b = |p: &str| format!("blk.{i}.{p}.weight");
-        tensors.push((b("attn_norm"), ones()?));
-        tensors.push((b("ffn_norm"), ones()?));
-        tensors.push((b("attn_q"), mat(cfg.n_head * hd, d, 1.0)?));
-        tensors.push((b("attn_k"), mat(cfg.n_kv_head * hd, d, 1.0)?));
-        tensors.push((b("attn_v"), mat(cfg.n_kv_head * hd, d, 1.0)?));
-        tensors.push((b("attn_output"), mat(d, cfg.n_head * hd, 1.0)?));
-        tensors.push((b("ffn_gate"), mat(cfg.d_ff, d, 1.0)?));
-        tensors.push((b("ffn_up"), mat(cfg.d_ff, d, 1.0)?));
-        tensors.push((b("ffn_down"), mat(d, cfg.d_ff, 1.0)?));
+        tensors.push((b("attn_norm"), ones(d)?));
+        tensors.push((b("ffn_norm"), ones(d)?));
+        tensors.push((b("attn_q"), mat(rng, cfg.n_head * hd, d)?));
+        tensors.push((b("attn_k"), mat(rng, cfg.n_kv_head * hd, d)?));
+        tensors.push((b("attn_v"), mat(rng, cfg.n_kv_head * hd, d)?));
+        tensors.push((b("attn_output"), mat(rng, d, cfg.n_head * hd)?));
+        tensors.push((b("ffn_gate"), mat(rng, cfg.d_ff, d)?));
+        tensors.push((b("ffn_up"), mat(rng, cfg.d_ff, d)?));
+        tensors.push((b("ffn_down"), mat(rng, d, cfg.d_ff)?));
+        let mut extras: Vec<(String, usize, f32)> = Vec::new();
+        if arch.qkv_bias() {
+            let bias = |p: &str| format!("blk.{i}.{p}.bias");
+            extras.push((bias("attn_q"), cfg.n_head * hd, 0.0));
+            extras.push((bias("attn_k"), cfg.n_kv_head * hd, 0.0));
+            extras.push((bias("attn_v"), cfg.n_kv_head * hd, 0.0));
+        }
+        if arch.qk_norm() {
+            extras.push((b("attn_q_norm"), hd, 1.0));
+            extras.push((b("attn_k_norm"), hd, 1.0));
+        }
+        if arch.post_norms() {
+            extras.push((b("post_attention_norm"), d, 1.0));
+            extras.push((b("post_ffw_norm"), d, 1.0));
+        }
+        for (name, len, mean) in extras {
+            tensors.push((name, f32_tensor(normal(rng, len, mean, 0.1)?, &[len])?));
+        }
     }
     Ok(tensors)
+}
+
+/// `len` draws from N(mean, sd²).
+fn normal(rng: &mut ChaCha8Rng, len: usize, mean: f32, sd: f32) -> Result<Vec<f32>> {
+    let normal = Normal::new(mean, sd)?;
+    Ok((0..len).map(|_| normal.sample(rng)).collect())
+}
+
+fn f32_tensor(values: Vec<f32>, shape: &[usize]) -> Result<QTensor> {
+    let t = Tensor::from_vec(values, shape, &Device::Cpu)?;
+    Ok(QTensor::quantize(&t, GgmlDType::F32)?)
 }
 
 /// The vocabulary size of [`write_random_gguf`] models.

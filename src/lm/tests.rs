@@ -26,6 +26,7 @@ fn tiny_config() -> LlamaConfig {
         d_ff: 128,
         rope_theta: 10_000.0,
         rms_eps: 1e-5,
+        arch: Default::default(),
     }
 }
 

@@ -1,5 +1,13 @@
 //! The tokenizer of a GGUF file, rebuilt from its metadata with the `tokenizers` crate, so that
-//! one `.gguf` file is a whole model.
+//! one `.gguf` file is a whole model. Two kinds of vocabulary are read:
+//!
+//! - byte-level BPE (`tokenizer.ggml.model = "gpt2"`: SmolLM2, Llama 3, Qwen 2 and 3), below;
+//! - SentencePiece BPE (`tokenizer.ggml.model = "llama"`: Gemma, Llama 2), where spaces become
+//!   `▁`, no pre-tokenizer splits the text, pieces merge by their scores (the merge that makes
+//!   the highest-scoring piece first, as SentencePiece does), pieces the vocabulary marks as
+//!   user-defined (Gemma's runs of newlines, HTML tags) are matched whole before merging, and
+//!   characters outside the vocabulary fall back to byte tokens `<0xAB>`. Gemma's files spell
+//!   its runs of spaces with real spaces; they are read as the `▁` runs the text becomes.
 //!
 //! llama.cpp's BPE vocabularies (`tokenizer.ggml.model = "gpt2"`) are byte-level BPE: the text is
 //! split by a pre-tokenizer regex chosen by `tokenizer.ggml.pre`, each piece is mapped to
@@ -10,13 +18,21 @@ use std::collections::HashMap;
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{
+    NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence,
+};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 /// GPT-2's split: contractions, letters, numbers, other symbols, whitespace.
 const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -49,7 +65,8 @@ pub struct GgufTokenizer {
     pub end_of_generation: Vec<u32>,
     /// `ends_sentence[id]`: the token's text ends with `.`, `!` or `?`.
     pub ends_sentence: Vec<bool>,
-    /// `starts_word[id]`: the token's text starts with a space (byte-level `Ġ`).
+    /// `starts_word[id]`: the token's text starts with a space (byte-level `Ġ`, SentencePiece
+    /// `▁`).
     pub starts_word: Vec<bool>,
 }
 
@@ -79,13 +96,28 @@ fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
 
 impl GgufTokenizer {
     pub fn from_gguf(content: &Content) -> Result<Self> {
-        let (inner, tokens) = byte_level_bpe(content)?;
+        let model = meta(content, "tokenizer.ggml.model")?.to_string()?.clone();
+        let (inner, tokens, space) = match model.as_str() {
+            "gpt2" => {
+                let (inner, tokens) = byte_level_bpe(content)?;
+                (inner, tokens, 'Ġ')
+            }
+            "llama" => {
+                let (inner, tokens) = sentencepiece_bpe(content)?;
+                (inner, tokens, SPACE)
+            }
+            _ => bail!(
+                "tokenizer model `{model}` is not supported: afkit reads byte-level BPE \
+                 (`tokenizer.ggml.model = gpt2`, as in SmolLM2, Llama 3, Qwen) and SentencePiece \
+                 BPE (`llama`, as in Gemma) vocabularies"
+            ),
+        };
         let (doc_start, end_of_generation) = special_tokens(content, &tokens)?;
         let ends_sentence = tokens
             .iter()
             .map(|t| t.ends_with(['.', '!', '?']))
             .collect();
-        let starts_word = tokens.iter().map(|t| t.starts_with('Ġ')).collect();
+        let starts_word = tokens.iter().map(|t| t.starts_with(space)).collect();
         Ok(GgufTokenizer {
             inner,
             doc_start,
@@ -122,13 +154,6 @@ impl GgufTokenizer {
 /// The GGUF's byte-level BPE (vocabulary, merges and the pre-tokenizer its `tokenizer.ggml.pre`
 /// names) as a `tokenizers` pipeline, with the vocabulary's token strings.
 fn byte_level_bpe(content: &Content) -> Result<(Tokenizer, Vec<String>)> {
-    let model = meta(content, "tokenizer.ggml.model")?.to_string()?.clone();
-    if model != "gpt2" {
-        bail!(
-            "tokenizer model `{model}` is not supported: afkit reads byte-level BPE vocabularies \
-             (`tokenizer.ggml.model = gpt2`, as in SmolLM2, Llama 3, Qwen 2)"
-        );
-    }
     let pre = content
         .metadata
         .get("tokenizer.ggml.pre")
@@ -201,6 +226,7 @@ fn special_tokens(content: &Content, tokens: &[String]) -> Result<(u32, Vec<u32>
             "<|eot_id|>",
             "<|end_of_text|>",
             "</s>",
+            "<end_of_turn>",
         ]
         .iter()
         .filter_map(|t| by_text.get(t).copied()),
@@ -209,4 +235,135 @@ fn special_tokens(content: &Content, tokens: &[String]) -> Result<(u32, Vec<u32>
     end_of_generation.sort_unstable();
     end_of_generation.dedup();
     Ok((doc_start, end_of_generation))
+}
+
+/// SentencePiece's word mark: a space in the text.
+const SPACE: char = '▁';
+
+/// `tokenizer.ggml.token_type` values (llama.cpp's): ordinary pieces and pieces the user added
+/// take part in merges; control, unknown, unused and byte tokens do not.
+const TOKEN_NORMAL: i32 = 1;
+const TOKEN_USER_DEFINED: i32 = 4;
+
+/// The GGUF's SentencePiece BPE vocabulary as a `tokenizers` pipeline, with its token strings.
+/// The file has pieces and scores but no merge list: the merges are every split of a piece
+/// into two pieces, ranked by the merged piece's score, best first.
+fn sentencepiece_bpe(content: &Content) -> Result<(Tokenizer, Vec<String>)> {
+    let tokens: Vec<String> = string_array(content, "tokenizer.ggml.tokens")?
+        .into_iter()
+        .map(|t| match !t.is_empty() && t.chars().all(|c| c == ' ') {
+            true => t.replace(' ', &SPACE.to_string()),
+            false => t,
+        })
+        .collect();
+    let (scores, types) = scores_and_types(content, tokens.len())?;
+    let merges = merges_from_scores(&tokens, &scores, &types);
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true);
+    if let Some(unk) = meta_u32(content, "tokenizer.ggml.unknown_token_id") {
+        builder = builder.unk_token(tokens[unk as usize].clone());
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| anyhow!("cannot build the SentencePiece tokenizer: {e}"))?;
+    let add_space_prefix = content
+        .metadata
+        .get("tokenizer.ggml.add_space_prefix")
+        .and_then(|v| v.to_bool().ok())
+        .unwrap_or(true);
+    let to_mark = Replace::new(" ", SPACE.to_string()).map_err(|e| anyhow!("{e}"))?;
+    let from_mark = Replace::new(SPACE.to_string(), " ").map_err(|e| anyhow!("{e}"))?;
+    let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
+    let mut decoders: Vec<DecoderWrapper> = vec![
+        from_mark.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if add_space_prefix {
+        normalizers.push(Prepend::new(SPACE.to_string()).into());
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    normalizers.push(to_mark.into());
+    let mut inner = Tokenizer::new(bpe);
+    inner
+        .with_normalizer(Some(NormalizerSequence::new(normalizers)))
+        .map_err(|e| anyhow!("cannot set up the SentencePiece normaliser: {e}"))?;
+    inner.with_decoder(Some(DecoderSequence::new(decoders)));
+    let user_defined: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .filter(|&(_, &t)| t == TOKEN_USER_DEFINED)
+        .map(|(token, _)| AddedToken::from(token.clone(), false))
+        .collect();
+    inner
+        .add_tokens(user_defined)
+        .map_err(|e| anyhow!("cannot add the user-defined pieces: {e}"))?;
+    Ok((inner, tokens))
+}
+
+/// Each token's score and type (every token ordinary when the file gives no types).
+fn scores_and_types(content: &Content, n: usize) -> Result<(Vec<f32>, Vec<i32>)> {
+    let scores: Vec<f32> = meta(content, "tokenizer.ggml.scores")?
+        .to_vec()
+        .context("`tokenizer.ggml.scores` is not an array")?
+        .iter()
+        .map(|v| {
+            v.to_f32()
+                .context("`tokenizer.ggml.scores` holds a non-number")
+        })
+        .collect::<Result<_>>()?;
+    let types: Vec<i32> = match content.metadata.get("tokenizer.ggml.token_type") {
+        Some(v) => v
+            .to_vec()?
+            .iter()
+            .map(|v| {
+                v.to_i32()
+                    .context("`tokenizer.ggml.token_type` holds a non-integer")
+            })
+            .collect::<Result<_>>()?,
+        None => vec![TOKEN_NORMAL; n],
+    };
+    if scores.len() != n || types.len() != n {
+        bail!(
+            "the vocabulary has {n} tokens but {} scores and {} token types",
+            scores.len(),
+            types.len()
+        );
+    }
+    Ok((scores, types))
+}
+
+/// The merges that rebuild each mergeable piece from two mergeable pieces, the merge making the
+/// highest-scoring piece first (ties: the lower id, then the longer left part).
+fn merges_from_scores(tokens: &[String], scores: &[f32], types: &[i32]) -> Vec<(String, String)> {
+    let mergeable = |i: usize| matches!(types[i], TOKEN_NORMAL | TOKEN_USER_DEFINED);
+    let by_text: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| mergeable(i))
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let mut ranked: Vec<(f32, usize, usize)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate().filter(|&(i, _)| mergeable(i)) {
+        for (cut, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(cut);
+            if by_text.contains_key(left) && by_text.contains_key(right) {
+                ranked.push((scores[id], id, cut));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(b.2.cmp(&a.2)));
+    ranked
+        .into_iter()
+        .map(|(_, id, cut)| {
+            let (left, right) = tokens[id].split_at(cut);
+            (left.to_string(), right.to_string())
+        })
+        .collect()
 }

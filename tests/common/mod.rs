@@ -307,6 +307,7 @@ pub fn tiny_gguf(dir: &Path, d_model: usize, n_layer: usize) -> PathBuf {
         d_ff: 2 * d_model,
         rope_theta: 10_000.0,
         rms_eps: 1e-5,
+        arch: Default::default(),
     };
     write_random_gguf(&path, &cfg, 1).unwrap();
     path

@@ -1,0 +1,104 @@
+//! Gemma-3-270M (the Q4_K_M GGUF of `afkit models fetch gemma3`) against Hugging Face
+//! transformers reading the same file: the tokenizer's ids and the forward pass's log-probs on
+//! fixed texts, whole and as scored continuations. The reference is
+//! `tests/data/gemma3_270m_reference.json`, written by `scripts/gemma3_reference.py`. The model is
+//! fetched into `$AFKIT_HOME` once, as the SmolLM2 tests fetch theirs; with AFKIT_TEST_OFFLINE
+//! set the tests are ignored with that reason.
+
+use std::sync::OnceLock;
+
+use afkit::lm::LanguageModel;
+use afkit::models::{sha256_file, DefaultModel};
+use serde_json::Value;
+
+/// Largest difference in one token's log-probability (nats): both sides dequantise the same
+/// weights and run in f32, so they differ only by summation order.
+const TOLERANCE: f64 = 2e-3;
+
+fn reference() -> Value {
+    let text = include_str!("data/gemma3_270m_reference.json");
+    serde_json::from_str(text).unwrap()
+}
+
+fn gemma3() -> &'static LanguageModel {
+    static LM: OnceLock<LanguageModel> = OnceLock::new();
+    LM.get_or_init(|| {
+        DefaultModel::Gemma3.ensure().expect("fetch Gemma-3-270M");
+        let path = DefaultModel::gemma3_gguf();
+        let want = reference()["model_sha256"].as_str().unwrap().to_string();
+        assert_eq!(sha256_file(&path).unwrap(), want, "a different Gemma file");
+        LanguageModel::load(&path).unwrap()
+    })
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (*g as f64 - w).abs() < TOLERANCE,
+            "{what}: token {i}: {g} vs transformers {w}"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(offline, ignore = "AFKIT_TEST_OFFLINE is set: Gemma-3-270M is not fetched")]
+fn gemma3_tokenizer_matches_transformers() {
+    let lm = gemma3();
+    for case in reference()["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let got = lm.tokenizer.encode(text).unwrap();
+        assert_eq!(got, ids(&case["ids"]), "{text:?}");
+        assert_eq!(lm.tokenizer.decode(&got).unwrap(), text);
+    }
+}
+
+#[test]
+#[cfg_attr(offline, ignore = "AFKIT_TEST_OFFLINE is set: Gemma-3-270M is not fetched")]
+fn gemma3_forward_pass_matches_transformers() {
+    let lm = gemma3();
+    let reference = reference();
+    assert_eq!(
+        lm.tokenizer.doc_start as u64,
+        reference["bos"].as_u64().unwrap()
+    );
+    for case in reference["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let ids = ids(&case["ids"]);
+        let want = floats(&case["logprobs"]);
+        let mut whole = vec![lm.tokenizer.doc_start];
+        whole.extend(&ids);
+        let (_, got) = lm.llama.prefill(&whole).unwrap();
+        assert_close(&format!("prefill of {text:?}"), &got, &want);
+        // The scoring path: the text after the document-start prefix, and its second half after
+        // a prefix of its first half.
+        let scored = lm
+            .llama
+            .score_continuations(&lm.doc_prefix, std::slice::from_ref(&ids))
+            .unwrap();
+        assert_close(&format!("scoring {text:?}"), &scored[0], &want);
+        let half = ids.len() / 2;
+        let (prefix, _) = lm.llama.prefill(&whole[..=half]).unwrap();
+        let tail = lm
+            .llama
+            .score_continuations(&prefix, &[ids[half..].to_vec()])
+            .unwrap();
+        assert_close(&format!("second half of {text:?}"), &tail[0], &want[half..]);
+    }
+}
