@@ -5,7 +5,8 @@
 //! A family is at chance when its best row is within two standard errors of 0.25; otherwise the
 //! verdict says by how many points, and what can therefore pick the real ending. The best of
 //! several rows is picked after the fact, so a family with many rows leans a little high: the
-//! verdict names how many rows it chose from.
+//! verdict names how many rows it chose from. A row far below chance is named too: it has learned
+//! to avoid the real ending, an artifact as telling as one that finds it.
 
 use serde::Serialize;
 
@@ -183,6 +184,23 @@ fn verdict(family: Family, rows: &[Row]) -> Verdict {
         "{standing} ({} {:.3} ± {:.3}{of})",
         best.name, best.mean, best.se
     );
+    // A row far below chance is a signal too: it picks a wrong ending on purpose, so the
+    // real one is the ending it avoids.
+    let lowest = members
+        .iter()
+        .copied()
+        .min_by(|a, b| a.mean.total_cmp(&b.mean))
+        .filter(|low| low.name != best.name && CHANCE - low.mean > 2.0 * low.se);
+    if let Some(low) = lowest {
+        text.push_str(&format!(
+            "; but {} {:.3} ± {:.3} is {:.1} points below chance: it learned to avoid the real \
+             ending (an inverse artifact)",
+            low.name,
+            low.mean,
+            low.se,
+            (CHANCE - low.mean) * 100.0
+        ));
+    }
     if let Some(c) = best.control {
         text.push_str(&format!(
             "; control {:.3} ± {:.3}, {}",
@@ -234,6 +252,20 @@ mod tests {
         assert!((rows[2].difference.unwrap() + 0.043).abs() < 1e-12);
         let text: Vec<&str> = verdicts.iter().map(|v| v.text.as_str()).collect();
         assert!(text[0].starts_with("at chance (char_end 0.270 ± 0.015, the best of 2)"));
+        let (_, inverse) = judge(
+            vec![
+                Row::new("shortest", 0.25, 0.02),
+                Row::new("ngram_end", 0.088, 0.002),
+            ],
+            None,
+        );
+        assert!(
+            inverse[0]
+                .text
+                .ends_with("but ngram_end 0.088 ± 0.002 is 16.2 points below chance: it learned to avoid the real ending (an inverse artifact)"),
+            "{}",
+            inverse[0].text
+        );
         assert!(
             text[0].ends_with("3.0 points below the control (within noise)"),
             "{}",
