@@ -11,7 +11,11 @@
 //! (`ngram::tie_aware_accuracy`). The trained ones are `ngram`'s logistic regression (linear score
 //! per option, softmax over the four, L2-regularised L-BFGS, λ chosen on a seeded split of the
 //! training folds alone) on different features: word 1–2-grams, character 2–5-grams (`grams`),
-//! or MiniLM sentence embeddings.
+//! or MiniLM sentence embeddings. `finetune_minilm` ([`fine_tune`]) is of another kind: the MiniLM
+//! encoder itself, fine-tuned per fold as a cross-encoder that reads each ending with its context
+//! (`embed::cross_encoder`), run after the others because it takes every core for minutes.
+
+use std::path::Path;
 
 use anyhow::{bail, Result};
 use rayon::prelude::*;
@@ -21,6 +25,9 @@ use super::dataset::Question;
 use super::grams::{self, Grams, View};
 use super::knn::Encode;
 use super::ngram::{self, Features};
+use crate::device::Compute;
+use crate::embed::cross_encoder::{self, CrossEncoder};
+use crate::seed::Seed;
 
 /// One baseline of the cross-validated audit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +42,9 @@ pub enum Baseline {
     Chars(View),
     /// Logistic regression on the MiniLM embedding of sent2 + ending.
     MiniLm,
+    /// The MiniLM encoder fine-tuned as a multiple-choice cross-encoder ([`fine_tune`]; not in
+    /// [`Baseline::ALL`], which [`cross_validate`] measures).
+    FineTunedMiniLm,
 }
 
 impl Baseline {
@@ -64,6 +74,7 @@ impl Baseline {
             Baseline::Words(v) => ["ngram_end", "ngram_s2", "ngram_ctx"][view(v)],
             Baseline::Chars(v) => ["char_end", "char_s2", "char_ctx"][view(v)],
             Baseline::MiniLm => "minilm_s2",
+            Baseline::FineTunedMiniLm => "finetune_minilm",
         }
     }
 
@@ -79,6 +90,9 @@ impl Baseline {
             Baseline::Chars(View::Sent2) => "character 2–5-gram LR on sent2 + ending",
             Baseline::Chars(View::Context) => "character 2–5-gram LR on sent1 + sent2 + ending",
             Baseline::MiniLm => "LR on the MiniLM embedding of sent2 + ending",
+            Baseline::FineTunedMiniLm => {
+                "MiniLM fine-tuned as a cross-encoder on sent1 + sent2 [SEP] ending"
+            }
         }
     }
 }
@@ -97,10 +111,32 @@ pub enum CvResult {
         /// The λ chosen in each fold (trained baselines only).
         #[serde(skip_serializing_if = "Vec::is_empty")]
         lambda: Vec<f64>,
+        /// The questions each fold's model was trained on (the fine-tuned baseline only: how
+        /// much it had to learn from is part of what its accuracy means).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        train_questions: Vec<usize>,
     },
     Skipped {
         skipped: String,
     },
+}
+
+impl CvResult {
+    /// "trained on N questions per fold" (or "N–M"), where the baseline reports them.
+    pub fn trained_on(&self) -> Option<String> {
+        let CvResult::Measured {
+            train_questions, ..
+        } = self
+        else {
+            return None;
+        };
+        let (min, max) = (train_questions.iter().min()?, train_questions.iter().max()?);
+        Some(if min == max {
+            format!("trained on {min} questions per fold")
+        } else {
+            format!("trained on {min}–{max} questions per fold")
+        })
+    }
 }
 
 /// The cross-validated audit (`--json`'s `cv` object).
@@ -210,6 +246,9 @@ fn prepare(b: Baseline, questions: &[Question], embedder: &Embedder) -> Result<P
         Baseline::Chars(view) => {
             Prepared::Features(grams::featurise(questions, view, Grams::Chars))
         }
+        Baseline::FineTunedMiniLm => {
+            Prepared::Skipped("measured by cv::fine_tune, not by cross_validate".into())
+        }
         Baseline::MiniLm => match embedder {
             Embedder::Unavailable(why) => Prepared::Skipped(why.clone()),
             Embedder::Encoder(encode) => {
@@ -301,5 +340,95 @@ fn summarise(folds: Vec<f64>, lambda: Vec<f64>) -> CvResult {
         se: (var / k).sqrt(),
         folds,
         lambda,
+        train_questions: Vec::new(),
     }
+}
+
+/// How the fine-tuned baseline is made in every fold.
+#[derive(Debug, Clone)]
+pub struct FineTune {
+    pub shape: cross_encoder::Shape,
+    /// Its `seed` is replaced by each fold's own.
+    pub train: cross_encoder::TrainConfig,
+    pub compute: Compute,
+}
+
+impl Default for FineTune {
+    fn default() -> Self {
+        FineTune {
+            shape: Default::default(),
+            train: Default::default(),
+            compute: Compute::cpu(),
+        }
+    }
+}
+
+/// The fine-tuned baseline, cross-validated over the folds [`cross_validate`] deals with the
+/// same `k` and `seed`: per fold, a cross-encoder fresh from the sentence model in `model_dir`
+/// (`config.json`, `tokenizer.json`, `model.safetensors`) is trained on
+/// the other folds and picks the highest-scoring option of each held-out question. Each fold's
+/// head and batch order come from `seed` derived with `finetune fold F`.
+pub fn fine_tune(
+    questions: &[Question],
+    k: usize,
+    seed: u64,
+    model_dir: &Path,
+    settings: &FineTune,
+) -> Result<CvResult> {
+    let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
+    let fold_of = super::folds::assign(&groups, k, seed);
+    let as_choice = |q: &Question| cross_encoder::Question {
+        context: crate::dataset::startphrase(&q.sent1, &q.sent2),
+        endings: q.endings.to_vec(),
+    };
+    let mut accuracies = Vec::with_capacity(k);
+    let mut train_questions = Vec::with_capacity(k);
+    for f in 0..k {
+        let (test, train): (Vec<usize>, Vec<usize>) =
+            (0..questions.len()).partition(|&q| fold_of[q] == f);
+        let gold = |qs: &[usize]| -> Vec<usize> {
+            qs.iter()
+                .map(|&q| questions[q].label.expect("labels checked on read"))
+                .collect()
+        };
+        let choices = |qs: &[usize]| -> Vec<cross_encoder::Question> {
+            qs.iter().map(|&q| as_choice(&questions[q])).collect()
+        };
+        let fold_seed = Seed::new(seed)
+            .derive(&format!("finetune fold {f}"))
+            .value();
+        let mut model =
+            CrossEncoder::load(model_dir, settings.shape, fold_seed, &settings.compute)?;
+        let config = cross_encoder::TrainConfig {
+            seed: fold_seed,
+            ..settings.train.clone()
+        };
+        let steps = train.len().div_ceil(config.batch.max(1)) * config.epochs;
+        let bar = crate::progress::bar(
+            steps as u64,
+            &format!("finetune_minilm fold {}/{k}: steps", f + 1),
+        );
+        model.train(&choices(&train), &gold(&train), &config, &mut |p| {
+            if let cross_encoder::Progress::Step { done, .. } = p {
+                bar.set_position(done as u64)
+            }
+        })?;
+        bar.finish_and_clear();
+        let scores: Vec<[f64; 4]> = model
+            .score(&choices(&test))?
+            .iter()
+            .map(|s| std::array::from_fn(|o| f64::from(s[o])))
+            .collect();
+        accuracies.push(ngram::tie_aware_accuracy(&scores, &gold(&test)));
+        train_questions.push(train.len());
+    }
+    let mut result = summarise(accuracies, Vec::new());
+    if let CvResult::Measured {
+        train_questions: trained_on,
+        ..
+    } = &mut result
+    {
+        *trained_on = train_questions;
+    }
+    Ok(result)
 }

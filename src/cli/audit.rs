@@ -6,6 +6,8 @@ use anyhow::Result;
 
 use crate::audit::predictions::Choice;
 use crate::audit::{self, cv, score::score};
+use crate::device::{Compute, DeviceChoice};
+use crate::embed::cross_encoder::{Shape, TrainConfig};
 
 #[derive(clap::Args)]
 #[command(
@@ -22,9 +24,14 @@ trained on K-1 folds and tested on the held-out one; audit.md, audit.json and ac
 hold this table and the PPMI words of the pool (no train/val table, no KNN). Baselines: \
 shortest, longest, word 1-2-gram LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR \
 (char_end, char_s2, char_ctx: subwords of each word, case and punctuation kept) and LR on the \
-MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
+MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it), and the MiniLM encoder \
+itself fine-tuned per fold as a cross-encoder that reads [CLS] sent1 sent2 [SEP] ending [SEP] \
+and picks the highest-scoring ending (finetune_minilm, with the number of questions each fold \
+trained on; --no-finetune or --no-embed skips it; it takes minutes on a CPU, --device cuda runs \
+it on a GPU). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
 \"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
-\"folds\": [accuracy per fold], \"lambda\": [chosen per fold]} or {\"skipped\": WHY}}}, \
+\"folds\": [accuracy per fold], \"lambda\": [chosen per fold], \"train_questions\": [per fold]} \
+or {\"skipped\": WHY}}}, \
 \"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..]}; mean is the mean fold \
 accuracy and se the standard deviation of the fold accuracies / sqrt(K)."
 )]
@@ -67,10 +74,28 @@ pub struct Args {
     /// Embed every text again instead of reading or writing the cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// Skip --cv's fine-tuned cross-encoder (finetune_minilm), the slowest baseline.
+    #[arg(long)]
+    pub no_finetune: bool,
+    /// finetune_minilm: passes over each fold's training questions.
+    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs)]
+    pub finetune_epochs: usize,
+    /// finetune_minilm: word pieces per option, [CLS] and [SEP]s included (the context is cut
+    /// from its start when the pair is longer).
+    #[arg(long, value_name = "N", default_value_t = Shape::default().max_len)]
+    pub finetune_max_len: usize,
+    /// finetune_minilm: the encoder's lowest layers kept fixed (the embeddings always are);
+    /// fewer train more of the model and take longer.
+    #[arg(long, value_name = "N", default_value_t = Shape::default().frozen_layers)]
+    pub finetune_frozen_layers: usize,
+    /// Where finetune_minilm runs: `cpu`, or `cuda` (`cuda:N`) with an afkit built with
+    /// `--features cuda`.
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda|cuda:N")]
+    pub device: DeviceChoice,
 }
 
 impl Args {
-    fn config(&self) -> audit::Config {
+    fn config(&self) -> Result<audit::Config> {
         let skip_knn = if self.no_knn {
             Some("--no-knn")
         } else if self.no_embed {
@@ -78,7 +103,29 @@ impl Args {
         } else {
             None
         };
-        audit::Config {
+        let skip_fine_tune = if self.no_finetune {
+            Some("--no-finetune")
+        } else if self.no_embed {
+            Some("--no-embed")
+        } else {
+            None
+        };
+        let fine_tune = cv::FineTune {
+            shape: Shape {
+                max_len: self.finetune_max_len,
+                frozen_layers: self.finetune_frozen_layers,
+            },
+            train: TrainConfig {
+                epochs: self.finetune_epochs,
+                ..Default::default()
+            },
+            // Opened only when the baseline runs, so a CPU-only build audits without it.
+            compute: match skip_fine_tune.or(self.cv.is_none().then_some("no --cv")) {
+                Some(_) => Compute::cpu(),
+                None => Compute::open(self.device, None)?,
+            },
+        };
+        Ok(audit::Config {
             dataset: self.dataset.clone(),
             out: self
                 .out
@@ -95,12 +142,14 @@ impl Args {
                     .clone()
                     .unwrap_or_else(crate::embed::default_cache_dir)
             }),
-        }
+            skip_fine_tune: skip_fine_tune.map(String::from),
+            fine_tune,
+        })
     }
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let config = args.config();
+    let config = args.config()?;
     if let Some(k) = args.cv {
         let audit = audit::cross_validated(&config, k as usize, &mut |note| eprintln!("{note}"))?;
         if args.json {
@@ -128,14 +177,19 @@ fn print_cv_table(cv: &cv::CvReport) {
         "{}-fold cross-validation by group: {} questions, {} groups, seed {} (chance 0.250)",
         cv.folds, cv.questions, cv.groups, cv.seed
     );
-    println!("{:<10} {:>6} {:>7}", "baseline", "mean", "± se");
+    println!("{:<15} {:>6} {:>7}", "baseline", "mean", "± se");
     for (baseline, result) in &cv.baselines {
         let name = baseline.name();
         match result {
-            cv::CvResult::Measured { mean, se, .. } => {
-                println!("{name:<10} {mean:>6.3} {:>7}", format!("± {se:.3}"))
-            }
-            cv::CvResult::Skipped { skipped } => println!("{name:<10} skipped: {skipped}"),
+            cv::CvResult::Measured { mean, se, .. } => println!(
+                "{name:<15} {mean:>6.3} {:>7}{}",
+                format!("± {se:.3}"),
+                result
+                    .trained_on()
+                    .map(|t| format!("  ({t})"))
+                    .unwrap_or_default()
+            ),
+            cv::CvResult::Skipped { skipped } => println!("{name:<15} skipped: {skipped}"),
         }
     }
 }
