@@ -229,6 +229,7 @@ fn cli_cross_validates_the_labelled_splits_and_skips_an_unlabelled_test() {
         assert_eq!(baselines[name]["se"], 0.0, "{name}");
     }
     assert_eq!(baselines["minilm_s2"]["skipped"], "--no-embed");
+    assert_eq!(baselines["finetune_minilm"]["skipped"], "--no-embed");
     for f in ["audit.md", "audit.json", "accuracy.png"] {
         assert!(dir.path().join("audit").join(f).exists(), "{f} missing");
     }

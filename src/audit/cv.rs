@@ -12,6 +12,11 @@
 //! per option, softmax over the four, L2-regularised L-BFGS, λ chosen on a seeded split of the
 //! training folds alone) on different features: word 1–2-grams, character 2–5-grams (`grams`),
 //! MiniLM sentence embeddings, or the relations of each ending to its context (`relational`).
+//! `finetune_minilm` ([`fine_tune`]) is of another kind: the MiniLM encoder itself, fine-tuned per
+//! fold as a cross-encoder that reads each ending with its context (`embed::cross_encoder`), run
+//! after the others because it takes every core for minutes.
+
+use std::path::Path;
 
 use anyhow::{bail, Result};
 use rayon::prelude::*;
@@ -21,6 +26,9 @@ use super::dataset::Question;
 use super::grams::{self, Grams, View};
 use super::knn::Encode;
 use super::ngram::{self, Features};
+use crate::device::Compute;
+use crate::embed::cross_encoder::{self, CrossEncoder};
+use crate::seed::Seed;
 
 /// One baseline of the cross-validated audit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +46,9 @@ pub enum Baseline {
     /// Logistic regression on how each ending relates to its context and to the other endings
     /// (`relational`): word overlap, novelty, agreement among the options.
     Relational,
+    /// The MiniLM encoder fine-tuned as a multiple-choice cross-encoder ([`fine_tune`]; not in
+    /// [`Baseline::ALL`], which [`cross_validate`] measures).
+    FineTunedMiniLm,
 }
 
 impl Baseline {
@@ -69,6 +80,7 @@ impl Baseline {
             Baseline::Chars(v) => ["char_end", "char_s2", "char_ctx"][view(v)],
             Baseline::MiniLm => "minilm_s2",
             Baseline::Relational => "relational",
+            Baseline::FineTunedMiniLm => "finetune_minilm",
         }
     }
 
@@ -86,6 +98,8 @@ impl Baseline {
             Baseline::MiniLm => "LR on the MiniLM embedding of sent2 + ending",
             Baseline::Relational => {
                 "LR on word overlap and novelty against sent1, sent2 and the other endings"
+            Baseline::FineTunedMiniLm => {
+                "MiniLM fine-tuned as a cross-encoder on sent1 + sent2 [SEP] ending"
             }
         }
     }
@@ -105,10 +119,32 @@ pub enum CvResult {
         /// The λ chosen in each fold (trained baselines only).
         #[serde(skip_serializing_if = "Vec::is_empty")]
         lambda: Vec<f64>,
+        /// The questions each fold's model was trained on (the fine-tuned baseline only: how
+        /// much it had to learn from is part of what its accuracy means).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        train_questions: Vec<usize>,
     },
     Skipped {
         skipped: String,
     },
+}
+
+impl CvResult {
+    /// "trained on N questions per fold" (or "N–M"), where the baseline reports them.
+    pub fn trained_on(&self) -> Option<String> {
+        let CvResult::Measured {
+            train_questions, ..
+        } = self
+        else {
+            return None;
+        };
+        let (min, max) = (train_questions.iter().min()?, train_questions.iter().max()?);
+        Some(if min == max {
+            format!("trained on {min} questions per fold")
+        } else {
+            format!("trained on {min}–{max} questions per fold")
+        })
+    }
 }
 
 /// The cross-validated audit (`--json`'s `cv` object).
@@ -218,6 +254,9 @@ fn prepare(b: Baseline, questions: &[Question], embedder: &Embedder) -> Result<P
         Baseline::Chars(view) => {
             Prepared::Features(grams::featurise(questions, view, Grams::Chars))
         }
+        Baseline::FineTunedMiniLm => {
+            Prepared::Skipped("measured by cv::fine_tune, not by cross_validate".into())
+        }
         Baseline::MiniLm => match embedder {
             Embedder::Unavailable(why) => Prepared::Skipped(why.clone()),
             Embedder::Encoder(encode) => {
@@ -310,5 +349,95 @@ fn summarise(folds: Vec<f64>, lambda: Vec<f64>) -> CvResult {
         se: (var / k).sqrt(),
         folds,
         lambda,
+        train_questions: Vec::new(),
     }
+}
+
+/// How the fine-tuned baseline is made in every fold.
+#[derive(Debug, Clone)]
+pub struct FineTune {
+    pub shape: cross_encoder::Shape,
+    /// Its `seed` is replaced by each fold's own.
+    pub train: cross_encoder::TrainConfig,
+    pub compute: Compute,
+}
+
+impl Default for FineTune {
+    fn default() -> Self {
+        FineTune {
+            shape: Default::default(),
+            train: Default::default(),
+            compute: Compute::cpu(),
+        }
+    }
+}
+
+/// The fine-tuned baseline, cross-validated over the folds [`cross_validate`] deals with the
+/// same `k` and `seed`: per fold, a cross-encoder fresh from the sentence model in `model_dir`
+/// (`config.json`, `tokenizer.json`, `model.safetensors`) is trained on
+/// the other folds and picks the highest-scoring option of each held-out question. Each fold's
+/// head and batch order come from `seed` derived with `finetune fold F`.
+pub fn fine_tune(
+    questions: &[Question],
+    k: usize,
+    seed: u64,
+    model_dir: &Path,
+    settings: &FineTune,
+) -> Result<CvResult> {
+    let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
+    let fold_of = super::folds::assign(&groups, k, seed);
+    let as_choice = |q: &Question| cross_encoder::Question {
+        context: crate::dataset::startphrase(&q.sent1, &q.sent2),
+        endings: q.endings.to_vec(),
+    };
+    let mut accuracies = Vec::with_capacity(k);
+    let mut train_questions = Vec::with_capacity(k);
+    for f in 0..k {
+        let (test, train): (Vec<usize>, Vec<usize>) =
+            (0..questions.len()).partition(|&q| fold_of[q] == f);
+        let gold = |qs: &[usize]| -> Vec<usize> {
+            qs.iter()
+                .map(|&q| questions[q].label.expect("labels checked on read"))
+                .collect()
+        };
+        let choices = |qs: &[usize]| -> Vec<cross_encoder::Question> {
+            qs.iter().map(|&q| as_choice(&questions[q])).collect()
+        };
+        let fold_seed = Seed::new(seed)
+            .derive(&format!("finetune fold {f}"))
+            .value();
+        let mut model =
+            CrossEncoder::load(model_dir, settings.shape, fold_seed, &settings.compute)?;
+        let config = cross_encoder::TrainConfig {
+            seed: fold_seed,
+            ..settings.train.clone()
+        };
+        let steps = train.len().div_ceil(config.batch.max(1)) * config.epochs;
+        let bar = crate::progress::bar(
+            steps as u64,
+            &format!("finetune_minilm fold {}/{k}: steps", f + 1),
+        );
+        model.train(&choices(&train), &gold(&train), &config, &mut |p| {
+            if let cross_encoder::Progress::Step { done, .. } = p {
+                bar.set_position(done as u64)
+            }
+        })?;
+        bar.finish_and_clear();
+        let scores: Vec<[f64; 4]> = model
+            .score(&choices(&test))?
+            .iter()
+            .map(|s| std::array::from_fn(|o| f64::from(s[o])))
+            .collect();
+        accuracies.push(ngram::tie_aware_accuracy(&scores, &gold(&test)));
+        train_questions.push(train.len());
+    }
+    let mut result = summarise(accuracies, Vec::new());
+    if let CvResult::Measured {
+        train_questions: trained_on,
+        ..
+    } = &mut result
+    {
+        *trained_on = train_questions;
+    }
+    Ok(result)
 }

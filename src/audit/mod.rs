@@ -33,6 +33,7 @@ use serde::Serialize;
 use crate::dataset::Split;
 use crate::embed::SentenceEncoder;
 use crate::output::Output;
+use crate::models::DefaultModel;
 use crate::seed::Seed;
 use crate::store::vector_cache::VectorCache;
 use dataset::Question;
@@ -64,6 +65,9 @@ pub struct Config {
     pub control: Option<PathBuf>,
     /// Replace report files afkit did not write (never the dataset's CSV files).
     pub force: bool,
+    /// Why `--cv`'s fine-tuned baseline is not measured (`None`: it is, as `fine_tune` says).
+    pub skip_fine_tune: Option<String>,
+    pub fine_tune: cv::FineTune,
 }
 
 impl Config {
@@ -299,8 +303,12 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
         Err(why) => cv::Embedder::Unavailable(why.clone()),
     };
     let files_read = Split::ALL.map(|s| config.dataset.join(s.regular_csv()).display().to_string());
-    let cv = cv::cross_validate(&questions, k, config.seed, &cv::Baseline::ALL, &embedder)
+    let mut cv = cv::cross_validate(&questions, k, config.seed, &cv::Baseline::ALL, &embedder)
         .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
+    cv.baselines.push((
+        cv::Baseline::FineTunedMiniLm,
+        fine_tuned(&questions, k, config, note)?,
+    ));
     let pooled: Vec<&Question> = questions.iter().collect();
     let mut audit = CvAudit {
         cv,
@@ -323,6 +331,27 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
     audit.control = control.map(Box::new);
     report::write_cv(&config.out, &audit, &output)?;
     Ok(audit)
+}
+
+/// `--cv`'s fine-tuned baseline, or why it was skipped: the sentence model is fetched as the
+/// other MiniLM baselines fetch it, and its absence is a reason, not an error.
+fn fine_tuned(
+    questions: &[Question],
+    k: usize,
+    config: &Config,
+    note: &mut dyn FnMut(&str),
+) -> Result<cv::CvResult> {
+    let skip = |why: String| Ok(cv::CvResult::Skipped { skipped: why });
+    if let Some(why) = &config.skip_fine_tune {
+        return skip(why.clone());
+    }
+    match DefaultModel::MiniLm.ensure() {
+        Ok(dir) => cv::fine_tune(questions, k, config.seed, &dir, &config.fine_tune),
+        Err(err) => {
+            note(&format!("finetune_minilm skipped: {err:#}"));
+            skip(format!("MiniLM encoder unavailable: {err:#}"))
+        }
+    }
 }
 
 /// The text of option `o` of a question that one n-gram classifier sees.

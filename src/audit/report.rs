@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::cv::CvResult;
+use super::cv::{Baseline, CvResult};
 use super::lm::LmResult;
 use super::ppmi::Association;
 use super::verdict::{Row, Verdict};
@@ -289,9 +289,13 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
                 mean, se, folds, ..
             } => {
                 let per_fold: Vec<String> = folds.iter().map(|a| format!("{a:.3}")).collect();
+                let trained = result
+                    .trained_on()
+                    .map(|t| format!(" ({t})"))
+                    .unwrap_or_default();
                 writeln!(
                     md,
-                    "| {name} | {} | {mean:.3} | {se:.3} | {} |",
+                    "| {name} | {} | {mean:.3} | {se:.3} | {}{trained} |",
                     baseline.description(),
                     per_fold.join(" ")
                 )?;
@@ -310,6 +314,21 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
          inside each training fold on a seeded 80/20 split. Character n-grams are the 2–5-grams of \
          every whitespace-separated word between `<` and `>`, case and punctuation kept.\n"
     )?;
+    if cv
+        .baselines
+        .iter()
+        .any(|(b, r)| *b == Baseline::FineTunedMiniLm && r.trained_on().is_some())
+    {
+        writeln!(
+            md,
+            "finetune_minilm is the MiniLM sentence encoder trained end to end in each fold as a \
+             multiple-choice model: every option is read as `[CLS] sent1 sent2 [SEP] ending [SEP]`, \
+             its last layer mean-pooled and scored by a linear head, with a softmax over the four \
+             options. How many questions it learnt from matters as much as its accuracy: a \
+             fine-tuned reader gains with more training questions, so a low accuracy on a small \
+             dataset is a weaker claim than the same accuracy on a large one.\n"
+        )?;
+    }
     writeln!(md, "![accuracy](accuracy.png)\n")?;
     write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)

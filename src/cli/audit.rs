@@ -8,6 +8,8 @@ use crate::audit::lm::LmSpec;
 use crate::audit::predictions::Choice;
 use crate::audit::verdict::{Row, Verdict};
 use crate::audit::{self, cv, score::score};
+use crate::device::{Compute, DeviceChoice};
+use crate::embed::cross_encoder::{Shape, TrainConfig};
 
 // Help headings after the common options.
 const BASELINES: &str = "Baselines";
@@ -28,9 +30,14 @@ trained on K-1 folds and tested on the held-out one; audit.md, audit.json and ac
 hold this table and the PPMI words of the pool (no train/val table, no KNN). Baselines: \
 shortest, longest, word 1-2-gram LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR \
 (char_end, char_s2, char_ctx: subwords of each word, case and punctuation kept) and LR on the \
-MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
+MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it), and the MiniLM encoder \
+itself fine-tuned per fold as a cross-encoder that reads [CLS] sent1 sent2 [SEP] ending [SEP] \
+and picks the highest-scoring ending (finetune_minilm, with the number of questions each fold \
+trained on; --no-finetune or --no-embed skips it; it takes minutes on a CPU, --device cuda runs \
+it on a GPU). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
 \"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
-\"folds\": [accuracy per fold], \"lambda\": [chosen per fold]} or {\"skipped\": WHY}}}, \
+\"folds\": [accuracy per fold], \"lambda\": [chosen per fold], \"train_questions\": [per fold]} \
+or {\"skipped\": WHY}}}, \
 \"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..], \"lm\": [..], \"summary\": [..], \
 \"verdicts\": [..]}; mean is the mean fold accuracy and se the standard deviation of the fold \
 accuracies / sqrt(K). Also under --cv: relational, LR on how each ending relates to its context \
@@ -102,6 +109,24 @@ pub struct Args {
     /// dataset's CSV files are never written over.
     #[arg(long)]
     pub force: bool,
+    /// Skip --cv's fine-tuned cross-encoder (finetune_minilm), the slowest baseline.
+    #[arg(long)]
+    pub no_finetune: bool,
+    /// finetune_minilm: passes over each fold's training questions.
+    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs)]
+    pub finetune_epochs: usize,
+    /// finetune_minilm: word pieces per option, [CLS] and [SEP]s included (the context is cut
+    /// from its start when the pair is longer).
+    #[arg(long, value_name = "N", default_value_t = Shape::default().max_len)]
+    pub finetune_max_len: usize,
+    /// finetune_minilm: the encoder's lowest layers kept fixed (the embeddings always are);
+    /// fewer train more of the model and take longer.
+    #[arg(long, value_name = "N", default_value_t = Shape::default().frozen_layers)]
+    pub finetune_frozen_layers: usize,
+    /// Where finetune_minilm runs: `cpu`, or `cuda` (`cuda:N`) with an afkit built with
+    /// `--features cuda`.
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda|cuda:N")]
+    pub device: DeviceChoice,
 }
 
 impl Args {
@@ -129,6 +154,28 @@ impl Args {
                 Ok(LmSpec { name: shown, path })
             })
             .collect::<Result<_>>()?;
+        let skip_fine_tune = if self.no_finetune {
+            Some("--no-finetune")
+        } else if self.no_embed {
+            Some("--no-embed")
+        } else {
+            None
+        };
+        let fine_tune = cv::FineTune {
+            shape: Shape {
+                max_len: self.finetune_max_len,
+                frozen_layers: self.finetune_frozen_layers,
+            },
+            train: TrainConfig {
+                epochs: self.finetune_epochs,
+                ..Default::default()
+            },
+            // Opened only when the baseline runs, so a CPU-only build audits without it.
+            compute: match skip_fine_tune.or(self.cv.is_none().then_some("no --cv")) {
+                Some(_) => Compute::cpu(),
+                None => Compute::open(self.device, None)?,
+            },
+        };
         Ok(audit::Config {
             dataset: self.dataset.clone(),
             out: self
@@ -149,6 +196,8 @@ impl Args {
             lm,
             control: self.control.clone(),
             force: self.force,
+            skip_fine_tune: skip_fine_tune.map(String::from),
+            fine_tune,
         })
     }
 }
@@ -190,6 +239,8 @@ fn print_cv_table(audit: &audit::CvAudit) {
     for (baseline, result) in &cv.baselines {
         if let cv::CvResult::Skipped { skipped } = result {
             println!("{:<22} skipped: {skipped}", baseline.name());
+        } else if let Some(trained_on) = result.trained_on() {
+            println!("{:<22} {trained_on}", baseline.name());
         }
     }
     print_verdicts(&audit.verdicts);

@@ -3,8 +3,10 @@
 //! mean-pooled over the attention mask, then L2-normalised to a 384-d unit vector.
 //!
 //! AFLite uses these vectors as its default features Φ, the audit stage for KNN distances and
-//! its MiniLM baseline, and AF for its sentence-vector model.
+//! its MiniLM baseline, and AF for its sentence-vector model. `cross_encoder` fine-tunes the same
+//! encoder as a multiple-choice model that reads each ending with its context.
 
+pub mod cross_encoder;
 mod minilm;
 
 use std::path::{Path, PathBuf};

@@ -185,6 +185,7 @@ mod tests {
             d_ff: 128,
             rope_theta: 10_000.0,
             rms_eps: 1e-5,
+            arch: Default::default(),
         };
         let path = dir.join("tiny.gguf");
         write_random_gguf(&path, &cfg, 7).unwrap();
