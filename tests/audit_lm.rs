@@ -232,35 +232,18 @@ fn holdout_audit_scores_val_with_the_model_and_names_bad_models() {
 }
 
 /// The python that has lm-evaluation-harness with its Hugging Face backend, from
-/// `AFKIT_LM_EVAL_PYTHON`; None after saying why.
-fn harness_python() -> Option<PathBuf> {
-    let Some(python) = std::env::var_os("AFKIT_LM_EVAL_PYTHON") else {
-        eprintln!(
-            "skipping: set AFKIT_LM_EVAL_PYTHON to a python with lm-eval, transformers, torch and gguf"
-        );
-        return None;
-    };
+/// `AFKIT_LM_EVAL_PYTHON`.
+fn harness_python() -> PathBuf {
+    let python = std::env::var_os("AFKIT_LM_EVAL_PYTHON")
+        .expect("set AFKIT_LM_EVAL_PYTHON to a python with lm-eval, transformers, torch and gguf");
     let has = Command::new(&python)
         .args(["-c", "import lm_eval, transformers, torch, gguf"])
         .output();
-    if !has.is_ok_and(|o| o.status.success()) {
-        eprintln!("skipping: {python:?} cannot import lm_eval, transformers, torch and gguf");
-        return None;
-    }
-    Some(PathBuf::from(python))
-}
-
-/// The SmolLM2 GGUF in afkit's model cache, if it was fetched (the test does not download it).
-fn cached_smollm2() -> Option<PathBuf> {
-    let path = afkit::models::DefaultModel::smollm2_gguf();
-    if path.is_file() {
-        return Some(path);
-    }
-    eprintln!(
-        "skipping: no {} (run `afkit models fetch smollm2`)",
-        path.display()
+    assert!(
+        has.is_ok_and(|o| o.status.success()),
+        "{python:?} cannot import lm_eval, transformers, torch and gguf"
     );
-    None
+    PathBuf::from(python)
 }
 
 /// The harness's per-question log-likelihoods of the four endings, by doc_id.
@@ -320,10 +303,13 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 /// project's, or the dataset folder in `AFKIT_LM_EVAL_DATASET` (train.csv, a labelled val.csv
 /// and lm_eval/afkit_swag.yaml evaluating val).
 #[test]
+#[ignore = "needs lm-evaluation-harness: AFKIT_LM_EVAL_PYTHON=PYTHON cargo test --release -- --ignored acc_equals_the_harness"]
 fn acc_equals_the_harness_on_the_same_export_and_model() {
-    let (Some(python), Some(model)) = (harness_python(), cached_smollm2()) else {
-        return;
-    };
+    let python = harness_python();
+    afkit::models::DefaultModel::SmolLm2
+        .ensure()
+        .expect("fetch SmolLM2");
+    let model = afkit::models::DefaultModel::smollm2_gguf();
     let dir = tempfile::tempdir().unwrap();
     let export = match std::env::var_os("AFKIT_LM_EVAL_DATASET") {
         Some(given) => PathBuf::from(given),

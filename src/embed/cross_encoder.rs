@@ -1039,15 +1039,11 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(offline, ignore = "AFKIT_TEST_OFFLINE is set: MiniLM is not fetched")]
     fn the_sentence_model_fine_tuned_finds_a_planted_tell() {
-        let dir = crate::models::DefaultModel::MiniLm.dir();
-        if !dir.join("model.safetensors").exists() {
-            eprintln!(
-                "skipping: no MiniLM in {} (`afkit models fetch minilm`)",
-                dir.display()
-            );
-            return;
-        }
+        let dir = crate::models::DefaultModel::MiniLm
+            .ensure()
+            .expect("fetch MiniLM");
         let mut model = CrossEncoder::load(&dir, Shape::default(), 1, &Compute::cpu()).unwrap();
         let (train, train_gold) = questions(160, true, 12);
         let (test, test_gold) = questions(100, true, 13);
