@@ -98,6 +98,7 @@ impl Baseline {
             Baseline::MiniLm => "LR on the MiniLM embedding of sent2 + ending",
             Baseline::Relational => {
                 "LR on word overlap and novelty against sent1, sent2 and the other endings"
+            }
             Baseline::FineTunedMiniLm => {
                 "MiniLM fine-tuned as a cross-encoder on sent1 + sent2 [SEP] ending"
             }
