@@ -58,7 +58,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f64]) {
 }
 
 #[test]
-#[cfg_attr(offline, ignore = "AFKIT_TEST_OFFLINE is set: Gemma-3-270M is not fetched")]
+#[cfg_attr(
+    offline,
+    ignore = "AFKIT_TEST_OFFLINE is set: Gemma-3-270M is not fetched"
+)]
 fn gemma3_tokenizer_matches_transformers() {
     let lm = gemma3();
     for case in reference()["cases"].as_array().unwrap() {
@@ -70,7 +73,10 @@ fn gemma3_tokenizer_matches_transformers() {
 }
 
 #[test]
-#[cfg_attr(offline, ignore = "AFKIT_TEST_OFFLINE is set: Gemma-3-270M is not fetched")]
+#[cfg_attr(
+    offline,
+    ignore = "AFKIT_TEST_OFFLINE is set: Gemma-3-270M is not fetched"
+)]
 fn gemma3_forward_pass_matches_transformers() {
     let lm = gemma3();
     let reference = reference();

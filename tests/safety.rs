@@ -321,7 +321,7 @@ fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
     );
     assert_eq!(query_i64(&fresh, "SELECT COUNT(*) FROM pools"), 1);
     let status = ok(&["status", arg(&fresh)]);
-    assert!(status.contains("1 contexts have no pool"), "{status}");
+    assert!(status.contains("1 context without a pool yet"), "{status}");
 }
 
 #[test]

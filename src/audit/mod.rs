@@ -32,8 +32,8 @@ use serde::Serialize;
 
 use crate::dataset::Split;
 use crate::embed::SentenceEncoder;
-use crate::output::Output;
 use crate::models::DefaultModel;
+use crate::output::Output;
 use crate::seed::Seed;
 use crate::store::vector_cache::VectorCache;
 use dataset::Question;

@@ -79,7 +79,9 @@ impl Family {
             Family::Style => "no style baseline ran",
             Family::Relational => "it runs under --cv",
             Family::LmZeroShot => "add --lm smollm2 or --lm MODEL.gguf",
-            Family::FineTuned => "the fine-tuned baseline runs under --cv where it is available",
+            Family::FineTuned => {
+                "it runs under --cv unless --no-finetune or --no-embed is given or MiniLM is absent"
+            }
         }
     }
 }

@@ -638,13 +638,12 @@ fn learning_rate(config: &TrainConfig, step: usize, warmup: usize, total: usize)
     }
 }
 
+/// Hands out a named weight of the given shape, trainable or fixed: how the layers are built
+/// from the pretrained file (or a test's random weights).
+type TakeWeight<'a> = dyn FnMut(&str, &[usize], bool) -> Result<Tensor> + 'a;
+
 impl Norm {
-    fn take(
-        take: &mut dyn FnMut(&str, &[usize], bool) -> Result<Tensor>,
-        prefix: &str,
-        config: &Config,
-        train: bool,
-    ) -> Result<Self> {
+    fn take(take: &mut TakeWeight, prefix: &str, config: &Config, train: bool) -> Result<Self> {
         let width = config.hidden_size;
         Ok(Norm {
             weight: take(&format!("{prefix}.weight"), &[width], train)?,
@@ -676,7 +675,7 @@ impl Norm {
 
 impl Dense {
     fn take(
-        take: &mut dyn FnMut(&str, &[usize], bool) -> Result<Tensor>,
+        take: &mut TakeWeight,
         prefix: &str,
         inputs: usize,
         outputs: usize,
@@ -695,12 +694,7 @@ impl Dense {
 }
 
 impl Layer {
-    fn take(
-        take: &mut dyn FnMut(&str, &[usize], bool) -> Result<Tensor>,
-        prefix: &str,
-        config: &Config,
-        train: bool,
-    ) -> Result<Self> {
+    fn take(take: &mut TakeWeight, prefix: &str, config: &Config, train: bool) -> Result<Self> {
         let (width, inner) = (config.hidden_size, config.intermediate_size);
         let mut dense = |name: &str, inputs, outputs| {
             Dense::take(take, &format!("{prefix}.{name}"), inputs, outputs, train)
@@ -788,6 +782,9 @@ mod tests {
     /// The word that marks the real ending in the planted-tell data.
     const MARKER: &str = "indeed";
 
+    /// Adds a named random (or constant) weight of the given shape to a test model.
+    type PutWeight<'a> = dyn FnMut(String, &[usize], Option<f32>) + 'a;
+
     /// A word-level tokenizer over `WORDS`, the marker and BERT's special tokens.
     fn tokenizer() -> Tokenizer {
         let vocab: serde_json::Map<String, serde_json::Value> =
@@ -833,7 +830,7 @@ mod tests {
             weights.insert(name, Tensor::from_vec(data, dims, &Device::Cpu).unwrap());
         };
         let (w, inner) = (config.hidden_size, config.intermediate_size);
-        let norm = |put: &mut dyn FnMut(String, &[usize], Option<f32>), p: String| {
+        let norm = |put: &mut PutWeight, p: String| {
             put(format!("{p}.weight"), &[w], Some(1.0));
             put(format!("{p}.bias"), &[w], Some(0.0));
         };

@@ -135,7 +135,7 @@ impl Arch {
     pub fn window(&self, layer: usize) -> Option<usize> {
         self.local_layers
             .as_ref()
-            .filter(|l| (layer + 1) % l.period != 0)
+            .filter(|l| !(layer + 1).is_multiple_of(l.period))
             .map(|l| l.window)
     }
 }
