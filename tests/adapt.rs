@@ -4,35 +4,13 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use afkit::dataset::group_fold;
-use common::{arg, command, query_i64, run_ok, tiny_gguf};
+use common::{arg, command, jsonl_project, query_i64, run_ok, tiny_gguf};
 use rusqlite::Connection;
-
-/// A project of 40 examples in 20 groups, ingested from JSONL.
-fn project(dir: &Path) -> PathBuf {
-    let input = dir.join("in.jsonl");
-    let lines: Vec<String> = (0..40)
-        .map(|i| {
-            serde_json::json!({
-                "id": format!("v{}#{}", i / 2, i % 2),
-                "group": format!("v{}", i / 2),
-                "sent1": format!("A person number {i} walks into a large room."),
-                "sent2": "The person",
-                "ending": format!("sits down on chair number {i} and waits."),
-            })
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&input, lines.join("\n")).unwrap();
-    let p = dir.join("p.sqlite");
-    run_ok(command().arg("init").arg(&p));
-    run_ok(command().args(["ingest", arg(&p), "--format", "jsonl", arg(&input)]));
-    p
-}
 
 fn adapt(p: &Path, model: &Path) -> std::process::Command {
     let mut cmd = command();
@@ -67,7 +45,7 @@ fn adapters_are_trained_per_fold_resume_after_kill_9_and_repeat_from_the_seed() 
     let model = tiny_gguf(dir.path(), 64, 2);
     let a = dir.path().join("a");
     std::fs::create_dir(&a).unwrap();
-    let p = project(&a);
+    let p = jsonl_project(&a, 40);
     // Kill the first run once it has recorded a fold (or at once, if it is that fast).
     let mut child = adapt(&p, &model)
         .stdout(Stdio::null())
@@ -103,7 +81,7 @@ fn adapters_are_trained_per_fold_resume_after_kill_9_and_repeat_from_the_seed() 
     // Same seed, uninterrupted, in a fresh project: the same adapters, bit for bit.
     let b = dir.path().join("b");
     std::fs::create_dir(&b).unwrap();
-    let q = project(&b);
+    let q = jsonl_project(&b, 40);
     run_ok(&mut adapt(&q, &model));
     assert_eq!(adapters(&p), adapters(&q));
     // A second run has nothing left to do.
@@ -115,7 +93,7 @@ fn adapters_are_trained_per_fold_resume_after_kill_9_and_repeat_from_the_seed() 
 fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_gguf(dir.path(), 64, 2);
-    let p = project(dir.path());
+    let p = jsonl_project(dir.path(), 40);
     let generate = |p: &Path, extra: &[&str]| {
         let mut cmd = command();
         cmd.args(["generate", arg(p), "--model", arg(&model), "--n-neg", "3"]);
@@ -159,7 +137,7 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     assert_eq!(folds.len(), 3);
     let plain = dir.path().join("plain");
     std::fs::create_dir(&plain).unwrap();
-    let q = project(&plain);
+    let q = jsonl_project(&plain, 40);
     let out = generate(&q, &["--style-examples", "0"]).output().unwrap();
     assert!(out.status.success());
     let said = String::from_utf8_lossy(&out.stderr);

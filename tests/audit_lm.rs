@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use afkit::audit::dataset::read_split;
+use afkit::audit::lm::score_questions;
 use afkit::dataset::startphrase;
-use afkit::lm::choice::{ChoiceQuestion, ChoiceScorer, OptionScores};
+use afkit::lm::choice::OptionScores;
 use afkit::lm::LanguageModel;
 use common::{command, ok, run_ok, tiny_gguf, unverified_project};
 use serde_json::Value;
@@ -79,21 +80,8 @@ fn write_dataset(dir: &Path, n: usize, control: bool) {
 fn engine_scores(model: &Path, split: &Path) -> (Vec<OptionScores>, Vec<usize>) {
     let questions = read_split(split, true).unwrap();
     let model = LanguageModel::load(model).unwrap();
-    let scorer = ChoiceScorer::new(&model).unwrap();
-    let contexts: Vec<String> = questions
-        .iter()
-        .map(|q| startphrase(&q.sent1, &q.sent2))
-        .collect();
-    let posed: Vec<ChoiceQuestion> = questions
-        .iter()
-        .zip(&contexts)
-        .map(|(q, context)| ChoiceQuestion {
-            context,
-            options: &q.endings,
-        })
-        .collect();
     let labels = questions.iter().map(|q| q.label.unwrap()).collect();
-    (scorer.score_all(&posed, &|| ()).unwrap(), labels)
+    (score_questions(&model, &questions, &|| ()).unwrap(), labels)
 }
 
 fn share(picks: impl Iterator<Item = usize>, labels: &[usize]) -> f64 {

@@ -3,32 +3,9 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{arg, command, run_ok, stderr, tiny_gguf};
-
-/// A project of 12 examples in 6 groups, ingested from JSONL.
-fn project(dir: &Path) -> PathBuf {
-    let input = dir.join("in.jsonl");
-    let lines: Vec<String> = (0..12)
-        .map(|i| {
-            serde_json::json!({
-                "id": format!("v{}#{}", i / 2, i % 2),
-                "group": format!("v{}", i / 2),
-                "sent1": format!("A person number {i} walks into a large room."),
-                "sent2": "The person",
-                "ending": format!("sits down on chair number {i} and waits."),
-            })
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&input, lines.join("\n")).unwrap();
-    let p = dir.join("p.sqlite");
-    run_ok(command().arg("init").arg(&p));
-    run_ok(command().args(["ingest", arg(&p), "--format", "jsonl", arg(&input)]));
-    p
-}
+use common::{arg, command, jsonl_project, stderr, tiny_gguf};
 
 /// afkit with progress on, its stderr a pipe, a line at every redraw.
 fn with_progress_lines() -> Command {
@@ -56,7 +33,7 @@ fn progress_lines<'a>(err: &'a str, unit: &str) -> Vec<&'a str> {
 fn lm_adapt_and_generate_print_progress_lines_to_a_pipe() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_gguf(dir.path(), 32, 2);
-    let p = project(dir.path());
+    let p = jsonl_project(dir.path(), 12);
 
     let out = with_progress_lines()
         .args(["lm", "adapt", arg(&p), "--model", arg(&model)])
@@ -94,7 +71,7 @@ fn lm_adapt_and_generate_print_progress_lines_to_a_pipe() {
 fn no_progress_lines_when_turned_off() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_gguf(dir.path(), 32, 1);
-    let p = project(dir.path());
+    let p = jsonl_project(dir.path(), 12);
     let out = command()
         .env("AFKIT_PROGRESS_EVERY", "0.001")
         .args(["generate", arg(&p), "--model", arg(&model), "--no-adapters"])

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::dataset::Question;
 use crate::dataset::startphrase;
-use crate::lm::choice::{ChoiceQuestion, ChoiceScorer};
+use crate::lm::choice::{ChoiceQuestion, ChoiceScorer, OptionScores};
 use crate::lm::LanguageModel;
 
 /// A model to audit with: the name the user gave and the GGUF file it resolves to.
@@ -51,16 +51,13 @@ pub fn proportion_se(p: f64, n: usize) -> f64 {
     (p * (1.0 - p) * n / (n - 1.0) / n).sqrt()
 }
 
-/// Scores every question (all labelled) with the model; `done` hears each finished question.
-pub fn zero_shot(
-    spec: &LmSpec,
+/// The model's scores of each question's endings, the question posed as the harness poses the
+/// export's SWAG-style task; `done` hears each finished question.
+pub fn score_questions(
+    model: &LanguageModel,
     questions: &[Question],
     done: &(dyn Fn() + Sync),
-) -> Result<LmResult> {
-    let started = Instant::now();
-    let model = LanguageModel::load(&spec.path)
-        .with_context(|| format!("--lm {}: cannot load {}", spec.name, spec.path.display()))?;
-    let scorer = ChoiceScorer::new(&model)?;
+) -> Result<Vec<OptionScores>> {
     let contexts: Vec<String> = questions
         .iter()
         .map(|q| startphrase(&q.sent1, &q.sent2))
@@ -73,7 +70,19 @@ pub fn zero_shot(
             options: &q.endings,
         })
         .collect();
-    let scores = scorer.score_all(&posed, done)?;
+    ChoiceScorer::new(model)?.score_all(&posed, done)
+}
+
+/// Scores every question (all labelled) with the model; `done` hears each finished question.
+pub fn zero_shot(
+    spec: &LmSpec,
+    questions: &[Question],
+    done: &(dyn Fn() + Sync),
+) -> Result<LmResult> {
+    let started = Instant::now();
+    let model = LanguageModel::load(&spec.path)
+        .with_context(|| format!("--lm {}: cannot load {}", spec.name, spec.path.display()))?;
+    let scores = score_questions(&model, questions, done)?;
     let n = questions.len();
     let share = |pick: &dyn Fn(usize) -> usize| -> f64 {
         let right = questions

@@ -338,3 +338,25 @@ pub fn example_texts(path: &Path) -> BTreeSet<(String, String, String, String)> 
         .map(|e| (e.group, e.sent1, e.sent2, e.ending))
         .collect()
 }
+
+/// A project of `n` examples, two per group (`v0`, `v1`, ...), ingested from JSONL.
+pub fn jsonl_project(dir: &Path, n: usize) -> PathBuf {
+    let input = dir.join("in.jsonl");
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("v{}#{}", i / 2, i % 2),
+                "group": format!("v{}", i / 2),
+                "sent1": format!("A person number {i} walks into a large room."),
+                "sent2": "The person",
+                "ending": format!("sits down on chair number {i} and waits."),
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let p = dir.join("p.sqlite");
+    run_ok(command().arg("init").arg(&p));
+    run_ok(command().args(["ingest", arg(&p), "--format", "jsonl", arg(&input)]));
+    p
+}
