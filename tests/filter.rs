@@ -60,6 +60,49 @@ fn plain_ending(rng: &mut ChaCha8Rng) -> String {
 
 /// Creates a project holding the synthetic pool; returns its path.
 fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
+    build_project_with(dir, name, spec, |rng, _| {
+        let gold = plain_ending(rng);
+        let mut texts = BTreeSet::new();
+        texts.insert(gold.clone());
+        let mut endings = Vec::new();
+        while endings.len() < spec.candidates {
+            let plain = plain_ending(rng);
+            let text = if endings.len() < spec.clean {
+                plain
+            } else {
+                format!("{TELL} {plain}")
+            };
+            if texts.insert(text.clone()) {
+                endings.push(text);
+            }
+        }
+        (gold, endings)
+    })
+}
+
+/// The sent1 and sent2 of context `i` of a synthetic pool.
+fn synthetic_context(i: usize) -> (String, String) {
+    let subjects = [
+        "The man",
+        "A woman",
+        "Then, the boy",
+        "The girl",
+        "He",
+        "She",
+    ];
+    (
+        "A person stands outside on a sunny day.".into(),
+        subjects[i % subjects.len()].into(),
+    )
+}
+
+/// A project whose context `i` has the gold ending and candidates `endings(rng, i)` gives.
+fn build_project_with(
+    dir: &Path,
+    name: &str,
+    spec: PoolSpec,
+    mut endings_of: impl FnMut(&mut ChaCha8Rng, usize) -> (String, Vec<String>),
+) -> PathBuf {
     let path = dir.join(name);
     drop(Store::create(&path).unwrap());
     let mut conn = Connection::open(&path).unwrap();
@@ -75,21 +118,14 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
     .unwrap();
     let generation = tx.last_insert_rowid();
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
-    let subjects = [
-        "The man",
-        "A woman",
-        "Then, the boy",
-        "The girl",
-        "He",
-        "She",
-    ];
     for i in 0..spec.contexts {
-        let gold = plain_ending(&mut rng);
+        let (gold, endings) = endings_of(&mut rng, i);
+        let (sent1, sent2) = synthetic_context(i);
         let ex = NewExample {
             ext_id: format!("v{}#{i}", i / 3),
             group: format!("v{}", i / 3),
-            sent1: "A person stands outside on a sunny day.".into(),
-            sent2: subjects[i % subjects.len()].into(),
+            sent1,
+            sent2,
             ending: gold.clone(),
             gold_source: None,
         };
@@ -101,20 +137,6 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
                 |r| r.get(0),
             )
             .unwrap();
-        let mut texts = BTreeSet::new();
-        texts.insert(gold.clone());
-        let mut endings = Vec::new();
-        while endings.len() < spec.candidates {
-            let plain = plain_ending(&mut rng);
-            let text = if endings.len() < spec.clean {
-                plain
-            } else {
-                format!("{TELL} {plain}")
-            };
-            if texts.insert(text.clone()) {
-                endings.push(text);
-            }
-        }
         let lm = |rng: &mut ChaCha8Rng, text: &str| {
             let n = text.split_whitespace().count() as i64 + 1;
             (
@@ -148,7 +170,7 @@ fn build_project(dir: &Path, name: &str, spec: PoolSpec) -> PathBuf {
             params![
                 example_id,
                 generation,
-                spec.candidates as i64,
+                endings.len() as i64,
                 -2.5 + rng.random_range(-0.5..0.5)
             ],
         )
@@ -743,4 +765,180 @@ proptest! {
         }
         prop_assert_eq!(state, run_state(&copy), "same seed, same run");
     }
+}
+
+/// Per-character log-likelihood (what `acc_norm` ranks by) of every ending of a scorer model
+/// given a context's startphrase, keyed by (sent2, ending): sent1 is the same everywhere.
+type PerChar = std::collections::HashMap<(String, String), f64>;
+
+/// The mean, over the latest run's contexts, of the gold ending's per-character log-likelihood
+/// less the mean of its assigned negatives': how far the negatives are from reading as likely
+/// as the real ending to the scorer.
+fn scorer_margin(project: &Path, per_char: &PerChar) -> f64 {
+    let conn = Connection::open(project).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT x.sent2, g.text, e.text FROM af_assignments a
+             JOIN endings e ON e.id = a.ending_id JOIN examples x ON x.id = e.example_id
+             JOIN endings g ON g.example_id = x.id AND g.is_gold = 1
+             WHERE a.run_id = (SELECT MAX(id) FROM af_runs) ORDER BY x.id",
+        )
+        .unwrap();
+    let mut by_context: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get(2)?))
+        })
+        .unwrap();
+    for row in rows {
+        let (sent2, gold, negative): (String, String, String) = row.unwrap();
+        by_context
+            .entry((sent2.clone(), gold))
+            .or_default()
+            .push(per_char[&(sent2, negative)]);
+    }
+    let margins: Vec<f64> = by_context
+        .iter()
+        .map(|((sent2, gold), negatives)| {
+            per_char[&(sent2.clone(), gold.clone())]
+                - negatives.iter().sum::<f64>() / negatives.len() as f64
+        })
+        .collect();
+    margins.iter().sum::<f64>() / margins.len() as f64
+}
+
+/// `--scorer`: a tell only a language model sees. Every context's real ending is, of its pool,
+/// the one a small model finds likeliest per character given the context; the endings are all
+/// alike in style and the generator's stored features are noise. With the model as a scorer AF
+/// swaps in the negatives that model finds likeliest, and the gap to the real ending shrinks;
+/// without it AF has nothing to go on and the gap stays. Every pool ending's score is stored,
+/// and it is the harness-style reading of `lm::choice`.
+#[test]
+fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
+    use afkit::lm::choice::{ChoiceQuestion, ChoiceScorer};
+    use afkit::lm::llama::LlamaConfig;
+    use afkit::lm::model::{write_random_gguf, RANDOM_GGUF_VOCAB};
+
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("scorer.gguf");
+    let cfg = LlamaConfig {
+        vocab: RANDOM_GGUF_VOCAB,
+        d_model: 64,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        d_ff: 128,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-5,
+        arch: Default::default(),
+    };
+    write_random_gguf(&gguf, &cfg, 7).unwrap();
+    let model = afkit::lm::LanguageModel::load(&gguf).unwrap();
+    let scorer = ChoiceScorer::new(&model).unwrap();
+    let mut per_char = PerChar::new();
+    let mut gold_ll = std::collections::HashMap::new();
+    // Per context, the margin a uniformly random assignment has on average.
+    let mut random_margins = Vec::new();
+    let spec = PoolSpec {
+        contexts: 300,
+        candidates: 9,
+        clean: 9,
+        seed: 5,
+    };
+    let made = build_project_with(dir.path(), "made.sqlite", spec, |rng, i| {
+        let (sent1, sent2) = synthetic_context(i);
+        let mut texts = BTreeSet::new();
+        while texts.len() < spec.candidates + 1 {
+            texts.insert(plain_ending(rng));
+        }
+        let texts: Vec<String> = texts.into_iter().collect();
+        let context = afkit::dataset::startphrase(&sent1, &sent2);
+        let scores = scorer
+            .score(&ChoiceQuestion {
+                context: &context,
+                options: &texts,
+            })
+            .unwrap();
+        let gold = scores.pick_per_char();
+        for (j, text) in texts.iter().enumerate() {
+            let pc = scores.loglikelihood[j] / scores.chars[j] as f64;
+            per_char.insert((sent2.clone(), text.clone()), pc);
+        }
+        gold_ll.insert(i, scores.loglikelihood[gold]);
+        let pcs: Vec<f64> = (0..texts.len())
+            .map(|j| scores.loglikelihood[j] / scores.chars[j] as f64)
+            .collect();
+        let others = (pcs.iter().sum::<f64>() - pcs[gold]) / (pcs.len() - 1) as f64;
+        random_margins.push(pcs[gold] - others);
+        let mut candidates = texts.clone();
+        let gold = candidates.remove(gold);
+        (gold, candidates)
+    });
+    let plain = dir.path().join("plain.sqlite");
+    std::fs::copy(&made, &plain).unwrap();
+    let scored = dir.path().join("scored.sqlite");
+    std::fs::copy(&made, &scored).unwrap();
+    let run = |project: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "--k",
+            "4",
+            "--mlp-iterations",
+            "10",
+            "--ensemble-iterations",
+            "0",
+            "--seed",
+            "3",
+        ];
+        args.extend(extra);
+        run_ok(command().args(filter_args(project, &args)));
+    };
+    run(&plain, &[]);
+    run(&scored, &["--scorer", gguf.to_str().unwrap()]);
+
+    let initial = random_margins.iter().sum::<f64>() / random_margins.len() as f64;
+    let without = scorer_margin(&plain, &per_char);
+    let with = scorer_margin(&scored, &per_char);
+    assert!(initial > 0.0, "the real ending is the likeliest: {initial}");
+    assert!(
+        without > 0.85 * initial,
+        "without the scorer AF cannot see the tell: {without} of {initial}"
+    );
+    assert!(
+        with < 0.7 * initial,
+        "with the scorer AF picks negatives the model finds likely: {with} of {initial}"
+    );
+
+    let conn = Connection::open(&scored).unwrap();
+    let (rows, endings): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM scorer_scores), (SELECT COUNT(*) FROM endings)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(rows, endings, "every pool ending is scored once");
+    let first_gold: f64 = conn
+        .query_row(
+            "SELECT s.ll_cond FROM scorer_scores s JOIN endings e ON e.id = s.ending_id
+             WHERE e.is_gold = 1 ORDER BY e.example_id LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        (first_gold - gold_ll[&0]).abs() < 1e-4,
+        "{first_gold} vs {}",
+        gold_ll[&0]
+    );
+    let params: String = conn
+        .query_row(
+            "SELECT params FROM af_runs ORDER BY id DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        params.contains("\"scorers\""),
+        "the run records its scorer: {params}"
+    );
 }

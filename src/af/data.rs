@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::scorer::{scorer_features, SCORER_FEATURES};
 use crate::embed::{SentenceEncoder, ENCODER};
 use crate::store::af::{EndingLm, PoolContext};
 use crate::store::Store;
@@ -79,6 +80,9 @@ pub struct EncodedEnding {
     pub ending_id: i64,
     /// Standardised LM features and lengths.
     pub lm: [f32; LM_FEATURES],
+    /// Standardised features from the run's scorer models, [`SCORER_FEATURES`] per model in the
+    /// run's order (empty, and not allocated, in a run without scorers).
+    pub scorer: Box<[f32]>,
     /// Word ids of `sent2 + ending`; the first `EncodedContext::n_sent2` belong to `sent2`.
     /// Empty when the dataset was loaded without text.
     pub words: Box<[u32]>,
@@ -119,6 +123,8 @@ pub struct Dataset {
     pub subword_buckets: usize,
     /// Width of the sentence vectors (0: no sentence model).
     pub sentence_dim: usize,
+    /// Scorer features per option (0: no scorer models).
+    pub scorer_features: usize,
     /// Contexts with a complete pool left out for having fewer than k candidates.
     pub excluded: usize,
 }
@@ -131,6 +137,7 @@ impl Dataset {
             lstm_words: self.lstm_vocab_size,
             subword_buckets: self.subword_buckets,
             sentence_dim: self.sentence_dim,
+            scorer_features: self.scorer_features,
         }
     }
 
@@ -141,7 +148,19 @@ impl Dataset {
     /// With the sentence model, every pool ending must have its stored sentence vector
     /// ([`store_sentence_vectors`] first).
     pub fn load(store: &Store, k: usize, cfg: &EncodeConfig, with_text: bool) -> Result<Dataset> {
-        let mut builder = Builder::new(*cfg, with_text);
+        Self::load_scored(store, k, cfg, with_text, &[])
+    }
+
+    /// [`Dataset::load`] with the features of scorer models, each named by the key its scores
+    /// are stored under (every pool ending must have a stored score from each).
+    pub fn load_scored(
+        store: &Store,
+        k: usize,
+        cfg: &EncodeConfig,
+        with_text: bool,
+        scorers: &[String],
+    ) -> Result<Dataset> {
+        let mut builder = Builder::new(*cfg, with_text, scorers);
         let mut chunk: Vec<PoolContext> = Vec::with_capacity(CHUNK_CONTEXTS);
         store.for_each_pool_context(|context| {
             if context.candidates.len() < k {
@@ -182,6 +201,8 @@ struct Builder {
     tagger: &'static crate::text::Tagger,
     /// Width of the sentence vectors read so far (0: none yet, or no sentence model).
     sentence_dim: usize,
+    /// Keys of the scorer models whose stored scores become features.
+    scorers: Vec<String>,
     interned: HashMap<String, u32>,
     /// Occurrences per interned id: each `sent2` once, each ending once.
     counts: Vec<usize>,
@@ -242,12 +263,13 @@ fn tokenise_option(
 }
 
 impl Builder {
-    fn new(cfg: EncodeConfig, with_text: bool) -> Builder {
+    fn new(cfg: EncodeConfig, with_text: bool, scorers: &[String]) -> Builder {
         Builder {
             cfg,
             with_text,
             tagger: crate::text::Tagger::shipped(),
             sentence_dim: 0,
+            scorers: scorers.to_vec(),
             interned: HashMap::new(),
             counts: Vec::new(),
             contexts: Vec::new(),
@@ -269,6 +291,7 @@ impl Builder {
             })
             .collect();
         let mut sentences = self.sentence_vectors(&chunk, store)?.into_iter();
+        let mut scored = self.scorer_features(&chunk, store)?.into_iter();
         for (c, (sent2, options)) in chunk.iter().zip(tokenised) {
             if with_text {
                 for t in &sent2 {
@@ -291,6 +314,7 @@ impl Builder {
                     EncodedEnding {
                         ending_id: ending.id,
                         lm: raw_features(lm_features(c, &ending.lm, option.n_words)),
+                        scorer: scored.next().unwrap_or_default(),
                         words,
                         lstm: option.tags.into(),
                         subwords: option.subwords.into(),
@@ -337,6 +361,32 @@ impl Builder {
                 );
             }
             out.push(v);
+        }
+        Ok(out)
+    }
+
+    /// The scorer features of every option of the chunk, in option order (none without
+    /// scorers).
+    fn scorer_features(&self, chunk: &[PoolContext], store: &Store) -> Result<Vec<Box<[f32]>>> {
+        if self.scorers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for e in chunk
+            .iter()
+            .flat_map(|c| std::iter::once(&c.gold).chain(&c.candidates))
+        {
+            let mut features = Vec::with_capacity(SCORER_FEATURES * self.scorers.len());
+            for key in &self.scorers {
+                let Some(score) = store.scorer_score(key, e.id)? else {
+                    bail!(
+                        "ending {} has no score from scorer model {key} (score the pools first)",
+                        e.id
+                    );
+                };
+                features.extend(scorer_features(&score, &e.text).map(|v| v as f32));
+            }
+            out.push(features.into());
         }
         Ok(out)
     }
@@ -412,6 +462,7 @@ impl Builder {
                 0
             },
             sentence_dim: self.sentence_dim,
+            scorer_features: SCORER_FEATURES * self.scorers.len(),
             excluded: self.excluded,
         }
     }
@@ -501,58 +552,86 @@ fn lm_features(ctx: &PoolContext, lm: &EndingLm, n_words: usize) -> [Option<f64>
 }
 
 /// Zero mean, unit variance per feature over every option of the run, in place; a missing
-/// value (NaN) becomes the mean (0) and a constant feature becomes 0. Two passes in f64.
+/// value (NaN) becomes the mean (0) and a constant feature becomes 0. Two passes in f64. The LM
+/// features and the scorer features are standardised alike, each feature on its own.
 fn standardise(contexts: &mut [EncodedContext]) {
-    let mut sum = [0.0f64; LM_FEATURES];
-    let mut n = [0usize; LM_FEATURES];
-    for_each_option(contexts, |lm| {
-        for f in 0..LM_FEATURES {
-            if !lm[f].is_nan() {
-                sum[f] += f64::from(lm[f]);
+    standardise_features(contexts, LM_FEATURES, lm_of);
+    let scorer_width = contexts.first().map_or(0, |c| c.gold.scorer.len());
+    standardise_features(contexts, scorer_width, scorer_of);
+}
+
+fn lm_of(e: &mut EncodedEnding) -> &mut [f32] {
+    &mut e.lm
+}
+
+fn scorer_of(e: &mut EncodedEnding) -> &mut [f32] {
+    &mut e.scorer
+}
+
+fn standardise_features(
+    contexts: &mut [EncodedContext],
+    width: usize,
+    features: fn(&mut EncodedEnding) -> &mut [f32],
+) {
+    if width == 0 {
+        return;
+    }
+    let mut sum = vec![0.0f64; width];
+    let mut n = vec![0usize; width];
+    for_each_option(contexts, features, |values| {
+        for (f, &v) in values.iter().enumerate() {
+            if !v.is_nan() {
+                sum[f] += f64::from(v);
                 n[f] += 1;
             }
         }
     });
-    let mean: [f64; LM_FEATURES] =
-        std::array::from_fn(|f| if n[f] > 0 { sum[f] / n[f] as f64 } else { 0.0 });
-    let mut squares = [0.0f64; LM_FEATURES];
-    for_each_option(contexts, |lm| {
-        for f in 0..LM_FEATURES {
-            if !lm[f].is_nan() {
-                squares[f] += (f64::from(lm[f]) - mean[f]).powi(2);
+    let mean: Vec<f64> = (0..width)
+        .map(|f| if n[f] > 0 { sum[f] / n[f] as f64 } else { 0.0 })
+        .collect();
+    let mut squares = vec![0.0f64; width];
+    for_each_option(contexts, features, |values| {
+        for (f, &v) in values.iter().enumerate() {
+            if !v.is_nan() {
+                squares[f] += (f64::from(v) - mean[f]).powi(2);
             }
         }
     });
-    let std: [f64; LM_FEATURES] = std::array::from_fn(|f| {
-        let var = if n[f] > 0 {
-            squares[f] / n[f] as f64
-        } else {
-            0.0
-        };
-        if var > 1e-12 {
-            var.sqrt()
-        } else {
-            1.0
-        }
-    });
+    let std: Vec<f64> = (0..width)
+        .map(|f| {
+            let var = if n[f] > 0 {
+                squares[f] / n[f] as f64
+            } else {
+                0.0
+            };
+            if var > 1e-12 {
+                var.sqrt()
+            } else {
+                1.0
+            }
+        })
+        .collect();
     contexts.par_iter_mut().for_each(|c| {
         for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
-            for f in 0..LM_FEATURES {
-                let v = e.lm[f];
-                e.lm[f] = if v.is_nan() {
+            for (f, v) in features(e).iter_mut().enumerate() {
+                *v = if v.is_nan() {
                     0.0
                 } else {
-                    ((f64::from(v) - mean[f]) / std[f]) as f32
+                    ((f64::from(*v) - mean[f]) / std[f]) as f32
                 };
             }
         }
     });
 }
 
-fn for_each_option(contexts: &[EncodedContext], mut visit: impl FnMut(&[f32; LM_FEATURES])) {
+fn for_each_option(
+    contexts: &mut [EncodedContext],
+    features: fn(&mut EncodedEnding) -> &mut [f32],
+    mut visit: impl FnMut(&[f32]),
+) {
     for c in contexts {
-        for e in std::iter::once(&c.gold).chain(&c.candidates) {
-            visit(&e.lm);
+        for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
+            visit(features(e));
         }
     }
 }
@@ -565,6 +644,7 @@ mod tests {
         EncodedEnding {
             ending_id: 0,
             lm,
+            scorer: Box::default(),
             words: Box::default(),
             lstm: Box::default(),
             subwords: Box::default(),

@@ -16,6 +16,7 @@ pub mod gates;
 pub mod model;
 pub mod report;
 pub mod run;
+pub mod scorer;
 pub mod train;
 pub mod windows;
 

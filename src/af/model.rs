@@ -1,7 +1,8 @@
 //! The stylistic model family of SWAG §3.4, in candle: four models that each score one option
 //! (`sent2 + ending`) of a (k+1)-way choice, and an ensemble over their final representations.
 //!
-//! - [`MlpModel`]: LM features and lengths → two ReLU layers.
+//! - [`MlpModel`]: LM features and lengths (and the features of any scorer models, see
+//!   [`super::scorer`]) → two ReLU layers.
 //! - [`BowModel`]: the mean of trainable word embeddings.
 //! - [`CnnModel`]: one convolution layer per filter width (2, 3, 4, 5) over word embedding ⊕
 //!   indicator embedding ("token is in `sent2`"), ReLU, max-pooled over time. The convolution is
@@ -53,6 +54,8 @@ pub struct Inputs {
     pub subword_buckets: usize,
     /// Width of the sentence vectors; 0 leaves the sentence model out.
     pub sentence_dim: usize,
+    /// Features from scorer models beside the LM features (0: none).
+    pub scorer_features: usize,
 }
 
 /// Layer sizes.
@@ -81,7 +84,7 @@ impl Default for ModelConfig {
 
 /// A padded batch of options, one row per option.
 pub struct Batch {
-    /// (rows, LM_FEATURES) standardised LM features.
+    /// (rows, LM_FEATURES + scorer features) standardised LM and scorer features.
     pub lm: Tensor,
     /// Token inputs; `None` in MLP-only iterations.
     pub text: Option<TextBatch>,
@@ -173,9 +176,9 @@ pub struct MlpModel {
 }
 
 impl MlpModel {
-    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    fn new(inputs: usize, cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
         Ok(MlpModel {
-            l1: linear(LM_FEATURES, cfg.mlp_hidden, vb.pp("l1"))?,
+            l1: linear(inputs, cfg.mlp_hidden, vb.pp("l1"))?,
             l2: linear(cfg.mlp_hidden, cfg.mlp_hidden, vb.pp("l2"))?,
         })
     }
@@ -392,7 +395,7 @@ impl StylisticModel {
         cpu_kernels: bool,
         vb: VarBuilder,
     ) -> Result<Self> {
-        let mlp = MlpModel::new(cfg, vb.pp("mlp"))?;
+        let mlp = MlpModel::new(LM_FEATURES + inputs.scorer_features, cfg, vb.pp("mlp"))?;
         let mlp_head = linear(cfg.mlp_hidden, 1, vb.pp("mlp_head"))?;
         let text = match family {
             Family::Mlp => None,
@@ -529,8 +532,12 @@ pub fn make_batch(
     device: &Device,
 ) -> Result<Batch> {
     let rows = options.len();
-    let lm: Vec<f32> = options.iter().flat_map(|(e, _)| e.lm).collect();
-    let lm = Tensor::from_vec(lm, (rows, LM_FEATURES), device)?;
+    let width = LM_FEATURES + options.first().map_or(0, |(e, _)| e.scorer.len());
+    let lm: Vec<f32> = options
+        .iter()
+        .flat_map(|(e, _)| e.lm.iter().chain(e.scorer.iter()).copied())
+        .collect();
+    let lm = Tensor::from_vec(lm, (rows, width), device)?;
     let text = text
         .map(|inputs| text_batch(options, inputs, cnn, device))
         .transpose()?;

@@ -24,6 +24,7 @@ use super::algorithm::{
     FINAL_STREAM, INITIAL_STREAM,
 };
 use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
+use super::scorer::{store_scorer_scores, Scorer};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use crate::seed::Seed;
 use crate::store::af::{
@@ -50,6 +51,10 @@ pub struct Config {
     pub convergence: Convergence,
     pub encode: EncodeConfig,
     pub train: TrainConfig,
+    /// Further language models whose scores of every ending join the MLP's features (recorded
+    /// only when there are some, so runs without scorers keep their earlier settings).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scorers: Vec<Scorer>,
     /// Start a new run even though the latest one is unfinished or up to date (not recorded).
     #[serde(skip)]
     pub new_run: bool,
@@ -73,6 +78,7 @@ impl Default for Config {
             convergence: Convergence::default(),
             encode: EncodeConfig::default(),
             train: TrainConfig::default(),
+            scorers: Vec::new(),
             new_run: false,
             embedding_cache: None,
         }
@@ -116,6 +122,8 @@ pub trait Observer {
     fn note(&mut self, _message: &str) {}
     /// Pool endings given a sentence vector so far, of `total` missing ones.
     fn embedding(&mut self, _done: usize, _total: usize) {}
+    /// Pool endings scored by the scorer model `name` so far, of `total` missing ones.
+    fn scoring(&mut self, _name: &str, _done: usize, _total: usize) {}
     /// The run is ready: `done` of `total` iterations at most are already stored.
     fn iterations_started(&mut self, _run: &AfRun, _done: usize, _total: usize) {}
     fn phase_started(&mut self, _family: Family) {}
@@ -199,7 +207,13 @@ fn load_pools(store: &mut Store, config: &Config, observer: &mut dyn Observer) -
             observer.embedding(done, total)
         })?;
     }
-    let data = Dataset::load(store, config.k, &config.encode, with_text)?;
+    for scorer in &config.scorers {
+        store_scorer_scores(store, scorer, &mut |done, total| {
+            observer.scoring(&scorer.name, done, total)
+        })?;
+    }
+    let keys: Vec<String> = config.scorers.iter().map(|s| s.sha256.clone()).collect();
+    let data = Dataset::load_scored(store, config.k, &config.encode, with_text, &keys)?;
     if data.excluded > 0 {
         let (has, is) = if data.excluded == 1 {
             ("context has", "is")
@@ -315,6 +329,15 @@ fn resolve_run(
                  a new run on the current pools",
                 run.id
             ),
+            (Some(_), false, true)
+                if !differing_keys(&stored_params(&run)?, &params_json).is_empty() =>
+            {
+                observer.note(&format!(
+                    "AF run {} finished with other settings ({}); starting a new run",
+                    run.id,
+                    differing_keys(&stored_params(&run)?, &params_json).join(", ")
+                ));
+            }
             (Some(finished), false, true) => {
                 observer.note(&format!(
                     "AF run {} finished at {finished} on the current pools; nothing to do \
@@ -352,6 +375,10 @@ fn resolve_run(
         &initial,
     )?;
     Ok(store.latest_af_run()?.filter(|r| r.id == id))
+}
+
+fn stored_params(run: &AfRun) -> Result<serde_json::Value> {
+    Ok(serde_json::from_str(&run.params)?)
 }
 
 fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {

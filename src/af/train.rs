@@ -404,6 +404,7 @@ mod tests {
             EncodedEnding {
                 ending_id: id,
                 lm: std::array::from_fn(|_| rng.random_range(-2.0..2.0)),
+                scorer: Box::default(),
                 words: (0..len).map(|_| rng.random_range(1..40)).collect(),
                 lstm: (0..len).map(|_| rng.random_range(1..20)).collect(),
                 subwords: (0..3 * len).map(|_| rng.random_range(1..=64)).collect(),
@@ -425,6 +426,7 @@ mod tests {
             with_text: true,
             subword_buckets: 64,
             sentence_dim: 8,
+            scorer_features: 0,
             excluded: 0,
         }
     }

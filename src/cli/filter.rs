@@ -83,6 +83,15 @@ pub struct FilterArgs {
     /// It needs the MiniLM model (`afkit models fetch`) and embeds every pool ending once per run.
     #[arg(long, help_heading = MODELS)]
     pub no_sentence_model: bool,
+    /// A further language model that reads every ending (repeatable): `smollm2`, `gemma3` or
+    /// the path of a GGUF file.
+    ///
+    /// Each ending is scored after its context (sent1 + " " + sent2, as lm-evaluation-harness
+    /// poses the question) and alone; the log-likelihoods, per character and per token, join the
+    /// MLP's features, so AF prefers distractors this model finds as likely as the real ending.
+    /// Scored once per ending and stored in the project (an interrupted scoring resumes).
+    #[arg(long = "scorer", value_name = "MODEL", help_heading = MODELS)]
+    pub scorers: Vec<String>,
     /// Folder of the MiniLM embedding cache; default $AFKIT_HOME/embeddings.
     ///
     /// The sentence model reads it first (one vector per distinct text, shared with `afkit
@@ -135,6 +144,11 @@ impl FilterArgs {
                 compute: self.device.open()?,
                 ..defaults.train
             },
+            scorers: self
+                .scorers
+                .iter()
+                .map(|name| af::scorer::Scorer::open(name, crate::models::generator_gguf(name)?))
+                .collect::<Result<_>>()?,
             new_run: self.new_run,
             embedding_cache: (!self.no_cache).then(|| {
                 self.cache_dir
@@ -183,6 +197,17 @@ impl af::Observer for Progress {
         if done == 0 {
             self.0
                 .start(total, "endings embedded for the sentence model");
+        } else if let Some(bar) = self.0.bar() {
+            bar.set_position(done as u64);
+        }
+        if done == total {
+            self.0.clear();
+        }
+    }
+
+    fn scoring(&mut self, name: &str, done: usize, total: usize) {
+        if done == 0 {
+            self.0.start(total, &format!("endings scored by {name}"));
         } else if let Some(bar) = self.0.bar() {
             bar.set_position(done as u64);
         }

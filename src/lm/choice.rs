@@ -33,6 +33,8 @@ pub struct OptionScores {
     pub loglikelihood: Vec<f64>,
     /// Each option's length in characters (code points), the `acc_norm` divisor.
     pub chars: Vec<usize>,
+    /// Each option's continuation tokens.
+    pub tokens: Vec<usize>,
 }
 
 impl OptionScores {
@@ -135,6 +137,7 @@ impl<'m> ChoiceScorer<'m> {
             return Ok(OptionScores {
                 loglikelihood: Vec::new(),
                 chars: Vec::new(),
+                tokens: Vec::new(),
             });
         };
         let llama = &self.model.llama;
@@ -146,6 +149,7 @@ impl<'m> ChoiceScorer<'m> {
                 .map(|lps| lps.iter().map(|&lp| f64::from(lp)).sum())
                 .collect(),
             chars: question.options.iter().map(|o| o.chars().count()).collect(),
+            tokens: per_token.iter().map(Vec::len).collect(),
         })
     }
 
@@ -258,12 +262,14 @@ mod tests {
         let scores = OptionScores {
             loglikelihood: vec![-2.0, -1.0, -1.0, -4.0],
             chars: vec![1, 1, 2, 8],
+            tokens: vec![1, 1, 1, 3],
         };
         assert_eq!(scores.pick(), 1);
         assert_eq!(scores.pick_per_char(), 2);
         let equal = OptionScores {
             loglikelihood: vec![-3.0; 4],
             chars: vec![3; 4],
+            tokens: vec![1; 4],
         };
         assert_eq!((equal.pick(), equal.pick_per_char()), (0, 0));
     }

@@ -39,6 +39,7 @@ pub mod export;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod pool;
+pub mod scorer;
 pub mod status;
 pub mod vector_cache;
 
@@ -60,6 +61,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_5.sql"),
     include_str!("migration_6.sql"),
     include_str!("migration_7.sql"),
+    include_str!("migration_8.sql"),
 ];
 
 /// The schema version this build of afkit writes.
