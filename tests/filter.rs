@@ -942,3 +942,96 @@ fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
         "the run records its scorer: {params}"
     );
 }
+
+/// `--discriminator`: the fine-tuned cross-encoder joins the ensemble's iterations and the final
+/// pass, each with its own accuracy beside the adversary AF acts on (the two together); its
+/// trained state is committed with every iteration it trains in, so a run killed in the
+/// ensemble phase resumes from the same model and ends exactly where an uninterrupted run ends.
+/// (A small random BERT stands in for MiniLM.)
+#[test]
+fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let bert = dir.path().join("bert");
+    let mut words: Vec<String> = VERBS
+        .iter()
+        .chain(&NOUNS)
+        .chain(&PLACES)
+        .flat_map(|p| p.split(' '))
+        .chain([
+            "a", "person", "stands", "outside", "on", "sunny", "day", "man", "woman",
+        ])
+        .chain(["then", "boy", "girl", "he", "she", TELL, ".", ","])
+        .map(str::to_string)
+        .collect();
+    words.sort();
+    words.dedup();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    afkit::embed::cross_encoder::write_random_bert(&bert, &words, 4).unwrap();
+    let spec = PoolSpec {
+        contexts: 60,
+        candidates: 8,
+        clean: 4,
+        seed: 6,
+    };
+    let flags = [
+        "--k",
+        "4",
+        "--mlp-iterations",
+        "2",
+        "--ensemble-iterations",
+        "3",
+        "--ensemble-epochs",
+        "1",
+        "--seed",
+        "2",
+        "--folds",
+        "2",
+        "--no-sentence-model",
+        "--discriminator",
+        "minilm",
+        "--discriminator-model",
+        bert.to_str().unwrap(),
+    ];
+    let reference = build_project(dir.path(), "reference.sqlite", spec);
+    run_ok(command().args(filter_args(&reference, &flags)));
+    let expected = run_state(&reference);
+    assert!(expected.finished);
+    for (iteration, phase, ..) in &expected.iterations {
+        let accuracy = &expected.iterations[*iteration].4;
+        let joined = accuracy.minilm.is_some() && accuracy.adversary.is_some();
+        assert_eq!(joined, *phase == Family::Ensemble, "iteration {iteration}");
+    }
+    let store = Store::open(&reference).unwrap();
+    let run = store.latest_af_run().unwrap().unwrap();
+    let last = run.final_accuracy.unwrap();
+    assert!(
+        last.minilm.is_some() && last.adversary.is_some(),
+        "{last:?}"
+    );
+    assert!(run.params.contains("\"discriminator\""), "{}", run.params);
+    assert!(store.af_discriminator_state(run.id).unwrap().is_some());
+    drop(store);
+
+    let project = build_project(dir.path(), "killed.sqlite", spec);
+    let mut child = command()
+        .args(filter_args(&project, &flags))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while count_iterations(&project) < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let interrupted = run_state(&project);
+    assert!(
+        !interrupted.finished && interrupted.iterations.len() >= 3,
+        "the kill must land in the ensemble phase: {} iterations stored",
+        interrupted.iterations.len()
+    );
+    let out = run_ok(command().args(filter_args(&project, &flags)));
+    assert!(out.contains("resuming AF run 1"), "{out}");
+    assert_eq!(run_state(&project), expected);
+}

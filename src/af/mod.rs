@@ -12,6 +12,7 @@ pub mod algorithm;
 pub mod bags;
 pub mod bilstm;
 pub mod data;
+pub mod discriminator;
 pub mod gates;
 pub mod model;
 pub mod report;

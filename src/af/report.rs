@@ -46,7 +46,7 @@ pub fn report(store: &Store, out: &Path, output: &Output) -> Result<Report> {
 }
 
 /// The models in plotting order with their colours; the ensemble, which decides, last.
-const MODELS: [(&str, RGBColor); 7] = [
+const MODELS: [(&str, RGBColor); 9] = [
     ("MLP (LM features)", RGBColor(31, 119, 180)),
     ("bag of words", RGBColor(44, 160, 44)),
     ("CNN", RGBColor(255, 127, 14)),
@@ -54,12 +54,12 @@ const MODELS: [(&str, RGBColor); 7] = [
     ("subwords", RGBColor(140, 86, 75)),
     ("sentence (MiniLM)", RGBColor(23, 190, 207)),
     ("ensemble", RGBColor(214, 39, 40)),
+    ("fine-tuned MiniLM", RGBColor(127, 127, 127)),
+    ("adversary (ensemble + MiniLM)", RGBColor(0, 0, 0)),
 ];
 
 fn head(a: &HeadAccuracy, model: usize) -> Option<f64> {
-    [
-        a.mlp, a.bow, a.cnn, a.lstm, a.subword, a.sentence, a.ensemble,
-    ][model]
+    a.named()[model].1
 }
 
 /// Below this many held-out contexts per iteration, the chart says its points are noisy.
@@ -412,6 +412,15 @@ fn final_pass_summary(
         fmt_acc(acc.sentence),
         fmt_acc(acc.ensemble)
     )?;
+    if acc.minilm.is_some() {
+        writeln!(
+            md,
+            "- with the fine-tuned adversary: MiniLM cross-encoder {}, ensemble and MiniLM \
+             together (what AF acted on) {}",
+            fmt_acc(acc.minilm),
+            fmt_acc(acc.adversary)
+        )?;
+    }
     let origins = store.af_assignment_origins(run_id)?;
     let initial = origins.values().filter(|&&i| i < 0).count();
     writeln!(
@@ -432,29 +441,34 @@ fn iteration_table(md: &mut String, iterations: &[IterationRecord]) -> Result<()
         "Accuracy = fraction of held-out contexts whose found ending outscores all k assigned \
          negatives, measured before the iteration's swaps.\n"
     )?;
+    // The stylistic heads always; the fine-tuned adversary's where the run had one.
+    let shown: Vec<usize> = (0..MODELS.len())
+        .filter(|&m| m < 7 || iterations.iter().any(|r| head(&r.accuracy, m).is_some()))
+        .collect();
+    let names = HeadAccuracy::default().named();
+    let header: String = shown
+        .iter()
+        .map(|&m| format!(" {} |", names[m].0))
+        .collect();
     writeln!(
         md,
-        "| iteration | phase | mlp | bow | cnn | lstm | subword | sentence | ensemble | swaps | \
-         held out | seconds |"
+        "| iteration | phase |{header} swaps | held out | seconds |"
     )?;
     writeln!(
         md,
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---|{}---:|---:|---:|",
+        "---:|".repeat(shown.len())
     )?;
     for r in iterations {
-        let a = &r.accuracy;
+        let cells: String = shown
+            .iter()
+            .map(|&m| format!(" {} |", fmt_acc(head(&r.accuracy, m))))
+            .collect();
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+            "| {} | {} |{cells} {} | {} | {:.1} |",
             r.iteration,
             r.phase.name(),
-            fmt_acc(a.mlp),
-            fmt_acc(a.bow),
-            fmt_acc(a.cnn),
-            fmt_acc(a.lstm),
-            fmt_acc(a.subword),
-            fmt_acc(a.sentence),
-            fmt_acc(a.ensemble),
             r.swaps,
             r.n_test,
             r.seconds

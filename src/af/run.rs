@@ -24,6 +24,7 @@ use super::algorithm::{
     FINAL_STREAM, INITIAL_STREAM,
 };
 use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
+use super::discriminator::{Discriminator, DiscriminatorConfig, Texts};
 use super::scorer::{store_scorer_scores, Scorer};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use crate::seed::Seed;
@@ -55,6 +56,10 @@ pub struct Config {
     /// only when there are some, so runs without scorers keep their earlier settings).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scorers: Vec<Scorer>,
+    /// The fine-tuned adversary that joins the ensemble in its iterations and the final pass
+    /// (recorded only when there is one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discriminator: Option<DiscriminatorConfig>,
     /// Start a new run even though the latest one is unfinished or up to date (not recorded).
     #[serde(skip)]
     pub new_run: bool,
@@ -79,6 +84,7 @@ impl Default for Config {
             encode: EncodeConfig::default(),
             train: TrainConfig::default(),
             scorers: Vec::new(),
+            discriminator: None,
             new_run: false,
             embedding_cache: None,
         }
@@ -89,6 +95,9 @@ impl Config {
     fn validate(&self) -> Result<()> {
         if self.k == 0 {
             bail!("--k must be at least 1");
+        }
+        if self.discriminator.is_some() && self.ensemble_iterations == 0 {
+            bail!("--discriminator joins the ensemble: it needs --ensemble-iterations above 0");
         }
         if self.folds < 2 {
             bail!("--folds must be at least 2 (train on all folds but one, score that one)");
@@ -184,9 +193,30 @@ pub fn filter(
             data.vocab_size, data.lstm_vocab_size
         ));
     }
+    let mut adversary = config
+        .discriminator
+        .as_ref()
+        .map(|d| Adversary::open(store, run.id, &data, d, config))
+        .transpose()?;
     let mut assignment = store.af_assignment(run.id)?;
-    let iterations = run_iterations(store, &run, &data, &mut assignment, config, observer)?;
-    let (scored, final_accuracy) = finish_run(store, run.id, &data, &assignment, config, observer)?;
+    let iterations = run_iterations(
+        store,
+        &run,
+        &data,
+        &mut assignment,
+        config,
+        adversary.as_mut(),
+        observer,
+    )?;
+    let (scored, final_accuracy) = finish_run(
+        store,
+        run.id,
+        &data,
+        &assignment,
+        config,
+        adversary.as_ref(),
+        observer,
+    )?;
     Ok(Some(Summary {
         run_id: run.id,
         iterations,
@@ -246,6 +276,7 @@ fn run_iterations(
     data: &Dataset,
     assignment: &mut Assignment,
     config: &Config,
+    mut adversary: Option<&mut Adversary>,
     observer: &mut dyn Observer,
 ) -> Result<usize> {
     let mut history = store.af_iterations(run.id)?;
@@ -257,9 +288,14 @@ fn run_iterations(
         if iteration == 0 || history[iteration - 1].phase != family {
             observer.phase_started(family);
         }
-        let (record, swaps, train_seconds) =
-            run_iteration(data, assignment, family, iteration, config)?;
-        store.commit_af_iteration(run.id, &record, &swaps)?;
+        let adversary = adversary.as_deref_mut();
+        let IterationOutcome {
+            record,
+            swaps,
+            train_seconds,
+            adversary_state,
+        } = run_iteration(data, assignment, family, iteration, config, adversary)?;
+        store.commit_af_iteration(run.id, &record, &swaps, adversary_state.as_deref())?;
         apply_swaps(assignment, &swaps);
         observer.iteration_done(&record, train_seconds);
         history.push(record);
@@ -276,10 +312,12 @@ fn finish_run(
     data: &Dataset,
     assignment: &Assignment,
     config: &Config,
+    adversary: Option<&Adversary>,
     observer: &mut dyn Observer,
 ) -> Result<(usize, HeadAccuracy)> {
     observer.final_pass_started(config.folds);
-    let (fold_of, mut scores, accuracy) = final_pass(data, assignment, config, observer)?;
+    let (fold_of, mut scores, accuracy) =
+        final_pass(data, assignment, config, adversary, observer)?;
     // In key order, SQLite appends to the scores' B-tree instead of splitting pages all over it.
     scores.sort_unstable_by_key(|s| s.ending_id);
     let folds: Vec<(i64, usize)> = data
@@ -407,7 +445,7 @@ pub fn next_family(history: &[IterationRecord], config: &Config) -> Option<Famil
             .map(|r| {
                 let acc = match phase {
                     Family::Mlp => r.accuracy.mlp,
-                    Family::Ensemble => r.accuracy.ensemble,
+                    Family::Ensemble => r.accuracy.adversary.or(r.accuracy.ensemble),
                 };
                 rule.quiet(config.k, r.swaps, r.n_test, acc.unwrap_or(1.0))
             })
@@ -440,14 +478,15 @@ fn choice<'a>(context: &'a EncodedContext, assigned: &[i64]) -> Choice<'a> {
 }
 
 /// One AF iteration: split, train, score the held-out pools, measure, choose swaps. Also returns
-/// the seconds spent training (the rest is scoring and bookkeeping).
+/// the time spent training and, when the fine-tuned adversary trained, its new state.
 pub fn run_iteration(
     data: &Dataset,
     assignment: &Assignment,
     family: Family,
     iteration: usize,
     config: &Config,
-) -> Result<(IterationRecord, Vec<Swap>, f64)> {
+    adversary: Option<&mut Adversary>,
+) -> Result<IterationOutcome> {
     let started = Instant::now();
     let mut rng = Seed::new(config.seed).stream(iteration_stream(iteration));
     let (train_ids, test_ids) = split_80_20(data.contexts.len(), &mut rng);
@@ -457,8 +496,22 @@ pub fn run_iteration(
         .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
         .collect();
     let model = train(data, &choices, family, &config.train, model_seed)?;
+    // The fine-tuned adversary joins the ensemble's iterations only.
+    let mut adversary = adversary.filter(|_| family == Family::Ensemble);
+    if let Some(a) = adversary.as_deref_mut() {
+        let seed = Seed::new(model_seed).derive("discriminator").value();
+        a.model
+            .train(data, &a.texts, &train_ids, assignment, seed)?;
+    }
     let train_seconds = started.elapsed().as_secs_f64();
-    let held_out = score_held_out(&model, data, &test_ids)?;
+    let mut held_out = score_held_out(&model, data, &test_ids)?;
+    let state = match adversary {
+        Some(a) => {
+            a.join(&a.model, &mut held_out, data, &test_ids)?;
+            Some(a.model.state()?)
+        }
+        None => None,
+    };
 
     let mut swaps = Vec::new();
     for h in &held_out {
@@ -495,7 +548,84 @@ pub fn run_iteration(
         n_test: test_ids.len(),
         accuracy: accuracy(&held_out, assignment),
     };
-    Ok((record, swaps, train_seconds))
+    Ok(IterationOutcome {
+        record,
+        swaps,
+        train_seconds,
+        adversary_state: state,
+    })
+}
+
+/// What one iteration did, to commit and report.
+pub struct IterationOutcome {
+    pub record: IterationRecord,
+    pub swaps: Vec<Swap>,
+    /// Seconds spent training (the rest is scoring and bookkeeping).
+    pub train_seconds: f64,
+    /// The fine-tuned adversary's state when it trained in the iteration.
+    pub adversary_state: Option<Vec<u8>>,
+}
+
+/// The fine-tuned adversary of a run and the texts it reads.
+pub struct Adversary {
+    model: Discriminator,
+    texts: Texts,
+    config: DiscriminatorConfig,
+    compute: crate::device::Compute,
+}
+
+impl Adversary {
+    /// The run's adversary: as its latest iteration left it, or new (head drawn from the run's
+    /// seed) when no iteration has trained it yet.
+    fn open(
+        store: &Store,
+        run_id: i64,
+        data: &Dataset,
+        config: &DiscriminatorConfig,
+        run: &Config,
+    ) -> Result<Adversary> {
+        let state = store.af_discriminator_state(run_id)?;
+        let compute = run.train.compute.clone();
+        Ok(Adversary {
+            model: Discriminator::new(config, Self::head_seed(run), &compute, state.as_deref())?,
+            texts: Texts::load(store, data)?,
+            config: config.clone(),
+            compute,
+        })
+    }
+
+    fn head_seed(run: &Config) -> u64 {
+        Seed::new(run.seed).derive("discriminator head").value()
+    }
+
+    /// Adds `model`'s scores of the held-out contexts `ids` as the `minilm` head, and the sum of
+    /// the ensemble's and its scores as the `adversary` head, which AF then acts on.
+    fn join(
+        &self,
+        model: &Discriminator,
+        held_out: &mut [HeldOut],
+        data: &Dataset,
+        ids: &[usize],
+    ) -> Result<()> {
+        let scores = model.score(data, &self.texts, ids)?;
+        for (h, s) in held_out.iter_mut().zip(scores) {
+            let both: Vec<f32> = h.decisive().iter().zip(&s).map(|(a, b)| a + b).collect();
+            h.heads.push(("minilm", s));
+            h.heads.push(("adversary", both));
+        }
+        Ok(())
+    }
+
+    /// A copy of the model in its current state, for one fold of the final pass.
+    fn copy_model(&self, run: &Config) -> Result<Discriminator> {
+        let state = self.model.state()?;
+        Discriminator::new(
+            &self.config,
+            Self::head_seed(run),
+            &self.compute,
+            Some(&state),
+        )
+    }
 }
 
 /// A held-out context's scores: position 0 is the gold, position i + 1 the context's i-th
@@ -613,6 +743,8 @@ fn accuracy(held_out: &[HeldOut], assignment: &Assignment) -> HeadAccuracy {
             "lstm" => acc.lstm = value,
             "subword" => acc.subword = value,
             "sentence" => acc.sentence = value,
+            "minilm" => acc.minilm = value,
+            "adversary" => acc.adversary = value,
             _ => acc.ensemble = value,
         }
     }
@@ -633,6 +765,7 @@ fn final_pass(
     data: &Dataset,
     assignment: &Assignment,
     config: &Config,
+    adversary: Option<&Adversary>,
     observer: &mut dyn Observer,
 ) -> Result<(Vec<usize>, Vec<FinalScore>, HeadAccuracy)> {
     let family = config.final_family();
@@ -650,7 +783,14 @@ fn final_pass(
             .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
             .collect();
         let model = train(data, &choices, family, &config.train, model_seed)?;
-        let held_out = score_held_out(&model, data, &test_ids)?;
+        let mut held_out = score_held_out(&model, data, &test_ids)?;
+        if let Some(adversary) = adversary {
+            // Each fold's copy starts from the adversary as the iterations left it.
+            let mut fold_model = adversary.copy_model(config)?;
+            let seed = Seed::new(model_seed).derive("discriminator").value();
+            fold_model.train(data, &adversary.texts, &train_ids, assignment, seed)?;
+            adversary.join(&fold_model, &mut held_out, data, &test_ids)?;
+        }
         for h in &held_out {
             scores.push(h.final_score(0, h.context.gold.ending_id));
             for (i, e) in h.context.candidates.iter().enumerate() {

@@ -393,33 +393,64 @@ impl CrossEncoder {
         })
     }
 
-    /// Each question's option scores (higher: more likely the real ending), in order.
+    /// Each question's option scores (higher: more likely the real ending), in order. The
+    /// questions may have different numbers of options: each option is scored on its own.
     pub fn score(&self, questions: &[Question]) -> Result<Vec<Vec<f32>>> {
-        let options = options_per_question(questions)?;
         let pairs = self.pairs(questions)?;
-        // Questions of similar lengths together, so a batch pads little.
-        let mut order: Vec<usize> = (0..questions.len()).collect();
-        let longest = |q: usize| {
-            (q * options..(q + 1) * options)
-                .map(|r| pairs[r].ids.len())
-                .max()
-        };
-        order.sort_by_key(|&q| longest(q));
-        let mut scores = vec![Vec::new(); questions.len()];
-        for batch in order.chunks(SCORE_BATCH_QUESTIONS) {
+        // Options of similar lengths together, so a batch pads little.
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by_key(|&r| pairs[r].ids.len());
+        let mut flat = vec![0f32; pairs.len()];
+        for batch in order.chunks(SCORE_BATCH_OPTIONS) {
             crate::interrupt::check()?;
-            let batch_pairs: Vec<&Pair> = batch
-                .iter()
-                .flat_map(|&q| &pairs[q * options..(q + 1) * options])
-                .collect();
+            let batch_pairs: Vec<&Pair> = batch.iter().map(|&r| &pairs[r]).collect();
             let (hidden, mask) = self.lower(&batch_pairs)?;
-            let s = self.upper(&hidden, &mask)?;
-            let s = s.reshape((batch.len(), options))?.to_vec2::<f32>()?;
-            for (&q, row) in batch.iter().zip(s) {
-                scores[q] = row;
+            let s = self.upper(&hidden, &mask)?.to_vec1::<f32>()?;
+            for (&r, v) in batch.iter().zip(s) {
+                flat[r] = v;
             }
         }
-        Ok(scores)
+        let mut rest = flat.as_slice();
+        Ok(questions
+            .iter()
+            .map(|q| {
+                let (own, tail) = rest.split_at(q.endings.len());
+                rest = tail;
+                own.to_vec()
+            })
+            .collect())
+    }
+
+    /// What training changed (the trained layers and the head), as little-endian f32s in a
+    /// fixed order: enough, with the sentence model and the shape, to rebuild the model.
+    pub fn trained_state(&self) -> Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        for var in &self.trainable {
+            let values = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+            bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        Ok(bytes)
+    }
+
+    /// Puts back a state [`CrossEncoder::trained_state`] gave, from a model of the same shape.
+    pub fn restore_trained_state(&mut self, bytes: &[u8]) -> Result<()> {
+        let expected: usize = self.trainable.iter().map(|v| v.elem_count() * 4).sum();
+        ensure!(
+            bytes.len() == expected,
+            "a stored cross-encoder state of {} bytes does not fit this model ({expected} bytes)",
+            bytes.len()
+        );
+        let mut rest = bytes;
+        for var in &self.trainable {
+            let (own, tail) = rest.split_at(var.elem_count() * 4);
+            rest = tail;
+            let values: Vec<f32> = own
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            var.set(&Tensor::from_vec(values, var.shape(), &self.device)?)?;
+        }
+        Ok(())
     }
 
     /// Every option of every question as a framed, truncated pair, question by question.
@@ -441,18 +472,14 @@ impl CrossEncoder {
                 .flat_map(|q| q.endings.iter().map(String::as_str))
                 .collect(),
         )?;
-        let options = endings.len() / questions.len().max(1);
-        Ok(endings
+        let context_of = questions
             .iter()
             .enumerate()
-            .map(|(i, ending)| {
-                frame(
-                    &contexts[i / options],
-                    ending,
-                    self.shape.max_len,
-                    self.special,
-                )
-            })
+            .flat_map(|(q, question)| std::iter::repeat_n(q, question.endings.len()));
+        Ok(endings
+            .iter()
+            .zip(context_of)
+            .map(|(ending, q)| frame(&contexts[q], ending, self.shape.max_len, self.special))
             .collect())
     }
 
@@ -587,8 +614,8 @@ impl CrossEncoder {
 
 /// Options run through the frozen layers in one product.
 const FROZEN_BATCH: usize = 64;
-/// Questions scored in one forward pass.
-const SCORE_BATCH_QUESTIONS: usize = 16;
+/// Options scored in one forward pass.
+const SCORE_BATCH_OPTIONS: usize = 64;
 
 fn options_per_question(questions: &[Question]) -> Result<usize> {
     let options = questions.first().map_or(0, |q| q.endings.len());
@@ -769,6 +796,96 @@ impl Layer {
     }
 }
 
+/// Adds a named random (or constant) weight of the given shape to a test model.
+type PutWeight<'a> = dyn FnMut(String, &[usize], Option<f32>) + 'a;
+
+/// Random BERT weights for `config`, drawn from `seed`, named as Hugging Face names them.
+fn random_weights(config: &Config, seed: u64) -> HashMap<String, Tensor> {
+    let mut rng = Seed::new(seed).rng();
+    let normal = Normal::new(0.0f32, 0.02).unwrap();
+    let mut weights = HashMap::new();
+    let mut put = |name: String, dims: &[usize], value: Option<f32>| {
+        let n = dims.iter().product();
+        let data: Vec<f32> = match value {
+            Some(v) => vec![v; n],
+            None => (0..n).map(|_| normal.sample(&mut rng)).collect(),
+        };
+        weights.insert(name, Tensor::from_vec(data, dims, &Device::Cpu).unwrap());
+    };
+    let (w, inner) = (config.hidden_size, config.intermediate_size);
+    let norm = |put: &mut PutWeight, p: String| {
+        put(format!("{p}.weight"), &[w], Some(1.0));
+        put(format!("{p}.bias"), &[w], Some(0.0));
+    };
+    put(
+        "embeddings.word_embeddings.weight".into(),
+        &[config.vocab_size, w],
+        None,
+    );
+    put(
+        "embeddings.position_embeddings.weight".into(),
+        &[config.max_position_embeddings, w],
+        None,
+    );
+    put(
+        "embeddings.token_type_embeddings.weight".into(),
+        &[2, w],
+        None,
+    );
+    norm(&mut put, "embeddings.LayerNorm".into());
+    for l in 0..config.num_hidden_layers {
+        let p = format!("encoder.layer.{l}");
+        for (name, outputs, inputs) in [
+            ("attention.self.query", w, w),
+            ("attention.self.key", w, w),
+            ("attention.self.value", w, w),
+            ("attention.output.dense", w, w),
+            ("intermediate.dense", inner, w),
+            ("output.dense", w, inner),
+        ] {
+            put(format!("{p}.{name}.weight"), &[outputs, inputs], None);
+            put(format!("{p}.{name}.bias"), &[outputs], Some(0.0));
+        }
+        norm(&mut put, format!("{p}.attention.output.LayerNorm"));
+        norm(&mut put, format!("{p}.output.LayerNorm"));
+    }
+    weights
+}
+
+/// Writes a small BERT model with random weights into `dir` as the sentence model's folder is
+/// laid out (`config.json`, `tokenizer.json` with a word-level vocabulary of `words` and BERT's
+/// special tokens, `model.safetensors`): for tests of code that fine-tunes the encoder.
+pub fn write_random_bert(dir: &Path, words: &[&str], seed: u64) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let vocab: serde_json::Map<String, serde_json::Value> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+        .iter()
+        .chain(words)
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), serde_json::json!(i)))
+        .collect();
+    let config = serde_json::json!({
+        "vocab_size": vocab.len(), "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 64, "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.0, "max_position_embeddings": 64, "type_vocab_size": 2,
+        "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+        "position_embedding_type": "absolute", "use_cache": true, "model_type": "bert"
+    });
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())?;
+    let parsed: Config = serde_json::from_value(config)?;
+    candle_core::safetensors::save(
+        &random_weights(&parsed, seed),
+        dir.join("model.safetensors"),
+    )?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -781,9 +898,6 @@ mod tests {
     ];
     /// The word that marks the real ending in the planted-tell data.
     const MARKER: &str = "indeed";
-
-    /// Adds a named random (or constant) weight of the given shape to a test model.
-    type PutWeight<'a> = dyn FnMut(String, &[usize], Option<f32>) + 'a;
 
     /// A word-level tokenizer over `WORDS`, the marker and BERT's special tokens.
     fn tokenizer() -> Tokenizer {
@@ -814,59 +928,6 @@ mod tests {
             max_position_embeddings: 64,
             ..Config::default()
         }
-    }
-
-    /// Random BERT weights for `config`, drawn from `seed`, named as Hugging Face names them.
-    fn random_weights(config: &Config, seed: u64) -> HashMap<String, Tensor> {
-        let mut rng = Seed::new(seed).rng();
-        let normal = Normal::new(0.0f32, 0.02).unwrap();
-        let mut weights = HashMap::new();
-        let mut put = |name: String, dims: &[usize], value: Option<f32>| {
-            let n = dims.iter().product();
-            let data: Vec<f32> = match value {
-                Some(v) => vec![v; n],
-                None => (0..n).map(|_| normal.sample(&mut rng)).collect(),
-            };
-            weights.insert(name, Tensor::from_vec(data, dims, &Device::Cpu).unwrap());
-        };
-        let (w, inner) = (config.hidden_size, config.intermediate_size);
-        let norm = |put: &mut PutWeight, p: String| {
-            put(format!("{p}.weight"), &[w], Some(1.0));
-            put(format!("{p}.bias"), &[w], Some(0.0));
-        };
-        put(
-            "embeddings.word_embeddings.weight".into(),
-            &[config.vocab_size, w],
-            None,
-        );
-        put(
-            "embeddings.position_embeddings.weight".into(),
-            &[config.max_position_embeddings, w],
-            None,
-        );
-        put(
-            "embeddings.token_type_embeddings.weight".into(),
-            &[2, w],
-            None,
-        );
-        norm(&mut put, "embeddings.LayerNorm".into());
-        for l in 0..config.num_hidden_layers {
-            let p = format!("encoder.layer.{l}");
-            for (name, outputs, inputs) in [
-                ("attention.self.query", w, w),
-                ("attention.self.key", w, w),
-                ("attention.self.value", w, w),
-                ("attention.output.dense", w, w),
-                ("intermediate.dense", inner, w),
-                ("output.dense", w, inner),
-            ] {
-                put(format!("{p}.{name}.weight"), &[outputs, inputs], None);
-                put(format!("{p}.{name}.bias"), &[outputs], Some(0.0));
-            }
-            norm(&mut put, format!("{p}.attention.output.LayerNorm"));
-            norm(&mut put, format!("{p}.output.LayerNorm"));
-        }
-        weights
     }
 
     fn tiny_model(frozen_layers: usize) -> CrossEncoder {
@@ -1059,13 +1120,52 @@ mod tests {
     }
 
     #[test]
-    fn refuses_questions_with_different_option_counts() {
-        let model = tiny_model(0);
-        let q = |n: usize| Question {
+    fn trains_on_equal_option_counts_and_scores_any() {
+        let mut model = tiny_model(0);
+        let q = |n: usize, word: &str| Question {
             context: "the man".into(),
-            endings: vec!["runs".into(); n],
+            endings: (0..n).map(|i| format!("{word} {i}")).collect(),
         };
-        let err = model.score(&[q(4), q(3)]).unwrap_err().to_string();
+        let err = model
+            .train(
+                &[q(4, "runs"), q(3, "runs")],
+                &[0, 0],
+                &train_config(1),
+                &mut |_| {},
+            )
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("question 2 has 3 options"), "{err}");
+        let together = model.score(&[q(4, "runs"), q(2, "sits")]).unwrap();
+        assert_eq!(together[0].len(), 4);
+        assert_eq!(together[1].len(), 2);
+        for (question, scores) in [q(4, "runs"), q(2, "sits")].iter().zip(&together) {
+            let alone = model.score(std::slice::from_ref(question)).unwrap();
+            for (a, b) in alone[0].iter().zip(scores) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_trained_state_restores_the_same_model() {
+        let (questions, gold) = questions(24, true, 4);
+        let mut trained = tiny_model(1);
+        trained
+            .train(&questions, &gold, &train_config(2), &mut |_| {})
+            .unwrap();
+        let mut fresh = tiny_model(1);
+        assert_ne!(
+            fresh.score(&questions).unwrap(),
+            trained.score(&questions).unwrap()
+        );
+        fresh
+            .restore_trained_state(&trained.trained_state().unwrap())
+            .unwrap();
+        assert_eq!(
+            fresh.score(&questions).unwrap(),
+            trained.score(&questions).unwrap()
+        );
+        assert!(fresh.restore_trained_state(&[0u8; 12]).is_err());
     }
 }

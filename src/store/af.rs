@@ -68,11 +68,17 @@ pub struct HeadAccuracy {
     #[serde(default)]
     pub sentence: Option<f64>,
     pub ensemble: Option<f64>,
+    /// The fine-tuned MiniLM cross-encoder (`--discriminator minilm`).
+    #[serde(default)]
+    pub minilm: Option<f64>,
+    /// The ensemble and the cross-encoder together, which AF then acts on.
+    #[serde(default)]
+    pub adversary: Option<f64>,
 }
 
 impl HeadAccuracy {
     /// Every head with its accuracy, in the order reports list them.
-    pub fn named(&self) -> [(&'static str, Option<f64>); 7] {
+    pub fn named(&self) -> [(&'static str, Option<f64>); 9] {
         [
             ("mlp", self.mlp),
             ("bow", self.bow),
@@ -81,7 +87,15 @@ impl HeadAccuracy {
             ("subword", self.subword),
             ("sentence", self.sentence),
             ("ensemble", self.ensemble),
+            ("minilm", self.minilm),
+            ("adversary", self.adversary),
         ]
+    }
+
+    /// The accuracy of the model AF acts on: the adversary where there is one, else the
+    /// ensemble, else the MLP.
+    pub fn deciding(&self) -> Option<f64> {
+        self.adversary.or(self.ensemble).or(self.mlp)
     }
 }
 
@@ -351,11 +365,24 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    /// The fine-tuned adversary's trained state after the run's latest iteration that trained
+    /// it, if any.
+    pub fn af_discriminator_state(&self, run_id: i64) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT state FROM af_discriminator_states WHERE run_id = ?1",
+                [run_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     /// The finished iterations of a run, in order.
     pub fn af_iterations(&self, run_id: i64) -> Result<Vec<IterationRecord>> {
         let mut stmt = self.conn.prepare(
             "SELECT iteration, phase, swaps, seconds, n_test, acc_mlp, acc_bow, acc_cnn, acc_lstm,
-                    acc_ensemble, acc_subword, acc_sentence
+                    acc_ensemble, acc_subword, acc_sentence, acc_minilm, acc_adversary
              FROM af_iterations WHERE run_id = ?1 ORDER BY iteration",
         )?;
         let rows = stmt.query_map([run_id], |r| {
@@ -373,6 +400,8 @@ impl Store {
                     subword: r.get(10)?,
                     sentence: r.get(11)?,
                     ensemble: r.get(9)?,
+                    minilm: r.get(12)?,
+                    adversary: r.get(13)?,
                 },
             })
         })?;
@@ -386,14 +415,15 @@ impl Store {
         run_id: i64,
         record: &IterationRecord,
         swaps: &[Swap],
+        discriminator_state: Option<&[u8]>,
     ) -> Result<()> {
         let tx = self.begin(TransactionBehavior::Deferred)?;
         let a = &record.accuracy;
         tx.execute(
             "INSERT INTO af_iterations(run_id, iteration, phase, swaps, seconds, n_test, acc_mlp,
                                        acc_bow, acc_cnn, acc_lstm, acc_ensemble, finished_at,
-                                       acc_subword, acc_sentence)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                                       acc_subword, acc_sentence, acc_minilm, acc_adversary)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
                 run_id,
                 record.iteration as i64,
@@ -408,9 +438,18 @@ impl Store {
                 a.ensemble,
                 now(),
                 a.subword,
-                a.sentence
+                a.sentence,
+                a.minilm,
+                a.adversary
             ],
         )?;
+        if let Some(state) = discriminator_state {
+            tx.execute(
+                "INSERT OR REPLACE INTO af_discriminator_states(run_id, iteration, state)
+                 VALUES (?1, ?2, ?3)",
+                params![run_id, record.iteration as i64, state],
+            )?;
+        }
         {
             let mut log = tx.prepare(
                 "INSERT INTO af_swaps(run_id, iteration, example_id, slot, old_ending_id, new_ending_id)

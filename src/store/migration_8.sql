@@ -12,3 +12,16 @@ CREATE TABLE scorer_scores (
     n_tok     INTEGER NOT NULL,
     PRIMARY KEY (ending_id, model)
 ) WITHOUT ROWID;
+
+-- The fine-tuned adversary (`afkit filter --discriminator minilm`): its held-out accuracy per
+-- iteration and that of the adversary AF acts on (the stylistic ensemble and the fine-tuned model
+-- together), NULL where a run has none; and the fine-tuned model's trained weights after the
+-- latest iteration that trained it, committed with that iteration, so a resumed run continues
+-- from the same model.
+ALTER TABLE af_iterations ADD COLUMN acc_minilm REAL;
+ALTER TABLE af_iterations ADD COLUMN acc_adversary REAL;
+CREATE TABLE af_discriminator_states (
+    run_id    INTEGER PRIMARY KEY REFERENCES af_runs(id) ON DELETE CASCADE,
+    iteration INTEGER NOT NULL,         -- the iteration that trained it last
+    state     BLOB NOT NULL             -- little-endian f32s of the trained layers and the head
+);
