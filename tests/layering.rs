@@ -361,3 +361,65 @@ fn finds_paths_groups_and_inline_uses_but_not_comments() {
     );
     assert!(violations_in("src/cli.rs", "cli", source).is_empty());
 }
+
+/// The longest a function may be: past a screen, a function hides what it does.
+const LONGEST_FUNCTION: usize = 80;
+
+/// Every function of `source` longer than [`LONGEST_FUNCTION`] lines, as (line, name, lines):
+/// from its `fn` line to the `}` at the same indentation (rustfmt's layout).
+fn long_functions(source: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = &line[..line.len() - code.len()];
+        let after_qualifiers = ["pub ", "pub(crate) ", "pub(super) ", "const ", "unsafe "]
+            .iter()
+            .fold(code, |rest, q| rest.strip_prefix(q).unwrap_or(rest));
+        let Some(signature) = after_qualifiers.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = signature
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let closing = format!("{indent}}}");
+        if let Some(end) = lines[i + 1..].iter().position(|l| *l == closing) {
+            let length = end + 2;
+            if length > LONGEST_FUNCTION {
+                found.push((i + 1, name, length));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_is_longer_than_a_screen() {
+    let report: Vec<String> = module_files()
+        .iter()
+        .flat_map(|f| {
+            long_functions(&f.source)
+                .into_iter()
+                .map(move |(line, name, length)| {
+                    format!("{}:{line}: {name} ({length} lines)", f.shown)
+                })
+        })
+        .collect();
+    assert!(
+        report.is_empty(),
+        "functions over {LONGEST_FUNCTION} lines (split them):\n{}",
+        report.join("\n")
+    );
+}
+
+#[test]
+fn long_functions_are_measured_from_fn_to_its_closing_brace() {
+    let body = "    let x = 1;\n".repeat(LONGEST_FUNCTION);
+    let source =
+        format!("pub fn long() {{\n{body}}}\n\nfn short() {{\n}}\n    fn inner() {{\n    }}\n");
+    assert_eq!(
+        long_functions(&source),
+        vec![(1, "long".to_string(), LONGEST_FUNCTION + 2)]
+    );
+}

@@ -130,17 +130,6 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// What the text models read from this dataset (vocabulary sizes, input widths).
-    pub fn inputs(&self) -> super::model::Inputs {
-        super::model::Inputs {
-            words: self.vocab_size,
-            lstm_words: self.lstm_vocab_size,
-            subword_buckets: self.subword_buckets,
-            sentence_dim: self.sentence_dim,
-            scorer_features: self.scorer_features,
-        }
-    }
-
     /// Streams every complete pool with at least `k` candidates from the project, tokenising
     /// (and, `with_text`, tagging) a chunk of contexts at a time in parallel, then builds both
     /// vocabularies and standardises the LM features.

@@ -58,6 +58,19 @@ pub struct Inputs {
     pub scorer_features: usize,
 }
 
+impl Inputs {
+    /// What the models read from `data` (vocabulary sizes, input widths).
+    pub fn of(data: &super::data::Dataset) -> Inputs {
+        Inputs {
+            words: data.vocab_size,
+            lstm_words: data.lstm_vocab_size,
+            subword_buckets: data.subword_buckets,
+            sentence_dim: data.sentence_dim,
+            scorer_features: data.scorer_features,
+        }
+    }
+}
+
 /// Layer sizes.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ModelConfig {

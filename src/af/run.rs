@@ -343,10 +343,10 @@ fn resolve_run(
     let params_json = serde_json::to_value(params)?;
     if let Some(run) = store.latest_af_run()? {
         let same_pools = run.pool_fingerprint == fingerprint;
+        let stored: serde_json::Value = serde_json::from_str(&run.params)?;
+        let differing = differing_keys(&stored, &params_json);
         match (&run.finished_at, params.config.new_run, same_pools) {
             (None, false, true) => {
-                let stored: serde_json::Value = serde_json::from_str(&run.params)?;
-                let differing = differing_keys(&stored, &params_json);
                 if !differing.is_empty() {
                     bail!(
                         "AF run {} is unfinished and was started with other settings ({}); rerun \
@@ -367,15 +367,11 @@ fn resolve_run(
                  a new run on the current pools",
                 run.id
             ),
-            (Some(_), false, true)
-                if !differing_keys(&stored_params(&run)?, &params_json).is_empty() =>
-            {
-                observer.note(&format!(
-                    "AF run {} finished with other settings ({}); starting a new run",
-                    run.id,
-                    differing_keys(&stored_params(&run)?, &params_json).join(", ")
-                ));
-            }
+            (Some(_), false, true) if !differing.is_empty() => observer.note(&format!(
+                "AF run {} finished with other settings ({}); starting a new run",
+                run.id,
+                differing.join(", ")
+            )),
             (Some(finished), false, true) => {
                 observer.note(&format!(
                     "AF run {} finished at {finished} on the current pools; nothing to do \
@@ -396,27 +392,26 @@ fn resolve_run(
         }
     }
     let config = &params.config;
-    let mut rng = Seed::new(config.seed).stream(INITIAL_STREAM);
-    let initial: Assignment = data
-        .contexts
-        .iter()
-        .map(|c| {
-            let ids: Vec<i64> = c.candidates.iter().map(|e| e.ending_id).collect();
-            (c.example_id, initial_draw(&ids, config.k, &mut rng))
-        })
-        .collect();
     let id = store.start_af_run(
         config.k,
         config.seed,
         &params_json.to_string(),
         fingerprint,
-        &initial,
+        &initial_assignment(data, config),
     )?;
     Ok(store.latest_af_run()?.filter(|r| r.id == id))
 }
 
-fn stored_params(run: &AfRun) -> Result<serde_json::Value> {
-    Ok(serde_json::from_str(&run.params)?)
+/// Every context's k distinct pool endings, drawn from the run's initial stream.
+fn initial_assignment(data: &Dataset, config: &Config) -> Assignment {
+    let mut rng = Seed::new(config.seed).stream(INITIAL_STREAM);
+    data.contexts
+        .iter()
+        .map(|c| {
+            let ids: Vec<i64> = c.candidates.iter().map(|e| e.ending_id).collect();
+            (c.example_id, initial_draw(&ids, config.k, &mut rng))
+        })
+        .collect()
 }
 
 fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {

@@ -104,7 +104,7 @@ pub fn train(
         seed,
     };
     let vb = VarBuilder::from_backend(Box::new(init), DTYPE, device.clone());
-    let inputs = data.inputs();
+    let inputs = Inputs::of(data);
     let model = StylisticModel::new(family, inputs, &cfg.model, cfg.compute.cpu_kernels, vb)?;
     // Sorted by name: the var map's HashMap order is arbitrary, and the order of the gradient
     // norm's sum must not be.
@@ -463,7 +463,7 @@ mod tests {
             seed: 5,
         };
         let vb = VarBuilder::from_backend(Box::new(init), DTYPE, Device::Cpu);
-        let inputs = data.inputs();
+        let inputs = Inputs::of(&data);
         let model = StylisticModel::new(Family::Ensemble, inputs, &cfg.model, true, vb)?;
         let vars: Vec<Var> = varmap.all_vars();
         let ids: Vec<usize> = (0..choices.len()).rev().collect();

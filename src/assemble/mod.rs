@@ -16,7 +16,7 @@
 pub mod rules;
 pub mod split;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -107,20 +107,7 @@ pub fn assemble(
         ..Summary::default()
     };
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
-    let order = match distractors {
-        DistractorChoice::Matched => {
-            let Some(matching) = Matching::load(store, run.id, &run_data.folds)? else {
-                bail!(
-                    "AF run {} in {} scored no found ending, so there is nothing to match the \
-                     distractors to: run `afkit filter --new-run`, or assemble with --distractors hardest",
-                    run.id,
-                    store.path().display()
-                );
-            };
-            DistractorOrder::Matched { matching, seed }
-        }
-        DistractorChoice::Hardest => DistractorOrder::Hardest,
-    };
+    let order = distractor_order(store, run.id, &run_data, distractors, seed)?;
     let mut built = if unverified {
         assemble_unverified(&examples, &run_data, &order, &mut summary)
     } else {
@@ -134,20 +121,7 @@ pub fn assemble(
             &mut reannotations,
         )?
     };
-    let group_of: HashMap<i64, &str> = examples.iter().map(|e| (e.id, e.group.as_str())).collect();
-    let mut groups: BTreeMap<String, HashSet<&str>> = BTreeMap::new();
-    for ex in &built {
-        *summary.examples.entry(ex.split.to_string()).or_default() += 1;
-        *summary
-            .gold_sources
-            .entry(ex.gold_source.clone())
-            .or_default() += 1;
-        groups
-            .entry(ex.split.to_string())
-            .or_default()
-            .insert(group_of[&ex.example_id]);
-    }
-    summary.groups = groups.into_iter().map(|(s, g)| (s, g.len())).collect();
+    count_built(&examples, &built, &mut summary);
     // Train first, then val, then test; assembly order within a split follows the examples.
     built.sort_by_key(|ex| ex.split);
 
@@ -165,6 +139,50 @@ pub fn assemble(
         record_json: &serde_json::to_string(&record)?,
     })?;
     Ok(summary)
+}
+
+/// The order in which a context's candidates become distractors: matched to the found endings'
+/// final scores (which needs a run that scored them) or the hardest first.
+fn distractor_order(
+    store: &Store,
+    run_id: i64,
+    run_data: &RunData,
+    distractors: DistractorChoice,
+    seed: u64,
+) -> Result<DistractorOrder> {
+    Ok(match distractors {
+        DistractorChoice::Matched => {
+            let Some(matching) = Matching::load(store, run_id, &run_data.folds)? else {
+                bail!(
+                    "AF run {run_id} in {} scored no found ending, so there is nothing to match \
+                     the distractors to: run `afkit filter --new-run`, or assemble with \
+                     --distractors hardest",
+                    store.path().display()
+                );
+            };
+            DistractorOrder::Matched { matching, seed }
+        }
+        DistractorChoice::Hardest => DistractorOrder::Hardest,
+    })
+}
+
+/// The summary's counts of the built examples: per split, per source of the gold ending, and
+/// the groups (videos) per split.
+fn count_built(examples: &[Example], built: &[NewAssembled], summary: &mut Summary) {
+    let group_of: HashMap<i64, &str> = examples.iter().map(|e| (e.id, e.group.as_str())).collect();
+    let mut groups: BTreeMap<String, HashSet<&str>> = BTreeMap::new();
+    for ex in built {
+        *summary.examples.entry(ex.split.to_string()).or_default() += 1;
+        *summary
+            .gold_sources
+            .entry(ex.gold_source.clone())
+            .or_default() += 1;
+        groups
+            .entry(ex.split.to_string())
+            .or_default()
+            .insert(group_of[&ex.example_id]);
+    }
+    summary.groups = groups.into_iter().map(|(s, g)| (s, g.len())).collect();
 }
 
 /// What the latest finished AF run decided, with the split of every group.
@@ -332,38 +350,17 @@ fn assemble_verified(
                 example,
                 generated_gold,
             } => {
-                let stage = if task.round == 0 { "orig" } else { "reannot" };
-                let which = if found_rank == Rank::Best {
-                    "gold0"
-                } else {
-                    "gold1"
-                };
-                built.push(verified(
-                    ex.id,
-                    split,
-                    fold,
-                    format!("{which}-{stage}"),
-                    &example,
-                ));
+                let source = gold_source(found_rank, task.round);
+                built.push(verified(ex.id, split, fold, source, &example));
                 if let Some(generated) = generated_gold {
-                    if split != Split::Train {
-                        summary.generated_gold_withheld_from_eval += 1;
-                    } else if generated.distractors.len() < 3 {
-                        summary.generated_gold_too_few_distractors += 1;
-                    } else {
-                        built.push(verified(ex.id, split, fold, "gen-orig".into(), &generated));
-                    }
+                    built.extend(generated_gold_example(
+                        ex.id, split, fold, &generated, summary,
+                    ));
                 }
             }
             Decision::Reannotate { reason, keep } => {
                 let pool = if task.round > 0 { pool } else { read_pool()? };
-                let shown = shown.get(&ex.id);
-                let mut fresh: Vec<i64> = pool
-                    .keys()
-                    .copied()
-                    .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e))
-                    .collect();
-                fresh.sort_unstable();
+                let fresh = unshown(&pool, shown.get(&ex.id), &keep);
                 let draw = format!("refill\u{0}{}", task.round + 1);
                 let fresh = order.order(ex, run, &fresh, &pool, &draw);
                 match refill(task, &keep, fresh) {
@@ -383,6 +380,45 @@ fn assemble_verified(
         }
     }
     Ok(built)
+}
+
+/// The full CSVs' `gold-source` of a verified example whose found ending is gold: `gold0` when
+/// annotators ranked it best, `gold1` when second; `-orig` in the first round, `-reannot` after.
+fn gold_source(found_rank: Rank, round: i64) -> String {
+    let which = if found_rank == Rank::Best {
+        "gold0"
+    } else {
+        "gold1"
+    };
+    let stage = if round == 0 { "orig" } else { "reannot" };
+    format!("{which}-{stage}")
+}
+
+/// The example whose gold is a generation annotators ranked best above the found ending: kept
+/// in the training split only (an evaluation question must have a found ending as its answer),
+/// and only with three distractors.
+fn generated_gold_example(
+    example_id: i64,
+    split: Split,
+    fold: Option<i64>,
+    generated: &Built,
+    summary: &mut Summary,
+) -> Option<NewAssembled> {
+    if split != Split::Train {
+        summary.generated_gold_withheld_from_eval += 1;
+        None
+    } else if generated.distractors.len() < 3 {
+        summary.generated_gold_too_few_distractors += 1;
+        None
+    } else {
+        Some(verified(
+            example_id,
+            split,
+            fold,
+            "gen-orig".into(),
+            generated,
+        ))
+    }
 }
 
 /// The consensus label of every ending of the item's current task, from its submissions that
@@ -443,6 +479,22 @@ fn verified(
 /// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
 /// pool endings never shown before, in the order they become distractors), up to the old task's
 /// size; `None` when the pool cannot fill it.
+/// The pool endings never shown to annotators for this context and not kept, in id order: what
+/// a re-annotation may bring in.
+fn unshown(
+    pool: &HashMap<i64, FinalPoint>,
+    shown: Option<&BTreeSet<i64>>,
+    keep: &[i64],
+) -> Vec<i64> {
+    let mut fresh: Vec<i64> = pool
+        .keys()
+        .copied()
+        .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e))
+        .collect();
+    fresh.sort_unstable();
+    fresh
+}
+
 fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>> {
     let need = task.endings.len().saturating_sub(keep.len());
     if fresh.len() < need {

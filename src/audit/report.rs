@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::cv::{Baseline, CvResult};
+use super::cv::{Baseline, CvReport, CvResult};
 use super::lm::LmResult;
 use super::ppmi::Association;
 use super::verdict::{Row, Verdict};
@@ -278,6 +278,37 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
         cv.folds - 1,
         cv.folds
     )?;
+    write_cv_table(md, cv)?;
+    writeln!(
+        md,
+        "\nThe LR baselines average their features per option (as fastText does), score each option \
+         linearly, softmax over the four, and are fitted with L2-regularised L-BFGS; λ is chosen \
+         inside each training fold on a seeded 80/20 split. Character n-grams are the 2–5-grams of \
+         every whitespace-separated word between `<` and `>`, case and punctuation kept.\n"
+    )?;
+    if cv
+        .baselines
+        .iter()
+        .any(|(b, r)| *b == Baseline::FineTunedMiniLm && r.trained_on().is_some())
+    {
+        writeln!(
+            md,
+            "finetune_minilm is the MiniLM sentence encoder trained end to end in each fold as a \
+             multiple-choice model: every option is read as `[CLS] sent1 sent2 [SEP] ending [SEP]`, \
+             its last layer mean-pooled and scored by a linear head, with a softmax over the four \
+             options. How many questions it learnt from matters as much as its accuracy: a \
+             fine-tuned reader gains with more training questions, so a low accuracy on a small \
+             dataset is a weaker claim than the same accuracy on a large one.\n"
+        )?;
+    }
+    writeln!(md, "![accuracy](accuracy.png)\n")?;
+    write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
+    write_ppmi(md, &r.ppmi)
+}
+
+/// One row per baseline: what it sees, its mean and standard error, each fold's accuracy (and
+/// the training questions where it reports them).
+fn write_cv_table(md: &mut String, cv: &CvReport) -> std::fmt::Result {
     writeln!(
         md,
         "| baseline | what it sees | mean | ± se | per fold |\n| --- | --- | ---: | ---: | --- |"
@@ -307,31 +338,7 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
             )?,
         }
     }
-    writeln!(
-        md,
-        "\nThe LR baselines average their features per option (as fastText does), score each option \
-         linearly, softmax over the four, and are fitted with L2-regularised L-BFGS; λ is chosen \
-         inside each training fold on a seeded 80/20 split. Character n-grams are the 2–5-grams of \
-         every whitespace-separated word between `<` and `>`, case and punctuation kept.\n"
-    )?;
-    if cv
-        .baselines
-        .iter()
-        .any(|(b, r)| *b == Baseline::FineTunedMiniLm && r.trained_on().is_some())
-    {
-        writeln!(
-            md,
-            "finetune_minilm is the MiniLM sentence encoder trained end to end in each fold as a \
-             multiple-choice model: every option is read as `[CLS] sent1 sent2 [SEP] ending [SEP]`, \
-             its last layer mean-pooled and scored by a linear head, with a softmax over the four \
-             options. How many questions it learnt from matters as much as its accuracy: a \
-             fine-tuned reader gains with more training questions, so a low accuracy on a small \
-             dataset is a weaker claim than the same accuracy on a large one.\n"
-        )?;
-    }
-    writeln!(md, "![accuracy](accuracy.png)\n")?;
-    write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
-    write_ppmi(md, &r.ppmi)
+    Ok(())
 }
 
 /// The language models' table, the side-by-side table with the control, and the verdicts.

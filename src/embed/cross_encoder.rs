@@ -200,45 +200,8 @@ impl CrossEncoder {
         seed: u64,
         device: &Device,
     ) -> Result<Self> {
-        ensure!(
-            config.hidden_act == HiddenAct::Gelu,
-            "only BERT models with the exact (erf) GELU are supported"
-        );
-        ensure!(
-            config
-                .hidden_size
-                .is_multiple_of(config.num_attention_heads),
-            "hidden size {} is not a multiple of {} heads",
-            config.hidden_size,
-            config.num_attention_heads
-        );
-        ensure!(
-            shape.frozen_layers <= config.num_hidden_layers,
-            "{} frozen layers, but the model has {}",
-            shape.frozen_layers,
-            config.num_hidden_layers
-        );
-        ensure!(
-            (4..=config.max_position_embeddings).contains(&shape.max_len),
-            "max length {} is not within 4..={}",
-            shape.max_len,
-            config.max_position_embeddings
-        );
-        let token = |name: &str| {
-            tokenizer
-                .token_to_id(name)
-                .with_context(|| format!("the tokenizer has no {name} token"))
-        };
-        let special = Special {
-            cls: token("[CLS]")?,
-            sep: token("[SEP]")?,
-        };
-        // Pairs are framed and cut here, one option at a time.
-        tokenizer
-            .with_truncation(None)
-            .map_err(anyhow::Error::msg)?;
-        tokenizer.with_padding(None);
-
+        check_shape(config, shape)?;
+        let special = prepare_tokenizer(&mut tokenizer)?;
         let width = config.hidden_size;
         let mut trainable = Vec::new();
         let mut take = |name: &str, dims: &[usize], train: bool| -> Result<Tensor> {
@@ -289,12 +252,7 @@ impl CrossEncoder {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        // BERT's initialisation for a new layer: normal with its initializer_range, zero bias.
-        let normal = Normal::new(0.0, config.initializer_range as f32)?;
-        let mut rng = Seed::new(seed).derive("cross-encoder head").rng();
-        let head: Vec<f32> = (0..width).map(|_| normal.sample(&mut rng)).collect();
-        let head_weight = Var::from_tensor(&Tensor::from_vec(head, (width, 1), device)?)?;
-        let head_bias = Var::zeros(1, DType::F32, device)?;
+        let (head_weight, head_bias) = new_head(config, seed, device)?;
         let (head_weight_t, head_bias_t) = (
             head_weight.as_tensor().clone(),
             head_bias.as_tensor().clone(),
@@ -610,6 +568,67 @@ impl CrossEncoder {
             &self.device,
         )?)
     }
+}
+
+/// A new scoring head (weight, bias), initialised as BERT initialises a new layer: normal with
+/// its initializer_range, drawn from `seed`, and a zero bias.
+fn new_head(config: &Config, seed: u64, device: &Device) -> Result<(Var, Var)> {
+    let width = config.hidden_size;
+    let normal = Normal::new(0.0, config.initializer_range as f32)?;
+    let mut rng = Seed::new(seed).derive("cross-encoder head").rng();
+    let head: Vec<f32> = (0..width).map(|_| normal.sample(&mut rng)).collect();
+    Ok((
+        Var::from_tensor(&Tensor::from_vec(head, (width, 1), device)?)?,
+        Var::zeros(1, DType::F32, device)?,
+    ))
+}
+
+/// Whether `shape` fits a BERT model of `config` that the cross-encoder can run.
+fn check_shape(config: &Config, shape: Shape) -> Result<()> {
+    ensure!(
+        config.hidden_act == HiddenAct::Gelu,
+        "only BERT models with the exact (erf) GELU are supported"
+    );
+    ensure!(
+        config
+            .hidden_size
+            .is_multiple_of(config.num_attention_heads),
+        "hidden size {} is not a multiple of {} heads",
+        config.hidden_size,
+        config.num_attention_heads
+    );
+    ensure!(
+        shape.frozen_layers <= config.num_hidden_layers,
+        "{} frozen layers, but the model has {}",
+        shape.frozen_layers,
+        config.num_hidden_layers
+    );
+    ensure!(
+        (4..=config.max_position_embeddings).contains(&shape.max_len),
+        "max length {} is not within 4..={}",
+        shape.max_len,
+        config.max_position_embeddings
+    );
+    Ok(())
+}
+
+/// The tokenizer's `[CLS]` and `[SEP]`, with its own truncation and padding turned off: pairs
+/// are framed and cut here, one option at a time.
+fn prepare_tokenizer(tokenizer: &mut Tokenizer) -> Result<Special> {
+    let token = |name: &str| {
+        tokenizer
+            .token_to_id(name)
+            .with_context(|| format!("the tokenizer has no {name} token"))
+    };
+    let special = Special {
+        cls: token("[CLS]")?,
+        sep: token("[SEP]")?,
+    };
+    tokenizer
+        .with_truncation(None)
+        .map_err(anyhow::Error::msg)?;
+    tokenizer.with_padding(None);
+    Ok(special)
 }
 
 /// Options run through the frozen layers in one product.

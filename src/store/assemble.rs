@@ -132,6 +132,24 @@ pub struct CurrentTask {
     pub submissions: Vec<Submission>,
 }
 
+/// A stored label: the judgement and the rank as the `labels` table holds them.
+fn parse_label(
+    judgement: &str,
+    rank: Option<String>,
+    submission_id: i64,
+) -> Result<(Judgement, Option<Rank>)> {
+    let Some(judgement) = Judgement::parse(judgement) else {
+        bail!("unknown judgement {judgement:?} in labels of submission {submission_id}");
+    };
+    let rank = match rank {
+        None => None,
+        Some(r) => Some(Rank::parse(&r).with_context(|| {
+            format!("unknown rank {r:?} in labels of submission {submission_id}")
+        })?),
+    };
+    Ok((judgement, rank))
+}
+
 impl Store {
     /// The open task of every context that has one (the latest round), with all its submissions.
     pub fn current_tasks(&self) -> Result<BTreeMap<i64, CurrentTask>> {
@@ -192,20 +210,7 @@ impl Store {
                 });
             }
             if let Some(ending) = r.get::<_, Option<i64>>(4)? {
-                let judgement: String = r.get(5)?;
-                let rank: Option<String> = r.get(6)?;
-                let Some(judgement) = Judgement::parse(&judgement) else {
-                    bail!(
-                        "unknown judgement {judgement:?} in labels of submission {submission_id}"
-                    );
-                };
-                let rank = match rank {
-                    None => None,
-                    Some(r) => Some(Rank::parse(&r).with_context(|| {
-                        format!("unknown rank {r:?} in labels of submission {submission_id}")
-                    })?),
-                };
-                let label = (judgement, rank);
+                let label = parse_label(&r.get::<_, String>(5)?, r.get(6)?, submission_id)?;
                 task.submissions
                     .last_mut()
                     .expect("pushed above")

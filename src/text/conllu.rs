@@ -7,14 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::tagger::Upos;
-
-/// One annotated sentence.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TaggedSentence {
-    pub words: Vec<String>,
-    pub tags: Vec<Upos>,
-}
+use super::tagger::{TaggedSentence, Upos};
 
 /// Reads every sentence of a CoNLL-U file.
 pub fn read_conllu(path: &Path) -> Result<Vec<TaggedSentence>> {

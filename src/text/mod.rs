@@ -8,9 +8,9 @@ pub mod subwords;
 pub mod tagger;
 pub mod tokenize;
 
-pub use conllu::{read_conllu, TaggedSentence};
+pub use conllu::read_conllu;
 pub use split::{split_second_sentence, split_with};
-pub use tagger::{Tagger, TrainOptions, Upos};
+pub use tagger::{TaggedSentence, Tagger, TrainOptions, Upos};
 pub use tokenize::{token_spans, tokenize, Token};
 
 /// `n` with its noun in the number it takes, for messages: "1 context", "3 contexts".

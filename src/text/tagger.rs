@@ -23,9 +23,15 @@ use rand::seq::SliceRandom;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::conllu::TaggedSentence;
 use crate::output::Output;
 use crate::seed::Seed;
+
+/// One annotated sentence: what the tagger trains and is measured on (`conllu` reads them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaggedSentence {
+    pub words: Vec<String>,
+    pub tags: Vec<Upos>,
+}
 
 /// The 17 Universal POS tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
