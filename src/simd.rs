@@ -8,6 +8,15 @@
 //! "avx2,fma")]` function chosen at run time when [`avx2_fma`] says the CPU has both. Results of
 //! the two builds differ in the last bits (fused rounding) and are fixed for a machine.
 
+/// Whether `AFKIT_SIMD=avx2` asks for the AVX2 code paths on a CPU that also has AVX-512: one
+/// switch for every fast path (the packed GEMM, the sentence encoder's products; the kernels of
+/// this module are AVX2 already), so that one machine can measure what an AVX2-only CPU runs.
+pub fn avx2_forced() -> bool {
+    static FORCED: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::env::var("AFKIT_SIMD").as_deref() == Ok("avx2"));
+    *FORCED
+}
+
 /// Whether this CPU runs AVX2 and FMA instructions.
 #[inline]
 pub fn avx2_fma() -> bool {

@@ -8,7 +8,7 @@
 //! call. The kernel is chosen at run time: 12 rows × 32 columns in 512-bit registers where the
 //! CPU has AVX-512F, else 6 rows × 16 columns in 256-bit registers, twice per panel. Other CPUs
 //! keep candle's GEMM, and so do other devices (the `generic` engine: candle's matmul wherever
-//! the tensor lives). `AFKIT_GEMM=candle` forces candle's GEMM and `AFKIT_GEMM=avx2` the AVX2
+//! the tensor lives). `AFKIT_GEMM=candle` forces candle's GEMM and `AFKIT_SIMD=avx2` the AVX2
 //! kernel, to compare them on one machine; debug builds use candle's unless `AFKIT_GEMM=packed`
 //! (see [`packed_kernel`]).
 //!
@@ -201,18 +201,31 @@ impl Kernel {
 /// `AFKIT_GEMM=candle` keeps candle's GEMM, and so does a debug build unless
 /// `AFKIT_GEMM=packed`: there afkit's own code is unoptimised while candle's (a dependency) is
 /// built optimised, and the kernels' intrinsics, left as calls, would run many times slower than
-/// candle (the test suite would crawl). `AFKIT_GEMM=avx2` takes the AVX2 kernels where AVX-512
-/// is there too, so that one machine can time both paths.
+/// candle (the test suite would crawl). `AFKIT_SIMD=avx2` (or the older `AFKIT_GEMM=avx2`)
+/// takes the AVX2 kernels where AVX-512 is there too, so that one machine can time both paths.
 pub fn packed_kernel(precision: Precision) -> Option<Kernel> {
-    let mut supported = Kernel::supported()
-        .into_iter()
-        .filter(|k| k.precision() == precision);
-    match std::env::var("AFKIT_GEMM").as_deref() {
-        Ok("candle") => None,
-        Ok("packed") => supported.next(),
-        Ok("avx2") => supported.find(|k| k.is_avx2()),
+    let gemm = std::env::var("AFKIT_GEMM").ok();
+    let avx2_only = crate::simd::avx2_forced() || gemm.as_deref() == Some("avx2");
+    choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), avx2_only)
+}
+
+/// [`packed_kernel`]'s choice among the `supported` kernels, given `AFKIT_GEMM` and whether
+/// only AVX2 kernels may run.
+fn choose_kernel(
+    supported: &[Kernel],
+    precision: Precision,
+    gemm: Option<&str>,
+    avx2_only: bool,
+) -> Option<Kernel> {
+    let mut usable = supported
+        .iter()
+        .copied()
+        .filter(|k| k.precision() == precision && (k.is_avx2() || !avx2_only));
+    match gemm {
+        Some("candle") => None,
+        Some("packed" | "avx2") => usable.next(),
         _ if cfg!(debug_assertions) => None,
-        _ => supported.next(),
+        _ => usable.next(),
     }
 }
 
@@ -722,6 +735,35 @@ mod avx2 {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    #[test]
+    fn the_avx2_switch_keeps_every_product_on_avx2_kernels() {
+        let all = [
+            Kernel::Avx512,
+            Kernel::Avx512Bf16,
+            Kernel::Avx2Fma,
+            Kernel::Avx2FmaBf16,
+        ];
+        let choose = |precision, gemm, avx2_only| choose_kernel(&all, precision, gemm, avx2_only);
+        assert_eq!(
+            choose(Precision::F32, Some("packed"), false),
+            Some(Kernel::Avx512)
+        );
+        assert_eq!(
+            choose(Precision::F32, Some("packed"), true),
+            Some(Kernel::Avx2Fma)
+        );
+        assert_eq!(
+            choose(Precision::Bf16, Some("packed"), true),
+            Some(Kernel::Avx2FmaBf16)
+        );
+        assert_eq!(choose(Precision::F32, Some("candle"), true), None);
+        let avx2_machine = [Kernel::Avx2Fma, Kernel::Avx2FmaBf16];
+        assert_eq!(
+            choose_kernel(&avx2_machine, Precision::Bf16, Some("packed"), false),
+            Some(Kernel::Avx2FmaBf16)
+        );
+    }
 
     fn reference(x: &[f32], rows: usize, w: &[Vec<f32>]) -> Vec<f32> {
         let n = w[0].len();
