@@ -13,6 +13,7 @@
 #   scripts/bench_quality.sh [--half dev|test] [--pairs N] [--contexts N] [--seed S]
 #                            [--grow N --grow-rounds R] [--no-adapt] [--label NAME]
 #                            [--exclude SUBSET.json ...] [--lm MODEL ...] [--no-lm]
+#                            [--base LABEL]
 #                            [-- GENERATE FLAGS ...
 #                            [-- FILTER FLAGS ...]]
 #
@@ -25,6 +26,9 @@
 #   --label     name of the recipe; the project goes to $AFKIT_HOME/bench/quality/LABEL-HALF-N
 #   --exclude   the captions.json of an earlier run: its videos are left out (repeatable), for a
 #               check on contexts no earlier run has seen
+#   --base      start from a copy of recipe LABEL's project (same half, contexts and pools: its
+#               pools are reused, not generated again), to compare filter settings on the same
+#               contexts: `--label scorer --base default -- -- --scorer smollm2`
 #   --lm        a further language model for the audit's zero-shot rows (smollm2 or a GGUF path;
 #               repeatable; also AUDIT_LM="MODEL ..."); --no-lm leaves out every model, smollm2 too
 #   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a
@@ -38,6 +42,7 @@ cd "$(dirname "$0")/.."
 AFKIT=${AFKIT:-target/release/afkit}
 CAPTIONS=${CAPTIONS:-../shared/data/activitynet-captions/train.json}
 HALF=test CONTEXTS=1000 PAIRS="" SEED=0 LABEL=default GROW=32 GROW_ROUNDS=0 ADAPT=1 EXCLUDE=()
+BASE=
 LMS=(smollm2)
 # shellcheck disable=SC2206
 [ -n "${AUDIT_LM:-}" ] && LMS+=($AUDIT_LM)
@@ -54,6 +59,7 @@ while [ $# -gt 0 ]; do
     --no-adapt) ADAPT=0; shift ;;
     --exclude) EXCLUDE+=(--exclude "$2"); shift 2 ;;
     --lm) LMS+=("$2"); shift 2 ;;
+    --base) BASE=$2; shift 2 ;;
     --no-lm) NO_LM=1; shift ;;
     --) shift; break ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
@@ -79,6 +85,16 @@ stage() { # stage NAME COMMAND...: runs and records its wall time
   "$@"
   awk -v n="$name" -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%s %.1f\n", n, (b - a) / 1e9 }' >> "$TIMES"
 }
+if [ ! -f "$P" ] && [ -n "$BASE" ]; then
+  BASE_P="$HOME_DIR/bench/quality/$BASE-$HALF-$CONTEXTS/project.sqlite"
+  [ -f "$BASE_P" ] || { echo "no project for recipe $BASE at $BASE_P" >&2; exit 1; }
+  : > "$TIMES"
+  cp "$(dirname "$BASE_P")/captions.json" "$DIR/captions.json"
+  # A consistent copy even while the base project is open; the copy then filters anew.
+  python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' "$BASE_P" "$P.partial"
+  mv "$P.partial" "$P"
+  FILTER_FLAGS+=(--new-run)
+fi
 if [ ! -f "$P" ]; then
   : > "$TIMES"
   python3 scripts/activitynet_subset.py "$CAPTIONS" --half "$HALF" --pairs "$PAIRS" --seed "$SEED" "${EXCLUDE[@]}" > "$DIR/captions.json"
