@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,52 @@ fn adapters(p: &Path) -> Vec<(i64, String)> {
         .unwrap();
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
     rows.collect::<Result<_, _>>().unwrap()
+}
+
+/// Beside afkit's adapter file, the same adapter for other engines: a PEFT folder whose config
+/// and tensors describe every update (Hugging Face names, rank and alpha), and a GGUF LoRA file
+/// with llama.cpp's metadata and every update's A and B.
+fn assert_other_engines_formats(adapter: &Path) {
+    let ours = afkit::lm::adapter::Adapter::load(adapter).unwrap();
+    let stem = adapter
+        .to_string_lossy()
+        .trim_end_matches(".safetensors")
+        .to_string();
+    let rank = ours.updates.values().next().unwrap().0.dims()[0];
+    let peft = PathBuf::from(format!("{stem}.peft"));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(peft.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!(config["r"], rank);
+    let alpha = config["lora_alpha"].as_f64().unwrap();
+    assert!((alpha / rank as f64 - f64::from(ours.scale)).abs() < 1e-6);
+    let tensors = candle_core::safetensors::load(
+        peft.join("adapter_model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(tensors.len(), 2 * ours.updates.len());
+    assert!(tensors
+        .keys()
+        .all(|k| k.starts_with("base_model.model.model.layers.") && k.contains(".lora_")));
+
+    let mut file = std::fs::File::open(format!("{stem}.lora.gguf")).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let text = |k: &str| content.metadata[k].to_string().unwrap().clone();
+    assert_eq!(text("general.type"), "adapter");
+    assert_eq!(text("adapter.type"), "lora");
+    assert_eq!(text("general.architecture"), "llama");
+    for name in ours.updates.keys() {
+        assert!(
+            content.tensor_infos.contains_key(&format!("{name}.lora_a")),
+            "{name}"
+        );
+        assert!(
+            content.tensor_infos.contains_key(&format!("{name}.lora_b")),
+            "{name}"
+        );
+    }
 }
 
 #[test]
@@ -74,6 +120,7 @@ fn adapters_are_trained_per_fold_resume_after_kill_9_and_repeat_from_the_seed() 
             })
             .unwrap();
         assert_eq!(afkit::models::sha256_file(&path).unwrap(), sha);
+        assert_other_engines_formats(&path);
     }
     let said = run_ok(&mut adapt(&p, &model));
     assert!(said.contains("3 folds ready"), "{said}");
@@ -158,10 +205,9 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     // A changed adapter file is refused rather than used.
     let file = std::fs::read_dir(dir.path().join("p.adapters"))
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+        .map(|e| e.unwrap().path())
+        .find(|f| f.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
     let mut bytes = std::fs::read(&file).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 1;

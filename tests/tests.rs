@@ -23,6 +23,7 @@ mod ingest;
 mod interop;
 mod layering;
 mod openai_backend;
+mod peft;
 mod progress_lines;
 mod safety;
 

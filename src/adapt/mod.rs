@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use crate::dataset::{group_fold, startphrase};
 use crate::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, StepReport};
+use crate::lm::adapter::{Adapter, BaseModel};
 use crate::models::{hex, sha256_file};
 use crate::seed::Seed;
 use crate::store::adapters::AdapterRecord;
@@ -130,13 +131,14 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         let folder = adapter_folder(store.path());
         std::fs::create_dir_all(&folder)
             .with_context(|| format!("cannot create {}", folder.display()))?;
+        let base = model.base_model(&peft_base_name(&config.model));
         for fold in todo {
             let record = train_fold(
                 &mut model,
                 (&sequences, &states),
                 fold,
                 (&config.settings, &settings_json, &model_sha),
-                &folder,
+                (&folder, &base),
                 observer,
             )?;
             store.record_adapter(&record)?;
@@ -185,13 +187,51 @@ pub fn adapter_folder(project: &Path) -> PathBuf {
     project.with_file_name(format!("{stem}.adapters"))
 }
 
+/// What PEFT's config names as the base model: the Hub id of the default generator, else the
+/// GGUF file the adapters were trained on.
+fn peft_base_name(model: &Path) -> String {
+    if model == crate::models::DefaultModel::smollm2_gguf() {
+        crate::models::SMOLLM2_HUB_ID.to_string()
+    } else {
+        model.display().to_string()
+    }
+}
+
+/// The adapter in the formats inference engines load, beside afkit's own file `name`:
+/// `STEM.peft/` (PEFT: transformers, vLLM's `--lora-modules`) and `STEM.lora.gguf`
+/// (llama.cpp's `--lora`). Written before afkit's file, so a fold that is recorded has all three.
+fn write_for_other_engines(
+    adapter: &Adapter,
+    folder: &Path,
+    name: &str,
+    base: &BaseModel,
+) -> Result<()> {
+    let stem = name.trim_end_matches(".safetensors");
+    let peft = folder.join(format!("{stem}.peft"));
+    let partial = folder.join(format!("{stem}.peft.partial"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    adapter.save_peft(&partial, base)?;
+    if peft.exists() {
+        std::fs::remove_dir_all(&peft)?;
+    }
+    std::fs::rename(&partial, &peft)
+        .with_context(|| format!("cannot move the PEFT adapter into {}", peft.display()))?;
+    let gguf = folder.join(format!("{stem}.lora.gguf"));
+    let partial = folder.join(format!("{stem}.lora.gguf.partial"));
+    adapter.save_gguf(&partial, base)?;
+    std::fs::rename(&partial, &gguf)
+        .with_context(|| format!("cannot move the GGUF adapter into {}", gguf.display()))
+}
+
 /// Trains, evaluates and writes fold `fold`'s adapter; returns its record (not yet stored).
 fn train_fold(
     model: &mut AdaptModel,
     (sequences, states): (&[Vec<Vec<u32>>], &[Vec<Tensor>]),
     fold: usize,
     (settings, settings_json, model_sha): (&AdapterSettings, &str, &str),
-    folder: &Path,
+    (folder, base_model): (&Path, &BaseModel),
     observer: &mut dyn Observer,
 ) -> Result<AdapterRecord> {
     let train_seqs: Vec<&Vec<u32>> = (0..settings.folds)
@@ -215,7 +255,9 @@ fn train_fold(
     let name = format!("{tag}-fold{fold}-of-{}.safetensors", settings.folds);
     let path = folder.join(&name);
     let partial = folder.join(format!("{name}.partial"));
-    model.adapter().save(&partial)?;
+    let adapter = model.adapter();
+    write_for_other_engines(&adapter, folder, &name, base_model)?;
+    adapter.save(&partial)?;
     std::fs::rename(&partial, &path)
         .with_context(|| format!("cannot move the adapter into {}", path.display()))?;
     Ok(AdapterRecord {

@@ -31,7 +31,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
-use super::adapter::Adapter;
+use super::adapter::{Adapter, BaseModel};
 use super::family::Arch;
 use super::llama::{dequantised, rotary_tables, LlamaConfig};
 use super::model::read_header;
@@ -231,6 +231,17 @@ impl AdaptModel {
         Adapter {
             scale: self.scale(),
             updates,
+        }
+    }
+
+    /// What engines loading this model's adapters need to know of it; `name` goes into PEFT's
+    /// config.
+    pub fn base_model(&self, name: &str) -> BaseModel {
+        BaseModel {
+            architecture: self.cfg.arch.family.architecture().to_string(),
+            n_head: self.cfg.n_head,
+            n_kv_head: self.cfg.n_kv_head,
+            name: name.to_string(),
         }
     }
 
