@@ -439,3 +439,113 @@ fn real_server_generates_a_pool() {
     assert_eq!(query_i64(&project, "SELECT COUNT(*) FROM pools"), 2);
     assert!(summary["endings"].as_u64().unwrap() > 8);
 }
+
+/// Per-fold routing: with the project's fold adapters (`lm adapt`) served by name
+/// (`--adapter-names fold{fold}`, as vLLM's `--lora-modules`) every request of a context asks
+/// for its fold's adapter, and with llama.cpp's adapter numbers (`--adapter-lora-ids`) it
+/// applies that adapter alone; each fold's pools belong to a generation of their own that
+/// records the routing. Without adapters the flags are refused.
+#[test]
+fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let scorer = tiny_gguf(dir.path(), 32, 1);
+    let project = project(dir.path(), 8);
+    let server = serve(&scorer, Arc::new(|_, _| Reply::Complete));
+    let refused = generate(
+        &project,
+        &scorer,
+        &[&server.url],
+        &["--adapter-names", "fold{fold}"],
+    );
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("lm adapt"));
+
+    let adapted = command()
+        .args(["lm", "adapt"])
+        .arg(&project)
+        .arg("--model")
+        .arg(&scorer)
+        .args([
+            "--layers",
+            "1",
+            "--rank",
+            "2",
+            "--seq-len",
+            "16",
+            "--epochs",
+            "1",
+        ])
+        .args(["--folds", "2", "--seed", "5"])
+        .output()
+        .unwrap();
+    succeeded(adapted);
+    let fold_of = |context: &str| -> usize {
+        // "A man number I stands ...": the context's group is exI.
+        let i: usize = context.split_whitespace().nth(3).unwrap().parse().unwrap();
+        afkit::dataset::group_fold(5, &format!("ex{i}"), 2)
+    };
+    let context_of = |body: &Value| -> String {
+        let prompt = body["prompt"].as_str().unwrap();
+        let at = prompt.rfind("A man number").unwrap();
+        prompt[at..].to_string()
+    };
+
+    let out = generate(
+        &project,
+        &scorer,
+        &[&server.url],
+        &[
+            "--limit",
+            "4",
+            "--style-examples",
+            "0",
+            "--adapter-names",
+            "fold{fold}",
+        ],
+    );
+    assert_eq!(ok_summary(out)["contexts"], 4);
+    let mut folds_seen = std::collections::BTreeSet::new();
+    for (body, _) in server.requests.lock().unwrap().iter() {
+        let fold = fold_of(&context_of(body));
+        assert_eq!(body["model"], format!("fold{fold}"), "{body}");
+        folds_seen.insert(fold);
+    }
+    assert_eq!(folds_seen.len(), 2, "both folds were sampled");
+    let generations = query_i64(&project, "SELECT COUNT(DISTINCT generation_id) FROM pools");
+    assert_eq!(generations, 2, "one generation per fold");
+    let conn = rusqlite::Connection::open(&project).unwrap();
+    let params: Vec<String> = conn
+        .prepare("SELECT params FROM generations ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (fold, p) in params.iter().enumerate() {
+        let p: Value = serde_json::from_str(p).unwrap();
+        assert_eq!(
+            p["server"]["fold_adapter"]["model"],
+            format!("fold{fold}"),
+            "{p}"
+        );
+    }
+
+    server.requests.lock().unwrap().clear();
+    let out = generate(
+        &project,
+        &scorer,
+        &[&server.url],
+        &[
+            "--limit",
+            "4",
+            "--style-examples",
+            "0",
+            "--adapter-lora-ids",
+        ],
+    );
+    assert_eq!(ok_summary(out)["contexts"], 4);
+    for (body, _) in server.requests.lock().unwrap().iter() {
+        let fold = fold_of(&context_of(body));
+        assert_eq!(body["lora"], json!([{"id": fold, "scale": 1.0}]), "{body}");
+    }
+}

@@ -8,7 +8,7 @@ use anyhow::Result;
 use super::device::DeviceArgs;
 use crate::generate::prompt::PromptTemplate;
 use crate::generate::{self, AdapterUse, Growth, ImportConfig, ImportSummary, Summary};
-use crate::lm::openai::OpenAiConfig;
+use crate::lm::openai::{AdapterNames, FoldAdapters, OpenAiConfig};
 use crate::lm::sampler::SamplingParams;
 use crate::models::generator_gguf;
 use crate::store::Store;
@@ -203,6 +203,22 @@ pub struct OpenAiArgs {
     /// Do not send `seed` (for servers that reject it).
     #[arg(long, hide_short_help = true)]
     pub no_seed: bool,
+    /// Send each context to its fold's adapter, served as a model (vLLM's `--lora-modules`):
+    /// a template such as `fold{fold}`, or `fold0=NAME,fold1=NAME,...`.
+    ///
+    /// The adapters are `lm adapt`'s PEFT folders (`PROJECT.adapters/*.peft`); the local model
+    /// still scores with the same adapter, so the LM features match the sampler.
+    #[arg(long, value_name = "NAMES", value_parser = parse_adapter_names, hide_short_help = true)]
+    pub adapter_names: Option<AdapterNames>,
+    /// Send each context to its fold's adapter on llama.cpp's server, which loaded every fold's
+    /// `.lora.gguf` in fold order with `--lora-init-without-apply`: the request applies adapter
+    /// k alone (`lora: [{"id": k, "scale": 1}]`).
+    #[arg(long, conflicts_with = "adapter_names", hide_short_help = true)]
+    pub adapter_lora_ids: bool,
+}
+
+fn parse_adapter_names(text: &str) -> std::result::Result<AdapterNames, String> {
+    AdapterNames::parse(text).map_err(|e| e.to_string())
 }
 
 impl From<OpenAiArgs> for OpenAiConfig {
@@ -219,6 +235,11 @@ impl From<OpenAiArgs> for OpenAiConfig {
             stop: a.stop,
             server_params: a.server_params,
             no_seed: a.no_seed,
+            fold_adapters: match (a.adapter_names, a.adapter_lora_ids) {
+                (Some(names), _) => Some(FoldAdapters::Names(names)),
+                (None, true) => Some(FoldAdapters::LoraIds),
+                (None, false) => None,
+            },
         }
     }
 }

@@ -42,7 +42,15 @@ pub fn choose(store: &Store, config: &Config, model_sha: &str) -> Result<Option<
                     config.model.display()
                 )
             }),
-        AdapterUse::Auto if config.server.is_some() => Ok(None),
+        // A server samples with its base model unless it is told each fold's adapter.
+        AdapterUse::Auto
+            if config
+                .server
+                .as_ref()
+                .is_some_and(|s| s.fold_adapters.is_none()) =>
+        {
+            Ok(None)
+        }
         AdapterUse::Auto => AdapterSet::find(store, model_sha),
     }
 }

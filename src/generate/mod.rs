@@ -223,6 +223,17 @@ pub fn run(
     // generation record carry it.
     let model_sha = sha256_file(&config.model)?;
     let adapters = adapters::choose(store, config, &model_sha)?;
+    let routed = config
+        .server
+        .as_ref()
+        .is_some_and(|s| s.fold_adapters.is_some());
+    if routed && adapters.is_none() {
+        bail!(
+            "--adapter-names and --adapter-lora-ids send each context to its fold's adapter on \
+             the server, but the project has no adapters for this model: run `afkit lm adapt` \
+             with the same --model first"
+        );
+    }
     if adapters.is_none() && config.adapters == AdapterUse::Auto && config.server.is_none() {
         observer.note(
             "the project has no adapters for this model: sampling with the model alone. The \
@@ -257,7 +268,10 @@ pub fn run(
         let remote = match &config.server {
             None => None,
             Some(server) => Some(OpenAiSampler::new(
-                server.clone(),
+                match adapter {
+                    Some(record) => server.for_fold(record.fold)?,
+                    None => server.clone(),
+                },
                 config.sampling.clone(),
                 &lm.model.tokenizer,
             )?),
@@ -266,9 +280,11 @@ pub fn run(
             Some(remote) => remote,
             None => &lm,
         };
+        // Routed to the server's fold adapters, each fold is a generation of its own, so each
+        // pool's generation says which adapter sampled it.
         let id = match generation_id {
-            Some(id) => id,
-            None => record_generation(store, config, sampler, &lm, &remote, &adapters, observer)?,
+            Some(id) if !routed => id,
+            _ => record_generation(store, config, sampler, &lm, &remote, &adapters, observer)?,
         };
         generation_id = Some(id);
         let mut stored = Stored {

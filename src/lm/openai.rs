@@ -61,6 +61,80 @@ pub struct OpenAiConfig {
     pub server_params: Vec<String>,
     /// Do not send `seed` (for servers that reject it).
     pub no_seed: bool,
+    /// How a context reaches its fold's adapter on the server; `None`: the server's model
+    /// samples every context.
+    pub fold_adapters: Option<FoldAdapters>,
+}
+
+/// How a server holds the project's fold adapters (`lm adapt`), and so what a request for a
+/// context of fold k asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FoldAdapters {
+    /// Adapters served as models (vLLM's `--lora-modules NAME=PATH`): the request's `model` is
+    /// fold k's name.
+    Names(AdapterNames),
+    /// llama.cpp's server with every fold's adapter loaded unapplied, in fold order: the request
+    /// applies adapter k alone (`lora: [{"id": k, "scale": 1}]`).
+    LoraIds,
+}
+
+/// The served name of each fold's adapter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdapterNames {
+    /// `{fold}` replaced by the fold's number: `fold{fold}`.
+    Template(String),
+    /// One name per fold, as `fold0=NAME,fold1=NAME`.
+    Listed(std::collections::BTreeMap<usize, String>),
+}
+
+impl AdapterNames {
+    /// Reads `--adapter-names`: a template with `{fold}`, or `fold0=NAME,fold1=NAME,...`.
+    pub fn parse(text: &str) -> Result<AdapterNames> {
+        if text.contains("{fold}") {
+            return Ok(AdapterNames::Template(text.to_string()));
+        }
+        let mut listed = std::collections::BTreeMap::new();
+        for item in text.split(',') {
+            let (fold, name) = item
+                .split_once('=')
+                .and_then(|(f, n)| Some((f.trim().strip_prefix("fold")?.parse().ok()?, n.trim())))
+                .filter(|(_, n)| !n.is_empty())
+                .ok_or_else(|| {
+                    anyhow!(
+                        "--adapter-names {text}: expected a template with {{fold}} (fold{{fold}}) \
+                         or fold0=NAME,fold1=NAME,..., not {item:?}"
+                    )
+                })?;
+            listed.insert(fold, name.to_string());
+        }
+        Ok(AdapterNames::Listed(listed))
+    }
+
+    fn name(&self, fold: usize) -> Result<String> {
+        match self {
+            AdapterNames::Template(t) => Ok(t.replace("{fold}", &fold.to_string())),
+            AdapterNames::Listed(names) => names
+                .get(&fold)
+                .cloned()
+                .ok_or_else(|| anyhow!("--adapter-names names no adapter for fold {fold}")),
+        }
+    }
+}
+
+impl OpenAiConfig {
+    /// The configuration for the contexts of `fold`: its adapter's name as the model, or its
+    /// adapter applied alone. Unchanged without fold adapters.
+    pub fn for_fold(&self, fold: usize) -> Result<OpenAiConfig> {
+        let mut config = self.clone();
+        match &self.fold_adapters {
+            None => {}
+            Some(FoldAdapters::Names(names)) => config.model_name = Some(names.name(fold)?),
+            Some(FoldAdapters::LoraIds) => config
+                .server_params
+                .push(format!("lora=[{{\"id\": {fold}, \"scale\": 1.0}}]")),
+        }
+        Ok(config)
+    }
 }
 
 /// The request fields beyond the standard ones: truncation off for servers that default it on.
@@ -257,6 +331,11 @@ impl<'a> OpenAiSampler<'a> {
             "stop": self.config.stop,
             "extra_fields": self.extra,
             "seed_sent": !self.config.no_seed,
+            "fold_adapter": match &self.config.fold_adapters {
+                None => Value::Null,
+                Some(FoldAdapters::Names(_)) => json!({"model": self.config.model_name}),
+                Some(FoldAdapters::LoraIds) => json!({"lora": self.extra.get("lora")}),
+            },
             "features": "lp_cond of sampled endings from the server's token log-probs where its \
                 tokens equal the scoring model's; gold lp_cond, lp_alone, ctx_logprob and \
                 lengths computed locally with the scoring model",
