@@ -27,6 +27,85 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use sha2::{Digest, Sha256};
 
+/// What a derived seed is for, and which item: every key afkit derives a seed with, in one
+/// place. Its text ([`Key::text`]) is what [`Seed::derive`] hashes, so a variant's format must
+/// never change (the tests below pin them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'a> {
+    /// generate: a context's sampling seed (the ext id itself, with no prefix).
+    Context(&'a str),
+    /// generate: a context's style primer.
+    Style(&'a str),
+    /// generate --grow: a context's sampling seed in growth round R.
+    Growth { round: usize, ext_id: &'a str },
+    /// The fold of a group when the groups are dealt into K parts (`lm adapt`).
+    Fold(&'a str),
+    /// `lm adapt`: the order of the training lines.
+    AdaptLineOrder,
+    /// `lm adapt`: fold k's initial adapter.
+    AdaptInit(usize),
+    /// `lm adapt`: fold k's batch order.
+    AdaptOrder(usize),
+    /// AF: one model variable's initial values (by its name).
+    ModelInit(&'a str),
+    /// AF: the order of the training batches.
+    BatchOrder,
+    /// AF: the fine-tuned adversary's training negatives.
+    DiscriminatorNegatives,
+    /// AF: the fine-tuned adversary's seed within an iteration or fold.
+    Discriminator,
+    /// AF: the fine-tuned adversary's new head.
+    DiscriminatorHead,
+    /// A cross-encoder's new scoring head.
+    CrossEncoderHead,
+    /// annotate: the shuffle of one task (context, round), recorded in `tasks.seed`.
+    Task { example: i64, round: i64 },
+    /// annotate: the order a run's new contexts are handed out in.
+    Handout(i64),
+    /// annotate: which negatives a task shows.
+    ShownNegatives,
+    /// assemble: the matched distractors of a context, per draw (`distractors`, `refill\0R`).
+    Distractors { draw: &'a str, example: i64 },
+    /// export: a question's option order.
+    Options { example: i64, generated: bool },
+    /// export: a question's random negatives (the control).
+    RandomNegatives { example: i64, generated: bool },
+    /// audit: fold f of the fine-tuned baseline.
+    FinetuneFold(usize),
+}
+
+impl Key<'_> {
+    /// The bytes the seed is hashed with.
+    pub fn text(&self) -> String {
+        match self {
+            Key::Context(ext_id) => (*ext_id).to_string(),
+            Key::Style(ext_id) => format!("style\u{0}{ext_id}"),
+            Key::Growth { round, ext_id } => format!("grow{round}\u{0}{ext_id}"),
+            Key::Fold(group) => format!("fold\u{0}{group}"),
+            Key::AdaptLineOrder => "adapt\u{0}line order".into(),
+            Key::AdaptInit(fold) => format!("adapt\u{0}init\u{0}{fold}"),
+            Key::AdaptOrder(fold) => format!("adapt\u{0}order\u{0}{fold}"),
+            Key::ModelInit(name) => format!("init\u{0}{name}"),
+            Key::BatchOrder => "batch order".into(),
+            Key::DiscriminatorNegatives => "discriminator negatives".into(),
+            Key::Discriminator => "discriminator".into(),
+            Key::DiscriminatorHead => "discriminator head".into(),
+            Key::CrossEncoderHead => "cross-encoder head".into(),
+            Key::Task { example, round } => format!("task\u{0}{example}\u{0}{round}"),
+            Key::Handout(run) => format!("handout\u{0}{run}"),
+            Key::ShownNegatives => "shown negatives".into(),
+            Key::Distractors { draw, example } => format!("{draw}\u{0}{example}"),
+            Key::Options { example, generated } => {
+                format!("options\u{0}{example}\u{0}{generated}")
+            }
+            Key::RandomNegatives { example, generated } => {
+                format!("random negatives\u{0}{example}\u{0}{generated}")
+            }
+            Key::FinetuneFold(fold) => format!("finetune fold {fold}"),
+        }
+    }
+}
+
 /// A seed: one a user chose (recorded with the results), or one derived from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seed(u64);
@@ -41,11 +120,16 @@ impl Seed {
         self.0
     }
 
-    /// The seed of the item named `key`: the first 8 bytes (little-endian) of SHA-256 over the
-    /// seed (8 bytes, little-endian) followed by the key's bytes. A key names what the seed is
+    /// The seed of the item `key` names: the first 8 bytes (little-endian) of SHA-256 over the
+    /// seed (8 bytes, little-endian) followed by the key's text. A key names what the seed is
     /// for and which item, e.g. `task\0{example}\0{round}`; generate's keys are the context's
-    /// ext id itself, which is why no prefix is added here.
-    pub fn derive(self, key: &str) -> Seed {
+    /// ext id itself, which is why no prefix is added.
+    pub fn key(self, key: Key) -> Seed {
+        self.derive(&key.text())
+    }
+
+    /// [`Seed::key`] for a key given as text (the tests of the derivation itself).
+    fn derive(self, key: &str) -> Seed {
         let mut h = Sha256::new();
         h.update(self.0.to_le_bytes());
         h.update(key.as_bytes());
@@ -82,6 +166,68 @@ mod tests {
             Seed::new(0).derive("style\u{0}a#0").value(),
             0x0fc3_41bf_a525_2389
         );
+    }
+
+    /// Every key's text as the projects made so far were drawn with: a changed format would
+    /// silently draw other samples, splits and orders from the same recorded seed.
+    #[test]
+    fn key_texts_never_change() {
+        let pinned = [
+            (Key::Context("v#1"), "v#1"),
+            (Key::Style("a#0"), "style\u{0}a#0"),
+            (
+                Key::Growth {
+                    round: 2,
+                    ext_id: "a#0",
+                },
+                "grow2\u{0}a#0",
+            ),
+            (Key::Fold("g"), "fold\u{0}g"),
+            (Key::AdaptLineOrder, "adapt\u{0}line order"),
+            (Key::AdaptInit(2), "adapt\u{0}init\u{0}2"),
+            (Key::AdaptOrder(2), "adapt\u{0}order\u{0}2"),
+            (Key::ModelInit("mlp.l1.weight"), "init\u{0}mlp.l1.weight"),
+            (Key::BatchOrder, "batch order"),
+            (Key::DiscriminatorNegatives, "discriminator negatives"),
+            (Key::Discriminator, "discriminator"),
+            (Key::DiscriminatorHead, "discriminator head"),
+            (Key::CrossEncoderHead, "cross-encoder head"),
+            (
+                Key::Task {
+                    example: 7,
+                    round: 1,
+                },
+                "task\u{0}7\u{0}1",
+            ),
+            (Key::Handout(3), "handout\u{0}3"),
+            (Key::ShownNegatives, "shown negatives"),
+            (
+                Key::Distractors {
+                    draw: "refill\u{0}1",
+                    example: 4,
+                },
+                "refill\u{0}1\u{0}4",
+            ),
+            (
+                Key::Options {
+                    example: 4,
+                    generated: false,
+                },
+                "options\u{0}4\u{0}false",
+            ),
+            (
+                Key::RandomNegatives {
+                    example: 4,
+                    generated: true,
+                },
+                "random negatives\u{0}4\u{0}true",
+            ),
+            (Key::FinetuneFold(0), "finetune fold 0"),
+        ];
+        for (key, text) in pinned {
+            assert_eq!(key.text(), text, "{key:?}");
+            assert_eq!(Seed::new(5).key(key), Seed::new(5).derive(text));
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::dataset::{group_fold, startphrase};
 use crate::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, StepReport};
 use crate::lm::adapter::{Adapter, BaseModel};
 use crate::models::{hex, sha256_file};
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::adapters::AdapterRecord;
 use crate::store::Store;
 
@@ -174,7 +174,7 @@ fn fold_lines(store: &Store, s: &AdapterSettings) -> Result<Vec<Vec<String>>> {
             s.folds
         );
     }
-    let mut rng = Seed::new(s.train.seed).derive("adapt\u{0}line order").rng();
+    let mut rng = Seed::new(s.train.seed).key(Key::AdaptLineOrder).rng();
     for fold in &mut lines {
         fold.shuffle(&mut rng);
     }
@@ -243,9 +243,9 @@ fn train_fold(
         .flat_map(|k| &states[k])
         .collect();
     let seed = Seed::new(settings.train.seed);
-    model.fresh_adapter(seed.derive(&format!("adapt\u{0}init\u{0}{fold}")).value())?;
+    model.fresh_adapter(seed.key(Key::AdaptInit(fold)).value())?;
     let mut train = settings.train;
-    train.seed = seed.derive(&format!("adapt\u{0}order\u{0}{fold}")).value();
+    train.seed = seed.key(Key::AdaptOrder(fold)).value();
     observer.fold_started(fold, train.epochs * train_seqs.len().div_ceil(train.batch));
     let report = model.train(&train_seqs, &train_states, &train, &mut |r| {
         observer.step(r)

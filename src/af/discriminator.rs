@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::data::Dataset;
 use crate::device::Compute;
 use crate::embed::cross_encoder::{self, CrossEncoder, Question, Shape};
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::af::Assignment;
 use crate::store::Store;
 
@@ -149,7 +149,7 @@ impl Discriminator {
         assignment: &Assignment,
         seed: u64,
     ) -> Result<()> {
-        let mut rng = Seed::new(seed).derive("discriminator negatives").rng();
+        let mut rng = Seed::new(seed).key(Key::DiscriminatorNegatives).rng();
         let questions: Vec<Question> = ids
             .iter()
             .map(|&i| {

@@ -27,7 +27,7 @@ use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
 use super::discriminator::{Discriminator, DiscriminatorConfig, Texts};
 use super::scorer::{store_scorer_scores, Scorer};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::af::{
     AfRun, Assignment, Family, FinalScore, HeadAccuracy, IterationRecord, Swap,
 };
@@ -494,7 +494,7 @@ pub fn run_iteration(
     // The fine-tuned adversary joins the ensemble's iterations only.
     let mut adversary = adversary.filter(|_| family == Family::Ensemble);
     if let Some(a) = adversary.as_deref_mut() {
-        let seed = Seed::new(model_seed).derive("discriminator").value();
+        let seed = Seed::new(model_seed).key(Key::Discriminator).value();
         a.model
             .train(data, &a.texts, &train_ids, assignment, seed)?;
     }
@@ -590,7 +590,7 @@ impl Adversary {
     }
 
     fn head_seed(run: &Config) -> u64 {
-        Seed::new(run.seed).derive("discriminator head").value()
+        Seed::new(run.seed).key(Key::DiscriminatorHead).value()
     }
 
     /// Adds `model`'s scores of the held-out contexts `ids` as the `minilm` head, and the sum of
@@ -782,7 +782,7 @@ fn final_pass(
         if let Some(adversary) = adversary {
             // Each fold's copy starts from the adversary as the iterations left it.
             let mut fold_model = adversary.copy_model(config)?;
-            let seed = Seed::new(model_seed).derive("discriminator").value();
+            let seed = Seed::new(model_seed).key(Key::Discriminator).value();
             fold_model.train(data, &adversary.texts, &train_ids, assignment, seed)?;
             adversary.join(&fold_model, &mut held_out, data, &test_ids)?;
         }

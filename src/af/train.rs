@@ -25,7 +25,7 @@ use super::adamw::Optimiser;
 use super::data::{Dataset, EncodedEnding};
 use super::model::{make_batch, Inputs, ModelConfig, StylisticModel, DTYPE};
 use crate::device::Compute;
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::af::Family;
 
 /// Optimisation settings of one training run.
@@ -127,7 +127,7 @@ pub fn train(
         Family::Ensemble => cfg.ensemble_epochs,
     };
     let text = (family == Family::Ensemble).then_some(inputs);
-    let mut rng = Seed::new(seed).derive("batch order").rng();
+    let mut rng = Seed::new(seed).key(Key::BatchOrder).rng();
     let mut order: Vec<usize> = (0..choices.len()).collect();
     for _ in 0..epochs {
         order.shuffle(&mut rng);
@@ -317,9 +317,7 @@ struct SeededInit {
 
 impl SeededInit {
     fn sample(&self, shape: &Shape, init: Init, name: &str, device: &Device) -> Result<Tensor> {
-        let mut rng = Seed::new(self.seed)
-            .derive(&format!("init\u{0}{name}"))
-            .rng();
+        let mut rng = Seed::new(self.seed).key(Key::ModelInit(name)).rng();
         let n = shape.elem_count();
         let uniform = |rng: &mut ChaCha8Rng, lo: f64, hi: f64| -> Vec<f32> {
             (0..n).map(|_| rng.random_range(lo..hi) as f32).collect()

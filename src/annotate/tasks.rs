@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 
 use crate::distractors::Matching;
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::annotate::{self as db, NewTask, Policy, DEFAULT_POLICY, ENDINGS_PER_TASK};
 use crate::store::Store;
 
@@ -117,7 +117,7 @@ fn shown_negatives(
 ) -> (Vec<i64>, bool) {
     let wanted = ENDINGS_PER_TASK - 1;
     let matched = matching.and_then(|matching| {
-        let mut rng = Seed::new(task_seed).derive("shown negatives").rng();
+        let mut rng = Seed::new(task_seed).key(Key::ShownNegatives).rng();
         let negatives = &context.negatives;
         matching.choose(
             context.example_id,

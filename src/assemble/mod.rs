@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::dataset::{Judgement, Rank, Split};
 use crate::distractors::{DistractorChoice, Matching};
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::assemble::{
     AssembledDistractor, Assembly, CurrentTask, FinalPoint, NewAssembled,
 };
@@ -252,7 +252,10 @@ impl DistractorOrder {
             return hardest();
         };
         let mut rng = Seed::new(*seed)
-            .derive(&format!("{draw}\u{0}{}", example.id))
+            .key(Key::Distractors {
+                draw,
+                example: example.id,
+            })
             .rng();
         matching
             .choose(example.id, candidates, pool, candidates.len(), &mut rng)

@@ -28,7 +28,7 @@ use super::knn::Encode;
 use super::ngram::{self, Features};
 use crate::device::Compute;
 use crate::embed::cross_encoder::{self, CrossEncoder};
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 
 /// One baseline of the cross-validated audit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -404,9 +404,7 @@ pub fn fine_tune(
         let choices = |qs: &[usize]| -> Vec<cross_encoder::Question> {
             qs.iter().map(|&q| as_choice(&questions[q])).collect()
         };
-        let fold_seed = Seed::new(seed)
-            .derive(&format!("finetune fold {f}"))
-            .value();
+        let fold_seed = Seed::new(seed).key(Key::FinetuneFold(f)).value();
         let mut model =
             CrossEncoder::load(model_dir, settings.shape, fold_seed, &settings.compute)?;
         let config = cross_encoder::TrainConfig {

@@ -33,7 +33,7 @@ use rand_distr::{Distribution, Normal};
 use tokenizers::Tokenizer;
 
 use crate::device::Compute;
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 
 /// One multiple-choice question: a context and its options (every question of one call has
 /// the same number of options).
@@ -575,7 +575,7 @@ impl CrossEncoder {
 fn new_head(config: &Config, seed: u64, device: &Device) -> Result<(Var, Var)> {
     let width = config.hidden_size;
     let normal = Normal::new(0.0, config.initializer_range as f32)?;
-    let mut rng = Seed::new(seed).derive("cross-encoder head").rng();
+    let mut rng = Seed::new(seed).key(Key::CrossEncoderHead).rng();
     let head: Vec<f32> = (0..width).map(|_| normal.sample(&mut rng)).collect();
     Ok((
         Var::from_tensor(&Tensor::from_vec(head, (width, 1), device)?)?,

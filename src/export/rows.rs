@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use crate::dataset::{startphrase, Split, FULL_COLUMNS, REGULAR_COLUMNS};
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::assemble::AssembledExample;
 
 /// The label written where the answers are withheld (the test split of a published export): the
@@ -48,7 +48,10 @@ pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
                 .chain(ex.distractors.iter().take(3).map(|d| (false, d.1.clone())))
                 .collect();
             let mut rng = Seed::new(seed)
-                .derive(&format!("options\u{0}{}\u{0}{generated}", ex.example_id))
+                .key(Key::Options {
+                    example: ex.example_id,
+                    generated,
+                })
                 .rng();
             options.shuffle(&mut rng);
             let label = options
@@ -105,10 +108,10 @@ pub fn randomise(
             continue;
         }
         let mut rng = Seed::new(seed)
-            .derive(&format!(
-                "random negatives\u{0}{}\u{0}{generated}",
-                ex.example_id
-            ))
+            .key(Key::RandomNegatives {
+                example: ex.example_id,
+                generated,
+            })
             .rng();
         candidates.shuffle(&mut rng);
         ex.distractors = candidates

@@ -24,7 +24,7 @@ use crate::lm::sampler::{
     EndingRule, EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams,
 };
 use crate::models::sha256_file;
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
 use crate::store::pool::{EndingLmFeatures, NewGeneration, NewPool};
@@ -102,19 +102,17 @@ pub trait Observer {
     fn context_done(&mut self, _kept: usize, _endings_per_second: Option<f64>) {}
 }
 
-/// A context's own sampling seed, derived from the run's seed with the context's ext id as the
-/// key. Independent of the order contexts are processed in, so a resumed run gives what an
+/// A context's own sampling seed, derived from the run's seed with the context's ext id (or
+/// its growth round and ext id) as the key. Independent of the order contexts are processed in, so a resumed run gives what an
 /// uninterrupted one would.
-fn context_seed(seed: u64, ext_id: &str) -> u64 {
-    Seed::new(seed).derive(ext_id).value()
+fn context_seed(seed: u64, key: Key) -> u64 {
+    Seed::new(seed).key(key).value()
 }
 
 /// The seed of a context's style primer: apart from its sampling stream, so that the primer
 /// can change without changing how the context's rows are seeded.
 fn style_seed(seed: u64, ext_id: &str) -> u64 {
-    Seed::new(seed)
-        .derive(&format!("style\u{0}{ext_id}"))
-        .value()
+    Seed::new(seed).key(Key::Style(ext_id)).value()
 }
 
 /// What the model reads for one context: the style primer, then the filled template.
@@ -468,7 +466,7 @@ impl Jobs<'_> {
                 prompt: prompt.text.clone(),
                 exclude: vec![ex.ending.clone()],
                 n: self.config.n_neg,
-                seed: context_seed(self.config.seed, &ex.ext_id),
+                seed: context_seed(self.config.seed, Key::Context(&ex.ext_id)),
                 rule: self.rule(ex),
             },
             ex: ex.clone(),
@@ -496,7 +494,10 @@ impl Jobs<'_> {
         );
         let mut exclude = store.pool_texts(c.ex.id)?;
         exclude.push(c.ex.ending.clone());
-        let round_key = format!("grow{}\u{0}{}", c.round, c.ex.ext_id);
+        let round_key = Key::Growth {
+            round: c.round,
+            ext_id: &c.ex.ext_id,
+        };
         Ok(Job {
             request: SampleRequest {
                 prompt: prompt.text.clone(),
@@ -506,7 +507,7 @@ impl Jobs<'_> {
                     .grow
                     .expect("growth jobs come with a growth")
                     .per_context,
-                seed: context_seed(self.config.seed, &round_key),
+                seed: context_seed(self.config.seed, round_key),
                 rule: self.rule(&c.ex),
             },
             ex: c.ex.clone(),

@@ -16,7 +16,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{get_meta, now, set_meta, Store};
 use crate::dataset::{Judgement, Rank};
-use crate::seed::Seed;
+use crate::seed::{Key, Seed};
 
 /// How items are handed out: the first `agreement_items` round-0 tasks go to `replicas`
 /// annotators each, the rest to one; `seed` fixes the order of contexts and every shuffle.
@@ -308,16 +308,17 @@ impl Store {
 /// seed with the context and the round as the key.
 pub fn task_seed(policy_seed: u64, example_id: i64, round: i64) -> u64 {
     Seed::new(policy_seed)
-        .derive(&format!("task\u{0}{example_id}\u{0}{round}"))
+        .key(Key::Task {
+            example: example_id,
+            round,
+        })
         .value()
 }
 
 /// The order in which a run's new contexts are handed out: from the annotation policy's seed,
 /// with the AF run as the key.
 pub fn handout_rng(policy_seed: u64, run_id: i64) -> ChaCha8Rng {
-    Seed::new(policy_seed)
-        .derive(&format!("handout\u{0}{run_id}"))
-        .rng()
+    Seed::new(policy_seed).key(Key::Handout(run_id)).rng()
 }
 
 /// Puts `endings` in the order a task with this seed shows them.
