@@ -30,6 +30,7 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use candle_transformers::models::bert::{Config, HiddenAct};
 use rand::seq::SliceRandom;
 use rand_distr::{Distribution, Normal};
+use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
 use crate::device::Compute;
@@ -358,12 +359,19 @@ impl CrossEncoder {
         // Options of similar lengths together, so a batch pads little.
         let mut order: Vec<usize> = (0..pairs.len()).collect();
         order.sort_by_key(|&r| pairs[r].ids.len());
+        // Batches on rayon's threads: AF runs candle on one thread per op (`af` sets it), and
+        // each batch is the same computation whichever thread runs it.
+        let scored: Vec<Vec<f32>> = order
+            .par_chunks(SCORE_BATCH_OPTIONS)
+            .map(|batch| -> Result<Vec<f32>> {
+                crate::interrupt::check()?;
+                let batch_pairs: Vec<&Pair> = batch.iter().map(|&r| &pairs[r]).collect();
+                let (hidden, mask) = self.lower(&batch_pairs)?;
+                Ok(self.upper(&hidden, &mask)?.to_vec1::<f32>()?)
+            })
+            .collect::<Result<_>>()?;
         let mut flat = vec![0f32; pairs.len()];
-        for batch in order.chunks(SCORE_BATCH_OPTIONS) {
-            crate::interrupt::check()?;
-            let batch_pairs: Vec<&Pair> = batch.iter().map(|&r| &pairs[r]).collect();
-            let (hidden, mask) = self.lower(&batch_pairs)?;
-            let s = self.upper(&hidden, &mask)?.to_vec1::<f32>()?;
+        for (batch, s) in order.chunks(SCORE_BATCH_OPTIONS).zip(scored) {
             for (&r, v) in batch.iter().zip(s) {
                 flat[r] = v;
             }
