@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use candle_transformers::models::bert::{Config, HiddenAct};
@@ -325,17 +326,9 @@ impl CrossEncoder {
             let mut losses = 0f32;
             for batch in order.chunks(config.batch) {
                 crate::interrupt::check()?;
-                let rows: Vec<usize> = batch
-                    .iter()
-                    .flat_map(|&q| q * options..(q + 1) * options)
-                    .collect();
-                let scores = self.upper_scores(&states, &rows, options)?;
-                let targets: Vec<u32> = batch.iter().map(|&q| gold[q] as u32).collect();
-                let targets = Tensor::new(targets, &self.device)?;
-                let loss = candle_nn::loss::cross_entropy(&scores, &targets)?;
+                let (grads, loss) = self.batch_gradients(&states, batch, gold, options)?;
                 optimiser.set_learning_rate(learning_rate(config, step, warmup, total));
-                optimiser.backward_step(&loss)?;
-                let loss = loss.to_scalar::<f32>()?;
+                optimiser.step(&grads)?;
                 losses += loss;
                 step += 1;
                 progress(Progress::Step {
@@ -350,6 +343,47 @@ impl CrossEncoder {
             steps: total,
             last_epoch_loss,
         })
+    }
+
+    /// The gradients of the mean cross-entropy over the `batch` of questions, and that loss.
+    /// Where candle runs each op on one thread (as AF sets it), the batch runs as two halves on
+    /// rayon's threads, each loss weighted by its share, and the gradients are added: the same
+    /// mean, on both cores. Otherwise candle spreads each op over the cores itself.
+    fn batch_gradients(
+        &self,
+        states: &[Tensor],
+        batch: &[usize],
+        gold: &[usize],
+        options: usize,
+    ) -> Result<(GradStore, f32)> {
+        let half = |questions: &[usize]| -> Result<(GradStore, f32)> {
+            let rows: Vec<usize> = questions
+                .iter()
+                .flat_map(|&q| q * options..(q + 1) * options)
+                .collect();
+            let scores = self.upper_scores(states, &rows, options)?;
+            let targets: Vec<u32> = questions.iter().map(|&q| gold[q] as u32).collect();
+            let targets = Tensor::new(targets, &self.device)?;
+            let share = questions.len() as f64 / batch.len() as f64;
+            let loss = (candle_nn::loss::cross_entropy(&scores, &targets)? * share)?;
+            Ok((loss.backward()?, loss.to_scalar::<f32>()?))
+        };
+        if batch.len() < 2 || candle_core::utils::get_num_threads() > 1 {
+            return half(batch);
+        }
+        let (first, second) = batch.split_at(batch.len() / 2);
+        let (a, b) = rayon::join(|| half(first), || half(second));
+        let ((mut grads, loss_a), (mut more, loss_b)) = (a?, b?);
+        for var in &self.trainable {
+            if let Some(g) = more.remove(var) {
+                let sum = match grads.remove(var) {
+                    Some(f) => (f + g)?,
+                    None => g,
+                };
+                grads.insert(var, sum);
+            }
+        }
+        Ok((grads, loss_a + loss_b))
     }
 
     /// Each question's option scores (higher: more likely the real ending), in order. The
