@@ -105,7 +105,8 @@ pub struct FilterArgs {
     /// on `[context] [SEP] [ending]`: it reads the context and the ending together, as the
     /// models a benchmark measures do. It trains further in every ensemble iteration (and once
     /// per fold of the final pass), and AF acts on its scores and the ensemble's together.
-    /// Minutes per iteration on a CPU at 1,000 contexts; `--device cuda` where there is a GPU.
+    /// Fine-tuning an encoder is far slower than training the stylistic models: `--device cuda`
+    /// where there is a GPU.
     #[arg(long, value_enum, help_heading = MODELS)]
     pub discriminator: Option<DiscriminatorArg>,
     /// The model folder `--discriminator` fine-tunes instead of the shipped MiniLM: any BERT
