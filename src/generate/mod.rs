@@ -221,24 +221,7 @@ pub fn run(
     // generation record carry it.
     let model_sha = sha256_file(&config.model)?;
     let adapters = adapters::choose(store, config, &model_sha)?;
-    let routed = config
-        .server
-        .as_ref()
-        .is_some_and(|s| s.fold_adapters.is_some());
-    if routed && adapters.is_none() {
-        bail!(
-            "--adapter-names and --adapter-lora-ids send each context to its fold's adapter on \
-             the server, but the project has no adapters for this model: run `afkit lm adapt` \
-             with the same --model first"
-        );
-    }
-    if adapters.is_none() && config.adapters == AdapterUse::Auto && config.server.is_none() {
-        observer.note(
-            "the project has no adapters for this model: sampling with the model alone. The \
-             default recipe runs `afkit lm adapt` first, whose endings are much harder to tell \
-             from the corpus's (--no-adapters says you mean it)",
-        );
-    }
+    let routed = check_adapters(config, adapters.as_ref(), observer)?;
     let parts: Vec<(Option<&AdapterRecord>, Todo)> = match &adapters {
         None => vec![(None, todo)],
         Some(set) => set
@@ -263,17 +246,7 @@ pub fn run(
     let mut generation_id = None;
     for (adapter, todo) in parts.iter().filter(|(_, todo)| !todo.is_empty()) {
         let lm = load_fold_model(store, config, compute, *adapter, &model_sha, observer)?;
-        let remote = match &config.server {
-            None => None,
-            Some(server) => Some(OpenAiSampler::new(
-                match adapter {
-                    Some(record) => server.for_fold(record.fold)?,
-                    None => server.clone(),
-                },
-                config.sampling.clone(),
-                &lm.model.tokenizer,
-            )?),
-        };
+        let remote = server_sampler(config, *adapter, &lm)?;
         let sampler: &dyn EndingSampler = match &remote {
             Some(remote) => remote,
             None => &lm,
@@ -295,6 +268,55 @@ pub fn run(
         summary.finish(started, &lm, &remote);
     }
     Ok(summary)
+}
+
+/// Whether contexts go to their fold's adapter on the server (refused without the project's
+/// adapters); says so when the default recipe's adapters are missing.
+fn check_adapters(
+    config: &Config,
+    adapters: Option<&AdapterSet>,
+    observer: &mut dyn Observer,
+) -> Result<bool> {
+    let routed = config
+        .server
+        .as_ref()
+        .is_some_and(|s| s.fold_adapters.is_some());
+    if routed && adapters.is_none() {
+        bail!(
+            "--adapter-names and --adapter-lora-ids send each context to its fold's adapter on \
+             the server, but the project has no adapters for this model: run `afkit lm adapt` \
+             with the same --model first"
+        );
+    }
+    if adapters.is_none() && config.adapters == AdapterUse::Auto && config.server.is_none() {
+        observer.note(
+            "the project has no adapters for this model: sampling with the model alone. The \
+             default recipe runs `afkit lm adapt` first, whose endings are much harder to tell \
+             from the corpus's (--no-adapters says you mean it)",
+        );
+    }
+    Ok(routed)
+}
+
+/// The server's sampler for the contexts of `adapter`'s fold (asking for that fold's adapter
+/// where the server holds them), or `None` when the local model samples.
+fn server_sampler<'a>(
+    config: &Config,
+    adapter: Option<&AdapterRecord>,
+    lm: &'a LocalLm,
+) -> Result<Option<OpenAiSampler<'a>>> {
+    let Some(server) = &config.server else {
+        return Ok(None);
+    };
+    let server = match adapter {
+        Some(record) => server.for_fold(record.fold)?,
+        None => server.clone(),
+    };
+    Ok(Some(OpenAiSampler::new(
+        server,
+        config.sampling.clone(),
+        &lm.model.tokenizer,
+    )?))
 }
 
 /// The local model on `compute`'s device.
