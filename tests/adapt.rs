@@ -9,24 +9,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use afkit::dataset::group_fold;
-use common::{arg, command, jsonl_project, query_i64, run_ok, tiny_gguf};
+use common::{arg, command, jsonl_project, lm_adapt, query_i64, run_ok, tiny_gguf};
 use rusqlite::Connection;
 
 fn adapt(p: &Path, model: &Path) -> std::process::Command {
-    let mut cmd = command();
-    cmd.args(["lm", "adapt", arg(p), "--model", arg(model)]);
-    cmd.args([
-        "--layers",
-        "1",
-        "--rank",
-        "2",
-        "--seq-len",
-        "16",
-        "--epochs",
-        "3",
-    ]);
-    cmd.args(["--folds", "3", "--seed", "5"]);
-    cmd
+    lm_adapt(p, model, 3)
 }
 
 /// (fold, sha256) of every recorded adapter.

@@ -367,6 +367,22 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     assert!(md.contains("final cross-fitted pass"), "{md}");
 }
 
+/// Starts `afkit filter` with `flags` and kills it (SIGKILL) once `iterations` are stored.
+fn kill_after_iterations(project: &Path, flags: &[&str], iterations: usize) {
+    let mut child = command()
+        .args(filter_args(project, flags))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while count_iterations(project) < iterations && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 fn count_iterations(project: &Path) -> usize {
     let Ok(conn) = Connection::open(project) else {
         return 0;
@@ -404,18 +420,7 @@ fn killed_run_resumes_to_the_same_final_state() {
     assert!(expected.finished);
 
     let project = build_project(dir.path(), "killed.sqlite", spec);
-    let mut child = command()
-        .args(filter_args(&project, &flags))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while count_iterations(&project) < 4 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    kill_after_iterations(&project, &flags, 4);
     let interrupted = run_state(&project);
     assert!(
         !interrupted.finished && interrupted.iterations.len() >= 4,
@@ -816,23 +821,9 @@ fn scorer_margin(project: &Path, per_char: &PerChar) -> f64 {
 #[test]
 fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
     use afkit::lm::choice::{ChoiceQuestion, ChoiceScorer};
-    use afkit::lm::llama::LlamaConfig;
-    use afkit::lm::model::{write_random_gguf, RANDOM_GGUF_VOCAB};
 
     let dir = tempfile::tempdir().unwrap();
-    let gguf = dir.path().join("scorer.gguf");
-    let cfg = LlamaConfig {
-        vocab: RANDOM_GGUF_VOCAB,
-        d_model: 64,
-        n_layer: 2,
-        n_head: 4,
-        n_kv_head: 2,
-        d_ff: 128,
-        rope_theta: 10_000.0,
-        rms_eps: 1e-5,
-        arch: Default::default(),
-    };
-    write_random_gguf(&gguf, &cfg, 7).unwrap();
+    let gguf = common::tiny_gguf(dir.path(), 64, 2);
     let model = afkit::lm::LanguageModel::load(&gguf).unwrap();
     let scorer = ChoiceScorer::new(&model).unwrap();
     let mut per_char = PerChar::new();
@@ -1013,18 +1004,7 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
     drop(store);
 
     let project = build_project(dir.path(), "killed.sqlite", spec);
-    let mut child = command()
-        .args(filter_args(&project, &flags))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while count_iterations(&project) < 3 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    kill_after_iterations(&project, &flags, 3);
     let interrupted = run_state(&project);
     assert!(
         !interrupted.finished && interrupted.iterations.len() >= 3,

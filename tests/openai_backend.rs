@@ -460,24 +460,7 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("lm adapt"));
 
-    let adapted = command()
-        .args(["lm", "adapt"])
-        .arg(&project)
-        .arg("--model")
-        .arg(&scorer)
-        .args([
-            "--layers",
-            "1",
-            "--rank",
-            "2",
-            "--seq-len",
-            "16",
-            "--epochs",
-            "1",
-        ])
-        .args(["--folds", "2", "--seed", "5"])
-        .output()
-        .unwrap();
+    let adapted = common::lm_adapt(&project, &scorer, 2).output().unwrap();
     succeeded(adapted);
     let fold_of = |context: &str| -> usize {
         // "A man number I stands ...": the context's group is exI.

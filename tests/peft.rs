@@ -34,15 +34,7 @@ fn random_adapter(model: &std::path::Path, layer: usize) -> Adapter {
     let mut rng = afkit::seed::Seed::new(3).rng();
     let rank = 4;
     let mut updates = BTreeMap::new();
-    for matrix in [
-        "attn_q",
-        "attn_k",
-        "attn_v",
-        "attn_output",
-        "ffn_gate",
-        "ffn_up",
-        "ffn_down",
-    ] {
+    for matrix in afkit::lm::adapt::ADAPTED {
         let name = format!("blk.{layer}.{matrix}.weight");
         // GGUF dimensions run fastest first: (in, out).
         let dims = content.tensor_infos[&name].shape.dims().to_vec();

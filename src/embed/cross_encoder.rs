@@ -28,7 +28,7 @@ use anyhow::{bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
-use candle_transformers::models::bert::{Config, HiddenAct};
+use candle_transformers::models::bert::Config;
 use rand::seq::SliceRandom;
 use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
@@ -627,18 +627,7 @@ fn new_head(config: &Config, seed: u64, device: &Device) -> Result<(Var, Var)> {
 
 /// Whether `shape` fits a BERT model of `config` that the cross-encoder can run.
 fn check_shape(config: &Config, shape: Shape) -> Result<()> {
-    ensure!(
-        config.hidden_act == HiddenAct::Gelu,
-        "only BERT models with the exact (erf) GELU are supported"
-    );
-    ensure!(
-        config
-            .hidden_size
-            .is_multiple_of(config.num_attention_heads),
-        "hidden size {} is not a multiple of {} heads",
-        config.hidden_size,
-        config.num_attention_heads
-    );
+    super::minilm::check_supported(config)?;
     ensure!(
         shape.frozen_layers <= config.num_hidden_layers,
         "{} frozen layers, but the model has {}",

@@ -42,23 +42,29 @@ struct Layer {
     output_norm: LayerNorm,
 }
 
+/// Whether afkit's BERT layers (this encoder's and the cross-encoder's) run a model of `config`.
+pub(crate) fn check_supported(config: &Config) -> Result<()> {
+    ensure!(
+        config.hidden_act == HiddenAct::Gelu,
+        "only BERT models with the exact (erf) GELU are supported"
+    );
+    ensure!(
+        config
+            .hidden_size
+            .is_multiple_of(config.num_attention_heads),
+        "hidden size {} is not a multiple of {} heads",
+        config.hidden_size,
+        config.num_attention_heads
+    );
+    Ok(())
+}
+
 impl MiniLm {
     /// The encoder's weights from `vb` (the model's safetensors), described by `config`, with
     /// linear layers that multiply in `precision` (afkit embeds in bf16; f32 is the reference
     /// the tests hold it to).
     pub fn load(vb: VarBuilder, config: &Config, precision: Precision) -> Result<Self> {
-        ensure!(
-            config.hidden_act == HiddenAct::Gelu,
-            "only BERT models with the exact (erf) GELU are supported"
-        );
-        ensure!(
-            config
-                .hidden_size
-                .is_multiple_of(config.num_attention_heads),
-            "hidden size {} is not a multiple of {} heads",
-            config.hidden_size,
-            config.num_attention_heads
-        );
+        check_supported(config)?;
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
             vb.pp("bert")
         } else {

@@ -42,7 +42,7 @@ use crate::seed::Seed;
 const FROZEN_BATCH: usize = 8;
 
 /// The weight matrices of a block that LoRA adapts, by their GGUF names.
-const ADAPTED: [&str; 7] = [
+pub const ADAPTED: [&str; 7] = [
     "attn_q",
     "attn_k",
     "attn_v",

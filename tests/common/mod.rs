@@ -360,3 +360,22 @@ pub fn jsonl_project(dir: &Path, n: usize) -> PathBuf {
     run_ok(command().args(["ingest", arg(&p), "--format", "jsonl", arg(&input)]));
     p
 }
+
+/// `afkit lm adapt` with small, quick settings (one adapted layer of rank 2, 16-token lines,
+/// 3 epochs, seed 5) into `folds` folds.
+pub fn lm_adapt(project: &Path, model: &Path, folds: usize) -> Command {
+    let mut cmd = command();
+    cmd.args(["lm", "adapt", arg(project), "--model", arg(model)]);
+    cmd.args([
+        "--layers",
+        "1",
+        "--rank",
+        "2",
+        "--seq-len",
+        "16",
+        "--epochs",
+        "3",
+    ]);
+    cmd.args(["--folds", &folds.to_string(), "--seed", "5"]);
+    cmd
+}
