@@ -58,8 +58,6 @@ pub mod seed;
 pub mod output;
 // Ctrl-C: stop after the current unit of work.
 pub mod interrupt;
-// Progress bars on stderr.
-pub mod progress;
 // PNG charts with a font shipped in the binary.
 pub mod plot;
 // Limited-memory BFGS for the linear models of AFLite and the audit.

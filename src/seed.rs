@@ -106,12 +106,29 @@ impl Key<'_> {
     }
 }
 
-/// A seed: one a user chose (recorded with the results), or one derived from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A seed: one a user chose (recorded with the results), or one derived from it. It reads,
+/// prints and serialises as the bare number, so that `--seed 7` and the recorded settings keep
+/// their form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct Seed(u64);
 
+impl std::fmt::Display for Seed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for Seed {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(text: &str) -> Result<Seed, Self::Err> {
+        text.parse().map(Seed)
+    }
+}
+
 impl Seed {
-    pub fn new(value: u64) -> Seed {
+    pub const fn new(value: u64) -> Seed {
         Seed(value)
     }
 
@@ -136,6 +153,12 @@ impl Seed {
         Seed(u64::from_le_bytes(
             h.finalize()[..8].try_into().expect("8 bytes"),
         ))
+    }
+
+    /// The seed `n` numbers after this one: how the audit has always seeded its folds and its
+    /// second KNN sample (a derived key would change every recorded audit's λ choices).
+    pub fn plus(self, n: u64) -> Seed {
+        Seed(self.0.wrapping_add(n))
     }
 
     /// The random numbers of step `stream` of a run: ChaCha8 keyed by the seed, on its own

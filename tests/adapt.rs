@@ -166,7 +166,7 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     // The 30 contexts span every fold, and each context's pool is what the model with its own
     // fold's adapter samples: a project whose adapters are swapped samples other endings.
     let folds: std::collections::BTreeSet<usize> = (0..15)
-        .map(|v| group_fold(5, &format!("v{v}"), 3))
+        .map(|v| group_fold(afkit::seed::Seed::new(5), &format!("v{v}"), 3))
         .collect();
     assert_eq!(folds.len(), 3);
     let plain = dir.path().join("plain");

@@ -9,6 +9,7 @@ use afkit::aflite::features::Matrix;
 use afkit::aflite::filter::{self, Observer, Params, Round, StopReason, Variant};
 use afkit::aflite::logreg::{FitOptions, LogReg};
 use afkit::aflite::warmup::{Warmup, WarmupOptions};
+use afkit::seed::Seed;
 use common::afkit;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -83,7 +84,7 @@ fn mlp(train: &Matrix, y: &[u32], test: &Matrix) -> Vec<u32> {
         batch_size: 32,
         learning_rate: 1e-2,
         weight_decay: 1e-4,
-        seed: 7,
+        seed: Seed::new(7),
     };
     Warmup::train(train, y, 2, &opts)
         .unwrap()
@@ -109,7 +110,7 @@ fn synthetic_artifacts_are_filtered_out_but_the_task_stays_learnable() {
         slice: n / 20,
         tau: 0.75,
         variant: Variant::Slicing,
-        seed: 3,
+        seed: Seed::new(3),
         fit: FitOptions::default(),
     };
     let outcome = filter::run(&x, &y, &params, &mut filter::Silent).unwrap();
@@ -214,7 +215,7 @@ proptest! {
         let train = ((target as f64 * t_frac) as usize).clamp(1, target - 1);
         let variant = [Variant::Greedy, Variant::Slicing, Variant::Sampling][variant_index];
         let params = Params {
-            target_size: target, partitions: m, train_size: train, slice: k, tau, variant, seed,
+            target_size: target, partitions: m, train_size: train, slice: k, tau, variant, seed: Seed::new(seed),
             fit: FitOptions::default(),
         };
         let k_eff = params.effective_slice();

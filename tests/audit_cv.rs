@@ -9,7 +9,9 @@ use std::path::Path;
 use afkit::audit::cv::{cross_validate, Baseline, CvReport, CvResult, Embedder};
 use afkit::audit::dataset::Question;
 use afkit::audit::grams::View;
+use afkit::audit::Silent;
 use afkit::dataset::REGULAR_COLUMNS;
+use afkit::seed::Seed;
 use common::afkit;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
@@ -79,7 +81,15 @@ fn cv_finds_a_planted_tell_with_words_and_characters() {
         Baseline::Chars(View::Ending),
         Baseline::Chars(View::Context),
     ];
-    let r = cross_validate(&qs, 5, 7, &baselines, &Embedder::Unavailable("test".into())).unwrap();
+    let r = cross_validate(
+        &qs,
+        5,
+        Seed::new(7),
+        &baselines,
+        &Embedder::Unavailable("test".into()),
+        &mut Silent,
+    )
+    .unwrap();
     for name in ["ngram_end", "char_end", "char_ctx"] {
         assert_eq!(mean(&r, name), 1.0, "{name}: {r:?}");
     }
@@ -99,7 +109,15 @@ fn cv_stays_at_chance_without_a_signal() {
         Baseline::Words(View::Ending),
         Baseline::Chars(View::Ending),
     ];
-    let r = cross_validate(&qs, 5, 3, &baselines, &Embedder::Unavailable("test".into())).unwrap();
+    let r = cross_validate(
+        &qs,
+        5,
+        Seed::new(3),
+        &baselines,
+        &Embedder::Unavailable("test".into()),
+        &mut Silent,
+    )
+    .unwrap();
     assert_eq!(r.questions, 1200);
     assert_eq!(r.groups, 300);
     assert_eq!(r.fold_sizes, vec![240; 5], "300 groups of 4 deal evenly");
@@ -125,14 +143,23 @@ fn the_minilm_baseline_learns_from_the_embeddings() {
                 .collect())
         };
     let qs = questions(60, 2, true, 4);
-    let r = cross_validate(&qs, 3, 0, &[Baseline::MiniLm], &Embedder::Encoder(&encode)).unwrap();
+    let r = cross_validate(
+        &qs,
+        3,
+        Seed::new(0),
+        &[Baseline::MiniLm],
+        &Embedder::Encoder(&encode),
+        &mut Silent,
+    )
+    .unwrap();
     assert_eq!(mean(&r, "minilm_s2"), 1.0);
     let skipped = cross_validate(
         &qs,
         3,
-        0,
+        Seed::new(0),
         &[Baseline::MiniLm],
         &Embedder::Unavailable("why".into()),
+        &mut Silent,
     )
     .unwrap();
     assert_eq!(

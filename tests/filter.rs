@@ -684,7 +684,7 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
 fn filter_in_process(project: &Path, k: usize, seed: u64) {
     let mut config = afkit::af::Config {
         k,
-        seed,
+        seed: afkit::seed::Seed::new(seed),
         mlp_iterations: 2,
         ensemble_iterations: 1,
         ..Default::default()
@@ -702,7 +702,7 @@ fn filter_in_process(project: &Path, k: usize, seed: u64) {
         ..Default::default()
     };
     let mut store = Store::open(project).unwrap();
-    afkit::af::filter(&mut store, &config, &mut afkit::af::Silent).unwrap();
+    afkit::af::run(&mut store, &config, &mut afkit::af::Silent).unwrap();
 }
 
 proptest! {

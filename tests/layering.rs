@@ -232,6 +232,71 @@ fn stages_name_no_other_stage_and_base_modules_name_no_stage() {
     );
 }
 
+/// The one shape of a stage that works on a project: plain-data settings in, progress out
+/// through the stage's observer, a summary back; all printing is the command line's.
+const STAGE_SHAPE: &str =
+    "pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary>";
+
+/// Stages that do not take a project, with their shape and why.
+const STAGE_SHAPE_EXCEPTIONS: [(&str, &str, &str); 3] = [
+    (
+        "aflite",
+        "pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary>",
+        "reads a labelled dataset file and writes filtered copies: no project",
+    ),
+    (
+        "audit",
+        "pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary>",
+        "reads dataset folders (afkit's exports or anyone's SWAG files): no project",
+    ),
+    (
+        "annotate",
+        "pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome>",
+        "the terminal UI is the stage: it draws itself, so there is nothing to observe",
+    ),
+];
+
+/// `source` with every run of whitespace made one space, and none after `(` or before `)`.
+fn one_line(source: &str) -> String {
+    source
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace("( ", "(")
+        .replace(" )", ")")
+        .replace(",)", ")")
+}
+
+#[test]
+fn every_stage_has_the_one_stage_shape_or_says_why_not() {
+    let files = module_files();
+    let mut missing = Vec::new();
+    for stage in STAGES {
+        let shape = STAGE_SHAPE_EXCEPTIONS
+            .iter()
+            .find(|(name, _, _)| *name == stage)
+            .map_or(STAGE_SHAPE, |(_, shape, _why)| *shape);
+        let found = files
+            .iter()
+            .filter(|f| f.module == stage)
+            .any(|f| one_line(&f.source).contains(&format!("{shape} {{")));
+        if !found {
+            missing.push(format!("stage {stage}: no `{shape}`"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "stages out of shape (ARCHITECTURE.md, \"Stages\"):\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn a_signature_split_over_lines_is_one_line() {
+    let source = "pub fn run(\n    store: &mut Store,\n    config: &Config,\n    observer: &mut dyn Observer,\n) -> Result<Summary> {";
+    assert_eq!(one_line(source), format!("{STAGE_SHAPE} {{"));
+}
+
 /// Where a file outside `cli` defines command-line flags or commands: the derives that make a
 /// type a set of flags, a subcommand list or a parser. `clap::ValueEnum` on a plain enum is
 /// allowed, so that a flag's values stay the variants of the stage's own enum.
@@ -379,6 +444,10 @@ fn long_functions(source: &str) -> Vec<(usize, String, usize)> {
         let Some(signature) = after_qualifiers.strip_prefix("fn ") else {
             continue;
         };
+        // A whole function on one line (a trait's default `{}`) or a declaration without a body.
+        if code.trim_end().ends_with('}') || code.trim_end().ends_with(';') {
+            continue;
+        }
         let name: String = signature
             .chars()
             .take_while(|c| c.is_alphanumeric() || *c == '_')
@@ -417,9 +486,208 @@ fn no_function_is_longer_than_a_screen() {
 fn long_functions_are_measured_from_fn_to_its_closing_brace() {
     let body = "    let x = 1;\n".repeat(LONGEST_FUNCTION);
     let source =
-        format!("pub fn long() {{\n{body}}}\n\nfn short() {{\n}}\n    fn inner() {{\n    }}\n");
+        format!("pub fn long() {{\n{body}}}\n\nfn short() {{\n}}\n    fn inner() {{\n    }}\n    fn default(&mut self) {{}}\n    fn declared(&self);\n{body}    }}\n");
     assert_eq!(
         long_functions(&source),
         vec![(1, "long".to_string(), LONGEST_FUNCTION + 2)]
     );
+}
+
+/// The file-level module path of a file under `src/` (`src/generate/pool.rs` →
+/// `generate::pool`, `src/generate/mod.rs` → `generate`).
+fn file_module(shown: &str) -> String {
+    let path = shown
+        .strip_prefix("src/")
+        .unwrap()
+        .strip_suffix(".rs")
+        .unwrap();
+    let path = path.strip_suffix("/mod").unwrap_or(path);
+    path.replace('/', "::")
+}
+
+/// `source` without comment lines and without its `#[cfg(test)]` module: what the file itself
+/// imports (a test module may use its parent's items).
+fn non_test_code(source: &str) -> String {
+    let code: Vec<&str> = source
+        .lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .map(|l| {
+            if l.trim_start().starts_with("//") {
+                ""
+            } else {
+                l
+            }
+        })
+        .collect();
+    code.join("\n")
+}
+
+/// The path segments written from `at` on: `a::b::C` → [a, b, C]; a `{...}` group ends it and
+/// gives one path per top-level name.
+fn paths_at(code: &str, at: usize) -> Vec<Vec<String>> {
+    let mut segments = Vec::new();
+    let mut pos = at;
+    loop {
+        let name = identifier_at(code, pos);
+        if name.is_empty() {
+            break;
+        }
+        segments.push(name.to_string());
+        pos += name.len();
+        if !code[pos..].starts_with("::") {
+            return vec![segments];
+        }
+        pos += 2;
+    }
+    if code[pos..].starts_with('{') {
+        return group_names(code, pos)
+            .into_iter()
+            .filter(|(_, name)| *name != "self")
+            .map(|(_, name)| [segments.clone(), vec![name.to_string()]].concat())
+            .collect();
+    }
+    vec![segments]
+}
+
+/// The files (as modules) that the file of module `from` names: through `crate::` and `super::`
+/// paths and through the child modules it declares. A path names the longest module it starts
+/// with; visibility such as `pub(super)` names nothing.
+fn file_imports(from: &str, code: &str, modules: &[String]) -> Vec<String> {
+    let own: Vec<&str> = from.split("::").collect();
+    let children: Vec<String> = code
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l.strip_prefix("pub ").unwrap_or(l);
+            l.strip_prefix("mod ")?.strip_suffix(';').map(String::from)
+        })
+        .collect();
+    let mut roots: Vec<(&str, Vec<&str>)> = vec![
+        ("crate::", vec![]),
+        ("super::", own[..own.len() - 1].to_vec()),
+    ];
+    for child in &children {
+        roots.push((child.as_str(), own.clone()));
+    }
+    let mut found = Vec::new();
+    for (root, base) in &roots {
+        let root = if root.ends_with("::") {
+            root.to_string()
+        } else {
+            format!("{root}::")
+        };
+        for (at, _) in code.match_indices(root.as_str()) {
+            let preceded = at > 0
+                && (is_identifier_byte(code.as_bytes()[at - 1]) || code[..at].ends_with("::"));
+            if preceded {
+                continue;
+            }
+            let start = if root == "crate::" || root == "super::" {
+                at + root.len()
+            } else {
+                at
+            };
+            for path in paths_at(code, start) {
+                let full: Vec<&str> = base
+                    .iter()
+                    .copied()
+                    .chain(path.iter().map(String::as_str))
+                    .collect();
+                if let Some(module) = (1..=full.len())
+                    .rev()
+                    .map(|n| full[..n].join("::"))
+                    .find(|m| modules.contains(m))
+                {
+                    if module != from && !found.contains(&module) {
+                        found.push(module);
+                    }
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// One cycle of the graph, if it has any (depth-first search from every node).
+fn find_cycle(graph: &[(String, Vec<String>)]) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &[(String, Vec<String>)],
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|n| n == node) {
+            return Some([&path[start..], &[node.to_string()]].concat());
+        }
+        if done.iter().any(|n| n == node) {
+            return None;
+        }
+        path.push(node.to_string());
+        let edges = graph
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, e)| e.clone());
+        for next in edges.unwrap_or_default() {
+            if let Some(cycle) = visit(&next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.push(node.to_string());
+        None
+    }
+    let mut done = Vec::new();
+    graph
+        .iter()
+        .find_map(|(node, _)| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_two_files_import_each_other_even_through_others() {
+    let files = module_files();
+    let modules: Vec<String> = files.iter().map(|f| file_module(&f.shown)).collect();
+    let graph: Vec<(String, Vec<String>)> = files
+        .iter()
+        .zip(&modules)
+        .map(|(f, m)| {
+            (
+                m.clone(),
+                file_imports(m, &non_test_code(&f.source), &modules),
+            )
+        })
+        .collect();
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "an import loop between files (a shared item belongs in a file both can name): {}",
+            cycle.join(" → ")
+        );
+    }
+}
+
+#[test]
+fn file_imports_follow_crate_super_and_child_paths_but_not_visibility() {
+    let modules: Vec<String> = ["gen", "gen::config", "gen::pool", "store", "store::pool"]
+        .map(String::from)
+        .to_vec();
+    let code =
+        "mod config;\nmod pool;\nuse config::Config;\nuse crate::store::{pool::NewPool, Store};\n\
+                pub(super) fn f() { pool::new_pool(); }\n";
+    assert_eq!(
+        file_imports("gen", code, &modules),
+        ["gen::config", "gen::pool", "store", "store::pool"]
+    );
+    assert_eq!(
+        file_imports(
+            "gen::pool",
+            "use super::config::Config;\npub(super) fn g() {}",
+            &modules
+        ),
+        ["gen::config"]
+    );
+    let looped = vec![
+        ("a".to_string(), vec!["b".to_string()]),
+        ("b".to_string(), vec!["a".to_string()]),
+    ];
+    assert_eq!(find_cycle(&looped).unwrap(), ["a", "b", "a"]);
 }

@@ -465,7 +465,7 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
     let fold_of = |context: &str| -> usize {
         // "A man number I stands ...": the context's group is exI.
         let i: usize = context.split_whitespace().nth(3).unwrap().parse().unwrap();
-        afkit::dataset::group_fold(5, &format!("ex{i}"), 2)
+        afkit::dataset::group_fold(afkit::seed::Seed::new(5), &format!("ex{i}"), 2)
     };
     let context_of = |body: &Value| -> String {
         let prompt = body["prompt"].as_str().unwrap();

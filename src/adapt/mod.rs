@@ -23,7 +23,7 @@ use crate::dataset::{group_fold, startphrase};
 use crate::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, StepReport};
 use crate::lm::adapter::{Adapter, BaseModel};
 use crate::models::{hex, sha256_file};
-use crate::seed::{Key, Seed};
+use crate::seed::Key;
 use crate::store::adapters::AdapterRecord;
 use crate::store::Store;
 
@@ -174,7 +174,7 @@ fn fold_lines(store: &Store, s: &AdapterSettings) -> Result<Vec<Vec<String>>> {
             s.folds
         );
     }
-    let mut rng = Seed::new(s.train.seed).key(Key::AdaptLineOrder).rng();
+    let mut rng = s.train.seed.key(Key::AdaptLineOrder).rng();
     for fold in &mut lines {
         fold.shuffle(&mut rng);
     }
@@ -242,10 +242,10 @@ fn train_fold(
         .filter(|&k| k != fold)
         .flat_map(|k| &states[k])
         .collect();
-    let seed = Seed::new(settings.train.seed);
-    model.fresh_adapter(seed.key(Key::AdaptInit(fold)).value())?;
+    let seed = settings.train.seed;
+    model.fresh_adapter(seed.key(Key::AdaptInit(fold)))?;
     let mut train = settings.train;
-    train.seed = seed.key(Key::AdaptOrder(fold)).value();
+    train.seed = seed.key(Key::AdaptOrder(fold));
     observer.fold_started(fold, train.epochs * train_seqs.len().div_ceil(train.batch));
     let report = model.train(&train_seqs, &train_states, &train, &mut |r| {
         observer.step(r)

@@ -40,7 +40,7 @@ use crate::text::counted;
 pub struct Config {
     /// Negatives assigned per context (contexts whose pool is smaller are left out).
     pub k: usize,
-    pub seed: u64,
+    pub seed: Seed,
     /// Easy negatives replaced per held-out context and iteration.
     pub n_easy: usize,
     pub mlp_iterations: usize,
@@ -74,7 +74,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             k: 9,
-            seed: 0,
+            seed: Seed::default(),
             n_easy: 2,
             mlp_iterations: 20,
             ensemble_iterations: 3,
@@ -147,25 +147,26 @@ impl Observer for Silent {}
 
 /// What a `filter` call did.
 #[derive(Debug)]
-pub struct Summary {
-    pub run_id: i64,
-    /// Iterations the run has in all (a resumed run counts the stored ones).
-    pub iterations: usize,
-    /// Endings given a final cross-fitted score.
-    pub scored: usize,
-    /// Every head's held-out accuracy in the final pass (whose family is the config's
-    /// `final_family()`).
-    pub final_accuracy: HeadAccuracy,
+pub enum Summary {
+    /// The latest run is finished, with these settings, on the current pools: nothing ran.
+    UpToDate,
+    /// A run was started or resumed and is now finished.
+    Finished {
+        run_id: i64,
+        /// Iterations the run has in all (a resumed run counts the stored ones).
+        iterations: usize,
+        /// Endings given a final cross-fitted score.
+        scored: usize,
+        /// Every head's held-out accuracy in the final pass (whose family is the config's
+        /// `final_family()`).
+        final_accuracy: HeadAccuracy,
+    },
 }
 
 /// Runs AF on the project's pools: resumes the latest run when it is unfinished with the same
-/// settings and pools, starts one otherwise; `None` when the latest run is finished and up to
-/// date. Every iteration is committed on its own.
-pub fn filter(
-    store: &mut Store,
-    config: &Config,
-    observer: &mut dyn Observer,
-) -> Result<Option<Summary>> {
+/// settings and pools, starts one otherwise, and does nothing when the latest run is finished
+/// and up to date. Every iteration is committed on its own.
+pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     config.validate()?;
     let _claim = store.claim_af_runs()?;
     let started = Instant::now();
@@ -177,7 +178,7 @@ pub fn filter(
     };
     let fingerprint = data.fingerprint();
     let Some(run) = resolve_run(store, &params, &fingerprint, &data, observer)? else {
-        return Ok(None);
+        return Ok(Summary::UpToDate);
     };
     observer.note(&format!(
         "AF run {}: {}, k = {}, chance = {:.3} (pools read in {:.1} s)",
@@ -217,12 +218,12 @@ pub fn filter(
         adversary.as_ref(),
         observer,
     )?;
-    Ok(Some(Summary {
+    Ok(Summary::Finished {
         run_id: run.id,
         iterations,
         scored,
         final_accuracy,
-    }))
+    })
 }
 
 /// Reads the pools AF filters, embedding their sentences first where the run needs them, and
@@ -404,7 +405,7 @@ fn resolve_run(
 
 /// Every context's k distinct pool endings, drawn from the run's initial stream.
 fn initial_assignment(data: &Dataset, config: &Config) -> Assignment {
-    let mut rng = Seed::new(config.seed).stream(INITIAL_STREAM);
+    let mut rng = config.seed.stream(INITIAL_STREAM);
     data.contexts
         .iter()
         .map(|c| {
@@ -483,7 +484,7 @@ pub fn run_iteration(
     adversary: Option<&mut Adversary>,
 ) -> Result<IterationOutcome> {
     let started = Instant::now();
-    let mut rng = Seed::new(config.seed).stream(iteration_stream(iteration));
+    let mut rng = config.seed.stream(iteration_stream(iteration));
     let (train_ids, test_ids) = split_80_20(data.contexts.len(), &mut rng);
     let model_seed = rng.next_u64();
     let choices: Vec<Choice> = train_ids
@@ -590,7 +591,7 @@ impl Adversary {
     }
 
     fn head_seed(run: &Config) -> u64 {
-        Seed::new(run.seed).key(Key::DiscriminatorHead).value()
+        run.seed.key(Key::DiscriminatorHead).value()
     }
 
     /// Adds `model`'s scores of the held-out contexts `ids` as the `minilm` head, and the sum of
@@ -764,7 +765,7 @@ fn final_pass(
     observer: &mut dyn Observer,
 ) -> Result<(Vec<usize>, Vec<FinalScore>, HeadAccuracy)> {
     let family = config.final_family();
-    let mut rng = Seed::new(config.seed).stream(FINAL_STREAM);
+    let mut rng = config.seed.stream(FINAL_STREAM);
     let fold_of = folds(data.contexts.len(), config.folds, &mut rng);
     let mut scores = Vec::new();
     let mut held_out_all = Vec::new();

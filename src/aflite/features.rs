@@ -215,7 +215,11 @@ pub struct EmbeddingReport {
 /// MiniLM features: a text's embedding u, or for a pair [u; v; |u−v|; u⊙v].
 /// `cache_dir` (if given) holds the embedding cache, keyed text by text, so that a dataset that
 /// changed since the last run embeds only its new texts.
-pub fn minilm(dataset: &Dataset, cache_dir: Option<&Path>) -> Result<(Matrix, EmbeddingReport)> {
+pub fn minilm(
+    dataset: &Dataset,
+    cache_dir: Option<&Path>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(Matrix, EmbeddingReport)> {
     let started = std::time::Instant::now();
     let texts: Vec<&str> = dataset
         .examples
@@ -240,15 +244,15 @@ pub fn minilm(dataset: &Dataset, cache_dir: Option<&Path>) -> Result<(Matrix, Em
 
     let encoder = SentenceEncoder::load_default()?;
     let mut cache = cache_dir.map(crate::embed::open_cache).transpose()?;
-    let bar = crate::progress::bar(unique.len() as u64, "texts");
-    bar.set_message("embedding with MiniLM");
     let mut cached_texts = None;
+    let mut done = 0;
+    progress(done, unique.len());
     let vectors = encoder.encode_cached(&unique, cache.as_mut(), |n| {
         // The first report is the texts the cache held.
         cached_texts.get_or_insert(n);
-        bar.inc(n as u64)
+        done += n;
+        progress(done, unique.len())
     })?;
-    bar.finish_and_clear();
     let dim = encoder.dim();
     let unique_vectors = Matrix::new(unique.len(), dim, vectors.into_iter().flatten().collect());
 

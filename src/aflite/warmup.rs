@@ -20,7 +20,7 @@ pub struct WarmupOptions {
     pub batch_size: usize,
     pub learning_rate: f64,
     pub weight_decay: f64,
-    pub seed: u64,
+    pub seed: Seed,
 }
 
 /// The trained encoder (input → ReLU hidden layer) with its final training accuracy.
@@ -35,7 +35,7 @@ impl Warmup {
     /// Trains the MLP on `x` with class ids `y` (`classes` of them).
     pub fn train(x: &Matrix, y: &[u32], classes: usize, opts: &WarmupOptions) -> Result<Warmup> {
         let device = Device::Cpu;
-        let mut rng = Seed::new(opts.seed).rng();
+        let mut rng = opts.seed.rng();
         let (w1, b1) = init_linear(x.cols, opts.hidden, &mut rng)?;
         let (w2, b2) = init_linear(opts.hidden, classes, &mut rng)?;
         let hidden = Linear::new(w1.as_tensor().clone(), Some(b1.as_tensor().clone()));
@@ -133,7 +133,7 @@ mod tests {
             batch_size: 32,
             learning_rate: 1e-2,
             weight_decay: 1e-4,
-            seed: 3,
+            seed: Seed::new(3),
         };
         let a = Warmup::train(&x, &y, 2, &opts).unwrap();
         assert!(a.train_accuracy > 0.9, "accuracy {}", a.train_accuracy);

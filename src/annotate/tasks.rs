@@ -35,7 +35,7 @@ pub struct Setup {
 pub struct PolicyRequest {
     pub agreement_items: Option<i64>,
     pub replicas: Option<i64>,
-    pub seed: Option<u64>,
+    pub seed: Option<Seed>,
 }
 
 /// Creates the missing tasks for every context of the latest finished AF run, idempotently, and
@@ -113,11 +113,11 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
 fn shown_negatives(
     context: &db::UntaskedContext,
     matching: Option<&Matching>,
-    task_seed: u64,
+    task_seed: Seed,
 ) -> (Vec<i64>, bool) {
     let wanted = ENDINGS_PER_TASK - 1;
     let matched = matching.and_then(|matching| {
-        let mut rng = Seed::new(task_seed).key(Key::ShownNegatives).rng();
+        let mut rng = task_seed.key(Key::ShownNegatives).rng();
         let negatives = &context.negatives;
         matching.choose(
             context.example_id,
@@ -268,7 +268,7 @@ mod tests {
             PolicyRequest {
                 agreement_items: Some(5),
                 replicas: Some(2),
-                seed: Some(3),
+                seed: Some(Seed::new(3)),
             },
         )
         .unwrap();
@@ -292,7 +292,7 @@ mod tests {
             PolicyRequest {
                 agreement_items: Some(5),
                 replicas: Some(2),
-                seed: Some(3),
+                seed: Some(Seed::new(3)),
             },
         )
         .unwrap();
@@ -300,7 +300,7 @@ mod tests {
         assert!(ensure_tasks(
             &mut store,
             PolicyRequest {
-                seed: Some(4),
+                seed: Some(Seed::new(4)),
                 ..Default::default()
             }
         )

@@ -64,10 +64,33 @@ pub struct Summary {
     pub too_few_negatives: usize,
 }
 
+/// What `assemble` does.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Train, val and test fractions (of examples; groups are never split).
+    pub fractions: Fractions,
+    /// Seed of the split, the matched distractors and the order of re-annotation tasks.
+    pub seed: Seed,
+    /// Skip the annotators' labels: each context's distractors come from its assigned negatives.
+    pub unverified: bool,
+    /// The order in which candidates become distractors, verified or not.
+    pub distractors: DistractorChoice,
+}
+
+/// What `assemble` reports while it works. Every method has a default that does nothing.
+pub trait Observer {
+    fn note(&mut self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+pub struct Silent;
+
+impl Observer for Silent {}
+
 /// The recorded parameters of the last assembly (`meta` key `assemble`).
 #[derive(Debug, Serialize, serde::Deserialize, PartialEq)]
 struct Recorded {
-    seed: u64,
+    seed: Seed,
     split: String,
     unverified: bool,
     /// Absent in assemblies recorded before the choice existed (they took the hardest).
@@ -76,22 +99,25 @@ struct Recorded {
     af_run: i64,
 }
 
-/// Runs the whole assembly in one transaction; see the module docs. `unverified`: skip the
-/// annotators' labels and take each context's distractors among its assigned negatives;
-/// `distractors`: the order in which candidates become distractors, verified or not.
-pub fn assemble(
-    store: &mut Store,
-    fractions: Fractions,
-    seed: u64,
-    unverified: bool,
-    distractors: DistractorChoice,
-) -> Result<Summary> {
+/// Runs the whole assembly in one transaction; see the module docs.
+pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
+    let Config {
+        fractions,
+        seed,
+        unverified,
+        distractors,
+    } = *config;
     let Some(run) = store.latest_finished_af_run()? else {
         bail!(
             "no finished AF run in {}: run `afkit filter` first",
             store.path().display()
         );
     };
+    observer.note(&format!(
+        "assembling {} examples from AF run {}",
+        if unverified { "unverified" } else { "verified" },
+        run.id
+    ));
     let examples = store.examples()?;
     let splits = group_splits(store, &examples, fractions, seed)?;
     let run_data = RunData {
@@ -148,7 +174,7 @@ fn distractor_order(
     run_id: i64,
     run_data: &RunData,
     distractors: DistractorChoice,
-    seed: u64,
+    seed: Seed,
 ) -> Result<DistractorOrder> {
     Ok(match distractors {
         DistractorChoice::Matched => {
@@ -205,7 +231,7 @@ fn group_splits(
     store: &Store,
     examples: &[Example],
     fractions: Fractions,
-    seed: u64,
+    seed: Seed,
 ) -> Result<BTreeMap<String, Split>> {
     let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
     for ex in examples {
@@ -230,7 +256,7 @@ fn group_splits(
 enum DistractorOrder {
     /// As matching to the found endings of the context's fold draws them, from `seed`, the
     /// example id and what is drawn for.
-    Matched { matching: Matching, seed: u64 },
+    Matched { matching: Matching, seed: Seed },
     /// Highest final ensemble score first.
     Hardest,
 }
@@ -251,7 +277,7 @@ impl DistractorOrder {
         let DistractorOrder::Matched { matching, seed } = self else {
             return hardest();
         };
-        let mut rng = Seed::new(*seed)
+        let mut rng = seed
             .key(Key::Distractors {
                 draw,
                 example: example.id,

@@ -52,7 +52,7 @@ impl Fractions {
 pub fn assign(
     sizes: &BTreeMap<String, usize>,
     fractions: Fractions,
-    seed: u64,
+    seed: Seed,
     previous: &BTreeMap<String, Split>,
 ) -> BTreeMap<String, Split> {
     // Examples per split, indexed like `Split::ALL` and the fractions.
@@ -69,7 +69,7 @@ pub fn assign(
         }
     }
     // BTreeMap order is the canonical starting order; the seeded shuffle makes it random.
-    new_groups.shuffle(&mut Seed::new(seed).rng());
+    new_groups.shuffle(&mut seed.rng());
     for group in new_groups {
         let index = (0..3)
             .filter(|&i| fractions.0[i] > 0.0)
@@ -107,11 +107,11 @@ mod tests {
         let sizes = sizes(300);
         let total: usize = sizes.values().sum();
         let f = Fractions::parse("0.8,0.1,0.1").unwrap();
-        let a = assign(&sizes, f, 7, &BTreeMap::new());
-        assert_eq!(a, assign(&sizes, f, 7, &BTreeMap::new()));
+        let a = assign(&sizes, f, Seed::new(7), &BTreeMap::new());
+        assert_eq!(a, assign(&sizes, f, Seed::new(7), &BTreeMap::new()));
         assert_ne!(
             a,
-            assign(&sizes, f, 8, &BTreeMap::new()),
+            assign(&sizes, f, Seed::new(8), &BTreeMap::new()),
             "the seed matters"
         );
         for (i, split) in Split::ALL.iter().enumerate() {
@@ -128,8 +128,8 @@ mod tests {
     #[test]
     fn keeps_recorded_groups_when_groups_are_added() {
         let f = Fractions::parse("0.6,0.2,0.2").unwrap();
-        let before = assign(&sizes(50), f, 1, &BTreeMap::new());
-        let after = assign(&sizes(80), f, 1, &before);
+        let before = assign(&sizes(50), f, Seed::new(1), &BTreeMap::new());
+        let after = assign(&sizes(80), f, Seed::new(1), &before);
         for (group, split) in &before {
             assert_eq!(&after[group], split);
         }
@@ -141,7 +141,7 @@ mod tests {
         let a = assign(
             &sizes(20),
             Fractions::parse("1,0,0").unwrap(),
-            0,
+            Seed::new(0),
             &BTreeMap::new(),
         );
         assert!(a.values().all(|&s| s == Split::Train));

@@ -17,6 +17,7 @@
 //! after the others because it takes every core for minutes.
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use anyhow::{bail, Result};
 use rayon::prelude::*;
@@ -26,6 +27,7 @@ use super::dataset::Question;
 use super::grams::{self, Grams, View};
 use super::knn::Encode;
 use super::ngram::{self, Features};
+use super::observer::Observer;
 use crate::device::Compute;
 use crate::embed::cross_encoder::{self, CrossEncoder};
 use crate::seed::{Key, Seed};
@@ -157,7 +159,7 @@ pub struct CvReport {
     pub questions: usize,
     /// Distinct groups (video ids) among them.
     pub groups: usize,
-    pub seed: u64,
+    pub seed: Seed,
     /// Questions in each fold.
     pub fold_sizes: Vec<usize>,
     /// Baseline → result, in report order (a map from `Baseline::name` in JSON).
@@ -191,9 +193,10 @@ enum Prepared {
 pub fn cross_validate(
     questions: &[Question],
     k: usize,
-    seed: u64,
+    seed: Seed,
     baselines: &[Baseline],
     embedder: &Embedder,
+    observer: &mut dyn Observer,
 ) -> Result<CvReport> {
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
     let n_groups = super::folds::count_groups(&groups);
@@ -210,9 +213,9 @@ pub fn cross_validate(
         .collect();
     let prepared = baselines
         .iter()
-        .map(|&b| prepare(b, questions, embedder))
+        .map(|&b| prepare(b, questions, embedder, observer))
         .collect::<Result<Vec<_>>>()?;
-    let trained = fit_folds(&prepared, &fold_of, &gold, k, seed);
+    let trained = fit_folds(&prepared, &fold_of, &gold, (k, seed), observer);
     let results = prepared.iter().zip(trained).map(|(p, fits)| match p {
         Prepared::Skipped(why) => CvResult::Skipped {
             skipped: why.clone(),
@@ -240,7 +243,12 @@ pub fn cross_validate(
     })
 }
 
-fn prepare(b: Baseline, questions: &[Question], embedder: &Embedder) -> Result<Prepared> {
+fn prepare(
+    b: Baseline,
+    questions: &[Question],
+    embedder: &Embedder,
+    observer: &mut dyn Observer,
+) -> Result<Prepared> {
     let lengths = |q: &Question| -> [f64; 4] {
         std::array::from_fn(|o| ngram::words(&q.endings[o]).len() as f64)
     };
@@ -261,7 +269,7 @@ fn prepare(b: Baseline, questions: &[Question], embedder: &Embedder) -> Result<P
         Baseline::MiniLm => match embedder {
             Embedder::Unavailable(why) => Prepared::Skipped(why.clone()),
             Embedder::Encoder(encode) => {
-                Prepared::Features(grams::dense(&embed_options(questions, encode)?))
+                Prepared::Features(grams::dense(&embed_options(questions, encode, observer)?))
             }
         },
         Baseline::Relational => Prepared::Features(super::relational::featurise(questions)),
@@ -269,7 +277,11 @@ fn prepare(b: Baseline, questions: &[Question], embedder: &Embedder) -> Result<P
 }
 
 /// The MiniLM embedding of sent2 + " " + ending for every option (each distinct text once).
-fn embed_options(questions: &[Question], encode: &Encode) -> Result<Vec<[Vec<f32>; 4]>> {
+fn embed_options(
+    questions: &[Question],
+    encode: &Encode,
+    observer: &mut dyn Observer,
+) -> Result<Vec<[Vec<f32>; 4]>> {
     let texts: Vec<String> = questions
         .iter()
         .flat_map(|q| (0..4).map(move |o| View::Sent2.text(q, o)))
@@ -285,9 +297,8 @@ fn embed_options(questions: &[Question], encode: &Encode) -> Result<Vec<[Vec<f32
             })
         })
         .collect();
-    let bar = crate::progress::bar(unique.len() as u64, "texts embedded");
-    let vectors = encode(&unique, &mut |n| bar.inc(n as u64))?;
-    bar.finish_and_clear();
+    observer.counting(unique.len(), "texts embedded");
+    let vectors = encode(&unique, &mut |n| observer.counted(n))?;
     Ok(position
         .chunks_exact(4)
         .map(|p| std::array::from_fn(|o| vectors[p[o]].clone()))
@@ -300,8 +311,8 @@ fn fit_folds(
     prepared: &[Prepared],
     fold_of: &[usize],
     gold: &[usize],
-    k: usize,
-    seed: u64,
+    (k, seed): (usize, Seed),
+    observer: &mut dyn Observer,
 ) -> Vec<Vec<(f64, f64)>> {
     let jobs: Vec<(usize, usize)> = prepared
         .iter()
@@ -309,7 +320,8 @@ fn fit_folds(
         .filter(|(_, p)| matches!(p, Prepared::Features(_)))
         .flat_map(|(b, _)| (0..k).map(move |f| (b, f)))
         .collect();
-    let bar = crate::progress::bar(jobs.len() as u64, "fits");
+    observer.counting(jobs.len(), "fits");
+    let observer = Mutex::new(observer);
     let done: Vec<(f64, f64)> = jobs
         .par_iter()
         .map(|&(b, f)| {
@@ -319,12 +331,11 @@ fn fit_folds(
             let train: Vec<usize> = (0..gold.len()).filter(|&q| fold_of[q] != f).collect();
             let test: Vec<usize> = (0..gold.len()).filter(|&q| fold_of[q] == f).collect();
             let (train, test, dim) = grams::restrict(features, gold, &train, &test);
-            let fit = ngram::train_and_evaluate(&train, &test, dim, seed.wrapping_add(f as u64));
-            bar.inc(1);
+            let fit = ngram::train_and_evaluate(&train, &test, dim, seed.plus(f as u64));
+            observer.lock().expect("no fit panicked").counted(1);
             fit
         })
         .collect();
-    bar.finish_and_clear();
     let mut out: Vec<Vec<(f64, f64)>> = vec![Vec::new(); prepared.len()];
     for (&(b, _), fit) in jobs.iter().zip(done) {
         out[b].push(fit);
@@ -380,10 +391,10 @@ impl Default for FineTune {
 /// head and batch order come from `seed` derived with `finetune fold F`.
 pub fn fine_tune(
     questions: &[Question],
-    k: usize,
-    seed: u64,
+    (k, seed): (usize, Seed),
     model_dir: &Path,
     settings: &FineTune,
+    observer: &mut dyn Observer,
 ) -> Result<CvResult> {
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
     let fold_of = super::folds::assign(&groups, k, seed);
@@ -404,7 +415,7 @@ pub fn fine_tune(
         let choices = |qs: &[usize]| -> Vec<cross_encoder::Question> {
             qs.iter().map(|&q| as_choice(&questions[q])).collect()
         };
-        let fold_seed = Seed::new(seed).key(Key::FinetuneFold(f)).value();
+        let fold_seed = seed.key(Key::FinetuneFold(f)).value();
         let mut model =
             CrossEncoder::load(model_dir, settings.shape, fold_seed, &settings.compute)?;
         let config = cross_encoder::TrainConfig {
@@ -412,16 +423,14 @@ pub fn fine_tune(
             ..settings.train.clone()
         };
         let steps = train.len().div_ceil(config.batch.max(1)) * config.epochs;
-        let bar = crate::progress::bar(
-            steps as u64,
-            &format!("finetune_minilm fold {}/{k}: steps", f + 1),
-        );
+        observer.counting(steps, &format!("finetune_minilm fold {}/{k}: steps", f + 1));
+        let mut reported = 0;
         model.train(&choices(&train), &gold(&train), &config, &mut |p| {
             if let cross_encoder::Progress::Step { done, .. } = p {
-                bar.set_position(done as u64)
+                observer.counted(done.saturating_sub(reported));
+                reported = reported.max(done);
             }
         })?;
-        bar.finish_and_clear();
         let scores: Vec<[f64; 4]> = model
             .score(&choices(&test))?
             .iter()

@@ -14,7 +14,7 @@ use rand::seq::SliceRandom;
 /// equal size keep their shuffled order) to the fold with the fewest questions so far. Dealing
 /// largest first keeps the folds within one largest group of each other in questions; the
 /// shuffle makes which groups share a fold depend on the seed alone, not on the file order.
-pub fn assign(groups: &[Option<&str>], k: usize, seed: u64) -> Vec<usize> {
+pub fn assign(groups: &[Option<&str>], k: usize, seed: Seed) -> Vec<usize> {
     assert!(k >= 1, "at least one fold");
     let mut group_of = Vec::with_capacity(groups.len());
     let mut index: HashMap<&str, usize> = HashMap::new();
@@ -34,7 +34,7 @@ pub fn assign(groups: &[Option<&str>], k: usize, seed: u64) -> Vec<usize> {
         group_of.push(g);
     }
     let mut order: Vec<usize> = (0..sizes.len()).collect();
-    order.shuffle(&mut Seed::new(seed).rng());
+    order.shuffle(&mut seed.rng());
     order.sort_by(|a, b| sizes[*b].cmp(&sizes[*a]));
     let mut load = vec![0usize; k];
     let mut fold_of_group = vec![0usize; sizes.len()];
@@ -70,7 +70,7 @@ mod tests {
         ) {
             let owned = names(&ids);
             let groups: Vec<Option<&str>> = owned.iter().map(|g| g.as_deref()).collect();
-            let folds = assign(&groups, k, seed);
+            let folds = assign(&groups, k, Seed::new(seed));
             prop_assert_eq!(folds.len(), groups.len());
             let mut fold_of: HashMap<&str, usize> = HashMap::new();
             for (g, &f) in groups.iter().zip(&folds) {
@@ -90,7 +90,7 @@ mod tests {
             if count_groups(&groups) >= k {
                 prop_assert!(min > 0, "an empty fold: {:?}", load);
             }
-            prop_assert_eq!(assign(&groups, k, seed), folds, "the seed fixes the folds");
+            prop_assert_eq!(assign(&groups, k, Seed::new(seed)), folds, "the seed fixes the folds");
         }
     }
 
@@ -98,7 +98,10 @@ mod tests {
     fn the_seed_decides_which_groups_share_a_fold() {
         let owned: Vec<String> = (0..60).map(|i| format!("v{i}")).collect();
         let groups: Vec<Option<&str>> = owned.iter().map(|g| Some(g.as_str())).collect();
-        assert_ne!(assign(&groups, 5, 1), assign(&groups, 5, 2));
+        assert_ne!(
+            assign(&groups, 5, Seed::new(1)),
+            assign(&groups, 5, Seed::new(2))
+        );
         assert_eq!(count_groups(&[Some("a"), None, Some("a"), None]), 3);
     }
 }

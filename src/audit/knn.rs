@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::dataset::Question;
+use super::observer::Observer;
 use crate::dataset::startphrase;
 
 /// The neighbour counts reported (Table 3: Top1, Top5, Top10, Top50).
@@ -93,6 +94,7 @@ pub fn measure(
     model: &str,
     train: &[&Question],
     val: &[&Question],
+    observer: &mut dyn Observer,
 ) -> Result<KnnReport> {
     let whole = |q: &Question| -> String {
         let gold = q.label.expect("labels checked on read");
@@ -118,10 +120,9 @@ pub fn measure(
     let val_gold = push(val.iter().map(|q| gold(q)).collect());
     let train_dis = push(train.iter().flat_map(|q| distractors(q)).collect());
     let val_dis = push(val.iter().flat_map(|q| distractors(q)).collect());
-    let bar = crate::progress::bar(texts.len() as u64, "texts embedded");
+    observer.counting(texts.len(), "texts embedded");
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let vectors = encode(&refs, &mut |n| bar.inc(n as u64))?;
-    bar.finish_and_clear();
+    let vectors = encode(&refs, &mut |n| observer.counted(n))?;
     let v = |r: &std::ops::Range<usize>| &vectors[r.clone()];
     let mut by_class = BTreeMap::new();
     by_class.insert(
@@ -200,7 +201,7 @@ mod tests {
         let val = [q("gold three.")];
         let (t, v): (Vec<&Question>, Vec<&Question>) =
             (train.iter().collect(), val.iter().collect());
-        let r = measure(&encode, "fake", &t, &v).unwrap();
+        let r = measure(&encode, "fake", &t, &v, &mut crate::audit::Silent).unwrap();
         assert_eq!(
             r.val_to_train[0], 0.0,
             "whole examples start with the same word"

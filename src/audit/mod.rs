@@ -11,11 +11,13 @@
 
 pub mod cv;
 pub mod dataset;
+pub mod findings;
 pub mod folds;
 pub mod grams;
 pub mod knn;
 pub mod lm;
 pub mod ngram;
+pub mod observer;
 pub mod ppmi;
 pub mod predictions;
 pub mod relational;
@@ -28,7 +30,6 @@ use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
-use serde::Serialize;
 
 use crate::dataset::Split;
 use crate::embed::SentenceEncoder;
@@ -37,6 +38,8 @@ use crate::output::Output;
 use crate::seed::Seed;
 use crate::store::vector_cache::VectorCache;
 use dataset::Question;
+pub use findings::{AuditReport, CvAudit, Knn, Summary};
+pub use observer::{Observer, Silent};
 
 /// What an audit reads and writes, and its settings.
 #[derive(Debug, Clone)]
@@ -45,8 +48,10 @@ pub struct Config {
     pub dataset: PathBuf,
     /// Where audit.md, audit.json and the charts go.
     pub out: PathBuf,
+    /// `Some(K)`: K-fold cross-validation by group over every labelled split; `None`: train → val.
+    pub cv: Option<usize>,
     /// Seed of the λ-selection split, the KNN sample and the cross-validation folds.
-    pub seed: u64,
+    pub seed: Seed,
     /// PPMI: words listed per label.
     pub ppmi_top: usize,
     /// PPMI: words seen fewer times than this are skipped.
@@ -100,100 +105,40 @@ impl Config {
     }
 }
 
-/// KNN result, or why it was not measured.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(untagged)]
-pub enum Knn {
-    Measured(knn::KnnReport),
-    Skipped { skipped: String },
-}
-
-/// The audit's findings; `--json` prints this (accuracies are fractions).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct AuditReport {
-    pub n_train: usize,
-    pub n_val: usize,
-    pub seed: u64,
-    pub random: f64,
-    pub shortest: f64,
-    pub longest: f64,
-    pub ngram_end: f64,
-    pub ngram_s2: f64,
-    pub ngram_ctx: f64,
-    /// Regularisation strengths chosen for ngram_end, ngram_s2, ngram_ctx.
-    pub lambda: [f64; 3],
-    pub ppmi: Vec<ppmi::Association>,
-    pub knn: Knn,
-    /// Zero-shot accuracies on val of the `--lm` models.
-    pub lm: Vec<lm::LmResult>,
-    /// Every measured row (random excepted; se of a proportion), with the control's beside it.
-    pub summary: Vec<verdict::Row>,
-    pub verdicts: Vec<verdict::Verdict>,
-    /// The control dataset's audit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub control: Option<Box<AuditReport>>,
-}
-
-impl AuditReport {
-    pub fn accuracies(&self) -> [(&'static str, f64); 6] {
-        [
-            ("random", self.random),
-            ("shortest", self.shortest),
-            ("longest", self.longest),
-            ("ngram_end", self.ngram_end),
-            ("ngram_s2", self.ngram_s2),
-            ("ngram_ctx", self.ngram_ctx),
-        ]
-    }
-
-    /// The rows the verdicts read: every measured baseline but random, with the standard error
-    /// of a proportion over the val questions, and the language models'.
-    fn rows(&self) -> Vec<verdict::Row> {
-        let se = |p: f64| lm::proportion_se(p, self.n_val);
-        let mut rows: Vec<verdict::Row> = self
-            .accuracies()
-            .into_iter()
-            .filter(|(name, _)| *name != "random")
-            .map(|(name, p)| verdict::Row::new(name, p, se(p)))
-            .collect();
-        rows.extend(lm_rows(&self.lm));
-        rows
-    }
-}
-
-/// Two rows per language model: `lm:MODEL:acc` and `lm:MODEL:acc_norm`.
-fn lm_rows(results: &[lm::LmResult]) -> Vec<verdict::Row> {
-    results
-        .iter()
-        .flat_map(|r| {
-            let name = |metric: &str| format!("{}{}:{metric}", verdict::LM_PREFIX, r.model);
-            [
-                verdict::Row::new(name("acc"), r.acc, r.acc_se),
-                verdict::Row::new(name("acc_norm"), r.acc_norm, r.acc_norm_se),
-            ]
-        })
-        .collect()
-}
-
 /// Zero-shot accuracies of the config's language models on `questions`.
-fn measure_lms(config: &Config, questions: &[Question]) -> Result<Vec<lm::LmResult>> {
-    config
-        .lm
-        .iter()
-        .map(|spec| {
-            let bar = crate::progress::bar(
-                questions.len() as u64,
-                &format!("questions scored by {}", spec.name),
-            );
-            let result = lm::zero_shot(spec, questions, &|| bar.inc(1));
-            bar.finish_and_clear();
-            result
-        })
-        .collect()
+fn measure_lms(
+    config: &Config,
+    questions: &[Question],
+    observer: &mut dyn Observer,
+) -> Result<Vec<lm::LmResult>> {
+    let mut results = Vec::with_capacity(config.lm.len());
+    for spec in &config.lm {
+        observer.counting(
+            questions.len(),
+            &format!("questions scored by {}", spec.name),
+        );
+        let counter = Mutex::new(&mut *observer);
+        let done = || {
+            counter
+                .lock()
+                .expect("no scoring thread panicked")
+                .counted(1)
+        };
+        results.push(lm::zero_shot(spec, questions, &done)?);
+    }
+    Ok(results)
+}
+
+/// Audits the config's dataset (and its control) and writes the report files.
+pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
+    Ok(match config.cv {
+        Some(k) => Summary::CrossValidated(cross_validated(config, k, observer)?),
+        None => Summary::Holdout(holdout(config, observer)?),
+    })
 }
 
 /// The train → val audit: reads the dataset, measures, writes the report files.
-pub fn holdout(config: &Config) -> Result<AuditReport> {
+fn holdout(config: &Config, observer: &mut dyn Observer) -> Result<AuditReport> {
     let output = config.output()?;
     let train = dataset::read_split(&config.dataset.join(Split::Train.regular_csv()), true)?;
     let val = dataset::read_split(&config.dataset.join(Split::Val.regular_csv()), true)?;
@@ -209,20 +154,13 @@ pub fn holdout(config: &Config) -> Result<AuditReport> {
         Some(why) => Knn::Skipped {
             skipped: why.clone(),
         },
-        None => measure_knn(&train, &val, config)?,
+        None => measure_knn(&train, &val, config, observer)?,
     };
-    let mut report = audit(
-        &train,
-        &val,
-        config.seed,
-        config.ppmi_top,
-        config.ppmi_min_count,
-        knn,
-    );
-    report.lm = measure_lms(config, &val)?;
+    let mut report = audit(&train, &val, config, knn, observer);
+    report.lm = measure_lms(config, &val, observer)?;
     let control = match &config.control {
         Some(dir) => Some(
-            holdout(&config.for_control(dir))
+            holdout(&config.for_control(dir), observer)
                 .with_context(|| format!("the control dataset {}", dir.display()))?,
         ),
         None => None,
@@ -234,53 +172,15 @@ pub fn holdout(config: &Config) -> Result<AuditReport> {
     Ok(report)
 }
 
-/// The cross-validated audit; `--cv K --json` prints this.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct CvAudit {
-    pub cv: cv::CvReport,
-    /// The split files and how many questions each gave to the pool.
-    pub files: Vec<dataset::PooledFile>,
-    /// PPMI word-label associations over the pooled questions.
-    pub ppmi: Vec<ppmi::Association>,
-    /// Zero-shot accuracies of the `--lm` models on every pooled question.
-    pub lm: Vec<lm::LmResult>,
-    /// Every measured row, with the control's beside it.
-    pub summary: Vec<verdict::Row>,
-    pub verdicts: Vec<verdict::Verdict>,
-    /// The control dataset's audit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub control: Option<Box<CvAudit>>,
-}
-
-impl CvAudit {
-    /// The rows the verdicts read: every measured baseline and the language models'.
-    fn rows(&self) -> Vec<verdict::Row> {
-        let mut rows: Vec<verdict::Row> = self
-            .cv
-            .baselines
-            .iter()
-            .filter_map(|(b, result)| match result {
-                cv::CvResult::Measured { mean, se, .. } => {
-                    Some(verdict::Row::new(b.name(), *mean, *se))
-                }
-                cv::CvResult::Skipped { .. } => None,
-            })
-            .collect();
-        rows.extend(lm_rows(&self.lm));
-        rows
-    }
-}
-
-/// The K-fold audit over every labelled split, by group; writes the report files. `note` hears
-/// what was left out and why.
-pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) -> Result<CvAudit> {
+/// The K-fold audit over every labelled split, by group; writes the report files.
+fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Result<CvAudit> {
     let output = config.output()?;
     let (questions, files) = dataset::read_labelled_splits(&config.dataset)?;
     for f in files
         .iter()
         .filter(|f| f.skipped.as_deref() == Some(dataset::NO_LABELS))
     {
-        note(&format!(
+        observer.note(&format!(
             "note: {} skipped: it has no labels",
             config.dataset.join(&f.file).display()
         ));
@@ -289,7 +189,7 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
         Err("--no-embed".to_string())
     } else {
         SentenceEncoder::load_default().map_err(|err| {
-            note(&format!("minilm_s2 skipped: {err:#}"));
+            observer.note(&format!("minilm_s2 skipped: {err:#}"));
             format!("MiniLM encoder unavailable: {err:#}")
         })
     };
@@ -303,25 +203,32 @@ pub fn cross_validated(config: &Config, k: usize, note: &mut dyn FnMut(&str)) ->
         Err(why) => cv::Embedder::Unavailable(why.clone()),
     };
     let files_read = Split::ALL.map(|s| config.dataset.join(s.regular_csv()).display().to_string());
-    let mut cv = cv::cross_validate(&questions, k, config.seed, &cv::Baseline::ALL, &embedder)
-        .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
+    let mut cv = cv::cross_validate(
+        &questions,
+        k,
+        config.seed,
+        &cv::Baseline::ALL,
+        &embedder,
+        observer,
+    )
+    .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
     cv.baselines.push((
         cv::Baseline::FineTunedMiniLm,
-        fine_tuned(&questions, k, config, note)?,
+        fine_tuned(&questions, k, config, observer)?,
     ));
     let pooled: Vec<&Question> = questions.iter().collect();
     let mut audit = CvAudit {
         cv,
         files,
         ppmi: ppmi::top_associations(&pooled, config.ppmi_top, config.ppmi_min_count),
-        lm: measure_lms(config, &questions)?,
+        lm: measure_lms(config, &questions, observer)?,
         summary: Vec::new(),
         verdicts: Vec::new(),
         control: None,
     };
     let control = match &config.control {
         Some(dir) => Some(
-            cross_validated(&config.for_control(dir), k, note)
+            cross_validated(&config.for_control(dir), k, observer)
                 .with_context(|| format!("the control dataset {}", dir.display()))?,
         ),
         None => None,
@@ -339,16 +246,22 @@ fn fine_tuned(
     questions: &[Question],
     k: usize,
     config: &Config,
-    note: &mut dyn FnMut(&str),
+    observer: &mut dyn Observer,
 ) -> Result<cv::CvResult> {
     let skip = |why: String| Ok(cv::CvResult::Skipped { skipped: why });
     if let Some(why) = &config.skip_fine_tune {
         return skip(why.clone());
     }
     match DefaultModel::MiniLm.ensure() {
-        Ok(dir) => cv::fine_tune(questions, k, config.seed, &dir, &config.fine_tune),
+        Ok(dir) => cv::fine_tune(
+            questions,
+            (k, config.seed),
+            &dir,
+            &config.fine_tune,
+            observer,
+        ),
         Err(err) => {
-            note(&format!("finetune_minilm skipped: {err:#}"));
+            observer.note(&format!("finetune_minilm skipped: {err:#}"));
             skip(format!("MiniLM encoder unavailable: {err:#}"))
         }
     }
@@ -358,14 +271,14 @@ fn fine_tuned(
 type View = dyn Fn(&Question, usize) -> String;
 
 /// Everything but the KNN distances (which need the encoder), from labelled train and val.
-pub fn audit(
+fn audit(
     train: &[Question],
     val: &[Question],
-    seed: u64,
-    ppmi_top: usize,
-    ppmi_min_count: u64,
+    config: &Config,
     knn: Knn,
+    observer: &mut dyn Observer,
 ) -> AuditReport {
+    let seed = config.seed;
     let gold: Vec<usize> = val
         .iter()
         .map(|q| q.label.expect("labels checked on read"))
@@ -382,7 +295,7 @@ pub fn audit(
     ];
     let mut ngram_acc = [0.0; 3];
     let mut lambda = [0.0; 3];
-    let bar = crate::progress::bar(3, "n-gram classifiers");
+    observer.counting(3, "n-gram classifiers");
     for (i, view) in views.iter().enumerate() {
         let vocab = ngram::Vocabulary::fit(
             train
@@ -402,9 +315,8 @@ pub fn audit(
         };
         (ngram_acc[i], lambda[i]) =
             ngram::train_and_evaluate(&encode(train), &encode(val), vocab.len(), seed);
-        bar.inc(1);
+        observer.counted(1);
     }
-    bar.finish_and_clear();
     let all: Vec<&Question> = train.iter().chain(val).collect();
     AuditReport {
         n_train: train.len(),
@@ -417,7 +329,7 @@ pub fn audit(
         ngram_s2: ngram_acc[1],
         ngram_ctx: ngram_acc[2],
         lambda,
-        ppmi: ppmi::top_associations(&all, ppmi_top, ppmi_min_count),
+        ppmi: ppmi::top_associations(&all, config.ppmi_top, config.ppmi_min_count),
         knn,
         lm: Vec::new(),
         summary: Vec::new(),
@@ -427,12 +339,12 @@ pub fn audit(
 }
 
 /// A seeded sample of at most `max` questions, in their original order.
-fn sample(questions: &[Question], max: usize, seed: u64) -> Vec<&Question> {
+fn sample(questions: &[Question], max: usize, seed: Seed) -> Vec<&Question> {
     if questions.len() <= max {
         return questions.iter().collect();
     }
     let mut idx: Vec<usize> = (0..questions.len()).collect();
-    idx.shuffle(&mut Seed::new(seed).rng());
+    idx.shuffle(&mut seed.rng());
     idx.truncate(max);
     idx.sort_unstable();
     idx.into_iter().map(|i| &questions[i]).collect()
@@ -440,12 +352,17 @@ fn sample(questions: &[Question], max: usize, seed: u64) -> Vec<&Question> {
 
 /// KNN distances with MiniLM; when the encoder cannot be loaded (no cached model and no pip),
 /// the audit goes on without them and says why.
-fn measure_knn(train: &[Question], val: &[Question], config: &Config) -> Result<Knn> {
+fn measure_knn(
+    train: &[Question],
+    val: &[Question],
+    config: &Config,
+    observer: &mut dyn Observer,
+) -> Result<Knn> {
     let (max, seed) = (config.knn_max, config.seed);
     let encoder = match SentenceEncoder::load_default() {
         Ok(encoder) => encoder,
         Err(err) => {
-            eprintln!("KNN distances skipped: {err:#}");
+            observer.note(&format!("KNN distances skipped: {err:#}"));
             return Ok(Knn::Skipped {
                 skipped: format!("MiniLM encoder unavailable: {err:#}"),
             });
@@ -455,15 +372,13 @@ fn measure_knn(train: &[Question], val: &[Question], config: &Config) -> Result<
     let encode = |texts: &[&str], progress: &mut dyn FnMut(usize)| {
         embed(&encoder, cache.as_ref(), texts, progress)
     };
-    let (train, val) = (
-        sample(train, max, seed),
-        sample(val, max, seed.wrapping_add(1)),
-    );
+    let (train, val) = (sample(train, max, seed), sample(val, max, seed.plus(1)));
     Ok(Knn::Measured(knn::measure(
         &encode,
         "all-MiniLM-L6-v2",
         &train,
         &val,
+        observer,
     )?))
 }
 

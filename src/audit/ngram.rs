@@ -171,9 +171,9 @@ const LAMBDAS: [f64; 4] = [1e-2, 1e-3, 1e-4, 1e-5];
 
 /// Trains on `train` (λ chosen on a seeded 80/20 split of it) and returns the accuracy on `test`
 /// and the chosen λ.
-pub fn train_and_evaluate(train: &[Choice], test: &[Choice], dim: usize, seed: u64) -> (f64, f64) {
+pub fn train_and_evaluate(train: &[Choice], test: &[Choice], dim: usize, seed: Seed) -> (f64, f64) {
     let mut order: Vec<usize> = (0..train.len()).collect();
-    order.shuffle(&mut Seed::new(seed).rng());
+    order.shuffle(&mut seed.rng());
     let cut = train.len() * 4 / 5;
     let fit_part: Vec<&Choice> = order[..cut].iter().map(|&i| &train[i]).collect();
     let held_out: Vec<&Choice> = order[cut..].iter().map(|&i| &train[i]).collect();
@@ -232,7 +232,7 @@ mod tests {
         };
         let train: Vec<Choice> = (0..40).map(|i| make(i % 4)).collect();
         let test: Vec<Choice> = (0..8).map(|i| make((i + 1) % 4)).collect();
-        let (acc, _) = train_and_evaluate(&train, &test, vocab.len(), 0);
+        let (acc, _) = train_and_evaluate(&train, &test, vocab.len(), Seed::new(0));
         assert_eq!(acc, 1.0);
     }
 }

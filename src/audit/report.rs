@@ -8,10 +8,10 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::cv::{Baseline, CvReport, CvResult};
+use super::findings::{AuditReport, CvAudit, Knn};
 use super::lm::LmResult;
 use super::ppmi::Association;
 use super::verdict::{Row, Verdict};
-use super::{AuditReport, CvAudit, Knn};
 use crate::output::{Output, Staged};
 use crate::plot::{register_font, FONT};
 

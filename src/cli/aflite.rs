@@ -7,6 +7,7 @@ use anyhow::Result;
 use crate::aflite::filter::{Observer, Round, Variant};
 use crate::aflite::logreg::FitOptions;
 use crate::aflite::{self, Features, SizeSpec, WarmupConfig};
+use crate::seed::Seed;
 
 #[derive(clap::Args)]
 #[command(
@@ -49,8 +50,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Variant::Slicing)]
     pub variant: Variant,
     /// Seed of every random choice (partitions, tie-breaks, sampling, warm-up).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[arg(long, default_value_t = Seed::default())]
+    pub seed: Seed,
     /// Inverse L2 strength C of the logistic regression (scikit-learn's parametrisation).
     #[arg(long, default_value_t = FitOptions::default().c)]
     pub c: f64,
@@ -164,7 +165,7 @@ impl Observer for Progress {
     }
 
     fn round_started(&mut self, round: usize, size: usize) {
-        let bar = crate::progress::bar(self.partitions as u64, "partitions");
+        let bar = super::progress::bar(self.partitions as u64, "partitions");
         bar.set_message(format!("round {round}, |S| = {size}"));
         self.bar = Some(bar);
     }
@@ -191,5 +192,20 @@ impl Observer for Progress {
 
     fn note(&mut self, message: &str) {
         eprintln!("{message}");
+    }
+
+    fn embedding(&mut self, done: usize, total: usize) {
+        if done == 0 {
+            let bar = super::progress::bar(total as u64, "texts");
+            bar.set_message("embedding with MiniLM");
+            self.bar = Some(bar);
+        } else if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+        }
+        if done == total {
+            if let Some(bar) = self.bar.take() {
+                bar.finish_and_clear();
+            }
+        }
     }
 }

@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use crate::annotate::tasks::{self, PolicyRequest};
 use crate::annotate::{self, agreement, crowd};
 use crate::output::Output;
+use crate::seed::Seed;
 use crate::store::Store;
 
 /// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
@@ -41,7 +42,7 @@ pub struct Args {
     pub replicas: Option<i64>,
     /// Seed of the item order and of the ending shuffles; fixed once tasks exist [default: 0].
     #[arg(long)]
-    pub seed: Option<u64>,
+    pub seed: Option<Seed>,
     /// Replay keys from FILE instead of the keyboard (tests, benchmarks).
     #[arg(long, hide = true, value_name = "FILE")]
     pub script: Option<PathBuf>,

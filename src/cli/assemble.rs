@@ -1,13 +1,15 @@
-//! `afkit assemble`: flags → `assemble::assemble`, and its summary.
+//! `afkit assemble`: flags → `assemble::run`, and its summary.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 
+use super::progress::Notes;
 use crate::assemble::split::Fractions;
-use crate::assemble::{assemble, Summary};
+use crate::assemble::{self, Summary};
 use crate::dataset::Split;
 use crate::distractors::DistractorChoice;
+use crate::seed::Seed;
 use crate::store::Store;
 
 #[derive(clap::Args)]
@@ -44,8 +46,8 @@ pub struct Args {
     pub split: String,
     /// Seed for the split, the matched distractors and the order of re-annotation tasks
     /// (recorded).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[arg(long, default_value_t = Seed::default())]
+    pub seed: Seed,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -54,13 +56,13 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let fractions = Fractions::parse(&args.split)?;
     let mut store = Store::open(&args.project)?;
-    let summary = assemble(
-        &mut store,
+    let config = assemble::Config {
         fractions,
-        args.seed,
-        args.unverified,
-        args.distractors,
-    )?;
+        seed: args.seed,
+        unverified: args.unverified,
+        distractors: args.distractors,
+    };
+    let summary = assemble::run(&mut store, &config, &mut Notes)?;
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {

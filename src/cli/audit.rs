@@ -4,12 +4,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use super::progress::Lines;
 use crate::audit::lm::LmSpec;
 use crate::audit::predictions::Choice;
 use crate::audit::verdict::{Row, Verdict};
 use crate::audit::{self, cv, score::score};
 use crate::device::{Compute, DeviceChoice};
 use crate::embed::cross_encoder::{Shape, TrainConfig};
+use crate::seed::Seed;
 
 // Help headings after the common options.
 const BASELINES: &str = "Baselines";
@@ -68,8 +70,8 @@ pub struct Args {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Seed for the λ-selection split, the KNN sample and the --cv folds (recorded in the report).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[arg(long, default_value_t = Seed::default())]
+    pub seed: Seed,
     /// PPMI: words listed per label.
     #[arg(long, default_value_t = 15, help_heading = BASELINES)]
     pub ppmi_top: usize,
@@ -182,6 +184,7 @@ impl Args {
                 .out
                 .clone()
                 .unwrap_or_else(|| self.dataset.join("audit")),
+            cv: self.cv.map(|k| k as usize),
             seed: self.seed,
             ppmi_top: self.ppmi_top,
             ppmi_min_count: self.ppmi_min_count,
@@ -204,29 +207,48 @@ impl Args {
 
 pub fn run(args: Args) -> Result<()> {
     let config = args.config()?;
-    if let Some(k) = args.cv {
-        let audit = audit::cross_validated(&config, k as usize, &mut |note| eprintln!("{note}"))?;
-        if args.json {
-            println!("{}", serde_json::to_string(&audit)?);
-        } else {
-            print_cv_table(&audit);
-            println!("report: {}", config.out.join("audit.md").display());
-        }
+    let mut progress = Progress::default();
+    let summary = audit::run(&config, &mut progress)?;
+    progress.0.clear();
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
         return Ok(());
     }
-    let report = audit::holdout(&config)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!(
-            "train {} -> val {} questions (chance 0.250; ± is the se of a proportion)",
-            report.n_train, report.n_val
-        );
-        print_rows(&report.summary, report.control.is_some());
-        print_verdicts(&report.verdicts);
-        println!("report: {}", config.out.join("audit.md").display());
+    match summary {
+        audit::Summary::CrossValidated(audit) => print_cv_table(&audit),
+        audit::Summary::Holdout(report) => print_holdout(&report),
     }
+    println!("report: {}", config.out.join("audit.md").display());
     Ok(())
+}
+
+/// One bar at a time (texts embedded, fits, questions scored), with notes above it on stderr.
+#[derive(Default)]
+struct Progress(Lines);
+
+impl audit::Observer for Progress {
+    fn note(&mut self, message: &str) {
+        self.0.say(message, false);
+    }
+
+    fn counting(&mut self, total: usize, unit: &str) {
+        self.0.start(total, unit);
+    }
+
+    fn counted(&mut self, n: usize) {
+        if let Some(bar) = self.0.bar() {
+            bar.inc(n as u64);
+        }
+    }
+}
+
+fn print_holdout(report: &audit::AuditReport) {
+    println!(
+        "train {} -> val {} questions (chance 0.250; ± is the se of a proportion)",
+        report.n_train, report.n_val
+    );
+    print_rows(&report.summary, report.control.is_some());
+    print_verdicts(&report.verdicts);
 }
 
 fn print_cv_table(audit: &audit::CvAudit) {

@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+use super::progress::Notes;
 use crate::export::layout::Layout;
-use crate::export::{answers_path, export, parse_license, Negatives, Options};
-use crate::output::Output;
+use crate::export::{self, answers_path, parse_license, Negatives, Options};
+use crate::seed::Seed;
 use crate::store::Store;
 
 /// Help heading after the common options.
@@ -40,8 +41,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "adversarial")]
     pub negatives: Negatives,
     /// Seed for the ending order of each example and for the random control (recorded).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[arg(long, default_value_t = Seed::default())]
+    pub seed: Seed,
     /// Keep the test split's labels (and test_full.csv) in OUT, for internal measurement; without
     /// it they are withheld, so OUT can be published.
     #[arg(long, help_heading = PUBLISHING)]
@@ -53,7 +54,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let store = Store::open(&args.project)?;
+    let mut store = Store::open(&args.project)?;
     let options = Options {
         negatives: args.negatives,
         seed: args.seed,
@@ -62,12 +63,17 @@ pub fn run(args: Args) -> Result<()> {
         },
         license: args.license,
     };
-    let files = export(&store, &args.out, &options, &Output::new(args.force))?;
+    let config = export::Config {
+        out: args.out.clone(),
+        options,
+        force: args.force,
+    };
+    let summary = export::run(&mut store, &config, &mut Notes)?;
     println!("exported to {}", args.out.display());
-    for (name, (bytes, _)) in &files {
+    for (name, (bytes, _)) in &summary.files {
         println!("  {name:<28} {bytes:>10} bytes");
     }
-    if !options.layout.with_test_labels {
+    if !config.options.layout.with_test_labels {
         println!(
             "the test answers are in {} (keep it private)",
             answers_path(&args.out)?.display()

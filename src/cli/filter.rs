@@ -10,6 +10,7 @@ use crate::af::data::EncodeConfig;
 use crate::af::model::ModelConfig;
 use crate::af::train::TrainConfig;
 use crate::af::{self, Config};
+use crate::seed::Seed;
 use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
 use crate::store::Store;
 use crate::text::counted;
@@ -51,7 +52,7 @@ pub struct FilterArgs {
     pub ensemble_iterations: usize,
     /// Seed for splits, initial assignment, model initialisation and batch order (recorded).
     #[arg(long, default_value_t = DEFAULTS.seed, help_heading = RUN)]
-    pub seed: u64,
+    pub seed: Seed,
     /// Easy negatives replaced per held-out context and iteration (SWAG: N_easy = 2).
     #[arg(long, default_value_t = DEFAULTS.n_easy, help_heading = RUN)]
     pub n_easy: usize,
@@ -192,20 +193,25 @@ pub fn run(args: FilterArgs) -> Result<()> {
     let config = args.config()?;
     let mut store = Store::open(&args.project)?;
     let mut progress = Progress::default();
-    let summary = af::filter(&mut store, &config, &mut progress)?;
+    let summary = af::run(&mut store, &config, &mut progress)?;
     progress.0.clear();
-    if let Some(s) = summary {
+    if let af::Summary::Finished {
+        run_id,
+        iterations,
+        scored,
+        final_accuracy,
+    } = summary
+    {
         println!(
             "final cross-fitted pass ({} folds, {}): {}",
             config.folds,
             config.final_family().name(),
-            accuracy_text(&s.final_accuracy)
+            accuracy_text(&final_accuracy)
         );
         println!(
-            "AF run {} finished: {}; scores of {} stored (see `afkit report`)",
-            s.run_id,
-            counted(s.iterations, "iteration", "iterations"),
-            counted(s.scored, "ending", "endings")
+            "AF run {run_id} finished: {}; scores of {} stored (see `afkit report`)",
+            counted(iterations, "iteration", "iterations"),
+            counted(scored, "ending", "endings")
         );
     }
     Ok(())
@@ -213,7 +219,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
 
 /// One progress bar at a time (embedding, iterations, folds), with lines printed above it.
 #[derive(Default)]
-struct Progress(crate::progress::Lines);
+struct Progress(super::progress::Lines);
 
 impl af::Observer for Progress {
     fn note(&mut self, message: &str) {

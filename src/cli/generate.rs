@@ -11,6 +11,7 @@ use crate::generate::{self, AdapterUse, Growth, ImportConfig, ImportSummary, Sum
 use crate::lm::openai::{AdapterNames, FoldAdapters, OpenAiConfig};
 use crate::lm::sampler::SamplingParams;
 use crate::models::generator_gguf;
+use crate::seed::Seed;
 use crate::store::Store;
 use crate::text::counted;
 
@@ -42,8 +43,8 @@ pub struct GenerateArgs {
     ///
     /// Each context's stream is derived from it and the example id, so a resumed run samples
     /// what an uninterrupted one would have.
-    #[arg(long, default_value_t = 0, help_heading = WHAT)]
-    pub seed: u64,
+    #[arg(long, default_value_t = Seed::default(), help_heading = WHAT)]
+    pub seed: Seed,
     /// Prompt template: `continuation` (built in) or a file with `{startphrase}`.
     ///
     /// A file's text contains `{startphrase}` (or `{sent1}` and `{sent2}`); the endings
@@ -247,6 +248,7 @@ impl From<OpenAiArgs> for OpenAiConfig {
 impl GenerateArgs {
     fn config(self) -> Result<generate::Config> {
         Ok(generate::Config {
+            compute: self.device.open()?,
             model: generator_gguf(&self.model)?,
             server: match self.backend {
                 Backend::Local => None,
@@ -282,7 +284,6 @@ impl GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let compute = args.device.open()?;
     let mut store = Store::open(&args.project)?;
     let json = args.json;
     let config = args.config()?;
@@ -290,7 +291,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         limit: config.limit,
         ..Progress::default()
     };
-    let summary = generate::run(&mut store, &config, &compute, &mut observer)?;
+    let summary = generate::run(&mut store, &config, &mut observer)?;
     observer.lines.clear();
     if summary.contexts + summary.unusable > 0 {
         print_summary(&summary, json)?;
@@ -303,7 +304,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 /// `import-pool`. Notes and skipped contexts are printed above it, on stderr.
 #[derive(Default)]
 struct Progress {
-    lines: crate::progress::Lines,
+    lines: super::progress::Lines,
     contexts: usize,
     endings_each: usize,
     contexts_done: usize,

@@ -1,10 +1,11 @@
-//! `afkit ingest`: flags → `ingest::ingest`, and its summary.
+//! `afkit ingest`: flags → `ingest::run`, its progress bar and its summary.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::ingest::{ingest, Format};
+use super::progress::Lines;
+use crate::ingest::{self, Format};
 use crate::store::Store;
 
 /// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
@@ -49,7 +50,14 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let mut store = Store::open(&args.project)?;
-    let summary = ingest(&mut store, args.format, &args.files, args.min_token_count)?;
+    let config = ingest::Config {
+        format: args.format,
+        files: args.files.clone(),
+        min_token_count: args.min_token_count,
+    };
+    let mut progress = Progress::default();
+    let summary = ingest::run(&mut store, &config, &mut progress)?;
+    progress.0.clear();
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
         return Ok(());
@@ -69,4 +77,19 @@ pub fn run(args: Args) -> Result<()> {
         println!("    {reason:<15}{n}");
     }
     Ok(())
+}
+
+/// The bar of records split and filtered.
+#[derive(Default)]
+struct Progress(Lines);
+
+impl ingest::Observer for Progress {
+    fn records(&mut self, done: usize, total: usize) {
+        match self.0.bar() {
+            Some(bar) => bar.set_position(done as u64),
+            None => {
+                self.0.start(total, "records");
+            }
+        }
+    }
 }

@@ -4,10 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+use super::progress::Lines;
 use crate::adapt::{self, Observer};
 use crate::lm::adapt::{AdapterSettings, LoraShape, StepReport, TrainSettings};
 use crate::models::generator_gguf;
-use crate::progress::Lines;
+use crate::seed::Seed;
 use crate::store::adapters::AdapterRecord;
 use crate::store::Store;
 
@@ -68,8 +69,8 @@ pub struct AdaptArgs {
     #[arg(long, default_value_t = 128)]
     pub seq_len: usize,
     /// Seed of the folds, the initial adapters and the order of the training sequences.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[arg(long, default_value_t = Seed::default())]
+    pub seed: Seed,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,

@@ -23,6 +23,7 @@ mod generate;
 mod ingest;
 mod lm;
 mod models;
+mod progress;
 mod report;
 mod status;
 mod tagger;

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use crate::output::Output;
+use crate::seed::Seed;
 use crate::text::{read_conllu, split_with, tokenize, TaggedSentence, Tagger, TrainOptions};
 
 #[derive(clap::Subcommand)]
@@ -31,8 +32,8 @@ pub enum TaggerCommand {
         #[arg(long, default_value_t = TrainOptions::default().epochs)]
         epochs: usize,
         /// Seed of the shuffling between passes.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        #[arg(long, default_value_t = Seed::default())]
+        seed: Seed,
     },
     /// Evaluate a tagger on CoNLL-U treebanks (gold tokenisation); prints "accuracy: 0.xxxx".
     Eval {

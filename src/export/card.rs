@@ -13,8 +13,8 @@ use anyhow::Result;
 
 use super::harness;
 use super::layout::{Layout, HF_SPLITS};
+use super::options::{Negatives, Options};
 use super::rows::Row;
-use super::{Negatives, Options};
 use crate::dataset::Split;
 use crate::store::af::{AfRun, Family, IterationRecord};
 use crate::store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
@@ -25,7 +25,7 @@ use crate::text::counted;
 pub struct CardInputs {
     pub project_name: String,
     pub negatives: Negatives,
-    pub seed: u64,
+    pub seed: crate::seed::Seed,
     pub layout: Layout,
     pub license: String,
     pub assemble_params: Option<String>,

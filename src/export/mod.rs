@@ -15,6 +15,7 @@ pub mod card;
 pub mod harness;
 pub mod hub;
 pub mod layout;
+mod options;
 pub mod rows;
 
 use std::collections::BTreeMap;
@@ -28,7 +29,8 @@ use crate::dataset::Split;
 use crate::models::hex;
 use crate::output::Output;
 use crate::store::Store;
-use layout::{Layout, CARD};
+use layout::CARD;
+pub use options::{Negatives, Options};
 
 /// A licence id goes into the card's YAML header: lowercase letters, digits, `.` and `-`.
 pub fn parse_license(text: &str) -> Result<String, String> {
@@ -45,30 +47,6 @@ pub fn parse_license(text: &str) -> Result<String, String> {
     }
 }
 
-/// The export's settings, as recorded and as the card reports them.
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub negatives: Negatives,
-    pub seed: u64,
-    pub layout: Layout,
-    pub license: String,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Negatives {
-    Adversarial,
-    Random,
-}
-
-impl Negatives {
-    fn as_str(self) -> &'static str {
-        match self {
-            Negatives::Adversarial => "adversarial",
-            Negatives::Random => "random",
-        }
-    }
-}
-
 /// Where a published export's test answers go: beside OUT, named after it.
 pub fn answers_path(out: &Path) -> Result<PathBuf> {
     let name = out
@@ -77,17 +55,43 @@ pub fn answers_path(out: &Path) -> Result<PathBuf> {
     Ok(out.with_file_name(format!("{}-test-answers.csv", name.to_string_lossy())))
 }
 
+/// What `export` does.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The dataset folder to write.
+    pub out: PathBuf,
+    pub options: Options,
+    /// Replace files at `out` (and the answers file beside it) that afkit did not write.
+    pub force: bool,
+}
+
+/// What `export` reports while it works. Every method has a default that does nothing.
+pub trait Observer {
+    fn note(&mut self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+pub struct Silent;
+
+impl Observer for Silent {}
+
+/// What an export wrote.
+#[derive(Debug, serde::Serialize)]
+pub struct Summary {
+    /// File name → (size, SHA-256); the answers file under its own path.
+    pub files: BTreeMap<String, (usize, String)>,
+}
+
 /// Writes the export (and, unless the test labels stay in it, the answers file beside it) and
-/// records it; returns file name → (size, SHA-256), the answers file under its own name.
-/// `output` says whether files afkit did not write may be replaced; the project is never
+/// records it. Files afkit did not write are replaced only with `force`; the project is never
 /// written over.
-pub fn export(
-    store: &Store,
-    out: &Path,
-    options: &Options,
-    output: &Output,
-) -> Result<BTreeMap<String, (usize, String)>> {
-    let output = output.clone().protect_project(store.path());
+pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
+    let Config {
+        ref out,
+        ref options,
+        force,
+    } = *config;
+    let output = Output::new(force).protect_project(store.path());
     let answers_target = answers_path(out)?;
     if !options.layout.with_test_labels {
         output.check(&answers_target)?;
@@ -108,6 +112,13 @@ pub fn export(
     } else {
         Vec::new()
     };
+    if !left_out.is_empty() {
+        observer.note(&format!(
+            "the random control leaves out {} (fewer than three other endings in the pool; \
+             the card lists them)",
+            crate::text::counted(left_out.len(), "context", "contexts")
+        ));
+    }
     let rows = rows::build(&examples, options.seed);
     let card_inputs = card::CardInputs::read(store, options, left_out)?;
     let files = folder_files(&rows, &card_inputs, options)?;
@@ -122,14 +133,14 @@ pub fn export(
         output.write(path, bytes)?;
     }
 
-    let mut summary: BTreeMap<String, (usize, String)> = files
+    let mut written: BTreeMap<String, (usize, String)> = files
         .iter()
         .map(|(name, bytes)| (name.clone(), summarise(bytes)))
         .collect();
     if let Some((path, bytes)) = &answers {
-        summary.insert(path.display().to_string(), summarise(bytes));
+        written.insert(path.display().to_string(), summarise(bytes));
     }
-    let hashes: BTreeMap<&String, &String> = summary.iter().map(|(n, (_, h))| (n, h)).collect();
+    let hashes: BTreeMap<&String, &String> = written.iter().map(|(n, (_, h))| (n, h)).collect();
     let dir = fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
     store.record_export(
         &dir.to_string_lossy(),
@@ -137,7 +148,7 @@ pub fn export(
         options.seed,
         &serde_json::to_string(&hashes)?,
     )?;
-    Ok(summary)
+    Ok(Summary { files: written })
 }
 
 /// Who wrote a file, in the ledger: a re-export removes the files an export wrote before and no

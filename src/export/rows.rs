@@ -39,7 +39,7 @@ pub struct Row {
 /// Builds the rows of `examples`, shuffling each example's four options with its own seeded
 /// generator (derived from `seed` and the example), so every position is equally likely to hold
 /// the gold and each example's order is independent of the others.
-pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
+pub fn build(examples: &[AssembledExample], seed: Seed) -> Vec<Row> {
     examples
         .iter()
         .map(|ex| {
@@ -47,7 +47,7 @@ pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
             let mut options: Vec<(bool, String)> = std::iter::once((true, ex.gold.clone()))
                 .chain(ex.distractors.iter().take(3).map(|d| (false, d.1.clone())))
                 .collect();
-            let mut rng = Seed::new(seed)
+            let mut rng = seed
                 .key(Key::Options {
                     example: ex.example_id,
                     generated,
@@ -93,7 +93,7 @@ pub fn build(examples: &[AssembledExample], seed: u64) -> Vec<Row> {
 pub fn randomise(
     examples: &mut Vec<AssembledExample>,
     mut pool: impl FnMut(i64) -> anyhow::Result<Vec<(i64, String)>>,
-    seed: u64,
+    seed: Seed,
 ) -> anyhow::Result<Vec<String>> {
     let mut left_out = Vec::new();
     let mut kept = Vec::with_capacity(examples.len());
@@ -107,7 +107,7 @@ pub fn randomise(
             left_out.push(ex.ext_id.clone());
             continue;
         }
-        let mut rng = Seed::new(seed)
+        let mut rng = seed
             .key(Key::RandomNegatives {
                 example: ex.example_id,
                 generated,
@@ -286,8 +286,8 @@ mod tests {
     #[test]
     fn gold_positions_are_uniform_and_reproducible() {
         let examples: Vec<_> = (0..4000).map(example).collect();
-        let rows = build(&examples, 3);
-        assert_eq!(rows, build(&examples, 3));
+        let rows = build(&examples, Seed::new(3));
+        assert_eq!(rows, build(&examples, Seed::new(3)));
         let mut counts = [0usize; 4];
         for r in &rows {
             assert_eq!(r.endings[r.label], r.gold);
@@ -300,7 +300,7 @@ mod tests {
 
     #[test]
     fn csv_columns_follow_swag() {
-        let rows = build(&[example(1)], 0);
+        let rows = build(&[example(1)], Seed::new(0));
         let refs: Vec<&Row> = rows.iter().collect();
         let text = String::from_utf8(regular_csv(&refs, true).unwrap()).unwrap();
         assert!(text.starts_with(
@@ -341,7 +341,7 @@ mod tests {
         let left_out = randomise(
             &mut examples,
             |id| Ok(pool.get(&id).cloned().unwrap_or_default()),
-            9,
+            Seed::new(9),
         )
         .unwrap();
         assert_eq!(left_out, vec!["v2#0".to_string()]);

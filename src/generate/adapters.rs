@@ -16,18 +16,7 @@ use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
 use crate::store::Store;
 
-use super::Config;
-
-/// Whether `generate` samples with the project's adapters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdapterUse {
-    /// The project's newest complete set for the model, if it has one.
-    Auto,
-    /// The project's newest complete set; an error without one (`--adapted`).
-    Require,
-    /// The model alone (`--no-adapters`).
-    Off,
-}
+use super::config::{AdapterUse, Config};
 
 /// The adapter set this call samples with, if any; `model_sha` is the SHA-256 of `config.model`.
 pub fn choose(store: &Store, config: &Config, model_sha: &str) -> Result<Option<AdapterSet>> {

@@ -55,7 +55,7 @@ impl Growth {
 
 /// The starved pools of the latest finished AF run that may still grow, in id order (at most
 /// `limit`).
-pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<super::Todo> {
+pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<Growth> {
     let Some(run) = store.latest_finished_af_run()? else {
         anyhow::bail!("--grow needs a finished AF run: run `afkit filter` first");
     };
@@ -80,5 +80,5 @@ pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<s
             });
         }
     }
-    Ok(super::Todo::Growth(growth))
+    Ok(growth)
 }

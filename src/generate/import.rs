@@ -9,8 +9,9 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 
+use super::config::Observer;
+use super::pool::{load_local, new_pool};
 use super::prompt::PromptTemplate;
-use super::{load_local, new_pool, Observer};
 use crate::device::Compute;
 use crate::json_errors::json_error_without_position;
 use crate::lm::features::{ContextFeatures, EndingFeatures};
@@ -482,7 +483,8 @@ fn import_generation(
         model_sha256: sha,
         prompt: template.name.clone(),
         params_json: params.to_string(),
-        seed: 0,
+        // Nothing is drawn: imported endings come with the file.
+        seed: crate::seed::Seed::default(),
     })
 }
 

@@ -2,117 +2,47 @@
 //! candidate endings, compute their LM features and store the pool in one transaction.
 
 mod adapters;
+mod config;
 mod grow;
 mod import;
+mod pool;
 pub mod prompt;
 pub mod style;
 
 pub use import::{check_import_lines, import, ImportConfig, ImportSummary};
 
-use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::device::Compute;
-use crate::lm::features::{ContextFeatures, EndingFeatures};
 use crate::lm::local::LocalLm;
 use crate::lm::model::LanguageModel;
-use crate::lm::openai::{OpenAiConfig, OpenAiSampler};
-use crate::lm::sampler::{
-    EndingRule, EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams,
-};
+use crate::lm::openai::OpenAiSampler;
+use crate::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
 use crate::models::sha256_file;
 use crate::seed::{Key, Seed};
 use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
-use crate::store::pool::{EndingLmFeatures, NewGeneration, NewPool};
+use crate::store::pool::NewGeneration;
 use crate::store::Store;
 use crate::text::rules::generated_ending_problem;
 use adapters::AdapterSet;
-pub use adapters::AdapterUse;
+pub use config::{AdapterUse, Config, Growth, Observer};
+use pool::new_pool;
 use prompt::PromptTemplate;
-
-/// Everything a `generate` call does, resolved: plain data, recorded with the generation.
-pub struct Config {
-    /// The GGUF file that samples (without a server) and scores the LM features.
-    pub model: PathBuf,
-    /// `Some`: an OpenAI-compatible server samples and the local model only scores.
-    pub server: Option<OpenAiConfig>,
-    /// Unique endings to sample per context (N⁻).
-    pub n_neg: usize,
-    /// Only the first N contexts that have no pool yet (or N starved pools with `grow`).
-    pub limit: Option<usize>,
-    pub seed: u64,
-    pub template: PromptTemplate,
-    /// Real context + ending pairs from other groups shown before each context; 0 for none.
-    pub style_examples: usize,
-    /// Sampled endings must pass the rules ingest applies to found ones.
-    pub ending_rules: bool,
-    /// Grow starved pools instead of making new ones.
-    pub grow: Option<Growth>,
-    /// Whether each context is sampled with its fold's adapter (`lm adapt`).
-    pub adapters: AdapterUse,
-    pub sampling: SamplingParams,
-}
-
-/// `generate --grow`: more endings for the pools the latest AF run found starved.
-#[derive(Clone, Copy, Debug)]
-pub struct Growth {
-    /// Endings to add per starved pool.
-    pub per_context: usize,
-    /// Pools already this large are left as they are.
-    pub max_pool: usize,
-}
-
-impl Config {
-    fn validate(&self) -> Result<()> {
-        if self.n_neg == 0 {
-            bail!("--n-neg must be at least 1");
-        }
-        if self.grow.is_some_and(|g| g.per_context == 0) {
-            bail!("--grow must be at least 1");
-        }
-        if self.adapters == AdapterUse::Require && self.server.is_some() {
-            bail!("--adapted samples with the local model; it cannot be combined with a server");
-        }
-        if self.sampling.batch == 0 || self.sampling.max_draws_per_ending == 0 {
-            bail!("--batch and --max-draws-per-ending must be at least 1");
-        }
-        Ok(())
-    }
-}
-
-/// What `generate` reports while it works. Every method has a default that does nothing.
-pub trait Observer {
-    /// Something worth telling the user (the model being loaded, nothing to do, ...).
-    fn note(&mut self, _message: &str) {}
-    /// The number of contexts this call will work on, and the endings each asks for (0 where
-    /// the call does not sample: `import-pool`).
-    fn started(&mut self, _contexts: usize, _endings_each: usize) {}
-    /// One more ending kept for a context still being sampled (it moves progress within a
-    /// batch of contexts sampled together).
-    fn ending_kept(&mut self) {}
-    /// A context left out because it does not fit the model (recorded in the project).
-    fn skipped(&mut self, _ext_id: &str, _reason: &str) {}
-    /// One more context done (its pool committed, or passed over) with `kept` endings, those
-    /// told by [`Observer::ending_kept`]; the endings per second so far, where the call
-    /// measures them.
-    fn context_done(&mut self, _kept: usize, _endings_per_second: Option<f64>) {}
-}
 
 /// A context's own sampling seed, derived from the run's seed with the context's ext id (or
 /// its growth round and ext id) as the key. Independent of the order contexts are processed in, so a resumed run gives what an
 /// uninterrupted one would.
-fn context_seed(seed: u64, key: Key) -> u64 {
-    Seed::new(seed).key(key).value()
+fn context_seed(seed: Seed, key: Key) -> u64 {
+    seed.key(key).value()
 }
 
 /// The seed of a context's style primer: apart from its sampling stream, so that the primer
 /// can change without changing how the context's rows are seeded.
-fn style_seed(seed: u64, ext_id: &str) -> u64 {
-    Seed::new(seed).key(Key::Style(ext_id)).value()
+fn style_seed(seed: Seed, ext_id: &str) -> Seed {
+    seed.key(Key::Style(ext_id))
 }
 
 /// What the model reads for one context: the style primer, then the filled template.
@@ -136,42 +66,6 @@ fn context_prompt(
         text: format!("{primer}{context}"),
         context,
         style_examples,
-    }
-}
-
-fn stored(f: &EndingFeatures) -> EndingLmFeatures {
-    EndingLmFeatures {
-        lp_cond: f.lp_cond,
-        lp_alone: f.lp_alone,
-        lp_final_punct: f.lp_final_punct,
-        n_tok_ending: f.n_tok,
-    }
-}
-
-pub(crate) fn new_pool(
-    ex: &Example,
-    generation_id: i64,
-    requested: usize,
-    endings: &[SampledEnding],
-    f: &ContextFeatures,
-    seconds: f64,
-) -> NewPool {
-    NewPool {
-        example_id: ex.id,
-        generation_id,
-        requested,
-        ctx_logprob: f.ctx_logprob,
-        n_tok_sent1: f.n_tok_sent1,
-        n_tok_sent2: f.n_tok_sent2,
-        seconds,
-        gold: stored(&f.gold),
-        candidates: endings
-            .iter()
-            .zip(&f.endings)
-            .map(|(e, f)| (e.text.clone(), stored(f)))
-            .collect(),
-        style_examples: Vec::new(),
-        draws: None,
     }
 }
 
@@ -202,16 +96,11 @@ pub struct Summary {
 
 /// Samples and scores the pools `config` asks for, one committed transaction per context, so
 /// that an interrupted call loses nothing it reported as done.
-pub fn run(
-    store: &mut Store,
-    config: &Config,
-    compute: &Compute,
-    observer: &mut dyn Observer,
-) -> Result<Summary> {
+pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     config.validate()?;
     let todo = match config.grow {
         None => Todo::NewPools(store.examples_without_pool(config.limit)?),
-        Some(growth) => grow::starved(store, growth.max_pool, config.limit)?,
+        Some(growth) => Todo::Growth(grow::starved(store, growth.max_pool, config.limit)?),
     };
     if todo.is_empty() {
         observer.note(&todo.nothing_to_do());
@@ -245,7 +134,7 @@ pub fn run(
     let started = Instant::now();
     let mut generation_id = None;
     for (adapter, todo) in parts.iter().filter(|(_, todo)| !todo.is_empty()) {
-        let lm = load_fold_model(store, config, compute, *adapter, &model_sha, observer)?;
+        let lm = load_fold_model(store, config, *adapter, &model_sha, observer)?;
         let remote = server_sampler(config, *adapter, &lm)?;
         let sampler: &dyn EndingSampler = match &remote {
             Some(remote) => remote,
@@ -319,18 +208,11 @@ fn server_sampler<'a>(
     )?))
 }
 
-/// The local model on `compute`'s device.
-fn load_local(path: &Path, params: SamplingParams, compute: &Compute) -> Result<LocalLm> {
-    let model = LanguageModel::load_on(path, compute)?;
-    Ok(LocalLm::new(model, params, Some(sha256_file(path)?)))
-}
-
 /// The local model, with the adapter of `fold` merged in (if any); `model_sha` is the SHA-256 of
 /// `config.model`, hashed once per call.
 fn load_fold_model(
     store: &Store,
     config: &Config,
-    compute: &Compute,
     fold: Option<&AdapterRecord>,
     model_sha: &str,
     observer: &mut dyn Observer,
@@ -349,7 +231,7 @@ fn load_fold_model(
             Some(AdapterSet::load(store, record)?)
         }
     };
-    let model = LanguageModel::load_adapted(&config.model, compute, adapter.as_ref())?;
+    let model = LanguageModel::load_adapted(&config.model, &config.compute, adapter.as_ref())?;
     Ok(LocalLm::new(
         model,
         config.sampling.clone(),

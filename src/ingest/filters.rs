@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
-use indicatif::ProgressBar;
 use rayon::prelude::*;
 
 use super::input::{Record, Second};
@@ -64,13 +63,13 @@ pub fn process_all(
     records: &[Record],
     filtered: bool,
     rare: Option<(u32, &TokenCounts)>,
-    bar: &ProgressBar,
+    processed: &mut dyn FnMut(usize),
 ) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(records.len());
     for chunk in records.chunks(4096) {
         crate::interrupt::check()?;
         outcomes.par_extend(chunk.par_iter().map(|r| process(r, filtered, rare)));
-        bar.inc(chunk.len() as u64);
+        processed(chunk.len());
     }
     Ok(outcomes)
 }

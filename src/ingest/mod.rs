@@ -59,13 +59,34 @@ pub struct Summary {
     pub seconds: f64,
 }
 
-/// Ingests `files` into the project in one transaction.
-pub fn ingest(
-    store: &mut Store,
-    format: Format,
-    files: &[PathBuf],
-    min_token_count: Option<u32>,
-) -> Result<Summary> {
+/// What `ingest` does.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The input format of every file.
+    pub format: Format,
+    pub files: Vec<PathBuf>,
+    /// Drop records with a token seen fewer times in the ingested corpus (not for SWAG CSV).
+    pub min_token_count: Option<u32>,
+}
+
+/// What `ingest` reports while it works. Every method has a default that does nothing.
+pub trait Observer {
+    /// `done` of `total` records have been split and filtered.
+    fn records(&mut self, _done: usize, _total: usize) {}
+}
+
+/// An observer that ignores everything.
+pub struct Silent;
+
+impl Observer for Silent {}
+
+/// Ingests the config's files into the project in one transaction.
+pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
+    let Config {
+        format,
+        ref files,
+        min_token_count,
+    } = *config;
     let started = Instant::now();
     let mut parsed: Vec<(PathBuf, Parsed)> = Vec::with_capacity(files.len());
     for path in files {
@@ -87,17 +108,20 @@ pub fn ingest(
         _ => None,
     };
     let n_records: usize = parsed.iter().map(|(_, p)| p.records.len()).sum();
-    let bar = crate::progress::bar(n_records as u64, "records");
     let mut outcomes: Vec<Vec<Outcome>> = Vec::with_capacity(parsed.len());
+    let mut done = 0;
+    observer.records(done, n_records);
     for (_, p) in &parsed {
         outcomes.push(filters::process_all(
             &p.records,
             filtered,
             counts.as_ref().map(|(n, c)| (*n, c)),
-            &bar,
+            &mut |n| {
+                done += n;
+                observer.records(done, n_records);
+            },
         )?);
     }
-    bar.finish_and_clear();
 
     let options = match (min_token_count, filtered) {
         (Some(n), true) => format!("{{\"min_token_count\":{n}}}"),

@@ -15,6 +15,7 @@ use rusqlite::{params, OptionalExtension, Row, ToSql, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
 use super::{now, Store};
+use crate::seed::Seed;
 
 /// The LM features of one ending; `None` where the generate stage stored NULL.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -103,7 +104,7 @@ impl HeadAccuracy {
 pub struct AfRun {
     pub id: i64,
     pub k: usize,
-    pub seed: u64,
+    pub seed: Seed,
     /// JSON object with every hyper-parameter of the run.
     pub params: String,
     pub pool_fingerprint: String,
@@ -305,7 +306,7 @@ impl Store {
     pub fn start_af_run(
         &mut self,
         k: usize,
-        seed: u64,
+        seed: Seed,
         params_json: &str,
         pool_fingerprint: &str,
         initial: &Assignment,
@@ -314,7 +315,13 @@ impl Store {
         tx.execute(
             "INSERT INTO af_runs(k, seed, params, pool_fingerprint, started_at, status)
              VALUES (?1, ?2, ?3, ?4, ?5, 'running')",
-            params![k as i64, seed as i64, params_json, pool_fingerprint, now()],
+            params![
+                k as i64,
+                seed.value() as i64,
+                params_json,
+                pool_fingerprint,
+                now()
+            ],
         )?;
         let run_id = tx.last_insert_rowid();
         {
@@ -581,7 +588,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<AfRun> {
     Ok(AfRun {
         id: r.get(0)?,
         k: r.get::<_, i64>(1)? as usize,
-        seed: r.get::<_, i64>(2)? as u64,
+        seed: Seed::new(r.get::<_, i64>(2)? as u64),
         params: r.get(3)?,
         pool_fingerprint: r.get(4)?,
         started_at: r.get(5)?,

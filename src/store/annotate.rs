@@ -24,7 +24,7 @@ use crate::seed::{Key, Seed};
 pub struct Policy {
     pub agreement_items: i64,
     pub replicas: i64,
-    pub seed: u64,
+    pub seed: Seed,
 }
 
 impl Policy {
@@ -39,7 +39,7 @@ impl Policy {
 pub const DEFAULT_POLICY: Policy = Policy {
     agreement_items: 100,
     replicas: 3,
-    seed: 0,
+    seed: Seed::new(0),
 };
 
 impl Store {
@@ -65,7 +65,7 @@ impl Store {
         Ok(Some(Policy {
             agreement_items: parse(0)?,
             replicas: parse(1)?,
-            seed: parse(2)? as u64,
+            seed: Seed::new(parse(2)? as u64),
         }))
     }
 
@@ -73,7 +73,11 @@ impl Store {
         let conn = &self.conn;
         set_meta(conn, Policy::KEYS[0], &policy.agreement_items.to_string())?;
         set_meta(conn, Policy::KEYS[1], &policy.replicas.to_string())?;
-        set_meta(conn, Policy::KEYS[2], &(policy.seed as i64).to_string())?;
+        set_meta(
+            conn,
+            Policy::KEYS[2],
+            &(policy.seed.value() as i64).to_string(),
+        )?;
         Ok(())
     }
 
@@ -150,7 +154,7 @@ pub struct NewTask {
     pub run_id: i64,
     pub round: i64,
     pub replicas: i64,
-    pub seed: u64,
+    pub seed: Seed,
     pub endings: Vec<i64>,
 }
 
@@ -165,7 +169,7 @@ impl Store {
                 task.run_id,
                 task.round,
                 task.replicas,
-                task.seed as i64,
+                task.seed.value() as i64,
                 now()
             ],
         )?;
@@ -306,24 +310,22 @@ impl Store {
 
 /// The shuffle seed of one task, recorded in `tasks.seed`: derived from the annotation policy's
 /// seed with the context and the round as the key.
-pub fn task_seed(policy_seed: u64, example_id: i64, round: i64) -> u64 {
-    Seed::new(policy_seed)
-        .key(Key::Task {
-            example: example_id,
-            round,
-        })
-        .value()
+pub fn task_seed(policy_seed: Seed, example_id: i64, round: i64) -> Seed {
+    policy_seed.key(Key::Task {
+        example: example_id,
+        round,
+    })
 }
 
 /// The order in which a run's new contexts are handed out: from the annotation policy's seed,
 /// with the AF run as the key.
-pub fn handout_rng(policy_seed: u64, run_id: i64) -> ChaCha8Rng {
-    Seed::new(policy_seed).key(Key::Handout(run_id)).rng()
+pub fn handout_rng(policy_seed: Seed, run_id: i64) -> ChaCha8Rng {
+    policy_seed.key(Key::Handout(run_id)).rng()
 }
 
 /// Puts `endings` in the order a task with this seed shows them.
-pub fn shuffle_endings(endings: &mut [i64], seed: u64) {
-    endings.shuffle(&mut Seed::new(seed).rng());
+pub fn shuffle_endings(endings: &mut [i64], seed: Seed) {
+    endings.shuffle(&mut seed.rng());
 }
 
 /// One ending as a task shows it.
@@ -951,7 +953,7 @@ mod tests {
                 run_id,
                 round: 0,
                 replicas: if index < m { r } else { 1 },
-                seed: 0,
+                seed: Seed::new(0),
                 endings,
             };
             store.insert_task(&task).unwrap();

@@ -13,13 +13,13 @@ impl Store {
         &self,
         dir: &str,
         negatives: &str,
-        seed: u64,
+        seed: crate::seed::Seed,
         files_json: &str,
     ) -> Result<i64> {
         let conn = &self.conn;
         conn.execute(
         "INSERT INTO exports(dir, negatives, seed, files, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![dir, negatives, seed as i64, files_json, now()],
+        params![dir, negatives, seed.value() as i64, files_json, now()],
     )?;
         Ok(conn.last_insert_rowid())
     }

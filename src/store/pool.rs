@@ -19,7 +19,7 @@ pub struct NewGeneration {
     pub prompt: String,
     /// JSON object of every sampling parameter.
     pub params_json: String,
-    pub seed: u64,
+    pub seed: crate::seed::Seed,
 }
 
 /// The LM features of one ending, the inputs of the AF perplexity MLP.
@@ -63,7 +63,7 @@ impl Store {
     /// Reuses the row of an identical earlier job (a resumed run), else records a new one.
     pub fn find_or_insert_generation(&self, g: &NewGeneration) -> Result<i64> {
         let conn = &self.conn;
-        let seed = g.seed as i64;
+        let seed = g.seed.value() as i64;
         let existing: Option<i64> = conn
         .query_row(
             "SELECT id FROM generations WHERE backend = ?1 AND model = ?2 AND model_sha256 IS ?3
@@ -427,7 +427,7 @@ mod tests {
             model_sha256: None,
             prompt: "continuation".into(),
             params_json: "{}".into(),
-            seed: 3,
+            seed: crate::seed::Seed::new(3),
         };
         let gen = store.find_or_insert_generation(&g).unwrap();
         assert_eq!(store.find_or_insert_generation(&g).unwrap(), gen);

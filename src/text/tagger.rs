@@ -124,14 +124,14 @@ impl std::fmt::Display for Upos {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainOptions {
     pub epochs: usize,
-    pub seed: u64,
+    pub seed: Seed,
 }
 
 impl Default for TrainOptions {
     fn default() -> Self {
         TrainOptions {
             epochs: 12,
-            seed: 0,
+            seed: Seed::default(),
         }
     }
 }
@@ -144,7 +144,7 @@ pub struct TaggerInfo {
     pub sentences: usize,
     pub tokens: usize,
     pub epochs: usize,
-    pub seed: u64,
+    pub seed: Seed,
 }
 
 /// A trained tagger (immutable, shareable across threads).
@@ -212,7 +212,7 @@ impl Tagger {
         let tag_dict = build_tag_dict(sentences);
         let mut model = Perceptron::default();
         let mut order: Vec<usize> = (0..sentences.len()).collect();
-        let mut rng = Seed::new(options.seed).rng();
+        let mut rng = options.seed.rng();
         let mut feats = Vec::with_capacity(N_TEMPLATES);
         for epoch in 0..options.epochs {
             order.shuffle(&mut rng);

@@ -1,4 +1,5 @@
-//! Progress for long stages, on stderr: a bar when stderr is a terminal; otherwise (a log file,
+//! Progress for long stages, on stderr: the stages report through their observers and the
+//! command line draws it here. A bar when stderr is a terminal; otherwise (a log file,
 //! a pipe, CI) a plain line every few seconds with done/total, rate, ETA and elapsed time, so
 //! that a log shows the work going on. `AFKIT_NO_PROGRESS` turns both off;
 //! `AFKIT_PROGRESS_EVERY` sets the seconds between plain lines (default 10).
@@ -217,6 +218,22 @@ impl Lines {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// The observer of the stages whose only reports are notes (assemble, export): on stderr, apart
+/// from the summary on stdout.
+pub struct Notes;
+
+impl crate::assemble::Observer for Notes {
+    fn note(&mut self, message: &str) {
+        eprintln!("{message}");
+    }
+}
+
+impl crate::export::Observer for Notes {
+    fn note(&mut self, message: &str) {
+        eprintln!("{message}");
     }
 }
 

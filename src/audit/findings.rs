@@ -1,0 +1,128 @@
+//! What an audit found: the train → val report, the cross-validated one, and the rows the
+//! verdicts read from either.
+
+use serde::Serialize;
+
+use super::{cv, dataset, knn, lm, ppmi, verdict};
+use crate::seed::Seed;
+
+/// KNN result, or why it was not measured.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum Knn {
+    Measured(knn::KnnReport),
+    Skipped { skipped: String },
+}
+
+/// The audit's findings; `--json` prints this (accuracies are fractions).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AuditReport {
+    pub n_train: usize,
+    pub n_val: usize,
+    pub seed: Seed,
+    pub random: f64,
+    pub shortest: f64,
+    pub longest: f64,
+    pub ngram_end: f64,
+    pub ngram_s2: f64,
+    pub ngram_ctx: f64,
+    /// Regularisation strengths chosen for ngram_end, ngram_s2, ngram_ctx.
+    pub lambda: [f64; 3],
+    pub ppmi: Vec<ppmi::Association>,
+    pub knn: Knn,
+    /// Zero-shot accuracies on val of the `--lm` models.
+    pub lm: Vec<lm::LmResult>,
+    /// Every measured row (random excepted; se of a proportion), with the control's beside it.
+    pub summary: Vec<verdict::Row>,
+    pub verdicts: Vec<verdict::Verdict>,
+    /// The control dataset's audit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<Box<AuditReport>>,
+}
+
+impl AuditReport {
+    pub fn accuracies(&self) -> [(&'static str, f64); 6] {
+        [
+            ("random", self.random),
+            ("shortest", self.shortest),
+            ("longest", self.longest),
+            ("ngram_end", self.ngram_end),
+            ("ngram_s2", self.ngram_s2),
+            ("ngram_ctx", self.ngram_ctx),
+        ]
+    }
+
+    /// The rows the verdicts read: every measured baseline but random, with the standard error
+    /// of a proportion over the val questions, and the language models'.
+    pub(super) fn rows(&self) -> Vec<verdict::Row> {
+        let se = |p: f64| lm::proportion_se(p, self.n_val);
+        let mut rows: Vec<verdict::Row> = self
+            .accuracies()
+            .into_iter()
+            .filter(|(name, _)| *name != "random")
+            .map(|(name, p)| verdict::Row::new(name, p, se(p)))
+            .collect();
+        rows.extend(lm_rows(&self.lm));
+        rows
+    }
+}
+
+/// Two rows per language model: `lm:MODEL:acc` and `lm:MODEL:acc_norm`.
+fn lm_rows(results: &[lm::LmResult]) -> Vec<verdict::Row> {
+    results
+        .iter()
+        .flat_map(|r| {
+            let name = |metric: &str| format!("{}{}:{metric}", verdict::LM_PREFIX, r.model);
+            [
+                verdict::Row::new(name("acc"), r.acc, r.acc_se),
+                verdict::Row::new(name("acc_norm"), r.acc_norm, r.acc_norm_se),
+            ]
+        })
+        .collect()
+}
+
+/// What an audit found: the train → val report, or the cross-validated one (`--json` prints
+/// either as it is).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Summary {
+    Holdout(AuditReport),
+    CrossValidated(CvAudit),
+}
+
+/// The cross-validated audit; `--cv K --json` prints this.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CvAudit {
+    pub cv: cv::CvReport,
+    /// The split files and how many questions each gave to the pool.
+    pub files: Vec<dataset::PooledFile>,
+    /// PPMI word-label associations over the pooled questions.
+    pub ppmi: Vec<ppmi::Association>,
+    /// Zero-shot accuracies of the `--lm` models on every pooled question.
+    pub lm: Vec<lm::LmResult>,
+    /// Every measured row, with the control's beside it.
+    pub summary: Vec<verdict::Row>,
+    pub verdicts: Vec<verdict::Verdict>,
+    /// The control dataset's audit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<Box<CvAudit>>,
+}
+
+impl CvAudit {
+    /// The rows the verdicts read: every measured baseline and the language models'.
+    pub(super) fn rows(&self) -> Vec<verdict::Row> {
+        let mut rows: Vec<verdict::Row> = self
+            .cv
+            .baselines
+            .iter()
+            .filter_map(|(b, result)| match result {
+                cv::CvResult::Measured { mean, se, .. } => {
+                    Some(verdict::Row::new(b.name(), *mean, *se))
+                }
+                cv::CvResult::Skipped { .. } => None,
+            })
+            .collect();
+        rows.extend(lm_rows(&self.lm));
+        rows
+    }
+}
