@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::device::DeviceArgs;
+use crate::device::Compute;
 use crate::generate::prompt::PromptTemplate;
 use crate::generate::{self, AdapterUse, Growth, ImportConfig, ImportSummary, Summary};
 use crate::lm::openai::{AdapterNames, FoldAdapters, OpenAiConfig};
@@ -246,9 +247,9 @@ impl From<OpenAiArgs> for OpenAiConfig {
 }
 
 impl GenerateArgs {
-    fn config(self) -> Result<generate::Config> {
+    fn config(self, compute: Compute) -> Result<generate::Config> {
         Ok(generate::Config {
-            compute: self.device.open()?,
+            compute,
             model: generator_gguf(&self.model)?,
             server: match self.backend {
                 Backend::Local => None,
@@ -284,9 +285,12 @@ impl GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let mut store = Store::open(&args.project)?;
     let json = args.json;
-    let config = args.config()?;
+    // The device first: a build without CUDA says so before any file is touched; the model
+    // (which may be fetched) only once the project is known to exist.
+    let compute = args.device.open()?;
+    let mut store = Store::open(&args.project)?;
+    let config = args.config(compute)?;
     let mut observer = Progress {
         limit: config.limit,
         ..Progress::default()
