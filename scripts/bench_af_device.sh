@@ -44,7 +44,7 @@ for device in "${DEVICES[@]}"; do
   rm -f "$project"*
   cp "$pristine" "$project"
   log="$OUT/$device.log"
-  "$AFKIT" filter "$project" --device "$device" --mlp-iterations 0 --ensemble-iterations 1 \
+  "$AFKIT" filter "$project" --device "$device" --no-scorer --discriminator none --mlp-iterations 0 --ensemble-iterations 1 \
     --seed 0 > "$log" 2>&1 &
   pid=$!
   # The iteration is committed before its line is printed; the final pass is not timed here.

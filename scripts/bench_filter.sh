@@ -49,7 +49,7 @@ elif [ -f "$POOL" ]; then
   rm -f "$OUT/real.sqlite"*
   copy_db "$POOL" "$OUT/real.sqlite"
   echo "== full run on $POOL"
-  /usr/bin/time -v "$AFKIT" filter "$OUT/real.sqlite" --seed 0 2> "$OUT/real.time" | tee "$OUT/real.log"
+  /usr/bin/time -v "$AFKIT" filter "$OUT/real.sqlite" --seed 0 --no-scorer --discriminator none 2> "$OUT/real.time" | tee "$OUT/real.log"
   grep -E "Elapsed|Maximum resident|Percent of CPU" "$OUT/real.time"
   "$AFKIT" report "$OUT/real.sqlite" --out "$OUT/real-report" --json > "$OUT/real.json"
   per_phase "$OUT/real.json" real
@@ -69,7 +69,7 @@ for size in $SIZES; do
   rm -f "$work"*
   copy_db "$db" "$work"
   echo "== synthetic $1 contexts x N- = $2 ($ITERATIONS MLP-only + $ITERATIONS ensemble iterations)"
-  "$AFKIT" filter "$work" --seed 0 --mlp-iterations "$ITERATIONS" --ensemble-iterations "$ITERATIONS" > "$OUT/synthetic-$1x$2.log"
+  "$AFKIT" filter "$work" --seed 0 --no-scorer --discriminator none --mlp-iterations "$ITERATIONS" --ensemble-iterations "$ITERATIONS" > "$OUT/synthetic-$1x$2.log"
   "$AFKIT" report "$work" --out "$OUT/report-$1x$2" --json > "$OUT/synthetic-$1x$2.json"
   per_phase "$OUT/synthetic-$1x$2.json" "synthetic-$1x$2"
 done

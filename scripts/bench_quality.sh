@@ -28,7 +28,10 @@
 #               check on contexts no earlier run has seen
 #   --base      start from a copy of recipe LABEL's project (same half, contexts and pools: its
 #               pools are reused, not generated again), to compare filter settings on the same
-#               contexts: `--label scorer --base default -- -- --scorer smollm2`
+#               contexts: `--label style --base default -- -- --no-scorer --discriminator none`
+#               (`filter`'s default recipe reads every ending with SmolLM2 and fine-tunes MiniLM
+#               as an adversary; those flags give the style-only recipe of the sections before
+#               the twenty-fifth session)
 #   --lm        a further language model for the audit's zero-shot rows (smollm2 or a GGUF path;
 #               repeatable; also AUDIT_LM="MODEL ..."); --no-lm leaves out every model, smollm2 too
 #   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a

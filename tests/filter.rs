@@ -196,6 +196,14 @@ fn filter_args(project: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["filter".to_string(), project.display().to_string()];
     args.extend(SMALL.iter().map(|s| s.to_string()));
     args.extend(extra.iter().map(|s| s.to_string()));
+    // Neither default model (the scorer, the fine-tuned adversary): the tests that need one
+    // name a tiny one.
+    if !extra.contains(&"--scorer") {
+        args.push("--no-scorer".to_string());
+    }
+    if !extra.contains(&"--discriminator") {
+        args.extend(["--discriminator".to_string(), "none".to_string()]);
+    }
     args
 }
 

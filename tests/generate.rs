@@ -224,8 +224,12 @@ fn starved_count(p: &Path) -> i64 {
     )
 }
 
-/// A filter run of a few seconds: tiny models, one iteration of each phase.
-const TINY_FILTER: [&str; 18] = [
+/// A filter run of a few seconds: tiny models, one iteration of each phase, neither default
+/// model (the scorer, the fine-tuned adversary).
+const TINY_FILTER: [&str; 21] = [
+    "--no-scorer",
+    "--discriminator",
+    "none",
     "--k",
     "2",
     "--hidden",
@@ -926,6 +930,7 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
                     "1",
                 ])
                 .args(["--hidden", "16", "--word-dim", "16", "--min-count", "1"])
+                .args(["--no-scorer", "--discriminator", "none"])
                 .args(flags),
         );
     };

@@ -358,7 +358,14 @@ fn a_second_filter_on_a_busy_project_is_refused_plainly() {
         0
     );
     let runs = query_i64(&db, "SELECT COUNT(*) FROM af_runs");
-    let said = fails(&["filter", arg(&db), "--new-run"]);
+    let said = fails(&[
+        "filter",
+        arg(&db),
+        "--new-run",
+        "--no-scorer",
+        "--discriminator",
+        "none",
+    ]);
     assert!(
         said.contains("another `afkit filter` is working on"),
         "{said}"
