@@ -17,10 +17,9 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::lm::local::LocalLm;
-use crate::lm::model::LanguageModel;
+use crate::lm::model::{LanguageModel, ModelFile};
 use crate::lm::openai::OpenAiSampler;
 use crate::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
-use crate::models::sha256_file;
 use crate::seed::{Key, Seed};
 use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
@@ -106,10 +105,10 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         observer.note(&todo.nothing_to_do());
         return Ok(Summary::default());
     }
-    // Hashed once: the adapter sets are recorded per model hash, and every fold's model and the
-    // generation record carry it.
-    let model_sha = sha256_file(&config.model)?;
-    let adapters = adapters::choose(store, config, &model_sha)?;
+    // Read and hashed once: the adapter sets are recorded per model hash, every fold's model is
+    // loaded from these bytes, and the generation record carries the hash.
+    let model = ModelFile::read(&config.model)?;
+    let adapters = adapters::choose(store, config, &model.sha256)?;
     let routed = check_adapters(config, adapters.as_ref(), observer)?;
     let parts: Vec<(Option<&AdapterRecord>, Todo)> = match &adapters {
         None => vec![(None, todo)],
@@ -134,7 +133,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let started = Instant::now();
     let mut generation_id = None;
     for (adapter, todo) in parts.iter().filter(|(_, todo)| !todo.is_empty()) {
-        let lm = load_fold_model(store, config, *adapter, &model_sha, observer)?;
+        let lm = load_fold_model(store, config, *adapter, &model, observer)?;
         let remote = server_sampler(config, *adapter, &lm)?;
         let sampler: &dyn EndingSampler = match &remote {
             Some(remote) => remote,
@@ -208,34 +207,34 @@ fn server_sampler<'a>(
     )?))
 }
 
-/// The local model, with the adapter of `fold` merged in (if any); `model_sha` is the SHA-256 of
-/// `config.model`, hashed once per call.
+/// The local model, with the adapter of `fold` merged in (if any), from `file`: the model file
+/// read and hashed once per call.
 fn load_fold_model(
     store: &Store,
     config: &Config,
     fold: Option<&AdapterRecord>,
-    model_sha: &str,
+    file: &ModelFile,
     observer: &mut dyn Observer,
 ) -> Result<LocalLm> {
-    let model = config.model.display();
+    let name = file.path.display();
     let adapter = match fold {
         None => {
-            observer.note(&format!("loading {model}"));
+            observer.note(&format!("loading {name}"));
             None
         }
         Some(record) => {
             observer.note(&format!(
-                "loading {model} with the adapter of fold {} of {}",
+                "loading {name} with the adapter of fold {} of {}",
                 record.fold, record.folds
             ));
             Some(AdapterSet::load(store, record)?)
         }
     };
-    let model = LanguageModel::load_adapted(&config.model, &config.compute, adapter.as_ref())?;
+    let model = LanguageModel::load_adapted_from(file, &config.compute, adapter.as_ref())?;
     Ok(LocalLm::new(
         model,
         config.sampling.clone(),
-        Some(model_sha.to_string()),
+        Some(file.sha256.clone()),
     ))
 }
 

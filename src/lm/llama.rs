@@ -21,8 +21,7 @@
 //! and uses candle ops only: [`Llama::prefill`], [`Llama::forward`] (which also decodes a batch
 //! of rows of one context in lockstep) and the scoring functions run on any device.
 
-use std::fs::File;
-use std::io::BufReader;
+use std::io::{Read, Seek};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -317,9 +316,9 @@ pub(super) fn rotary_tables(head_dim: usize, theta: f32) -> Result<(Tensor, Tens
 
 /// A weight dequantised to f32 on the CPU (the same values on every device), then moved to
 /// `device`.
-pub(super) fn dequantised(
+pub(super) fn dequantised<R: Read + Seek>(
     content: &Content,
-    file: &mut BufReader<File>,
+    file: &mut R,
     name: &str,
     device: &Device,
 ) -> Result<Tensor> {
@@ -385,9 +384,9 @@ impl Llama {
     /// Reads the weights of a GGUF file of one of the engine's families (`content` is its parsed header) onto
     /// `compute`'s device.
     /// With an `adapter`, the matrices it changes are loaded with its update added.
-    pub fn from_gguf(
+    pub fn from_gguf<R: Read + Seek>(
         content: &Content,
-        file: &mut BufReader<File>,
+        file: &mut R,
         path: &Path,
         compute: &Compute,
         adapter: Option<&Adapter>,

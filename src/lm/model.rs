@@ -1,7 +1,7 @@
 //! A whole language model from one GGUF file: weights, tokenizer and the document-start prefix.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Cursor, Read, Seek};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -10,6 +10,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
+use sha2::{Digest, Sha256};
 
 use super::adapter::Adapter;
 use super::family::Family;
@@ -42,7 +43,36 @@ impl LanguageModel {
     /// Loads a GGUF file with an adapter's updates merged into its weights.
     pub fn load_adapted(path: &Path, compute: &Compute, adapter: Option<&Adapter>) -> Result<Self> {
         let (content, tokenizer, mut reader) = read_header(path)?;
-        let llama = Llama::from_gguf(&content, &mut reader, path, compute, adapter)
+        Self::from_parts(content, tokenizer, &mut reader, path, (compute, adapter))
+    }
+
+    /// [`LanguageModel::load_adapted`] from a file already in memory: a model with one adapter
+    /// per fold reads and hashes its file once, however many folds it loads.
+    pub fn load_adapted_from(
+        file: &ModelFile,
+        compute: &Compute,
+        adapter: Option<&Adapter>,
+    ) -> Result<Self> {
+        let mut reader = Cursor::new(file.bytes.as_slice());
+        let (content, tokenizer) = read_header_from(&mut reader, &file.path, file.bytes.len())?;
+        Self::from_parts(
+            content,
+            tokenizer,
+            &mut reader,
+            &file.path,
+            (compute, adapter),
+        )
+    }
+
+    /// The model from a parsed header and a reader of its file's weights.
+    fn from_parts<R: Read + Seek>(
+        content: Content,
+        tokenizer: GgufTokenizer,
+        reader: &mut R,
+        path: &Path,
+        (compute, adapter): (&Compute, Option<&Adapter>),
+    ) -> Result<Self> {
+        let llama = Llama::from_gguf(&content, reader, path, compute, adapter)
             .with_context(|| format!("cannot load the weights of {}", path.display()))?;
         if tokenizer.vocab_size() != llama.cfg.vocab {
             bail!(
@@ -62,28 +92,58 @@ impl LanguageModel {
     }
 }
 
+/// A GGUF file read into memory, with its SHA-256: what `generate` loads every fold's model from.
+pub struct ModelFile {
+    pub path: PathBuf,
+    bytes: Vec<u8>,
+    pub sha256: String,
+}
+
+impl ModelFile {
+    pub fn read(path: &Path) -> Result<ModelFile> {
+        let bytes = std::fs::read(path)
+            .with_context(|| format!("cannot read model file {}", path.display()))?;
+        let sha256 = crate::models::hex(&Sha256::digest(&bytes));
+        Ok(ModelFile {
+            path: path.to_path_buf(),
+            bytes,
+            sha256,
+        })
+    }
+}
+
 /// Reads a GGUF file's header (metadata and tensor index), checks that the file holds every
 /// tensor it lists, and builds the tokenizer it describes. Returns the reader, positioned for
 /// the weights.
 pub fn read_header(path: &Path) -> Result<(Content, GgufTokenizer, BufReader<File>)> {
     let file =
         File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
+    let file_len = file.metadata()?.len() as usize;
     let mut reader = BufReader::new(file);
-    let content = Content::read(&mut reader).with_context(|| {
+    let (content, tokenizer) = read_header_from(&mut reader, path, file_len)?;
+    Ok((content, tokenizer, reader))
+}
+
+/// [`read_header`] from any reader of a file of `file_len` bytes (`path` names it in errors).
+fn read_header_from<R: Read + Seek>(
+    reader: &mut R,
+    path: &Path,
+    file_len: usize,
+) -> Result<(Content, GgufTokenizer)> {
+    let content = Content::read(reader).with_context(|| {
         format!(
             "{} is not a readable GGUF file (truncated or corrupt header)",
             path.display()
         )
     })?;
-    check_complete(&content, path)?;
+    check_complete(&content, path, file_len as u64)?;
     let tokenizer = GgufTokenizer::from_gguf(&content)
         .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
-    Ok((content, tokenizer, reader))
+    Ok((content, tokenizer))
 }
 
 /// Fails with the sizes involved when the file ends before its last tensor does.
-fn check_complete(content: &Content, path: &Path) -> Result<()> {
-    let file_len = std::fs::metadata(path)?.len();
+fn check_complete(content: &Content, path: &Path, file_len: u64) -> Result<()> {
     let needed = content
         .tensor_infos
         .values()
