@@ -137,6 +137,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut progress = Progress {
         partitions: config.partitions,
         bar: None,
+        embedding: Default::default(),
     };
     let summary = aflite::run(&config, &mut progress)?;
     let stop = serde_json::to_value(summary.stop)?;
@@ -154,7 +155,10 @@ pub fn run(args: Args) -> Result<()> {
 /// A progress bar per round over its partitions, a line per finished round, Ctrl-C.
 struct Progress {
     partitions: usize,
+    /// The bar of the current round's partitions.
     bar: Option<indicatif::ProgressBar>,
+    /// The bar of the texts embedded before the rounds.
+    embedding: super::progress::Lines,
 }
 
 impl Observer for Progress {
@@ -195,17 +199,7 @@ impl Observer for Progress {
     }
 
     fn embedding(&mut self, done: usize, total: usize) {
-        if done == 0 {
-            let bar = super::progress::bar(total as u64, "texts");
-            bar.set_message("embedding with MiniLM");
-            self.bar = Some(bar);
-        } else if let Some(bar) = &self.bar {
-            bar.set_position(done as u64);
-        }
-        if done == total {
-            if let Some(bar) = self.bar.take() {
-                bar.finish_and_clear();
-            }
-        }
+        self.embedding
+            .track(done, total, "texts embedded with MiniLM");
     }
 }

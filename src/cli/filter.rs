@@ -25,7 +25,7 @@ const TRAINING: &str = "Training the classifiers";
 const MODELS: &str = "Models in the ensemble";
 
 /// The fine-tuned adversaries `--discriminator` knows.
-#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum DiscriminatorArg {
     /// The shipped MiniLM sentence encoder, fine-tuned as a cross-encoder (the default).
     Minilm,
@@ -253,26 +253,13 @@ impl af::Observer for Progress {
     }
 
     fn embedding(&mut self, done: usize, total: usize) {
-        if done == 0 {
-            self.0
-                .start(total, "endings embedded for the sentence model");
-        } else if let Some(bar) = self.0.bar() {
-            bar.set_position(done as u64);
-        }
-        if done == total {
-            self.0.clear();
-        }
+        self.0
+            .track(done, total, "endings embedded for the sentence model");
     }
 
     fn scoring(&mut self, name: &str, done: usize, total: usize) {
-        if done == 0 {
-            self.0.start(total, &format!("endings scored by {name}"));
-        } else if let Some(bar) = self.0.bar() {
-            bar.set_position(done as u64);
-        }
-        if done == total {
-            self.0.clear();
-        }
+        self.0
+            .track(done, total, &format!("endings scored by {name}"));
     }
 
     fn iterations_started(&mut self, _run: &AfRun, done: usize, total: usize) {

@@ -85,11 +85,6 @@ struct Progress(Lines);
 
 impl ingest::Observer for Progress {
     fn records(&mut self, done: usize, total: usize) {
-        match self.0.bar() {
-            Some(bar) => bar.set_position(done as u64),
-            None => {
-                self.0.start(total, "records");
-            }
-        }
+        self.0.track(done, total, "records");
     }
 }

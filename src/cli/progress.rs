@@ -209,6 +209,18 @@ impl Lines {
         self.bar.insert(bar(total as u64, unit))
     }
 
+    /// Follows a count a stage reports as `done` of `total`: a new bar when the count starts
+    /// (or none is shown), its position after that, and no bar once the count is complete.
+    pub fn track(&mut self, done: usize, total: usize, unit: &str) {
+        match &self.bar {
+            Some(bar) if done > 0 => bar.set_position(done as u64),
+            _ => self.start(total, unit).set_position(done as u64),
+        }
+        if done == total {
+            self.clear();
+        }
+    }
+
     /// The current bar, if any.
     pub fn bar(&self) -> Option<&ProgressBar> {
         self.bar.as_ref()
