@@ -315,13 +315,7 @@ impl Store {
         tx.execute(
             "INSERT INTO af_runs(k, seed, params, pool_fingerprint, started_at, status)
              VALUES (?1, ?2, ?3, ?4, ?5, 'running')",
-            params![
-                k as i64,
-                seed.value() as i64,
-                params_json,
-                pool_fingerprint,
-                now()
-            ],
+            params![k as i64, seed, params_json, pool_fingerprint, now()],
         )?;
         let run_id = tx.last_insert_rowid();
         {
@@ -588,7 +582,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<AfRun> {
     Ok(AfRun {
         id: r.get(0)?,
         k: r.get::<_, i64>(1)? as usize,
-        seed: Seed::new(r.get::<_, i64>(2)? as u64),
+        seed: r.get(2)?,
         params: r.get(3)?,
         pool_fingerprint: r.get(4)?,
         started_at: r.get(5)?,

@@ -169,7 +169,7 @@ impl Store {
                 task.run_id,
                 task.round,
                 task.replicas,
-                task.seed.value() as i64,
+                task.seed,
                 now()
             ],
         )?;

@@ -19,7 +19,7 @@ impl Store {
         let conn = &self.conn;
         conn.execute(
         "INSERT INTO exports(dir, negatives, seed, files, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![dir, negatives, seed.value() as i64, files_json, now()],
+        params![dir, negatives, seed, files_json, now()],
     )?;
         Ok(conn.last_insert_rowid())
     }

@@ -357,6 +357,20 @@ fn format_millis(unix_millis: i64) -> String {
     )
 }
 
+/// A seed is stored as an SQLite integer: its 64 bits read as a signed number (SQLite has no
+/// unsigned type), so every seed round-trips.
+impl rusqlite::ToSql for crate::seed::Seed {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok((self.value() as i64).into())
+    }
+}
+
+impl rusqlite::types::FromSql for crate::seed::Seed {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        i64::column_result(value).map(|n| crate::seed::Seed::new(n as u64))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

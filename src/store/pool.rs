@@ -63,7 +63,6 @@ impl Store {
     /// Reuses the row of an identical earlier job (a resumed run), else records a new one.
     pub fn find_or_insert_generation(&self, g: &NewGeneration) -> Result<i64> {
         let conn = &self.conn;
-        let seed = g.seed.value() as i64;
         let existing: Option<i64> = conn
         .query_row(
             "SELECT id FROM generations WHERE backend = ?1 AND model = ?2 AND model_sha256 IS ?3
@@ -74,7 +73,7 @@ impl Store {
                 g.model_sha256,
                 g.prompt,
                 g.params_json,
-                seed
+                g.seed
             ],
             |r| r.get(0),
         )
@@ -91,7 +90,7 @@ impl Store {
             g.model_sha256,
             g.prompt,
             g.params_json,
-            seed,
+            g.seed,
             now()
         ],
     )?;
