@@ -424,11 +424,10 @@ pub fn fine_tune(
         };
         let steps = train.len().div_ceil(config.batch.max(1)) * config.epochs;
         observer.counting(steps, &format!("finetune_minilm fold {}/{k}: steps", f + 1));
-        let mut reported = 0;
+        // One report per optimiser step.
         model.train(&choices(&train), &gold(&train), &config, &mut |p| {
-            if let cross_encoder::Progress::Step { done, .. } = p {
-                observer.counted(done.saturating_sub(reported));
-                reported = reported.max(done);
+            if let cross_encoder::Progress::Step { .. } = p {
+                observer.counted(1);
             }
         })?;
         let scores: Vec<[f64; 4]> = model
