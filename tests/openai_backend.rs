@@ -72,6 +72,36 @@ fn completion(tok: &afkit::lm::tokenizer::GgufTokenizer, seed: u64) -> Value {
     })
 }
 
+/// An echo request's answer as vLLM gives it: each prompt (token ids) with the log-prob of every
+/// token but the first, computed by the scoring model itself, then one generated token.
+fn echo(model: &LanguageModel, body: &Value) -> Value {
+    let choices: Vec<Value> = body["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(index, prompt)| {
+            let ids: Vec<u32> = prompt
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            let (_, logprobs) = model.llama.prefill(&ids).unwrap();
+            let mut tokens: Vec<String> = ids
+                .iter()
+                .map(|&i| model.tokenizer.decode(&[i]).unwrap())
+                .collect();
+            tokens.push(" x".into());
+            let mut values = vec![Value::Null];
+            values.extend(logprobs.iter().map(|&lp| json!(lp)));
+            values.push(json!(-0.5));
+            json!({"index": index, "text": "", "logprobs": {"tokens": tokens, "token_logprobs": values}})
+        })
+        .collect();
+    json!({"choices": choices})
+}
+
 fn read_request(stream: &mut TcpStream) -> Option<(Value, Option<String>)> {
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let mut reader = BufReader::new(stream);
@@ -112,7 +142,7 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let requests = Arc::new(Mutex::new(Vec::new()));
-    let tokenizer = Arc::new(LanguageModel::load(scorer).unwrap().tokenizer);
+    let model = Arc::new(LanguageModel::load(scorer).unwrap());
     let count = Arc::new(AtomicUsize::new(0));
     let (stop2, requests2) = (stop.clone(), requests.clone());
     std::thread::spawn(move || {
@@ -122,10 +152,10 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             };
-            let (behaviour, requests, tokenizer, count) = (
+            let (behaviour, requests, model, count) = (
                 behaviour.clone(),
                 requests2.clone(),
-                tokenizer.clone(),
+                model.clone(),
                 count.clone(),
             );
             std::thread::spawn(move || {
@@ -136,11 +166,15 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
                 let i = count.fetch_add(1, Ordering::SeqCst);
                 requests.lock().unwrap().push((body.clone(), auth));
                 match behaviour(i, &body) {
+                    Reply::Complete if body["echo"] == true => {
+                        respond(&mut stream, 200, "", &echo(&model, &body).to_string());
+                    }
                     Reply::Complete => {
+                        let tokenizer = &model.tokenizer;
                         let seed = body["seed"].as_u64().unwrap_or(i as u64);
                         let n = body["n"].as_u64().unwrap_or(1);
                         let choices: Vec<Value> = (0..n)
-                            .map(|k| completion(&tokenizer, seed.wrapping_add(k * 7)))
+                            .map(|k| completion(tokenizer, seed.wrapping_add(k * 7)))
                             .collect();
                         respond(
                             &mut stream,
@@ -259,7 +293,8 @@ fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
     for server in [&a, &b] {
         let requests = server.requests.lock().unwrap();
         assert!(!requests.is_empty());
-        for (body, auth) in requests.iter() {
+        // Echo requests (the LM features, from this server since it answers them) aside.
+        for (body, auth) in requests.iter().filter(|(body, _)| body["echo"] != true) {
             assert_eq!(auth.as_deref(), Some("Bearer sk-test-123"));
             assert_eq!(body["temperature"], 1.0);
             assert_eq!(body["top_p"], 1.0);
@@ -381,7 +416,10 @@ fn a_failing_context_is_reported_and_never_stored_partially() {
         Arc::new(|i, body: &Value| {
             // The context is the prompt's last line (style examples from other contexts come
             // before it).
-            let context = body["prompt"].as_str().unwrap().lines().last().unwrap();
+            let Some(prompt) = body["prompt"].as_str() else {
+                return Reply::Complete; // an echo request (the LM features)
+            };
+            let context = prompt.lines().last().unwrap();
             let for_ex1 = context.contains("number 1 ");
             if for_ex1 && i % 3 != 0 {
                 Reply::Malformed
@@ -467,10 +505,24 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
         let i: usize = context.split_whitespace().nth(3).unwrap().parse().unwrap();
         afkit::dataset::group_fold(afkit::seed::Seed::new(5), &format!("ex{i}"), 2)
     };
-    let context_of = |body: &Value| -> String {
-        let prompt = body["prompt"].as_str().unwrap();
-        let at = prompt.rfind("A man number").unwrap();
-        prompt[at..].to_string()
+    let tokenizer = LanguageModel::load(&scorer).unwrap().tokenizer;
+    // The context a request is for: the sampling prompt's last one, or for an echo request (the
+    // LM features) the one its first prompt's tokens spell, if any (endings alone have none).
+    let context_of = |body: &Value| -> Option<String> {
+        let prompt = match body["prompt"].as_str() {
+            Some(text) => text.to_string(),
+            None => {
+                let ids: Vec<u32> = body["prompt"][0]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_u64().unwrap() as u32)
+                    .collect();
+                tokenizer.decode(&ids).unwrap()
+            }
+        };
+        let at = prompt.rfind("A man number")?;
+        Some(prompt[at..].to_string())
     };
 
     let out = generate(
@@ -488,8 +540,13 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
     );
     assert_eq!(ok_summary(out)["contexts"], 4);
     let mut folds_seen = std::collections::BTreeSet::new();
+    let folds = ["fold0", "fold1"].map(Value::from);
     for (body, _) in server.requests.lock().unwrap().iter() {
-        let fold = fold_of(&context_of(body));
+        assert!(folds.contains(&body["model"]), "{body}");
+        let Some(context) = context_of(body) else {
+            continue;
+        };
+        let fold = fold_of(&context);
         assert_eq!(body["model"], format!("fold{fold}"), "{body}");
         folds_seen.insert(fold);
     }
@@ -528,7 +585,102 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
     );
     assert_eq!(ok_summary(out)["contexts"], 4);
     for (body, _) in server.requests.lock().unwrap().iter() {
-        let fold = fold_of(&context_of(body));
+        let Some(context) = context_of(body) else {
+            assert!(body["lora"][0]["id"].is_u64(), "{body}");
+            continue;
+        };
+        let fold = fold_of(&context);
         assert_eq!(body["lora"], json!([{"id": fold, "scale": 1.0}]), "{body}");
     }
+}
+
+/// The features a server gives (echoed prompt log-probs, as vLLM answers) equal the local
+/// model's where the server runs the same model; a server that refuses `echo` (llama.cpp's
+/// answers 400) leaves them to the local model with a note, and `--features server` then stops
+/// before anything is stored.
+#[test]
+fn lm_features_come_from_a_server_that_echoes_and_equal_local_scoring() {
+    let dir = tempfile::tempdir().unwrap();
+    let scorer = tiny_gguf(dir.path(), 32, 1);
+    let echoing = serve(&scorer, Arc::new(|_, _| Reply::Complete));
+    let refusing = serve(
+        &scorer,
+        Arc::new(|_, body: &Value| {
+            if body["echo"] == true {
+                Reply::Status(400, None)
+            } else {
+                Reply::Complete
+            }
+        }),
+    );
+    let run = |name: &str, url: &str, features: &str| {
+        let sub = dir.path().join(name);
+        std::fs::create_dir(&sub).unwrap();
+        let project = project(&sub, 2);
+        let out = generate(&project, &scorer, &[url], &["--features", features]);
+        (project, out)
+    };
+    let (from_server, out) = run("server", &echoing.url, "server");
+    succeeded(out);
+    let echoes = echoing
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(body, _)| body["echo"] == true)
+        .count();
+    assert!(echoes >= 3, "the probe, and the context's endings scored");
+    let (local, out) = run("local", &echoing.url, "local");
+    succeeded(out);
+
+    let features = |project: &Path| -> Vec<(String, f64, f64, Option<f64>, i64)> {
+        let conn = rusqlite::Connection::open(project).unwrap();
+        let mut stmt = conn
+            .prepare(
+                "SELECT x.ext_id || '/' || e.text, e.lp_cond, e.lp_alone, e.lp_final_punct,
+                        e.n_tok_ending
+                 FROM endings e JOIN examples x ON x.id = e.example_id ORDER BY 1",
+            )
+            .unwrap();
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    };
+    let (a, b) = (features(&from_server), features(&local));
+    assert_eq!(a.len(), b.len());
+    assert!(a.len() >= 10, "gold and sampled endings of two contexts");
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-4;
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((&x.0, x.4), (&y.0, y.4));
+        assert!(close(x.1, y.1) && close(x.2, y.2), "{x:?} vs {y:?}");
+        assert_eq!(x.3.is_some(), y.3.is_some());
+        assert!(
+            close(x.3.unwrap_or(0.0), y.3.unwrap_or(0.0)),
+            "{x:?} vs {y:?}"
+        );
+    }
+    let ctx = |p: &Path| {
+        query_i64(
+            p,
+            "SELECT CAST(SUM(ctx_logprob) * 1e4 AS INTEGER) FROM pools",
+        )
+    };
+    assert!((ctx(&from_server) - ctx(&local)).abs() <= 2);
+
+    let (refused, out) = run("refused", &refusing.url, "server");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--features server") && stderr.contains("400"),
+        "{stderr}"
+    );
+    assert_eq!(query_i64(&refused, "SELECT COUNT(*) FROM pools"), 0);
+    let (fallback, out) = run("fallback", &refusing.url, "auto");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    succeeded(out);
+    assert!(stderr.contains("scored locally"), "{stderr}");
+    assert_eq!(features(&fallback), features(&local));
 }

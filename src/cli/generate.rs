@@ -9,7 +9,7 @@ use super::device::DeviceArgs;
 use crate::device::Compute;
 use crate::generate::prompt::PromptTemplate;
 use crate::generate::{self, AdapterUse, Growth, ImportConfig, ImportSummary, Summary};
-use crate::lm::openai::{AdapterNames, FoldAdapters, OpenAiConfig};
+use crate::lm::openai::{AdapterNames, FeatureSource, FoldAdapters, OpenAiConfig};
 use crate::lm::sampler::SamplingParams;
 use crate::models::generator_gguf;
 use crate::seed::Seed;
@@ -217,6 +217,12 @@ pub struct OpenAiArgs {
     /// k alone (`lora: [{"id": k, "scale": 1}]`).
     #[arg(long, conflicts_with = "adapter_names", hide_short_help = true)]
     pub adapter_lora_ids: bool,
+    /// Where the LM features come from: `auto` asks the server for them where it echoes
+    /// prompt log-probs (`echo` with `logprobs`, as vLLM does) and otherwise scores locally with
+    /// `--model`, saying why (llama.cpp's server refuses `echo`); `server` stops where the
+    /// server cannot give them; `local` always scores locally.
+    #[arg(long, value_enum, default_value_t = FeatureSource::Auto, hide_short_help = true)]
+    pub features: FeatureSource,
 }
 
 fn parse_adapter_names(text: &str) -> std::result::Result<AdapterNames, String> {
@@ -242,6 +248,7 @@ impl From<OpenAiArgs> for OpenAiConfig {
                 (None, true) => Some(FoldAdapters::LoraIds),
                 (None, false) => None,
             },
+            features: a.features,
         }
     }
 }

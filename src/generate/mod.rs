@@ -16,10 +16,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::lm::features::{features, prompt_logprob, TokenScorer};
 use crate::lm::local::LocalLm;
 use crate::lm::model::{LanguageModel, ModelFile};
 use crate::lm::openai::OpenAiSampler;
 use crate::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
+use crate::lm::tokenizer::GgufTokenizer;
 use crate::seed::{Key, Seed};
 use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
@@ -139,11 +141,25 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             Some(remote) => remote,
             None => &lm,
         };
+        let server_features = server_scores(&remote, observer)?;
+        let scorer: &dyn TokenScorer = match &remote {
+            Some(remote) if server_features => remote,
+            _ => &lm,
+        };
         // Routed to the server's fold adapters, each fold is a generation of its own, so each
         // pool's generation says which adapter sampled it.
         let id = match generation_id {
             Some(id) if !routed => id,
-            _ => record_generation(store, config, sampler, &lm, &remote, &adapters, observer)?,
+            _ => {
+                let record = Recorded {
+                    sampler,
+                    lm: &lm,
+                    remote: &remote,
+                    server_features,
+                    adapters: &adapters,
+                };
+                record_generation(store, config, &record, observer)?
+            }
         };
         generation_id = Some(id);
         let mut stored = Stored {
@@ -152,7 +168,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             summary: &mut summary,
             observer,
         };
-        stored.sample_all(todo, &jobs, sampler, &lm)?;
+        stored.sample_all(todo, &jobs, sampler, scorer, &lm)?;
         summary.finish(started, &lm, &remote);
     }
     Ok(summary)
@@ -205,6 +221,26 @@ fn server_sampler<'a>(
         config.sampling.clone(),
         &lm.model.tokenizer,
     )?))
+}
+
+/// Whether the server scores the endings (`--features`: where it can give the LM features);
+/// otherwise the local model does, and a server that was asked is reported with why not.
+fn server_scores(remote: &Option<OpenAiSampler>, observer: &mut dyn Observer) -> Result<bool> {
+    let Some(server) = remote else {
+        return Ok(false);
+    };
+    match server.feature_source()? {
+        Ok(()) => Ok(true),
+        Err(why) => {
+            if server.asks_for_features() {
+                observer.note(&format!(
+                    "note: the server does not give the LM features ({why}); they are scored \
+                     locally"
+                ));
+            }
+            Ok(false)
+        }
+    }
 }
 
 /// The local model, with the adapter of `fold` merged in (if any), from `file`: the model file
@@ -289,16 +325,30 @@ impl Todo {
     }
 }
 
+/// What a generation record is made from.
+struct Recorded<'a> {
+    sampler: &'a dyn EndingSampler,
+    lm: &'a LocalLm,
+    remote: &'a Option<OpenAiSampler<'a>>,
+    /// Whether the server gives the LM features.
+    server_features: bool,
+    adapters: &'a Option<AdapterSet>,
+}
+
 /// The generation record: backend, model and every setting, found again on a resumed run.
 fn record_generation(
     store: &Store,
     config: &Config,
-    sampler: &dyn EndingSampler,
-    lm: &LocalLm,
-    remote: &Option<OpenAiSampler>,
-    adapters: &Option<AdapterSet>,
+    record: &Recorded,
     observer: &mut dyn Observer,
 ) -> Result<i64> {
+    let Recorded {
+        sampler,
+        lm,
+        remote,
+        server_features,
+        adapters,
+    } = record;
     let (backend, model_name, sha) = sampler.describe();
     let mut params_json = serde_json::to_value(&config.sampling)?;
     params_json["n_neg"] = config.n_neg.into();
@@ -312,12 +362,19 @@ fn record_generation(
     }
     if let Some(remote) = remote {
         let (_, scorer, scorer_sha) = lm.describe();
-        observer.note(&format!(
-            "note: the server samples; its token log-probs give lp_cond of the sampled endings \
-             where its tokens equal the scoring model's ({scorer}); the gold ending's lp_cond, \
-             lp_alone, ctx_logprob and lengths are computed locally with it"
-        ));
-        params_json["server"] = remote.record();
+        observer.note(&if *server_features {
+            format!(
+                "note: the server samples and gives the LM features (echoed prompt log-probs \
+                 over the tokens of the scoring model, {scorer})"
+            )
+        } else {
+            format!(
+                "note: the server samples; its token log-probs give lp_cond of the sampled \
+                 endings where its tokens equal the scoring model's ({scorer}); the gold \
+                 ending's lp_cond, lp_alone, ctx_logprob and lengths are computed locally with it"
+            )
+        });
+        params_json["server"] = remote.record(*server_features);
         params_json["scorer"] = scorer.into();
         params_json["scorer_sha256"] = scorer_sha.into();
     }
@@ -459,6 +516,7 @@ impl Stored<'_> {
         todo: &Todo,
         jobs: &Jobs,
         sampler: &dyn EndingSampler,
+        scorer: &dyn TokenScorer,
         lm: &LocalLm,
     ) -> Result<()> {
         let config = jobs.config;
@@ -475,7 +533,7 @@ impl Stored<'_> {
                 self.observer,
             )?;
             if !chunk.is_empty() {
-                self.sample_and_store(&chunk, sampler, lm)?;
+                self.sample_and_store(&chunk, sampler, scorer, &lm.model.tokenizer)?;
             }
         }
         Ok(())
@@ -487,7 +545,8 @@ impl Stored<'_> {
         &mut self,
         jobs: &[Job],
         sampler: &dyn EndingSampler,
-        lm: &LocalLm,
+        scorer: &dyn TokenScorer,
+        tokenizer: &GgufTokenizer,
     ) -> Result<()> {
         crate::interrupt::check()?;
         let t0 = Instant::now();
@@ -505,17 +564,18 @@ impl Stored<'_> {
             crate::interrupt::check()?;
             let t1 = Instant::now();
             let ex = &job.ex;
-            let mut features = lm
-                .features(
-                    &job.prompt.text,
-                    &ex.sent1,
-                    &ex.sent2,
-                    &ex.ending,
-                    &sampled.endings,
-                )
-                .with_context(|| format!("scoring endings of {}", ex.ext_id))?;
+            let mut features = features(
+                scorer,
+                tokenizer,
+                &job.prompt.text,
+                &ex.sent1,
+                &ex.sent2,
+                &ex.ending,
+                &sampled.endings,
+            )
+            .with_context(|| format!("scoring endings of {}", ex.ext_id))?;
             if job.prompt.text != job.prompt.context {
-                features.ctx_logprob = lm.prompt_logprob(&job.prompt.context)?;
+                features.ctx_logprob = prompt_logprob(scorer, &job.prompt.context)?;
             }
             // The batch's sampling time is shared equally by its contexts.
             let seconds = sampling_seconds / jobs.len() as f64 + t1.elapsed().as_secs_f64();

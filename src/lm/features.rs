@@ -12,6 +12,7 @@ use anyhow::Result;
 use super::llama::{Llama, Prefix, MAX_POSITIONS};
 use super::local::LocalLm;
 use super::sampler::SampledEnding;
+use super::tokenizer::GgufTokenizer;
 
 /// Also the form `import-pool` reads features computed elsewhere in (a missing
 /// `lp_final_punct` is null).
@@ -103,12 +104,45 @@ fn fits(lengths: &[usize], rows: &[usize]) -> bool {
         && (padded <= SCORE_BATCH_MIN_POSITIONS || padded as f64 <= SCORE_BATCH_SLACK * real as f64)
 }
 
-impl LocalLm {
-    /// Mean log-prob of a prompt's tokens, each given the document start and those before it.
-    pub fn prompt_logprob(&self, prompt: &str) -> Result<f64> {
-        Ok(mean(&self.prefix(prompt)?.token_logprobs))
+/// What the LM features need from a model: the log-prob of each token of a sequence given the
+/// tokens before it. The local engine answers from its own forward pass; a completions server
+/// that echoes prompt log-probs answers the same questions over HTTP
+/// ([`super::openai::OpenAiSampler`]), so the client does no model work.
+pub trait TokenScorer: Sync {
+    /// Log-probs of the prompt's tokens, each given the document start and those before it.
+    fn prompt_logprobs(&self, prompt: &str) -> Result<Vec<f32>>;
+    /// Log-probs of each sequence's tokens as it continues `[doc_start] + prompt`.
+    fn after_prompt(&self, prompt: &str, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>>;
+    /// Log-probs of each sequence's tokens after the document-start token alone.
+    fn alone(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>>;
+}
+
+impl TokenScorer for LocalLm {
+    fn prompt_logprobs(&self, prompt: &str) -> Result<Vec<f32>> {
+        Ok(self.prefix(prompt)?.token_logprobs.clone())
     }
 
+    fn after_prompt(&self, prompt: &str, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let context = self.prefix(prompt)?;
+        score_batched(&self.model.llama, &context.prefix, seqs, self.params.batch)
+    }
+
+    fn alone(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        score_batched(
+            &self.model.llama,
+            &self.model.doc_prefix,
+            seqs,
+            self.params.batch,
+        )
+    }
+}
+
+/// Mean log-prob of a prompt's tokens, each given the document start and those before it.
+pub fn prompt_logprob(scorer: &dyn TokenScorer, prompt: &str) -> Result<f64> {
+    Ok(mean(&scorer.prompt_logprobs(prompt)?))
+}
+
+impl LocalLm {
     /// Why a context cannot be used, if it cannot: the document-start token, the prompt and
     /// then the longer of the found ending and the longest ending sampling may produce must fit
     /// the model's positions (sampling and scoring run exactly those sequences).
@@ -125,10 +159,10 @@ impl LocalLm {
 
     /// Tokens of an ending as it follows the context.
     pub fn ending_tokens(&self, ending: &str) -> Result<Vec<u32>> {
-        self.model.tokenizer.encode(&format!(" {ending}"))
+        ending_tokens(&self.model.tokenizer, ending)
     }
 
-    /// Features of the gold ending and of `endings`, all continuing `prompt`.
+    /// Features of the gold ending and of `endings`, all continuing `prompt`, from this model.
     pub fn features(
         &self,
         prompt: &str,
@@ -137,70 +171,90 @@ impl LocalLm {
         gold: &str,
         endings: &[SampledEnding],
     ) -> Result<ContextFeatures> {
-        let tok = &self.model.tokenizer;
-        let llama = &self.model.llama;
-        let context = self.prefix(prompt)?;
-        let texts: Vec<&str> = std::iter::once(gold)
-            .chain(endings.iter().map(|e| e.text.as_str()))
-            .collect();
-        let ids: Vec<Vec<u32>> = texts
-            .iter()
-            .map(|t| self.ending_tokens(t))
-            .collect::<Result<_>>()?;
-        // Conditional log-probs: reuse the sampled ones where the tokens agree, score the rest.
-        let mut cond: Vec<Option<Vec<f32>>> = std::iter::once(None)
-            .chain(
-                endings
-                    .iter()
-                    .zip(&ids[1..])
-                    .map(|(e, canonical)| match &e.tokens {
-                        Some((sampled, lps)) if sampled == canonical => Some(lps.clone()),
-                        _ => None,
-                    }),
-            )
-            .collect();
-        let missing: Vec<usize> = (0..ids.len()).filter(|&i| cond[i].is_none()).collect();
-        let seqs: Vec<&[u32]> = missing.iter().map(|&i| ids[i].as_slice()).collect();
-        for (i, lps) in missing.iter().zip(score_batched(
-            llama,
-            &context.prefix,
-            &seqs,
-            self.params.batch,
-        )?) {
-            cond[*i] = Some(lps);
-        }
-        let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
-        let alone = score_batched(llama, &self.model.doc_prefix, &all, self.params.batch)?;
-        let mut features = texts
-            .iter()
-            .zip(cond)
-            .zip(alone)
-            .map(|((text, cond), alone)| {
-                let cond = cond.expect("every ending scored");
-                EndingFeatures {
-                    lp_cond: mean(&cond),
-                    lp_alone: mean(&alone),
-                    lp_final_punct: text
-                        .ends_with(['.', '!', '?'])
-                        .then(|| cond.last().map(|&x| x as f64))
-                        .flatten(),
-                    n_tok: cond.len(),
-                }
-            });
-        let gold = features.next().expect("the gold ending");
-        let sent2_tokens = if sent2.is_empty() {
-            0
-        } else {
-            tok.encode(&format!(" {sent2}"))?.len()
-        };
-        Ok(ContextFeatures {
-            ctx_logprob: mean(&context.token_logprobs),
-            n_tok_sent1: tok.encode(sent1)?.len(),
-            n_tok_sent2: sent2_tokens,
+        features(
+            self,
+            &self.model.tokenizer,
+            prompt,
+            sent1,
+            sent2,
             gold,
-            endings: features.collect(),
-        })
+            endings,
+        )
     }
+}
+
+/// Tokens of an ending as it follows the context.
+pub fn ending_tokens(tok: &GgufTokenizer, ending: &str) -> Result<Vec<u32>> {
+    tok.encode(&format!(" {ending}"))
+}
+
+/// Features of the gold ending and of `endings`, all continuing `prompt`, from `scorer`, whose
+/// tokens `tok` makes. Sampled endings whose recorded tokens are this tokenisation keep the
+/// log-probs recorded while sampling; the rest are scored.
+pub fn features(
+    scorer: &dyn TokenScorer,
+    tok: &GgufTokenizer,
+    prompt: &str,
+    sent1: &str,
+    sent2: &str,
+    gold: &str,
+    endings: &[SampledEnding],
+) -> Result<ContextFeatures> {
+    let texts: Vec<&str> = std::iter::once(gold)
+        .chain(endings.iter().map(|e| e.text.as_str()))
+        .collect();
+    let ids: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| ending_tokens(tok, t))
+        .collect::<Result<_>>()?;
+    // Conditional log-probs: reuse the sampled ones where the tokens agree, score the rest.
+    let mut cond: Vec<Option<Vec<f32>>> = std::iter::once(None)
+        .chain(
+            endings
+                .iter()
+                .zip(&ids[1..])
+                .map(|(e, canonical)| match &e.tokens {
+                    Some((sampled, lps)) if sampled == canonical => Some(lps.clone()),
+                    _ => None,
+                }),
+        )
+        .collect();
+    let missing: Vec<usize> = (0..ids.len()).filter(|&i| cond[i].is_none()).collect();
+    let seqs: Vec<&[u32]> = missing.iter().map(|&i| ids[i].as_slice()).collect();
+    for (i, lps) in missing.iter().zip(scorer.after_prompt(prompt, &seqs)?) {
+        cond[*i] = Some(lps);
+    }
+    let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    let alone = scorer.alone(&all)?;
+    let mut features = texts
+        .iter()
+        .zip(cond)
+        .zip(alone)
+        .map(|((text, cond), alone)| {
+            let cond = cond.expect("every ending scored");
+            EndingFeatures {
+                lp_cond: mean(&cond),
+                lp_alone: mean(&alone),
+                lp_final_punct: text
+                    .ends_with(['.', '!', '?'])
+                    .then(|| cond.last().map(|&x| x as f64))
+                    .flatten(),
+                n_tok: cond.len(),
+            }
+        });
+    let gold = features.next().expect("the gold ending");
+    let sent2_tokens = if sent2.is_empty() {
+        0
+    } else {
+        tok.encode(&format!(" {sent2}"))?.len()
+    };
+    Ok(ContextFeatures {
+        ctx_logprob: prompt_logprob(scorer, prompt)?,
+        n_tok_sent1: tok.encode(sent1)?.len(),
+        n_tok_sent2: sent2_tokens,
+        gold,
+        endings: features.collect(),
+    })
 }
 
 #[cfg(test)]

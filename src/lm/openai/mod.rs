@@ -29,6 +29,8 @@ use super::sampler::{
 use super::tokenizer::GgufTokenizer;
 use crate::seed::Seed;
 
+mod echo;
+
 /// How to reach the server and what to ask it (`afkit generate --backend openai`).
 #[derive(Debug, Clone)]
 pub struct OpenAiConfig {
@@ -64,6 +66,22 @@ pub struct OpenAiConfig {
     /// How a context reaches its fold's adapter on the server; `None`: the server's model
     /// samples every context.
     pub fold_adapters: Option<FoldAdapters>,
+    /// Where the LM features come from.
+    pub features: FeatureSource,
+}
+
+/// Where `generate --backend openai` gets the LM features (context, found ending and each
+/// sampled ending scored after the context and alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FeatureSource {
+    /// From the server where it echoes prompt log-probs (`echo` with `logprobs` on
+    /// `/v1/completions`, as vLLM does); otherwise scored locally, with a note saying why.
+    #[default]
+    Auto,
+    /// From the server; stop with the reason where it cannot give them.
+    Server,
+    /// Scored locally with the scoring model (`--model`).
+    Local,
 }
 
 /// How a server holds the project's fold adapters (`lm adapt`), and so what a request for a
@@ -323,8 +341,23 @@ impl<'a> OpenAiSampler<'a> {
         })
     }
 
-    /// What is recorded with the generation (no key).
-    pub fn record(&self) -> Value {
+    /// Whether the LM features were asked of the server (`--features auto` or `server`).
+    pub fn asks_for_features(&self) -> bool {
+        self.config.features != FeatureSource::Local
+    }
+
+    /// What is recorded with the generation (no key); `server_features`: whether the server
+    /// gives the LM features ([`Self::feature_source`]).
+    pub fn record(&self, server_features: bool) -> Value {
+        let features = if server_features {
+            "every LM feature from the server's echoed prompt log-probs, over the scoring \
+             model's tokens; lp_cond of sampled endings from their sampled tokens' log-probs \
+             where those tokens equal the scoring model's"
+        } else {
+            "lp_cond of sampled endings from the server's token log-probs where its tokens \
+             equal the scoring model's; gold lp_cond, lp_alone, ctx_logprob and lengths \
+             computed locally with the scoring model"
+        };
         json!({
             "endpoints": self.urls,
             "n_per_request": self.config.n_per_request,
@@ -336,9 +369,7 @@ impl<'a> OpenAiSampler<'a> {
                 Some(FoldAdapters::Names(_)) => json!({"model": self.config.model_name}),
                 Some(FoldAdapters::LoraIds) => json!({"lora": self.extra.get("lora")}),
             },
-            "features": "lp_cond of sampled endings from the server's token log-probs where its \
-                tokens equal the scoring model's; gold lp_cond, lp_alone, ctx_logprob and \
-                lengths computed locally with the scoring model",
+            "features": features,
         })
     }
 
@@ -372,7 +403,12 @@ impl<'a> OpenAiSampler<'a> {
         body
     }
 
-    fn attempt(&self, url: &str, body: &str) -> std::result::Result<Vec<Completion>, AttemptError> {
+    fn attempt<T>(
+        &self,
+        url: &str,
+        body: &str,
+        parse: &dyn Fn(&str) -> Result<T>,
+    ) -> std::result::Result<T, AttemptError> {
         let transport = |e: ureq::Error| AttemptError {
             retryable: true,
             retry_after: None,
@@ -402,24 +438,32 @@ impl<'a> OpenAiSampler<'a> {
                 message: format!("HTTP {status}: {snippet}"),
             });
         }
-        parse_completions(&text).map_err(|e| AttemptError {
+        parse(&text).map_err(|e| AttemptError {
             retryable: true,
             retry_after: None,
             message: format!("malformed response ({e:#})"),
         })
     }
 
-    /// One request with retries; the endpoint advances round-robin on every attempt, so a dead
-    /// server's work moves to the others.
+    /// One sampling request with retries.
     fn complete(&self, prompt: &str, seed: u64) -> Result<Vec<Completion>> {
-        let body = self.body(prompt, seed).to_string();
+        self.post(
+            &self.body(prompt, seed).to_string(),
+            seed,
+            &parse_completions,
+        )
+    }
+
+    /// One request with retries (their jitter drawn from `seed`); the endpoint advances
+    /// round-robin on every attempt, so a dead server's work moves to the others.
+    fn post<T>(&self, body: &str, seed: u64, parse: &dyn Fn(&str) -> Result<T>) -> Result<T> {
         let mut jitter = Seed::new(seed).rng();
         let mut attempt = 0;
         loop {
             let url =
                 &self.urls[self.next_endpoint.fetch_add(1, Ordering::Relaxed) % self.urls.len()];
-            match self.attempt(url, &body) {
-                Ok(completions) => return Ok(completions),
+            match self.attempt(url, body, parse) {
+                Ok(answer) => return Ok(answer),
                 Err(e) if e.retryable && attempt < self.config.retries => {
                     let backoff = (self.config.backoff * 2f64.powi(attempt as i32)).min(30.0);
                     let wait = e.retry_after.unwrap_or(Duration::from_secs_f64(
@@ -440,21 +484,29 @@ impl<'a> OpenAiSampler<'a> {
         }
     }
 
-    /// `requests` completions requests in parallel (at most `--concurrency` at once); results in
-    /// request order, or the first error.
+    /// Completions requests for `prompt`, one per seed, in parallel; results in seed order.
     fn complete_many(&self, prompt: &str, seeds: &[u64]) -> Result<Vec<Vec<Completion>>> {
+        self.in_parallel(seeds.len(), &|i| self.complete(prompt, seeds[i]))
+    }
+
+    /// `request(0..n)` with at most `--concurrency` in flight; results in order, or the first
+    /// error (no new request starts after one fails).
+    fn in_parallel<T: Send>(
+        &self,
+        n: usize,
+        request: &(dyn Fn(usize) -> Result<T> + Sync),
+    ) -> Result<Vec<T>> {
         let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<Result<Vec<Completion>>>>> =
-            Mutex::new((0..seeds.len()).map(|_| None).collect());
+        let results: Mutex<Vec<Option<Result<T>>>> = Mutex::new((0..n).map(|_| None).collect());
         let failed = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|scope| {
-            for _ in 0..self.config.concurrency.min(seeds.len()) {
+            for _ in 0..self.config.concurrency.min(n) {
                 scope.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= seeds.len() || failed.load(Ordering::Relaxed) {
+                    if i >= n || failed.load(Ordering::Relaxed) {
                         return;
                     }
-                    let r = self.complete(prompt, seeds[i]);
+                    let r = request(i);
                     if r.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -462,7 +514,7 @@ impl<'a> OpenAiSampler<'a> {
                 });
             }
         });
-        let mut out = Vec::with_capacity(seeds.len());
+        let mut out = Vec::with_capacity(n);
         for r in results
             .into_inner()
             .expect("results lock")
