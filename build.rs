@@ -1,7 +1,7 @@
 //! Says what the integration tests can use on this machine, as cfgs they read to mark a test
 //! ignored with its reason (so that a test that cannot run is counted as skipped, never shown as
 //! passed): `has_shared_data` and `has_shared_fixtures` (the real corpora and the llama.cpp
-//! reference outputs in `../shared`), `has_tmux`, `has_python_venv`, and `offline` (the
+//! reference outputs in `../shared`), `has_tmux`, `has_llama_server` (llama.cpp's server on PATH), `has_python_venv`, and `offline` (the
 //! environment variable AFKIT_TEST_OFFLINE is set: nothing may be downloaded).
 //!
 //! Cargo re-runs this script when `../shared/data` or `../shared/fixtures` (when present) or
@@ -44,6 +44,7 @@ fn main() {
         set(cfg, present);
     }
     set("has_tmux", succeeds("tmux", &["-V"]));
+    set("has_llama_server", succeeds("llama-server", &["--version"]));
     set(
         "has_python_venv",
         succeeds("python3", &["-c", "import ensurepip, venv"]),

@@ -943,9 +943,9 @@ fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
 }
 
 /// `--discriminator`: the fine-tuned cross-encoder joins the ensemble's iterations and the final
-/// pass, each with its own accuracy beside the adversary AF acts on (the two together); its
-/// trained state is committed with every iteration it trains in, so a run killed in the
-/// ensemble phase resumes from the same model and ends exactly where an uninterrupted run ends.
+/// pass, each with its own accuracy beside the adversary AF acts on (the two together); a fresh
+/// model trains in every iteration from the iteration's seed, so a run killed in the ensemble
+/// phase resumes and ends exactly where an uninterrupted run ends.
 /// (A small random BERT stands in for MiniLM.)
 #[test]
 fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
@@ -1008,7 +1008,6 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
         "{last:?}"
     );
     assert!(run.params.contains("\"discriminator\""), "{}", run.params);
-    assert!(store.af_discriminator_state(run.id).unwrap().is_some());
     drop(store);
 
     let project = build_project(dir.path(), "killed.sqlite", spec);

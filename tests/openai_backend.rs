@@ -684,3 +684,128 @@ fn lm_features_come_from_a_server_that_echoes_and_equal_local_scoring() {
     assert!(stderr.contains("scored locally"), "{stderr}");
     assert_eq!(features(&fallback), features(&local));
 }
+
+/// llama.cpp's server, started with the default model on loopback.
+struct LlamaServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl LlamaServer {
+    /// `llama-server` on a free loopback port with `slots` parallel slots and `loras` loaded
+    /// unapplied, once it answers its health check.
+    fn start(model: &Path, slots: usize, loras: &[PathBuf]) -> LlamaServer {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cmd = std::process::Command::new("llama-server");
+        cmd.arg("-m")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--parallel", &slots.to_string(), "-c", "2048", "-t", "2"]);
+        if !loras.is_empty() {
+            cmd.arg("--lora-init-without-apply");
+        }
+        for lora in loras {
+            cmd.arg("--lora").arg(lora);
+        }
+        let child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = LlamaServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
+                let _ = write!(
+                    stream,
+                    "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                );
+                let mut answer = String::new();
+                let _ = stream.read_to_string(&mut answer);
+                if answer.starts_with("HTTP/1.1 200") {
+                    return server;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("llama-server did not become healthy in 120 s");
+    }
+}
+
+/// The real engine: llama.cpp's server with two slots and the project's fold adapters (`lm
+/// adapt`'s GGUF LoRA files, loaded unapplied), sampling each context with its fold's adapter
+/// (`--adapter-lora-ids`). Its `echo` refusal leaves the LM features to the local model, said in
+/// a note and in the generation's record.
+#[test]
+#[cfg_attr(
+    not(has_llama_server),
+    ignore = "needs llama.cpp's llama-server on PATH (scripts/bench_server.sh --build-only builds one): absent"
+)]
+#[cfg_attr(
+    all(has_llama_server, offline),
+    ignore = "needs the default model, and AFKIT_TEST_OFFLINE is set"
+)]
+fn llama_server_samples_each_fold_with_its_adapter() {
+    let model_dir = afkit::models::DefaultModel::SmolLm2.ensure().unwrap();
+    let model = std::fs::read_dir(&model_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let project = project(dir.path(), 6);
+    succeeded(common::lm_adapt(&project, &model, 2).output().unwrap());
+    let mut loras: Vec<PathBuf> = std::fs::read_dir(project.with_extension("adapters"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".lora.gguf"))
+        .collect();
+    loras.sort();
+    assert_eq!(loras.len(), 2, "one GGUF LoRA file per fold");
+    let server = LlamaServer::start(&model, 2, &loras);
+    let out = generate(
+        &project,
+        &model,
+        &[&server.url],
+        &[
+            "--adapter-lora-ids",
+            "--concurrency",
+            "2",
+            "--request-timeout",
+            "60",
+            "--n-neg",
+            "6",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let summary = ok_summary(out);
+    assert_eq!(summary["contexts"], 6, "{stderr}");
+    assert!(summary["endings"].as_u64().unwrap() >= 24, "{summary}");
+    assert_eq!(query_i64(&project, "SELECT COUNT(*) FROM pools"), 6);
+    assert!(stderr.contains("scored locally"), "{stderr}");
+    assert_eq!(
+        query_i64(
+            &project,
+            "SELECT COUNT(*) FROM endings WHERE lp_alone IS NULL"
+        ),
+        0
+    );
+    assert_eq!(
+        query_i64(&project, "SELECT COUNT(DISTINCT generation_id) FROM pools"),
+        2
+    );
+}

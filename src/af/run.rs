@@ -194,10 +194,10 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             data.vocab_size, data.lstm_vocab_size
         ));
     }
-    let mut adversary = config
+    let adversary = config
         .discriminator
         .as_ref()
-        .map(|d| Adversary::open(store, run.id, &data, d, config))
+        .map(|d| Adversary::open(store, &data, d, config))
         .transpose()?;
     let mut assignment = store.af_assignment(run.id)?;
     let iterations = run_iterations(
@@ -206,7 +206,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         &data,
         &mut assignment,
         config,
-        adversary.as_mut(),
+        adversary.as_ref(),
         observer,
     )?;
     let (scored, final_accuracy) = finish_run(
@@ -277,7 +277,7 @@ fn run_iterations(
     data: &Dataset,
     assignment: &mut Assignment,
     config: &Config,
-    mut adversary: Option<&mut Adversary>,
+    adversary: Option<&Adversary>,
     observer: &mut dyn Observer,
 ) -> Result<usize> {
     let mut history = store.af_iterations(run.id)?;
@@ -289,14 +289,12 @@ fn run_iterations(
         if iteration == 0 || history[iteration - 1].phase != family {
             observer.phase_started(family);
         }
-        let adversary = adversary.as_deref_mut();
         let IterationOutcome {
             record,
             swaps,
             train_seconds,
-            adversary_state,
         } = run_iteration(data, assignment, family, iteration, config, adversary)?;
-        store.commit_af_iteration(run.id, &record, &swaps, adversary_state.as_deref())?;
+        store.commit_af_iteration(run.id, &record, &swaps)?;
         apply_swaps(assignment, &swaps);
         observer.iteration_done(&record, train_seconds);
         history.push(record);
@@ -474,14 +472,14 @@ fn choice<'a>(context: &'a EncodedContext, assigned: &[i64]) -> Choice<'a> {
 }
 
 /// One AF iteration: split, train, score the held-out pools, measure, choose swaps. Also returns
-/// the time spent training and, when the fine-tuned adversary trained, its new state.
+/// the time spent training.
 pub fn run_iteration(
     data: &Dataset,
     assignment: &Assignment,
     family: Family,
     iteration: usize,
     config: &Config,
-    adversary: Option<&mut Adversary>,
+    adversary: Option<&Adversary>,
 ) -> Result<IterationOutcome> {
     let started = Instant::now();
     let mut rng = config.seed.stream(iteration_stream(iteration));
@@ -493,21 +491,15 @@ pub fn run_iteration(
         .collect();
     let model = train(data, &choices, family, &config.train, model_seed)?;
     // The fine-tuned adversary joins the ensemble's iterations only.
-    let mut adversary = adversary.filter(|_| family == Family::Ensemble);
-    if let Some(a) = adversary.as_deref_mut() {
-        let seed = Seed::new(model_seed).key(Key::Discriminator).value();
-        a.model
-            .train(data, &a.texts, &train_ids, assignment, seed)?;
-    }
+    let adversary = adversary.filter(|_| family == Family::Ensemble);
+    let trained = adversary
+        .map(|a| a.trained(data, &train_ids, assignment, model_seed))
+        .transpose()?;
     let train_seconds = started.elapsed().as_secs_f64();
     let mut held_out = score_held_out(&model, data, &test_ids)?;
-    let state = match adversary {
-        Some(a) => {
-            a.join(&a.model, &mut held_out, data, &test_ids)?;
-            Some(a.model.state()?)
-        }
-        None => None,
-    };
+    if let (Some(a), Some(trained)) = (adversary, &trained) {
+        a.join(trained, &mut held_out, data, &test_ids)?;
+    }
 
     let mut swaps = Vec::new();
     for h in &held_out {
@@ -548,7 +540,6 @@ pub fn run_iteration(
         record,
         swaps,
         train_seconds,
-        adversary_state: state,
     })
 }
 
@@ -558,40 +549,45 @@ pub struct IterationOutcome {
     pub swaps: Vec<Swap>,
     /// Seconds spent training (the rest is scoring and bookkeeping).
     pub train_seconds: f64,
-    /// The fine-tuned adversary's state when it trained in the iteration.
-    pub adversary_state: Option<Vec<u8>>,
 }
 
-/// The fine-tuned adversary of a run and the texts it reads.
+/// The fine-tuned adversary of a run: its settings and the texts it reads. Each use trains a
+/// fresh model (see `discriminator.rs` for why none is carried between iterations).
 pub struct Adversary {
-    model: Discriminator,
     texts: Texts,
     config: DiscriminatorConfig,
     compute: crate::device::Compute,
+    head_seed: u64,
 }
 
 impl Adversary {
-    /// The run's adversary: as its latest iteration left it, or new (head drawn from the run's
-    /// seed) when no iteration has trained it yet.
     fn open(
         store: &Store,
-        run_id: i64,
         data: &Dataset,
         config: &DiscriminatorConfig,
         run: &Config,
     ) -> Result<Adversary> {
-        let state = store.af_discriminator_state(run_id)?;
-        let compute = run.train.compute.clone();
         Ok(Adversary {
-            model: Discriminator::new(config, Self::head_seed(run), &compute, state.as_deref())?,
             texts: Texts::load(store, data)?,
             config: config.clone(),
-            compute,
+            compute: run.train.compute.clone(),
+            head_seed: run.seed.key(Key::DiscriminatorHead).value(),
         })
     }
 
-    fn head_seed(run: &Config) -> u64 {
-        run.seed.key(Key::DiscriminatorHead).value()
+    /// A fresh model trained on the contexts `train_ids` under `assignment`, its draws from
+    /// `model_seed` (the seed the iteration's or fold's other models train from).
+    fn trained(
+        &self,
+        data: &Dataset,
+        train_ids: &[usize],
+        assignment: &Assignment,
+        model_seed: u64,
+    ) -> Result<Discriminator> {
+        let mut model = Discriminator::new(&self.config, self.head_seed, &self.compute)?;
+        let seed = Seed::new(model_seed).key(Key::Discriminator).value();
+        model.train(data, &self.texts, train_ids, assignment, seed)?;
+        Ok(model)
     }
 
     /// Adds `model`'s scores of the held-out contexts `ids` as the `minilm` head, and the
@@ -618,17 +614,6 @@ impl Adversary {
             h.heads.push(("adversary", both));
         }
         Ok(())
-    }
-
-    /// A copy of the model in its current state, for one fold of the final pass.
-    fn copy_model(&self, run: &Config) -> Result<Discriminator> {
-        let state = self.model.state()?;
-        Discriminator::new(
-            &self.config,
-            Self::head_seed(run),
-            &self.compute,
-            Some(&state),
-        )
     }
 }
 
@@ -799,10 +784,7 @@ fn final_pass(
         let model = train(data, &choices, family, &config.train, model_seed)?;
         let mut held_out = score_held_out(&model, data, &test_ids)?;
         if let Some(adversary) = adversary {
-            // Each fold's copy starts from the adversary as the iterations left it.
-            let mut fold_model = adversary.copy_model(config)?;
-            let seed = Seed::new(model_seed).key(Key::Discriminator).value();
-            fold_model.train(data, &adversary.texts, &train_ids, assignment, seed)?;
+            let fold_model = adversary.trained(data, &train_ids, assignment, model_seed)?;
             adversary.join(&fold_model, &mut held_out, data, &test_ids)?;
         }
         for h in &held_out {

@@ -421,38 +421,6 @@ impl CrossEncoder {
             .collect())
     }
 
-    /// What training changed (the trained layers and the head), as little-endian f32s in a
-    /// fixed order: enough, with the sentence model and the shape, to rebuild the model.
-    pub fn trained_state(&self) -> Result<Vec<u8>> {
-        let mut bytes = Vec::new();
-        for var in &self.trainable {
-            let values = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
-            bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        Ok(bytes)
-    }
-
-    /// Puts back a state [`CrossEncoder::trained_state`] gave, from a model of the same shape.
-    pub fn restore_trained_state(&mut self, bytes: &[u8]) -> Result<()> {
-        let expected: usize = self.trainable.iter().map(|v| v.elem_count() * 4).sum();
-        ensure!(
-            bytes.len() == expected,
-            "a stored cross-encoder state of {} bytes does not fit this model ({expected} bytes)",
-            bytes.len()
-        );
-        let mut rest = bytes;
-        for var in &self.trainable {
-            let (own, tail) = rest.split_at(var.elem_count() * 4);
-            rest = tail;
-            let values: Vec<f32> = own
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            var.set(&Tensor::from_vec(values, var.shape(), &self.device)?)?;
-        }
-        Ok(())
-    }
-
     /// Every option of every question as a framed, truncated pair, question by question.
     fn pairs(&self, questions: &[Question]) -> Result<Vec<Pair>> {
         let pieces = |texts: Vec<&str>| -> Result<Vec<Vec<u32>>> {
@@ -1195,27 +1163,5 @@ mod tests {
                 assert!((a - b).abs() < 1e-4, "{a} vs {b}");
             }
         }
-    }
-
-    #[test]
-    fn a_trained_state_restores_the_same_model() {
-        let (questions, gold) = questions(24, true, 4);
-        let mut trained = tiny_model(1);
-        trained
-            .train(&questions, &gold, &train_config(2), &mut |_| {})
-            .unwrap();
-        let mut fresh = tiny_model(1);
-        assert_ne!(
-            fresh.score(&questions).unwrap(),
-            trained.score(&questions).unwrap()
-        );
-        fresh
-            .restore_trained_state(&trained.trained_state().unwrap())
-            .unwrap();
-        assert_eq!(
-            fresh.score(&questions).unwrap(),
-            trained.score(&questions).unwrap()
-        );
-        assert!(fresh.restore_trained_state(&[0u8; 12]).is_err());
     }
 }

@@ -366,19 +366,6 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// The fine-tuned adversary's trained state after the run's latest iteration that trained
-    /// it, if any.
-    pub fn af_discriminator_state(&self, run_id: i64) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .conn
-            .query_row(
-                "SELECT state FROM af_discriminator_states WHERE run_id = ?1",
-                [run_id],
-                |r| r.get(0),
-            )
-            .optional()?)
-    }
-
     /// The finished iterations of a run, in order.
     pub fn af_iterations(&self, run_id: i64) -> Result<Vec<IterationRecord>> {
         let mut stmt = self.conn.prepare(
@@ -416,7 +403,6 @@ impl Store {
         run_id: i64,
         record: &IterationRecord,
         swaps: &[Swap],
-        discriminator_state: Option<&[u8]>,
     ) -> Result<()> {
         let tx = self.begin(TransactionBehavior::Deferred)?;
         let a = &record.accuracy;
@@ -444,13 +430,6 @@ impl Store {
                 a.adversary
             ],
         )?;
-        if let Some(state) = discriminator_state {
-            tx.execute(
-                "INSERT OR REPLACE INTO af_discriminator_states(run_id, iteration, state)
-                 VALUES (?1, ?2, ?3)",
-                params![run_id, record.iteration as i64, state],
-            )?;
-        }
         {
             let mut log = tx.prepare(
                 "INSERT INTO af_swaps(run_id, iteration, example_id, slot, old_ending_id, new_ending_id)

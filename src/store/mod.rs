@@ -62,6 +62,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_6.sql"),
     include_str!("migration_7.sql"),
     include_str!("migration_8.sql"),
+    include_str!("migration_9.sql"),
 ];
 
 /// The schema version this build of afkit writes.
