@@ -119,12 +119,12 @@ ln -s "$work/base.adapters" "$work/local.adapters"
 ln -s "$work/base.adapters" "$work/server.adapters"
 
 # llama.cpp's server holds every fold's adapter unapplied, in fold order.
-LORAS=()
-for f in "$work"/base.adapters/*.lora.gguf; do LORAS+=(--lora "$f"); done  # glob order: fold 0, 1, ...
+# One --lora with the files comma-separated (a repeated flag keeps only the last), in fold order.
+LORAS=$(ls "$work"/base.adapters/*.lora.gguf | sort | paste -sd,)
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-echo "starting $SERVER on 127.0.0.1:$PORT, $PARALLEL slots, ${#LORAS[@]} adapter files" >&2
+echo "starting $SERVER on 127.0.0.1:$PORT, $PARALLEL slots, adapters $LORAS" >&2
 "$SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --parallel "$PARALLEL" --cont-batching \
-  -t "$(nproc)" -c $((PARALLEL * 1024)) --lora-init-without-apply "${LORAS[@]}" \
+  -t "$(nproc)" -c $((PARALLEL * 1024)) --lora-init-without-apply --lora "$LORAS" \
   >"$work/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 240); do

@@ -195,8 +195,11 @@ pub struct OpenAiArgs {
     /// (llama.cpp's server does).
     #[arg(long, default_value_t = 1, hide_short_help = true)]
     pub n_per_request: usize,
-    /// Stop strings sent to the server (the sentence end).
-    #[arg(long = "stop", default_values_t = [".".to_string(), "!".to_string(), "?".to_string()], hide_short_help = true)]
+    /// Stop strings sent to the server. An ending is the first sentence of a completion, up to
+    /// its first `.`, `!` or `?`, as the local engine samples it; `.` alone is the default since
+    /// llama.cpp's server does not say which of several stop strings matched (a `!` or `?`
+    /// sentence then runs on a few tokens and is cut here).
+    #[arg(long = "stop", default_values_t = [".".to_string()], hide_short_help = true)]
     pub stop: Vec<String>,
     /// Extra request fields as KEY=JSON, overriding the defaults `top_k=0`, `min_p=0`,
     /// `repeat_penalty=1`; `KEY=null` removes a field (for servers that reject it).

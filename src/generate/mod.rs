@@ -368,11 +368,7 @@ fn record_generation(
                  over the tokens of the scoring model, {scorer})"
             )
         } else {
-            format!(
-                "note: the server samples; its token log-probs give lp_cond of the sampled \
-                 endings where its tokens equal the scoring model's ({scorer}); the gold \
-                 ending's lp_cond, lp_alone, ctx_logprob and lengths are computed locally with it"
-            )
+            format!("note: the server samples; the LM features are scored locally ({scorer})")
         });
         params_json["server"] = remote.record(*server_features);
         params_json["scorer"] = scorer.into();

@@ -47,8 +47,10 @@ impl OpenAiSampler<'_> {
     /// as the scoring model's token strings.
     fn probe_echo(&self) -> Result<()> {
         let ids = self.with_doc_start(&[], PROBE)?;
-        let echo = self
-            .echo(std::slice::from_ref(&ids))?
+        // An answer that is no echo is final (llama.cpp's server ignores `echo`), not retried.
+        let body = self.echo_body(std::slice::from_ref(&ids)).to_string();
+        let answer = self.post(&body, 0, &|text| Ok(text.to_string()))?;
+        let echo = parse_echo(&answer, &[ids.len()])?
             .pop()
             .ok_or_else(|| anyhow!("no answer to the probe"))?;
         for (position, (&id, said)) in ids[1..].iter().zip(&echo.tokens).enumerate() {

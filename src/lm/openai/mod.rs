@@ -11,8 +11,10 @@
 //! context fails as a whole, so nothing partial is ever stored.
 //!
 //! Servers strip the stop string from the text. The sentence end is recovered from the token log
-//! (llama.cpp's server keeps the stopping token there) or from vLLM's `stop_reason`; a draw whose
-//! end cannot be recovered is discarded like a draw that hit the token cap.
+//! (llama-cpp-python's server keeps the stopping token there), from vLLM's `stop_reason`, or, for
+//! llama.cpp's server, which gives neither, from the one stop string sent (`.` by default; an
+//! ending is cut at its first `.`, `!` or `?`); a draw whose end cannot be recovered is discarded
+//! like a draw that hit the token cap.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -211,21 +213,7 @@ pub fn parse_completions(body: &str) -> Result<Vec<Completion>> {
                 .as_str()
                 .ok_or_else(|| anyhow!("a choice has no `text`"))?
                 .to_string();
-            let logprobs = match (
-                choice["logprobs"]["tokens"].as_array(),
-                choice["logprobs"]["token_logprobs"].as_array(),
-            ) {
-                (Some(tokens), Some(lps)) if tokens.len() == lps.len() => Some((
-                    tokens
-                        .iter()
-                        .map(|t| t.as_str().unwrap_or_default().to_string())
-                        .collect(),
-                    lps.iter()
-                        .map(|l| l.as_f64().map_or(f32::NAN, |l| l as f32))
-                        .collect(),
-                )),
-                _ => None,
-            };
+            let logprobs = token_log(&choice["logprobs"]);
             Ok(Completion {
                 text,
                 finish_reason: choice["finish_reason"].as_str().map(String::from),
@@ -236,43 +224,65 @@ pub fn parse_completions(body: &str) -> Result<Vec<Completion>> {
         .collect()
 }
 
-/// Token strings with their log-probs, as a server reports them.
-pub type TokenLog = Vec<(String, f32)>;
+/// A choice's token strings and log-probs, in either form servers give them: the completions
+/// API's parallel `tokens` / `token_logprobs` lists (vLLM, llama-cpp-python), or a `content` list
+/// of `{token, logprob}` entries (llama.cpp's server).
+fn token_log(logprobs: &Value) -> Option<(Vec<String>, Vec<f32>)> {
+    let logprob = |l: &Value| l.as_f64().map_or(f32::NAN, |l| l as f32);
+    let token = |t: &Value| t.as_str().unwrap_or_default().to_string();
+    if let (Some(tokens), Some(lps)) = (
+        logprobs["tokens"].as_array(),
+        logprobs["token_logprobs"].as_array(),
+    ) {
+        return (tokens.len() == lps.len()).then(|| {
+            (
+                tokens.iter().map(token).collect(),
+                lps.iter().map(logprob).collect(),
+            )
+        });
+    }
+    let content = logprobs["content"].as_array()?;
+    Some(
+        content
+            .iter()
+            .map(|e| (token(&e["token"]), logprob(&e["logprob"])))
+            .unzip(),
+    )
+}
 
-/// The ending a completion stands for (with its sentence end restored), and the token log-probs
-/// of exactly that text when the server's token log covers it. `None`: not a whole sentence.
-pub fn recover_ending(c: &Completion, stop: &[String]) -> Option<(String, Option<TokenLog>)> {
+/// Whether `text` ends a sentence.
+fn ends_sentence(text: &str) -> bool {
+    text.ends_with(['.', '!', '?'])
+}
+
+/// The ending a completion stands for, with its sentence end restored; `None`: not a whole
+/// sentence.
+pub fn recover_ending(c: &Completion, stop: &[String]) -> Option<String> {
     let mut text = c.text.clone();
-    let mut tokens: Option<TokenLog> = None;
-    if let Some((strs, lps)) = &c.logprobs {
-        // Keep the tokens up to and including the one that ends the sentence.
-        let mut covered = String::new();
-        let mut kept = Vec::new();
-        for (s, &lp) in strs.iter().zip(lps) {
-            covered.push_str(s);
-            kept.push((s.clone(), lp));
-            if covered.len() > text.len() || (covered == text && text.ends_with(['.', '!', '?'])) {
-                break;
-            }
-        }
-        if covered.starts_with(&text) && covered.len() > text.len() {
-            let rest = &covered[text.len()..];
+    if let Some((strs, _)) = &c.logprobs {
+        // llama-cpp-python's server keeps the stopping token in its token log.
+        let log: String = strs.concat();
+        if let Some(rest) = log.strip_prefix(text.as_str()) {
             if let Some(s) = stop.iter().find(|s| rest.starts_with(s.as_str())) {
                 text.push_str(s);
             }
         }
-        if covered == text {
-            tokens = Some(kept);
-        }
     }
     let finished_by_stop = c.finish_reason.as_deref() == Some("stop");
-    if !text.ends_with(['.', '!', '?']) && finished_by_stop {
-        if let Some(s) = c.stop_reason.as_ref().filter(|s| stop.contains(s)) {
+    if !ends_sentence(&text) && finished_by_stop {
+        // vLLM names the stop string that matched; llama.cpp's server names none and leaves it
+        // out of the token log, which is unambiguous only when one stop string was sent.
+        let matched = c.stop_reason.as_ref().filter(|s| stop.contains(s));
+        if let Some(s) = matched.or(stop.first().filter(|_| stop.len() == 1)) {
             text.push_str(s);
-            tokens = None;
         }
     }
-    text.ends_with(['.', '!', '?']).then_some((text, tokens))
+    // The ending is the first sentence, as the local engine stops at the first token that ends
+    // one: with `.` the only stop string, a `!` or `?` sentence runs on and is cut here.
+    if let Some(end) = text.find(['.', '!', '?']) {
+        text.truncate(end + 1);
+    }
+    ends_sentence(&text).then_some(text)
 }
 
 /// Sampling on a completions server.
@@ -284,8 +294,7 @@ pub struct OpenAiSampler<'a> {
     api_key: Option<String>,
     agent: ureq::Agent,
     next_endpoint: AtomicUsize,
-    /// The scoring model's tokenizer: server log-probs are used as features only for tokens that
-    /// equal its tokenisation (same model on both sides).
+    /// The scoring model's tokenizer: the features asked of the server are over its tokens.
     tokenizer: &'a GgufTokenizer,
     /// Retries spent so far (reported at the end).
     pub retries_used: AtomicUsize,
@@ -351,12 +360,9 @@ impl<'a> OpenAiSampler<'a> {
     pub fn record(&self, server_features: bool) -> Value {
         let features = if server_features {
             "every LM feature from the server's echoed prompt log-probs, over the scoring \
-             model's tokens; lp_cond of sampled endings from their sampled tokens' log-probs \
-             where those tokens equal the scoring model's"
+             model's tokens"
         } else {
-            "lp_cond of sampled endings from the server's token log-probs where its tokens \
-             equal the scoring model's; gold lp_cond, lp_alone, ctx_logprob and lengths \
-             computed locally with the scoring model"
+            "every LM feature computed locally with the scoring model"
         };
         json!({
             "endpoints": self.urls,
@@ -525,20 +531,6 @@ impl<'a> OpenAiSampler<'a> {
         }
         Ok(out)
     }
-
-    /// The server's log-probs as the scoring model's tokens, when both tokenise alike.
-    fn aligned(&self, text: &str, tokens: &[(String, f32)]) -> Option<(Vec<u32>, Vec<f32>)> {
-        let ids = self.tokenizer.encode(&format!(" {text}")).ok()?;
-        if ids.len() != tokens.len() || tokens.iter().any(|(_, lp)| !lp.is_finite()) {
-            return None;
-        }
-        for (&id, (s, _)) in ids.iter().zip(tokens) {
-            if self.tokenizer.decode(&[id]).ok()? != *s {
-                return None;
-            }
-        }
-        Some((ids, tokens.iter().map(|(_, lp)| *lp).collect()))
-    }
 }
 
 impl EndingSampler for OpenAiSampler<'_> {
@@ -571,14 +563,15 @@ impl EndingSampler for OpenAiSampler<'_> {
                     pool.reject(Rejection::Surplus);
                     continue;
                 }
-                let Some((raw, tokens)) = recover_ending(&completion, &self.config.stop) else {
+                let Some(raw) = recover_ending(&completion, &self.config.stop) else {
                     pool.reject(Rejection::NoSentenceEnd);
                     continue;
                 };
+                // The server's log-probs of what it sampled are not the features: it read the
+                // prompt without the document-start token the features are scored after.
                 let text = normalise_ending(&raw);
-                let tokens = tokens.and_then(|t| self.aligned(&text, &t));
                 pool.offer(
-                    SampledEnding { text, tokens },
+                    SampledEnding { text, tokens: None },
                     request,
                     self.params.max_words,
                     &mut seen,
@@ -612,9 +605,7 @@ mod tests {
     #[test]
     fn the_stop_token_from_the_token_log_restores_the_sentence_end() {
         let c = completion(" dances around", &[" dances", " around", "!"], "stop");
-        let (text, tokens) = recover_ending(&c, &stops()).unwrap();
-        assert_eq!(text, " dances around!");
-        assert_eq!(tokens.unwrap().len(), 3);
+        assert_eq!(recover_ending(&c, &stops()).unwrap(), " dances around!");
     }
 
     #[test]
@@ -622,7 +613,7 @@ mod tests {
         let mut c = completion(" dances", &[], "stop");
         c.logprobs = None;
         c.stop_reason = Some("?".into());
-        assert_eq!(recover_ending(&c, &stops()).unwrap().0, " dances?");
+        assert_eq!(recover_ending(&c, &stops()).unwrap(), " dances?");
     }
 
     #[test]
@@ -635,6 +626,37 @@ mod tests {
         assert!(recover_ending(&c, &stops()).is_none());
         let c = completion(" dances", &[" dances", "<|endoftext|>"], "stop");
         assert!(recover_ending(&c, &stops()).is_none());
+    }
+
+    #[test]
+    fn one_stop_string_restores_an_end_the_server_left_out_and_the_first_sentence_is_kept() {
+        // llama.cpp's server: no stop_reason, and the stopping token is not in its token log.
+        let period = vec![".".to_string()];
+        let c = completion(" is hungry", &[" is", " hungry"], "stop");
+        assert_eq!(recover_ending(&c, &period).unwrap(), " is hungry.");
+        assert!(
+            recover_ending(&c, &stops()).is_none(),
+            "ambiguous with three stops"
+        );
+        // A `!` sentence runs on to the next `.`: the first sentence is the ending.
+        let c = completion(
+            " waves! Then he sits",
+            &[" waves", "!", " Then", " he", " sits"],
+            "stop",
+        );
+        assert_eq!(recover_ending(&c, &period).unwrap(), " waves!");
+    }
+
+    #[test]
+    fn llama_cpp_servers_token_log_is_read() {
+        let body = r#"{"choices":[{"text":" is hungry","index":0,"finish_reason":"stop",
+            "logprobs":{"content":[{"id":1,"token":" is","logprob":-0.5},
+                                   {"id":2,"token":" hungry","logprob":-1.5}]}}]}"#;
+        let c = &parse_completions(body).unwrap()[0];
+        assert_eq!(
+            c.logprobs,
+            Some((vec![" is".into(), " hungry".into()], vec![-0.5, -1.5]))
+        );
     }
 
     #[test]
