@@ -20,9 +20,9 @@ const PROBE: &str = "A man walks to the door and opens it.";
 
 /// One echoed prompt: the token strings and log-probs the server gave for positions
 /// `1..prompt length` (the first token has no log-prob).
-struct Echo {
-    tokens: Vec<String>,
-    logprobs: Vec<f32>,
+pub struct Echo {
+    pub tokens: Vec<String>,
+    pub logprobs: Vec<f32>,
 }
 
 impl OpenAiSampler<'_> {
@@ -109,7 +109,7 @@ impl OpenAiSampler<'_> {
 /// The echoes of a response to prompts of `lengths` tokens: one choice per prompt (in `index`
 /// order where the server numbers them), each with a log-prob for every prompt token but the
 /// first.
-fn parse_echo(body: &str, lengths: &[usize]) -> Result<Vec<Echo>> {
+pub fn parse_echo(body: &str, lengths: &[usize]) -> Result<Vec<Echo>> {
     let value: Value = serde_json::from_str(body).context("the response is not JSON")?;
     let mut choices: Vec<&Value> = value["choices"]
         .as_array()
@@ -138,8 +138,10 @@ fn parse_echo(body: &str, lengths: &[usize]) -> Result<Vec<Echo>> {
                     values.len()
                 );
             }
-            let logprobs = values[1..n]
+            let logprobs = values
                 .iter()
+                .take(n)
+                .skip(1)
                 .map(|v| {
                     v.as_f64()
                         .filter(|lp| lp.is_finite() && *lp <= 1e-3)
@@ -148,8 +150,10 @@ fn parse_echo(body: &str, lengths: &[usize]) -> Result<Vec<Echo>> {
                 })
                 .collect::<Result<Vec<f32>>>()?;
             Ok(Echo {
-                tokens: tokens[1..n]
+                tokens: tokens
                     .iter()
+                    .take(n)
+                    .skip(1)
                     .map(|t| t.as_str().unwrap_or_default().to_string())
                     .collect(),
                 logprobs,
@@ -221,5 +225,15 @@ mod tests {
         .to_string();
         assert!(parse_echo(&null, &[2]).is_err());
         assert!(parse_echo("{\"choices\": []}", &[2]).is_err());
+        // Prompts of no or one token have no log-probs to read (and no panic).
+        let short = json!({"choices": [
+            {"text": "x", "logprobs": {"tokens": ["a"], "token_logprobs": [null]}},
+            {"text": "y", "logprobs": {"tokens": [], "token_logprobs": []}},
+        ]})
+        .to_string();
+        assert!(parse_echo(&short, &[1, 0])
+            .unwrap()
+            .iter()
+            .all(|e| e.logprobs.is_empty()));
     }
 }

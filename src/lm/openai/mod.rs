@@ -31,7 +31,7 @@ use super::sampler::{
 use super::tokenizer::GgufTokenizer;
 use crate::seed::Seed;
 
-mod echo;
+pub mod echo;
 
 /// How to reach the server and what to ask it (`afkit generate --backend openai`).
 #[derive(Debug, Clone)]
