@@ -118,7 +118,7 @@ pub struct FilterArgs {
     ///
     /// The MiniLM encoder (`afkit models fetch`) fine-tuned as a multiple-choice cross-encoder
     /// on `[context] [SEP] [ending]`: it reads the context and the ending together, as the
-    /// models a benchmark measures do. It trains further in every ensemble iteration (and once
+    /// models a benchmark measures do. A fresh copy trains in every ensemble iteration (and one
     /// per fold of the final pass), and AF acts on its scores and the ensemble's together.
     /// Fine-tuning an encoder is far slower than training the stylistic models (about 3.5
     /// minutes an iteration at 1,000 contexts on 2 cores): `--device cuda` where there is a GPU.
