@@ -43,16 +43,20 @@ pub struct FilterArgs {
     /// Cap on the cheap MLP-only iterations that run first (SWAG: 100 on GPUs).
     #[arg(long, default_value_t = DEFAULTS.mlp_iterations, help_heading = RUN)]
     pub mlp_iterations: usize,
-    /// Cap on the full-ensemble iterations (SWAG: 50).
+    /// Cap on the full-ensemble iterations (SWAG: 50); default 8 with the fine-tuned adversary,
+    /// 3 without it.
     ///
-    /// The default is low because with in-domain pools (`lm adapt`) more iterations overshoot: the stylistic classifiers end up
-    /// preferring the distractors to the real ending, an artifact of its own. The phase stops
+    /// With the adversary, each iteration trains a fresh cross-encoder on a new 80/20 split, and
+    /// 8 iterations hold most contexts out at least once (BENCHMARKS.md, "A fresh adversary").
+    /// Without it the default is low because with in-domain pools (`lm adapt`) more iterations
+    /// overshoot: the stylistic classifiers end up preferring the distractors to the real ending,
+    /// an artifact of its own. The phase stops
     /// earlier once it has converged: 2 iterations in a row with swaps below 1% of the held-out
     /// contexts or ensemble accuracy within two standard errors of chance. 0 runs MLP-only AF (for
     /// projects too big for the text models on this machine): the final cross-fitted pass then
     /// scores with the MLP, and the pools' texts are never loaded.
-    #[arg(long, default_value_t = DEFAULTS.ensemble_iterations, help_heading = RUN)]
-    pub ensemble_iterations: usize,
+    #[arg(long, help_heading = RUN)]
+    pub ensemble_iterations: Option<usize>,
     /// Seed for splits, initial assignment, model initialisation and batch order (recorded).
     #[arg(long, default_value_t = DEFAULTS.seed, help_heading = RUN)]
     pub seed: Seed,
@@ -144,13 +148,16 @@ pub struct FilterArgs {
     pub device: DeviceArgs,
 }
 
+/// Ensemble iterations when the fine-tuned adversary takes part (see `--ensemble-iterations`).
+const ADVERSARY_ENSEMBLE_ITERATIONS: usize = 8;
+
 impl FilterArgs {
     /// The fine-tuned adversary of the run: MiniLM unless told otherwise or the run has no
     /// ensemble phase for it to join.
     fn discriminator(&self) -> Option<af::discriminator::DiscriminatorConfig> {
         match self.discriminator {
             Some(DiscriminatorArg::None) => None,
-            None if self.ensemble_iterations == 0 => None,
+            None if self.ensemble_iterations == Some(0) => None,
             Some(DiscriminatorArg::Minilm) | None => Some(af::discriminator::DiscriminatorConfig {
                 model: self.discriminator_model.clone(),
                 ..Default::default()
@@ -165,7 +172,13 @@ impl FilterArgs {
             seed: self.seed,
             n_easy: self.n_easy,
             mlp_iterations: self.mlp_iterations,
-            ensemble_iterations: self.ensemble_iterations,
+            ensemble_iterations: self.ensemble_iterations.unwrap_or(
+                if self.discriminator().is_some() {
+                    ADVERSARY_ENSEMBLE_ITERATIONS
+                } else {
+                    DEFAULTS.ensemble_iterations
+                },
+            ),
             folds: self.folds,
             encode: EncodeConfig {
                 min_count: self.min_count,
@@ -341,6 +354,10 @@ mod tests {
         assert!(!args.no_scorer);
         let discriminator = args.discriminator().expect("on by default");
         assert_eq!(discriminator.model, None, "the shipped MiniLM");
+        let compute = Compute::cpu();
+        assert_eq!(args.config(compute.clone()).unwrap().ensemble_iterations, 8);
+        let style_only = parse(&["--discriminator", "none"]).unwrap();
+        assert_eq!(style_only.config(compute).unwrap().ensemble_iterations, 3);
     }
 
     #[test]
