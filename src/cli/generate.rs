@@ -222,7 +222,7 @@ pub struct OpenAiArgs {
     pub adapter_lora_ids: bool,
     /// Where the LM features come from: `auto` asks the server for them where it echoes
     /// prompt log-probs (`echo` with `logprobs`, as vLLM does) and otherwise scores locally with
-    /// `--model`, saying why (llama.cpp's server refuses `echo`); `server` stops where the
+    /// `--model`, saying why (llama.cpp's server ignores `echo`); `server` stops where the
     /// server cannot give them; `local` always scores locally.
     #[arg(long, value_enum, default_value_t = FeatureSource::Auto, hide_short_help = true)]
     pub features: FeatureSource,

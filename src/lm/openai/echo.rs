@@ -3,7 +3,7 @@
 //! its log-probs (`echo: true` with `logprobs`, as vLLM answers). The client then does no model
 //! work. Prompts go as token ids, the scoring model's tokenisation, so the server scores exactly
 //! the tokens the local model would; a probe first checks that the server echoes them with
-//! log-probs and as the same token strings (the same vocabulary). llama.cpp's server refuses
+//! log-probs and as the same token strings (the same vocabulary). llama.cpp's server ignores
 //! `echo`: there the features are scored locally.
 
 use anyhow::{anyhow, Context, Result};
