@@ -21,7 +21,6 @@ use crate::lm::local::LocalLm;
 use crate::lm::model::{LanguageModel, ModelFile};
 use crate::lm::openai::OpenAiSampler;
 use crate::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
-use crate::lm::tokenizer::GgufTokenizer;
 use crate::seed::{Key, Seed};
 use crate::store::adapters::AdapterRecord;
 use crate::store::examples::Example;
@@ -529,7 +528,7 @@ impl Stored<'_> {
                 self.observer,
             )?;
             if !chunk.is_empty() {
-                self.sample_and_store(&chunk, sampler, scorer, &lm.model.tokenizer)?;
+                self.sample_and_store(&chunk, sampler, scorer)?;
             }
         }
         Ok(())
@@ -542,7 +541,6 @@ impl Stored<'_> {
         jobs: &[Job],
         sampler: &dyn EndingSampler,
         scorer: &dyn TokenScorer,
-        tokenizer: &GgufTokenizer,
     ) -> Result<()> {
         crate::interrupt::check()?;
         let t0 = Instant::now();
@@ -562,7 +560,6 @@ impl Stored<'_> {
             let ex = &job.ex;
             let mut features = features(
                 scorer,
-                tokenizer,
                 &job.prompt.text,
                 &ex.sent1,
                 &ex.sent2,

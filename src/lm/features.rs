@@ -109,6 +109,8 @@ fn fits(lengths: &[usize], rows: &[usize]) -> bool {
 /// that echoes prompt log-probs answers the same questions over HTTP
 /// ([`super::openai::OpenAiSampler`]), so the client does no model work.
 pub trait TokenScorer: Sync {
+    /// The tokenizer whose tokens are scored.
+    fn tokenizer(&self) -> &GgufTokenizer;
     /// Log-probs of the prompt's tokens, each given the document start and those before it.
     fn prompt_logprobs(&self, prompt: &str) -> Result<Vec<f32>>;
     /// Log-probs of each sequence's tokens as it continues `[doc_start] + prompt`.
@@ -118,6 +120,10 @@ pub trait TokenScorer: Sync {
 }
 
 impl TokenScorer for LocalLm {
+    fn tokenizer(&self) -> &GgufTokenizer {
+        &self.model.tokenizer
+    }
+
     fn prompt_logprobs(&self, prompt: &str) -> Result<Vec<f32>> {
         Ok(self.prefix(prompt)?.token_logprobs.clone())
     }
@@ -162,7 +168,7 @@ impl LocalLm {
         ending_tokens(&self.model.tokenizer, ending)
     }
 
-    /// Features of the gold ending and of `endings`, all continuing `prompt`, from this model.
+    /// [`features`] from this model.
     pub fn features(
         &self,
         prompt: &str,
@@ -171,15 +177,7 @@ impl LocalLm {
         gold: &str,
         endings: &[SampledEnding],
     ) -> Result<ContextFeatures> {
-        features(
-            self,
-            &self.model.tokenizer,
-            prompt,
-            sent1,
-            sent2,
-            gold,
-            endings,
-        )
+        features(self, prompt, sent1, sent2, gold, endings)
     }
 }
 
@@ -188,18 +186,18 @@ pub fn ending_tokens(tok: &GgufTokenizer, ending: &str) -> Result<Vec<u32>> {
     tok.encode(&format!(" {ending}"))
 }
 
-/// Features of the gold ending and of `endings`, all continuing `prompt`, from `scorer`, whose
-/// tokens `tok` makes. Sampled endings whose recorded tokens are this tokenisation keep the
-/// log-probs recorded while sampling; the rest are scored.
+/// Features of the gold ending and of `endings`, all continuing `prompt`, from `scorer`. Sampled
+/// endings whose recorded tokens are the scorer's tokenisation keep the log-probs recorded while
+/// sampling; the rest are scored.
 pub fn features(
     scorer: &dyn TokenScorer,
-    tok: &GgufTokenizer,
     prompt: &str,
     sent1: &str,
     sent2: &str,
     gold: &str,
     endings: &[SampledEnding],
 ) -> Result<ContextFeatures> {
+    let tok = scorer.tokenizer();
     let texts: Vec<&str> = std::iter::once(gold)
         .chain(endings.iter().map(|e| e.text.as_str()))
         .collect();

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::{FeatureSource, OpenAiSampler};
 use crate::lm::features::TokenScorer;
+use crate::lm::tokenizer::GgufTokenizer;
 
 /// Prompts per scoring request: a context's pool is a few requests, spread over `--concurrency`.
 const PROMPTS_PER_REQUEST: usize = 16;
@@ -163,6 +164,10 @@ pub fn parse_echo(body: &str, lengths: &[usize]) -> Result<Vec<Echo>> {
 }
 
 impl TokenScorer for OpenAiSampler<'_> {
+    fn tokenizer(&self) -> &GgufTokenizer {
+        self.tokenizer
+    }
+
     fn prompt_logprobs(&self, prompt: &str) -> Result<Vec<f32>> {
         let ids = self.with_doc_start(&[], prompt)?;
         Ok(self.echo(&[ids])?.remove(0).logprobs)
