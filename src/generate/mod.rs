@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::lm::features::{features, prompt_logprob, TokenScorer};
 use crate::lm::local::LocalLm;
 use crate::lm::model::{LanguageModel, ModelFile};
+use crate::lm::openai::echo::FeatureScoring;
 use crate::lm::openai::OpenAiSampler;
 use crate::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
 use crate::seed::{Key, Seed};
@@ -228,9 +229,9 @@ fn server_scores(remote: &Option<OpenAiSampler>, observer: &mut dyn Observer) ->
     let Some(server) = remote else {
         return Ok(false);
     };
-    match server.feature_source()? {
-        Ok(()) => Ok(true),
-        Err(why) => {
+    match server.feature_scoring()? {
+        FeatureScoring::Server => Ok(true),
+        FeatureScoring::Local { why } => {
             if server.asks_for_features() {
                 observer.note(&format!(
                     "note: the server does not give the LM features ({why}); they are scored \

@@ -26,22 +26,30 @@ pub struct Echo {
     pub logprobs: Vec<f32>,
 }
 
+/// Where a run's LM features are scored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FeatureScoring {
+    /// By the server, which echoes prompt log-probs in the scoring model's vocabulary.
+    Server,
+    /// By the local model, for the reason given (`--features local`, or the server's refusal).
+    Local { why: String },
+}
+
 impl OpenAiSampler<'_> {
-    /// Whether the LM features come from the server: `Ok(Ok(()))` where it is asked to give
-    /// them and does, `Ok(Err(why))` where they are scored locally (`--features local`, or
-    /// `auto` and the server refused the probe). `--features server` with a refusal is an error.
-    pub fn feature_source(&self) -> Result<std::result::Result<(), String>> {
+    /// Where the LM features are scored: by the server where it is asked to give them and
+    /// passes the probe, else locally. `--features server` with a refusal is an error.
+    pub fn feature_scoring(&self) -> Result<FeatureScoring> {
         let why = match self.config.features {
-            FeatureSource::Local => return Ok(Err("--features local".into())),
+            FeatureSource::Local => "--features local".to_string(),
             FeatureSource::Auto | FeatureSource::Server => match self.probe_echo() {
-                Ok(()) => return Ok(Ok(())),
+                Ok(()) => return Ok(FeatureScoring::Server),
                 Err(e) => format!("{e:#}"),
             },
         };
         if self.config.features == FeatureSource::Server {
             anyhow::bail!("--features server: the server cannot give the LM features: {why}");
         }
-        Ok(Err(why))
+        Ok(FeatureScoring::Local { why })
     }
 
     /// Asks for the probe's prompt log-probs and checks that they come back for every token,

@@ -356,7 +356,7 @@ impl<'a> OpenAiSampler<'a> {
     }
 
     /// What is recorded with the generation (no key); `server_features`: whether the server
-    /// gives the LM features ([`Self::feature_source`]).
+    /// gives the LM features ([`Self::feature_scoring`]).
     pub fn record(&self, server_features: bool) -> Value {
         let features = if server_features {
             "every LM feature from the server's echoed prompt log-probs, over the scoring \
