@@ -545,11 +545,11 @@ fn dataset_streams_every_pool_whole_with_or_without_text() {
         .collect();
     assert_eq!(loaded, stored);
     for (a, b) in lean.contexts.iter().zip(&full.contexts) {
-        assert_eq!(a.gold.lm, b.gold.lm);
+        assert_eq!(a.gold.mlp, b.gold.mlp);
         assert!(a.gold.words.is_empty() && !b.gold.words.is_empty());
         assert_eq!(b.gold.words.len(), b.gold.lstm.len());
         for (x, y) in a.candidates.iter().zip(&b.candidates) {
-            assert_eq!(x.lm, y.lm);
+            assert_eq!(x.mlp, y.mlp);
         }
     }
     assert!(full.vocab_size > 2 && full.with_text && !lean.with_text);

@@ -2,7 +2,8 @@
 //! the numbers the four models read.
 //!
 //! Each option of a (k+1)-way choice is the second sentence `sent2 + ending`:
-//! - LM features and lengths for the MLP, standardised over all endings of the run;
+//! - LM features, lengths and the ending's word relations to its context (`text::overlap`) for
+//!   the MLP, standardised over all endings of the run;
 //! - word ids for the bag-of-words and the CNN (vocabulary: every token seen at least
 //!   `min_count` times in the run's texts, the rest UNK), with the "token is in `sent2`" indicator
 //!   implied by the context's `sent2` length;
@@ -30,6 +31,7 @@ use super::scorer::{scorer_features, SCORER_FEATURES};
 use crate::embed::{SentenceEncoder, ENCODER};
 use crate::store::af::{EndingLm, PoolContext};
 use crate::store::Store;
+use crate::text::overlap::{content_words, ContextWords, CONTEXT_RELATIONS};
 use crate::text::subwords::char_gram_hashes;
 
 /// The 17 universal POS tags, the BiLSTM's stand-ins for rare words.
@@ -42,8 +44,11 @@ pub const UPOS_TAGS: [&str; 17] = [
 pub const PAD: u32 = 0;
 pub const UNK: u32 = 1;
 
-/// Number of MLP inputs per option; see [`lm_features`].
-pub const LM_FEATURES: usize = 10;
+/// Number of MLP inputs per option: [`lm_features`], then the context relations.
+pub const MLP_FEATURES: usize = LM_FEATURES + CONTEXT_RELATIONS.len();
+
+/// LM features and lengths per option; see [`lm_features`].
+const LM_FEATURES: usize = 10;
 
 /// Contexts tokenised (and tagged) together, in parallel, while the pools stream in.
 const CHUNK_CONTEXTS: usize = 512;
@@ -78,8 +83,8 @@ impl Default for EncodeConfig {
 #[derive(Debug, Clone)]
 pub struct EncodedEnding {
     pub ending_id: i64,
-    /// Standardised LM features and lengths.
-    pub lm: [f32; LM_FEATURES],
+    /// Standardised LM features, lengths and context relations.
+    pub mlp: [f32; MLP_FEATURES],
     /// Standardised features from the run's scorer models, [`SCORER_FEATURES`] per model in the
     /// run's order (empty, and not allocated, in a run without scorers).
     pub scorer: Box<[f32]>,
@@ -199,10 +204,11 @@ struct Builder {
     excluded: usize,
 }
 
-/// One option after tokenising: words of the ending (after the cut at `max_tokens`), and with
-/// text, the whole sequence's tokens and UPOS tag positions.
+/// One option after tokenising: words of the ending (after the cut at `max_tokens`), its
+/// relations to the context, and with text, the whole sequence's tokens and UPOS tag positions.
 struct Tokenised {
     n_words: usize,
+    relations: [f64; CONTEXT_RELATIONS.len()],
     tokens: Vec<String>,
     tags: Vec<u32>,
     subwords: Vec<u32>,
@@ -212,6 +218,7 @@ struct Tokenised {
 /// the ending's subword buckets; without text only the ending's word count.
 fn tokenise_option(
     sent2: &[String],
+    context: &ContextWords,
     ending: &str,
     cfg: &EncodeConfig,
     with_text: bool,
@@ -223,9 +230,11 @@ fn tokenise_option(
     let n_words = (sent2.len() + ending_tokens)
         .min(cfg.max_tokens)
         .saturating_sub(sent2.len());
+    let relations = context.relations(&content_words(ending));
     if !with_text {
         return Tokenised {
             n_words,
+            relations,
             tokens: Vec::new(),
             tags: Vec::new(),
             subwords: Vec::new(),
@@ -245,6 +254,7 @@ fn tokenise_option(
         .collect();
     Tokenised {
         n_words,
+        relations,
         tokens,
         tags,
         subwords: subword_ids(ending, cfg.subword_buckets),
@@ -272,9 +282,12 @@ impl Builder {
             .par_iter()
             .map(|c| {
                 let sent2 = crate::text::tokenize(&c.sent2);
+                let context = ContextWords::new(&c.sent1, &c.sent2);
                 let options = std::iter::once(&c.gold)
                     .chain(&c.candidates)
-                    .map(|ending| tokenise_option(&sent2, &ending.text, &cfg, with_text, tagger))
+                    .map(|ending| {
+                        tokenise_option(&sent2, &context, &ending.text, &cfg, with_text, tagger)
+                    })
                     .collect();
                 (sent2, options)
             })
@@ -302,7 +315,7 @@ impl Builder {
                     };
                     EncodedEnding {
                         ending_id: ending.id,
-                        lm: raw_features(lm_features(c, &ending.lm, option.n_words)),
+                        mlp: raw_features(mlp_inputs(c, &ending.lm, &option)),
                         scorer: scored.next().unwrap_or_default(),
                         words,
                         lstm: option.tags.into(),
@@ -512,8 +525,17 @@ fn upos_index(tag: &str) -> u32 {
         .unwrap_or(UPOS_TAGS.len()) as u32
 }
 
+/// An option's raw MLP inputs: its [`lm_features`], then its context relations.
+fn mlp_inputs(ctx: &PoolContext, lm: &EndingLm, option: &Tokenised) -> [Option<f64>; MLP_FEATURES] {
+    let lm = lm_features(ctx, lm, option.n_words);
+    std::array::from_fn(|i| match i.checked_sub(LM_FEATURES) {
+        None => lm[i],
+        Some(r) => Some(option.relations[r]),
+    })
+}
+
 /// Raw features as f32, NaN where missing, until [`standardise`] replaces them.
-fn raw_features(raw: [Option<f64>; LM_FEATURES]) -> [f32; LM_FEATURES] {
+fn raw_features(raw: [Option<f64>; MLP_FEATURES]) -> [f32; MLP_FEATURES] {
     raw.map(|v| v.map_or(f32::NAN, |v| v as f32))
 }
 
@@ -541,16 +563,16 @@ fn lm_features(ctx: &PoolContext, lm: &EndingLm, n_words: usize) -> [Option<f64>
 }
 
 /// Zero mean, unit variance per feature over every option of the run, in place; a missing
-/// value (NaN) becomes the mean (0) and a constant feature becomes 0. Two passes in f64. The LM
-/// features and the scorer features are standardised alike, each feature on its own.
+/// value (NaN) becomes the mean (0) and a constant feature becomes 0. Two passes in f64. The MLP
+/// inputs and the scorer features are standardised alike, each feature on its own.
 fn standardise(contexts: &mut [EncodedContext]) {
-    standardise_features(contexts, LM_FEATURES, lm_of);
+    standardise_features(contexts, MLP_FEATURES, mlp_of);
     let scorer_width = contexts.first().map_or(0, |c| c.gold.scorer.len());
     standardise_features(contexts, scorer_width, scorer_of);
 }
 
-fn lm_of(e: &mut EncodedEnding) -> &mut [f32] {
-    &mut e.lm
+fn mlp_of(e: &mut EncodedEnding) -> &mut [f32] {
+    &mut e.mlp
 }
 
 fn scorer_of(e: &mut EncodedEnding) -> &mut [f32] {
@@ -628,11 +650,12 @@ fn for_each_option(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::af::PoolEnding;
 
-    fn option(lm: [f32; LM_FEATURES]) -> EncodedEnding {
+    fn option(mlp: [f32; MLP_FEATURES]) -> EncodedEnding {
         EncodedEnding {
             ending_id: 0,
-            lm,
+            mlp,
             scorer: Box::default(),
             words: Box::default(),
             lstm: Box::default(),
@@ -642,9 +665,45 @@ mod tests {
     }
 
     #[test]
+    fn the_mlp_reads_how_each_ending_relates_to_its_context() {
+        let ending = |id, text: &str| PoolEnding {
+            id,
+            text: text.into(),
+            lm: EndingLm::default(),
+        };
+        let context = PoolContext {
+            example_id: 1,
+            sent1: "A man throws a red ball over a fence.".into(),
+            sent2: "The dog".into(),
+            ctx_logprob: None,
+            n_tok_sent1: None,
+            n_tok_sent2: None,
+            gold: ending(1, "catches the red ball."),
+            candidates: vec![ending(2, "sings an opera on stage.")],
+        };
+        let tagger = crate::text::Tagger::shipped();
+        let cfg = EncodeConfig::default();
+        let words = ContextWords::new(&context.sent1, &context.sent2);
+        let inputs: Vec<[Option<f64>; MLP_FEATURES]> = [&context.gold, &context.candidates[0]]
+            .iter()
+            .map(|e| {
+                let option = tokenise_option(&[], &words, &e.text, &cfg, false, tagger);
+                mlp_inputs(&context, &e.lm, &option)
+            })
+            .collect();
+        let sent1_share = LM_FEATURES;
+        assert_eq!(inputs[0][sent1_share], Some(0.5), "red, ball of four words");
+        assert_eq!(inputs[1][sent1_share], Some(0.0));
+        let novelty = LM_FEATURES + 2;
+        assert_eq!(inputs[1][novelty], Some(1.0));
+        // Missing LM scores stay missing for standardising to impute.
+        assert_eq!(inputs[0][0], None);
+    }
+
+    #[test]
     fn standardise_centres_scales_and_imputes_the_mean() {
-        let mut first = [1.0; LM_FEATURES];
-        let mut second = [3.0; LM_FEATURES];
+        let mut first = [1.0; MLP_FEATURES];
+        let mut second = [3.0; MLP_FEATURES];
         second[0] = f32::NAN;
         first[2] = 5.0;
         let mut contexts = vec![EncodedContext {
@@ -654,7 +713,7 @@ mod tests {
             candidates: vec![option(second)],
         }];
         standardise(&mut contexts);
-        let (a, b) = (contexts[0].gold.lm, contexts[0].candidates[0].lm);
+        let (a, b) = (contexts[0].gold.mlp, contexts[0].candidates[0].mlp);
         assert_eq!(b[0], 0.0, "missing → mean");
         assert_eq!(a[1], -1.0);
         assert_eq!(b[1], 1.0);

@@ -34,7 +34,7 @@ use crate::store::af::Family;
 
 use super::bags::bag_mean;
 use super::bilstm::{BiLstm, BiLstmInput};
-use super::data::LM_FEATURES;
+use super::data::MLP_FEATURES;
 use super::windows::{
     max_per_text, shifted_windows, text_windows, windows_of, PackedText, TextWindows,
 };
@@ -97,7 +97,7 @@ impl Default for ModelConfig {
 
 /// A padded batch of options, one row per option.
 pub struct Batch {
-    /// (rows, LM_FEATURES + scorer features) standardised LM and scorer features.
+    /// (rows, MLP_FEATURES + scorer features) the standardised MLP inputs and scorer features.
     pub lm: Tensor,
     /// Token inputs; `None` in MLP-only iterations.
     pub text: Option<TextBatch>,
@@ -408,7 +408,7 @@ impl StylisticModel {
         cpu_kernels: bool,
         vb: VarBuilder,
     ) -> Result<Self> {
-        let mlp = MlpModel::new(LM_FEATURES + inputs.scorer_features, cfg, vb.pp("mlp"))?;
+        let mlp = MlpModel::new(MLP_FEATURES + inputs.scorer_features, cfg, vb.pp("mlp"))?;
         let mlp_head = linear(cfg.mlp_hidden, 1, vb.pp("mlp_head"))?;
         let text = match family {
             Family::Mlp => None,
@@ -545,10 +545,10 @@ pub fn make_batch(
     device: &Device,
 ) -> Result<Batch> {
     let rows = options.len();
-    let width = LM_FEATURES + options.first().map_or(0, |(e, _)| e.scorer.len());
+    let width = MLP_FEATURES + options.first().map_or(0, |(e, _)| e.scorer.len());
     let lm: Vec<f32> = options
         .iter()
-        .flat_map(|(e, _)| e.lm.iter().chain(e.scorer.iter()).copied())
+        .flat_map(|(e, _)| e.mlp.iter().chain(e.scorer.iter()).copied())
         .collect();
     let lm = Tensor::from_vec(lm, (rows, width), device)?;
     let text = text

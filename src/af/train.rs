@@ -401,7 +401,7 @@ mod tests {
             let len = rng.random_range(3..14);
             EncodedEnding {
                 ending_id: id,
-                lm: std::array::from_fn(|_| rng.random_range(-2.0..2.0)),
+                mlp: std::array::from_fn(|_| rng.random_range(-2.0..2.0)),
                 scorer: Box::default(),
                 words: (0..len).map(|_| rng.random_range(1..40)).collect(),
                 lstm: (0..len).map(|_| rng.random_range(1..20)).collect(),

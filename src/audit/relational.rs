@@ -9,56 +9,24 @@
 use std::collections::HashSet;
 
 use super::dataset::Question;
-use super::ngram::{words, Features};
+use super::ngram::Features;
+use crate::text::overlap::{content_words, jaccard, share, ContextWords, CONTEXT_RELATIONS};
 
-/// What each feature measures, in feature order (for the report and the tests).
+/// What each feature measures, in feature order (for the report and the tests): the ending's
+/// relations to its context, then to the other options.
 pub const FEATURES: [&str; 11] = [
-    "share of the ending's words found in sent1",
-    "share of the ending's words found in sent2",
-    "share of the ending's words found in neither (novelty)",
-    "Jaccard similarity of the ending's and sent1's words",
-    "Jaccard similarity of the ending's and sent2's words",
-    "share of the ending's word pairs found in the context",
-    "log(1 + words shared with the context)",
+    CONTEXT_RELATIONS[0],
+    CONTEXT_RELATIONS[1],
+    CONTEXT_RELATIONS[2],
+    CONTEXT_RELATIONS[3],
+    CONTEXT_RELATIONS[4],
+    CONTEXT_RELATIONS[5],
+    CONTEXT_RELATIONS[6],
     "mean Jaccard similarity with the other three endings",
     "largest Jaccard similarity with another ending",
     "share of the ending's words in no other ending",
     "ending length over the mean length of the four",
 ];
-
-/// The lowercased word tokens of `text`, punctuation left out.
-fn word_list(text: &str) -> Vec<String> {
-    words(text)
-        .into_iter()
-        .filter(|w| w.chars().any(char::is_alphanumeric))
-        .collect()
-}
-
-fn share(items: &[String], within: &HashSet<&str>) -> f64 {
-    if items.is_empty() {
-        return 0.0;
-    }
-    items.iter().filter(|w| within.contains(w.as_str())).count() as f64 / items.len() as f64
-}
-
-fn jaccard(a: &HashSet<&str>, b: &HashSet<&str>) -> f64 {
-    let union = a.union(b).count();
-    if union == 0 {
-        return 0.0;
-    }
-    a.intersection(b).count() as f64 / union as f64
-}
-
-fn set(words: &[String]) -> HashSet<&str> {
-    words.iter().map(String::as_str).collect()
-}
-
-fn pairs(words: &[String]) -> Vec<String> {
-    words
-        .windows(2)
-        .map(|p| format!("{} {}", p[0], p[1]))
-        .collect()
-}
 
 /// The relational features of every option of every question (dense, [`FEATURES`] order).
 pub fn featurise(questions: &[Question]) -> Vec<[Features; 4]> {
@@ -66,14 +34,12 @@ pub fn featurise(questions: &[Question]) -> Vec<[Features; 4]> {
 }
 
 fn question_features(q: &Question) -> [Features; 4] {
-    let (s1, s2) = (word_list(&q.sent1), word_list(&q.sent2));
-    let (s1_set, s2_set) = (set(&s1), set(&s2));
-    let context: HashSet<&str> = s1_set.union(&s2_set).copied().collect();
-    let context_words: Vec<String> = s1.iter().chain(&s2).cloned().collect();
-    let context_pairs = pairs(&context_words);
-    let context_pairs: HashSet<&str> = context_pairs.iter().map(String::as_str).collect();
-    let endings: Vec<Vec<String>> = q.endings.iter().map(|e| word_list(e)).collect();
-    let sets: Vec<HashSet<&str>> = endings.iter().map(|e| set(e)).collect();
+    let context = ContextWords::new(&q.sent1, &q.sent2);
+    let endings: Vec<Vec<String>> = q.endings.iter().map(|e| content_words(e)).collect();
+    let sets: Vec<HashSet<String>> = endings
+        .iter()
+        .map(|e| e.iter().cloned().collect())
+        .collect();
     let mean_len = endings.iter().map(Vec::len).sum::<usize>() as f64 / 4.0;
     std::array::from_fn(|o| {
         let e = &endings[o];
@@ -81,29 +47,16 @@ fn question_features(q: &Question) -> [Features; 4] {
             .filter(|&j| j != o)
             .map(|j| jaccard(&sets[o], &sets[j]))
             .collect();
-        let elsewhere: HashSet<&str> = (0..4)
+        let elsewhere: HashSet<String> = (0..4)
             .filter(|&j| j != o)
-            .flat_map(|j| sets[j].iter().copied())
+            .flat_map(|j| sets[j].iter().cloned())
             .collect();
-        let in_context = e.iter().filter(|w| context.contains(w.as_str())).count();
-        let novelty = if e.is_empty() {
-            0.0
-        } else {
-            1.0 - in_context as f64 / e.len() as f64
-        };
         let unique = if e.is_empty() {
             0.0
         } else {
             1.0 - share(e, &elsewhere)
         };
-        let values = [
-            share(e, &s1_set),
-            share(e, &s2_set),
-            novelty,
-            jaccard(&sets[o], &s1_set),
-            jaccard(&sets[o], &s2_set),
-            share(&pairs(e), &context_pairs),
-            (1.0 + in_context as f64).ln(),
+        let among_options = [
             others.iter().sum::<f64>() / 3.0,
             others.iter().copied().fold(0.0, f64::max),
             unique,
@@ -113,10 +66,12 @@ fn question_features(q: &Question) -> [Features; 4] {
                 1.0
             },
         ];
-        values
-            .iter()
+        context
+            .relations(e)
+            .into_iter()
+            .chain(among_options)
             .enumerate()
-            .map(|(i, &v)| (i as u32, v))
+            .map(|(i, v)| (i as u32, v))
             .collect()
     })
 }

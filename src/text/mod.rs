@@ -1,7 +1,9 @@
 //! Text processing shared by the stages: word tokenisation, afkit's own UPOS tagger, and the
-//! splitter that cuts a second sentence into `sent2` and its ending before the main verb phrase.
+//! splitter that cuts a second sentence into `sent2` and its ending before the main verb phrase,
+//! and how an ending's words relate to its context's.
 
 pub mod conllu;
+pub mod overlap;
 pub mod rules;
 pub mod split;
 pub mod subwords;
