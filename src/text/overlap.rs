@@ -100,6 +100,34 @@ impl ContextWords {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Shares and similarities stay within [0, 1]; an ending's words are either in the
+        /// context or new; an ending made of sent1's words alone, each once, is sent1's twin.
+        #[test]
+        fn relations_are_shares_and_the_context_and_novelty_add_up(
+            sent1 in "[a-d ]{0,24}",
+            sent2 in "[c-f ]{0,12}",
+            ending in "[a-f ]{0,24}",
+        ) {
+            let context = ContextWords::new(&sent1, &sent2);
+            let words = content_words(&ending);
+            let r = context.relations(&words);
+            for value in &r[..6] {
+                proptest::prop_assert!((0.0..=1.0).contains(value));
+            }
+            if !words.is_empty() {
+                let in_context = words.iter().filter(|w| context.both.contains(*w)).count();
+                proptest::prop_assert!((r[2] + in_context as f64 / words.len() as f64 - 1.0).abs() < 1e-12);
+            }
+            let mut twin: Vec<String> = context.sent1.iter().cloned().collect();
+            twin.sort();
+            if !twin.is_empty() {
+                proptest::prop_assert_eq!(context.relations(&twin)[3], 1.0);
+                proptest::prop_assert_eq!(context.relations(&twin)[0], 1.0);
+            }
+        }
+    }
+
     #[test]
     fn relations_count_repeated_new_and_paired_words() {
         let context = ContextWords::new("A man throws a red ball.", "The dog");
