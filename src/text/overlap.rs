@@ -27,11 +27,11 @@ pub fn content_words(text: &str) -> Vec<String> {
 }
 
 /// Share of `items` found in `within` (0 for no items).
-pub fn share<T: AsRef<str>>(items: &[T], within: &HashSet<String>) -> f64 {
+pub fn share(items: &[String], within: &HashSet<String>) -> f64 {
     if items.is_empty() {
         return 0.0;
     }
-    let found = items.iter().filter(|w| within.contains(w.as_ref())).count();
+    let found = items.iter().filter(|w| within.contains(*w)).count();
     found as f64 / items.len() as f64
 }
 
