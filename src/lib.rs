@@ -53,6 +53,8 @@ pub mod device;
 pub mod runtime;
 // The one way a recorded seed becomes randomness.
 pub mod seed;
+// Folds by group (video): AF's held-out contexts and the audit's cross-validation.
+pub mod folds;
 // The one rule for every file afkit writes: never over its inputs or the project, never over a
 // file it did not write unless told, always through a temporary file renamed into place.
 pub mod output;

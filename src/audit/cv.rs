@@ -199,14 +199,14 @@ pub fn cross_validate(
     observer: &mut dyn Observer,
 ) -> Result<CvReport> {
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
-    let n_groups = super::folds::count_groups(&groups);
+    let n_groups = crate::folds::count_groups(&groups);
     if n_groups < k {
         bail!(
             "{k} folds need at least {k} groups (video-id values) of labelled questions; found {n_groups} in {} questions",
             questions.len()
         );
     }
-    let fold_of = super::folds::assign(&groups, k, seed);
+    let fold_of = crate::folds::assign(&groups, k, seed);
     let gold: Vec<usize> = questions
         .iter()
         .map(|q| q.label.expect("labels checked on read"))
@@ -397,7 +397,7 @@ pub fn fine_tune(
     observer: &mut dyn Observer,
 ) -> Result<CvResult> {
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
-    let fold_of = super::folds::assign(&groups, k, seed);
+    let fold_of = crate::folds::assign(&groups, k, seed);
     let as_choice = |q: &Question| cross_encoder::Question {
         context: crate::dataset::startphrase(&q.sent1, &q.sent2),
         endings: q.endings.to_vec(),

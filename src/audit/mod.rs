@@ -12,7 +12,6 @@
 pub mod cv;
 pub mod dataset;
 pub mod findings;
-pub mod folds;
 pub mod grams;
 pub mod knn;
 pub mod lm;

@@ -1,7 +1,8 @@
-//! Cross-validation folds by group: questions cut from one video share people, places and
-//! phrasing, so a classifier tested on a video it was trained on would be credited for
-//! recognising the video rather than for reading style. Every group therefore lands in exactly
-//! one fold; a question without a group is a group of its own.
+//! Folds by group: questions cut from one video share people, places and phrasing (ActivityNet's
+//! `sent1` is often the previous caption's ending), so a model tested on a video it was trained
+//! on would be credited for recognising the video rather than for reading style. Every group
+//! therefore lands in exactly one fold; a question without a group is a group of its own. The
+//! audit's cross-validation and AF's held-out contexts both deal their folds here.
 
 use std::collections::HashMap;
 
