@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -501,6 +501,80 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
         0,
         "no sentence model, no sentence scores"
     );
+}
+
+/// `--hold-out group` keeps a video's contexts together: all of them in one fold of the final
+/// pass. The run records the choice and `--replace-with`; a run with the defaults records
+/// neither, so runs made before the choices existed keep their settings.
+#[test]
+fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 90,
+        candidates: 8,
+        clean: 4,
+        seed: 5,
+    };
+    let project = build_project(dir.path(), "groups.sqlite", spec);
+    let flags = [
+        "--k",
+        "4",
+        "--mlp-iterations",
+        "2",
+        "--ensemble-iterations",
+        "0",
+    ];
+    run_ok(command().args(filter_args(&project, &flags)));
+    let params = |project: &Path| -> serde_json::Value {
+        let conn = Connection::open(project).unwrap();
+        let text: String = conn
+            .query_row(
+                "SELECT params FROM af_runs ORDER BY id DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let defaults = params(&project);
+    assert!(defaults.get("hold_out").is_none() && defaults.get("replacement").is_none());
+
+    let grouped = [
+        &flags[..],
+        &["--hold-out", "group", "--replace-with", "nearest-gold"],
+    ]
+    .concat();
+    let out = run_ok(command().args(filter_args(&project, &grouped)));
+    assert!(
+        out.contains("other settings (hold_out, replacement)"),
+        "{out}"
+    );
+    let recorded = params(&project);
+    assert_eq!(recorded["hold_out"], "group");
+    assert_eq!(recorded["replacement"], "nearest-gold");
+    let conn = Connection::open(&project).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT x.grp, f.fold FROM af_folds f JOIN examples x ON x.id = f.example_id
+             WHERE f.run_id = (SELECT MAX(id) FROM af_runs)",
+        )
+        .unwrap();
+    let mut fold_of: HashMap<String, i64> = HashMap::new();
+    let mut rows = 0;
+    for row in stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+        .unwrap()
+    {
+        let (group, fold) = row.unwrap();
+        assert_eq!(
+            *fold_of.entry(group.clone()).or_insert(fold),
+            fold,
+            "{group} split"
+        );
+        rows += 1;
+    }
+    assert_eq!(rows, spec.contexts);
+    assert_eq!(fold_of.len(), spec.contexts / 3);
 }
 
 /// The pools stream in chunks: loaded with or without the texts, the dataset holds every context

@@ -103,6 +103,8 @@ pub struct EncodedEnding {
 #[derive(Debug, Clone)]
 pub struct EncodedContext {
     pub example_id: i64,
+    /// The group (video) it was ingested with: AF holds out whole groups.
+    pub group: String,
     /// Tokens of `sent2` at the start of every option's sequence (capped like the sequence).
     pub n_sent2: usize,
     pub gold: EncodedEnding,
@@ -327,6 +329,7 @@ impl Builder {
             let candidates = encoded.collect();
             self.contexts.push(EncodedContext {
                 example_id: c.example_id,
+                group: c.group.clone(),
                 n_sent2: sent2.len().min(cfg.max_tokens),
                 gold,
                 candidates,
@@ -673,6 +676,7 @@ mod tests {
         };
         let context = PoolContext {
             example_id: 1,
+            group: "v".into(),
             sent1: "A man throws a red ball over a fence.".into(),
             sent2: "The dog".into(),
             ctx_logprob: None,
@@ -708,6 +712,7 @@ mod tests {
         first[2] = 5.0;
         let mut contexts = vec![EncodedContext {
             example_id: 1,
+            group: "v".into(),
             n_sent2: 0,
             gold: option(first),
             candidates: vec![option(second)],

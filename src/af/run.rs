@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::algorithm::{
     choose_swaps, folds, initial_draw, iteration_stream, solved, split_80_20, Convergence,
-    FINAL_STREAM, INITIAL_STREAM,
+    Replacement, FINAL_STREAM, INITIAL_STREAM,
 };
 use super::data::{Dataset, EncodeConfig, EncodedContext, EncodedEnding};
 use super::discriminator::{Discriminator, DiscriminatorConfig, Texts};
@@ -43,6 +43,13 @@ pub struct Config {
     pub seed: Seed,
     /// Easy negatives replaced per held-out context and iteration.
     pub n_easy: usize,
+    /// Which candidate replaces an easy negative (recorded only when not the default, so runs
+    /// from before the choice existed keep their settings).
+    #[serde(skip_serializing_if = "is_default")]
+    pub replacement: Replacement,
+    /// What AF's held-out splits and final folds keep together (recorded like `replacement`).
+    #[serde(skip_serializing_if = "is_default")]
+    pub hold_out: HoldOut,
     pub mlp_iterations: usize,
     /// 0: MLP-only AF; the final pass then scores with the MLP and no text is loaded.
     pub ensemble_iterations: usize,
@@ -69,6 +76,10 @@ pub struct Config {
     pub embedding_cache: Option<PathBuf>,
 }
 
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
 /// `afkit filter`'s defaults: caps scaled for a two-core CPU (BENCHMARKS.md, "Filter").
 impl Default for Config {
     fn default() -> Self {
@@ -76,6 +87,8 @@ impl Default for Config {
             k: 9,
             seed: Seed::default(),
             n_easy: 2,
+            replacement: Replacement::default(),
+            hold_out: HoldOut::default(),
             mlp_iterations: 20,
             ensemble_iterations: 3,
             folds: 5,
@@ -113,6 +126,42 @@ impl Config {
         } else {
             Family::Mlp
         }
+    }
+}
+
+/// What AF's held-out splits and final folds keep together.
+///
+/// AF swaps a held-out context's negatives for endings that a model trained on the other
+/// contexts finds like real ones. Where those include contexts of the same video (ActivityNet's
+/// `sent1` is often the previous caption's real ending), the model has read that video's real
+/// endings when it scores the held-out one, as a model tested on the export's splits or in the
+/// audit's folds never has. Holding out whole groups removes that; on 120 ActivityNet contexts it
+/// did not cure the small-project overshoot it was tried against, and the models' rows rose
+/// within noise (BENCHMARKS.md, "Replacing towards the gold"), so it is not the default yet.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HoldOut {
+    /// Contexts one by one, whatever their group (the default).
+    #[default]
+    Context,
+    /// Whole groups (the `group` given at ingest: an ActivityNet video), as the export's splits
+    /// and the audit's folds are cut. A project with fewer groups than folds is held out context
+    /// by context.
+    Group,
+}
+
+/// Each context's group for the held-out splits and the final folds (`None`: a group of its
+/// own): by context when the run says so or the project has fewer groups than folds.
+fn split_groups<'a>(data: &'a Dataset, config: &Config) -> Vec<Option<&'a str>> {
+    let groups: Vec<Option<&str>> = data
+        .contexts
+        .iter()
+        .map(|c| Some(c.group.as_str()))
+        .collect();
+    if config.hold_out == HoldOut::Group && crate::folds::count_groups(&groups) >= config.folds {
+        groups
+    } else {
+        vec![None; groups.len()]
     }
 }
 
@@ -188,6 +237,12 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         1.0 / (config.k as f64 + 1.0),
         started.elapsed().as_secs_f64()
     ));
+    if config.hold_out == HoldOut::Group && split_groups(&data, config)[0].is_none() {
+        observer.note(&format!(
+            "fewer than {} groups: contexts are held out one by one",
+            config.folds
+        ));
+    }
     if data.with_text {
         observer.note(&format!(
             "texts encoded for the ensemble: vocabulary {} words, BiLSTM {} ids",
@@ -483,7 +538,7 @@ pub fn run_iteration(
 ) -> Result<IterationOutcome> {
     let started = Instant::now();
     let mut rng = config.seed.stream(iteration_stream(iteration));
-    let (train_ids, test_ids) = split_80_20(data.contexts.len(), &mut rng);
+    let (train_ids, test_ids) = split_80_20(&split_groups(data, config), &mut rng);
     let model_seed = rng.next_u64();
     let choices: Vec<Choice> = train_ids
         .iter()
@@ -517,9 +572,13 @@ pub fn run_iteration(
             .filter(|(_, e)| !assigned.contains(&e.ending_id))
             .map(|(i, e)| (e.ending_id, decisive[i + 1]))
             .collect();
-        for (slot, new_ending_id) in
-            choose_swaps(decisive[0], &assigned_scores, &unassigned, config.n_easy)
-        {
+        for (slot, new_ending_id) in choose_swaps(
+            decisive[0],
+            &assigned_scores,
+            &unassigned,
+            config.n_easy,
+            config.replacement,
+        ) {
             swaps.push(Swap {
                 example_id: h.context.example_id,
                 slot,
@@ -769,7 +828,7 @@ fn final_pass(
 ) -> Result<(Vec<usize>, Vec<FinalScore>, HeadAccuracy)> {
     let family = config.final_family();
     let mut rng = config.seed.stream(FINAL_STREAM);
-    let fold_of = folds(data.contexts.len(), config.folds, &mut rng);
+    let fold_of = folds(&split_groups(data, config), config.folds, &mut rng);
     let mut scores = Vec::new();
     let mut held_out_all = Vec::new();
     for fold in 0..config.folds {

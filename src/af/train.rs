@@ -412,6 +412,7 @@ mod tests {
         let contexts = (0..contexts as i64)
             .map(|c| EncodedContext {
                 example_id: c,
+                group: format!("v{c}"),
                 n_sent2: 2,
                 gold: ending(10 * c),
                 candidates: (1..4).map(|j| ending(10 * c + j)).collect(),

@@ -63,6 +63,24 @@ pub struct FilterArgs {
     /// Easy negatives replaced per held-out context and iteration (SWAG: N_easy = 2).
     #[arg(long, default_value_t = DEFAULTS.n_easy, help_heading = RUN)]
     pub n_easy: usize,
+    /// Which pool ending replaces an easy negative: the highest-scoring (`highest`, SWAG's rule,
+    /// the default), or the one that outscores it and scores nearest the real ending
+    /// (`nearest-gold`).
+    ///
+    /// `highest` pushes the negatives past the real ending: on small projects the audit's
+    /// classifiers then pick the real ending less often than chance, an artifact of its own.
+    /// `nearest-gold` overshoots less on style (word n-grams back at chance on 120 contexts)
+    /// but leaves more for language models to find (BENCHMARKS.md, "Replacing towards the gold").
+    #[arg(long, value_enum, default_value_t = DEFAULTS.replacement, help_heading = RUN)]
+    pub replace_with: af::algorithm::Replacement,
+    /// What the held-out contexts of an iteration and the folds of the final pass keep
+    /// together: single contexts (`context`, the default) or whole groups (`group`: an
+    /// ActivityNet video, as the export's splits and the audit's folds are cut).
+    ///
+    /// With `context` a model may have trained on a context of the same video when it scores a
+    /// held-out one, so it knows that video's real endings; `group` rules that out.
+    #[arg(long, value_enum, default_value_t = DEFAULTS.hold_out, help_heading = RUN)]
+    pub hold_out: af::run::HoldOut,
     /// Start a new run even though the latest one is unfinished or finished on the same pools.
     #[arg(long, help_heading = RUN)]
     pub new_run: bool,
@@ -171,6 +189,8 @@ impl FilterArgs {
             k: self.k,
             seed: self.seed,
             n_easy: self.n_easy,
+            replacement: self.replace_with,
+            hold_out: self.hold_out,
             mlp_iterations: self.mlp_iterations,
             ensemble_iterations: self.ensemble_iterations.unwrap_or(
                 if self.discriminator().is_some() {

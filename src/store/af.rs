@@ -47,6 +47,8 @@ pub struct PoolEnding {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolContext {
     pub example_id: i64,
+    /// The group (video) the context was ingested with.
+    pub group: String,
     pub sent1: String,
     pub sent2: String,
     pub ctx_logprob: Option<f64>,
@@ -186,12 +188,13 @@ impl Store {
         mut visit: impl FnMut(PoolContext) -> Result<()>,
     ) -> Result<()> {
         let mut contexts_stmt = self.conn.prepare(
-            "SELECT x.id, x.sent1, x.sent2, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2
+            "SELECT x.id, x.sent1, x.sent2, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2, x.grp
              FROM examples x JOIN pools p ON p.example_id = x.id ORDER BY x.id",
         )?;
         let contexts = contexts_stmt.query_map([], |r| {
             Ok(PoolContext {
                 example_id: r.get(0)?,
+                group: r.get(6)?,
                 sent1: r.get(1)?,
                 sent2: r.get(2)?,
                 ctx_logprob: r.get(3)?,
