@@ -237,7 +237,8 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         1.0 / (config.k as f64 + 1.0),
         started.elapsed().as_secs_f64()
     ));
-    if config.hold_out == HoldOut::Group && split_groups(&data, config)[0].is_none() {
+    if config.hold_out == HoldOut::Group && split_groups(&data, config).iter().all(Option::is_none)
+    {
         observer.note(&format!(
             "fewer than {} groups: contexts are held out one by one",
             config.folds
