@@ -5,8 +5,9 @@
 //! - LM features, lengths and the ending's word relations to its context (`text::overlap`) for
 //!   the MLP, standardised over all endings of the run;
 //! - word ids for the bag-of-words and the CNN (vocabulary: every token seen at least
-//!   `min_count` times in the run's texts, the rest UNK), with the "token is in `sent2`" indicator
-//!   implied by the context's `sent2` length;
+//!   `min_count` times in the run's texts and in the texts of at least `min_contexts` contexts,
+//!   the rest UNK), with the "token is in `sent2`" indicator implied by the context's `sent2`
+//!   length;
 //! - ids for the BiLSTM, where only the `lstm_top_words` most frequent words stay and every other
 //!   word becomes its UPOS tag from afkit's tagger (SWAG §3.4).
 //!
@@ -57,6 +58,10 @@ const CHUNK_CONTEXTS: usize = 512;
 pub struct EncodeConfig {
     /// Tokens seen fewer times than this in the run's texts map to UNK.
     pub min_count: usize,
+    /// Tokens seen in the texts of fewer contexts than this map to UNK: an embedding learnt from
+    /// a few contexts' real endings makes AF pick distractors that imitate those endings.
+    #[serde(skip_serializing_if = "is_one")]
+    pub min_contexts: usize,
     /// Words kept by the BiLSTM; the rest become their UPOS tag.
     pub lstm_top_words: usize,
     /// Longest token sequence (`sent2 + ending`) fed to the text models; the rest is cut.
@@ -67,10 +72,17 @@ pub struct EncodeConfig {
     pub sentence_vectors: bool,
 }
 
+/// The default of `min_contexts`, left out of the recorded settings so that runs recorded before
+/// it existed still match.
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
 impl Default for EncodeConfig {
     fn default() -> Self {
         EncodeConfig {
             min_count: 2,
+            min_contexts: 1,
             lstm_top_words: 100,
             max_tokens: 64,
             subword_buckets: 1 << 14,
@@ -202,6 +214,9 @@ struct Builder {
     interned: HashMap<String, u32>,
     /// Occurrences per interned id: each `sent2` once, each ending once.
     counts: Vec<usize>,
+    /// Contexts whose texts hold each interned id, and the last context that counted it.
+    contexts_seen: Vec<usize>,
+    last_context: Vec<usize>,
     contexts: Vec<EncodedContext>,
     excluded: usize,
 }
@@ -273,6 +288,8 @@ impl Builder {
             scorers: scorers.to_vec(),
             interned: HashMap::new(),
             counts: Vec::new(),
+            contexts_seen: Vec::new(),
+            last_context: Vec::new(),
             contexts: Vec::new(),
             excluded: 0,
         }
@@ -299,7 +316,8 @@ impl Builder {
         for (c, (sent2, options)) in chunk.iter().zip(tokenised) {
             if with_text {
                 for t in &sent2 {
-                    self.count(t);
+                    let id = self.intern(t);
+                    self.count(id);
                 }
             }
             let mut encoded = std::iter::once(&c.gold)
@@ -309,7 +327,7 @@ impl Builder {
                     let words: Box<[u32]> = if with_text {
                         let ids: Vec<u32> = option.tokens.iter().map(|t| self.intern(t)).collect();
                         for &id in &ids[sent2.len().min(ids.len())..] {
-                            self.counts[id as usize] += 1;
+                            self.count(id);
                         }
                         ids.into()
                     } else {
@@ -403,12 +421,19 @@ impl Builder {
         let id = self.counts.len() as u32;
         self.interned.insert(token.to_string(), id);
         self.counts.push(0);
+        self.contexts_seen.push(0);
+        self.last_context.push(usize::MAX);
         id
     }
 
-    fn count(&mut self, token: &str) {
-        let id = self.intern(token);
-        self.counts[id as usize] += 1;
+    /// One more occurrence of interned `id` in the texts of the context being added.
+    fn count(&mut self, id: u32) {
+        let (id, context) = (id as usize, self.contexts.len());
+        self.counts[id] += 1;
+        if self.last_context[id] != context {
+            self.last_context[id] = context;
+            self.contexts_seen[id] += 1;
+        }
     }
 
     fn finish(mut self) -> Dataset {
@@ -424,11 +449,15 @@ impl Builder {
                 .cmp(&counts[a.1 as usize])
                 .then(a.0.cmp(b.0))
         });
-        // Interned id → vocabulary id (UNK below min_count) and → BiLSTM id (None: use the tag).
+        // Interned id → vocabulary id (UNK below min_count or min_contexts) and → BiLSTM id
+        // (None: use the tag).
         let frequent: Vec<u32> = by_frequency
             .iter()
             .map(|(_, id)| *id)
-            .filter(|id| counts[*id as usize] >= self.cfg.min_count)
+            .filter(|&id| {
+                counts[id as usize] >= self.cfg.min_count
+                    && self.contexts_seen[id as usize] >= self.cfg.min_contexts
+            })
             .collect();
         let mut word_id = vec![UNK; counts.len()];
         let mut lstm_id: Vec<Option<u32>> = vec![None; counts.len()];
@@ -702,6 +731,63 @@ mod tests {
         assert_eq!(inputs[1][novelty], Some(1.0));
         // Missing LM scores stay missing for standardising to impute.
         assert_eq!(inputs[0][0], None);
+    }
+
+    #[test]
+    fn min_contexts_sends_words_of_too_few_contexts_to_unk_however_often_they_occur() {
+        let ending = |id, text: &str| PoolEnding {
+            id,
+            text: text.into(),
+            lm: EndingLm::default(),
+        };
+        // "zebra" fills one context's pool; "walks" appears once in each of two contexts.
+        let context = |id: i64, endings: [&str; 3]| PoolContext {
+            example_id: id,
+            group: format!("v{id}"),
+            sent1: "Someone stands in a field.".into(),
+            sent2: "It".into(),
+            ctx_logprob: None,
+            n_tok_sent1: None,
+            n_tok_sent2: None,
+            gold: ending(id * 10, endings[0]),
+            candidates: vec![
+                ending(id * 10 + 1, endings[1]),
+                ending(id * 10 + 2, endings[2]),
+            ],
+        };
+        let chunk = vec![
+            context(1, ["walks.", "zebra zebra.", "zebra."]),
+            context(2, ["walks.", "runs.", "runs."]),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::create(&dir.path().join("p.sqlite")).unwrap();
+        let vocabulary = |min_contexts| {
+            let cfg = EncodeConfig {
+                min_contexts,
+                sentence_vectors: false,
+                ..EncodeConfig::default()
+            };
+            let mut builder = Builder::new(cfg, true, &[]);
+            builder.add(chunk.clone(), &store).unwrap();
+            let data = builder.finish();
+            // The id of the ending's first word (after "It").
+            let first_word = |c: usize, option: usize| {
+                let c = &data.contexts[c];
+                let e = if option == 0 {
+                    &c.gold
+                } else {
+                    &c.candidates[option - 1]
+                };
+                e.words[c.n_sent2]
+            };
+            (first_word(0, 0), first_word(0, 1), first_word(1, 1))
+        };
+        let (walks, zebra, runs) = vocabulary(1);
+        assert!(walks != UNK && zebra != UNK && runs != UNK);
+        let (walks, zebra, runs) = vocabulary(2);
+        assert_ne!(walks, UNK, "two contexts");
+        assert_eq!(zebra, UNK, "three times, but in one context");
+        assert_eq!(runs, UNK);
     }
 
     #[test]

@@ -108,6 +108,15 @@ pub struct FilterArgs {
     /// Words seen fewer times than this in the project's texts share the UNK embedding.
     #[arg(long, default_value_t = DEFAULTS.encode.min_count, help_heading = TRAINING)]
     pub min_count: usize,
+    /// Words seen in the texts of fewer contexts than this share the UNK embedding.
+    ///
+    /// A word found in a few contexts' texts teaches the word models only about those
+    /// contexts' real endings; AF then favours other contexts' endings that contain it,
+    /// distractors that imitate particular real endings rather than the style of all of them.
+    /// On a small project a classifier trained on the export learns that imitation and picks
+    /// the real ending less often than chance.
+    #[arg(long, default_value_t = DEFAULTS.encode.min_contexts, help_heading = TRAINING)]
+    pub min_contexts: usize,
     /// Leave the subword model (hashed character n-grams of the ending) out of the ensemble.
     #[arg(long, help_heading = MODELS)]
     pub no_subword_model: bool,
@@ -202,6 +211,7 @@ impl FilterArgs {
             folds: self.folds,
             encode: EncodeConfig {
                 min_count: self.min_count,
+                min_contexts: self.min_contexts,
                 subword_buckets: if self.no_subword_model {
                     0
                 } else {
