@@ -312,6 +312,11 @@ impl af::Observer for Progress {
     fn phase_started(&mut self, family: Family) {
         self.0
             .say(&format!("phase: {} iterations", family.name()), true);
+        // An ensemble iteration takes minutes where an MLP-only one took seconds: the time per
+        // iteration and the ETA start again with the phase.
+        if let Some(bar) = self.0.bar() {
+            bar.reset_eta();
+        }
     }
 
     fn iteration_done(&mut self, record: &IterationRecord, train_seconds: f64) {
