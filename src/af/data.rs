@@ -59,7 +59,8 @@ pub struct EncodeConfig {
     /// Tokens seen fewer times than this in the run's texts map to UNK.
     pub min_count: usize,
     /// Tokens seen in the texts of fewer contexts than this map to UNK: an embedding learnt from
-    /// a few contexts' real endings makes AF pick distractors that imitate those endings.
+    /// a few contexts' real endings makes AF pick distractors that imitate those endings
+    /// (BENCHMARKS.md, "Words need twenty contexts").
     #[serde(skip_serializing_if = "is_one")]
     pub min_contexts: usize,
     /// Words kept by the BiLSTM; the rest become their UPOS tag.
@@ -72,8 +73,8 @@ pub struct EncodeConfig {
     pub sentence_vectors: bool,
 }
 
-/// The default of `min_contexts`, left out of the recorded settings so that runs recorded before
-/// it existed still match.
+/// `min_contexts` of the vocabulary before the rule existed, left out of the recorded settings so
+/// that runs recorded then still match the settings they ran with.
 fn is_one(n: &usize) -> bool {
     *n == 1
 }
@@ -82,7 +83,7 @@ impl Default for EncodeConfig {
     fn default() -> Self {
         EncodeConfig {
             min_count: 2,
-            min_contexts: 1,
+            min_contexts: 20,
             lstm_top_words: 100,
             max_tokens: 64,
             subword_buckets: 1 << 14,
