@@ -469,6 +469,8 @@ fn initial_assignment(data: &Dataset, config: &Config) -> Assignment {
         .collect()
 }
 
+/// The settings that differ between two recorded parameter sets, nested ones by their path
+/// (`encode.min_contexts`), so that the message names what to pass to continue a run.
 fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
         return vec!["params".into()];
@@ -477,7 +479,13 @@ fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
         .keys()
         .chain(b.keys())
         .filter(|k| a.get(*k) != b.get(*k))
-        .cloned()
+        .flat_map(|k| match (a.get(k), b.get(k)) {
+            (Some(x), Some(y)) if x.is_object() && y.is_object() => differing_keys(x, y)
+                .into_iter()
+                .map(|inner| format!("{k}.{inner}"))
+                .collect(),
+            _ => vec![k.clone()],
+        })
         .collect();
     keys.sort();
     keys.dedup();
@@ -862,7 +870,7 @@ fn final_pass(
 
 #[cfg(test)]
 mod tests {
-    use super::standardised;
+    use super::{differing_keys, standardised};
     use proptest::prelude::*;
 
     proptest! {
@@ -887,6 +895,17 @@ mod tests {
                 prop_assert!((sd - 1.0).abs() < 1e-2);
             }
         }
+    }
+
+    #[test]
+    fn differing_settings_are_named_by_their_path() {
+        let stored = serde_json::json!({"k": 9, "encode": {"min_count": 2}, "seed": 1});
+        let now =
+            serde_json::json!({"k": 9, "encode": {"min_count": 2, "min_contexts": 20}, "seed": 2});
+        assert_eq!(
+            differing_keys(&stored, &now),
+            vec!["encode.min_contexts".to_string(), "seed".to_string()]
+        );
     }
 
     #[test]
