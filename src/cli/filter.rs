@@ -118,7 +118,9 @@ pub struct FilterArgs {
     /// default) the audit's n-gram rows fell to 0.11–0.20 on two of four sets of 60–120
     /// ActivityNet contexts; with 20 every such row of the four sets stayed at 0.19–0.33, and at
     /// 1,000 contexts every row stayed inside its bar and the language models' figures moved
-    /// within their standard errors (BENCHMARKS.md, "Words need twenty contexts").
+    /// within their standard errors (BENCHMARKS.md, "Words need twenty contexts"). A run of
+    /// fewer than three times as many contexts keeps every word seen twice: on the 40-context
+    /// sample 20 left 23 words and the audit fell further under chance.
     #[arg(long, default_value_t = DEFAULTS.encode.min_contexts, help_heading = TRAINING)]
     pub min_contexts: usize,
     /// Leave the subword model (hashed character n-grams of the ending) out of the ensemble.
