@@ -55,7 +55,6 @@ pub struct Config {
     pub ensemble_iterations: usize,
     /// Folds of the final cross-fitted pass.
     pub folds: usize,
-    pub train_fraction: f64,
     pub convergence: Convergence,
     pub encode: EncodeConfig,
     pub train: TrainConfig,
@@ -92,7 +91,6 @@ impl Default for Config {
             mlp_iterations: 20,
             ensemble_iterations: 3,
             folds: 5,
-            train_fraction: 0.8,
             convergence: Convergence::default(),
             encode: EncodeConfig::default(),
             train: TrainConfig::default(),
@@ -469,6 +467,11 @@ fn initial_assignment(data: &Dataset, config: &Config) -> Assignment {
         .collect()
 }
 
+/// Settings that earlier versions recorded but that never changed a run: a run that records
+/// them still matches today's settings. `train_fraction` was always 0.8 and the split was always
+/// the fixed 80/20 one of [`split_80_20`].
+const RETIRED_SETTINGS: &[&str] = &["train_fraction"];
+
 /// The settings that differ between two recorded parameter sets, nested ones by their path
 /// (`encode.min_contexts`), so that the message names what to pass to continue a run.
 fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
@@ -478,6 +481,7 @@ fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
     let mut keys: Vec<String> = a
         .keys()
         .chain(b.keys())
+        .filter(|k| !RETIRED_SETTINGS.contains(&k.as_str()))
         .filter(|k| a.get(*k) != b.get(*k))
         .flat_map(|k| match (a.get(k), b.get(k)) {
             (Some(x), Some(y)) if x.is_object() && y.is_object() => differing_keys(x, y)
@@ -906,6 +910,13 @@ mod tests {
             differing_keys(&stored, &now),
             vec!["encode.min_contexts".to_string(), "seed".to_string()]
         );
+    }
+
+    #[test]
+    fn a_run_recorded_with_a_retired_setting_matches_todays_settings() {
+        let stored = serde_json::json!({"k": 9, "train_fraction": 0.8});
+        let now = serde_json::json!({"k": 9});
+        assert!(differing_keys(&stored, &now).is_empty());
     }
 
     #[test]
