@@ -114,13 +114,13 @@ pub struct FilterArgs {
     /// contexts' real endings; AF then favours other contexts' endings that contain it,
     /// distractors that imitate particular real endings rather than the style of all of them.
     /// On a small project a classifier trained on the export learns that imitation and picks
-    /// the real ending less often than chance. With 1 (every word seen twice, the former
-    /// default) the audit's n-gram rows fell to 0.11–0.20 on two of four sets of 60–120
-    /// ActivityNet contexts; with 20 every such row of the four sets stayed at 0.19–0.33, and at
-    /// 1,000 contexts every row stayed inside its bar and the language models' figures moved
-    /// within their standard errors (BENCHMARKS.md, "Words need twenty contexts"). A run of
-    /// fewer than three times as many contexts keeps every word seen twice: on the 40-context
-    /// sample 20 left 23 words and the audit fell further under chance.
+    /// the real ending less often than chance. 20 lifted the audit's n-gram rows, pooled over
+    /// four sets of 60–120 ActivityNet contexts, from 0.21–0.22 to 0.24–0.28, and changed
+    /// nothing measurable at 1,000 contexts; on a fresh set of 60 they still fell to 0.10–0.22
+    /// (BENCHMARKS.md, "Words need twenty contexts" and "Gemma-3-270M as a second scorer"), so
+    /// check a small export's audit for rows under chance. A run of fewer than three times as
+    /// many contexts keeps every word seen twice: on the 40-context sample 20 left 23 words and
+    /// the audit fell further under chance.
     #[arg(long, default_value_t = DEFAULTS.encode.min_contexts, help_heading = TRAINING)]
     pub min_contexts: usize,
     /// Leave the subword model (hashed character n-grams of the ending) out of the ensemble.
