@@ -312,7 +312,12 @@ impl af::Observer for Progress {
     }
 
     fn iterations_started(&mut self, _run: &AfRun, done: usize, total: usize) {
-        self.0.start(total, "iterations").set_position(done as u64);
+        // Iterations an earlier run did are not part of this one's rate.
+        let since = super::progress::Since {
+            done: done as u64,
+            ..Default::default()
+        };
+        self.0.start_from(total, since, "iterations");
     }
 
     fn phase_started(&mut self, family: Family) {
@@ -320,9 +325,7 @@ impl af::Observer for Progress {
             .say(&format!("phase: {} iterations", family.name()), true);
         // An ensemble iteration takes minutes where an MLP-only one took seconds: the time per
         // iteration and the ETA start again with the phase.
-        if let Some(bar) = self.0.bar() {
-            bar.reset_eta();
-        }
+        self.0.restart_rate();
     }
 
     fn iteration_done(&mut self, record: &IterationRecord, train_seconds: f64) {

@@ -17,39 +17,57 @@ const DEFAULT_EVERY_SECONDS: f64 = 10.0;
 
 /// A bar counting `len` units of `unit` (e.g. "contexts"), with rate and ETA.
 pub fn bar(len: u64, unit: &str) -> ProgressBar {
+    bar_from(len, Since::default(), unit)
+}
+
+/// Where a bar's rate is measured from: `done` units and `elapsed` time on its clock. Units an
+/// earlier run did (a resumed stage), or work of another pace, do not count.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Since {
+    pub done: u64,
+    pub elapsed: Duration,
+}
+
+/// A bar that starts at `since`: its count at `since.done` and its clock at `since.elapsed`.
+pub fn bar_from(len: u64, since: Since, unit: &str) -> ProgressBar {
     if std::env::var_os("AFKIT_NO_PROGRESS").is_some() {
         return ProgressBar::hidden();
     }
     if std::io::stderr().is_terminal() {
-        let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+        let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr())
+            .with_position(since.done)
+            .with_elapsed(since.elapsed);
         pb.set_style(style(&format!(
             "{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} ({{rate}}, {{left}}) {{msg}}"
-        )));
+        ), since));
         return pb;
     }
     let every = plain_interval();
     // Redraws are cheap: the lines themselves are spaced by `every`.
     let target = ProgressDrawTarget::term_like_with_hz(Box::new(PlainLines::new(every)), 20);
-    let pb = ProgressBar::with_draw_target(Some(len), target);
-    pb.set_style(style(&format!(
-        "{{pos}}/{{len}} {unit} ({{rate}}, {{left}}, {{elapsed}} so far) {{msg}}"
-    )));
+    let pb = ProgressBar::with_draw_target(Some(len), target)
+        .with_position(since.done)
+        .with_elapsed(since.elapsed);
+    pb.set_style(style(
+        &format!("{{pos}}/{{len}} {unit} ({{rate}}, {{left}}, {{elapsed}} so far) {{msg}}"),
+        since,
+    ));
     // Ticks keep the lines coming while the count stands still (a long first batch).
     pb.enable_steady_tick(every);
     pb
 }
 
-/// The template with `{rate}` and `{left}`: the mean rate since the bar started and the ETA
-/// from it. indicatif's own `{per_sec}` and `{eta}` follow a recent-rate estimate that swings
+/// The template with `{rate}` and `{left}`: the mean rate since `since` and the ETA from it.
+/// indicatif's own `{per_sec}` and `{eta}` follow a recent-rate estimate that swings
 /// several-fold between slow steps (and print four decimals, or an ETA of 0s before the first
 /// unit is done).
-fn style(template: &str) -> ProgressStyle {
+fn style(template: &str, since: Since) -> ProgressStyle {
     ProgressStyle::with_template(template)
         .expect("valid template")
         .with_key(
             "rate",
-            |state: &ProgressState, w: &mut dyn std::fmt::Write| {
-                let _ = match mean_rate(state) {
+            move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = match mean_rate(state, since) {
                     None => write!(w, "rate not known yet"),
                     Some(rate) if rate >= 10.0 => write!(w, "{rate:.0}/s"),
                     Some(rate) if rate >= 0.1 => write!(w, "{rate:.1}/s"),
@@ -59,9 +77,9 @@ fn style(template: &str) -> ProgressStyle {
         )
         .with_key(
             "left",
-            |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
                 let left = state.len().unwrap_or(0).saturating_sub(state.pos());
-                let _ = match mean_rate(state) {
+                let _ = match mean_rate(state, since) {
                     None => write!(w, "ETA not known yet"),
                     Some(rate) => write!(
                         w,
@@ -73,10 +91,11 @@ fn style(template: &str) -> ProgressStyle {
         )
 }
 
-/// Units per second since the bar started; none before the first unit.
-fn mean_rate(state: &ProgressState) -> Option<f64> {
-    let seconds = state.elapsed().as_secs_f64();
-    (state.pos() > 0 && seconds > 0.0).then(|| state.pos() as f64 / seconds)
+/// Units per second since `since`; none before its first unit.
+fn mean_rate(state: &ProgressState, since: Since) -> Option<f64> {
+    let seconds = state.elapsed().saturating_sub(since.elapsed).as_secs_f64();
+    let counted = state.pos().saturating_sub(since.done);
+    (counted > 0 && seconds > 0.0).then(|| counted as f64 / seconds)
 }
 
 fn plain_interval() -> Duration {
@@ -185,6 +204,8 @@ impl TermLike for PlainLines {
 #[derive(Default)]
 pub struct Lines {
     bar: Option<ProgressBar>,
+    /// What the bar counts, for [`Lines::restart_rate`].
+    unit: String,
 }
 
 impl Lines {
@@ -205,8 +226,31 @@ impl Lines {
 
     /// Replaces the bar with a new one of `total` units.
     pub fn start(&mut self, total: usize, unit: &str) -> &ProgressBar {
+        self.start_from(total, Since::default(), unit)
+    }
+
+    /// Replaces the bar with a new one of `total` units that starts at `since`.
+    pub fn start_from(&mut self, total: usize, since: Since, unit: &str) -> &ProgressBar {
         self.clear();
-        self.bar.insert(bar(total as u64, unit))
+        self.unit = unit.to_string();
+        self.bar.insert(bar_from(total as u64, since, unit))
+    }
+
+    /// Measures the rate and ETA again from here, where the work's pace changes (the filter's
+    /// ensemble iterations take minutes where its MLP-only ones took seconds); the count and
+    /// message stay.
+    pub fn restart_rate(&mut self) {
+        let Some(old) = &self.bar else {
+            return;
+        };
+        let since = Since {
+            done: old.position(),
+            elapsed: old.elapsed(),
+        };
+        let (total, message) = (old.length().unwrap_or(since.done), old.message());
+        let unit = std::mem::take(&mut self.unit);
+        self.start_from(total as usize, since, &unit)
+            .set_message(message);
     }
 
     /// Follows a count a stage reports as `done` of `total`: a new bar when the count starts
@@ -274,5 +318,76 @@ mod tests {
             "a line once the interval is over"
         );
         assert!(lines.state().pending.is_empty());
+    }
+
+    /// A terminal that keeps what indicatif drew.
+    #[derive(Debug, Default, Clone)]
+    struct Screen(std::sync::Arc<Mutex<String>>);
+
+    impl TermLike for Screen {
+        fn width(&self) -> u16 {
+            200
+        }
+        fn move_cursor_up(&self, _n: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _n: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _n: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _n: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            self.write_str(s)
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.0.lock().unwrap().push_str(s);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What a bar at `pos` of 46, its clock at 100 s, shows when its rate counts from `since`.
+    fn drawn(pos: u64, since: Since) -> String {
+        let screen = Screen::default();
+        let pb = ProgressBar::with_draw_target(
+            Some(46),
+            ProgressDrawTarget::term_like(Box::new(screen.clone())),
+        )
+        .with_position(pos)
+        .with_elapsed(Duration::from_secs(100));
+        pb.set_style(style("{pos}/{len} ({rate}, {left})", since));
+        // Abandoning draws at once and keeps the position.
+        pb.abandon();
+        let line = screen.0.lock().unwrap().trim().to_string();
+        line
+    }
+
+    #[test]
+    fn a_resumed_bar_counts_only_its_own_units_in_the_rate() {
+        assert_eq!(drawn(36, Since::default()), "36/46 (0.4/s, ETA 28s)");
+        let resumed = Since {
+            done: 26,
+            elapsed: Duration::ZERO,
+        };
+        assert_eq!(drawn(36, resumed), "36/46 (10 s each, ETA 2m)");
+        assert_eq!(
+            drawn(26, resumed),
+            "26/46 (rate not known yet, ETA not known yet)"
+        );
+        // A pace that changed at 60 s and 30 units: 6 units in the last 40 s.
+        let new_pace = Since {
+            done: 30,
+            elapsed: Duration::from_secs(60),
+        };
+        assert_eq!(drawn(36, new_pace), "36/46 (0.1/s, ETA 67s)");
     }
 }
