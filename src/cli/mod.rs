@@ -71,7 +71,7 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Import endings generated elsewhere and compute their LM features.
     ImportPool(generate::ImportPoolArgs),
-    /// Adversarial filtering: pick the negatives a stylistic ensemble cannot tell from the found ending.
+    /// Adversarial filtering: pick the negatives that style classifiers and models reading the context cannot tell from the found ending.
     Filter(filter::FilterArgs),
     /// Plot and summarise the AF run (accuracy by iteration, per model).
     Report(report::ReportArgs),
@@ -83,7 +83,7 @@ enum Command {
     /// Build the final examples from the labels and split them by group.
     Assemble(assemble::Args),
     Export(export::Args),
-    /// Audit a SWAG-format dataset for stylistic artifacts.
+    /// Audit a SWAG-format dataset: how often style classifiers and language models find the real ending.
     Audit(audit::Args),
     Score(audit::ScoreArgs),
     /// AFLite: remove the most predictable examples of a labelled dataset.
