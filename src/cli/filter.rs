@@ -312,7 +312,7 @@ impl af::Observer for Progress {
     }
 
     fn iterations_started(&mut self, _run: &AfRun, done: usize, total: usize) {
-        // Iterations an earlier run did are not part of this one's rate.
+        // Iterations an earlier process did are not part of this one's rate.
         let since = super::progress::Since {
             done: done as u64,
             ..Default::default()
