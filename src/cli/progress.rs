@@ -62,8 +62,15 @@ pub fn bar_from(len: u64, since: Since, unit: &str) -> ProgressBar {
 /// several-fold between slow steps (and print four decimals, or an ETA of 0s before the first
 /// unit is done).
 fn style(template: &str, since: Since) -> ProgressStyle {
-    ProgressStyle::with_template(template)
-        .expect("valid template")
+    rate_keys(
+        ProgressStyle::with_template(template).expect("valid template"),
+        since,
+    )
+}
+
+/// `style` with its `{rate}` and `{left}` keys measuring from `since`.
+fn rate_keys(style: ProgressStyle, since: Since) -> ProgressStyle {
+    style
         .with_key(
             "rate",
             move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
@@ -204,8 +211,6 @@ impl TermLike for PlainLines {
 #[derive(Default)]
 pub struct Lines {
     bar: Option<ProgressBar>,
-    /// What the bar counts, for [`Lines::restart_rate`].
-    unit: String,
 }
 
 impl Lines {
@@ -232,25 +237,20 @@ impl Lines {
     /// Replaces the bar with a new one of `total` units that starts at `since`.
     pub fn start_from(&mut self, total: usize, since: Since, unit: &str) -> &ProgressBar {
         self.clear();
-        self.unit = unit.to_string();
         self.bar.insert(bar_from(total as u64, since, unit))
     }
 
     /// Measures the rate and ETA again from here, where the work's pace changes (the filter's
-    /// ensemble iterations take minutes where its MLP-only ones took seconds); the count and
-    /// message stay.
-    pub fn restart_rate(&mut self) {
-        let Some(old) = &self.bar else {
-            return;
-        };
-        let since = Since {
-            done: old.position(),
-            elapsed: old.elapsed(),
-        };
-        let (total, message) = (old.length().unwrap_or(since.done), old.message());
-        let unit = std::mem::take(&mut self.unit);
-        self.start_from(total as usize, since, &unit)
-            .set_message(message);
+    /// ensemble iterations take minutes where its MLP-only ones took seconds); the bar, its
+    /// count, clock and message stay.
+    pub fn restart_rate(&self) {
+        if let Some(bar) = &self.bar {
+            let since = Since {
+                done: bar.position(),
+                elapsed: bar.elapsed(),
+            };
+            bar.set_style(rate_keys(bar.style(), since));
+        }
     }
 
     /// Follows a count a stage reports as `done` of `total`: a new bar when the count starts
@@ -355,7 +355,8 @@ mod tests {
         }
     }
 
-    /// What a bar at `pos` of 46, its clock at 100 s, shows when its rate counts from `since`.
+    /// What a bar at `pos` of 46, its clock at 100 s, shows when its rate counts from `since`
+    /// (re-keyed, as when the pace changes).
     fn drawn(pos: u64, since: Since) -> String {
         let screen = Screen::default();
         let pb = ProgressBar::with_draw_target(
@@ -364,7 +365,9 @@ mod tests {
         )
         .with_position(pos)
         .with_elapsed(Duration::from_secs(100));
-        pb.set_style(style("{pos}/{len} ({rate}, {left})", since));
+        // Keyed afresh as `Lines::restart_rate` does: the last keys count.
+        pb.set_style(style("{pos}/{len} ({rate}, {left})", Since::default()));
+        pb.set_style(rate_keys(pb.style(), since));
         // Abandoning draws at once and keeps the position.
         pb.abandon();
         let line = screen.0.lock().unwrap().trim().to_string();
