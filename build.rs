@@ -6,9 +6,10 @@
 //!
 //! Cargo re-runs this script when `../shared/data` or `../shared/fixtures` (when present) or
 //! AFKIT_TEST_OFFLINE change. Nothing else is watched, so that `scripts/test` builds nothing the
-//! release build (`scripts/demo`) already built: a re-run recompiles afkit. `scripts/test`
-//! touches this file when what it sees differs from its last run (tmux installed, `../shared`
-//! added), so the probes are made again then.
+//! release build (`scripts/demo`) already built: a re-run recompiles afkit. `scripts/reprobe`,
+//! which both scripts run first, touches this file when the machine differs from what the last
+//! build saw (tmux installed, llama-server put on PATH, `../shared` added) or when no stamp
+//! describes an existing build, so the probes are made again then.
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -103,3 +103,52 @@ fn the_skipped_tests_are_listed_with_their_reasons() {
     );
     assert_eq!(summary("test a ... ok\n"), "skipped no tests\n");
 }
+
+/// `scripts/reprobe` makes build.rs probe again exactly when the build's view of the machine may
+/// be stale: never on a fresh checkout, never twice for the same machine, always for a build no
+/// stamp describes.
+#[test]
+fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
+    let root = tempfile::tempdir().unwrap();
+    let repo = root.path().join("repo");
+    std::fs::create_dir_all(repo.join("scripts")).unwrap();
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/reprobe"),
+        repo.join("scripts/reprobe"),
+    )
+    .unwrap();
+    std::fs::write(repo.join("build.rs"), "").unwrap();
+    let stamp = repo.join("target/test-environment");
+    // Marks build.rs old, runs the script, and says whether it touched build.rs.
+    let touches = || {
+        let old = std::process::Command::new("touch")
+            .args(["-d", "@0"])
+            .arg(repo.join("build.rs"))
+            .status()
+            .unwrap();
+        assert!(old.success());
+        let run = std::process::Command::new("bash")
+            .arg(repo.join("scripts/reprobe"))
+            .status()
+            .unwrap();
+        assert!(run.success());
+        let modified = std::fs::metadata(repo.join("build.rs"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        modified > std::time::UNIX_EPOCH + std::time::Duration::from_secs(1)
+    };
+    assert!(!touches(), "a fresh checkout has nothing to re-probe");
+    assert!(stamp.is_file(), "the first run records what it saw");
+    assert!(!touches(), "the same machine again");
+    std::fs::write(
+        &stamp,
+        "shared: | tmux: | llama-server: | python3: /elsewhere",
+    )
+    .unwrap();
+    assert!(touches(), "the machine changed since the last build");
+    assert!(!touches(), "and is recorded again");
+    std::fs::remove_file(&stamp).unwrap();
+    std::fs::create_dir_all(repo.join("target/release")).unwrap();
+    assert!(touches(), "a build that no stamp describes");
+}
