@@ -121,12 +121,12 @@ fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
     let stamp = repo.join("target/test-environment");
     // Marks build.rs old, runs the script, and says whether it touched build.rs.
     let touches = || {
-        let old = std::process::Command::new("touch")
-            .args(["-d", "@0"])
-            .arg(repo.join("build.rs"))
-            .status()
+        std::fs::File::options()
+            .write(true)
+            .open(repo.join("build.rs"))
+            .unwrap()
+            .set_modified(std::time::UNIX_EPOCH)
             .unwrap();
-        assert!(old.success());
         let run = std::process::Command::new("bash")
             .arg(repo.join("scripts/reprobe"))
             .status()
