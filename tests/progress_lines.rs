@@ -45,8 +45,13 @@ fn lm_adapt_and_generate_print_progress_lines_to_a_pipe() {
     assert!(out.status.success(), "{err}");
     let steps = progress_lines(&err, "steps");
     assert!(!steps.is_empty(), "no progress lines for the steps:\n{err}");
+    // Which epochs show depends on the clock: redraws are rate-limited, and a fast machine
+    // trains the whole second epoch between two of them.
     assert!(
-        steps.iter().any(|l| l.contains("epoch 2/2")),
+        steps
+            .iter()
+            .any(|l| l.contains("epoch 1/2, training loss")
+                || l.contains("epoch 2/2, training loss")),
         "the epoch is not shown:\n{err}"
     );
     assert!(!err.contains('\r'), "terminal control in a pipe:\n{err:?}");

@@ -104,7 +104,6 @@ fn run_adapt(args: AdaptArgs) -> Result<()> {
     };
     let mut observer = CliObserver {
         lines: Lines::default(),
-        epochs: args.epochs,
     };
     let summary = adapt::run(&mut store, &config, &mut observer)?;
     observer.lines.clear();
@@ -124,7 +123,6 @@ fn run_adapt(args: AdaptArgs) -> Result<()> {
 /// A bar per fold over its training steps, with the epoch and the latest loss.
 struct CliObserver {
     lines: Lines,
-    epochs: usize,
 }
 
 impl Observer for CliObserver {
@@ -157,8 +155,6 @@ impl Observer for CliObserver {
 
     fn step(&mut self, report: &StepReport) {
         if let Some(bar) = self.lines.bar() {
-            let per_epoch = report.steps.div_ceil(self.epochs.max(1)).max(1);
-            let epoch = (report.step - 1) / per_epoch + 1;
             bar.set_position(report.step as u64);
             let next = if report.step == report.steps {
                 "; now the held-out loss"
@@ -166,8 +162,8 @@ impl Observer for CliObserver {
                 ""
             };
             bar.set_message(format!(
-                "epoch {epoch}/{}, training loss {:.3}{next}",
-                self.epochs, report.loss
+                "epoch {}/{}, training loss {:.3}{next}",
+                report.epoch, report.epochs, report.loss
             ));
         }
     }

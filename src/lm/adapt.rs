@@ -117,6 +117,9 @@ pub struct AdaptModel {
 pub struct StepReport {
     pub step: usize,
     pub steps: usize,
+    /// The pass over the sequences this step belongs to, from 1, of `epochs`.
+    pub epoch: usize,
+    pub epochs: usize,
     pub loss: f32,
 }
 
@@ -399,7 +402,7 @@ impl AdaptModel {
         let mut rng = settings.seed.rng();
         let mut order: Vec<usize> = (0..sequences.len()).collect();
         let (mut first_loss, mut last_loss, mut step) = (f32::NAN, f32::NAN, 0);
-        for _ in 0..settings.epochs {
+        for epoch in 1..=settings.epochs {
             order.shuffle(&mut rng);
             for chunk in order.chunks(batch) {
                 crate::interrupt::check()?;
@@ -415,6 +418,8 @@ impl AdaptModel {
                 progress(&StepReport {
                     step,
                     steps,
+                    epoch,
+                    epochs: settings.epochs,
                     loss: last_loss,
                 });
             }
@@ -600,11 +605,18 @@ mod tests {
             seed: Seed::new(3),
         };
         let (refs, state_refs): (Vec<_>, Vec<_>) = seqs.iter().zip(&states).unzip();
-        let mut steps = 0;
+        let mut epochs = Vec::new();
         let report = model
-            .train(&refs, &state_refs, &settings, &mut |_| steps += 1)
+            .train(&refs, &state_refs, &settings, &mut |step| {
+                epochs.push((step.epoch, step.epochs))
+            })
             .unwrap();
-        assert_eq!(steps, report.steps);
+        assert_eq!(epochs.len(), report.steps);
+        let per_epoch = seqs.len().div_ceil(4);
+        let expected: Vec<_> = (1..=6)
+            .flat_map(|e| std::iter::repeat_n((e, 6), per_epoch))
+            .collect();
+        assert_eq!(epochs, expected, "each step reports its epoch");
         assert!(report.last_loss < 0.8 * report.first_loss, "{report:?}");
         let (base, adapted) = model.evaluate(&seqs, &states, 4).unwrap();
         assert!(adapted < base - 0.5, "base {base}, adapted {adapted}");
