@@ -605,18 +605,18 @@ mod tests {
             seed: Seed::new(3),
         };
         let (refs, state_refs): (Vec<_>, Vec<_>) = seqs.iter().zip(&states).unzip();
-        let mut epochs = Vec::new();
+        let mut reported = Vec::new();
         let report = model
             .train(&refs, &state_refs, &settings, &mut |step| {
-                epochs.push((step.epoch, step.epochs))
+                reported.push((step.epoch, step.epochs))
             })
             .unwrap();
-        assert_eq!(epochs.len(), report.steps);
-        let per_epoch = seqs.len().div_ceil(4);
-        let expected: Vec<_> = (1..=6)
-            .flat_map(|e| std::iter::repeat_n((e, 6), per_epoch))
+        assert_eq!(reported.len(), report.steps);
+        let per_epoch = seqs.len().div_ceil(settings.batch);
+        let expected: Vec<_> = (1..=settings.epochs)
+            .flat_map(|e| std::iter::repeat_n((e, settings.epochs), per_epoch))
             .collect();
-        assert_eq!(epochs, expected, "each step reports its epoch");
+        assert_eq!(reported, expected, "each step reports its epoch");
         assert!(report.last_loss < 0.8 * report.first_loss, "{report:?}");
         let (base, adapted) = model.evaluate(&seqs, &states, 4).unwrap();
         assert!(adapted < base - 0.5, "base {base}, adapted {adapted}");
