@@ -543,10 +543,20 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     assert_eq!(json["annotators"].as_array().unwrap().len(), 3);
     let found = &json["distribution"]["found"];
     assert_eq!(found["n"], 3);
+    // Human accuracy: each labelled submission that ranks the found ending best, of six shown.
+    let human = &json["human_accuracy"];
+    assert_eq!(human["submissions"], 3);
+    let best = (found["best"].as_f64().unwrap() * 3.0).round();
+    assert_eq!(human["correct"].as_f64(), Some(best), "{json}");
+    assert_eq!(human["endings_shown"], serde_json::json!([6, 6]));
     let text = afkit(&["agreement", p]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("Found end") && text.contains("Gibberish"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Human accuracy (found ending ranked best among 6 endings)"),
         "{text}"
     );
 }

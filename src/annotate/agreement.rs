@@ -1,7 +1,8 @@
 //! Agreement and quality statistics (SWAG Table 2 and §3.5): Krippendorff's α (nominal) and
 //! pairwise percent agreement for the ranking {best, second, neither} and for the labels
-//! {likely, unlikely, gibberish}; label distributions of found vs generated endings; per-annotator
-//! progress and quality with a flag for annotators far below the rest.
+//! {likely, unlikely, gibberish}; label distributions of found vs generated endings; the
+//! annotators' accuracy (the human figure a benchmark paper prints beside its models');
+//! per-annotator progress and quality with a flag for annotators far below the rest.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -107,6 +108,8 @@ pub struct AnnotatorStats {
     pub items_per_hour: Option<f64>,
     /// Fraction of their labelled items where the found ending is best or second best.
     pub found_top2_rate: Option<f64>,
+    /// Fraction of their labelled items where they ranked the found ending best.
+    pub accuracy: Option<f64>,
     /// Items they share with at least one other annotator.
     pub shared_items: usize,
     /// Agreement with the others on shared items (pairs of this annotator with another).
@@ -128,9 +131,61 @@ pub struct Report {
     pub submissions: usize,
     pub broken: usize,
     pub found_top2_rate: Option<f64>,
+    /// How often an annotator ranked the found ending best; `None` without labelled submissions.
+    pub human_accuracy: Option<HumanAccuracy>,
     pub distribution: Distributions,
     pub annotators: Vec<AnnotatorStats>,
     pub flag_rule: String,
+}
+
+/// The annotators' accuracy: a labelled submission answers its question correctly when it ranks
+/// the found ending best among the endings shown. Pooled over submissions (an item labelled by
+/// three annotators counts three times), with a 95% Wilson score interval, which stays inside
+/// [0, 1] and honest for small counts and accuracies near 1, where the normal interval is not.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HumanAccuracy {
+    pub correct: usize,
+    pub submissions: usize,
+    pub accuracy: f64,
+    pub low: f64,
+    pub high: f64,
+    /// The fewest and most endings a counted submission ranked (chance is one over these).
+    pub endings_shown: (usize, usize),
+}
+
+impl HumanAccuracy {
+    fn of(labelled: &[&SubmissionRecord]) -> Option<HumanAccuracy> {
+        let answered: Vec<(bool, usize)> = labelled
+            .iter()
+            .filter_map(|s| found_ranked_best(s).map(|best| (best, s.labels.len())))
+            .collect();
+        let n = answered.len();
+        if n == 0 {
+            return None;
+        }
+        let correct = answered.iter().filter(|(best, _)| *best).count();
+        let (low, high) = wilson_interval(correct, n);
+        let shown = answered.iter().map(|&(_, endings)| endings);
+        Some(HumanAccuracy {
+            correct,
+            submissions: n,
+            accuracy: correct as f64 / n as f64,
+            low,
+            high,
+            endings_shown: (shown.clone().min()?, shown.max()?),
+        })
+    }
+}
+
+/// The 95% Wilson score interval of `k` successes in `n` trials (`n > 0`).
+pub fn wilson_interval(k: usize, n: usize) -> (f64, f64) {
+    const Z: f64 = 1.959_963_984_540_054;
+    let (k, n) = (k as f64, n as f64);
+    let p = k / n;
+    let denominator = 1.0 + Z * Z / n;
+    let centre = (p + Z * Z / (2.0 * n)) / denominator;
+    let half = Z * (p * (1.0 - p) / n + Z * Z / (4.0 * n * n)).sqrt() / denominator;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
 /// Annotators with fewer items are not compared with the rest.
@@ -190,6 +245,7 @@ pub fn report(submissions: &[SubmissionRecord]) -> Report {
         submissions: submissions.len(),
         broken: submissions.len() - labelled.len(),
         found_top2_rate: fraction(&top2),
+        human_accuracy: HumanAccuracy::of(&labelled),
         distribution: Distributions {
             found: distribution(&labelled, true),
             generated: distribution(&labelled, false),
@@ -201,6 +257,14 @@ pub fn report(submissions: &[SubmissionRecord]) -> Report {
 
 fn fraction(flags: &[bool]) -> Option<f64> {
     (!flags.is_empty()).then(|| flags.iter().filter(|&&b| b).count() as f64 / flags.len() as f64)
+}
+
+/// Whether the found ending is ranked best; `None` for a submission without labels.
+fn found_ranked_best(s: &SubmissionRecord) -> Option<bool> {
+    s.labels
+        .iter()
+        .find(|(_, is_gold)| *is_gold)
+        .map(|(l, _)| l.rank == Some(Rank::Best))
 }
 
 /// Whether the found ending is ranked best or second; `None` for a submission without labels.
@@ -259,11 +323,9 @@ fn annotator_stats(
         .map(|name| {
             let mine: Vec<&SubmissionRecord> =
                 submissions.iter().filter(|s| s.annotator == name).collect();
-            let top2: Vec<bool> = mine
-                .iter()
-                .filter(|s| !s.broken)
-                .filter_map(|s| found_in_top2(s))
-                .collect();
+            let labelled = mine.iter().filter(|s| !s.broken);
+            let top2: Vec<bool> = labelled.clone().filter_map(|s| found_in_top2(s)).collect();
+            let best: Vec<bool> = labelled.filter_map(|s| found_ranked_best(s)).collect();
             let (mut rank_pairs, mut label_pairs) = ((0usize, 0usize), (0usize, 0usize));
             let mut shared_items = 0;
             for subs in by_task.values() {
@@ -302,6 +364,7 @@ fn annotator_stats(
                 broken: mine.iter().filter(|s| s.broken).count(),
                 items_per_hour: items_per_hour(&times),
                 found_top2_rate: fraction(&top2),
+                accuracy: fraction(&best),
                 shared_items,
                 ppa_rank_with_others: ratio(rank_pairs),
                 ppa_label_with_others: ratio(label_pairs),
@@ -509,19 +572,42 @@ fn label_table(out: &mut String, r: &Report) {
         f.n, g.n
     ));
     out.push_str(&format!(
-        "Found ending ranked best or second: {} of labelled submissions (SWAG: 73.7%)\n\n",
+        "Found ending ranked best or second: {} of labelled submissions (SWAG: 73.7%)\n",
         pct(r.found_top2_rate)
     ));
+    out.push_str(&human_accuracy_line(r.human_accuracy.as_ref()));
+    out.push('\n');
+}
+
+/// The human figure beside a benchmark's model rows, with the question format it was measured on.
+fn human_accuracy_line(accuracy: Option<&HumanAccuracy>) -> String {
+    let Some(h) = accuracy else {
+        return "Human accuracy (found ending ranked best): – (no labelled submissions)\n".into();
+    };
+    let shown = match h.endings_shown {
+        (low, high) if low == high => format!("{low}"),
+        (low, high) => format!("{low}–{high}"),
+    };
+    format!(
+        "Human accuracy (found ending ranked best among {shown} endings): {:.1}% \
+         (95% interval {:.1}–{:.1}%, {} of {} labelled submissions)\n",
+        h.accuracy * 100.0,
+        h.low * 100.0,
+        h.high * 100.0,
+        h.correct,
+        h.submissions
+    )
 }
 
 /// One row per annotator: volume, speed, found-in-top-two rate, agreement with the others, flag.
 fn annotator_table(out: &mut String, r: &Report) {
     out.push_str(&format!(
-        "{:<16}{:>6}{:>8}{:>9}{:>12}{:>8}{:>10}{:>11}  {}\n",
+        "{:<16}{:>6}{:>8}{:>9}{:>10}{:>12}{:>8}{:>10}{:>11}  {}\n",
         "annotator",
         "items",
         "broken",
         "items/h",
+        "accuracy",
         "found top2",
         "shared",
         "ppa rank",
@@ -530,11 +616,12 @@ fn annotator_table(out: &mut String, r: &Report) {
     ));
     for a in &r.annotators {
         out.push_str(&format!(
-            "{:<16}{:>6}{:>8}{:>9}{:>12}{:>8}{:>10}{:>11}  {}\n",
+            "{:<16}{:>6}{:>8}{:>9}{:>10}{:>12}{:>8}{:>10}{:>11}  {}\n",
             a.annotator,
             a.items,
             a.broken,
             num(a.items_per_hour, 1),
+            pct(a.accuracy),
             pct(a.found_top2_rate),
             a.shared_items,
             pct(a.ppa_rank_with_others),
@@ -741,8 +828,39 @@ mod tests {
             ("ann", 2, 1)
         );
         assert_eq!(ann.found_top2_rate, Some(0.5));
+        // The found ending ranked best in 2 of 3 submissions; "ann" got 1 of 2 right.
+        let human = r.human_accuracy.as_ref().unwrap();
+        assert_eq!((human.correct, human.submissions), (2, 3));
+        assert_eq!(human.endings_shown, (3, 3));
+        assert!(human.low < 2.0 / 3.0 && 2.0 / 3.0 < human.high);
+        assert_eq!(ann.accuracy, Some(0.5));
         let text = render(&r);
         assert!(text.contains("Second best"), "{text}");
+        assert!(
+            text.contains("Human accuracy (found ending ranked best among 3 endings): 66.7%"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn no_labelled_submission_has_no_human_accuracy() {
+        let mut broken = submission(1, "ann", [None; 3], [Judgement::Likely; 3]);
+        (broken.broken, broken.labels) = (true, Vec::new());
+        let r = report(&[broken]);
+        assert_eq!(r.human_accuracy, None);
+        assert!(render(&r).contains("Human accuracy (found ending ranked best): –"));
+    }
+
+    /// Reference values worked out separately from Wilson's (1927) closed form, to four places.
+    #[test]
+    fn wilson_interval_matches_the_reference() {
+        let close = |(a, b): (f64, f64), (x, y): (f64, f64)| {
+            assert!((a - x).abs() < 5e-5 && (b - y).abs() < 5e-5, "{a} {b}");
+        };
+        close(wilson_interval(28, 30), (0.7868, 0.9815));
+        close(wilson_interval(0, 10), (0.0, 0.2775));
+        close(wilson_interval(10, 10), (0.7225, 1.0));
+        close(wilson_interval(5, 10), (0.2366, 0.7634));
     }
 
     #[test]

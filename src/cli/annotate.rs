@@ -61,11 +61,12 @@ pub struct Args {
     Krippendorff's α (nominal) and pairwise percent agreement over the items with at least two \
     annotators, separately for the ranking {best, second, neither} and for the labels {likely, \
     unlikely, gibberish} (each ending of an item is one unit); the label distribution of found \
-    vs generated endings (the layout of SWAG Table 2); and per annotator: items, items/hour, \
+    vs generated endings (the layout of SWAG Table 2); human accuracy (how often annotators rank \
+    the found ending best, with a 95% interval); and per annotator: items, items/hour, accuracy, \
     how often the found ending is in their top two, agreement with the others on shared items, \
     and a flag for annotators far below the rest (the rule is printed with the table).\n\n\
     --json keys: alpha_rank, ppa_rank, alpha_label, ppa_label, items, submissions, broken, \
-    found_top2_rate, distribution {found, generated}, annotators [...], flag_rule."
+    found_top2_rate, human_accuracy, distribution {found, generated}, annotators [...], flag_rule."
 )]
 pub struct AgreementArgs {
     /// The project file.
