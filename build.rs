@@ -1,8 +1,9 @@
 //! Says what the integration tests can use on this machine, as cfgs they read to mark a test
 //! ignored with its reason (so that a test that cannot run is counted as skipped, never shown as
 //! passed): `has_shared_data` and `has_shared_fixtures` (the real corpora and the llama.cpp
-//! reference outputs in `../shared`), `has_tmux`, `has_llama_server` (llama.cpp's server on PATH), `has_python_venv`, and `offline` (the
-//! environment variable AFKIT_TEST_OFFLINE is set: nothing may be downloaded).
+//! reference outputs in `../shared`), `has_tmux`, `has_llama_server` (llama.cpp's server on
+//! PATH), `has_python3`, `has_python_venv`, and `offline` (the environment variable
+//! AFKIT_TEST_OFFLINE is set: nothing may be downloaded).
 //!
 //! Cargo re-runs this script when `../shared/data` or `../shared/fixtures` (when present) or
 //! AFKIT_TEST_OFFLINE change. Nothing else is watched, so that `scripts/test` builds nothing the
@@ -46,6 +47,7 @@ fn main() {
     }
     set("has_tmux", succeeds("tmux", &["-V"]));
     set("has_llama_server", succeeds("llama-server", &["--version"]));
+    set("has_python3", succeeds("python3", &["--version"]));
     set(
         "has_python_venv",
         succeeds("python3", &["-c", "import ensurepip, venv"]),

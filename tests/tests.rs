@@ -13,6 +13,7 @@ mod annotate;
 mod assemble;
 mod audit_cv;
 mod audit_lm;
+mod blind_reading;
 mod faults;
 mod filter;
 mod gemma3;

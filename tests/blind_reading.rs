@@ -1,0 +1,111 @@
+//! The blind-reading protocol (`scripts/blind_sheet.py`, `scripts/blind_score.py`) on real
+//! exports of one project: the AF export and its random-negative control.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::{ok, unverified_project};
+
+fn python(script: &str, args: &[&str]) -> (bool, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("scripts").join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn write(path: &Path, text: &str) -> String {
+    std::fs::write(path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+#[cfg_attr(not(has_python3), ignore = "needs python3 on PATH")]
+fn a_mixed_sheet_keeps_the_key_apart_and_scores_a_reader() {
+    let p = unverified_project(12);
+    let dir = tempfile::tempdir().unwrap();
+    let (af, control) = (dir.path().join("af"), dir.path().join("control"));
+    let (af, control) = (af.to_str().unwrap(), control.to_str().unwrap());
+    ok(&["export", p.p(), "--out", af]);
+    ok(&["export", p.p(), "--out", control, "--negatives", "random"]);
+    let prefix = dir.path().join("blind");
+    let prefix = prefix.to_str().unwrap();
+
+    let (done, text) = python("blind_sheet.py", &[af, control, prefix, "--n", "13"]);
+    assert!(
+        !done && text.contains("share 24 labelled contexts; 26 are needed"),
+        "{text}"
+    );
+    let (done, text) = python("blind_sheet.py", &[af, control, prefix, "--n", "6"]);
+    assert!(done, "{text}");
+
+    let sheet = std::fs::read_to_string(format!("{prefix}.sheet.md")).unwrap();
+    let key: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{prefix}.key.json")).unwrap())
+            .unwrap();
+    let questions = key["questions"].as_array().unwrap();
+    assert_eq!(questions.len(), 12);
+    let from_af = questions.iter().filter(|q| q["source"] == "af").count();
+    assert_eq!(from_af, 6, "half from each export");
+    assert!(!sheet.contains("\"af\"") && !sheet.contains("control") && !sheet.contains("label"));
+    // Each context once: a context shown from both exports would give its real ending away.
+    let contexts: Vec<&str> = sheet.lines().filter(|l| l.ends_with(" …")).collect();
+    let distinct: std::collections::BTreeSet<&&str> = contexts.iter().collect();
+    assert_eq!((contexts.len(), distinct.len()), (12, 12), "{sheet}");
+
+    // A reader who always finds the real ending, marks one AF question's ending D as also
+    // plausible (unless D is the real one) and one control question's wrong ending as broken.
+    let mut answers = String::from("question,pick,also_plausible,ungrammatical\n");
+    let (mut marked_af, mut marked_control) = (false, false);
+    let (mut second, mut broken) = (0, 0);
+    for q in questions {
+        let real = q["answer"].as_str().unwrap();
+        let wrong = ["A", "B", "C", "D"]
+            .into_iter()
+            .find(|l| *l != real)
+            .unwrap();
+        let (also, bad) = match q["source"].as_str().unwrap() {
+            "af" if !marked_af => {
+                marked_af = true;
+                second += 1;
+                (wrong, "")
+            }
+            "control" if !marked_control => {
+                marked_control = true;
+                broken += 1;
+                ("", wrong)
+            }
+            _ => ("", ""),
+        };
+        answers.push_str(&format!("{},{real},{also},{bad}\n", q["question"]));
+    }
+    let answers = write(&dir.path().join("answers.csv"), &answers);
+    let key_path = format!("{prefix}.key.json");
+    let (done, table) = python("blind_score.py", &[&key_path, &answers]);
+    assert!(done, "{table}");
+    assert!(table.contains("| reader's accuracy | 6/6 (100%"), "{table}");
+    assert_eq!((second, broken), (1, 1));
+    assert!(
+        table.contains("| a second plausible ending | 1/6 (17%"),
+        "{table}"
+    );
+    assert!(
+        table.contains("wrong ending | 0/6 (0%") && table.contains("| 1/6 (17%"),
+        "{table}"
+    );
+
+    // A letter outside A-D is refused with its line.
+    let bad = write(
+        &dir.path().join("bad.csv"),
+        "question,pick,also_plausible,ungrammatical\n1,E,,\n",
+    );
+    let (done, text) = python("blind_score.py", &[&key_path, &bad]);
+    assert!(!done && text.contains("bad.csv:2: pick holds E"), "{text}");
+}
