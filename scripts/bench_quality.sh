@@ -30,8 +30,8 @@
 #               pools are reused, not generated again), to compare filter settings on the same
 #               contexts: `--label style --base default -- -- --no-scorer --discriminator none`
 #               (`filter`'s default recipe reads every ending with SmolLM2 and fine-tunes MiniLM
-#               as an adversary; those flags give the style-only recipe of the sections before
-#               the twenty-fifth session)
+#               as an adversary; those flags give the style-only recipe, the default before
+#               2026-11-26)
 #   --lm        a further language model for the audit's zero-shot rows (smollm2 or a GGUF path;
 #               repeatable; also AUDIT_LM="MODEL ..."); --no-lm leaves out every model, smollm2 too
 #   flags after `--` go to `afkit generate` (e.g. --n-neg 64 --style-examples 0); flags after a

@@ -9,7 +9,7 @@ use crate::device::{Compute, DeviceChoice, Engine};
 pub struct DeviceArgs {
     /// Where the models run: `cpu`, or `cuda` (`cuda:N` for the N-th GPU) for an NVIDIA GPU
     /// through candle's CUDA backend. CUDA needs an afkit built with `--features cuda` (see
-    /// README, "On an NVIDIA GPU").
+    /// docs/gpu.md).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda|cuda:N")]
     pub device: DeviceChoice,
     /// `cpu`: afkit's own CPU kernels (CPU only; the default there). `generic`: candle ops
