@@ -325,6 +325,25 @@ impl af::Observer for Progress {
         self.0.restart_rate();
     }
 
+    /// A phase that converged early says so, and the bar's total drops the iterations it will
+    /// not run.
+    fn phase_ended(&mut self, family: Family, iterations: usize, cap: usize) {
+        if iterations >= cap {
+            return;
+        }
+        self.0.say(
+            &format!(
+                "{} phase converged after {iterations} of at most {cap} iterations",
+                family.name()
+            ),
+            true,
+        );
+        if let Some(bar) = self.0.bar() {
+            let total = bar.length().unwrap_or(0);
+            bar.set_length(total.saturating_sub((cap - iterations) as u64));
+        }
+    }
+
     fn iteration_done(&mut self, record: &IterationRecord, train_seconds: f64) {
         self.0.say(&iteration_line(record, train_seconds), true);
         if let Some(bar) = self.0.bar() {

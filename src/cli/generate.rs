@@ -327,15 +327,14 @@ struct Progress {
     /// Endings kept so far, and those of them in contexts already done.
     kept: usize,
     kept_in_done: usize,
-    /// Endings per second with their scoring, as the stage last measured it.
-    rate: Option<f64>,
     /// `--limit`, said at the start so that a second run's count surprises no one.
     limit: Option<usize>,
 }
 
 impl Progress {
     /// Done contexts count whole (what they fell short of is not coming); the others count
-    /// their endings kept so far.
+    /// their endings kept so far, but each holds back one unit until it is done (its endings
+    /// are still to be scored), so the bar is full only when every context is.
     fn show(&self) {
         let Some(bar) = self.lines.bar() else {
             return;
@@ -345,16 +344,15 @@ impl Progress {
             return;
         }
         let in_flight = self.kept.saturating_sub(self.kept_in_done);
+        let open = self.contexts.saturating_sub(self.contexts_done);
+        let in_flight = in_flight.min(open * self.endings_each.saturating_sub(1));
         bar.set_position((self.contexts_done * self.endings_each + in_flight) as u64);
-        let mut message = format!(
+        // The bar's own rate is the one rate shown: mean units a second, scoring included.
+        bar.set_message(format!(
             "{}/{} done",
             self.contexts_done,
             counted(self.contexts, "context", "contexts")
-        );
-        if let Some(rate) = self.rate {
-            message.push_str(&format!(", {rate:.1} endings/s with scoring"));
-        }
-        bar.set_message(message);
+        ));
     }
 }
 
@@ -395,10 +393,9 @@ impl generate::Observer for Progress {
         self.show();
     }
 
-    fn context_done(&mut self, kept: usize, endings_per_second: Option<f64>) {
+    fn context_done(&mut self, kept: usize, _endings_per_second: Option<f64>) {
         self.contexts_done += 1;
         self.kept_in_done += kept;
-        self.rate = endings_per_second.or(self.rate);
         self.show();
     }
 }
@@ -528,5 +525,29 @@ mod tests {
         p.skipped("v9#0", "too long");
         assert_eq!(position(&p), Some(12));
         assert_eq!(p.lines.bar().map(|b| b.length()), Some(Some(12)));
+    }
+
+    #[test]
+    fn the_bar_is_full_only_when_every_context_is_done() {
+        let mut p = Progress::default();
+        p.started(4, 3);
+        let position = |p: &Progress| p.lines.bar().map(|b| b.position());
+        let message = |p: &Progress| p.lines.bar().map(|b| b.message().to_string());
+        // Every ending of all four contexts sampled, none of them scored and done yet.
+        for _ in 0..12 {
+            p.ending_kept();
+        }
+        assert_eq!(
+            position(&p),
+            Some(8),
+            "each open context holds back one unit"
+        );
+        for done in 1..=3 {
+            p.context_done(3, Some(10.0));
+            assert_eq!(position(&p), Some(12 - (4 - done)));
+        }
+        assert_eq!(message(&p).as_deref(), Some("3/4 contexts done"));
+        p.context_done(3, Some(10.0));
+        assert_eq!(position(&p), Some(12));
     }
 }
