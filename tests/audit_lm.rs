@@ -206,6 +206,15 @@ fn holdout_audit_scores_val_with_the_model_and_names_bad_models() {
         json["verdicts"][1]["text"],
         "not measured (it runs under --cv)"
     );
+    // The printed table says which figure to trust.
+    let text = ok(&["audit", af.to_str().unwrap(), "--no-knn"]);
+    assert!(
+        text.contains(&format!(
+            "`afkit audit {} --cv 5` gives the figure to trust",
+            af.display()
+        )),
+        "{text}"
+    );
     let missing = dir.path().join("no-such.gguf");
     let err = common::fails(&[
         "audit",

@@ -1096,3 +1096,43 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
     assert!(out.contains("resuming AF run 1"), "{out}");
     assert_eq!(run_state(&project), expected);
 }
+
+/// A phase that converges before its cap says so, with the cap, on stdout (clock-free: these
+/// lines are printed whatever the progress bar shows).
+#[test]
+fn a_phase_that_converges_early_says_after_how_many_of_its_iterations() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every candidate as plain as the found ending: nothing to find, the MLP stays near chance.
+    let spec = PoolSpec {
+        contexts: 120,
+        candidates: 8,
+        clean: 8,
+        seed: 5,
+    };
+    let project = build_project(dir.path(), "quiet.sqlite", spec);
+    let out = run_ok(command().args(filter_args(
+        &project,
+        &[
+            "--k",
+            "3",
+            "--mlp-iterations",
+            "12",
+            "--ensemble-iterations",
+            "0",
+            "--seed",
+            "2",
+        ],
+    )));
+    let ran = out.lines().filter(|l| l.starts_with("iteration ")).count();
+    assert!(ran < 12, "the phase ran to its cap:\n{out}");
+    assert!(
+        out.contains(&format!(
+            "mlp phase converged after {ran} of at most 12 iterations"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("finished: {ran} iterations")),
+        "{out}"
+    );
+}

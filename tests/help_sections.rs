@@ -125,3 +125,125 @@ fn the_top_level_help_names_lm_adapt_in_the_pipeline() {
         "the pipeline leaves out lm adapt:\n{help}"
     );
 }
+
+/// The subcommands a help text lists under "Commands:" (`help` left out).
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| *line != "Commands:")
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(String::from)
+        .collect()
+}
+
+/// Every command path, the top level first: `[]`, `["init"]`, ..., `["lm", "adapt"]`, ...
+fn every_command() -> Vec<Vec<String>> {
+    let mut found = vec![vec![]];
+    let mut next = 0;
+    while next < found.len() {
+        let path = found[next].clone();
+        next += 1;
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        for name in subcommands(&ok(&args)) {
+            let mut child = path.clone();
+            child.push(name);
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// What a benchmark figure in prose looks like: a range of accuracies, a speed or a duration on
+/// some machine. Defaults (`[default: 0.003]`) do not match.
+fn carries_a_measurement(line: &str) -> bool {
+    let accuracy_range = line
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ',')
+        .any(|word| {
+            let parts: Vec<&str> = word.split(['-', '–']).collect();
+            parts.len() == 2
+                && parts
+                    .iter()
+                    .all(|p| p.starts_with("0.") && p[2..].chars().all(|c| c.is_ascii_digit()))
+                && parts.iter().all(|p| p.len() > 2)
+        });
+    accuracy_range
+        || ["endings a second", "minutes an iteration", " on 2 cores", " GB for "]
+            .iter()
+            .any(|figure| line.contains(figure))
+}
+
+#[test]
+fn every_help_fits_a_screen_with_short_lines_and_no_figures() {
+    let commands = every_command();
+    for expected in [vec!["lm", "adapt"], vec!["crowd", "export"], vec!["models", "fetch"]] {
+        assert!(
+            commands.contains(&expected.iter().map(|s| s.to_string()).collect()),
+            "{expected:?} not found among {commands:?}"
+        );
+    }
+    let mut problems = Vec::new();
+    for command in &commands {
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        for flag in ["-h", "--help"] {
+            let help = ok(&[args.as_slice(), &[flag]].concat());
+            let lines = help.lines().count();
+            if flag == "-h" && lines > 25 {
+                problems.push(format!("afkit {} -h: {lines} lines", command.join(" ")));
+            }
+            for line in help.lines() {
+                let chars = line.chars().count();
+                if chars > 200 {
+                    problems.push(format!(
+                        "afkit {} {flag}: a line of {chars} characters: {line}",
+                        command.join(" ")
+                    ));
+                }
+                if carries_a_measurement(line) {
+                    problems.push(format!(
+                        "afkit {} {flag}: a measurement: {line}",
+                        command.join(" ")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_measurement_pattern_finds_figures_and_passes_defaults() {
+    assert!(carries_a_measurement(
+        "random distractors: 0.33-0.39 for style classifiers"
+    ));
+    assert!(carries_a_measurement("from 0.21–0.22 to 0.24–0.28"));
+    assert!(carries_a_measurement("with SmolLM2 on 2 cores about 30 endings a second"));
+    assert!(!carries_a_measurement("AdamW learning rate [default: 0.003]"));
+    assert!(!carries_a_measurement("Train,val,test fractions [default: 0.8,0.1,0.1]"));
+}
+
+#[test]
+fn audit_help_and_output_put_cv_first_as_the_figure_to_trust() {
+    let long = ok(&["audit", "--help"]);
+    let options = long.find("Options:").expect("an Options heading");
+    let first_flag = long[options..]
+        .lines()
+        .nth(1)
+        .expect("a first option")
+        .trim_start();
+    assert!(first_flag.starts_with("--cv"), "first option: {first_flag}\n{long}");
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words(&long[..options]).contains("`--cv K` gives the figure to trust"),
+        "{long}"
+    );
+    assert!(
+        !long.contains("{\"cv\""),
+        "the JSON layout belongs in docs/audit.md:\n{long}"
+    );
+    assert!(long.contains("docs/audit.md"), "{long}");
+    let short = ok(&["audit", "-h"]);
+    assert!(words(&short).contains("the figure to trust"), "{short}");
+}

@@ -70,6 +70,24 @@ fn lm_adapt_and_generate_print_progress_lines_to_a_pipe() {
         "no progress lines over 12 contexts × 4 endings:\n{err}"
     );
     assert!(endings.iter().any(|l| l.contains("contexts done")), "{err}");
+    // Whichever lines the clock let through: the bar is full only with every context done.
+    for line in &endings {
+        if line.starts_with("48/48 endings") {
+            assert!(line.contains("12/12 contexts done"), "{line}");
+        }
+    }
+    assert_one_rate_unit(&endings);
+}
+
+/// The lines of one bar (lm adapt draws one per fold) give its rate in one unit: per second or seconds each, never both.
+fn assert_one_rate_unit(lines: &[&str]) {
+    let per_second = lines.iter().filter(|l| l.contains("/s, ")).count();
+    let seconds_each = lines.iter().filter(|l| l.contains(" s each, ")).count();
+    assert!(
+        per_second == 0 || seconds_each == 0,
+        "two rate units in one bar:\n{}",
+        lines.join("\n")
+    );
 }
 
 #[test]

@@ -153,3 +153,31 @@ fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
     std::fs::create_dir_all(repo.join("target/release")).unwrap();
     assert!(touches(), "a build that no stamp describes");
 }
+
+/// `scripts/demo` runs the afkit that cargo built where CARGO_TARGET_DIR puts it, not a fixed
+/// `target/release/afkit`, and tells how to put afkit on PATH.
+#[test]
+fn the_demo_finds_afkit_where_cargo_target_dir_puts_it() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/afkit-binary"))
+        .env("CARGO_TARGET_DIR", elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim_end(),
+        elsewhere.path().join("release/afkit").to_str().unwrap()
+    );
+    let demo = std::fs::read_to_string(root.join("scripts/demo")).unwrap();
+    assert!(
+        demo.contains("afkit=$(bash scripts/afkit-binary)") && !demo.contains("target/release"),
+        "the demo must run the binary scripts/afkit-binary names"
+    );
+    assert!(demo.contains("cargo install --path . --locked"));
+}

@@ -183,6 +183,8 @@ pub trait Observer {
     /// The run is ready: `done` of `total` iterations at most are already stored.
     fn iterations_started(&mut self, _run: &AfRun, _done: usize, _total: usize) {}
     fn phase_started(&mut self, _family: Family) {}
+    /// The phase `family` is over after `iterations` of at most `cap` (fewer: it converged).
+    fn phase_ended(&mut self, _family: Family, _iterations: usize, _cap: usize) {}
     fn iteration_done(&mut self, _record: &IterationRecord, _train_seconds: f64) {}
     fn final_pass_started(&mut self, _folds: usize) {}
     fn fold_done(&mut self) {}
@@ -337,7 +339,8 @@ fn run_iterations(
     let mut history = store.af_iterations(run.id)?;
     let total = config.mlp_iterations + config.ensemble_iterations;
     observer.iterations_started(run, history.len(), total);
-    while let Some(family) = next_family(&history, config) {
+    let mut next = next_family(&history, config);
+    while let Some(family) = next {
         crate::interrupt::check()?;
         let iteration = history.len();
         if iteration == 0 || history[iteration - 1].phase != family {
@@ -352,6 +355,15 @@ fn run_iterations(
         apply_swaps(assignment, &swaps);
         observer.iteration_done(&record, train_seconds);
         history.push(record);
+        next = next_family(&history, config);
+        if next != Some(family) {
+            let iterations = history.iter().filter(|r| r.phase == family).count();
+            let cap = match family {
+                Family::Mlp => config.mlp_iterations,
+                Family::Ensemble => config.ensemble_iterations,
+            };
+            observer.phase_ended(family, iterations, cap);
+        }
     }
     crate::interrupt::check()?;
     Ok(history.len())

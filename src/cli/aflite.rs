@@ -18,32 +18,35 @@ use crate::seed::Seed;
     Sizes accept a fraction of the dataset (0.3) or a count (6000)."
 )]
 pub struct Args {
-    /// Labelled dataset: JSONL ({"id", "text" or "text_a"/"text_b", "label"}) or CSV with those
-    /// columns. Without an id, an example is named by its record number (1-based).
+    /// Labelled dataset: JSONL ({"id", "text" or "text_a"/"text_b", "label"}) or CSV.
+    ///
+    /// A CSV has those columns. Without an id, an example is named by its record number (1-based).
     #[arg(long)]
     pub input: PathBuf,
     /// Where to write the retained subset (same format as the input).
     #[arg(long)]
     pub out: PathBuf,
-    /// `minilm` (all-MiniLM-L6-v2 sentence embeddings; a pair becomes [u; v; |u−v|; u⊙v]) or a
-    /// file of vectors (.npy float matrix, or .safetensors with one 2-D tensor), one row per
-    /// example in input order.
+    /// `minilm` (sentence embeddings) or a file of vectors, one row per example in input order.
+    ///
+    /// `minilm`: all-MiniLM-L6-v2 sentence embeddings; a pair becomes [u; v; |u−v|; u⊙v]. A
+    /// file: a .npy float matrix, or .safetensors with one 2-D tensor.
     #[arg(long, default_value = "minilm")]
     pub features: String,
     /// Target size n: filtering never goes below it.
     #[arg(long, default_value = "0.3")]
     pub target_size: SizeSpec,
     /// Random partitions m per round.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, hide_short_help = true)]
     pub partitions: usize,
     /// Training-set size t of each partition (must be below n).
-    #[arg(long, default_value = "0.2")]
+    #[arg(long, default_value = "0.2", hide_short_help = true)]
     pub train_size: SizeSpec,
     /// Slice size k: examples removed per round at most.
-    #[arg(long, default_value = "0.05")]
+    #[arg(long, default_value = "0.05", hide_short_help = true)]
     pub slice: SizeSpec,
-    /// Early-stopping threshold τ: only examples with predictability ≥ τ are removed, and the run
-    /// stops after a round in which fewer than k passed it.
+    /// Early-stopping threshold τ: only examples with predictability ≥ τ are removed.
+    ///
+    /// The run stops after a round in which fewer than k passed it.
     #[arg(long, default_value_t = 0.75)]
     pub tau: f64,
     /// greedy (k = 1), slicing (top k, the papers' AFLite) or sampling (k drawn ∝ p̃).
@@ -53,42 +56,50 @@ pub struct Args {
     #[arg(long, default_value_t = Seed::default())]
     pub seed: Seed,
     /// Inverse L2 strength C of the logistic regression (scikit-learn's parametrisation).
-    #[arg(long, default_value_t = FitOptions::default().c)]
+    #[arg(long, default_value_t = FitOptions::default().c, hide_short_help = true)]
     pub c: f64,
     /// Gradient tolerance of each fit (largest entry of the per-example objective's gradient).
-    #[arg(long, default_value_t = FitOptions::default().tol)]
+    #[arg(long, default_value_t = FitOptions::default().tol, hide_short_help = true)]
     pub tol: f64,
     /// Iteration cap of each fit.
-    #[arg(long, default_value_t = FitOptions::default().max_iter)]
+    #[arg(long, default_value_t = FitOptions::default().max_iter, hide_short_help = true)]
     pub max_iter: usize,
-    /// Hold out this fraction (random) to train a one-hidden-layer MLP on the base features and
-    /// filter the rest with its hidden layer as Φ. The held-out part is left out of OUT.
-    #[arg(long)]
+    /// Hold out this fraction to train a warm-up MLP whose hidden layer becomes the features.
+    ///
+    /// The held-out part (random) trains a one-hidden-layer MLP on the base features, and the
+    /// rest is filtered with its hidden layer as Φ. The held-out part is left out of OUT.
+    #[arg(long, hide_short_help = true)]
     pub warmup_fraction: Option<f64>,
     /// Hidden units of the warm-up MLP.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, hide_short_help = true)]
     pub warmup_hidden: usize,
     /// Training epochs of the warm-up MLP.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, hide_short_help = true)]
     pub warmup_epochs: usize,
-    /// Folder of the MiniLM embedding cache (one vector per distinct text, keyed by the SHA-256
-    /// of the model and the text, shared with `afkit audit`); default $AFKIT_HOME/embeddings.
-    #[arg(long)]
+    /// Folder of the MiniLM embedding cache; default $AFKIT_HOME/embeddings.
+    ///
+    /// One vector per distinct text, keyed by the SHA-256 of the model and the text, shared
+    /// with `afkit audit` and `afkit filter`.
+    #[arg(long, hide_short_help = true)]
     pub cache_dir: Option<PathBuf>,
     /// Embed again instead of reading or writing the cache.
-    #[arg(long)]
+    #[arg(long, hide_short_help = true)]
     pub no_cache: bool,
-    /// Also write the base features (before any warm-up) as a float32 .npy matrix, one row per
-    /// input example, e.g. to run another implementation on the same features.
-    #[arg(long)]
+    /// Also write the base features (before any warm-up) as a float32 .npy matrix.
+    ///
+    /// One row per input example, e.g. to run another implementation on the same features.
+    #[arg(long, hide_short_help = true)]
     pub write_features: Option<PathBuf>,
-    /// Write every round's partitions as JSON lines (input row indices, 0-based): a header line
-    /// {"seed", "examples", "tiebreak_rank"}, then {"round", "s", "train": [[...] × m]}.
-    #[arg(long)]
+    /// Write every round's partitions as JSON lines (input row indices, 0-based).
+    ///
+    /// A header line {"seed", "examples", "tiebreak_rank"}, then {"round", "s", "train": [[...]
+    /// × m]}.
+    #[arg(long, hide_short_help = true)]
     pub dump_partitions: Option<PathBuf>,
-    /// Replace output files that afkit did not write (or that were changed since). No output may
-    /// be the input or the features file, with or without it.
-    #[arg(long)]
+    /// Replace output files that afkit did not write (or that were changed since).
+    ///
+    /// No output may be the input or the features file, with or without it.
+    #[arg(long, hide_short_help = true)]
     pub force: bool,
 }
 

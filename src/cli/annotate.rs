@@ -12,7 +12,7 @@ use crate::output::Output;
 use crate::seed::Seed;
 use crate::store::Store;
 
-/// Verify candidates in a terminal UI (likely / unlikely / gibberish, best / second best).
+/// Verify candidates in a terminal UI: label every ending, pick the best two.
 #[derive(clap::Args)]
 #[command(
     long_about = "Verify candidates in a terminal UI, as SWAG's human verification did: for each \

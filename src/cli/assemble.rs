@@ -31,14 +31,16 @@ pub struct Args {
     /// negatives (see --distractors), marked unverified.
     #[arg(long)]
     pub unverified: bool,
-    /// How the distractors are chosen among the candidates: the assigned negatives with
-    /// --unverified, else those the annotators accepted. matched: for each, a found ending of
-    /// the same AF fold is drawn (from the recorded seed) and the candidate nearest its final
-    /// scores (the ensemble's and the sentence model's) is taken, so a style classifier finds
-    /// the distractors as real-looking as the found endings, no more; hardest: the highest
-    /// ensemble scores, which on the default recipe's pools overshoot further into an inverse
-    /// artifact (classifiers below chance; docs/recipe.md, "Distractors matched to the real
-    /// endings"). Audit both on a copy of the project.
+    /// How the distractors are chosen: `matched` to the found endings' scores, or `hardest`.
+    ///
+    /// They are chosen among the assigned negatives with --unverified, else among those the
+    /// annotators accepted. matched: for each, a found ending of the same AF fold is drawn (from
+    /// the recorded seed) and the candidate nearest its final scores (the ensemble's and the
+    /// sentence model's) is taken, so a style classifier finds the distractors as real-looking
+    /// as the found endings, no more; hardest: the highest ensemble scores, which on the default
+    /// recipe's pools overshoot further into an inverse artifact (classifiers below chance; docs/recipe.md,
+    /// "Distractors matched to the real endings").
+    /// Audit both on a copy of the project.
     #[arg(long, value_enum, default_value = "matched")]
     pub distractors: DistractorChoice,
     /// Train,val,test fractions; groups (videos) never straddle two splits.

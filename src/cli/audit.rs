@@ -17,52 +17,42 @@ use crate::seed::Seed;
 const BASELINES: &str = "Baselines";
 const CACHE: &str = "Embedding cache";
 
+/// How hard a SWAG-format dataset is: how often baselines find the real ending.
 #[derive(clap::Args)]
 #[command(
-    after_long_help = "Writes audit.md, audit.json and PNG bar charts (default DATASET/audit). \
-Baselines, scored on val as a 4-way choice: random (expected accuracy of a uniform guess), \
-shortest and longest ending (ties split evenly), and 1-2-gram logistic regressions trained on \
-train over the ending (ngram_end), sent2 + ending (ngram_s2) and sent1 + sent2 + ending \
-(ngram_ctx); PPMI word-label associations; KNN distances with MiniLM embeddings.
+    long_about = "How hard a SWAG-format dataset is: how often style classifiers, relational \
+features, language models and a fine-tuned encoder find the real ending (chance is 0.25).
 
-With --cv K the audit cross-validates instead, the figure to trust: the labelled questions of \
-train.csv, val.csv and test.csv are pooled (a file without labels is skipped with a note), cut \
-into K folds by video-id (one video never in two folds; seeded by --seed), and every baseline is \
-trained on K-1 folds and tested on the held-out one; audit.md, audit.json and accuracy.png then \
-hold this table and the PPMI words of the pool (no train/val table, no KNN). Baselines: \
-shortest, longest, word 1-2-gram LR (ngram_end, ngram_s2, ngram_ctx), character 2-5-gram LR \
-(char_end, char_s2, char_ctx: subwords of each word, case and punctuation kept) and LR on the \
-MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it), and the MiniLM encoder \
-itself fine-tuned per fold as a cross-encoder that reads [CLS] sent1 sent2 [SEP] ending [SEP] \
-and picks the highest-scoring ending (finetune_minilm, with the number of questions each fold \
-trained on; --no-finetune or --no-embed skips it; it takes minutes on a CPU, --device cuda runs \
-it on a GPU). --json prints {\"cv\": {\"folds\": K, \"questions\": N, \
-\"groups\": G, \"seed\": S, \"fold_sizes\": [..], \"baselines\": {NAME: {\"mean\": M, \"se\": SE, \
-\"folds\": [accuracy per fold], \"lambda\": [chosen per fold], \"train_questions\": [per fold]} \
-or {\"skipped\": WHY}}}, \
-\"files\": [{\"file\", \"questions\", \"skipped\"}], \"ppmi\": [..], \"lm\": [..], \"summary\": [..], \
-\"verdicts\": [..]}; mean is the mean fold accuracy and se the standard deviation of the fold \
-accuracies / sqrt(K). Also under --cv: relational, LR on how each ending relates to its context \
-(the share of its words found in sent1, in sent2 and in neither, Jaccard similarities, shared word \
-pairs) and to the other endings (similarity, words no other ending has, relative length).
+`--cv K` gives the figure to trust: the labelled questions of train.csv, val.csv and test.csv \
+are pooled, cut into K folds by group (one video never in two folds; seeded by --seed), and \
+every baseline is trained on K-1 folds and tested on the held-out one. Without --cv the audit \
+trains on train.csv and scores val.csv alone: a quick look at one small split, not the figure \
+to report.",
+    after_long_help = "Writes audit.md, audit.json and PNG bar charts (default DATASET/audit); \
+--json prints the same summary as audit.json. docs/audit.md lists every baseline, the fields \
+of audit.json and how the verdicts are reached.
 
---lm MODEL (repeatable; smollm2 or the path of a GGUF file) adds the model's zero-shot accuracy on \
-the val questions (with --cv: on every labelled question), scored as lm-evaluation-harness scores \
-the export's afkit_swag task: the context is the startphrase (sent1 + \" \" + sent2), each ending \
-follows it after a space, acc picks the ending with the highest summed log-probability of its \
-tokens and acc_norm the highest per character of the ending; se is the standard error of a \
-proportion, as the harness reports it. Rows lm:MODEL:acc and lm:MODEL:acc_norm.
+Baselines under --cv: shortest and longest ending; word 1-2-gram and character 2-5-gram \
+logistic regressions over the ending, sent2 + ending and the whole context + ending (ngram_*, \
+char_*); relational features (how each ending relates to its context and to the other \
+endings); LR on the MiniLM embedding of sent2 + ending (minilm_s2; --no-embed skips it); and \
+MiniLM fine-tuned per fold as a cross-encoder (finetune_minilm; --no-finetune skips it; it \
+takes minutes on a CPU, --device cuda runs it on a GPU). Without --cv: random, shortest, \
+longest, the word n-gram LRs, PPMI word-label associations and KNN distances.
 
---control DIR audits a second dataset the same way (typically the same export with random \
-negatives, `afkit export --negatives random`), writes its report under OUT/control, and sets its \
-numbers beside this dataset's (summary: every row with control and difference). The report ends \
-with one verdict per family of evidence (style, relational, LM zero-shot, fine-tuned): at chance \
-when the family's best row is within two standard errors of 0.25, else how many points above \
-chance, and how far from the control."
+--lm MODEL adds the model's zero-shot accuracy, scored as lm-evaluation-harness scores the \
+export's afkit_swag task (rows lm:MODEL:acc and lm:MODEL:acc_norm). --control DIR audits a \
+second dataset the same way (typically `afkit export --negatives random`) and sets its numbers \
+beside this one's. The report ends with one verdict per family of evidence (style, \
+relational, LM zero-shot, fine-tuned)."
 )]
 pub struct Args {
     /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
     pub dataset: PathBuf,
+    /// Cross-validate over every labelled split in K folds by group (K >= 2): the figure to
+    /// trust. Without it, one train -> val split.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(2..))]
+    pub cv: Option<u64>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -73,31 +63,29 @@ pub struct Args {
     #[arg(long, default_value_t = Seed::default())]
     pub seed: Seed,
     /// PPMI: words listed per label.
-    #[arg(long, default_value_t = 15, help_heading = BASELINES)]
+    #[arg(long, default_value_t = 15, help_heading = BASELINES, hide_short_help = true)]
     pub ppmi_top: usize,
     /// PPMI: skip words seen fewer times than this in all endings.
-    #[arg(long, default_value_t = 5, help_heading = BASELINES)]
+    #[arg(long, default_value_t = 5, help_heading = BASELINES, hide_short_help = true)]
     pub ppmi_min_count: u64,
     /// Skip the KNN distances (they need the MiniLM encoder).
-    #[arg(long, help_heading = BASELINES)]
+    #[arg(long, help_heading = BASELINES, hide_short_help = true)]
     pub no_knn: bool,
     /// KNN: at most this many questions per split are embedded (a seeded sample).
-    #[arg(long, default_value_t = 2000, help_heading = BASELINES)]
+    #[arg(long, default_value_t = 2000, help_heading = BASELINES, hide_short_help = true)]
     pub knn_max: usize,
-    /// Cross-validate over all labelled splits in K folds (K >= 2) instead of train -> val.
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(2..))]
-    pub cv: Option<u64>,
     /// Skip everything that needs the MiniLM encoder: the KNN distances and the minilm_s2
     /// baseline of --cv.
-    #[arg(long, help_heading = BASELINES)]
+    #[arg(long, help_heading = BASELINES, hide_short_help = true)]
     pub no_embed: bool,
-    /// Folder of the MiniLM embedding cache (one vector per distinct text, shared with
-    /// `afkit aflite`); default $AFKIT_HOME/embeddings. An audit of the AF export and one of its
-    /// random control share every context and gold ending.
-    #[arg(long, help_heading = CACHE)]
+    /// Folder of the MiniLM embedding cache; default $AFKIT_HOME/embeddings.
+    ///
+    /// One vector per distinct text, shared with `afkit filter` and `afkit aflite`: an audit of
+    /// the AF export and one of its random control share every context and gold ending.
+    #[arg(long, help_heading = CACHE, hide_short_help = true)]
     pub cache_dir: Option<PathBuf>,
     /// Embed every text again instead of reading or writing the cache.
-    #[arg(long, help_heading = CACHE)]
+    #[arg(long, help_heading = CACHE, hide_short_help = true)]
     pub no_cache: bool,
     /// Also measure this language model's zero-shot accuracy (repeatable): `smollm2` or the
     /// path of a GGUF file.
@@ -109,21 +97,21 @@ pub struct Args {
     pub control: Option<PathBuf>,
     /// Replace report files at OUT that afkit did not write (or that were changed since); the
     /// dataset's CSV files are never written over.
-    #[arg(long)]
+    #[arg(long, hide_short_help = true)]
     pub force: bool,
     /// Skip --cv's fine-tuned cross-encoder (finetune_minilm), the slowest baseline.
     #[arg(long)]
     pub no_finetune: bool,
     /// finetune_minilm: passes over each fold's training questions.
-    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs)]
+    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs, hide_short_help = true)]
     pub finetune_epochs: usize,
     /// finetune_minilm: word pieces per option, [CLS] and [SEP]s included (the context is cut
     /// from its start when the pair is longer).
-    #[arg(long, value_name = "N", default_value_t = Shape::default().max_len)]
+    #[arg(long, value_name = "N", default_value_t = Shape::default().max_len, hide_short_help = true)]
     pub finetune_max_len: usize,
     /// finetune_minilm: the encoder's lowest layers kept fixed (the embeddings always are);
     /// fewer train more of the model and take longer.
-    #[arg(long, value_name = "N", default_value_t = Shape::default().frozen_layers)]
+    #[arg(long, value_name = "N", default_value_t = Shape::default().frozen_layers, hide_short_help = true)]
     pub finetune_frozen_layers: usize,
     /// Where finetune_minilm runs: `cpu`, or `cuda` (`cuda:N`) with an afkit built with
     /// `--features cuda`.
@@ -216,7 +204,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     match summary {
         audit::Summary::CrossValidated(audit) => print_cv_table(&audit),
-        audit::Summary::Holdout(report) => print_holdout(&report),
+        audit::Summary::Holdout(report) => print_holdout(&report, &config.dataset),
     }
     println!("report: {}", config.out.join("audit.md").display());
     Ok(())
@@ -242,13 +230,17 @@ impl audit::Observer for Progress {
     }
 }
 
-fn print_holdout(report: &audit::AuditReport) {
+fn print_holdout(report: &audit::AuditReport, dataset: &std::path::Path) {
     println!(
         "train {} -> val {} questions (chance 0.250; ± is the se of a proportion)",
         report.n_train, report.n_val
     );
     print_rows(&report.summary, report.control.is_some());
     print_verdicts(&report.verdicts);
+    println!(
+        "a single train -> val split: `afkit audit {} --cv 5` gives the figure to trust",
+        dataset.display()
+    );
 }
 
 fn print_cv_table(audit: &audit::CvAudit) {

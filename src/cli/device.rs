@@ -7,15 +7,18 @@ use crate::device::{Compute, DeviceChoice, Engine};
 /// The flags, flattened into a command's arguments. The default is the CPU with afkit's kernels.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct DeviceArgs {
-    /// Where the models run: `cpu`, or `cuda` (`cuda:N` for the N-th GPU) for an NVIDIA GPU
-    /// through candle's CUDA backend. CUDA needs an afkit built with `--features cuda` (see
-    /// docs/gpu.md).
+    /// Where models run: `cpu`, `cuda` or `cuda:N`.
+    ///
+    /// `cuda:N` is the N-th GPU. `cuda` runs on an NVIDIA GPU through candle's CUDA backend; it
+    /// needs an afkit built with `--features cuda` (see docs/gpu.md).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda|cuda:N")]
     pub device: DeviceChoice,
+    /// The kernels: afkit's own CPU kernels (`cpu`) or candle's ops (`generic`).
+    ///
     /// `cpu`: afkit's own CPU kernels (CPU only; the default there). `generic`: candle ops
     /// only, the code a GPU runs (the default on a GPU); on the CPU it is slower and exists to
     /// check that code without a GPU. Results agree up to floating-point rounding.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, hide_short_help = true)]
     pub engine: Option<Engine>,
 }
 

@@ -29,26 +29,31 @@ const PUBLISHING: &str = "Publishing";
 pub struct Args {
     /// The project file.
     pub project: PathBuf,
-    /// Output directory. Exporting onto a previous export replaces only the files an export wrote
-    /// there; everything else in the folder (an audit, a git repository, your files) stays.
+    /// Output directory.
+    ///
+    /// Exporting onto a previous export replaces only the files an export wrote there; everything else in the folder (an audit, a git repository, your files) stays.
     #[arg(long)]
     pub out: PathBuf,
-    /// Replace files at OUT (and the answers file beside it) that afkit did not write, or that were
-    /// changed since; without it such a file stops the export before anything is written.
+    /// Replace files at OUT that afkit did not write, or that were changed since.
+    ///
+    /// This covers the answers file beside OUT too; without it such a file stops the export before anything is written.
     #[arg(long)]
     pub force: bool,
-    /// `adversarial` (the AF negatives) or `random` (a control drawn from the pre-AF pool).
+    /// `adversarial` (the AF negatives) or `random` (a control from the pre-AF pool).
     #[arg(long, value_enum, default_value = "adversarial")]
     pub negatives: Negatives,
     /// Seed for the ending order of each example and for the random control (recorded).
     #[arg(long, default_value_t = Seed::default())]
     pub seed: Seed,
-    /// Keep the test split's labels (and test_full.csv) in OUT, for internal measurement; without
-    /// it they are withheld, so OUT can be published.
+    /// Keep the test split's labels in OUT, for internal measurement.
+    ///
+    /// The labels and test_full.csv stay in OUT; without this flag they are withheld, so OUT can be
+    /// published.
     #[arg(long, help_heading = PUBLISHING)]
     pub with_test_labels: bool,
-    /// The dataset's licence, as a Hugging Face Hub licence id (cc-by-4.0, apache-2.0, other,
-    /// ...), for the card's metadata: the terms of your inputs and generator decide it.
+    /// The dataset's licence, as a Hugging Face Hub licence id (cc-by-4.0, apache-2.0, ...).
+    ///
+    /// It goes into the card's metadata; the terms of your inputs and generator decide it.
     #[arg(long, default_value = "unknown", value_parser = parse_license, help_heading = PUBLISHING)]
     pub license: String,
 }

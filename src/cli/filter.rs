@@ -37,76 +37,78 @@ pub enum DiscriminatorArg {
 pub struct FilterArgs {
     /// The project file.
     pub project: PathBuf,
-    /// Negatives assigned per context during AF (contexts whose pool is smaller are left out).
+    /// Negatives per context (contexts with smaller pools are left out).
     #[arg(long, default_value_t = DEFAULTS.k, help_heading = RUN)]
     pub k: usize,
     /// Cap on the cheap MLP-only iterations that run first (SWAG: 100 on GPUs).
-    #[arg(long, default_value_t = DEFAULTS.mlp_iterations, help_heading = RUN)]
+    #[arg(long, default_value_t = DEFAULTS.mlp_iterations, help_heading = RUN, hide_short_help = true)]
     pub mlp_iterations: usize,
     /// Cap on the full-ensemble iterations (SWAG: 50); default 8 with the fine-tuned adversary,
     /// 3 without it.
     ///
-    /// With the adversary, each iteration trains a fresh cross-encoder on a new 80/20 split, and
-    /// 8 iterations hold most contexts out at least once (BENCHMARKS.md, "A fresh adversary").
-    /// Without it the default is low because with in-domain pools (`lm adapt`) more iterations
-    /// overshoot: the stylistic classifiers end up preferring the distractors to the real ending,
-    /// an artifact of its own. The phase stops
-    /// earlier once it has converged: 2 iterations in a row with swaps below 1% of the held-out
-    /// contexts or ensemble accuracy within two standard errors of chance. 0 runs MLP-only AF (for
-    /// projects too big for the text models on this machine): the final cross-fitted pass then
-    /// scores with the MLP, and the pools' texts are never loaded.
-    #[arg(long, help_heading = RUN)]
+    /// With the adversary, each iteration trains a fresh cross-encoder on a new 80/20 split, so
+    /// that over the iterations most contexts are held out at least once. Without it the cap is
+    /// low because with in-domain pools (`lm adapt`) more iterations overshoot: the stylistic
+    /// classifiers end up preferring the distractors to the real ending, an artifact of its own.
+    /// The phase stops earlier once it has converged: 2 iterations in a row with swaps below 1%
+    /// of the held-out contexts or ensemble accuracy within two standard errors of chance. 0 runs
+    /// MLP-only AF (for projects too big for the text models on this machine): the final
+    /// cross-fitted pass then scores with the MLP, and the pools' texts are never loaded.
+    #[arg(long, help_heading = RUN, hide_short_help = true)]
     pub ensemble_iterations: Option<usize>,
-    /// Seed for splits, initial assignment, model initialisation and batch order (recorded).
+    /// Seed of the run (recorded).
+    ///
+    /// It seeds the splits, the initial assignment, model initialisation and batch order.
     #[arg(long, default_value_t = DEFAULTS.seed, help_heading = RUN)]
     pub seed: Seed,
     /// Easy negatives replaced per held-out context and iteration (SWAG: N_easy = 2).
-    #[arg(long, default_value_t = DEFAULTS.n_easy, help_heading = RUN)]
+    #[arg(long, default_value_t = DEFAULTS.n_easy, help_heading = RUN, hide_short_help = true)]
     pub n_easy: usize,
-    /// Which pool ending replaces an easy negative: the highest-scoring (`highest`, SWAG's rule,
-    /// the default), or the one that outscores it and scores nearest the real ending
-    /// (`nearest-gold`).
+    /// Which pool ending replaces an easy negative: the highest-scoring or the one nearest the
+    /// real ending.
     ///
-    /// `highest` pushes the negatives past the real ending: on small projects the audit's
-    /// classifiers then pick the real ending less often than chance, an artifact of its own.
-    /// `nearest-gold` overshoots less on style (word n-grams back at chance on 120 contexts)
-    /// but leaves more for language models to find (BENCHMARKS.md, "Replacing towards the gold").
-    #[arg(long, value_enum, default_value_t = DEFAULTS.replacement, help_heading = RUN)]
+    /// `highest` (SWAG's rule, the default) takes the highest-scoring pool ending; it pushes the
+    /// negatives past the real ending, so that on small projects the audit's classifiers pick the
+    /// real ending less often than chance, an artifact of its own. `nearest-gold` takes the one
+    /// that outscores the easy negative and scores nearest the real ending: it overshoots less on
+    /// style but leaves more for language models to find (BENCHMARKS.md compares the two).
+    #[arg(long, value_enum, default_value_t = DEFAULTS.replacement, help_heading = RUN, hide_short_help = true)]
     pub replace_with: af::algorithm::Replacement,
-    /// What the held-out contexts of an iteration and the folds of the final pass keep
-    /// together: single contexts (`context`, the default) or whole groups (`group`: an
-    /// ActivityNet video, as the export's splits and the audit's folds are cut).
+    /// What held-out contexts and final folds keep together: single contexts or whole groups.
     ///
-    /// With `context` a model may have trained on a context of the same video when it scores a
+    /// `context` (the default) holds out single contexts; `group` whole groups (an ActivityNet
+    /// video), as the export's splits and the audit's folds are cut. With `context` a model may have trained on a context of the same video when it scores a
     /// held-out one, so it knows that video's real endings; `group` rules that out.
-    #[arg(long, value_enum, default_value_t = DEFAULTS.hold_out, help_heading = RUN)]
+    #[arg(long, value_enum, default_value_t = DEFAULTS.hold_out, help_heading = RUN, hide_short_help = true)]
     pub hold_out: af::run::HoldOut,
-    /// Start a new run even though the latest one is unfinished or finished on the same pools.
+    /// Start a new run instead of resuming or keeping the latest one.
+    ///
+    /// Without it an unfinished latest run resumes, and one finished on the same pools stands.
     #[arg(long, help_heading = RUN)]
     pub new_run: bool,
     /// Training passes over the training contexts in an MLP-only iteration.
-    #[arg(long, default_value_t = DEFAULTS.train.mlp_epochs, help_heading = TRAINING)]
+    #[arg(long, default_value_t = DEFAULTS.train.mlp_epochs, help_heading = TRAINING, hide_short_help = true)]
     pub mlp_epochs: usize,
     /// Training passes in an ensemble iteration and in each fold of the final pass.
-    #[arg(long, default_value_t = DEFAULTS.train.ensemble_epochs, help_heading = TRAINING)]
+    #[arg(long, default_value_t = DEFAULTS.train.ensemble_epochs, help_heading = TRAINING, hide_short_help = true)]
     pub ensemble_epochs: usize,
     /// Contexts per optimisation step.
-    #[arg(long, default_value_t = DEFAULTS.train.batch_contexts, help_heading = TRAINING)]
+    #[arg(long, default_value_t = DEFAULTS.train.batch_contexts, help_heading = TRAINING, hide_short_help = true)]
     pub batch_contexts: usize,
     /// AdamW learning rate.
-    #[arg(long, default_value_t = DEFAULTS.train.learning_rate, help_heading = TRAINING)]
+    #[arg(long, default_value_t = DEFAULTS.train.learning_rate, help_heading = TRAINING, hide_short_help = true)]
     pub learning_rate: f64,
     /// Word-embedding size of the bag-of-words, CNN and BiLSTM models.
-    #[arg(long, default_value_t = DEFAULTS.train.model.word_dim, help_heading = TRAINING)]
+    #[arg(long, default_value_t = DEFAULTS.train.model.word_dim, help_heading = TRAINING, hide_short_help = true)]
     pub word_dim: usize,
     /// Hidden size of the MLP and the ensemble.
     ///
     /// The CNN uses half as many filters per width and the BiLSTM half as many units per
     /// direction.
-    #[arg(long, default_value_t = DEFAULTS.train.model.mlp_hidden, help_heading = TRAINING)]
+    #[arg(long, default_value_t = DEFAULTS.train.model.mlp_hidden, help_heading = TRAINING, hide_short_help = true)]
     pub hidden: usize,
     /// Words seen fewer times than this in the project's texts share the UNK embedding.
-    #[arg(long, default_value_t = DEFAULTS.encode.min_count, help_heading = TRAINING)]
+    #[arg(long, default_value_t = DEFAULTS.encode.min_count, help_heading = TRAINING, hide_short_help = true)]
     pub min_count: usize,
     /// Words seen in the texts of fewer contexts than this share the UNK embedding.
     ///
@@ -114,31 +116,25 @@ pub struct FilterArgs {
     /// contexts' real endings; AF then favours other contexts' endings that contain it,
     /// distractors that imitate particular real endings rather than the style of all of them.
     /// On a small project a classifier trained on the export learns that imitation and picks
-    /// the real ending less often than chance. 20 lifted the audit's n-gram rows, pooled over
-    /// four sets of 60–120 ActivityNet contexts, from 0.21–0.22 to 0.24–0.28, and changed
-    /// nothing measurable at 1,000 contexts; on a fresh set of 60 they still fell to 0.10–0.22
-    /// (BENCHMARKS.md, "Words need twenty contexts" and "Gemma-3-270M as a second scorer"), so
-    /// check a small export's audit for rows under chance. A run of fewer than three times as
-    /// many contexts keeps every word seen twice: on the 40-context sample 20 left 23 words and
-    /// the audit fell further under chance.
-    #[arg(long, default_value_t = DEFAULTS.encode.min_contexts, help_heading = TRAINING)]
+    /// the real ending less often than chance; raising this limit counters it (BENCHMARKS.md has
+    /// the measurements), but check a small export's audit for rows under chance. A run of fewer
+    /// than three times as many contexts as this keeps every word seen twice.
+    #[arg(long, default_value_t = DEFAULTS.encode.min_contexts, help_heading = TRAINING, hide_short_help = true)]
     pub min_contexts: usize,
     /// Leave the subword model (hashed character n-grams of the ending) out of the ensemble.
-    #[arg(long, help_heading = MODELS)]
+    #[arg(long, help_heading = MODELS, hide_short_help = true)]
     pub no_subword_model: bool,
     /// Leave the sentence model (MiniLM embedding of sent2 + ending) out of the ensemble.
     ///
     /// It needs the MiniLM model (`afkit models fetch`) and embeds every pool ending once per run.
-    #[arg(long, help_heading = MODELS)]
+    #[arg(long, help_heading = MODELS, hide_short_help = true)]
     pub no_sentence_model: bool,
-    /// A language model that reads every ending (repeatable): `smollm2`, `gemma3` or the path
-    /// of a GGUF file.
+    /// Language model reading every ending (repeatable).
     ///
-    /// Each ending is scored after its context (sent1 + " " + sent2, as lm-evaluation-harness
+    /// `smollm2`, `gemma3` or the path of a GGUF file. Each ending is scored after its context (sent1 + " " + sent2, as lm-evaluation-harness
     /// poses the question) and alone; the log-likelihoods, per character and per token, join the
     /// MLP's features, so AF prefers distractors this model finds as likely as the real ending.
-    /// Scored once per ending and stored in the project (an interrupted scoring resumes); with
-    /// SmolLM2 on 2 cores about 30 endings a second.
+    /// Scored once per ending and stored in the project (an interrupted scoring resumes).
     #[arg(
         long = "scorer",
         value_name = "MODEL",
@@ -146,36 +142,37 @@ pub struct FilterArgs {
         help_heading = MODELS
     )]
     pub scorers: Vec<String>,
-    /// No scorer model: AF faces the stylistic ensemble alone (the recipe before scorers joined
-    /// the default; faster, and language models then find the real ending more often).
+    /// No scorer model: AF faces the stylistic ensemble alone.
+    ///
+    /// Faster, and language models then find the real ending more often.
     #[arg(long, conflicts_with = "scorers", help_heading = MODELS)]
     pub no_scorer: bool,
-    /// The fine-tuned adversary beside the stylistic ensemble: `minilm` (the default, except
-    /// with --ensemble-iterations 0) or `none`.
+    /// Fine-tuned adversary: `minilm` or `none`.
     ///
+    /// The adversary beside the stylistic ensemble. `minilm` is the default, except with --ensemble-iterations 0.
     /// The MiniLM encoder (`afkit models fetch`) fine-tuned as a multiple-choice cross-encoder
     /// on `[context] [SEP] [ending]`: it reads the context and the ending together, as the
     /// models a benchmark measures do. A fresh copy trains in every ensemble iteration (and one
     /// per fold of the final pass), and AF acts on its scores and the ensemble's together.
-    /// Fine-tuning an encoder is far slower than training the stylistic models (about 3.5
-    /// minutes an iteration at 1,000 contexts on 2 cores): `--device cuda` where there is a GPU.
-    #[arg(long, value_enum, help_heading = MODELS)]
+    /// Fine-tuning an encoder is far slower than training the stylistic models: `--device cuda`
+    /// where there is a GPU.
+    #[arg(long, value_enum, value_name = "NAME", hide_possible_values = true, help_heading = MODELS)]
     pub discriminator: Option<DiscriminatorArg>,
     /// The model folder the discriminator fine-tunes instead of the shipped MiniLM: any BERT
     /// model in Hugging Face's layout (config.json, tokenizer.json, model.safetensors).
-    #[arg(long, value_name = "DIR", help_heading = MODELS)]
+    #[arg(long, value_name = "DIR", help_heading = MODELS, hide_short_help = true)]
     pub discriminator_model: Option<PathBuf>,
     /// Folder of the MiniLM embedding cache; default $AFKIT_HOME/embeddings.
     ///
     /// The sentence model reads it first (one vector per distinct text, shared with `afkit
     /// audit` and `afkit aflite`). Projects that share contexts and endings embed them once.
-    #[arg(long, help_heading = MODELS)]
+    #[arg(long, help_heading = MODELS, hide_short_help = true)]
     pub cache_dir: Option<PathBuf>,
     /// Embed every pool ending again instead of reading or writing the cache.
-    #[arg(long, help_heading = MODELS)]
+    #[arg(long, help_heading = MODELS, hide_short_help = true)]
     pub no_cache: bool,
     /// Folds of the final cross-fitted scoring pass.
-    #[arg(long, default_value_t = DEFAULTS.folds, help_heading = RUN)]
+    #[arg(long, default_value_t = DEFAULTS.folds, help_heading = RUN, hide_short_help = true)]
     pub folds: usize,
     #[command(flatten, next_help_heading = "Device")]
     pub device: DeviceArgs,
@@ -326,6 +323,25 @@ impl af::Observer for Progress {
         // An ensemble iteration takes minutes where an MLP-only one took seconds: the time per
         // iteration and the ETA start again with the phase.
         self.0.restart_rate();
+    }
+
+    /// A phase that converged early says so, and the bar's total drops the iterations it will
+    /// not run.
+    fn phase_ended(&mut self, family: Family, iterations: usize, cap: usize) {
+        if iterations >= cap {
+            return;
+        }
+        self.0.say(
+            &format!(
+                "{} phase converged after {iterations} of at most {cap} iterations",
+                family.name()
+            ),
+            true,
+        );
+        if let Some(bar) = self.0.bar() {
+            let total = bar.length().unwrap_or(0);
+            bar.set_length(total.saturating_sub((cap - iterations) as u64));
+        }
     }
 
     fn iteration_done(&mut self, record: &IterationRecord, train_seconds: f64) {

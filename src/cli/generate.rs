@@ -26,17 +26,18 @@ const OUTPUT: &str = "Output";
 pub struct GenerateArgs {
     /// The project file.
     pub project: PathBuf,
-    /// `smollm2` (the default model), `gemma3` (both fetched if needed) or the path of a GGUF file
-    /// (llama, qwen2, qwen3 or gemma3).
+    /// `smollm2`, `gemma3` or the path of a GGUF file.
     ///
-    /// With `--backend openai` it is the scoring model: point the server at the same GGUF.
+    /// `smollm2` and `gemma3` are fetched if needed; a GGUF file may hold a llama, qwen2, qwen3
+    /// or gemma3 model. With `--backend openai` it is the scoring model: point the server at the same GGUF.
     #[arg(long, default_value = "smollm2", help_heading = WHAT)]
     pub model: String,
     /// Unique endings to sample per context (N⁻).
     #[arg(long, default_value_t = 64, help_heading = WHAT)]
     pub n_neg: usize,
-    /// Sample at most N contexts in this run: the first N (by id) that have no pool yet. It counts
-    /// per run: contexts finished by an earlier run (also one that was stopped) have pools, so
+    /// Sample at most N contexts in this run.
+    ///
+    /// They are the first N (by id) that have no pool yet. It counts per run: contexts finished by an earlier run (also one that was stopped) have pools, so
     /// running the same command again samples the next N.
     #[arg(long, help_heading = WHAT)]
     pub limit: Option<usize>,
@@ -50,29 +51,29 @@ pub struct GenerateArgs {
     ///
     /// A file's text contains `{startphrase}` (or `{sent1}` and `{sent2}`); the endings
     /// continue the filled template.
-    #[arg(long, default_value = "continuation", help_heading = WHAT)]
+    #[arg(long, default_value = "continuation", help_heading = WHAT, hide_short_help = true)]
     pub prompt: String,
     /// Real context + ending pairs shown before each context, so the model writes in the
     /// corpus's style.
     ///
     /// The pairs come from the project's other groups (videos), one per line, chosen per
     /// context from the seed and recorded with its pool. 0 shows none.
-    #[arg(long, default_value_t = 12, help_heading = WHAT)]
+    #[arg(long, default_value_t = 12, help_heading = WHAT, hide_short_help = true)]
     pub style_examples: usize,
     /// Keep sampled endings that no found ending could be.
     ///
     /// By default an ending must pass the rules ingest applies to found ones: 5 to 25 tokens,
     /// and a verb phrase that the splitter would cut right after `sent2` (so not "of the man
     /// throws ...").
-    #[arg(long, help_heading = WHAT)]
+    #[arg(long, help_heading = WHAT, hide_short_help = true)]
     pub no_ending_rules: bool,
     /// Grow starved pools instead of making new ones: this many more endings per context.
     ///
     /// A pool is starved when the latest finished AF run scored its found ending above all of
     /// its candidates (AF had nothing left to swap in). Then run `afkit filter` again.
-    #[arg(long, help_heading = WHAT)]
+    #[arg(long, help_heading = WHAT, hide_short_help = true)]
     pub grow: Option<usize>,
-    /// Require the project's adapters (`afkit lm adapt`, same --model); fail without them.
+    /// Fail without the project's adapters (`afkit lm adapt`, same --model).
     ///
     /// By default a project that holds adapters for the model samples each context with its
     /// fold's adapter (the model fine-tuned on the project's other groups, which writes in the
@@ -81,53 +82,53 @@ pub struct GenerateArgs {
     #[arg(long, conflicts_with = "no_adapters", help_heading = WHAT)]
     pub adapted: bool,
     /// Sample with the model alone even where the project holds adapters.
-    #[arg(long, help_heading = WHAT)]
+    #[arg(long, help_heading = WHAT, hide_short_help = true)]
     pub no_adapters: bool,
     /// With --grow: leave pools that already hold this many candidates as they are.
-    #[arg(long, default_value_t = 512, help_heading = WHAT)]
+    #[arg(long, default_value_t = 512, help_heading = WHAT, hide_short_help = true)]
     pub max_pool: usize,
     /// Sampling temperature.
     ///
     /// Keep 1: cooler sampling lowers perplexity, an artifact that the stylistic classifiers
     /// pick up.
-    #[arg(long, default_value_t = SamplingParams::default().temperature, help_heading = SAMPLING)]
+    #[arg(long, default_value_t = SamplingParams::default().temperature, help_heading = SAMPLING, hide_short_help = true)]
     pub temperature: f32,
     /// Keep only the k most probable tokens (off by default).
-    #[arg(long, help_heading = SAMPLING)]
+    #[arg(long, help_heading = SAMPLING, hide_short_help = true)]
     pub top_k: Option<usize>,
     /// Nucleus sampling threshold (off by default).
-    #[arg(long, help_heading = SAMPLING)]
+    #[arg(long, help_heading = SAMPLING, hide_short_help = true)]
     pub top_p: Option<f32>,
     /// Drop tokens less than this fraction as probable as the best one (off by default).
-    #[arg(long, help_heading = SAMPLING)]
+    #[arg(long, help_heading = SAMPLING, hide_short_help = true)]
     pub min_p: Option<f32>,
     /// Token cap per ending; endings that reach it without ending a sentence are discarded.
-    #[arg(long, default_value_t = SamplingParams::default().max_tokens, help_heading = SAMPLING)]
+    #[arg(long, default_value_t = SamplingParams::default().max_tokens, help_heading = SAMPLING, hide_short_help = true)]
     pub max_tokens: usize,
     /// Sequences decoded together.
     ///
     /// Continuous batching: a finished sequence's place goes to the next one, from any
     /// context. Bigger keeps the matrix products efficient; the key/value cache grows with it
-    /// (about 0.5 GB for SmolLM2 at 256 × --max-tokens 40).
-    #[arg(long, default_value_t = SamplingParams::default().batch, help_heading = SAMPLING)]
+    /// (and with --max-tokens).
+    #[arg(long, default_value_t = SamplingParams::default().batch, help_heading = SAMPLING, hide_short_help = true)]
     pub batch: usize,
     /// Draws allowed per requested ending before a context is left with fewer endings.
     ///
     /// A context whose pool is still short of --n-neg after this many draws per ending keeps
     /// what it has; the summary counts the endings missing.
-    #[arg(long, default_value_t = SamplingParams::default().max_draws_per_ending, help_heading = SAMPLING)]
+    #[arg(long, default_value_t = SamplingParams::default().max_draws_per_ending, help_heading = SAMPLING, hide_short_help = true)]
     pub max_draws_per_ending: usize,
-    /// Where endings are sampled: `local` (the model, on this machine) or `openai`.
+    /// Where endings are sampled: `local` or `openai` (a server).
     ///
-    /// `openai`: an OpenAI-compatible completions server (see --endpoint); the local model then
+    /// `local`: the model, on this machine. `openai`: an OpenAI-compatible completions server (see --endpoint); the local model then
     /// only scores the LM features.
-    #[arg(long, value_enum, default_value = "local", help_heading = SERVER)]
+    #[arg(long, value_enum, default_value = "local", hide_possible_values = true, help_heading = SERVER)]
     pub backend: Backend,
     /// Boxed: the server flags would otherwise make every `Command` value large.
     #[command(flatten, next_help_heading = SERVER)]
     pub openai: Box<OpenAiArgs>,
     /// Print a JSON summary (counts, timings) on stdout.
-    #[arg(long, help_heading = OUTPUT)]
+    #[arg(long, help_heading = OUTPUT, hide_short_help = true)]
     pub json: bool,
     /// Where the local model samples (`--backend local`) and scores the LM features.
     #[command(flatten, next_help_heading = "Device")]
@@ -144,8 +145,9 @@ pub enum Backend {
 pub struct ImportPoolArgs {
     /// The project file.
     pub project: PathBuf,
-    /// JSONL, one context per line: {"id", "endings": ["...", ...]} (`id` is the example's id),
-    /// or a pool scored elsewhere, {"id", "endings": [{"text", "lp_cond", "lp_alone",
+    /// JSONL, one context per line: {"id", "endings": ["...", ...]} (`id` is the example's id).
+    ///
+    /// Or a pool scored elsewhere, {"id", "endings": [{"text", "lp_cond", "lp_alone",
     /// "lp_final_punct", "n_tok"}, ...], "gold": {"lp_cond", "lp_alone", "lp_final_punct",
     /// "n_tok"}, "context": {"ctx_logprob", "n_tok_sent1", "n_tok_sent2"}} (the LM features:
     /// mean log-probs, each at most 0, the final punctuation's log-prob or null, lengths in LM
@@ -325,15 +327,14 @@ struct Progress {
     /// Endings kept so far, and those of them in contexts already done.
     kept: usize,
     kept_in_done: usize,
-    /// Endings per second with their scoring, as the stage last measured it.
-    rate: Option<f64>,
     /// `--limit`, said at the start so that a second run's count surprises no one.
     limit: Option<usize>,
 }
 
 impl Progress {
     /// Done contexts count whole (what they fell short of is not coming); the others count
-    /// their endings kept so far.
+    /// their endings kept so far, but each holds back one unit until it is done (its endings
+    /// are still to be scored), so the bar is full only when every context is.
     fn show(&self) {
         let Some(bar) = self.lines.bar() else {
             return;
@@ -343,16 +344,15 @@ impl Progress {
             return;
         }
         let in_flight = self.kept.saturating_sub(self.kept_in_done);
+        let open = self.contexts.saturating_sub(self.contexts_done);
+        let in_flight = in_flight.min(open * self.endings_each.saturating_sub(1));
         bar.set_position((self.contexts_done * self.endings_each + in_flight) as u64);
-        let mut message = format!(
+        // The bar's own rate is the one rate shown: mean units a second, scoring included.
+        bar.set_message(format!(
             "{}/{} done",
             self.contexts_done,
             counted(self.contexts, "context", "contexts")
-        );
-        if let Some(rate) = self.rate {
-            message.push_str(&format!(", {rate:.1} endings/s with scoring"));
-        }
-        bar.set_message(message);
+        ));
     }
 }
 
@@ -393,10 +393,9 @@ impl generate::Observer for Progress {
         self.show();
     }
 
-    fn context_done(&mut self, kept: usize, endings_per_second: Option<f64>) {
+    fn context_done(&mut self, kept: usize, _endings_per_second: Option<f64>) {
         self.contexts_done += 1;
         self.kept_in_done += kept;
-        self.rate = endings_per_second.or(self.rate);
         self.show();
     }
 }
@@ -526,5 +525,29 @@ mod tests {
         p.skipped("v9#0", "too long");
         assert_eq!(position(&p), Some(12));
         assert_eq!(p.lines.bar().map(|b| b.length()), Some(Some(12)));
+    }
+
+    #[test]
+    fn the_bar_is_full_only_when_every_context_is_done() {
+        let mut p = Progress::default();
+        p.started(4, 3);
+        let position = |p: &Progress| p.lines.bar().map(|b| b.position());
+        let message = |p: &Progress| p.lines.bar().map(|b| b.message().to_string());
+        // Every ending of all four contexts sampled, none of them scored and done yet.
+        for _ in 0..12 {
+            p.ending_kept();
+        }
+        assert_eq!(
+            position(&p),
+            Some(8),
+            "each open context holds back one unit"
+        );
+        for done in 1..=3 {
+            p.context_done(3, Some(10.0));
+            assert_eq!(position(&p), Some(12 - (4 - done)));
+        }
+        assert_eq!(message(&p).as_deref(), Some("3/4 contexts done"));
+        p.context_done(3, Some(10.0));
+        assert_eq!(position(&p), Some(12));
     }
 }

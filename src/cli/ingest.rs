@@ -22,8 +22,7 @@ use crate::store::Store;
     endings[label]; afkit's gen-orig questions (a generated gold) are skipped.\n\
     swag-csv: a SWAG release CSV (regular or full columns), taken as already split.\n\n\
     In every format a context (sent1 + sent2) of more than 256 tokens is dropped as long_context: \
-    no caption is that long (the longest pair of ActivityNet Captions' train split has 136 tokens, \
-    ending included) and generation could not use it. ActivityNet and JSONL records are also \
+    no caption pair is that long, and generation could not use it. ActivityNet and JSONL records are also \
     filtered, each drop counted by reason: no_verb_phrase, short_context (sent1 + sent2 under 6 \
     tokens), short_ending (under 5 tokens), long_ending (over 25 tokens; tokens include \
     punctuation) and, with --min-token-count N, rare_token.\n\n\

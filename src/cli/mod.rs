@@ -32,9 +32,13 @@ mod tagger;
 #[command(
     name = "afkit",
     version,
+    // Short enough for one screen: the version flag and the help command are listed by --help
+    // only, and no blank line parts the summary from the usage.
+    disable_version_flag = true,
+    disable_help_subcommand = true,
+    help_template = "{about-with-newline}{usage-heading} {usage}\n\n{all-args}{after-help}",
     about = "Build adversarial multiple-choice benchmarks, SWAG-style",
-    long_about = "Build adversarial multiple-choice benchmarks, SWAG-style.\n\n\
-        A project is one SQLite file. The pipeline:\n  \
+    after_long_help = "A project is one SQLite file. The pipeline:\n  \
         init → ingest → lm adapt → generate → filter (adversarial filtering) → annotate → \
         assemble → export\n\
         `lm adapt` matters most: it fine-tunes the generator on the corpus, so that its endings \
@@ -44,6 +48,9 @@ mod tagger;
         `afkit COMMAND -h` lists a command's common flags, `--help` all of them."
 )]
 struct Cli {
+    /// Print version.
+    #[arg(short = 'V', long, action = clap::ArgAction::Version, hide_short_help = true)]
+    version: Option<bool>,
     #[command(subcommand)]
     command: Command,
 }
@@ -64,14 +71,14 @@ enum Command {
     /// Fetch the default models (SmolLM2 generator, MiniLM encoder) into the model cache.
     #[command(subcommand)]
     Models(models::ModelsCommand),
-    /// Adapt the generator to the project's corpus (`lm adapt`): the step that matters most.
+    /// Adapt the generator to the project's corpus (`lm adapt`), the step that matters most.
     #[command(subcommand)]
     Lm(lm::LmCommand),
     /// Sample counterfactual endings for every context and compute their LM features.
     Generate(generate::GenerateArgs),
     /// Import endings generated elsewhere and compute their LM features.
     ImportPool(generate::ImportPoolArgs),
-    /// Adversarial filtering: pick the negatives that style classifiers and models reading the context cannot tell from the found ending.
+    /// Adversarial filtering: the negatives classifiers cannot tell from the found ending.
     Filter(filter::FilterArgs),
     /// Plot and summarise the AF run (accuracy by iteration, per model).
     Report(report::ReportArgs),
@@ -83,11 +90,15 @@ enum Command {
     /// Build the final examples from the labels and split them by group.
     Assemble(assemble::Args),
     Export(export::Args),
-    /// Audit a SWAG-format dataset: how often style classifiers and language models find the real ending.
     Audit(audit::Args),
     Score(audit::ScoreArgs),
     /// AFLite: remove the most predictable examples of a labelled dataset.
     Aflite(aflite::Args),
+    /// Print the help of a command (`afkit help lm adapt` is `afkit lm adapt --help`).
+    #[command(hide = true)]
+    Help {
+        command: Vec<String>,
+    },
 }
 
 #[derive(Args)]
@@ -159,6 +170,14 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Audit(args) => audit::run(args),
         Command::Score(args) => audit::run_score(args),
         Command::Aflite(args) => aflite::run(args),
+        Command::Help { command } => {
+            let argv = std::iter::once("afkit".to_string())
+                .chain(command)
+                .chain(std::iter::once("--help".to_string()));
+            // Prints the help and exits, as clap's own help command did.
+            Cli::parse_from(argv);
+            Ok(())
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! `AFKIT_PROGRESS_EVERY` sets the seconds between plain lines (default 10).
 
 use std::io::{IsTerminal, Write};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use indicatif::{
@@ -17,7 +17,7 @@ const DEFAULT_EVERY_SECONDS: f64 = 10.0;
 
 /// A bar counting `len` units of `unit` (e.g. "contexts"), with rate and ETA.
 pub fn bar(len: u64, unit: &str) -> ProgressBar {
-    bar_from(len, Since::default(), unit)
+    bar_from(len, Since::default(), unit).0
 }
 
 /// Where a bar's rate is measured from: `done` units and `elapsed` time on its clock. Units an
@@ -28,10 +28,12 @@ pub struct Since {
     pub elapsed: Duration,
 }
 
-/// A bar that starts at `since`: its count at `since.done` and its clock at `since.elapsed`.
-pub fn bar_from(len: u64, since: Since, unit: &str) -> ProgressBar {
+/// A bar that starts at `since`: its count at `since.done` and its clock at `since.elapsed`;
+/// with the unit its rate is shown in.
+fn bar_from(len: u64, since: Since, unit: &str) -> (ProgressBar, RateUnit) {
+    let rate_unit = RateUnit::default();
     if std::env::var_os("AFKIT_NO_PROGRESS").is_some() {
-        return ProgressBar::hidden();
+        return (ProgressBar::hidden(), rate_unit);
     }
     if std::io::stderr().is_terminal() {
         let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr())
@@ -39,8 +41,8 @@ pub fn bar_from(len: u64, since: Since, unit: &str) -> ProgressBar {
             .with_elapsed(since.elapsed);
         pb.set_style(style(&format!(
             "{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} ({{rate}}, {{left}}) {{msg}}"
-        ), since));
-        return pb;
+        ), since, &rate_unit));
+        return (pb, rate_unit);
     }
     let every = plain_interval();
     // Redraws are cheap: the lines themselves are spaced by `every`.
@@ -51,34 +53,62 @@ pub fn bar_from(len: u64, since: Since, unit: &str) -> ProgressBar {
     pb.set_style(style(
         &format!("{{pos}}/{{len}} {unit} ({{rate}}, {{left}}, {{elapsed}} so far) {{msg}}"),
         since,
+        &rate_unit,
     ));
     // Ticks keep the lines coming while the count stands still (a long first batch).
     pb.enable_steady_tick(every);
-    pb
+    (pb, rate_unit)
+}
+
+/// How a bar shows its rate: units per second, or seconds per unit for slow work. Chosen at
+/// the first rate the bar knows and kept, so that one bar never changes unit.
+#[derive(Debug, Clone, Default)]
+struct RateUnit(Arc<OnceLock<bool>>);
+
+impl RateUnit {
+    /// `rate` (units per second) in the bar's unit.
+    fn show(&self, rate: f64) -> String {
+        let seconds_each = *self.0.get_or_init(|| rate < 1.0);
+        if seconds_each {
+            format!("{} s each", significant(1.0 / rate))
+        } else {
+            format!("{}/s", significant(rate))
+        }
+    }
+}
+
+/// `x` with two significant digits at most, and no decimals from 10 up.
+fn significant(x: f64) -> String {
+    match x {
+        x if x >= 10.0 => format!("{x:.0}"),
+        x if x >= 1.0 => format!("{x:.1}"),
+        x if x >= 0.1 => format!("{x:.2}"),
+        x => format!("{x:.3}"),
+    }
 }
 
 /// The template with `{rate}` and `{left}`: the mean rate since `since` and the ETA from it.
 /// indicatif's own `{per_sec}` and `{eta}` follow a recent-rate estimate that swings
 /// several-fold between slow steps (and print four decimals, or an ETA of 0s before the first
 /// unit is done).
-fn style(template: &str, since: Since) -> ProgressStyle {
+fn style(template: &str, since: Since, unit: &RateUnit) -> ProgressStyle {
     rate_keys(
         ProgressStyle::with_template(template).expect("valid template"),
         since,
+        unit,
     )
 }
 
-/// `style` with its `{rate}` and `{left}` keys measuring from `since`.
-fn rate_keys(style: ProgressStyle, since: Since) -> ProgressStyle {
+/// `style` with its `{rate}` and `{left}` keys measuring from `since`, the rate in `unit`.
+fn rate_keys(style: ProgressStyle, since: Since, unit: &RateUnit) -> ProgressStyle {
+    let unit = unit.clone();
     style
         .with_key(
             "rate",
             move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
                 let _ = match mean_rate(state, since) {
                     None => write!(w, "rate not known yet"),
-                    Some(rate) if rate >= 10.0 => write!(w, "{rate:.0}/s"),
-                    Some(rate) if rate >= 0.1 => write!(w, "{rate:.1}/s"),
-                    Some(rate) => write!(w, "{:.0} s each", 1.0 / rate),
+                    Some(rate) => write!(w, "{}", unit.show(rate)),
                 };
             },
         )
@@ -211,6 +241,8 @@ impl TermLike for PlainLines {
 #[derive(Default)]
 pub struct Lines {
     bar: Option<ProgressBar>,
+    /// The rate's unit of the current bar, kept when its rate is measured again.
+    rate_unit: RateUnit,
 }
 
 impl Lines {
@@ -237,7 +269,9 @@ impl Lines {
     /// Replaces the bar with a new one of `total` units that starts at `since`.
     pub fn start_from(&mut self, total: usize, since: Since, unit: &str) -> &ProgressBar {
         self.clear();
-        self.bar.insert(bar_from(total as u64, since, unit))
+        let (bar, rate_unit) = bar_from(total as u64, since, unit);
+        self.rate_unit = rate_unit;
+        self.bar.insert(bar)
     }
 
     /// Measures the rate and ETA again from here, where the work's pace changes (the filter's
@@ -249,7 +283,7 @@ impl Lines {
                 done: bar.position(),
                 elapsed: bar.elapsed(),
             };
-            bar.set_style(rate_keys(bar.style(), since));
+            bar.set_style(rate_keys(bar.style(), since, &self.rate_unit));
         }
     }
 
@@ -356,8 +390,8 @@ mod tests {
     }
 
     /// What a bar at `pos` of 46, its clock at 100 s, shows when its rate counts from `since`
-    /// (re-keyed, as when the pace changes).
-    fn drawn(pos: u64, since: Since) -> String {
+    /// (re-keyed, as when the pace changes), its rate in `unit`.
+    fn drawn_in(pos: u64, since: Since, unit: &RateUnit) -> String {
         let screen = Screen::default();
         let pb = ProgressBar::with_draw_target(
             Some(46),
@@ -366,17 +400,26 @@ mod tests {
         .with_position(pos)
         .with_elapsed(Duration::from_secs(100));
         // Keyed afresh as `Lines::restart_rate` does: the last keys count.
-        pb.set_style(style("{pos}/{len} ({rate}, {left})", Since::default()));
-        pb.set_style(rate_keys(pb.style(), since));
+        pb.set_style(style(
+            "{pos}/{len} ({rate}, {left})",
+            Since::default(),
+            unit,
+        ));
+        pb.set_style(rate_keys(pb.style(), since, unit));
         // Abandoning draws at once and keeps the position.
         pb.abandon();
         let line = screen.0.lock().unwrap().trim().to_string();
         line
     }
 
+    /// `drawn_in` on a bar of its own.
+    fn drawn(pos: u64, since: Since) -> String {
+        drawn_in(pos, since, &RateUnit::default())
+    }
+
     #[test]
     fn a_resumed_bar_counts_only_its_own_units_in_the_rate() {
-        assert_eq!(drawn(36, Since::default()), "36/46 (0.4/s, ETA 28s)");
+        assert_eq!(drawn(36, Since::default()), "36/46 (2.8 s each, ETA 28s)");
         let resumed = Since {
             done: 26,
             elapsed: Duration::ZERO,
@@ -391,6 +434,27 @@ mod tests {
             done: 30,
             elapsed: Duration::from_secs(60),
         };
-        assert_eq!(drawn(36, new_pace), "36/46 (0.1/s, ETA 67s)");
+        assert_eq!(drawn(36, new_pace), "36/46 (6.7 s each, ETA 67s)");
+    }
+
+    #[test]
+    fn one_bar_keeps_the_unit_of_its_first_rate() {
+        let fast = RateUnit::default();
+        assert_eq!(fast.show(2.5), "2.5/s");
+        assert_eq!(fast.show(0.25), "0.25/s", "slower, still per second");
+        let slow = RateUnit::default();
+        assert_eq!(slow.show(0.1), "10 s each");
+        assert_eq!(slow.show(4.0), "0.25 s each", "faster, still seconds each");
+        // The pace changes at 60 s and 30 units: the bar keeps its unit.
+        let unit = RateUnit::default();
+        assert_eq!(
+            drawn_in(36, Since::default(), &unit),
+            "36/46 (2.8 s each, ETA 28s)"
+        );
+        let new_pace = Since {
+            done: 30,
+            elapsed: Duration::from_secs(60),
+        };
+        assert_eq!(drawn_in(36, new_pace, &unit), "36/46 (6.7 s each, ETA 67s)");
     }
 }
