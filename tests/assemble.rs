@@ -9,7 +9,7 @@ use std::path::Path;
 
 use afkit::dataset::REGULAR_COLUMNS;
 use afkit::store::fixtures::Fixtures;
-use common::{afkit, example_texts, ok, read, unverified_project, Ctx, Project};
+use common::{afkit, example_texts, fails, ok, read, unverified_project, Ctx, Project};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -516,6 +516,63 @@ fn splits_keep_groups_whole_and_are_stable() {
     // Another seed gives another split.
     p.assemble(&["--seed", "4"]);
     assert_ne!(splits(&p), after);
+}
+
+/// Contexts from two groups: as many groups as splits minus one, so one split gets none.
+fn two_group_project() -> Project {
+    let p = Project::new();
+    for g in 0..2 {
+        for i in 0..10 {
+            p.context(&format!("vid{g:02}"), i, 10, 8);
+        }
+    }
+    p
+}
+
+#[test]
+fn a_split_that_would_be_empty_is_an_error_that_names_the_fix() {
+    let p = two_group_project();
+    let err = fails(&["assemble", p.p(), "--unverified", "--seed", "1"]);
+    assert!(
+        err.contains("the test split would be empty")
+            && err.contains("of the project's 2 groups")
+            && err.contains("more groups")
+            && err.contains("--split 0.9,0.1,0"),
+        "{err}"
+    );
+    assert!(p.assembled().is_empty(), "nothing half-written");
+}
+
+#[test]
+fn an_explicitly_empty_split_exports_without_files_for_it() {
+    let p = two_group_project();
+    let summary = p.assemble(&["--unverified", "--seed", "1", "--split", "0.9,0.1,0"]);
+    assert_eq!(
+        summary["examples"]["test"].as_u64().unwrap_or(0),
+        0,
+        "{summary}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("dataset");
+    let printed = ok(&["export", p.p(), "--out", out.to_str().unwrap()]);
+    for file in ["test.csv", "jsonl/test.jsonl", "test_full.csv"] {
+        assert!(
+            !out.join(file).exists(),
+            "{file} written for an empty split"
+        );
+    }
+    assert!(!dir.path().join("dataset-test-answers.csv").exists());
+    assert!(!printed.contains("test answers"), "{printed}");
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(!card.contains("split: test"), "{card}");
+    assert!(card.contains("The test split has no examples"), "{card}");
+    for task in ["lm_eval/afkit_swag.yaml", "lm_eval/afkit_hellaswag.yaml"] {
+        let yaml = std::fs::read_to_string(out.join(task)).unwrap();
+        assert!(
+            !yaml.contains("test.") && yaml.contains("test_split: null"),
+            "{yaml}"
+        );
+    }
 }
 
 const FILES: [&str; 11] = [

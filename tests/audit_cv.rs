@@ -287,4 +287,8 @@ fn cli_refuses_fewer_groups_than_folds() {
         "{err}"
     );
     assert!(err.contains("found 2 in 6 questions"), "{err}");
+    assert!(
+        err.contains("use --cv 2"),
+        "the error names the folds that work: {err}"
+    );
 }

@@ -89,13 +89,19 @@ fn python() -> PathBuf {
 /// Runs a check script of tests/python on an export folder, offline, with its own caches.
 fn run_check(python: &Path, script: &str, folder: &Path) {
     let cache = tempfile::tempdir().unwrap();
+    run_check_in(python, script, folder, cache.path());
+}
+
+/// Runs a check script of tests/python on an export folder, offline, with the caches in `cache`
+/// (shared between calls, as a user's are).
+fn run_check_in(python: &Path, script: &str, folder: &Path, cache: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/python")
         .join(script);
     let out = Command::new(python)
         .arg(&script)
         .arg(folder)
-        .env("HF_HOME", cache.path())
+        .env("HF_HOME", cache)
         .env("HF_HUB_OFFLINE", "1")
         .env("HF_DATASETS_OFFLINE", "1")
         .output()
@@ -125,6 +131,49 @@ fn datasets_loads_every_configuration_row_by_row() {
     let python = python();
     run_check(&python, "check_datasets.py", &published);
     run_check(&python, "check_datasets.py", &internal);
+}
+
+/// What a user meets: export, load, assemble differently and export again into the same folder,
+/// load again with the same cache; then another project's export in a folder of the same name.
+/// Each load must give the rows of the files on disk, never a cached earlier export.
+#[test]
+#[cfg_attr(
+    any(not(has_python_venv), offline),
+    ignore = "needs python3 with venv and downloads from pip (not allowed by AFKIT_TEST_OFFLINE)"
+)]
+fn datasets_never_loads_a_previous_export_from_its_cache() {
+    let p = unverified_project(12);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("hf-cache");
+    let out = dir.path().join("first").join("dataset");
+    let python = python();
+    export(p.p(), &out, &[]);
+    run_check_in(&python, "check_datasets.py", &out, &cache);
+    p.assemble(&["--unverified", "--seed", "2", "--split", "0.6,0.2,0.2"]);
+    export(p.p(), &out, &[]);
+    run_check_in(&python, "check_datasets.py", &out, &cache);
+    export(p.p(), &out, &["--seed", "3"]);
+    run_check_in(&python, "check_datasets.py", &out, &cache);
+    let other = unverified_project(9);
+    let other_out = dir.path().join("second").join("dataset");
+    export(other.p(), &other_out, &[]);
+    run_check_in(&python, "check_datasets.py", &other_out, &cache);
+}
+
+/// A split the user asked to be empty (`--split 0.9,0.1,0`) has no files, and the folder loads.
+#[test]
+#[cfg_attr(
+    any(not(has_python_venv), offline),
+    ignore = "needs python3 with venv and downloads from pip (not allowed by AFKIT_TEST_OFFLINE)"
+)]
+fn datasets_loads_an_export_without_a_test_split() {
+    let p = unverified_project(8);
+    p.assemble(&["--unverified", "--seed", "1", "--split", "0.8,0.2,0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("dataset");
+    export(p.p(), &out, &["--with-test-labels"]);
+    assert!(!out.join("test.csv").exists());
+    run_check(&python(), "check_datasets.py", &out);
 }
 
 #[test]

@@ -148,6 +148,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         )?
     };
     count_built(&examples, &built, &mut summary);
+    check_no_empty_split(&splits, &summary, fractions, unverified)?;
     // Train first, then val, then test; assembly order within a split follows the examples.
     built.sort_by_key(|ex| ex.split);
 
@@ -165,6 +166,43 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         record_json: &serde_json::to_string(&record)?,
     })?;
     Ok(summary)
+}
+
+/// Refuses an assembly in which a split the fractions ask for would hold no example: an empty
+/// split exports as nothing to evaluate on. Verified assembly may leave a split empty while its
+/// contexts await labels; only a split without any group is an error there.
+fn check_no_empty_split(
+    splits: &BTreeMap<String, Split>,
+    summary: &Summary,
+    fractions: Fractions,
+    unverified: bool,
+) -> Result<()> {
+    for (i, split) in Split::ALL.into_iter().enumerate() {
+        let groups = splits.values().filter(|s| **s == split).count();
+        let examples = summary.examples.get(split.as_str()).copied().unwrap_or(0);
+        let empty = groups == 0 || (unverified && examples == 0);
+        if fractions.0[i] == 0.0 || !empty {
+            continue;
+        }
+        // The suggested split without it: its share goes to train (to val when it is train).
+        let mut without = fractions.0;
+        without[usize::from(i == 0)] += without[i];
+        without[i] = 0.0;
+        let shown = without.map(|f| {
+            let text = format!("{f:.3}");
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        });
+        bail!(
+            "the {split} split would be empty: it got {} of the project's {} and no assembled \
+             example (all of a group's contexts go to one split). Give {split} a larger share \
+             with --split, ingest contexts from more groups, or ask for no {split} split with \
+             --split {}",
+            groups,
+            crate::text::counted(splits.len(), "group", "groups"),
+            shown.join(",")
+        );
+    }
+    Ok(())
 }
 
 /// The order in which a context's candidates become distractors: matched to the found endings'

@@ -201,8 +201,13 @@ pub fn cross_validate(
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
     let n_groups = crate::folds::count_groups(&groups);
     if n_groups < k {
+        let fix = if n_groups >= 2 {
+            format!("use --cv {n_groups} (the most folds these groups allow), or add questions from more groups")
+        } else {
+            "cross-validation needs questions from at least two groups: add questions from more groups".into()
+        };
         bail!(
-            "{k} folds need at least {k} groups (video-id values) of labelled questions; found {n_groups} in {} questions",
+            "{k} folds need at least {k} groups (video-id values) of labelled questions; found {n_groups} in {} questions: {fix}",
             questions.len()
         );
     }

@@ -63,9 +63,7 @@ pub fn run(args: Args) -> Result<()> {
     let options = Options {
         negatives: args.negatives,
         seed: args.seed,
-        layout: Layout {
-            with_test_labels: args.with_test_labels,
-        },
+        layout: Layout::new(args.with_test_labels),
         license: args.license,
     };
     let config = export::Config {
@@ -78,10 +76,11 @@ pub fn run(args: Args) -> Result<()> {
     for (name, (bytes, _)) in &summary.files {
         println!("  {name:<28} {bytes:>10} bytes");
     }
-    if !config.options.layout.with_test_labels {
+    let answers = answers_path(&args.out)?;
+    if summary.files.contains_key(&answers.display().to_string()) {
         println!(
             "the test answers are in {} (keep it private)",
-            answers_path(&args.out)?.display()
+            answers.display()
         );
     }
     Ok(())

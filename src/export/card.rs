@@ -12,7 +12,7 @@ use std::fmt::Write;
 use anyhow::Result;
 
 use super::harness;
-use super::layout::{Layout, HF_SPLITS};
+use super::layout::Layout;
 use super::options::{Negatives, Options};
 use super::rows::Row;
 use crate::dataset::Split;
@@ -345,11 +345,18 @@ fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
         },
         harness::SWAG_TASK,
         harness::HELLASWAG_TASK
-    )
+    )?;
+    for split in Split::ALL.into_iter().filter(|s| !layout.present(*s)) {
+        writeln!(
+            md,
+            "- The {split} split has no examples, so it has no files and no configuration entry."
+        )?;
+    }
+    Ok(())
 }
 
 fn write_usage(md: &mut String, layout: &Layout) -> std::fmt::Result {
-    let splits: Vec<&str> = HF_SPLITS.iter().map(|(_, hf)| *hf).collect();
+    let splits: Vec<&str> = layout.hf_splits().map(|(_, hf)| hf).collect();
     writeln!(md, "\n## Use\n")?;
     writeln!(
         md,

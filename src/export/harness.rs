@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use super::layout::{Layout, HARNESS_DIR, HF_SPLITS};
+use super::layout::{Layout, HARNESS_DIR};
 use crate::dataset::Split;
 
 /// Task names, as given to the harness's `--tasks`.
@@ -33,8 +33,20 @@ pub fn command() -> String {
 /// The split the harness reports on: the test split where its labels are in the folder, else
 /// the validation split (the harness uses its test split whenever one is named).
 fn evaluation_splits(y: &mut String, layout: &Layout) -> std::fmt::Result {
-    writeln!(y, "training_split: train\nvalidation_split: validation")?;
-    if layout.labelled(Split::Test) {
+    let named = |split: Split, hf: &str| {
+        if layout.present(split) {
+            hf.to_string()
+        } else {
+            "null".to_string()
+        }
+    };
+    writeln!(
+        y,
+        "training_split: {}\nvalidation_split: {}",
+        named(Split::Train, "train"),
+        named(Split::Val, "validation")
+    )?;
+    if layout.labelled(Split::Test) && layout.present(Split::Test) {
         writeln!(y, "test_split: test")
     } else {
         writeln!(y, "test_split: null")
@@ -73,7 +85,7 @@ fn write_swag_task(y: &mut String, layout: &Layout) -> std::fmt::Result {
     header(y, "SWAG-style")?;
     writeln!(y, "task: {SWAG_TASK}\ndataset_path: csv")?;
     writeln!(y, "dataset_kwargs:\n  data_files:")?;
-    for (split, hf) in HF_SPLITS {
+    for (split, hf) in layout.hf_splits() {
         writeln!(y, "    {hf}: {}", layout.regular(split))?;
     }
     // Endings such as "NA" stay text.
@@ -99,7 +111,7 @@ fn write_hellaswag_task(y: &mut String, layout: &Layout) -> std::fmt::Result {
     header(y, "HellaSwag-style")?;
     writeln!(y, "task: {HELLASWAG_TASK}\ndataset_path: json")?;
     writeln!(y, "dataset_kwargs:\n  data_files:")?;
-    for (split, hf) in HF_SPLITS {
+    for (split, hf) in layout.hf_splits() {
         writeln!(y, "    {hf}: {}", layout.jsonl(split))?;
     }
     writeln!(y, "output_type: multiple_choice")?;

@@ -2,11 +2,20 @@
 //! configurations `datasets.load_dataset(DIR, NAME)` builds (`regular`, the default, and
 //! `full`), with every column's type declared so that the schema is the same in every export and
 //! every split (an empty type column loads as an empty string, not as a float NaN).
+//!
+//! Each configuration's `dataset_info` also identifies its content: the split sizes and a
+//! SHA-256 over its data files. `datasets` keys the cache of a local folder on the folder's name
+//! and this header (not on the files), so without them a re-export, or another project's export
+//! in a folder of the same name, would load the rows cached from an earlier export.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::layout::{Layout, HF_SPLITS};
-use crate::dataset::{FULL_COLUMNS, REGULAR_COLUMNS};
+use sha2::{Digest, Sha256};
+
+use super::layout::Layout;
+use crate::dataset::{Split, FULL_COLUMNS, REGULAR_COLUMNS};
+use crate::models::hex;
 
 /// The tag that marks a README.md as an afkit export's card (so `export` may replace its folder).
 pub const AFKIT_TAG: &str = "afkit";
@@ -16,6 +25,10 @@ pub struct HubMeta<'a> {
     pub pretty_name: &'a str,
     pub license: &'a str,
     pub rows: usize,
+    /// Examples per split, indexed like [`Split::ALL`].
+    pub examples: [usize; 3],
+    /// The export's files (path in the folder → contents), for the content checksums.
+    pub files: &'a BTreeMap<String, Vec<u8>>,
 }
 
 /// The Hub's size class for a dataset of `rows` examples.
@@ -57,7 +70,7 @@ fn write_front_matter(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::f
     writeln!(y, "tags:\n- {AFKIT_TAG}\n- swag\n- adversarial-filtering")?;
     writeln!(y, "configs:")?;
     writeln!(y, "- config_name: regular\n  default: true\n  data_files:")?;
-    for (split, hf) in HF_SPLITS {
+    for (split, hf) in layout.hf_splits() {
         writeln!(y, "  - split: {hf}\n    path: {}", layout.regular(split))?;
     }
     // The leading index column is for the SWAG release's positional readers; `datasets` skips it.
@@ -68,23 +81,79 @@ fn write_front_matter(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::f
     // Read empty cells as empty strings and text such as "NA" as text, never as missing values.
     writeln!(y, "  keep_default_na: false")?;
     writeln!(y, "- config_name: full\n  data_files:")?;
-    for (split, hf) in HF_SPLITS {
+    for (split, hf) in layout.hf_splits() {
         if layout.has_full(split) {
             writeln!(y, "  - split: {hf}\n    path: {}", layout.full(split))?;
         }
     }
     writeln!(y, "  keep_default_na: false")?;
     writeln!(y, "dataset_info:")?;
-    writeln!(y, "- config_name: regular\n  features:")?;
+    writeln!(y, "- config_name: regular")?;
+    let regular: Vec<(Split, &str, String)> = layout
+        .hf_splits()
+        .map(|(split, hf)| (split, hf, layout.regular(split)))
+        .collect();
+    write_content(y, meta, &regular)?;
+    writeln!(y, "  features:")?;
     for column in REGULAR_COLUMNS {
         let dtype = if column == "label" { "int64" } else { "string" };
         writeln!(y, "  - name: {}\n    dtype: {dtype}", quoted(column))?;
     }
-    writeln!(y, "- config_name: full\n  features:")?;
+    writeln!(y, "- config_name: full")?;
+    let full: Vec<(Split, &str, String)> = layout
+        .hf_splits()
+        .filter(|(split, _)| layout.has_full(*split))
+        .map(|(split, hf)| (split, hf, layout.full(split)))
+        .collect();
+    write_content(y, meta, &full)?;
+    writeln!(y, "  features:")?;
     for column in FULL_COLUMNS {
         writeln!(y, "  - name: {}\n    dtype: string", quoted(column))?;
     }
     writeln!(y, "---\n")
+}
+
+/// What identifies a configuration's content: a description carrying the SHA-256 of its data
+/// files, and each split's examples and file size (`num_bytes`; `datasets` checks the examples
+/// against the rows it reads).
+fn write_content(
+    y: &mut String,
+    meta: &HubMeta,
+    splits: &[(Split, &str, String)],
+) -> std::fmt::Result {
+    let size = |path: &str| meta.files.get(path).map_or(0, Vec::len);
+    writeln!(
+        y,
+        "  description: {}",
+        quoted(&format!(
+            "afkit export; SHA-256 of the data files: {}",
+            content_sha256(meta.files, splits.iter().map(|(_, _, path)| path.as_str()))
+        ))
+    )?;
+    writeln!(y, "  splits:")?;
+    for (split, hf, path) in splits {
+        writeln!(
+            y,
+            "  - name: {hf}\n    num_bytes: {}\n    num_examples: {}",
+            size(path),
+            meta.examples[*split as usize]
+        )?;
+    }
+    let total: usize = splits.iter().map(|(_, _, path)| size(path)).sum();
+    writeln!(y, "  download_size: {total}")
+}
+
+/// SHA-256 over each file's path and its own SHA-256, one line each, in the order given.
+fn content_sha256<'p>(
+    files: &BTreeMap<String, Vec<u8>>,
+    paths: impl Iterator<Item = &'p str>,
+) -> String {
+    let mut all = Sha256::new();
+    for path in paths {
+        let bytes = files.get(path).map_or(&[][..], Vec::as_slice);
+        all.update(format!("{path} {}\n", hex(&Sha256::digest(bytes))));
+    }
+    hex(&all.finalize())
 }
 
 #[cfg(test)]

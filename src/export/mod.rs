@@ -120,9 +120,23 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         ));
     }
     let rows = rows::build(&examples, options.seed);
+    let options = &Options {
+        layout: options
+            .layout
+            .with_present(|split| rows.iter().any(|r| r.split == split)),
+        ..options.clone()
+    };
+    for split in Split::ALL
+        .into_iter()
+        .filter(|s| !options.layout.present(*s))
+    {
+        observer.note(&format!(
+            "the {split} split has no examples: it gets no files and no place in the card"
+        ));
+    }
     let card_inputs = card::CardInputs::read(store, options, left_out)?;
     let files = folder_files(&rows, &card_inputs, options)?;
-    let answers = if options.layout.with_test_labels {
+    let answers = if options.layout.with_test_labels || !options.layout.present(Split::Test) {
         None
     } else {
         let test: Vec<&rows::Row> = rows.iter().filter(|r| r.split == Split::Test).collect();
@@ -163,7 +177,7 @@ fn folder_files(
 ) -> Result<BTreeMap<String, Vec<u8>>> {
     let layout = &options.layout;
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    for split in Split::ALL {
+    for split in Split::ALL.into_iter().filter(|s| layout.present(*s)) {
         let in_split: Vec<&rows::Row> = rows.iter().filter(|r| r.split == split).collect();
         let labelled = layout.labelled(split);
         files.insert(
@@ -182,6 +196,8 @@ fn folder_files(
         pretty_name: &card_inputs.project_name,
         license: &options.license,
         rows: rows.len(),
+        examples: Split::ALL.map(|split| rows.iter().filter(|r| r.split == split).count()),
+        files: &files,
     };
     let mut readme = hub::front_matter(&meta, layout);
     readme.push_str(&card::render(card_inputs, rows));
