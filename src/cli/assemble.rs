@@ -38,9 +38,9 @@ pub struct Args {
     /// the recorded seed) and the candidate nearest its final scores (the ensemble's and the
     /// sentence model's) is taken, so a style classifier finds the distractors as real-looking
     /// as the found endings, no more; hardest: the highest ensemble scores, which on the default
-    /// recipe's pools overshoot further into an inverse artifact (classifiers below chance; docs/recipe.md,
-    /// "Distractors matched to the real endings").
-    /// Audit both on a copy of the project.
+    /// recipe's pools overshoot further into an inverse artifact (classifiers below chance;
+    /// docs/recipe.md, "Distractors matched to the real endings"). Audit both on a copy of the
+    /// project.
     #[arg(long, value_enum, default_value = "matched")]
     pub distractors: DistractorChoice,
     /// Train,val,test fractions; groups (videos) never straddle two splits.
