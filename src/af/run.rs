@@ -225,6 +225,11 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         n_contexts: data.contexts.len(),
         n_excluded: data.excluded,
     };
+    if let Some(discriminator) = &config.discriminator {
+        // Every model is loaded once before a run is created or marked running: a folder that
+        // holds no model fails here, not after the MLP iterations.
+        Discriminator::new(discriminator, 0, &config.train.compute).map(drop)?;
+    }
     let fingerprint = data.fingerprint();
     let Some(run) = resolve_run(store, &params, &fingerprint, &data, observer)? else {
         return Ok(Summary::UpToDate);

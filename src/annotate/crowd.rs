@@ -32,6 +32,7 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
     let output = output.clone().protect_project(store.path());
     let mut staged = output.stage(out)?;
     let tasks = store.open_tasks(!all)?;
+    let fingerprint = store.fingerprint()?;
     let mut neutralised = 0;
     {
         let mut w = csv::Writer::from_writer(staged.file());
@@ -47,7 +48,7 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
                     .map_or_else(String::new, |e| e.text.clone())
             }));
             let mut row = vec![
-                task.task_id.to_string(),
+                item_id(&fingerprint, task.task_id),
                 (task.replicas - done).max(0).to_string(),
             ];
             for text in texts {
@@ -66,11 +67,24 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
     })
 }
 
+/// An item's id in a task file: the project's fingerprint and the task's number, so that a
+/// results file can only be imported into the project whose tasks it answers.
+pub fn item_id(fingerprint: &str, task_id: i64) -> String {
+    format!("{fingerprint}-{task_id}")
+}
+
 /// Task files are opened in spreadsheets by requesters: a cell that begins with `=`, `+`, `-`,
-/// `@`, a tab or a carriage return would be run as a formula there (CSV injection), so it gets a
-/// leading `'`, which spreadsheets take as "this is text" and do not show.
+/// `@` (or their fullwidth forms, which some spreadsheets read alike), a tab or a carriage
+/// return would be run as a formula there (CSV injection), so it gets a leading `'`, which
+/// spreadsheets take as "this is text" and do not show. Invisible characters in front (a byte
+/// order mark, zero-width spaces) do not hide the prefix.
 pub fn spreadsheet_safe(text: &str) -> String {
-    if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+    let visible =
+        text.trim_start_matches(['\u{feff}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}']);
+    let formula = [
+        '=', '+', '-', '@', '\t', '\r', '\u{ff1d}', '\u{ff0b}', '\u{ff0d}', '\u{ff20}',
+    ];
+    if visible.starts_with(formula) {
         format!("'{text}")
     } else {
         text.to_string()
@@ -217,7 +231,8 @@ pub struct CheckedResults {
 /// Writes nothing.
 pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<CheckedResults> {
     let mut lines = RecordLines::new(bytes);
-    let mut reader = csv::ReaderBuilder::new().flexible(false).from_reader(bytes);
+    // Flexible: a row with the wrong number of fields is rejected on its own, by line.
+    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(bytes);
     let header = reader
         .headers()
         .map_err(|e| {
@@ -245,6 +260,8 @@ pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<Checked
     }
     let mut rows = RowChecks {
         store,
+        fingerprint: store.fingerprint()?,
+        fields: header.len(),
         columns: &columns,
         tasks: HashMap::new(),
         first_line: HashMap::new(),
@@ -270,6 +287,9 @@ pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<Checked
 /// The state of a check over a file's rows.
 struct RowChecks<'a> {
     store: &'a Store,
+    fingerprint: String,
+    /// Fields per row: the header's.
+    fields: usize,
     columns: &'a Columns,
     tasks: HashMap<i64, Option<TaskView>>,
     /// Line of the first valid row of each (worker, item).
@@ -282,7 +302,17 @@ struct RowChecks<'a> {
 
 impl RowChecks<'_> {
     fn check(&mut self, row: &csv::StringRecord, line: u64) -> Result<()> {
-        let sub = match parse_row(self.store, self.columns, row, &mut self.tasks) {
+        let parsed = if row.len() == self.fields {
+            let project = (self.store, self.fingerprint.as_str());
+            parse_row(project, self.columns, row, &mut self.tasks)
+        } else {
+            Err(format!(
+                "{} fields where the header has {}",
+                row.len(),
+                self.fields
+            ))
+        };
+        let sub = match parsed {
             Ok(sub) => sub,
             Err(reason) => {
                 self.rejected.push(Rejected {
@@ -335,7 +365,7 @@ impl RowChecks<'_> {
 }
 
 fn parse_row(
-    store: &Store,
+    project: (&Store, &str),
     columns: &Columns,
     row: &csv::StringRecord,
     tasks: &mut HashMap<i64, Option<TaskView>>,
@@ -348,7 +378,7 @@ fn parse_row(
         }
     }
     let worker = columns.worker(row).ok_or("the worker id is empty")?;
-    let (task_id, task) = open_task(store, columns, row, tasks)?;
+    let (task_id, task) = open_task(project, columns, row, tasks)?;
     let n = task.endings.len();
     let judgements = judgements(columns, row, task_id, n)?;
     let (best, second) = (
@@ -375,17 +405,29 @@ fn parse_row(
     })
 }
 
-/// The row's item, looked up once per file (`tasks` caches it); it must still be open.
+/// The row's item, looked up once per file (`tasks` caches it): it must be an item of this
+/// project (its id carries the project's fingerprint), match the texts the row carries, and
+/// still be open.
 fn open_task(
-    store: &Store,
+    (store, fingerprint): (&Store, &str),
     columns: &Columns,
     row: &csv::StringRecord,
     tasks: &mut HashMap<i64, Option<TaskView>>,
 ) -> std::result::Result<(i64, TaskView), String> {
     let item = columns.item(row).ok_or("the item id is empty")?;
-    let task_id: i64 = item
-        .parse()
-        .map_err(|_| format!("item id {item:?} is not a number"))?;
+    let (theirs, number) = match item.split_once('-') {
+        Some((theirs, number)) => (Some(theirs), number),
+        None => (None, item.as_str()),
+    };
+    if theirs.is_some_and(|f| f != fingerprint) {
+        return Err(format!(
+            "item {item} belongs to another project (this project's items are \
+             {fingerprint}-N): import the results into the project whose tasks they answer"
+        ));
+    }
+    let task_id: i64 = number.parse().map_err(|_| {
+        format!("item id {item:?} is not a crowd item id (expected {fingerprint}-N)")
+    })?;
     let task = match tasks.get(&task_id) {
         Some(t) => t.clone(),
         None => {
@@ -394,13 +436,75 @@ fn open_task(
             t
         }
     }
-    .ok_or_else(|| format!("unknown item {task_id}"))?;
+    .ok_or_else(|| format!("unknown item {item}"))?;
+    let checked = same_texts(columns, row, &task, &item)?;
+    if theirs.is_none() && !checked {
+        return Err(format!(
+            "item id {item} has no project fingerprint (a task file from an older afkit) and \
+             the row has no context and endings to check it against: export the tasks again \
+             (`afkit crowd export`) and collect the results with the new file"
+        ));
+    }
     if !task.open {
         return Err(format!(
             "item {task_id} was replaced by a re-annotation round; export again"
         ));
     }
     Ok((task_id, task))
+}
+
+/// Compares the texts the row carries (the task file's `context`, `sent1`, `sent2` and
+/// `ending_*` columns, `Input.` ones on Mechanical Turk) with the item's. Returns whether the
+/// row carried the context and every ending, all matching.
+fn same_texts(
+    columns: &Columns,
+    row: &csv::StringRecord,
+    task: &TaskView,
+    item: &str,
+) -> std::result::Result<bool, String> {
+    let prefix = match columns.layout {
+        Layout::Afkit => "",
+        Layout::MTurk => "Input.",
+    };
+    let mut expected = vec![
+        ("context".to_string(), task.startphrase()),
+        ("sent1".to_string(), task.sent1.clone()),
+        ("sent2".to_string(), task.sent2.clone()),
+    ];
+    for k in 1..=ENDINGS_PER_TASK {
+        let text = task
+            .endings
+            .get(k - 1)
+            .map_or_else(String::new, |e| e.text.clone());
+        expected.push((format!("ending_{k}"), text));
+    }
+    let mut complete = true;
+    for (name, text) in &expected {
+        let column = format!("{prefix}{name}");
+        let Some(&i) = columns.index.get(&column) else {
+            complete &= name == "sent1" || name == "sent2";
+            continue;
+        };
+        let given = row.get(i).unwrap_or("").trim();
+        let text = text.trim();
+        if given != text && given != spreadsheet_safe(text) {
+            return Err(format!(
+                "{column} does not match item {item} of this project: the row has {}, the \
+                 item {}",
+                shortened(given),
+                shortened(text)
+            ));
+        }
+    }
+    Ok(complete)
+}
+
+/// A text quoted for a message, cut after 60 characters.
+fn shortened(text: &str) -> String {
+    match text.char_indices().nth(60) {
+        Some((at, _)) => format!("{:?}...", &text[..at]),
+        None => format!("{text:?}"),
+    }
 }
 
 /// `label_1 ..` of an item with `n` endings: empty ones are `None`; a label beyond the item's

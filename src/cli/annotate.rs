@@ -82,11 +82,14 @@ pub enum CrowdCommand {
     #[command(
         long_about = "Write annotation tasks as CSV for a crowdsourcing platform, one row per \
         item that still needs annotators.\n\n\
-        Columns: item_id (quote it back in the results), assignments (annotators still wanted), \
+        Columns: item_id (the project's fingerprint and the item's number, e.g. \
+        3f9a0c1b2d4e-17: quote it back in the results; `crowd import` takes it only into this \
+        project), assignments (annotators still wanted), \
         context (sent1 + sent2), sent1, sent2, ending_1 .. ending_6 (the endings in the item's \
         recorded shuffled order; empty when an item has fewer). Tasks are made from the latest \
         finished AF run if they do not exist yet.\n\n\
-        Text cells that begin with =, +, -, @, a tab or a carriage return are written with a \
+        Text cells that begin with =, +, -, @ (or fullwidth ＝ ＋ － ＠, also behind a byte \
+        order mark or a zero-width space), a tab or a carriage return are written with a \
         leading ' (apostrophe), so that a spreadsheet shows them as text instead of running them \
         as a formula; the command says how many. The dataset files of `afkit export` keep every \
         text as it is."
@@ -113,11 +116,15 @@ pub enum CrowdCommand {
         Answer.label_6, Answer.best, Answer.second (or one true/false column per choice, e.g. \
         Answer.best.3, as crowd-radio-group writes them), WorkTimeInSeconds; rows whose \
         AssignmentStatus is Rejected are skipped.\n\n\
-        Every row is validated: unknown or replaced items, missing or invalid labels, best or \
+        Every row is validated: items of another project (the item id's fingerprint), texts \
+        that do not match the item (context, sent1, sent2 and ending_* columns, Input.* on \
+        Mechanical Turk, compared wherever the file carries them), a wrong number of fields, \
+        unknown or replaced items, missing or invalid labels, best or \
         second missing, equal, or gibberish, and duplicate worker/item pairs (in the file or \
         already in the project) are reported with their line number and not imported. The valid \
         rows are imported in one transaction; with --strict nothing is imported if any row is \
-        invalid. The command fails when no row could be imported and some row was invalid (a file \
+        invalid. An item id without a fingerprint (a task file from an older afkit) is taken only \
+        when the row carries the item's context and endings and they match. The command fails when no row could be imported and some row was invalid (a file \
         imported again, whose rows are all in the project already, is not a failure).")]
     Import {
         project: PathBuf,

@@ -493,10 +493,19 @@ fn print_import_summary(counts: &ImportSummary, file: &std::path::Path) {
             counts.incomplete
         );
     }
+    if !counts.refused_endings.is_empty() {
+        let reasons: Vec<String> = counts
+            .refused_endings
+            .iter()
+            .map(|(reason, n)| format!("{n} {reason}"))
+            .collect();
+        eprintln!("note: imported endings refused: {}", reasons.join(", "));
+    }
     for (line, id) in &counts.without_usable_endings {
         eprintln!(
-            "{}:{line}: every ending of {id:?} is blank or the found ending: no pool imported \
-             for it (`afkit generate` will sample one)",
+            "{}:{line}: every ending of {id:?} was refused (blank, invisible characters or \
+             punctuation only, or the found ending): no pool imported for it (`afkit generate` \
+             will sample one)",
             file.display()
         );
     }

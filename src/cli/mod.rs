@@ -120,9 +120,34 @@ pub fn main() -> ExitCode {
             ExitCode::from(130)
         }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", message(&err));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes as `{:#}` writes them (`a: b: c`), without the backtrace candle
+/// appends to its errors when `RUST_BACKTRACE` is set: afkit's message is what the user needs.
+fn message(err: &anyhow::Error) -> String {
+    err.chain()
+        .map(|cause| match cause.downcast_ref::<candle_core::Error>() {
+            Some(e) => without_backtrace(e),
+            None => cause.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+fn without_backtrace(err: &candle_core::Error) -> String {
+    match err {
+        candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", without_backtrace(inner))
+        }
+        candle_core::Error::WithPath { inner, path } => {
+            format!("{}: {}", path.display(), without_backtrace(inner))
+        }
+        other => other.to_string(),
     }
 }
 

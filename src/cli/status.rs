@@ -81,9 +81,33 @@ pub fn run(args: StatusArgs) -> Result<()> {
         "annotation   {}",
         crate::text::counted(s.labelled_items, "labelled item", "labelled items")
     );
-    println!(
-        "assembled    {}",
-        crate::text::counted(s.assembled, "example", "examples")
-    );
+    print_assembly_and_export(&s);
     Ok(())
+}
+
+/// The assembly (which AF run it holds, and whether a newer one finished) and the latest
+/// export (which assembly it holds), as the export's card states them.
+fn print_assembly_and_export(s: &crate::store::status::Status) {
+    let examples = crate::text::counted(s.assembled, "example", "examples");
+    match s.assembly {
+        Some(a) if s.assembled > 0 => {
+            println!(
+                "assembled    {examples} (assembly {}, from AF run {})",
+                a.number, a.af_run
+            );
+            if let Some(latest) = s.latest_finished_af_run.filter(|&l| l > a.af_run) {
+                println!("  AF run {latest} finished since: `afkit assemble` again to use it");
+            }
+        }
+        _ => println!("assembled    {examples}"),
+    }
+    if let Some(e) = &s.last_export {
+        let held = e.assembly.map_or_else(String::new, |a| {
+            format!(": assembly {}, AF run {}", a.number, a.af_run)
+        });
+        println!("exported     {}{held} (seed {})", e.dir, e.seed);
+        if e.assembly.is_some() && e.assembly != s.assembly {
+            println!("  assembled again since: `afkit export` again to publish it");
+        }
+    }
 }

@@ -17,6 +17,7 @@ use super::options::{Negatives, Options};
 use super::rows::Row;
 use crate::dataset::Split;
 use crate::store::af::{AfRun, Family, IterationRecord};
+use crate::store::assemble::AssemblyInfo;
 use crate::store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
 use crate::store::Store;
 use crate::text::counted;
@@ -32,7 +33,9 @@ pub struct CardInputs {
     pub sources: Vec<SourceInfo>,
     pub generations: Vec<GenerationInfo>,
     pub gap: Option<LogProbGap>,
+    /// The AF run the exported assembly was made from.
     pub af_run: Option<AfRun>,
+    pub assembly: Option<AssemblyInfo>,
     pub iterations: Vec<IterationRecord>,
     pub labels: Vec<LabelRow>,
     pub rounds: BTreeMap<i64, i64>,
@@ -41,7 +44,11 @@ pub struct CardInputs {
 
 impl CardInputs {
     pub fn read(store: &Store, options: &Options, left_out: Vec<String>) -> Result<CardInputs> {
-        let af_run = store.latest_finished_af_run()?;
+        let assembly = store.assembly_info()?;
+        let af_run = match assembly {
+            Some(a) => store.af_run_by_id(a.af_run)?,
+            None => store.latest_finished_af_run()?,
+        };
         let iterations = match &af_run {
             Some(run) => store.af_iterations(run.id)?,
             None => Vec::new(),
@@ -61,6 +68,7 @@ impl CardInputs {
             generations: store.generations()?,
             gap: store.logprob_gap()?,
             af_run,
+            assembly,
             iterations,
             labels: store.label_rows()?,
             rounds: store.tasks_per_round()?,
@@ -285,9 +293,12 @@ fn write_af(md: &mut String, c: &CardInputs) -> std::fmt::Result {
 fn write_seeds_and_licence(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     writeln!(md, "\n## Seeds and parameters\n")?;
     writeln!(md, "- afkit {}", env!("CARGO_PKG_VERSION"))?;
+    let which = c.assembly.map_or_else(String::new, |a| {
+        format!("assembly {} of AF run {}, ", a.number, a.af_run)
+    });
     writeln!(
         md,
-        "- assemble: `{}`",
+        "- assemble: {which}`{}`",
         c.assemble_params.as_deref().unwrap_or("not recorded")
     )?;
     writeln!(

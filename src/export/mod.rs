@@ -6,8 +6,9 @@
 //!
 //! Deterministic: the same project and arguments give byte-identical files (every shuffle is
 //! seeded, rows follow assembly order, the card holds no clock time or path). Written through
-//! `output`: each file goes to a temporary file renamed into place once all are complete, and
-//! an export onto a previous one replaces only the files an export wrote there (the folder's
+//! `output`: each file goes to a temporary file renamed into place once all are complete, the
+//! folder and the answers file beside it as one unit (an interrupted export is finished by the
+//! next one, never left as new questions beside old answers), and an export onto a previous one replaces only the files an export wrote there (the folder's
 //! ledger lists them), leaving everything else in the folder (an audit, a git repository, the
 //! user's own files) alone.
 
@@ -28,6 +29,8 @@ use sha2::{Digest, Sha256};
 use crate::dataset::Split;
 use crate::models::hex;
 use crate::output::Output;
+use crate::store::assemble::AssemblyInfo;
+use crate::store::export::ExportInfo;
 use crate::store::Store;
 use layout::CARD;
 pub use options::{Negatives, Options};
@@ -93,6 +96,16 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     } = *config;
     let output = Output::new(force).protect_project(store.path());
     let answers_target = answers_path(out)?;
+    // An earlier export killed while its files were being put in place is finished first (its
+    // journal is in OUT, or beside it where the answers file goes).
+    for folder in [
+        out.as_path(),
+        answers_target.parent().unwrap_or(Path::new(".")),
+    ] {
+        if let Some(note) = output.finish_interrupted(folder)? {
+            observer.note(&note);
+        }
+    }
     if !options.layout.with_test_labels {
         output.check(&answers_target)?;
     }
@@ -119,6 +132,8 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             crate::text::counted(left_out.len(), "context", "contexts")
         ));
     }
+    let assembly = store.assembly_info()?;
+    warn_if_a_newer_af_run(store, assembly, observer)?;
     let rows = rows::build(&examples, options.seed);
     let options = &Options {
         layout: options
@@ -142,10 +157,9 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         let test: Vec<&rows::Row> = rows.iter().filter(|r| r.split == Split::Test).collect();
         Some((answers_target, rows::regular_csv(&test, true)?))
     };
-    output.folder(out, &files, WRITER)?;
-    if let Some((path, bytes)) = &answers {
-        output.write(path, bytes)?;
-    }
+    // The folder and the answers beside it are one unit: an interrupted export leaves the old
+    // ones or the new ones, never new questions beside old answers.
+    output.folder_and_beside(out, &files, WRITER, answers.as_slice())?;
 
     let mut written: BTreeMap<String, (usize, String)> = files
         .iter()
@@ -156,13 +170,34 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     }
     let hashes: BTreeMap<&String, &String> = written.iter().map(|(n, (_, h))| (n, h)).collect();
     let dir = fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
-    store.record_export(
-        &dir.to_string_lossy(),
-        options.negatives.as_str(),
-        options.seed,
-        &serde_json::to_string(&hashes)?,
-    )?;
+    let info = ExportInfo {
+        dir: dir.to_string_lossy().into_owned(),
+        negatives: options.negatives.as_str().to_string(),
+        seed: options.seed,
+        assembly,
+    };
+    store.record_export(&info, &serde_json::to_string(&hashes)?)?;
     Ok(Summary { files: written })
+}
+
+/// An AF run that finished after the assembly is not in the export: say so, since the card and
+/// `status` credit the assembly's run.
+fn warn_if_a_newer_af_run(
+    store: &Store,
+    assembly: Option<AssemblyInfo>,
+    observer: &mut dyn Observer,
+) -> Result<()> {
+    let (Some(assembly), Some(latest)) = (assembly, store.latest_finished_af_run()?) else {
+        return Ok(());
+    };
+    if latest.id > assembly.af_run {
+        observer.note(&format!(
+            "warning: this exports assembly {} of AF run {}, but AF run {} finished since: run \
+             `afkit assemble` again to export the newer run",
+            assembly.number, assembly.af_run, latest.id
+        ));
+    }
+    Ok(())
 }
 
 /// Who wrote a file, in the ledger: a re-export removes the files an export wrote before and no

@@ -73,12 +73,19 @@ impl AdapterSet {
             .parent()
             .unwrap_or(Path::new(""))
             .join(&record.path);
-        let sha = sha256_file(&path)
-            .with_context(|| format!("the adapter of fold {} is missing", record.fold))?;
+        let sha = sha256_file(&path).with_context(|| {
+            format!(
+                "the adapter of fold {} ({}) is missing; run `afkit lm adapt` again with the \
+                 same --model and settings: it trains the missing folds again",
+                record.fold,
+                path.display()
+            )
+        })?;
         if sha != record.sha256 {
             bail!(
                 "{} is not the adapter the project recorded (SHA-256 {sha}, recorded {}); run \
-                 `afkit lm adapt` again",
+                 `afkit lm adapt` again with the same --model and settings: it trains the \
+                 changed folds again",
                 path.display(),
                 record.sha256
             );

@@ -1,7 +1,7 @@
 //! `afkit import-pool`: pools made elsewhere, streamed, checked whole before any write; scored
 //! pools are taken with their own features, plain ones scored with the local model.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -373,9 +373,44 @@ pub struct ImportSummary {
     pub scored_elsewhere: usize,
     /// Contexts scored with the local model.
     pub scored_here: usize,
-    /// (line, id) of the records whose endings were all blank or copies of the found ending:
-    /// no pool is stored for them, so `generate` still samples one.
+    /// (line, id) of the records whose endings were all refused (blank, invisible or punctuation
+    /// only, copies of the found ending): no pool is stored for them, so `generate` still
+    /// samples one.
     pub without_usable_endings: Vec<(usize, String)>,
+    /// Endings refused, by reason.
+    pub refused_endings: BTreeMap<&'static str, usize>,
+}
+
+/// Why an imported ending is not a candidate, if it is not: it must have a letter or digit, and
+/// differ from the found ending and the record's earlier endings by more than case, spacing and
+/// invisible characters (`key` is what they are compared by).
+fn refusal(text: &str, key: &str, seen: &HashSet<String>, found: &str) -> Option<&'static str> {
+    if key.is_empty() {
+        Some("blank or invisible characters only")
+    } else if !text.chars().any(char::is_alphanumeric) {
+        Some("no letter or digit")
+    } else if key == found {
+        Some("the found ending (up to case and spacing)")
+    } else if seen.contains(key) {
+        Some("a repeat of an earlier ending (up to case and spacing)")
+    } else {
+        None
+    }
+}
+
+/// What endings are compared by: lowercase, invisible characters (zero-width spaces and joiners,
+/// byte order marks, soft hyphens) removed, runs of white space as one space.
+fn comparison_key(text: &str) -> String {
+    let visible: String = text
+        .chars()
+        .filter(|c| {
+            !matches!(
+                c,
+                '\u{200b}'..='\u{200d}' | '\u{2060}' | '\u{feff}' | '\u{ad}'
+            )
+        })
+        .collect();
+    normalise_ending(&visible).to_lowercase()
 }
 
 /// Imports a pools file whole, after checking every line: pools commit in batches, so an
@@ -393,17 +428,9 @@ pub fn import(
         );
     }
     // The scoring model is loaded only when some line brings no features of its own.
-    let lm = if check.unscored > 0 {
-        let path = crate::models::generator_gguf(&config.scorer)?;
-        observer.note(&format!("loading {}", path.display()));
-        Some(load_local(
-            &path,
-            SamplingParams::default(),
-            &Compute::cpu(),
-        )?)
-    } else {
-        None
-    };
+    let lm = (check.unscored > 0)
+        .then(|| scoring_model(config, observer))
+        .transpose()?;
     let generation_id = import_generation(store, &config.file, &config.template, lm.as_ref())?;
     observer.started(check.contexts(), 0);
     let mut counts = ImportSummary {
@@ -437,7 +464,9 @@ pub fn import(
             .iter()
             .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
             .count();
-        let Some((kept, features)) = pool_of_record(&ex, &rec, lm.as_ref(), &config.template)?
+        let refused = &mut counts.refused_endings;
+        let Some((kept, features)) =
+            pool_of_record(&ex, &rec, (lm.as_ref(), &config.template), refused)?
         else {
             counts.without_usable_endings.push((line_no, rec.id));
             continue;
@@ -459,6 +488,13 @@ pub fn import(
     }
     counts.endings += write_pools(store, &mut batch)?;
     Ok(counts)
+}
+
+/// The local model that scores the endings that came without features.
+fn scoring_model(config: &ImportConfig, observer: &mut dyn Observer) -> Result<LocalLm> {
+    let path = crate::models::generator_gguf(&config.scorer)?;
+    observer.note(&format!("loading {}", path.display()));
+    load_local(&path, SamplingParams::default(), &Compute::cpu())
 }
 
 /// The generation row the imported pools belong to: the file and what scored the endings that
@@ -488,23 +524,30 @@ fn import_generation(
     })
 }
 
-/// A record's endings, normalised and without duplicates (or copies of the found ending), with
-/// their LM features: the record's own, or the local model's. `None` when no ending is left: an
-/// empty pool would count the context as done.
+/// A record's endings, normalised and without the refused ones ([`refusal`], counted by reason
+/// in `refused`), with their LM features: the record's own, or the local model's. `None` when
+/// no ending is left: an empty pool would count the context as done.
 fn pool_of_record(
     ex: &Example,
     rec: &ImportRecord,
-    lm: Option<&LocalLm>,
-    template: &PromptTemplate,
+    (lm, template): (Option<&LocalLm>, &PromptTemplate),
+    refused: &mut BTreeMap<&'static str, usize>,
 ) -> Result<Option<(Vec<SampledEnding>, ContextFeatures)>> {
-    let mut seen: HashSet<String> = HashSet::from([normalise_ending(&ex.ending)]);
-    let (kept, imported_endings): (Vec<SampledEnding>, Vec<&ImportedEnding>) = rec
-        .endings
-        .iter()
-        .map(|e| (normalise_ending(e.text()), e))
-        .filter(|(text, _)| !text.is_empty() && seen.insert(text.clone()))
-        .map(|(text, e)| (SampledEnding { text, tokens: None }, e))
-        .unzip();
+    let found = comparison_key(&ex.ending);
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut kept = Vec::new();
+    let mut imported_endings: Vec<&ImportedEnding> = Vec::new();
+    for e in &rec.endings {
+        let text = normalise_ending(e.text());
+        let key = comparison_key(&text);
+        if let Some(reason) = refusal(&text, &key, &seen, &found) {
+            *refused.entry(reason).or_default() += 1;
+            continue;
+        }
+        seen.insert(key);
+        kept.push(SampledEnding { text, tokens: None });
+        imported_endings.push(e);
+    }
     if kept.is_empty() {
         return Ok(None);
     }

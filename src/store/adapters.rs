@@ -62,6 +62,15 @@ impl Store {
         Ok(())
     }
 
+    /// Forgets a fold's adapter whose file is gone or changed, so that it can be trained again.
+    pub fn forget_adapter(&self, a: &AdapterRecord) -> Result<()> {
+        self.conn.execute(
+            "DELETE FROM adapters WHERE model_sha256 = ?1 AND settings_json = ?2 AND fold = ?3",
+            params![a.model_sha256, a.settings_json, a.fold as i64],
+        )?;
+        Ok(())
+    }
+
     /// The adapters of the set made with `settings_json` for the model `model_sha256`, by fold.
     pub fn adapter_set(
         &self,

@@ -271,6 +271,14 @@ impl Store {
     }
 
     /// The most recent run whose final cross-fitted pass is stored: what later stages read.
+    /// The AF run `id`, finished or not.
+    pub fn af_run_by_id(&self, id: i64) -> Result<Option<AfRun>> {
+        Ok(self
+            .conn
+            .query_row(&format!("{RUN_COLUMNS} WHERE id = ?1"), [id], run_from_row)
+            .optional()?)
+    }
+
     pub fn latest_finished_af_run(&self) -> Result<Option<AfRun>> {
         Ok(self
             .conn

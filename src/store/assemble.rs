@@ -438,7 +438,38 @@ impl Store {
                 .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
         }
         self.set_meta("assemble", assembly.record_json)?;
+        let number = self.meta(ASSEMBLIES)?.and_then(|n| n.parse::<i64>().ok());
+        self.set_meta(ASSEMBLIES, &(number.unwrap_or(0) + 1).to_string())?;
         tx.commit()?;
         Ok(())
     }
+
+    /// Which assembly the project holds and the AF run it was made from; `None` before the
+    /// first assembly.
+    pub fn assembly_info(&self) -> Result<Option<AssemblyInfo>> {
+        let Some(record) = self.meta("assemble")? else {
+            return Ok(None);
+        };
+        let record: serde_json::Value = serde_json::from_str(&record)
+            .context("the project's assembly record cannot be read")?;
+        let af_run = record["af_run"]
+            .as_i64()
+            .context("the project's assembly record names no AF run")?;
+        // Assemblies made before they were numbered count as the first.
+        let number = self
+            .meta(ASSEMBLIES)?
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
+        Ok(Some(AssemblyInfo { number, af_run }))
+    }
+}
+
+/// The `meta` key counting the project's assemblies.
+const ASSEMBLIES: &str = "assemblies";
+
+/// An assembly: its number in the project (1 for the first) and the AF run it used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AssemblyInfo {
+    pub number: i64,
+    pub af_run: i64,
 }

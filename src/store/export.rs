@@ -7,21 +7,40 @@ use rusqlite::params;
 
 use super::{now, Store};
 
+/// What the latest export holds, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExportInfo {
+    pub dir: String,
+    pub negatives: String,
+    pub seed: crate::seed::Seed,
+    /// The assembly exported and its AF run.
+    pub assembly: Option<super::assemble::AssemblyInfo>,
+}
+
+/// The `meta` key of the latest export.
+const LAST_EXPORT: &str = "last_export";
+
 impl Store {
-    /// Records a finished export: where, which negatives, the seed and each file's SHA-256.
-    pub fn record_export(
-        &self,
-        dir: &str,
-        negatives: &str,
-        seed: crate::seed::Seed,
-        files_json: &str,
-    ) -> Result<i64> {
-        let conn = &self.conn;
-        conn.execute(
-        "INSERT INTO exports(dir, negatives, seed, files, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![dir, negatives, seed, files_json, now()],
-    )?;
-        Ok(conn.last_insert_rowid())
+    /// Records a finished export: where, which negatives, the seed and each file's SHA-256, and
+    /// (for `status`) which assembly it holds.
+    pub fn record_export(&self, info: &ExportInfo, files_json: &str) -> Result<i64> {
+        let tx = self.conn.unchecked_transaction()?;
+        tx.execute(
+            "INSERT INTO exports(dir, negatives, seed, files, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![info.dir, info.negatives, info.seed, files_json, now()],
+        )?;
+        let id = tx.last_insert_rowid();
+        super::set_meta(&tx, LAST_EXPORT, &serde_json::to_string(info)?)?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// The latest export, if the project recorded one.
+    pub fn last_export(&self) -> Result<Option<ExportInfo>> {
+        match self.meta(LAST_EXPORT)? {
+            None => Ok(None),
+            Some(text) => Ok(serde_json::from_str(&text).ok()),
+        }
     }
 }
 

@@ -250,6 +250,18 @@ impl Store {
     pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
         set_meta(&self.conn, key, value)
     }
+
+    /// The project's fingerprint: 12 random hex digits drawn the first time it is asked for and
+    /// kept in `meta`, so that files made for this project (crowd task files) can be told from
+    /// another project's.
+    pub fn fingerprint(&self) -> Result<String> {
+        let drawn = format!("{:012x}", rand::random::<u64>() >> 16);
+        self.conn.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('fingerprint', ?1)",
+            [drawn],
+        )?;
+        get_meta(&self.conn, "fingerprint")?.context("the project's fingerprint was not kept")
+    }
 }
 
 /// The first bytes of every SQLite database file.

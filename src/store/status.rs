@@ -31,6 +31,12 @@ pub struct Status {
     pub labelled_items: i64,
     /// Assembled examples across all splits.
     pub assembled: i64,
+    /// The assembly the project holds (its number and AF run).
+    pub assembly: Option<super::assemble::AssemblyInfo>,
+    /// The newest finished AF run.
+    pub latest_finished_af_run: Option<i64>,
+    /// What the latest export holds.
+    pub last_export: Option<super::export::ExportInfo>,
     /// Examples that have no pool yet.
     pub contexts_without_pool: i64,
     /// Of those, the ones `generate` found unusable with its model (prompt too long).
@@ -60,6 +66,9 @@ impl Store {
                  JOIN tasks t ON t.id = s.task_id WHERE s.broken = 0",
             )?,
             assembled: count("SELECT COUNT(*) FROM assembled")?,
+            assembly: self.assembly_info()?,
+            latest_finished_af_run: self.latest_finished_af_run()?.map(|r| r.id),
+            last_export: self.last_export()?,
             contexts_without_pool: count(
                 "SELECT COUNT(*) FROM examples x WHERE NOT EXISTS
                    (SELECT 1 FROM pools p WHERE p.example_id = x.id)",

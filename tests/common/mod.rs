@@ -379,3 +379,15 @@ pub fn lm_adapt(project: &Path, model: &Path, folds: usize) -> Command {
     cmd.args(["--folds", &folds.to_string(), "--seed", "5"]);
     cmd
 }
+
+/// The id `crowd export` wrote into `tasks` for the project's task `task_id` (the project's
+/// fingerprint and the task's number).
+pub fn crowd_item(tasks: &Path, task_id: i64) -> String {
+    let suffix = format!("-{task_id}");
+    let mut reader = csv::Reader::from_path(tasks).unwrap();
+    reader
+        .records()
+        .map(|r| r.unwrap()[0].to_string())
+        .find(|id| id.ends_with(&suffix))
+        .unwrap_or_else(|| panic!("no item for task {task_id} in {}", tasks.display()))
+}
