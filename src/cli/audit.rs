@@ -56,9 +56,10 @@ proportion, as the harness reports it. Rows lm:MODEL:acc and lm:MODEL:acc_norm.
 --control DIR audits a second dataset the same way (typically the same export with random \
 negatives, `afkit export --negatives random`), writes its report under OUT/control, and sets its \
 numbers beside this dataset's (summary: every row with control and difference). The report ends \
-with one verdict per family of evidence (style, relational, LM zero-shot, fine-tuned): at chance \
-when the family's best row is within two standard errors of 0.25, else how many points above \
-chance, and how far from the control."
+with one verdict per family of evidence (style, relational, LM zero-shot, fine-tuned): how many \
+points above chance its best row is, every row more than two standard errors from 0.25 in either \
+direction, \"too few questions to tell\" when the interval is too wide (±10 points or more), and \
+how far from the control."
 )]
 pub struct Args {
     /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
@@ -268,7 +269,8 @@ fn print_cv_table(audit: &audit::CvAudit) {
     print_verdicts(&audit.verdicts);
 }
 
-/// One line per measured row; with a control, its mean ± se and the difference in points.
+/// One line per measured row, with where it stands against chance; with a control, its
+/// mean ± se and the difference in points.
 fn print_rows(rows: &[Row], with_control: bool) {
     if with_control {
         println!(
@@ -281,7 +283,7 @@ fn print_rows(rows: &[Row], with_control: bool) {
     for row in rows {
         let measured = format!("{:.3} ± {:.3}", row.mean, row.se);
         if !with_control {
-            println!("{:<22} {measured:>13}", row.name);
+            println!("{:<22} {measured:>13}  {}", row.name, row.standing.words());
             continue;
         }
         let control = row
