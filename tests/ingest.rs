@@ -401,3 +401,51 @@ fn shipped_tagger_reaches_target_accuracy_on_ewt_test() {
     eprintln!("EWT test accuracy: {accuracy}");
     assert!(accuracy >= 0.915, "accuracy {accuracy} < 0.915");
 }
+
+#[test]
+fn the_format_comes_from_the_extension_when_not_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = init(dir.path());
+    let jsonl = write(
+        dir.path(),
+        "howto.jsonl",
+        br#"{"id": "a", "sent1": "A woman is sitting at a piano on a stage.", "sent2": "She", "ending": "plays a slow song for the audience."}
+"#,
+    );
+    let captions = write(dir.path(), "captions.json", CAPTIONS.as_bytes());
+    let run = |files: &[&Path]| {
+        let mut args = vec!["ingest", arg(&project), "--json"];
+        args.extend(files.iter().map(|f| arg(f)));
+        afkit(&args)
+    };
+    let out = run(&[&jsonl]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["kept"], 1, "{summary}");
+    let out = run(&[&captions]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        summary["kept"].as_u64().unwrap() > 0,
+        "read as activitynet: {summary}"
+    );
+
+    let before = fingerprint(&project);
+    let text = write(dir.path(), "notes.txt", b"A man walks.\n");
+    let err = String::from_utf8_lossy(&run(&[&text]).stderr).to_string();
+    assert!(
+        err.contains("notes.txt: cannot tell the input format") && err.contains("--format"),
+        "{err}"
+    );
+    let err = String::from_utf8_lossy(&run(&[&jsonl, &captions]).stderr).to_string();
+    assert!(err.contains("one ingest reads one format"), "{err}");
+    assert_eq!(fingerprint(&project), before, "nothing written");
+}
