@@ -361,7 +361,7 @@ fn an_ingest_killed_midway_leaves_a_consistent_project() {
 #[test]
 #[cfg_attr(
     not(has_shared_data),
-    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+    ignore = "needs ActivityNet Captions train.json in ../shared/data/activitynet-captions/ (from captions.zip, cs.stanford.edu/people/ranjaykrishna/densevid/): absent"
 )]
 fn activitynet_training_set_ingests() {
     let train = shared_data().join("activitynet-captions/train.json");
@@ -387,7 +387,7 @@ fn activitynet_training_set_ingests() {
 #[test]
 #[cfg_attr(
     not(has_shared_data),
-    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+    ignore = "needs UD English-EWT en_ewt-ud-test.conllu in ../shared/data/ud-english-ewt/ (github.com/UniversalDependencies/UD_English-EWT): absent"
 )]
 fn shipped_tagger_reaches_target_accuracy_on_ewt_test() {
     let test = shared_data().join("ud-english-ewt/en_ewt-ud-test.conllu");
