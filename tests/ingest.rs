@@ -361,7 +361,7 @@ fn an_ingest_killed_midway_leaves_a_consistent_project() {
 #[test]
 #[cfg_attr(
     not(has_shared_data),
-    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+    ignore = "needs ActivityNet Captions train.json in ../shared/data/activitynet-captions/ (from captions.zip, cs.stanford.edu/people/ranjaykrishna/densevid/): absent"
 )]
 fn activitynet_training_set_ingests() {
     let train = shared_data().join("activitynet-captions/train.json");
@@ -387,7 +387,7 @@ fn activitynet_training_set_ingests() {
 #[test]
 #[cfg_attr(
     not(has_shared_data),
-    ignore = "needs ../shared/data (ActivityNet captions, UD treebanks): absent"
+    ignore = "needs UD English-EWT en_ewt-ud-test.conllu in ../shared/data/ud-english-ewt/ (github.com/UniversalDependencies/UD_English-EWT): absent"
 )]
 fn shipped_tagger_reaches_target_accuracy_on_ewt_test() {
     let test = shared_data().join("ud-english-ewt/en_ewt-ud-test.conllu");
@@ -400,4 +400,52 @@ fn shipped_tagger_reaches_target_accuracy_on_ewt_test() {
         .unwrap();
     eprintln!("EWT test accuracy: {accuracy}");
     assert!(accuracy >= 0.915, "accuracy {accuracy} < 0.915");
+}
+
+#[test]
+fn the_format_comes_from_the_extension_when_not_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = init(dir.path());
+    let jsonl = write(
+        dir.path(),
+        "howto.jsonl",
+        br#"{"id": "a", "sent1": "A woman is sitting at a piano on a stage.", "sent2": "She", "ending": "plays a slow song for the audience."}
+"#,
+    );
+    let captions = write(dir.path(), "captions.json", CAPTIONS.as_bytes());
+    let run = |files: &[&Path]| {
+        let mut args = vec!["ingest", arg(&project), "--json"];
+        args.extend(files.iter().map(|f| arg(f)));
+        afkit(&args)
+    };
+    let out = run(&[&jsonl]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["kept"], 1, "{summary}");
+    let out = run(&[&captions]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        summary["kept"].as_u64().unwrap() > 0,
+        "read as activitynet: {summary}"
+    );
+
+    let before = fingerprint(&project);
+    let text = write(dir.path(), "notes.txt", b"A man walks.\n");
+    let err = String::from_utf8_lossy(&run(&[&text]).stderr).to_string();
+    assert!(
+        err.contains("notes.txt: cannot tell the input format") && err.contains("--format"),
+        "{err}"
+    );
+    let err = String::from_utf8_lossy(&run(&[&jsonl, &captions]).stderr).to_string();
+    assert!(err.contains("one ingest reads one format"), "{err}");
+    assert_eq!(fingerprint(&project), before, "nothing written");
 }

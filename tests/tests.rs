@@ -74,7 +74,8 @@ fn every_ignored_test_gives_its_reason() {
     assert!(bare.is_empty(), "#[ignore] without a reason at {bare:?}");
 }
 
-/// The last line of `scripts/test`: the skipped tests and why, read from libtest's output.
+/// The end of `scripts/test`: how many tests were skipped, then one line each with why, read
+/// from libtest's output.
 #[test]
 fn the_skipped_tests_are_listed_with_their_reasons() {
     let log = "test layering::a ... ok\n\
@@ -99,8 +100,8 @@ fn the_skipped_tests_are_listed_with_their_reasons() {
     };
     assert_eq!(
         summary(log),
-        "skipped 2 tests: generate::b (needs ../shared/fixtures: absent); \
-         faults::c (no reason given)\n"
+        "skipped 2 tests:\n  generate::b: needs ../shared/fixtures: absent\n  \
+         faults::c: no reason given\n"
     );
     assert_eq!(summary("test a ... ok\n"), "skipped no tests\n");
 }

@@ -109,15 +109,19 @@ pub struct CvAudit {
 }
 
 impl CvAudit {
-    /// The rows the verdicts read: every measured baseline and the language models'.
+    /// The rows the verdicts read: every measured baseline and the language models'. A
+    /// baseline's se is that of its fold means, but never below a proportion's at chance over
+    /// all the questions: a few folds that happen to agree (two folds at 0.125 on 16 questions)
+    /// would otherwise claim a precision the questions cannot give.
     pub(super) fn rows(&self) -> Vec<verdict::Row> {
+        let floor = lm::proportion_se(verdict::CHANCE, self.cv.questions);
         let mut rows: Vec<verdict::Row> = self
             .cv
             .baselines
             .iter()
             .filter_map(|(b, result)| match result {
                 cv::CvResult::Measured { mean, se, .. } => {
-                    Some(verdict::Row::new(b.name(), *mean, *se))
+                    Some(verdict::Row::new(b.name(), *mean, se.max(floor)))
                 }
                 cv::CvResult::Skipped { .. } => None,
             })

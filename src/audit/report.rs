@@ -399,6 +399,14 @@ fn write_findings(
         writeln!(md)?;
     }
     writeln!(md, "## Verdicts\n")?;
+    writeln!(
+        md,
+        "A row is off chance when it is more than two standard errors from 0.250, above or below \
+         (below: the real ending is the one it avoids); a row within them is at chance, or too few \
+         questions to tell when two standard errors exceed {:.0} points. Under --cv the standard \
+         error here is never below a proportion's at chance over all the questions.\n",
+        super::verdict::WIDEST_TELLING_INTERVAL * 100.0
+    )?;
     for v in verdicts {
         writeln!(md, "- **{}**: {}", v.family, v.text)?;
     }

@@ -2,11 +2,14 @@
 //! models) side by side with a control dataset's where one was audited with it (`--control`,
 //! typically the same export with random negatives), and one verdict per family of baselines.
 //!
-//! A family is at chance when its best row is within two standard errors of 0.25; otherwise the
-//! verdict says by how many points, and what can therefore pick the real ending. The best of
+//! Every row stands somewhere against chance (0.25): off chance when it is more than two standard
+//! errors away, in either direction; otherwise at chance, or "too few questions to tell" when its
+//! interval is so wide that a sizeable artifact could hide in it. A family's verdict leads with
+//! its best row when that is above chance, and names every other row off chance: a row far below
+//! chance is as telling as one above it (the real ending is the one it avoids). The best of
 //! several rows is picked after the fact, so a family with many rows leans a little high: the
-//! verdict names how many rows it chose from. A row far below chance is named too: it has learned
-//! to avoid the real ending, an artifact as telling as one that finds it.
+//! verdict names how many rows it chose from. Fixed rules (the shortest or longest ending) learn
+//! nothing, so their verdict speaks of the endings, not of what the rule learned.
 
 use serde::Serialize;
 
@@ -86,6 +89,56 @@ impl Family {
     }
 }
 
+/// Rows that apply a fixed rule rather than a model trained on the benchmark.
+const FIXED_RULES: [&str; 2] = ["shortest", "longest"];
+
+/// The widest interval (two standard errors each side) within which "at chance" is a finding:
+/// a row at chance with a wider one could hide an artifact of ten points or more.
+pub const WIDEST_TELLING_INTERVAL: f64 = 0.10;
+
+/// Where a row stands against chance.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Standing {
+    /// More than two standard errors above chance.
+    AboveChance,
+    /// More than two standard errors below chance.
+    BelowChance,
+    /// Within two standard errors of chance, with a narrow enough interval.
+    AtChance,
+    /// Within two standard errors of chance, but the interval is too wide to say so.
+    TooFewToTell,
+}
+
+impl Standing {
+    pub fn of(mean: f64, se: f64) -> Standing {
+        if (mean - CHANCE).abs() > 2.0 * se {
+            if mean > CHANCE {
+                Standing::AboveChance
+            } else {
+                Standing::BelowChance
+            }
+        } else if 2.0 * se > WIDEST_TELLING_INTERVAL {
+            Standing::TooFewToTell
+        } else {
+            Standing::AtChance
+        }
+    }
+
+    pub fn words(self) -> &'static str {
+        match self {
+            Standing::AboveChance => "above chance",
+            Standing::BelowChance => "below chance",
+            Standing::AtChance => "at chance",
+            Standing::TooFewToTell => "too few questions to tell",
+        }
+    }
+
+    fn off_chance(self) -> bool {
+        matches!(self, Standing::AboveChance | Standing::BelowChance)
+    }
+}
+
 /// A mean and its standard error.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Measure {
@@ -99,6 +152,8 @@ pub struct Row {
     pub name: String,
     pub mean: f64,
     pub se: f64,
+    /// Where the row stands against chance.
+    pub standing: Standing,
     /// The same row on the control dataset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<Measure>,
@@ -113,6 +168,7 @@ impl Row {
             name: name.into(),
             mean,
             se,
+            standing: Standing::of(mean, se),
             control: None,
             difference: None,
         }
@@ -166,42 +222,39 @@ fn verdict(family: Family, rows: &[Row]) -> Verdict {
             text: format!("not measured ({})", family.how_to_measure()),
         };
     };
-    let points = (best.mean - CHANCE) * 100.0;
-    let standing = if (best.mean - CHANCE).abs() <= 2.0 * best.se {
-        "at chance".to_string()
-    } else if points > 0.0 {
-        format!("{points:.1} points above chance: {}", family.answered_by())
-    } else {
-        format!(
-            "{:.1} points below chance: its signal points away from the real ending",
-            -points
-        )
-    };
     let of = if members.len() > 1 {
         format!(", the best of {}", members.len())
     } else {
         String::new()
     };
-    let mut text = format!(
-        "{standing} ({} {:.3} ± {:.3}{of})",
-        best.name, best.mean, best.se
-    );
-    // A row far below chance is a signal too: it picks a wrong ending on purpose, so the
-    // real one is the ending it avoids.
-    let lowest = members
+    let measured = format!("{} {:.3} ± {:.3}{of}", best.name, best.mean, best.se);
+    // Every row off chance is named, in either direction; the best row leads when above.
+    let mut off: Vec<&Row> = members
         .iter()
         .copied()
-        .min_by(|a, b| a.mean.total_cmp(&b.mean))
-        .filter(|low| low.name != best.name && CHANCE - low.mean > 2.0 * low.se);
-    if let Some(low) = lowest {
-        text.push_str(&format!(
-            "; but {} {:.3} ± {:.3} is {:.1} points below chance: it learned to avoid the real \
-             ending (an inverse artifact)",
-            low.name,
-            low.mean,
-            low.se,
-            (CHANCE - low.mean) * 100.0
-        ));
+        .filter(|r| r.standing.off_chance() && !(r.name == best.name && r.mean > CHANCE))
+        .collect();
+    off.sort_by(|a, b| b.mean.total_cmp(&a.mean));
+    let named: Vec<String> = off.iter().map(|r| off_chance_words(r)).collect();
+    let mut text = match best.standing {
+        Standing::AboveChance => format!(
+            "{:.1} points above chance: {} ({measured})",
+            (best.mean - CHANCE) * 100.0,
+            family.answered_by()
+        ),
+        _ if !named.is_empty() => format!("below chance: {}", named.join("; ")),
+        Standing::TooFewToTell => format!(
+            "too few questions to tell: {measured} is within two standard errors of chance, \
+             but the interval is too wide to rule out an artifact"
+        ),
+        _ => format!("at chance ({measured})"),
+    };
+    if best.standing == Standing::AboveChance {
+        for words in &named {
+            text.push_str(&format!("; {words}"));
+        }
+    } else if !named.is_empty() && best.standing != Standing::BelowChance {
+        text.push_str(&format!("; best row {measured}, {}", best.standing.words()));
     }
     if let Some(c) = best.control {
         text.push_str(&format!(
@@ -216,6 +269,36 @@ fn verdict(family: Family, rows: &[Row]) -> Verdict {
         best: Some(best.name.clone()),
         text,
     }
+}
+
+/// A row off chance in words: by how much, and what that says. A row below chance picks a wrong
+/// ending on purpose, so the real one is the ending it avoids; a fixed rule learned nothing, so
+/// it is the endings themselves that give the real one away.
+fn off_chance_words(row: &Row) -> String {
+    let points = (row.mean - CHANCE) * 100.0;
+    let head = format!(
+        "{} {:.3} ± {:.3} is {:.1} points {} chance",
+        row.name,
+        row.mean,
+        row.se,
+        points.abs(),
+        if points > 0.0 { "above" } else { "below" }
+    );
+    let meaning = match (points > 0.0, FIXED_RULES.contains(&row.name.as_str())) {
+        (true, true) => format!("the real ending is often the {} of the four", row.name),
+        (false, true) => format!(
+            "the real ending is rarely the {} of the four, so length alone points away from it \
+             (an inverse artifact)",
+            row.name
+        ),
+        (true, false) => "it finds the real ending".to_string(),
+        (false, false) if row.name.starts_with(LM_PREFIX) => {
+            "the model finds the distractors likelier than the real ending (an inverse artifact)"
+                .to_string()
+        }
+        (false, false) => "it learned to avoid the real ending (an inverse artifact)".to_string(),
+    };
+    format!("{head}: {meaning}")
 }
 
 /// The difference to the control in words, and whether it is beyond two combined standard errors.
@@ -236,6 +319,11 @@ fn difference_words(mean: f64, se: f64, control: Measure) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn texts(rows: Vec<Row>) -> Vec<String> {
+        judge(rows, None).1.into_iter().map(|v| v.text).collect()
+    }
 
     #[test]
     fn families_get_plain_verdicts_with_their_control() {
@@ -254,20 +342,6 @@ mod tests {
         assert!((rows[2].difference.unwrap() + 0.043).abs() < 1e-12);
         let text: Vec<&str> = verdicts.iter().map(|v| v.text.as_str()).collect();
         assert!(text[0].starts_with("at chance (char_end 0.270 ± 0.015, the best of 2)"));
-        let (_, inverse) = judge(
-            vec![
-                Row::new("shortest", 0.25, 0.02),
-                Row::new("ngram_end", 0.088, 0.002),
-            ],
-            None,
-        );
-        assert!(
-            inverse[0]
-                .text
-                .ends_with("but ngram_end 0.088 ± 0.002 is 16.2 points below chance: it learned to avoid the real ending (an inverse artifact)"),
-            "{}",
-            inverse[0].text
-        );
         assert!(
             text[0].ends_with("3.0 points below the control (within noise)"),
             "{}",
@@ -282,12 +356,125 @@ mod tests {
             text[1]
         );
         assert!(
-            text[2].starts_with("15.0 points below chance"),
+            text[2].starts_with(
+                "below chance: lm:smollm2:acc 0.100 ± 0.010 is 15.0 points below chance: the model \
+                 finds the distractors"
+            ),
             "{}",
             text[2]
         );
         assert_eq!(verdicts[3].best, None);
         assert!(text[3].starts_with("not measured"));
         assert_eq!(Family::of(FINE_TUNED_BASELINE), Family::FineTuned);
+    }
+
+    /// Sixteen questions: 0.562 ± 0.157 is within two standard errors of chance, but nothing
+    /// under ±31 points can be told from it.
+    #[test]
+    fn a_wide_interval_is_too_few_questions_to_tell_not_at_chance() {
+        let text = &texts(vec![Row::new("char_s2", 0.562, 0.157)])[0];
+        assert!(text.starts_with("too few questions to tell"), "{text}");
+        assert!(!text.contains("at chance ("), "{text}");
+        assert_eq!(Standing::of(0.562, 0.157), Standing::TooFewToTell);
+        assert_eq!(Standing::of(0.26, 0.02), Standing::AtChance);
+    }
+
+    /// The demo's rows: shortest far below chance while the best style row is at chance.
+    #[test]
+    fn a_fixed_rule_far_below_chance_is_flagged_without_learning() {
+        let text = &texts(vec![
+            Row::new("shortest", 0.069, 0.019),
+            Row::new("longest", 0.31, 0.02),
+            Row::new("char_s2", 0.27, 0.02),
+            Row::new("ngram_end", 0.088, 0.002),
+        ])[0];
+        assert!(
+            text.starts_with("6.0 points above chance: the real ending can be picked by its style")
+                && text.contains("(longest 0.310 ± 0.020, the best of 4)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "shortest 0.069 ± 0.019 is 18.1 points below chance: the real ending is rarely \
+                 the shortest of the four"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("ngram_end 0.088 ± 0.002 is 16.2 points below chance: it learned"),
+            "{text}"
+        );
+        assert!(!text.contains("shortest 0.069 ± 0.019 is 18.1 points below chance: it learned"));
+        let text = &texts(vec![
+            Row::new("shortest", 0.069, 0.019),
+            Row::new("char_s2", 0.27, 0.02),
+        ])[0];
+        assert!(
+            text.starts_with("below chance: shortest 0.069 ± 0.019 is 18.1 points below")
+                && text.ends_with("; best row char_s2 0.270 ± 0.020, the best of 2, at chance"),
+            "{text}"
+        );
+    }
+
+    /// On random rows: every row off chance is named in its family's verdict, a family is "at
+    /// chance" only when every row is within two narrow standard errors, and no fixed rule is
+    /// said to have learned.
+    #[test]
+    fn every_row_off_chance_is_named_and_at_chance_means_it() {
+        let names = [
+            "shortest",
+            "longest",
+            "char_s2",
+            "ngram_end",
+            "relational",
+            "lm:m:acc",
+            "lm:m:acc_norm",
+            FINE_TUNED_BASELINE,
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for _ in 0..2000 {
+            let mut rows = Vec::new();
+            for name in names {
+                if rng.random_bool(0.8) {
+                    let (mean, se) = (rng.random_range(0.0..1.0), rng.random_range(0.0..0.2));
+                    rows.push(Row::new(name, mean, se));
+                }
+            }
+            let (rows, verdicts) = judge(rows, None);
+            for (family, verdict) in Family::ALL.iter().zip(&verdicts) {
+                let members: Vec<&Row> = rows
+                    .iter()
+                    .filter(|r| Family::of(&r.name) == *family)
+                    .collect();
+                for r in &members {
+                    let named = format!("{} {:.3} ± {:.3}", r.name, r.mean, r.se);
+                    if r.standing.off_chance() {
+                        assert!(verdict.text.contains(&named), "{named} in {}", verdict.text);
+                    }
+                    let learned = format!("{named} is");
+                    if FIXED_RULES.contains(&r.name.as_str()) {
+                        let at = verdict.text.find(&learned);
+                        assert!(
+                            at.is_none_or(|i| !verdict.text[i..]
+                                .split(';')
+                                .next()
+                                .unwrap()
+                                .contains("learned")),
+                            "{}",
+                            verdict.text
+                        );
+                    }
+                }
+                if verdict.text.starts_with("at chance") {
+                    assert!(members.iter().all(|r| r.standing == Standing::AtChance
+                        || r.standing == Standing::TooFewToTell));
+                    assert!(!members.iter().any(|r| r.standing.off_chance()));
+                }
+                if verdict.text.starts_with("too few questions to tell") {
+                    let best = members.iter().max_by(|a, b| a.mean.total_cmp(&b.mean));
+                    assert!(best.unwrap().se * 2.0 > WIDEST_TELLING_INTERVAL);
+                }
+            }
+        }
     }
 }

@@ -43,8 +43,10 @@ longest, the word n-gram LRs, PPMI word-label associations and KNN distances.
 --lm MODEL adds the model's zero-shot accuracy, scored as lm-evaluation-harness scores the \
 export's afkit_swag task (rows lm:MODEL:acc and lm:MODEL:acc_norm). --control DIR audits a \
 second dataset the same way (typically `afkit export --negatives random`) and sets its numbers \
-beside this one's. The report ends with one verdict per family of evidence (style, \
-relational, LM zero-shot, fine-tuned)."
+beside this one's. The report ends with one verdict per family (style, relational, LM \
+zero-shot, fine-tuned): every row more than two standard errors from chance in either \
+direction, \"too few questions to tell\" when the interval is ±10 points or wider, and how far \
+from the control."
 )]
 pub struct Args {
     /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
@@ -260,7 +262,8 @@ fn print_cv_table(audit: &audit::CvAudit) {
     print_verdicts(&audit.verdicts);
 }
 
-/// One line per measured row; with a control, its mean ± se and the difference in points.
+/// One line per measured row, with where it stands against chance; with a control, its
+/// mean ± se and the difference in points.
 fn print_rows(rows: &[Row], with_control: bool) {
     if with_control {
         println!(
@@ -273,7 +276,7 @@ fn print_rows(rows: &[Row], with_control: bool) {
     for row in rows {
         let measured = format!("{:.3} ± {:.3}", row.mean, row.se);
         if !with_control {
-            println!("{:<22} {measured:>13}", row.name);
+            println!("{:<22} {measured:>13}  {}", row.name, row.standing.words());
             continue;
         }
         let control = row

@@ -56,6 +56,18 @@ pub struct Args {
     /// It goes into the card's metadata; the terms of your inputs and generator decide it.
     #[arg(long, default_value = "unknown", value_parser = parse_license, help_heading = PUBLISHING)]
     pub license: String,
+    /// The dataset's name in the card (its title and the Hub's pretty_name) [default: the project
+    /// file's name without its extension].
+    #[arg(long, value_parser = parse_name, help_heading = PUBLISHING)]
+    pub name: Option<String>,
+}
+
+fn parse_name(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("expected a name with at least one visible character".into())
+    } else {
+        Ok(text.trim().to_string())
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -65,6 +77,7 @@ pub fn run(args: Args) -> Result<()> {
         seed: args.seed,
         layout: Layout::new(args.with_test_labels),
         license: args.license,
+        name: args.name,
     };
     let config = export::Config {
         out: args.out.clone(),

@@ -32,9 +32,10 @@ use crate::store::Store;
 pub struct Args {
     /// The project file.
     pub project: PathBuf,
-    /// Input format of every FILE.
+    /// Input format of every FILE [default: from the extension: .jsonl jsonl, .csv swag-csv,
+    /// .json activitynet].
     #[arg(long, value_enum)]
-    pub format: Format,
+    pub format: Option<Format>,
     /// Drop examples containing a token seen fewer than N times in the ingested corpus
     /// (SWAG footnote 2 uses 4 on the full corpus; on a small corpus it drops nearly everything).
     #[arg(long, value_name = "N")]
@@ -50,7 +51,10 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let mut store = Store::open(&args.project)?;
     let config = ingest::Config {
-        format: args.format,
+        format: match args.format {
+            Some(format) => format,
+            None => Format::infer(&args.files)?,
+        },
         files: args.files.clone(),
         min_token_count: args.min_token_count,
     };

@@ -54,11 +54,13 @@ impl CardInputs {
             None => Vec::new(),
         };
         Ok(CardInputs {
-            project_name: store
-                .path()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            project_name: options.name.clone().unwrap_or_else(|| {
+                store
+                    .path()
+                    .file_stem()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            }),
             negatives: options.negatives,
             seed: options.seed,
             layout: options.layout,

@@ -10,6 +10,8 @@ pub struct Options {
     pub seed: Seed,
     pub layout: Layout,
     pub license: String,
+    /// The dataset's name in the card; absent, the project file's name without its extension.
+    pub name: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

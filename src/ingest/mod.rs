@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::store::examples::NewExample;
@@ -36,6 +36,39 @@ pub enum Format {
 }
 
 impl Format {
+    /// The format the files' extensions name (`.jsonl`, `.csv`, `.json`), for an ingest
+    /// without `--format`: every file must have one, and the same.
+    pub fn infer(files: &[PathBuf]) -> Result<Format> {
+        let mut inferred: Option<(Format, &PathBuf)> = None;
+        for file in files {
+            let extension = file.extension().map(|e| e.to_string_lossy().to_lowercase());
+            let format = match extension.as_deref() {
+                Some("jsonl") => Format::Jsonl,
+                Some("csv") => Format::SwagCsv,
+                Some("json") => Format::Activitynet,
+                _ => bail!(
+                    "{}: cannot tell the input format from the file name (.jsonl is jsonl, .csv \
+                     swag-csv, .json activitynet): give --format jsonl, swag-csv or activitynet",
+                    file.display()
+                ),
+            };
+            match inferred {
+                Some((first, first_file)) if first != format => bail!(
+                    "{} is {} by its extension but {} is {}: one ingest reads one format; \
+                     ingest them separately or give --format",
+                    first_file.display(),
+                    first.name(),
+                    file.display(),
+                    format.name()
+                ),
+                _ => inferred = Some((format, file)),
+            }
+        }
+        inferred
+            .map(|(format, _)| format)
+            .context("no input file given")
+    }
+
     fn name(self) -> &'static str {
         match self {
             Format::Activitynet => "activitynet",
