@@ -1,5 +1,7 @@
-//! No command destroys a user's file and no keystroke acts unseen: each test is a way of losing
-//! work that a new user ran into, replayed end to end through the `afkit` binary.
+//! No command destroys a user's file, no keystroke acts unseen, and no import, interrupted
+//! command or damaged cache leaves a benchmark quietly wrong: each test is a way of losing work
+//! (or of trusting a wrong result) that a user ran into, replayed end to end through the `afkit`
+//! binary.
 
 use crate::common;
 

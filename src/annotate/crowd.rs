@@ -227,8 +227,9 @@ pub struct CheckedResults {
 
 /// Reads crowd results from `bytes` (the contents of `file`, which messages name) and checks
 /// every row against the project's tasks and submissions: known open item, complete and valid
-/// labels, one submission per worker and item, no more submissions than the item's replicas.
-/// Writes nothing.
+/// labels, one submission per worker and item, no more submissions than the item's replicas;
+/// the item id's fingerprint and the texts the row carries. Writes nothing but the project's
+/// fingerprint, the first time one is needed.
 pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<CheckedResults> {
     let mut lines = RecordLines::new(bytes);
     // Flexible: a row with the wrong number of fields is rejected on its own, by line.
