@@ -274,23 +274,10 @@ impl Output {
         writer: &str,
         folder: Option<(&Path, &BTreeMap<String, Vec<u8>>)>,
     ) -> Result<()> {
-        let mut moves = Vec::with_capacity(staged.len());
         for s in &staged {
             self.check_target(&s.target)?;
-            s.temp.as_file().sync_all()?;
-            moves.push(Move {
-                temp: absolute(s.temp.path()),
-                target: absolute(&s.target.path),
-                root: absolute(&s.target.root),
-                name: s.target.name.clone(),
-                sha256: hash_file(s.temp.path())?,
-            });
         }
-        let journal = Journal {
-            writer: writer.to_string(),
-            folder: folder.map(|(dir, files)| (absolute(dir), files.keys().cloned().collect())),
-            moves,
-        };
+        let journal = Journal::of(&staged, writer, folder)?;
         record(&journal.ledger_entries(), writer, true)?;
         let held = write_journal(&journal)?;
         let mut renamed = Vec::with_capacity(staged.len());
@@ -360,6 +347,30 @@ impl Output {
 }
 
 impl Journal {
+    /// The journal of committing `staged` (each temporary file flushed to the disk first).
+    fn of(
+        staged: &[Staged],
+        writer: &str,
+        folder: Option<(&Path, &BTreeMap<String, Vec<u8>>)>,
+    ) -> Result<Journal> {
+        let mut moves = Vec::with_capacity(staged.len());
+        for s in staged {
+            s.temp.as_file().sync_all()?;
+            moves.push(Move {
+                temp: absolute(s.temp.path()),
+                target: absolute(&s.target.path),
+                root: absolute(&s.target.root),
+                name: s.target.name.clone(),
+                sha256: hash_file(s.temp.path())?,
+            });
+        }
+        Ok(Journal {
+            writer: writer.to_string(),
+            folder: folder.map(|(dir, files)| (absolute(dir), files.keys().cloned().collect())),
+            moves,
+        })
+    }
+
     /// Each file's ledger entry: (file, new hash).
     fn ledger_entries(&self) -> Vec<(Target, String)> {
         self.moves
@@ -768,6 +779,65 @@ mod tests {
 
         fs::write(out.join("a.csv"), b"changed").unwrap();
         assert!(output.folder(&out, &files(&["a.csv"]), "export").is_err());
+    }
+
+    #[test]
+    fn a_unit_killed_between_its_renames_is_finished_by_the_next_write_into_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = dir.path().join("ds");
+        let answers = dir.path().join("ds-answers.csv");
+        let output = Output::new(false);
+        let files = |v: &str| -> BTreeMap<String, Vec<u8>> {
+            ["a.csv", "sub/b.csv"]
+                .iter()
+                .map(|n| (n.to_string(), v.as_bytes().to_vec()))
+                .collect()
+        };
+        let beside = |v: &str| vec![(answers.clone(), v.as_bytes().to_vec())];
+        output
+            .folder_and_beside(&ds, &files("old"), "export", &beside("old"))
+            .unwrap();
+
+        // The new unit, killed after its journal and its first rename.
+        let new = files("new");
+        let mut staged = Vec::new();
+        for (name, bytes) in &new {
+            let mut s = output.stage_target(Target::in_folder(&ds, name)).unwrap();
+            std::io::Write::write_all(s.file(), bytes).unwrap();
+            staged.push(s);
+        }
+        let mut s = output.stage(&answers).unwrap();
+        std::io::Write::write_all(s.file(), b"new").unwrap();
+        staged.push(s);
+        let journal = Journal::of(&staged, "export", Some((&ds, &new))).unwrap();
+        record(&journal.ledger_entries(), "export", true).unwrap();
+        drop(write_journal(&journal).unwrap());
+        let mut staged = staged.into_iter();
+        let first = staged.next().unwrap();
+        first.temp.persist(&first.target.path).unwrap();
+        for s in staged {
+            s.temp.keep().unwrap(); // the killed process's files stay, its locks go
+        }
+        assert_eq!(fs::read(ds.join("a.csv")).unwrap(), b"new");
+        assert_eq!(
+            fs::read(&answers).unwrap(),
+            b"old",
+            "a mix, visibly unfinished"
+        );
+        assert!(ds.join(JOURNAL).exists() && dir.path().join(JOURNAL).exists());
+
+        // The next write into the unit's folder finishes it first.
+        let note = output.finish_interrupted(&ds).unwrap();
+        assert!(note.is_some_and(|n| n.contains("interrupted")));
+        for name in new.keys() {
+            assert_eq!(fs::read(ds.join(name)).unwrap(), b"new", "{name}");
+        }
+        assert_eq!(fs::read(&answers).unwrap(), b"new");
+        assert!(!ds.join(JOURNAL).exists() && !dir.path().join(JOURNAL).exists());
+        output
+            .folder_and_beside(&ds, &files("newer"), "export", &beside("newer"))
+            .unwrap();
+        assert_eq!(fs::read(ds.join("sub/b.csv")).unwrap(), b"newer");
     }
 
     #[test]
