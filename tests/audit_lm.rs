@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use afkit::audit::dataset::read_split;
-use afkit::audit::lm::score_questions;
+use afkit::audit::lm::{score_questions, Posed};
 use afkit::dataset::startphrase;
 use afkit::lm::choice::OptionScores;
 use afkit::lm::LanguageModel;
@@ -76,12 +76,28 @@ fn write_dataset(dir: &Path, n: usize, control: bool) {
     }
 }
 
-/// The engine's scores of a split's questions, posed as the audit and the harness pose them.
-fn engine_scores(model: &Path, split: &Path) -> (Vec<OptionScores>, Vec<usize>) {
+/// The engine's scores of a split's questions, posed as the audit (and, with their context,
+/// the harness) poses them.
+fn engine_scores(model: &Path, split: &Path, posed: Posed) -> (Vec<OptionScores>, Vec<usize>) {
     let questions = read_split(split, true).unwrap();
     let model = LanguageModel::load(model).unwrap();
     let labels = questions.iter().map(|q| q.label.unwrap()).collect();
-    (score_questions(&model, &questions, &|| ()).unwrap(), labels)
+    (
+        score_questions(&model, &questions, posed, &|| ()).unwrap(),
+        labels,
+    )
+}
+
+/// The engine's `acc` and `acc_norm` over the train and val questions of `dir`.
+fn engine_accuracies(model: &Path, dir: &Path, posed: Posed) -> (f64, f64) {
+    let mut scores = engine_scores(model, &dir.join("train.csv"), posed);
+    let val = engine_scores(model, &dir.join("val.csv"), posed);
+    scores.0.extend(val.0);
+    scores.1.extend(val.1);
+    (
+        share(scores.0.iter().map(OptionScores::pick), &scores.1),
+        share(scores.0.iter().map(OptionScores::pick_per_char), &scores.1),
+    )
 }
 
 fn share(picks: impl Iterator<Item = usize>, labels: &[usize]) -> f64 {
@@ -116,14 +132,13 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
         (lm["model"].as_str(), lm["questions"].as_u64()),
         (Some("tiny"), Some(24))
     );
-    let mut scores = engine_scores(&model, &af.join("train.csv"));
-    let val = engine_scores(&model, &af.join("val.csv"));
-    scores.0.extend(val.0);
-    scores.1.extend(val.1);
-    let acc = share(scores.0.iter().map(OptionScores::pick), &scores.1);
-    let acc_norm = share(scores.0.iter().map(OptionScores::pick_per_char), &scores.1);
+    let (acc, acc_norm) = engine_accuracies(&model, &af, Posed::WithContext);
     assert_eq!(lm["acc"].as_f64(), Some(acc));
     assert_eq!(lm["acc_norm"].as_f64(), Some(acc_norm));
+    // The zero-prompt check: the same endings read after nothing.
+    let (alone, alone_norm) = engine_accuracies(&model, &af, Posed::EndingsAlone);
+    assert_eq!(lm["acc_no_context"].as_f64(), Some(alone));
+    assert_eq!(lm["acc_norm_no_context"].as_f64(), Some(alone_norm));
     let se = (acc * (1.0 - acc) / 23.0).sqrt();
     assert!((lm["acc_se"].as_f64().unwrap() - se).abs() < 1e-12);
     // Every measured row has the control's beside it, and the difference.
@@ -132,7 +147,14 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    for name in ["ngram_end", "relational", "lm:tiny:acc", "lm:tiny:acc_norm"] {
+    for name in [
+        "ngram_end",
+        "relational",
+        "lm:tiny:acc",
+        "lm:tiny:acc_norm",
+        "lm:tiny:acc_no_context",
+        "lm:tiny:acc_norm_no_context",
+    ] {
         assert!(names.contains(&name), "{name} not in {names:?}");
     }
     for row in summary {
@@ -152,7 +174,13 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
         .collect();
     assert_eq!(
         families,
-        ["style", "relational", "LM zero-shot", "fine-tuned"]
+        [
+            "style",
+            "relational",
+            "LM zero-shot",
+            "LM without the context",
+            "fine-tuned"
+        ]
     );
     let md = std::fs::read_to_string(af.join("audit/audit.md")).unwrap();
     for part in [
@@ -160,6 +188,7 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
         "## Against the control",
         "## Verdicts",
         "| lm:tiny:acc |",
+        "| acc without the context |",
     ] {
         assert!(md.contains(part), "audit.md has no {part:?}:\n{md}");
     }
@@ -198,7 +227,7 @@ fn holdout_audit_scores_val_with_the_model_and_names_bad_models() {
         "--json",
     ]))
     .unwrap();
-    let (scores, labels) = engine_scores(&model, &af.join("val.csv"));
+    let (scores, labels) = engine_scores(&model, &af.join("val.csv"), Posed::WithContext);
     assert_eq!(json["lm"][0]["questions"], 8);
     let acc = share(scores.iter().map(OptionScores::pick), &labels);
     assert_eq!(json["lm"][0]["acc"].as_f64(), Some(acc));
@@ -355,7 +384,7 @@ fn acc_equals_the_harness_on_the_same_export_and_model() {
     );
     let harness = harness_loglikelihoods(&find_samples(&out));
     // No test labels in the export: the harness evaluates the validation split.
-    let (ours, labels) = engine_scores(&model, &export.join("val.csv"));
+    let (ours, labels) = engine_scores(&model, &export.join("val.csv"), Posed::WithContext);
     assert_eq!(harness.len(), ours.len());
     assert!(!ours.is_empty());
     let mut largest = 0f64;

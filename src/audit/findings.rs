@@ -67,15 +67,23 @@ impl AuditReport {
     }
 }
 
-/// Two rows per language model: `lm:MODEL:acc` and `lm:MODEL:acc_norm`.
+/// Four rows per language model: `lm:MODEL:acc` and `lm:MODEL:acc_norm`, then the same with the
+/// context removed (`acc_no_context`, `acc_norm_no_context`).
 fn lm_rows(results: &[lm::LmResult]) -> Vec<verdict::Row> {
     results
         .iter()
         .flat_map(|r| {
             let name = |metric: &str| format!("{}{}:{metric}", verdict::LM_PREFIX, r.model);
+            let alone = |metric: &str| name(&format!("{metric}{}", verdict::NO_CONTEXT_SUFFIX));
             [
                 verdict::Row::new(name("acc"), r.acc, r.acc_se),
                 verdict::Row::new(name("acc_norm"), r.acc_norm, r.acc_norm_se),
+                verdict::Row::new(alone("acc"), r.acc_no_context, r.acc_no_context_se),
+                verdict::Row::new(
+                    alone("acc_norm"),
+                    r.acc_norm_no_context,
+                    r.acc_norm_no_context_se,
+                ),
             ]
         })
         .collect()

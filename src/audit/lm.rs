@@ -37,6 +37,12 @@ pub struct LmResult {
     /// The same with the log-likelihood divided by the ending's length in characters.
     pub acc_norm: f64,
     pub acc_norm_se: f64,
+    /// The same two with the context removed (each ending read after nothing): far above
+    /// chance, the endings alone give the answer away.
+    pub acc_no_context: f64,
+    pub acc_no_context_se: f64,
+    pub acc_norm_no_context: f64,
+    pub acc_norm_no_context_se: f64,
     /// Wall time of the scoring, the model's loading included.
     pub seconds: f64,
 }
@@ -51,16 +57,29 @@ pub fn proportion_se(p: f64, n: usize) -> f64 {
     (p * (1.0 - p) * n / (n - 1.0) / n).sqrt()
 }
 
-/// The model's scores of each question's endings, the question posed as the harness poses the
-/// export's SWAG-style task; `done` hears each finished question.
+/// What a model reads before each ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posed {
+    /// The startphrase, as the harness poses the export's SWAG-style task.
+    WithContext,
+    /// Nothing: the zero-prompt check of whether the endings alone give the answer away.
+    EndingsAlone,
+}
+
+/// The model's scores of each question's endings, posed as `posed` says; `done` hears each
+/// finished question.
 pub fn score_questions(
     model: &LanguageModel,
     questions: &[Question],
+    posed: Posed,
     done: &(dyn Fn() + Sync),
 ) -> Result<Vec<OptionScores>> {
     let contexts: Vec<String> = questions
         .iter()
-        .map(|q| startphrase(&q.sent1, &q.sent2))
+        .map(|q| match posed {
+            Posed::WithContext => startphrase(&q.sent1, &q.sent2),
+            Posed::EndingsAlone => String::new(),
+        })
         .collect();
     let posed: Vec<ChoiceQuestion> = questions
         .iter()
@@ -73,7 +92,8 @@ pub fn score_questions(
     ChoiceScorer::new(model)?.score_all(&posed, done)
 }
 
-/// Scores every question (all labelled) with the model; `done` hears each finished question.
+/// Scores every question (all labelled) with the model, with its context and without;
+/// `done` hears each finished question of each pass.
 pub fn zero_shot(
     spec: &LmSpec,
     questions: &[Question],
@@ -82,18 +102,21 @@ pub fn zero_shot(
     let started = Instant::now();
     let model = LanguageModel::load(&spec.path)
         .with_context(|| format!("--lm {}: cannot load {}", spec.name, spec.path.display()))?;
-    let scores = score_questions(&model, questions, done)?;
+    let with_context = score_questions(&model, questions, Posed::WithContext, done)?;
+    let alone = score_questions(&model, questions, Posed::EndingsAlone, done)?;
     let n = questions.len();
-    let share = |pick: &dyn Fn(usize) -> usize| -> f64 {
+    let share = |scores: &[OptionScores], pick: fn(&OptionScores) -> usize| -> f64 {
         let right = questions
             .iter()
-            .enumerate()
-            .filter(|&(i, q)| q.label == Some(pick(i)))
+            .zip(scores)
+            .filter(|(q, s)| q.label == Some(pick(s)))
             .count();
         right as f64 / n.max(1) as f64
     };
-    let acc = share(&|i| scores[i].pick());
-    let acc_norm = share(&|i| scores[i].pick_per_char());
+    let acc = share(&with_context, OptionScores::pick);
+    let acc_norm = share(&with_context, OptionScores::pick_per_char);
+    let acc_no_context = share(&alone, OptionScores::pick);
+    let acc_norm_no_context = share(&alone, OptionScores::pick_per_char);
     Ok(LmResult {
         model: spec.name.clone(),
         file: spec.path.display().to_string(),
@@ -102,6 +125,10 @@ pub fn zero_shot(
         acc_se: proportion_se(acc, n),
         acc_norm,
         acc_norm_se: proportion_se(acc_norm, n),
+        acc_no_context,
+        acc_no_context_se: proportion_se(acc_no_context, n),
+        acc_norm_no_context,
+        acc_norm_no_context_se: proportion_se(acc_norm_no_context, n),
         seconds: started.elapsed().as_secs_f64(),
     })
 }

@@ -112,9 +112,13 @@ fn measure_lms(
 ) -> Result<Vec<lm::LmResult>> {
     let mut results = Vec::with_capacity(config.lm.len());
     for spec in &config.lm {
+        // Each question twice: after its context, then its endings alone (the zero-prompt check).
         observer.counting(
-            questions.len(),
-            &format!("questions scored by {}", spec.name),
+            2 * questions.len(),
+            &format!(
+                "question passes by {} (with and without the context)",
+                spec.name
+            ),
         );
         let counter = Mutex::new(&mut *observer);
         let done = || {

@@ -356,18 +356,31 @@ fn write_findings(
             "Every question is posed as lm-evaluation-harness poses this dataset's SWAG-style task \
              (the startphrase, then each ending after a space): `acc` picks the ending with the \
              highest summed log-probability of its tokens, `acc_norm` the highest per character of \
-             the ending. ± is the standard error of a proportion, as the harness reports it.\n"
+             the ending. ± is the standard error of a proportion, as the harness reports it. \
+             *Without the context* poses the same endings after nothing: well above chance, the \
+             endings alone give the answer away.\n"
         )?;
         writeln!(
             md,
-            "| model | questions | acc | ± se | acc_norm | ± se | seconds |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| model | questions | acc | ± se | acc_norm | ± se | acc without the context | \
+             acc_norm without the context | seconds |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         )?;
         for r in lm {
             writeln!(
                 md,
-                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |",
-                r.model, r.questions, r.acc, r.acc_se, r.acc_norm, r.acc_norm_se, r.seconds
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ± {:.3} | {:.3} ± {:.3} | {:.0} |",
+                r.model,
+                r.questions,
+                r.acc,
+                r.acc_se,
+                r.acc_norm,
+                r.acc_norm_se,
+                r.acc_no_context,
+                r.acc_no_context_se,
+                r.acc_norm_no_context,
+                r.acc_norm_no_context_se,
+                r.seconds
             )?;
         }
         writeln!(md)?;

@@ -19,8 +19,12 @@ pub const CHANCE: f64 = 0.25;
 /// The fine-tuned discriminator's row, wherever the cross-validation measures one.
 pub const FINE_TUNED_BASELINE: &str = "finetune_minilm";
 
-/// The prefix of a language model's rows: `lm:MODEL:acc` and `lm:MODEL:acc_norm`.
+/// The prefix of a language model's rows: `lm:MODEL:acc` and `lm:MODEL:acc_norm`, and the same
+/// with [`NO_CONTEXT_SUFFIX`] for the endings read alone.
 pub const LM_PREFIX: &str = "lm:";
+
+/// The suffix of a language model's rows that read the endings without their context.
+pub const NO_CONTEXT_SUFFIX: &str = "_no_context";
 
 /// Kinds of evidence a benchmark can be answered by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,15 +35,18 @@ pub enum Family {
     Relational,
     /// A language model's likelihood of the ending, zero-shot.
     LmZeroShot,
+    /// A language model's likelihood of the ending read without its context: the endings alone.
+    EndingsAlone,
     /// A discriminator fine-tuned on the benchmark's own training folds.
     FineTuned,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [
+    pub const ALL: [Family; 5] = [
         Family::Style,
         Family::Relational,
         Family::LmZeroShot,
+        Family::EndingsAlone,
         Family::FineTuned,
     ];
 
@@ -48,6 +55,9 @@ impl Family {
         match row {
             "relational" => Family::Relational,
             FINE_TUNED_BASELINE => Family::FineTuned,
+            lm if lm.starts_with(LM_PREFIX) && lm.ends_with(NO_CONTEXT_SUFFIX) => {
+                Family::EndingsAlone
+            }
             lm if lm.starts_with(LM_PREFIX) => Family::LmZeroShot,
             _ => Family::Style,
         }
@@ -58,6 +68,7 @@ impl Family {
             Family::Style => "style",
             Family::Relational => "relational",
             Family::LmZeroShot => "LM zero-shot",
+            Family::EndingsAlone => "LM without the context",
             Family::FineTuned => "fine-tuned",
         }
     }
@@ -72,6 +83,10 @@ impl Family {
             Family::LmZeroShot => {
                 "a language model that never saw the benchmark picks the real ending"
             }
+            Family::EndingsAlone => {
+                "a language model that reads the endings without their context picks the real \
+                 ending: the endings alone give the answer away"
+            }
             Family::FineTuned => "a discriminator trained on the other folds picks the real ending",
         }
     }
@@ -81,7 +96,7 @@ impl Family {
         match self {
             Family::Style => "no style baseline ran",
             Family::Relational => "it runs under --cv",
-            Family::LmZeroShot => "add --lm smollm2 or --lm MODEL.gguf",
+            Family::LmZeroShot | Family::EndingsAlone => "add --lm smollm2 or --lm MODEL.gguf",
             Family::FineTuned => {
                 "it runs under --cv unless --no-finetune or --no-embed is given or MiniLM is absent"
             }
@@ -366,6 +381,30 @@ mod tests {
         assert_eq!(verdicts[3].best, None);
         assert!(text[3].starts_with("not measured"));
         assert_eq!(Family::of(FINE_TUNED_BASELINE), Family::FineTuned);
+    }
+
+    /// The zero-prompt rows are their own family: a model far above chance without the context
+    /// says the endings give the answer away, whatever the rows with the context say.
+    #[test]
+    fn endings_read_alone_are_their_own_family() {
+        assert_eq!(Family::of("lm:smollm2:acc"), Family::LmZeroShot);
+        assert_eq!(
+            Family::of("lm:smollm2:acc_norm_no_context"),
+            Family::EndingsAlone
+        );
+        let rows = vec![
+            Row::new("lm:smollm2:acc", 0.26, 0.01),
+            Row::new("lm:smollm2:acc_no_context", 0.45, 0.01),
+        ];
+        let (_, verdicts) = judge(rows, None);
+        let family = |f: Family| verdicts.iter().find(|v| v.family == f.name()).unwrap();
+        assert!(family(Family::LmZeroShot).text.starts_with("at chance"));
+        let alone = &family(Family::EndingsAlone).text;
+        assert!(
+            alone.starts_with("20.0 points above chance")
+                && alone.contains("the endings alone give the answer away"),
+            "{alone}"
+        );
     }
 
     /// Sixteen questions: 0.562 ± 0.157 is within two standard errors of chance, but nothing
