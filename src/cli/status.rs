@@ -24,7 +24,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     println!("project      {}", args.project.display());
-    println!("examples     {}", s.examples);
+    // A context is an ingested input (its text and its real ending); a question is an assembled
+    // four-way item built on one.
+    println!("contexts     {}", s.examples);
     let dropped: i64 = s.dropped.values().sum();
     println!("dropped      {dropped}");
     for (reason, n) in &s.dropped {
@@ -82,8 +84,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
         crate::text::counted(s.labelled_items, "labelled item", "labelled items")
     );
     println!(
-        "assembled    {}",
-        crate::text::counted(s.assembled, "example", "examples")
+        "assembled    {} (a context, its real ending and three distractors each)",
+        crate::text::counted(s.assembled, "question", "questions")
     );
     Ok(())
 }
