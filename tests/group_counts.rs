@@ -50,3 +50,28 @@ fn assemble_and_the_card_count_the_same_groups() {
     assert_eq!(total, 6, "only the six groups with examples count");
     assert!(card.contains("A group is"), "the card says what a group is");
 }
+
+/// One word for the input (a context) and another for the assembled four-way item (a question).
+#[test]
+fn status_and_assemble_call_inputs_contexts_and_items_questions() {
+    let p = common::unverified_project(6);
+    let printed = ok(&["assemble", p.p(), "--unverified", "--seed", "1"]);
+    assert!(
+        printed.contains("assembled unverified questions"),
+        "{printed}"
+    );
+    for split in ["train", "val", "test"] {
+        let line = printed
+            .lines()
+            .find(|l| l.trim_start().starts_with(split))
+            .unwrap();
+        assert!(
+            line.contains(" questions from ") || line.contains(" question from "),
+            "{line}"
+        );
+    }
+    let status = ok(&["status", p.p()]);
+    assert!(status.contains("\ncontexts     12\n"), "{status}");
+    assert!(status.contains("assembled    12 questions"), "{status}");
+    assert!(!status.contains("example"), "{status}");
+}

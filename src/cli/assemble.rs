@@ -80,7 +80,7 @@ fn print_summary(s: &Summary) {
         "verified"
     };
     println!(
-        "assembled {kind} examples from AF run {} (distractors: {})",
+        "assembled {kind} questions from AF run {} (distractors: {})",
         s.af_run,
         s.distractors.as_str()
     );
@@ -90,11 +90,14 @@ fn print_summary(s: &Summary) {
         let groups = s.groups.get(name).copied().unwrap_or(0);
         println!(
             "  {name:<6} {:>14} from {}",
-            crate::text::counted(examples, "example", "examples"),
+            crate::text::counted(examples, "question", "questions"),
             crate::text::counted(groups, "group", "groups")
         );
     }
-    println!("  (a group is the source its contexts came from, e.g. one video; it is never split)");
+    println!(
+        "  (a question is four-way: a context, its real ending and three distractors; a group is \
+         the source its contexts came from, e.g. one video, and is never split)"
+    );
     for (source, n) in &s.gold_sources {
         println!("  {source:<14} {n:>7}");
     }
@@ -116,7 +119,7 @@ fn print_summary(s: &Summary) {
                     .join(", ")
             );
         }
-        println!("awaiting labels: {}", s.awaiting_labels);
+        println!("contexts awaiting labels: {}", s.awaiting_labels);
         if s.broken > 0 {
             println!("flagged broken: {}", s.broken);
         }
@@ -137,7 +140,7 @@ fn print_summary(s: &Summary) {
         }
     } else if s.too_few_negatives > 0 {
         println!(
-            "skipped (fewer than 3 assigned negatives): {}",
+            "contexts skipped (fewer than 3 assigned negatives): {}",
             s.too_few_negatives
         );
     }

@@ -24,7 +24,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     println!("project      {}", args.project.display());
-    println!("examples     {}", s.examples);
+    // A context is an ingested input (its text and its real ending); a question is an assembled
+    // four-way item built on one.
+    println!("contexts     {}", s.examples);
     let dropped: i64 = s.dropped.values().sum();
     println!("dropped      {dropped}");
     for (reason, n) in &s.dropped {
@@ -88,18 +90,19 @@ pub fn run(args: StatusArgs) -> Result<()> {
 /// The assembly (which AF run it holds, and whether a newer one finished) and the latest
 /// export (which assembly it holds), as the export's card states them.
 fn print_assembly_and_export(s: &crate::store::status::Status) {
-    let examples = crate::text::counted(s.assembled, "example", "examples");
+    let questions = crate::text::counted(s.assembled, "question", "questions");
     match s.assembly {
         Some(a) if s.assembled > 0 => {
             println!(
-                "assembled    {examples} (assembly {}, from AF run {})",
+                "assembled    {questions} (a context, its real ending and three distractors each; \
+                 assembly {}, from AF run {})",
                 a.number, a.af_run
             );
             if let Some(latest) = s.latest_finished_af_run.filter(|&l| l > a.af_run) {
                 println!("  AF run {latest} finished since: `afkit assemble` again to use it");
             }
         }
-        _ => println!("assembled    {examples}"),
+        _ => println!("assembled    {questions}"),
     }
     if let Some(e) = &s.last_export {
         let held = e.assembly.map_or_else(String::new, |a| {
