@@ -170,15 +170,24 @@ fn carries_a_measurement(line: &str) -> bool {
                 && parts.iter().all(|p| p.len() > 2)
         });
     accuracy_range
-        || ["endings a second", "minutes an iteration", " on 2 cores", " GB for "]
-            .iter()
-            .any(|figure| line.contains(figure))
+        || [
+            "endings a second",
+            "minutes an iteration",
+            " on 2 cores",
+            " GB for ",
+        ]
+        .iter()
+        .any(|figure| line.contains(figure))
 }
 
 #[test]
 fn every_help_fits_a_screen_with_short_lines_and_no_figures() {
     let commands = every_command();
-    for expected in [vec!["lm", "adapt"], vec!["crowd", "export"], vec!["models", "fetch"]] {
+    for expected in [
+        vec!["lm", "adapt"],
+        vec!["crowd", "export"],
+        vec!["models", "fetch"],
+    ] {
         assert!(
             commands.contains(&expected.iter().map(|s| s.to_string()).collect()),
             "{expected:?} not found among {commands:?}"
@@ -219,9 +228,15 @@ fn the_measurement_pattern_finds_figures_and_passes_defaults() {
         "random distractors: 0.33-0.39 for style classifiers"
     ));
     assert!(carries_a_measurement("from 0.21–0.22 to 0.24–0.28"));
-    assert!(carries_a_measurement("with SmolLM2 on 2 cores about 30 endings a second"));
-    assert!(!carries_a_measurement("AdamW learning rate [default: 0.003]"));
-    assert!(!carries_a_measurement("Train,val,test fractions [default: 0.8,0.1,0.1]"));
+    assert!(carries_a_measurement(
+        "with SmolLM2 on 2 cores about 30 endings a second"
+    ));
+    assert!(!carries_a_measurement(
+        "AdamW learning rate [default: 0.003]"
+    ));
+    assert!(!carries_a_measurement(
+        "Train,val,test fractions [default: 0.8,0.1,0.1]"
+    ));
 }
 
 #[test]
@@ -233,7 +248,10 @@ fn audit_help_and_output_put_cv_first_as_the_figure_to_trust() {
         .nth(1)
         .expect("a first option")
         .trim_start();
-    assert!(first_flag.starts_with("--cv"), "first option: {first_flag}\n{long}");
+    assert!(
+        first_flag.starts_with("--cv"),
+        "first option: {first_flag}\n{long}"
+    );
     let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         words(&long[..options]).contains("`--cv K` gives the figure to trust"),
