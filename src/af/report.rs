@@ -58,6 +58,24 @@ const MODELS: [(&str, RGBColor); 9] = [
     ("adversary (ensemble + MiniLM)", RGBColor(0, 0, 0)),
 ];
 
+/// Whether model `m` decides what AF swaps (drawn bold, on top), rather than being one member
+/// of the ensemble (drawn thin and light, behind): the MLP (in its own phase; a member after
+/// it), the ensemble, the fine-tuned adversary and the two together.
+fn decides(m: usize) -> bool {
+    matches!(m, 0 | 6 | 7 | 8)
+}
+
+/// Model `m`'s line: bold and in full colour when it decides, thin and light when a member
+/// (`in_ensemble_phase`: the MLP is one there).
+fn line_style(m: usize, in_ensemble_phase: bool) -> ShapeStyle {
+    let (_, colour) = MODELS[m];
+    if decides(m) && !(m == 0 && in_ensemble_phase) {
+        colour.stroke_width(3)
+    } else {
+        colour.mix(0.55).stroke_width(1)
+    }
+}
+
 fn head(a: &HeadAccuracy, model: usize) -> Option<f64> {
     a.named()[model].1
 }
@@ -88,14 +106,13 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
     let draw_err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
     root.fill(&WHITE).map_err(draw_err)?;
     let (plot_area, legend_area) = root.split_horizontally(920);
-    let font = crate::plot::FONT;
     let mut chart = ChartBuilder::on(&plot_area)
         .caption(
             format!(
                 "Held-out accuracy by AF iteration (k = {}, run {})",
                 run.k, run.id
             ),
-            (font, 24),
+            crate::plot::font(24),
         )
         .margin(20)
         .x_label_area_size(50)
@@ -108,9 +125,10 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .x_labels((last + 2).min(12))
         .x_label_formatter(&|x| format!("{x:.0}"))
         .x_max_light_lines(1)
+        .y_max_light_lines(1)
         .y_desc("accuracy on the held-out 20%")
-        .axis_desc_style((font, 18))
-        .label_style((font, 15))
+        .axis_desc_style(crate::plot::font(18))
+        .label_style(crate::plot::font(15))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(draw_err)?;
@@ -143,10 +161,10 @@ fn shade_mlp_phase(
 ) -> DrawResult {
     chart.draw_series(std::iter::once(Rectangle::new(
         [(-0.5, 0.0), (boundary, y_max)],
-        RGBColor(240, 244, 250).filled(),
+        RGBColor(200, 215, 240).mix(0.3).filled(),
     )))?;
     let label_style =
-        TextStyle::from((crate::plot::FONT, 16).into_font()).color(&RGBColor(90, 90, 90));
+        TextStyle::from(crate::plot::font(16).into_font()).color(&RGBColor(90, 90, 90));
     let at_top = y_max * 0.99;
     let mut labels = vec![Text::new(
         "MLP only".to_string(),
@@ -161,6 +179,12 @@ fn shade_mlp_phase(
         ));
     }
     chart.draw_series(labels)?;
+    chart.draw_series(DashedLineSeries::new(
+        [(boundary, 0.0), (boundary, y_max)],
+        5,
+        5,
+        RGBColor(120, 120, 120).stroke_width(1),
+    ))?;
     Ok(())
 }
 
@@ -174,40 +198,54 @@ fn draw_chance(chart: &mut Chart, chance: f64, x_end: f64) -> DrawResult {
     Ok(())
 }
 
-/// A marker of shape `shape` (0 circle, 1 triangle, 2 cross) at `at`.
-fn marker<DB: DrawingBackend>(
-    shape: usize,
-    at: (i32, i32),
-    style: ShapeStyle,
-) -> DynElement<'static, DB, (i32, i32)> {
-    match shape % 3 {
-        0 => Circle::new(at, 4, style).into_dyn(),
-        1 => TriangleMarker::new(at, 6, style).into_dyn(),
-        _ => Cross::new(at, 5, style.stroke_width(2)).into_dyn(),
+/// Model `m`'s marker at `at`: a shape of its own among neighbours (circle, triangle, cross,
+/// square), larger for the models that decide.
+fn marker<DB: DrawingBackend>(m: usize, at: (i32, i32)) -> DynElement<'static, DB, (i32, i32)> {
+    let (_, colour) = MODELS[m];
+    let (size, style) = if decides(m) {
+        (5, colour.filled())
+    } else {
+        (3, colour.mix(0.7).filled())
+    };
+    match m % 4 {
+        0 => Circle::new(at, size, style).into_dyn(),
+        1 => TriangleMarker::new(at, size + 2, style).into_dyn(),
+        2 => Cross::new(at, size + 1, style.stroke_width(2)).into_dyn(),
+        _ => Rectangle::new(
+            [(at.0 - size, at.1 - size), (at.0 + size, at.1 + size)],
+            style,
+        )
+        .into_dyn(),
     }
 }
 
-/// One line with markers per model that has accuracies, the ensemble's thicker; each model's
-/// points shifted a little sideways. The models drawn, as indices into `MODELS`.
+/// One line with markers per model that has accuracies: the ensemble's members thin and light
+/// behind, the deciding models bold on top; each model's points shifted a little sideways.
+/// The models drawn, as indices into `MODELS`.
 fn draw_models(chart: &mut Chart, iterations: &[IterationRecord]) -> DrawResult<Vec<usize>> {
     let drawn: Vec<usize> = (0..MODELS.len())
         .filter(|&m| iterations.iter().any(|r| head(&r.accuracy, m).is_some()))
         .collect();
-    for &m in &drawn {
-        let (_, colour) = MODELS[m];
-        let points: Vec<(f64, f64)> = iterations
+    let members = drawn.iter().filter(|&&m| !decides(m));
+    for &m in members.chain(drawn.iter().filter(|&&m| decides(m))) {
+        let points: Vec<(f64, f64, bool)> = iterations
             .iter()
             .filter_map(|r| {
-                head(&r.accuracy, m).map(|a| (r.iteration as f64 + sideways(&r.accuracy, m), a))
+                let x = r.iteration as f64 + sideways(&r.accuracy, m);
+                head(&r.accuracy, m).map(|a| (x, a, r.phase == Family::Ensemble))
             })
             .collect();
-        let ensemble = m == MODELS.len() - 1;
-        let style = colour.stroke_width(if ensemble { 3 } else { 2 });
-        chart.draw_series(LineSeries::new(points.clone(), style))?;
+        // Segment by segment: a line's style may change with the phase.
+        for pair in points.windows(2) {
+            chart.draw_series(LineSeries::new(
+                pair.iter().map(|&(x, a, _)| (x, a)),
+                line_style(m, pair[1].2),
+            ))?;
+        }
         chart.draw_series(
             points
                 .iter()
-                .map(|&p| EmptyElement::at(p) + marker(m, (0, 0), colour.filled())),
+                .map(|&(x, a, _)| EmptyElement::at((x, a)) + marker(m, (0, 0))),
         )?;
     }
     Ok(drawn)
@@ -231,19 +269,27 @@ fn draw_legend(
     chance: f64,
     iterations: &[IterationRecord],
 ) -> DrawResult {
-    let font = crate::plot::FONT;
-    let text = TextStyle::from((font, 15).into_font());
-    let mut y = 70;
-    for &m in drawn {
-        let (name, colour) = MODELS[m];
-        let width = if m == MODELS.len() - 1 { 3 } else { 2 };
-        area.draw(&PathElement::new(
-            [(8, y), (40, y)],
-            colour.stroke_width(width),
-        ))?;
-        area.draw(&(EmptyElement::at((24, y)) + marker(m, (0, 0), colour.filled())))?;
-        area.draw(&Text::new(name, (48, y - 8), text.clone()))?;
-        y += 26;
+    let text = TextStyle::from(crate::plot::font(15).into_font());
+    let heading = TextStyle::from(crate::plot::font(14).into_font()).color(&RGBColor(90, 90, 90));
+    let mut y = 60;
+    for (title, group) in [("deciding", true), ("members of the ensemble", false)] {
+        let models: Vec<usize> = drawn
+            .iter()
+            .copied()
+            .filter(|&m| decides(m) == group)
+            .collect();
+        if models.is_empty() {
+            continue;
+        }
+        area.draw(&Text::new(title, (8, y - 8), heading.clone()))?;
+        y += 24;
+        for m in models {
+            area.draw(&PathElement::new([(8, y), (40, y)], line_style(m, !group)))?;
+            area.draw(&(EmptyElement::at((24, y)) + marker(m, (0, 0))))?;
+            area.draw(&Text::new(MODELS[m].0, (48, y - 8), text.clone()))?;
+            y += 26;
+        }
+        y += 8;
     }
     area.draw(&PathElement::new([(8, y), (18, y)], BLACK.stroke_width(2)))?;
     area.draw(&PathElement::new([(28, y), (40, y)], BLACK.stroke_width(2)))?;
@@ -254,7 +300,8 @@ fn draw_legend(
     ))?;
     if let Some(few) = iterations.iter().map(|r| r.n_test).min() {
         if few < FEW_HELD_OUT {
-            let note = TextStyle::from((font, 14).into_font()).color(&RGBColor(150, 30, 30));
+            let note =
+                TextStyle::from(crate::plot::font(14).into_font()).color(&RGBColor(150, 30, 30));
             y += 44;
             let most = iterations.iter().map(|r| r.n_test).max().unwrap_or(few);
             let count = if most == few {

@@ -13,7 +13,7 @@ use super::lm::LmResult;
 use super::ppmi::Association;
 use super::verdict::{Row, Verdict};
 use crate::output::{Output, Staged};
-use crate::plot::{register_font, FONT};
+use crate::plot::{font, register_font};
 
 /// Every file an audit may write into its folder.
 pub const FILES: [&str; 5] = [
@@ -64,17 +64,10 @@ impl<'a> Files<'a> {
 /// Writes audit.md, audit.json, accuracy.png, ppmi.png and (when measured) knn.png into `dir`.
 pub fn write(dir: &Path, r: &AuditReport, output: &Output) -> Result<()> {
     let mut files = Files::new(output, dir);
-    let accuracies = r.accuracies();
-    bar_chart(
+    accuracy_chart(
         &files.chart("accuracy.png")?,
-        "Val accuracy by baseline (4-way; dashed: chance)",
-        &accuracies
-            .iter()
-            .map(|a| a.0.to_string())
-            .collect::<Vec<_>>(),
-        &accuracies.iter().map(|a| a.1).collect::<Vec<_>>(),
-        1.08,
-        Some(0.25),
+        "Val accuracy ± standard error, train -> val (4-way; dashed: chance)",
+        &r.summary,
     )?;
     ppmi_chart(&mut files, &r.ppmi)?;
     if let Knn::Measured(k) = &r.knn {
@@ -224,24 +217,13 @@ fn write_ppmi(md: &mut String, ppmi: &[Association]) -> std::fmt::Result {
 /// every measured baseline) and ppmi.png into `dir`.
 pub fn write_cv(dir: &Path, r: &CvAudit, output: &Output) -> Result<()> {
     let mut files = Files::new(output, dir);
-    let measured: Vec<(&str, f64)> =
-        r.cv.baselines
-            .iter()
-            .filter_map(|(baseline, result)| match result {
-                CvResult::Measured { mean, .. } => Some((baseline.name(), *mean)),
-                CvResult::Skipped { .. } => None,
-            })
-            .collect();
-    bar_chart(
+    accuracy_chart(
         &files.chart("accuracy.png")?,
         &format!(
-            "{}-fold cross-validated accuracy (4-way; dashed: chance)",
+            "{}-fold cross-validated accuracy ± standard error (4-way; dashed: chance)",
             r.cv.folds
         ),
-        &measured.iter().map(|m| m.0.to_string()).collect::<Vec<_>>(),
-        &measured.iter().map(|m| m.1).collect::<Vec<_>>(),
-        1.08,
-        Some(0.25),
+        &r.summary,
     )?;
     ppmi_chart(&mut files, &r.ppmi)?;
     files.text("audit.json", &(serde_json::to_string_pretty(r)? + "\n"))?;
@@ -435,17 +417,17 @@ fn bar_chart(
     hline: Option<f64>,
 ) -> Result<()> {
     register_font();
-    // Each bar as wide as its label (13-pixel monospace, 8 pixels a character), so labels
+    // Each bar as wide as its label (14-pixel monospace, under 9 pixels a character), so labels
     // never run together.
     let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u32;
-    let per_bar = (8 * longest + 20).max(90);
+    let per_bar = (9 * longest + 20).max(90);
     let width = (120 + per_bar * labels.len() as u32).max(640);
     let root = BitMapBackend::new(path, (width, 480)).into_drawing_area();
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         root.fill(&WHITE)?;
         let n = labels.len() as i32;
         let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 20))
+            .caption(title, font(20))
             .margin(12)
             .x_label_area_size(70)
             .y_label_area_size(50)
@@ -459,7 +441,7 @@ fn bar_chart(
                 SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
                 _ => String::new(),
             })
-            .label_style((FONT, 13))
+            .label_style(font(13))
             .y_max_light_lines(1)
             .draw()?;
         chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
@@ -476,7 +458,7 @@ fn bar_chart(
         }))?;
         // Each value centred just above its bar.
         let value_style =
-            TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+            TextStyle::from(font(13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
         chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
             Text::new(
                 format!("{v:.3}"),
@@ -498,11 +480,175 @@ fn bar_chart(
     draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
 }
 
+/// Chance for a 4-way choice.
+const CHANCE: f64 = 0.25;
+
+/// Pixels of the accuracy chart's plotting area, and of a value label above an error bar.
+const PLOT_HEIGHT: f64 = 340.0;
+const LABEL_HEIGHT: f64 = 18.0;
+
+/// The top of the accuracy axis: room above the highest error bar for its value label, chance
+/// always on the axis, rounded up to a multiple of 0.05.
+fn accuracy_axis_top(rows: &[Row]) -> f64 {
+    let top = rows
+        .iter()
+        .map(|r| r.mean + r.se)
+        .filter(|v| v.is_finite())
+        .fold(CHANCE, f64::max);
+    let with_label = top / (1.0 - 1.5 * LABEL_HEIGHT / PLOT_HEIGHT);
+    ((with_label / 0.05).ceil() * 0.05).min(1.1)
+}
+
+/// Where row `row`'s value label sits (bottom, top) in accuracy units on an axis up to `y_max`.
+fn label_span(row: &Row, y_max: f64) -> (f64, f64) {
+    let per_pixel = y_max / PLOT_HEIGHT;
+    let bottom = row.mean + row.se.max(0.0) + 3.0 * per_pixel;
+    (bottom, bottom + LABEL_HEIGHT * per_pixel)
+}
+
+/// Which rows let the chance line pass behind their bar: those whose value label it would
+/// cross are skipped.
+fn chance_passes(rows: &[Row], y_max: f64) -> Vec<bool> {
+    rows.iter()
+        .map(|row| {
+            let (bottom, top) = label_span(row, y_max);
+            !(bottom..=top).contains(&CHANCE)
+        })
+        .collect()
+}
+
+/// Every measured row (style, relational, language models, fine-tuned) as a bar with its mean,
+/// ± one standard error as a whisker, the value above the whisker, and chance dashed behind.
+fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
+    register_font();
+    let longest = rows
+        .iter()
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(0) as u32;
+    let per_bar = (9 * longest + 20).max(90);
+    let width = (120 + per_bar * rows.len() as u32).max(640);
+    let root = BitMapBackend::new(path, (width, 480)).into_drawing_area();
+    let y_max = accuracy_axis_top(rows);
+    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+        root.fill(&WHITE)?;
+        let n = rows.len().max(1) as i32;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, font(18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(rows.len())
+            .x_label_formatter(&|x| match x {
+                SegmentValue::CenterOf(i) => rows
+                    .get(*i as usize)
+                    .map(|r| r.name.clone())
+                    .unwrap_or_default(),
+                _ => String::new(),
+            })
+            .y_label_formatter(&|y| format!("{y:.2}"))
+            .y_desc("accuracy")
+            .label_style(font(13))
+            .axis_desc_style(font(14))
+            .y_max_light_lines(1)
+            .draw()?;
+        // Chance behind the bars, left out where it would cross a value label.
+        for (i, passes) in chance_passes(rows, y_max).into_iter().enumerate() {
+            if passes {
+                chart.draw_series(DashedLineSeries::new(
+                    [
+                        (SegmentValue::Exact(i as i32), CHANCE),
+                        (segment_end(i as i32, n), CHANCE),
+                    ],
+                    6,
+                    4,
+                    BLACK.stroke_width(1),
+                ))?;
+            }
+        }
+        chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
+            let mean = if row.mean.is_finite() { row.mean } else { 0.0 };
+            let mut bar = Rectangle::new(
+                [
+                    (SegmentValue::Exact(i as i32), 0.0),
+                    (segment_end(i as i32, n), mean),
+                ],
+                Palette99::pick(i).mix(0.75).filled(),
+            );
+            bar.set_margin(0, 0, 14, 14);
+            bar
+        }))?;
+        chart.draw_series(rows.iter().enumerate().filter(|(_, r)| r.se > 0.0).map(
+            |(i, row)| {
+                ErrorBar::new_vertical(
+                    SegmentValue::CenterOf(i as i32),
+                    (row.mean - row.se).max(0.0),
+                    row.mean,
+                    row.mean + row.se,
+                    BLACK.stroke_width(1),
+                    10,
+                )
+            },
+        ))?;
+        let value_style =
+            TextStyle::from(font(13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+        chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
+            Text::new(
+                format!("{:.3}", row.mean),
+                (SegmentValue::CenterOf(i as i32), label_span(row, y_max).1),
+                value_style.clone(),
+            )
+        }))?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+}
+
 /// Where bar `i` of `n` ends: the next segment's start, or the axis's end for the last bar.
 fn segment_end(i: i32, n: i32) -> SegmentValue<i32> {
     if i + 1 < n {
         SegmentValue::Exact(i + 1)
     } else {
         SegmentValue::Last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, mean: f64, se: f64) -> Row {
+        Row::new(name, mean, se)
+    }
+
+    #[test]
+    fn the_axis_fits_the_highest_whisker_and_its_label_with_chance_on_it() {
+        let rows = [
+            row("shortest", 0.07, 0.02),
+            row("lm:smollm2:acc", 0.41, 0.03),
+        ];
+        let top = accuracy_axis_top(&rows);
+        assert!(top >= 0.44 && top <= 0.55, "{top}");
+        let (_, label_top) = label_span(&rows[1], top);
+        assert!(label_top <= top, "the label of the highest row fits");
+        // Everything far under chance: the axis still shows chance.
+        assert!(accuracy_axis_top(&[row("shortest", 0.05, 0.01)]) > CHANCE);
+    }
+
+    #[test]
+    fn the_chance_line_leaves_out_the_bars_whose_label_it_would_cross() {
+        let rows = [
+            row("ngram_end", 0.24, 0.0),
+            row("char_s2", 0.21, 0.02),
+            row("lm:tiny:acc", 0.60, 0.05),
+        ];
+        let top = accuracy_axis_top(&rows);
+        // 0.24 and 0.21 + 0.02 put their labels across 0.25; the tall bar's label is far above.
+        assert_eq!(chance_passes(&rows, top), [false, false, true]);
     }
 }
