@@ -633,7 +633,7 @@ mod tests {
             row("lm:smollm2:acc", 0.41, 0.03),
         ];
         let top = accuracy_axis_top(&rows);
-        assert!(top >= 0.44 && top <= 0.55, "{top}");
+        assert!((0.44..=0.55).contains(&top), "{top}");
         let (_, label_top) = label_span(&rows[1], top);
         assert!(label_top <= top, "the label of the highest row fits");
         // Everything far under chance: the axis still shows chance.
