@@ -417,12 +417,7 @@ fn bar_chart(
     hline: Option<f64>,
 ) -> Result<()> {
     register_font();
-    // Each bar as wide as its label (14-pixel monospace, under 9 pixels a character), so labels
-    // never run together.
-    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u32;
-    let per_bar = (9 * longest + 20).max(90);
-    let width = (120 + per_bar * labels.len() as u32).max(640);
-    let root = BitMapBackend::new(path, (width, 480)).into_drawing_area();
+    let root = BitMapBackend::new(path, (chart_width(labels), 480)).into_drawing_area();
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         root.fill(&WHITE)?;
         let n = labels.len() as i32;
@@ -437,10 +432,7 @@ fn bar_chart(
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(labels.len())
-            .x_label_formatter(&|x| match x {
-                SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
-                _ => String::new(),
-            })
+            .x_label_formatter(&|x| segment_label(x, labels))
             .label_style(font(13))
             .y_max_light_lines(1)
             .draw()?;
@@ -521,14 +513,8 @@ fn chance_passes(rows: &[Row], y_max: f64) -> Vec<bool> {
 /// ± one standard error as a whisker, the value above the whisker, and chance dashed behind.
 fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
     register_font();
-    let longest = rows
-        .iter()
-        .map(|r| r.name.chars().count())
-        .max()
-        .unwrap_or(0) as u32;
-    let per_bar = (9 * longest + 20).max(90);
-    let width = (120 + per_bar * rows.len() as u32).max(640);
-    let root = BitMapBackend::new(path, (width, 480)).into_drawing_area();
+    let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
+    let root = BitMapBackend::new(path, (chart_width(&names), 480)).into_drawing_area();
     let y_max = accuracy_axis_top(rows);
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         root.fill(&WHITE)?;
@@ -543,13 +529,7 @@ fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(rows.len())
-            .x_label_formatter(&|x| match x {
-                SegmentValue::CenterOf(i) => rows
-                    .get(*i as usize)
-                    .map(|r| r.name.clone())
-                    .unwrap_or_default(),
-                _ => String::new(),
-            })
+            .x_label_formatter(&|x| segment_label(x, &names))
             .y_label_formatter(&|y| format!("{y:.2}"))
             .y_desc("accuracy")
             .label_style(font(13))
@@ -607,6 +587,22 @@ fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
         Ok(())
     };
     draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+}
+
+/// A chart with a bar per label, each as wide as its label (14-pixel monospace, under 9 pixels
+/// a character), so that labels never run together.
+fn chart_width(labels: &[String]) -> u32 {
+    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u32;
+    let per_bar = (9 * longest + 20).max(90);
+    (120 + per_bar * labels.len() as u32).max(640)
+}
+
+/// The label under a bar: its own at its centre, none elsewhere.
+fn segment_label(x: &SegmentValue<i32>, labels: &[String]) -> String {
+    match x {
+        SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 /// Where bar `i` of `n` ends: the next segment's start, or the axis's end for the last bar.
