@@ -332,67 +332,84 @@ fn write_findings(
     with_control: bool,
 ) -> std::fmt::Result {
     if !lm.is_empty() {
-        writeln!(md, "## Language models, zero-shot\n")?;
-        writeln!(
-            md,
-            "Every question is posed as lm-evaluation-harness poses this dataset's SWAG-style task \
-             (the startphrase, then each ending after a space): `acc` picks the ending with the \
-             highest summed log-probability of its tokens, `acc_norm` the highest per character of \
-             the ending. ± is the standard error of a proportion, as the harness reports it. \
-             *Without the context* poses the same endings after nothing: well above chance, the \
-             endings alone give the answer away.\n"
-        )?;
-        writeln!(
-            md,
-            "| model | questions | acc | ± se | acc_norm | ± se | acc without the context | \
-             acc_norm without the context | seconds |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-        )?;
-        for r in lm {
-            writeln!(
-                md,
-                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ± {:.3} | {:.3} ± {:.3} | {:.0} |",
-                r.model,
-                r.questions,
-                r.acc,
-                r.acc_se,
-                r.acc_norm,
-                r.acc_norm_se,
-                r.acc_no_context,
-                r.acc_no_context_se,
-                r.acc_norm_no_context,
-                r.acc_norm_no_context_se,
-                r.seconds
-            )?;
-        }
-        writeln!(md)?;
+        write_lm_table(md, lm)?;
     }
     if with_control {
-        writeln!(md, "## Against the control\n")?;
-        writeln!(
-            md,
-            "The control (its own report in `control/`) is audited the same way; difference is \
-             this dataset's accuracy minus the control's, in points.\n"
-        )?;
-        writeln!(
-            md,
-            "| row | this dataset | control | difference |\n| --- | ---: | ---: | ---: |"
-        )?;
-        for row in summary {
-            let control = row.control.map_or("—".to_string(), |c| {
-                format!("{:.3} ± {:.3}", c.mean, c.se)
-            });
-            let difference = row
-                .difference
-                .map_or("—".to_string(), |d| format!("{:+.1}", d * 100.0));
-            writeln!(
-                md,
-                "| {} | {:.3} ± {:.3} | {control} | {difference} |",
-                row.name, row.mean, row.se
-            )?;
-        }
-        writeln!(md)?;
+        write_control_table(md, summary)?;
     }
+    write_verdicts(md, verdicts)
+}
+
+/// Each model's zero-shot accuracies, with the context and without.
+fn write_lm_table(md: &mut String, lm: &[LmResult]) -> std::fmt::Result {
+    writeln!(md, "## Language models, zero-shot\n")?;
+    writeln!(
+        md,
+        "Every question is posed as lm-evaluation-harness poses this dataset's SWAG-style task \
+         (the startphrase, then each ending after a space): `acc` picks the ending with the \
+         highest summed log-probability of its tokens, `acc_norm` the highest per character of \
+         the ending. ± is the standard error of a proportion, as the harness reports it. \
+         *Without the context* poses the same endings after nothing: well above chance, the \
+         endings alone give the answer away.\n"
+    )?;
+    writeln!(
+        md,
+        "| model | questions | acc | ± se | acc_norm | ± se | acc without the context | \
+         acc_norm without the context | seconds |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )?;
+    for r in lm {
+        writeln!(
+            md,
+            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ± {:.3} | {:.3} ± {:.3} | {:.0} |",
+            r.model,
+            r.questions,
+            r.acc,
+            r.acc_se,
+            r.acc_norm,
+            r.acc_norm_se,
+            r.acc_no_context,
+            r.acc_no_context_se,
+            r.acc_norm_no_context,
+            r.acc_norm_no_context_se,
+            r.seconds
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+/// Every row beside the control's, with the difference in points.
+fn write_control_table(md: &mut String, summary: &[Row]) -> std::fmt::Result {
+    writeln!(md, "## Against the control\n")?;
+    writeln!(
+        md,
+        "The control (its own report in `control/`) is audited the same way; difference is \
+         this dataset's accuracy minus the control's, in points.\n"
+    )?;
+    writeln!(
+        md,
+        "| row | this dataset | control | difference |\n| --- | ---: | ---: | ---: |"
+    )?;
+    for row in summary {
+        let control = row.control.map_or("—".to_string(), |c| {
+            format!("{:.3} ± {:.3}", c.mean, c.se)
+        });
+        let difference = row
+            .difference
+            .map_or("—".to_string(), |d| format!("{:+.1}", d * 100.0));
+        writeln!(
+            md,
+            "| {} | {:.3} ± {:.3} | {control} | {difference} |",
+            row.name, row.mean, row.se
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+/// The rule a row's standing follows, then one verdict per family.
+fn write_verdicts(md: &mut String, verdicts: &[Verdict]) -> std::fmt::Result {
     writeln!(md, "## Verdicts\n")?;
     writeln!(
         md,

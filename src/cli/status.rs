@@ -94,8 +94,7 @@ fn print_assembly_and_export(s: &crate::store::status::Status) {
     match s.assembly {
         Some(a) if s.assembled > 0 => {
             println!(
-                "assembled    {questions} (a context, its real ending and three distractors each; \
-                 assembly {}, from AF run {})",
+                "assembled    {questions} (assembly {}, from AF run {})",
                 a.number, a.af_run
             );
             if let Some(latest) = s.latest_finished_af_run.filter(|&l| l > a.af_run) {

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use crate::dataset::Split;
 use crate::models::hex;
 use crate::output::Output;
-use crate::store::assemble::AssemblyInfo;
+use crate::store::assemble::{AssembledExample, AssemblyInfo};
 use crate::store::export::ExportInfo;
 use crate::store::Store;
 use layout::CARD;
@@ -109,29 +109,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     if !options.layout.with_test_labels {
         output.check(&answers_target)?;
     }
-    let mut examples = store.assembled_examples()?;
-    if examples.is_empty() {
-        bail!(
-            "{} has no assembled examples: run `afkit assemble` first",
-            store.path().display()
-        );
-    }
-    let left_out = if options.negatives == Negatives::Random {
-        rows::randomise(
-            &mut examples,
-            |example_id| store.pool_candidate_texts(example_id),
-            options.seed,
-        )?
-    } else {
-        Vec::new()
-    };
-    if !left_out.is_empty() {
-        observer.note(&format!(
-            "the random control leaves out {} (fewer than three other endings in the pool; \
-             the card lists them)",
-            crate::text::counted(left_out.len(), "context", "contexts")
-        ));
-    }
+    let (examples, left_out) = examples_to_export(store, options, observer)?;
     let assembly = store.assembly_info()?;
     warn_if_a_newer_af_run(store, assembly, observer)?;
     let rows = rows::build(&examples, options.seed);
@@ -178,6 +156,39 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     };
     store.record_export(&info, &serde_json::to_string(&hashes)?)?;
     Ok(Summary { files: written })
+}
+
+/// The assembled examples, with random distractors for the control (and the contexts it leaves
+/// out, whose pools have too few other endings).
+fn examples_to_export(
+    store: &Store,
+    options: &Options,
+    observer: &mut dyn Observer,
+) -> Result<(Vec<AssembledExample>, Vec<String>)> {
+    let mut examples = store.assembled_examples()?;
+    if examples.is_empty() {
+        bail!(
+            "{} has no assembled examples: run `afkit assemble` first",
+            store.path().display()
+        );
+    }
+    let left_out = if options.negatives == Negatives::Random {
+        rows::randomise(
+            &mut examples,
+            |example_id| store.pool_candidate_texts(example_id),
+            options.seed,
+        )?
+    } else {
+        Vec::new()
+    };
+    if !left_out.is_empty() {
+        observer.note(&format!(
+            "the random control leaves out {} (fewer than three other endings in the pool; \
+             the card lists them)",
+            crate::text::counted(left_out.len(), "context", "contexts")
+        ));
+    }
+    Ok((examples, left_out))
 }
 
 /// An AF run that finished after the assembly is not in the export: say so, since the card and
