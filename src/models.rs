@@ -275,14 +275,15 @@ fn check_cached(dir: &Path, name: &str, size: u64, sha256: &str) -> Result<Cache
         return Ok(Cached::Missing);
     }
     let mut stamps = read_stamps(dir);
-    if stamps.get(name) == stamp_of(&path, sha256).as_ref() {
+    let stamp = stamp_of(&path, sha256);
+    if stamp.is_some() && stamps.get(name) == stamp.as_ref() {
         return Ok(Cached::Verified);
     }
     let found = sha256_file(&path)?;
     if found != sha256 {
         return Ok(Cached::Different(found));
     }
-    if let Some(stamp) = stamp_of(&path, sha256) {
+    if let Some(stamp) = stamp {
         stamps.insert(name.to_string(), stamp);
         // Only a cache of the check: a folder afkit cannot write just means hashing again.
         let _ = write_stamps(dir, &stamps);
