@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -196,13 +196,16 @@ fn filter_args(project: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["filter".to_string(), project.display().to_string()];
     args.extend(SMALL.iter().map(|s| s.to_string()));
     args.extend(extra.iter().map(|s| s.to_string()));
-    // Neither default model (the scorer, the fine-tuned adversary): the tests that need one
+    // No default model (the scorer, the fine-tuned adversary, the fluency reader): the tests that need one
     // name a tiny one.
     if !extra.contains(&"--scorer") {
         args.push("--no-scorer".to_string());
     }
     if !extra.contains(&"--discriminator") {
         args.extend(["--discriminator".to_string(), "none".to_string()]);
+    }
+    if !extra.contains(&"--fluency-reader") {
+        args.extend(["--fluency-reader".to_string(), "none".to_string()]);
     }
     args
 }
@@ -1156,6 +1159,8 @@ fn a_discriminator_model_that_does_not_load_fails_before_any_run_is_marked_runni
         arg(&db),
         "--new-run",
         "--no-scorer",
+        "--fluency-reader",
+        "none",
         "--no-sentence-model",
         "--k",
         "4",
@@ -1179,4 +1184,172 @@ fn a_discriminator_model_that_does_not_load_fails_before_any_run_is_marked_runni
         query_i64(&db, "SELECT COUNT(*) FROM af_runs WHERE status = 'running'"),
         0
     );
+}
+
+/// `--fluency-reader`: after AF a second model reads every found ending and assigned negative
+/// after its context, as `lm::choice` poses a question; the negatives it finds less likely per
+/// token than all but `--fluency-quantile` of the found endings are refused, and `assemble
+/// --unverified` takes them only where a context has fewer than three others. Another quantile
+/// reads nothing again; `--fluency-reader none` forgets the floor.
+#[test]
+fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
+    use afkit::lm::choice::{ChoiceQuestion, ChoiceScorer};
+
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = common::tiny_gguf(dir.path(), 64, 2);
+    let spec = PoolSpec {
+        contexts: 60,
+        candidates: 10,
+        clean: 10,
+        seed: 9,
+    };
+    let project = build_project(dir.path(), "p.sqlite", spec);
+    let reader = gguf.to_str().unwrap();
+    let filter = |quantile: &str, reader: &str| {
+        let args = [
+            "--k",
+            "6",
+            "--mlp-iterations",
+            "2",
+            "--ensemble-iterations",
+            "0",
+            "--seed",
+            "3",
+            "--fluency-reader",
+            reader,
+            "--fluency-quantile",
+            quantile,
+        ];
+        run_ok(command().args(filter_args(&project, &args)))
+    };
+    let out = filter("0.5", reader);
+    let conn = Connection::open(&project).unwrap();
+    let read = |sql: &str| -> Vec<(i64, bool, f64, i64)> {
+        let mut stmt = conn.prepare(sql).unwrap();
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)));
+        rows.unwrap().map(Result::unwrap).collect()
+    };
+    let scores = read(
+        "SELECT e.id, e.is_gold, f.ll_cond, f.n_tok FROM fluency_scores f
+         JOIN endings e ON e.id = f.ending_id ORDER BY e.id",
+    );
+    let assigned: i64 = conn
+        .query_row("SELECT COUNT(*) FROM af_assignments", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        scores.len() as i64,
+        assigned + spec.contexts as i64,
+        "gold and negatives, once"
+    );
+
+    // The stored reading is the harness-style one.
+    let (id, _, ll, _) = scores[0];
+    let (text, sent1, sent2): (String, String, String) = conn
+        .query_row(
+            "SELECT e.text, x.sent1, x.sent2 FROM endings e JOIN examples x ON x.id = e.example_id
+             WHERE e.id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let model = afkit::lm::LanguageModel::load(&gguf).unwrap();
+    let context = afkit::dataset::startphrase(&sent1, &sent2);
+    let options = [text];
+    let expected = ChoiceScorer::new(&model)
+        .unwrap()
+        .score(&ChoiceQuestion {
+            context: &context,
+            options: &options,
+        })
+        .unwrap();
+    assert!((expected.loglikelihood[0] - ll).abs() < 1e-4);
+
+    // The floor: the median found ending's per-token value; the refused, the negatives under it.
+    let mut found: Vec<f64> = scores
+        .iter()
+        .filter(|s| s.1)
+        .map(|s| s.2 / s.3 as f64)
+        .collect();
+    found.sort_by(f64::total_cmp);
+    let threshold = found[found.len() / 2];
+    let refused: HashSet<i64> = scores
+        .iter()
+        .filter(|s| !s.1 && s.2 / (s.3 as f64) < threshold)
+        .map(|s| s.0)
+        .collect();
+    assert!(!refused.is_empty() && (refused.len() as i64) < assigned);
+    assert!(
+        out.contains(&format!(
+            "{} of {assigned} assigned negatives refused",
+            refused.len()
+        )),
+        "{out}"
+    );
+
+    let assembled =
+        run_ok(
+            command()
+                .args(["assemble"])
+                .arg(&project)
+                .args(["--unverified", "--seed", "1"]),
+        );
+    let mut taken_under = 0;
+    let mut stmt = conn
+        .prepare("SELECT assembled_id, ending_id FROM assembled_distractors WHERE position < 3")
+        .unwrap();
+    let distractors: Vec<(i64, i64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut per_question: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for (question, ending) in distractors {
+        per_question.entry(question).or_default().push(ending);
+    }
+    for (question, endings) in &per_question {
+        let under = endings.iter().filter(|e| refused.contains(e)).count();
+        if under > 0 {
+            taken_under += 1;
+            let all: Vec<i64> = {
+                let mut s = conn
+                    .prepare(
+                        "SELECT a.ending_id FROM af_assignments a
+                         JOIN assembled s ON s.example_id = a.example_id WHERE s.id = ?1",
+                    )
+                    .unwrap();
+                s.query_map([question], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            };
+            let fluent = all.iter().filter(|e| !refused.contains(e)).count();
+            assert!(
+                fluent < 3,
+                "question {question} took {under} refused with {fluent} fluent left"
+            );
+            assert_eq!(under, 3 - fluent, "refused negatives only to make up three");
+        }
+    }
+    if taken_under > 0 {
+        assert!(
+            assembled.contains(&format!(
+                "under the fluency floor (fewer than 3 above it): {taken_under}"
+            )),
+            "{assembled}"
+        );
+    }
+
+    // Another quantile reads nothing again; `none` forgets the floor.
+    filter("0.2", reader);
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM fluency_scores"),
+        scores.len() as i64
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM af_fluency WHERE quantile = 0.2"),
+        1
+    );
+    filter("0.2", "none");
+    assert_eq!(count("SELECT COUNT(*) FROM af_fluency"), 0);
 }

@@ -225,9 +225,11 @@ fn starved_count(p: &Path) -> i64 {
 }
 
 /// A filter run of a few seconds: tiny models, one iteration of each phase, neither default
-/// model (the scorer, the fine-tuned adversary).
-const TINY_FILTER: [&str; 21] = [
+/// model (the scorer, the fine-tuned adversary, the fluency reader).
+const TINY_FILTER: [&str; 23] = [
     "--no-scorer",
+    "--fluency-reader",
+    "none",
     "--discriminator",
     "none",
     "--k",
@@ -930,7 +932,13 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
                     "1",
                 ])
                 .args(["--hidden", "16", "--word-dim", "16", "--min-count", "1"])
-                .args(["--no-scorer", "--discriminator", "none"])
+                .args([
+                    "--no-scorer",
+                    "--discriminator",
+                    "none",
+                    "--fluency-reader",
+                    "none",
+                ])
                 .args(flags),
         );
     };

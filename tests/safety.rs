@@ -412,6 +412,8 @@ fn a_second_filter_on_a_busy_project_is_refused_plainly() {
         arg(&db),
         "--new-run",
         "--no-scorer",
+        "--fluency-reader",
+        "none",
         "--discriminator",
         "none",
     ]);

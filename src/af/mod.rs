@@ -13,6 +13,7 @@ pub mod bags;
 pub mod bilstm;
 pub mod data;
 pub mod discriminator;
+pub mod fluency;
 pub mod gates;
 pub mod model;
 pub mod report;

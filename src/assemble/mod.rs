@@ -62,6 +62,9 @@ pub struct Summary {
     pub generated_gold_too_few_distractors: usize,
     /// Contexts with fewer than three assigned negatives (only with `--unverified`).
     pub too_few_negatives: usize,
+    /// Contexts that took a negative under the AF run's fluency floor for want of three above
+    /// it (only with `--unverified`).
+    pub under_fluency_floor: usize,
 }
 
 /// What `assemble` does.
@@ -124,6 +127,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         assignments: store.assignments(run.id)?,
         scores: store.decision_scores(run.id)?,
         folds: store.folds(run.id)?,
+        refused: store.refused_by_fluency_floor(run.id)?,
         splits: &splits,
     };
     let mut summary = Summary {
@@ -254,6 +258,8 @@ struct RunData<'a> {
     assignments: BTreeMap<i64, Vec<i64>>,
     scores: HashMap<i64, f64>,
     folds: HashMap<i64, i64>,
+    /// Assigned negatives under the run's fluency floor.
+    refused: HashSet<i64>,
     splits: &'a BTreeMap<String, Split>,
 }
 
@@ -345,7 +351,10 @@ fn assemble_unverified(
             continue;
         }
         let fold = run.folds.get(&ex.id).copied();
-        let chosen = order.order(ex, run, assigned, &HashMap::new(), "distractors");
+        let chosen = fluent_first(ex, run, order, assigned);
+        if chosen.iter().take(3).any(|e| run.refused.contains(e)) {
+            summary.under_fluency_floor += 1;
+        }
         built.push(NewAssembled {
             example_id: ex.id,
             split: run.splits[&ex.group],
@@ -365,6 +374,23 @@ fn assemble_unverified(
         });
     }
     built
+}
+
+/// `assigned` in the order they become `example`'s distractors: those above the run's fluency
+/// floor first, each part in `order`.
+fn fluent_first(
+    example: &Example,
+    run: &RunData,
+    order: &DistractorOrder,
+    assigned: &[i64],
+) -> Vec<i64> {
+    let (refused, fluent): (Vec<i64>, Vec<i64>) =
+        assigned.iter().partition(|e| run.refused.contains(e));
+    let mut chosen = order.order(example, run, &fluent, &HashMap::new(), "distractors");
+    if !refused.is_empty() {
+        chosen.extend(order.order(example, run, &refused, &HashMap::new(), "under the floor"));
+    }
+    chosen
 }
 
 /// From the annotators' labels: the verified examples, and the items to send back for

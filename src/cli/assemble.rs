@@ -138,10 +138,18 @@ fn print_summary(s: &Summary) {
                 s.generated_gold_too_few_distractors
             );
         }
-    } else if s.too_few_negatives > 0 {
-        println!(
-            "contexts skipped (fewer than 3 assigned negatives): {}",
-            s.too_few_negatives
-        );
+    } else {
+        if s.too_few_negatives > 0 {
+            println!(
+                "contexts skipped (fewer than 3 assigned negatives): {}",
+                s.too_few_negatives
+            );
+        }
+        if s.under_fluency_floor > 0 {
+            println!(
+                "contexts with a distractor under the fluency floor (fewer than 3 above it): {}",
+                s.under_fluency_floor
+            );
+        }
     }
 }

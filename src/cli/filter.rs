@@ -147,6 +147,25 @@ pub struct FilterArgs {
     /// Faster, and language models then find the real ending more often.
     #[arg(long, conflicts_with = "scorers", help_heading = MODELS)]
     pub no_scorer: bool,
+    /// Language model that holds distractors to a fluency floor, or `none`.
+    ///
+    /// `gemma3` (the default), `smollm2` or the path of a GGUF file. After AF it reads every
+    /// found ending and assigned negative after its context; negatives it finds less likely per
+    /// token than all but --fluency-quantile of the found endings are refused: `assemble
+    /// --unverified` takes them only for a context with too few others. Read once per ending
+    /// and stored; another quantile reads nothing again. `none` takes negatives as AF left them.
+    #[arg(
+        long,
+        value_name = "MODEL",
+        default_value = af::fluency::DEFAULT_READER,
+        help_heading = MODELS
+    )]
+    pub fluency_reader: String,
+    /// Share of the found endings allowed under the fluency floor (0 to 0.5).
+    ///
+    /// Higher refuses more negatives, broken ones and a few sound ones with them.
+    #[arg(long, value_name = "SHARE", default_value_t = af::fluency::DEFAULT_QUANTILE, help_heading = MODELS, hide_short_help = true)]
+    pub fluency_quantile: f64,
     /// Fine-tuned adversary: `minilm` or `none`.
     ///
     /// The adversary beside the stylistic ensemble. `minilm` is the default, except with --ensemble-iterations 0.
@@ -267,6 +286,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
     let mut progress = Progress::default();
     let summary = af::run(&mut store, &config, &mut progress)?;
     progress.0.clear();
+    hold_to_fluency_floor(&mut store, &args, &mut progress)?;
     if let af::Summary::Finished {
         run_id,
         iterations,
@@ -286,6 +306,41 @@ pub fn run(args: FilterArgs) -> Result<()> {
             counted(scored, "ending", "endings")
         );
     }
+    Ok(())
+}
+
+/// Holds the latest finished AF run to the fluency floor `--fluency-reader` and
+/// `--fluency-quantile` ask for (or to none), and says what it refused.
+fn hold_to_fluency_floor(
+    store: &mut Store,
+    args: &FilterArgs,
+    progress: &mut Progress,
+) -> Result<()> {
+    let Some(run) = store.latest_finished_af_run()? else {
+        return Ok(());
+    };
+    if args.fluency_reader == "none" {
+        return store.clear_fluency_floor(run.id);
+    }
+    let fluency = af::fluency::Fluency {
+        reader: args.fluency_reader.clone(),
+        path: crate::models::generator_gguf(&args.fluency_reader)?,
+        quantile: args.fluency_quantile,
+    };
+    let label = format!("endings read by {} for the fluency floor", fluency.reader);
+    let summary = af::fluency::hold_to_floor(store, run.id, &fluency, &mut |done, total| {
+        progress.0.track(done, total, &label)
+    })?;
+    progress.0.clear();
+    println!(
+        "fluency floor ({}: {:.2} per token, reached by {:.0}% of the found endings): {} of {} \
+         assigned negatives refused as distractors",
+        summary.floor.reader,
+        summary.floor.threshold,
+        100.0 * (1.0 - summary.floor.quantile),
+        summary.refused,
+        summary.negatives
+    );
     Ok(())
 }
 

@@ -38,6 +38,7 @@ pub mod examples;
 pub mod export;
 #[doc(hidden)]
 pub mod fixtures;
+pub mod fluency;
 pub mod pool;
 pub mod scorer;
 pub mod status;
@@ -63,6 +64,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_7.sql"),
     include_str!("migration_8.sql"),
     include_str!("migration_9.sql"),
+    include_str!("migration_10.sql"),
 ];
 
 /// The schema version this build of afkit writes.
