@@ -20,9 +20,10 @@ pub enum FetchWhich {
     Smollm2,
     /// all-MiniLM-L6-v2, the default sentence encoder.
     Minilm,
-    /// Gemma-3-270M (Q4_K_M GGUF), a scorer or generator from another family; not in `all`.
+    /// Gemma-3-270M (Q4_K_M GGUF), the default fluency reader of `filter`; also a scorer or
+    /// generator from another family.
     Gemma3,
-    /// SmolLM2 and MiniLM, the models the default pipeline uses.
+    /// SmolLM2, MiniLM and Gemma-3-270M, the models the default pipeline uses.
     All,
 }
 
@@ -32,7 +33,7 @@ pub fn run_models(command: ModelsCommand) -> Result<()> {
         FetchWhich::Smollm2 => &[DefaultModel::SmolLm2],
         FetchWhich::Minilm => &[DefaultModel::MiniLm],
         FetchWhich::Gemma3 => &[DefaultModel::Gemma3],
-        FetchWhich::All => &[DefaultModel::SmolLm2, DefaultModel::MiniLm],
+        FetchWhich::All => &[DefaultModel::SmolLm2, DefaultModel::MiniLm, DefaultModel::Gemma3],
     };
     for &model in wanted {
         let dir = fetch(model)?;
