@@ -23,6 +23,7 @@ mod generate;
 mod ingest;
 mod lm;
 mod models;
+mod pool;
 mod progress;
 mod report;
 mod status;
@@ -78,6 +79,9 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Import endings generated elsewhere and compute their LM features.
     ImportPool(generate::ImportPoolArgs),
+    /// Move pools between projects: `pool export` writes a bundle, `pool import` reads one.
+    #[command(subcommand)]
+    Pool(pool::PoolCommand),
     /// Adversarial filtering: the negatives classifiers cannot tell from the found ending.
     Filter(filter::FilterArgs),
     /// Plot and summarise the AF run (accuracy by iteration, per model).
@@ -185,6 +189,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Lm(command) => lm::run_lm(command),
         Command::Generate(args) => generate::run(args),
         Command::ImportPool(args) => generate::import(args),
+        Command::Pool(command) => pool::run_pool(command),
         Command::Filter(args) => filter::run(args),
         Command::Report(args) => report::run(args),
         Command::Annotate(args) => annotate::run(args),
