@@ -34,10 +34,10 @@ mod tagger;
     name = "afkit",
     version,
     // Short enough for one screen: the version flag and the help command are listed by --help
-    // only, and no blank line parts the summary from the usage.
+    // only, and no blank line parts the summary from the usage or the usage from the commands.
     disable_version_flag = true,
     disable_help_subcommand = true,
-    help_template = "{about-with-newline}{usage-heading} {usage}\n\n{all-args}{after-help}",
+    help_template = "{about-with-newline}{usage-heading} {usage}\n{all-args}{after-help}",
     about = "Build adversarial multiple-choice benchmarks, SWAG-style",
     after_long_help = "A project is one SQLite file. The pipeline:\n  \
         init → ingest → lm adapt → generate → filter (adversarial filtering) → annotate → \
