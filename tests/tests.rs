@@ -25,6 +25,7 @@ mod interop;
 mod layering;
 mod openai_backend;
 mod peft;
+mod pool_bundle;
 mod progress_lines;
 mod safety;
 

@@ -22,7 +22,7 @@ pub mod scorer;
 pub mod train;
 pub mod windows;
 
-pub use run::{run, Config, Observer, Silent, Summary};
+pub use run::{run, Config, Observer, Silent, Summary, Timings};
 
 /// Runs candle's CPU ops on the calling thread unless `CANDLE_NUM_THREADS` is set. The
 /// ensemble's tensors are small (a few hundred rows by tens of channels), and candle hands every

@@ -209,7 +209,45 @@ pub enum Summary {
         /// Every head's held-out accuracy in the final pass (whose family is the config's
         /// `final_family()`).
         final_accuracy: HeadAccuracy,
+        /// Where this call's time went.
+        timings: Box<Timings>,
     },
+}
+
+/// Seconds this `filter` call spent in each stage of the run (a resumed run counts only the
+/// iterations it ran itself).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Timings {
+    /// Sentence vectors computed (or read from the shared cache) for endings without one.
+    pub sentence_vectors: f64,
+    /// Scorer models (`--scorer`) run on endings without their scores.
+    pub scorers: f64,
+    /// Pools, features and scores read into memory and tokenised.
+    pub reading: f64,
+    /// The MLP phase's iterations.
+    pub mlp_iterations: f64,
+    /// The ensemble phase's iterations, the fine-tuned adversary's share left out.
+    pub ensemble_iterations: f64,
+    /// The fine-tuned adversary (`--discriminator`) in the ensemble's iterations: training it
+    /// and scoring the held-out pools with it.
+    pub adversary: f64,
+    /// The final cross-fitted pass, its scores stored.
+    pub final_pass: f64,
+}
+
+impl Timings {
+    /// Every stage with its seconds, in the order the run goes through them.
+    pub fn stages(&self) -> [(&'static str, f64); 7] {
+        [
+            ("sentence vectors", self.sentence_vectors),
+            ("scorer models", self.scorers),
+            ("reading pools", self.reading),
+            ("MLP iterations", self.mlp_iterations),
+            ("ensemble iterations", self.ensemble_iterations),
+            ("fine-tuned adversary", self.adversary),
+            ("final pass", self.final_pass),
+        ]
+    }
 }
 
 /// Runs AF on the project's pools: resumes the latest run when it is unfinished with the same
@@ -219,7 +257,8 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     config.validate()?;
     let _claim = store.claim_af_runs()?;
     let started = Instant::now();
-    let data = load_pools(store, config, observer)?;
+    let mut timings = Timings::default();
+    let data = load_pools(store, config, observer, &mut timings)?;
     let params = RunParams {
         config: config.clone(),
         n_contexts: data.contexts.len(),
@@ -263,13 +302,14 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let mut assignment = store.af_assignment(run.id)?;
     let iterations = run_iterations(
         store,
-        &run,
-        &data,
+        (&run, &data),
         &mut assignment,
         config,
         adversary.as_ref(),
         observer,
+        &mut timings,
     )?;
+    let final_started = Instant::now();
     let (scored, final_accuracy) = finish_run(
         store,
         run.id,
@@ -279,33 +319,46 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         adversary.as_ref(),
         observer,
     )?;
+    timings.final_pass = final_started.elapsed().as_secs_f64();
     Ok(Summary::Finished {
         run_id: run.id,
         iterations,
         scored,
         final_accuracy,
+        timings: Box::new(timings),
     })
 }
 
 /// Reads the pools AF filters, embedding their sentences first where the run needs them, and
 /// checks there are enough of them.
-fn load_pools(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Dataset> {
+fn load_pools(
+    store: &mut Store,
+    config: &Config,
+    observer: &mut dyn Observer,
+    timings: &mut Timings,
+) -> Result<Dataset> {
     // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
     // reads the LM features alone, which keeps a big project small.
     let with_text = config.final_family() == Family::Ensemble;
+    let started = Instant::now();
     if with_text && config.encode.sentence_vectors {
         let cache = config.embedding_cache.as_deref();
         super::data::store_sentence_vectors(store, cache, &mut |done, total| {
             observer.embedding(done, total)
         })?;
     }
+    timings.sentence_vectors = started.elapsed().as_secs_f64();
+    let started = Instant::now();
     for scorer in &config.scorers {
         store_scorer_scores(store, scorer, &mut |done, total| {
             observer.scoring(&scorer.name, done, total)
         })?;
     }
+    timings.scorers = started.elapsed().as_secs_f64();
+    let started = Instant::now();
     let keys: Vec<String> = config.scorers.iter().map(|s| s.sha256.clone()).collect();
     let data = Dataset::load_scored(store, config.k, &config.encode, with_text, &keys)?;
+    timings.reading = started.elapsed().as_secs_f64();
     if data.excluded > 0 {
         let (has, is) = if data.excluded == 1 {
             ("context has", "is")
@@ -334,12 +387,12 @@ fn load_pools(store: &mut Store, config: &Config, observer: &mut dyn Observer) -
 /// the run has in all (a resumed run continues after the stored ones).
 fn run_iterations(
     store: &mut Store,
-    run: &AfRun,
-    data: &Dataset,
+    (run, data): (&AfRun, &Dataset),
     assignment: &mut Assignment,
     config: &Config,
     adversary: Option<&Adversary>,
     observer: &mut dyn Observer,
+    timings: &mut Timings,
 ) -> Result<usize> {
     let mut history = store.af_iterations(run.id)?;
     let total = config.mlp_iterations + config.ensemble_iterations;
@@ -351,11 +404,19 @@ fn run_iterations(
         if iteration == 0 || history[iteration - 1].phase != family {
             observer.phase_started(family);
         }
+        let started = Instant::now();
         let IterationOutcome {
             record,
             swaps,
             train_seconds,
+            adversary_seconds,
         } = run_iteration(data, assignment, family, iteration, config, adversary)?;
+        let seconds = started.elapsed().as_secs_f64();
+        timings.adversary += adversary_seconds;
+        match family {
+            Family::Mlp => timings.mlp_iterations += seconds,
+            Family::Ensemble => timings.ensemble_iterations += seconds - adversary_seconds,
+        }
         store.commit_af_iteration(run.id, &record, &swaps)?;
         apply_swaps(assignment, &swaps);
         observer.iteration_done(&record, train_seconds);
@@ -577,13 +638,17 @@ pub fn run_iteration(
     let model = train(data, &choices, family, &config.train, model_seed)?;
     // The fine-tuned adversary joins the ensemble's iterations only.
     let adversary = adversary.filter(|_| family == Family::Ensemble);
+    let adversary_started = Instant::now();
     let trained = adversary
         .map(|a| a.trained(data, &train_ids, assignment, model_seed))
         .transpose()?;
+    let mut adversary_seconds = adversary_started.elapsed().as_secs_f64();
     let train_seconds = started.elapsed().as_secs_f64();
     let mut held_out = score_held_out(&model, data, &test_ids)?;
     if let (Some(a), Some(trained)) = (adversary, &trained) {
+        let joined = Instant::now();
         a.join(trained, &mut held_out, data, &test_ids)?;
+        adversary_seconds += joined.elapsed().as_secs_f64();
     }
 
     let mut swaps = Vec::new();
@@ -629,6 +694,7 @@ pub fn run_iteration(
         record,
         swaps,
         train_seconds,
+        adversary_seconds,
     })
 }
 
@@ -638,6 +704,8 @@ pub struct IterationOutcome {
     pub swaps: Vec<Swap>,
     /// Seconds spent training (the rest is scoring and bookkeeping).
     pub train_seconds: f64,
+    /// Seconds of those and of the scoring spent on the fine-tuned adversary.
+    pub adversary_seconds: f64,
 }
 
 /// The fine-tuned adversary of a run: its settings and the texts it reads. Each use trains a

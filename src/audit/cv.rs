@@ -165,6 +165,10 @@ pub struct CvReport {
     /// Baseline → result, in report order (a map from `Baseline::name` in JSON).
     #[serde(serialize_with = "ordered_map")]
     pub baselines: Vec<(Baseline, CvResult)>,
+    /// Seconds per baseline: its features or scores, then its fits summed over the folds (they
+    /// run in parallel, so the sum can exceed the wall time). Reported in the audit's timings.
+    #[serde(skip)]
+    pub timings: Vec<super::timing::Timing>,
 }
 
 fn ordered_map<S: Serializer>(rows: &[(Baseline, CvResult)], s: S) -> Result<S::Ok, S::Error> {
@@ -216,11 +220,19 @@ pub fn cross_validate(
         .iter()
         .map(|q| q.label.expect("labels checked on read"))
         .collect();
+    let mut timings = Vec::new();
     let prepared = baselines
         .iter()
-        .map(|&b| prepare(b, questions, embedder, observer))
+        .map(|&b| {
+            super::timing::timed(&mut timings, b.name(), || {
+                prepare(b, questions, embedder, observer)
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
-    let trained = fit_folds(&prepared, &fold_of, &gold, (k, seed), observer);
+    let (trained, fit_seconds) = fit_folds(&prepared, &fold_of, &gold, (k, seed), observer);
+    for (b, seconds) in baselines.iter().zip(fit_seconds) {
+        super::timing::add(&mut timings, b.name(), seconds);
+    }
     let results = prepared.iter().zip(trained).map(|(p, fits)| match p {
         Prepared::Skipped(why) => CvResult::Skipped {
             skipped: why.clone(),
@@ -245,6 +257,7 @@ pub fn cross_validate(
             .map(|f| fold_of.iter().filter(|&&x| x == f).count())
             .collect(),
         baselines: baselines.iter().copied().zip(results).collect(),
+        timings,
     })
 }
 
@@ -318,7 +331,7 @@ fn fit_folds(
     gold: &[usize],
     (k, seed): (usize, Seed),
     observer: &mut dyn Observer,
-) -> Vec<Vec<(f64, f64)>> {
+) -> (Vec<Vec<(f64, f64)>>, Vec<f64>) {
     let jobs: Vec<(usize, usize)> = prepared
         .iter()
         .enumerate()
@@ -327,9 +340,10 @@ fn fit_folds(
         .collect();
     observer.counting(jobs.len(), "fits");
     let observer = Mutex::new(observer);
-    let done: Vec<(f64, f64)> = jobs
+    let done: Vec<((f64, f64), f64)> = jobs
         .par_iter()
         .map(|&(b, f)| {
+            let started = std::time::Instant::now();
             let Prepared::Features(features) = &prepared[b] else {
                 unreachable!("jobs are made for feature baselines only")
             };
@@ -338,14 +352,16 @@ fn fit_folds(
             let (train, test, dim) = grams::restrict(features, gold, &train, &test);
             let fit = ngram::train_and_evaluate(&train, &test, dim, seed.plus(f as u64));
             observer.lock().expect("no fit panicked").counted(1);
-            fit
+            (fit, started.elapsed().as_secs_f64())
         })
         .collect();
     let mut out: Vec<Vec<(f64, f64)>> = vec![Vec::new(); prepared.len()];
-    for (&(b, _), fit) in jobs.iter().zip(done) {
+    let mut seconds = vec![0.0; prepared.len()];
+    for (&(b, _), (fit, s)) in jobs.iter().zip(done) {
         out[b].push(fit);
+        seconds[b] += s;
     }
-    out
+    (out, seconds)
 }
 
 fn fold_accuracy(scores: &[[f64; 4]], gold: &[usize], fold_of: &[usize], f: usize) -> f64 {

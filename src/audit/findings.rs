@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::timing::Timing;
 use super::{cv, dataset, knn, lm, ppmi, verdict};
 use crate::seed::Seed;
 
@@ -35,6 +36,9 @@ pub struct AuditReport {
     /// Every measured row (random excepted; se of a proportion), with the control's beside it.
     pub summary: Vec<verdict::Row>,
     pub verdicts: Vec<verdict::Verdict>,
+    /// Seconds per baseline family (`length`, `ngram_end`, ..., `knn`) and per `--lm` model
+    /// (`lm:NAME`), in the order they ran.
+    pub timings: Vec<Timing>,
     /// The control dataset's audit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<Box<AuditReport>>,
@@ -111,6 +115,9 @@ pub struct CvAudit {
     /// Every measured row, with the control's beside it.
     pub summary: Vec<verdict::Row>,
     pub verdicts: Vec<verdict::Verdict>,
+    /// Seconds per baseline (its features, then its fits summed over the folds, which run in
+    /// parallel), then `ppmi` and each `--lm` model (`lm:NAME`).
+    pub timings: Vec<Timing>,
     /// The control dataset's audit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<Box<CvAudit>>,

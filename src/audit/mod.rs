@@ -22,6 +22,7 @@ pub mod predictions;
 pub mod relational;
 pub mod report;
 pub mod score;
+pub mod timing;
 pub mod verdict;
 
 use std::path::PathBuf;
@@ -109,9 +110,11 @@ fn measure_lms(
     config: &Config,
     questions: &[Question],
     observer: &mut dyn Observer,
+    timings: &mut Vec<timing::Timing>,
 ) -> Result<Vec<lm::LmResult>> {
     let mut results = Vec::with_capacity(config.lm.len());
     for spec in &config.lm {
+        let started = std::time::Instant::now();
         // Each question twice: after its context, then its endings alone (the zero-prompt check).
         observer.counting(
             2 * questions.len(),
@@ -128,6 +131,8 @@ fn measure_lms(
                 .counted(1)
         };
         results.push(lm::zero_shot(spec, questions, &done)?);
+        let name = format!("{}{}", verdict::LM_PREFIX, spec.name);
+        timing::add(timings, &name, started.elapsed().as_secs_f64());
     }
     Ok(results)
 }
@@ -153,14 +158,17 @@ fn holdout(config: &Config, observer: &mut dyn Observer) -> Result<AuditReport> 
             val.len()
         );
     }
+    let started = std::time::Instant::now();
     let knn = match &config.skip_knn {
         Some(why) => Knn::Skipped {
             skipped: why.clone(),
         },
         None => measure_knn(&train, &val, config, observer)?,
     };
+    let knn_seconds = started.elapsed().as_secs_f64();
     let mut report = audit(&train, &val, config, knn, observer);
-    report.lm = measure_lms(config, &val, observer)?;
+    timing::add(&mut report.timings, "knn", knn_seconds);
+    report.lm = measure_lms(config, &val, observer, &mut report.timings)?;
     let control = match &config.control {
         Some(dir) => Some(
             holdout(&config.for_control(dir), observer)
@@ -215,18 +223,25 @@ fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Re
         observer,
     )
     .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
-    cv.baselines.push((
-        cv::Baseline::FineTunedMiniLm,
-        fine_tuned(&questions, k, config, observer)?,
-    ));
+    let mut timings = std::mem::take(&mut cv.timings);
+    let fine_tuned = timing::timed(&mut timings, cv::Baseline::FineTunedMiniLm.name(), || {
+        fine_tuned(&questions, k, config, observer)
+    })?;
+    cv.baselines
+        .push((cv::Baseline::FineTunedMiniLm, fine_tuned));
     let pooled: Vec<&Question> = questions.iter().collect();
+    let ppmi = timing::timed(&mut timings, "ppmi", || {
+        ppmi::top_associations(&pooled, config.ppmi_top, config.ppmi_min_count)
+    });
+    let lm = measure_lms(config, &questions, observer, &mut timings)?;
     let mut audit = CvAudit {
         cv,
         files,
-        ppmi: ppmi::top_associations(&pooled, config.ppmi_top, config.ppmi_min_count),
-        lm: measure_lms(config, &questions, observer)?,
+        ppmi,
+        lm,
         summary: Vec::new(),
         verdicts: Vec::new(),
+        timings,
         control: None,
     };
     let control = match &config.control {
@@ -289,8 +304,11 @@ fn audit(
     let lengths = |q: &Question| -> [f64; 4] {
         std::array::from_fn(|o| ngram::words(&q.endings[o]).len() as f64)
     };
+    let mut timings = Vec::new();
+    let started = std::time::Instant::now();
     let shortest: Vec<[f64; 4]> = val.iter().map(|q| lengths(q).map(|l| -l)).collect();
     let longest: Vec<[f64; 4]> = val.iter().map(lengths).collect();
+    timing::add(&mut timings, "length", started.elapsed().as_secs_f64());
     let views: [&View; 3] = [
         &|q: &Question, o: usize| q.endings[o].clone(),
         &|q: &Question, o: usize| format!("{} {}", q.sent2, q.endings[o]),
@@ -300,6 +318,7 @@ fn audit(
     let mut lambda = [0.0; 3];
     observer.counting(3, "n-gram classifiers");
     for (i, view) in views.iter().enumerate() {
+        let started = std::time::Instant::now();
         let vocab = ngram::Vocabulary::fit(
             train
                 .iter()
@@ -319,8 +338,13 @@ fn audit(
         (ngram_acc[i], lambda[i]) =
             ngram::train_and_evaluate(&encode(train), &encode(val), vocab.len(), seed);
         observer.counted(1);
+        let name = ["ngram_end", "ngram_s2", "ngram_ctx"][i];
+        timing::add(&mut timings, name, started.elapsed().as_secs_f64());
     }
     let all: Vec<&Question> = train.iter().chain(val).collect();
+    let ppmi = timing::timed(&mut timings, "ppmi", || {
+        ppmi::top_associations(&all, config.ppmi_top, config.ppmi_min_count)
+    });
     AuditReport {
         n_train: train.len(),
         n_val: val.len(),
@@ -332,11 +356,12 @@ fn audit(
         ngram_s2: ngram_acc[1],
         ngram_ctx: ngram_acc[2],
         lambda,
-        ppmi: ppmi::top_associations(&all, config.ppmi_top, config.ppmi_min_count),
+        ppmi,
         knn,
         lm: Vec::new(),
         summary: Vec::new(),
         verdicts: Vec::new(),
+        timings,
         control: None,
     }
 }

@@ -11,6 +11,7 @@ use super::cv::{Baseline, CvReport, CvResult};
 use super::findings::{AuditReport, CvAudit, Knn};
 use super::lm::LmResult;
 use super::ppmi::Association;
+use super::timing::Timing;
 use super::verdict::{Row, Verdict};
 use crate::output::{Output, Staged};
 use crate::plot::{font, register_font};
@@ -172,7 +173,7 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
             writeln!(md, "\n![knn](knn.png)")?;
         }
     }
-    Ok(())
+    write_timings(md, &r.timings)
 }
 
 /// The bar chart of the words most associated with gold endings, when there are any.
@@ -285,7 +286,20 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
     }
     writeln!(md, "![accuracy](accuracy.png)\n")?;
     write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
-    write_ppmi(md, &r.ppmi)
+    write_ppmi(md, &r.ppmi)?;
+    write_timings(md, &r.timings)
+}
+
+/// Seconds per baseline family and language model: where the audit's time went.
+fn write_timings(md: &mut String, timings: &[Timing]) -> std::fmt::Result {
+    if timings.is_empty() {
+        return Ok(());
+    }
+    writeln!(md, "\n## Time\n\n| baseline | seconds |\n| --- | ---: |")?;
+    for t in timings {
+        writeln!(md, "| {} | {:.2} |", t.name.replace('|', "\\|"), t.seconds)?;
+    }
+    Ok(())
 }
 
 /// One row per baseline: what it sees, its mean and standard error, each fold's accuracy (and

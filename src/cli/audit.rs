@@ -205,8 +205,14 @@ pub fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     match summary {
-        audit::Summary::CrossValidated(audit) => print_cv_table(&audit),
-        audit::Summary::Holdout(report) => print_holdout(&report, &config.dataset),
+        audit::Summary::CrossValidated(audit) => {
+            print_cv_table(&audit);
+            print_timings(&audit.timings);
+        }
+        audit::Summary::Holdout(report) => {
+            print_holdout(&report, &config.dataset);
+            print_timings(&report.timings);
+        }
     }
     println!("report: {}", config.out.join("audit.md").display());
     Ok(())
@@ -336,4 +342,15 @@ pub fn run_score(args: ScoreArgs) -> Result<()> {
         println!("accuracy: {:.4} ({} of {})", s.accuracy, s.correct, s.total);
     }
     Ok(())
+}
+
+/// `time: ngram_end 0.4 s, knn 2.1 s, lm:smollm2 30.2 s`: seconds per baseline and model.
+fn print_timings(timings: &[audit::timing::Timing]) {
+    let parts: Vec<String> = timings
+        .iter()
+        .map(|t| format!("{} {:.1} s", t.name, t.seconds))
+        .collect();
+    if !parts.is_empty() {
+        println!("time: {}", parts.join(", "));
+    }
 }

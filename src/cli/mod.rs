@@ -23,6 +23,7 @@ mod generate;
 mod ingest;
 mod lm;
 mod models;
+mod pool;
 mod progress;
 mod report;
 mod status;
@@ -33,10 +34,10 @@ mod tagger;
     name = "afkit",
     version,
     // Short enough for one screen: the version flag and the help command are listed by --help
-    // only, and no blank line parts the summary from the usage.
+    // only, and no blank line parts the summary from the usage or the usage from the commands.
     disable_version_flag = true,
     disable_help_subcommand = true,
-    help_template = "{about-with-newline}{usage-heading} {usage}\n\n{all-args}{after-help}",
+    help_template = "{about-with-newline}{usage-heading} {usage}\n{all-args}{after-help}",
     about = "Build adversarial multiple-choice benchmarks, SWAG-style",
     after_long_help = "A project is one SQLite file. The pipeline:\n  \
         init → ingest → lm adapt → generate → filter (adversarial filtering) → annotate → \
@@ -78,6 +79,9 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Import endings generated elsewhere and compute their LM features.
     ImportPool(generate::ImportPoolArgs),
+    /// Move pools between projects: `pool export` writes a bundle, `pool import` reads one.
+    #[command(subcommand)]
+    Pool(pool::PoolCommand),
     /// Adversarial filtering: the negatives classifiers cannot tell from the found ending.
     Filter(filter::FilterArgs),
     /// Plot and summarise the AF run (accuracy by iteration, per model).
@@ -185,6 +189,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Lm(command) => lm::run_lm(command),
         Command::Generate(args) => generate::run(args),
         Command::ImportPool(args) => generate::import(args),
+        Command::Pool(command) => pool::run_pool(command),
         Command::Filter(args) => filter::run(args),
         Command::Report(args) => report::run(args),
         Command::Annotate(args) => annotate::run(args),

@@ -2,6 +2,7 @@
 //! candidate endings, compute their LM features and store the pool in one transaction.
 
 mod adapters;
+pub mod bundle;
 mod config;
 mod grow;
 mod import;

@@ -34,6 +34,7 @@ pub mod adapters;
 pub mod af;
 pub mod annotate;
 pub mod assemble;
+pub mod bundle;
 pub mod examples;
 pub mod export;
 #[doc(hidden)]
@@ -65,6 +66,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_8.sql"),
     include_str!("migration_9.sql"),
     include_str!("migration_10.sql"),
+    include_str!("migration_11.sql"),
 ];
 
 /// The schema version this build of afkit writes.

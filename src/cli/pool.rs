@@ -1,0 +1,83 @@
+//! `afkit pool export` / `afkit pool import`: a project's pools as a bundle file, and back.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::generate::bundle::{export_bundle, import_bundle};
+use crate::output::Output;
+use crate::store::Store;
+use crate::text::counted;
+
+#[derive(clap::Subcommand)]
+pub enum PoolCommand {
+    /// Write the project's pools, with every feature and score, to a bundle file.
+    ///
+    /// The bundle holds the generation jobs (model, its SHA-256, prompt, settings, seed), each
+    /// pooled context's pool row, its generated endings with their LM features, the scorer
+    /// models' scores of every ending (`filter --scorer`), growth rounds and the contexts a
+    /// generation job could not use. It does not hold the corpus: contexts are named by their
+    /// ingested id (e.g. `video#index`) with a hash of their text and found ending, so a bundle
+    /// of a few MB can be kept in a repository while the corpus is ingested again. Nor does it
+    /// hold sentence vectors (`filter` recomputes them) or AF runs. The same pools give the same
+    /// bytes. A zip archive of JSON lines, format version 1.
+    Export(ExportArgs),
+    /// Add the pools of a bundle to a project that ingested the same contexts.
+    ///
+    /// Every context of the bundle must be in the project (same id) with the same text and found
+    /// ending, and must not have a pool yet (a bundle adds pools, it never replaces one); the
+    /// contexts its pools were primed with must be ingested too. The whole bundle is checked
+    /// before anything is written, and the problems are listed by context id; then everything
+    /// is written in one transaction, so a killed import leaves the project as it was (run it
+    /// again). After it, `afkit filter` works on the pools as in the project they came from:
+    /// with the same settings and seed it makes the same choices.
+    Import(ImportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The project file.
+    pub project: PathBuf,
+    /// The bundle to write (conventionally *.afpool.zip).
+    pub file: PathBuf,
+    /// Replace FILE even if afkit did not write it.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// The project file (with the bundle's contexts ingested).
+    pub project: PathBuf,
+    /// The bundle, from `afkit pool export`.
+    pub file: PathBuf,
+}
+
+pub fn run_pool(command: PoolCommand) -> Result<()> {
+    match command {
+        PoolCommand::Export(args) => {
+            let store = Store::open(&args.project)?;
+            let s = export_bundle(&store, &args.file, &Output::new(args.force))?;
+            println!(
+                "wrote {} ({} bytes): {}, {} of them with a pool, {}",
+                s.file.display(),
+                s.bytes,
+                counted(s.contexts, "context", "contexts"),
+                s.pools,
+                counted(s.endings, "generated ending", "generated endings")
+            );
+        }
+        PoolCommand::Import(args) => {
+            let mut store = Store::open(&args.project)?;
+            let s = import_bundle(&mut store, &args.file)?;
+            println!(
+                "imported {} ({} with a pool, {} generated endings) from {}",
+                counted(s.contexts, "context", "contexts"),
+                s.pools,
+                s.endings,
+                args.file.display()
+            );
+        }
+    }
+    Ok(())
+}

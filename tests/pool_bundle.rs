@@ -1,0 +1,314 @@
+//! `afkit pool export` / `afkit pool import`: a bundle round-trips bit for bit through a freshly
+//! ingested project, AF on the imported pools chooses what it chooses on the original ones, and
+//! a bundle that does not fit the project is refused whole.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use afkit::store::Store;
+use common::{afkit, arg, command, query_i64, read, run_ok, stderr, tiny_gguf};
+use rusqlite::types::Value;
+use rusqlite::Connection;
+
+/// A filter run of a few seconds (tiny models, one iteration of each phase, no fine-tuned
+/// adversary, no fluency reader); the scorer is the tiny model, so that the pools carry scorer scores.
+fn tiny_filter(project: &Path, scorer: &Path) -> Vec<String> {
+    let mut args: Vec<String> = ["filter", arg(project), "--scorer", arg(scorer)]
+        .map(String::from)
+        .to_vec();
+    args.extend(
+        [
+            "--discriminator",
+            "none",
+            "--fluency-reader",
+            "none",
+            "--k",
+            "2",
+            "--hidden",
+            "8",
+            "--word-dim",
+            "8",
+            "--mlp-epochs",
+            "2",
+            "--ensemble-epochs",
+            "1",
+            "--mlp-iterations",
+            "1",
+            "--ensemble-iterations",
+            "1",
+            "--batch-contexts",
+            "8",
+            "--seed",
+            "1",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// A project `dir/NAME/p.sqlite` ingested from `n` JSONL records (two per group); `change`
+/// gives record `i` another found ending.
+fn ingested(dir: &Path, name: &str, n: usize, change: Option<usize>) -> PathBuf {
+    let sub = dir.join(name);
+    std::fs::create_dir(&sub).unwrap();
+    let input = sub.join("in.jsonl");
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            let ending = if change == Some(i) {
+                format!("stands up from chair number {i} and leaves.")
+            } else {
+                format!("sits down on chair number {i} and waits.")
+            };
+            serde_json::json!({
+                "id": format!("v{}#{}", i / 2, i % 2),
+                "group": format!("v{}", i / 2),
+                "sent1": format!("A person number {i} walks into a large room."),
+                "sent2": "The person",
+                "ending": ending,
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let p = sub.join("p.sqlite");
+    run_ok(command().arg("init").arg(&p));
+    run_ok(command().args(["ingest", arg(&p), "--format", "jsonl", arg(&input)]));
+    p
+}
+
+/// A project with everything a bundle carries: pools sampled with style priming, scorer scores,
+/// growth rounds after a filter run, and a context a generation job could not use.
+fn source(dir: &Path, model: &Path) -> PathBuf {
+    let p = ingested(dir, "source", 30, None);
+    let generate = |extra: &[&str]| {
+        let mut cmd = command();
+        cmd.args(["generate", arg(&p), "--model", arg(model)]);
+        cmd.args(["--n-neg", "5", "--max-tokens", "12", "--seed", "3"]);
+        cmd.args([
+            "--no-ending-rules",
+            "--style-examples",
+            "2",
+            "--limit",
+            "28",
+        ]);
+        cmd.args(extra);
+        run_ok(&mut cmd);
+    };
+    generate(&[]);
+    run_ok(command().args(tiny_filter(&p, model)));
+    generate(&["--grow", "2"]);
+    assert!(query_i64(&p, "SELECT COUNT(*) FROM pool_growth") > 0);
+    let store = Store::open(&p).unwrap();
+    let last = store.example_id_by_ext_id("v14#1").unwrap().unwrap();
+    let generation = query_i64(&p, "SELECT MIN(id) FROM generations");
+    store
+        .record_unusable_context(last, generation, "too long for the model")
+        .unwrap();
+    p
+}
+
+/// Rows of a query, every value as SQLite gives it (floats bit for bit).
+fn rows(project: &Path, sql: &str) -> Vec<Vec<Value>> {
+    let conn = Connection::open(project).unwrap();
+    let mut stmt = conn.prepare(sql).unwrap();
+    let n = stmt.column_count();
+    stmt.query_map([], |r| (0..n).map(|i| r.get::<_, Value>(i)).collect())
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Everything generate and the scorers stored, keyed by context id and ending text (ids of
+/// rows differ between projects).
+fn stored(project: &Path) -> Vec<Vec<Vec<Value>>> {
+    [
+        "SELECT x.ext_id, e.text, e.is_gold, e.lp_cond, e.lp_alone, e.lp_final_punct,
+                e.n_tok_ending, g.model, g.params, g.seed, g.started_at
+         FROM endings e JOIN examples x ON x.id = e.example_id
+         LEFT JOIN generations g ON g.id = e.generation_id
+         WHERE e.example_id IN (SELECT example_id FROM pools) ORDER BY x.ext_id, e.text",
+        "SELECT x.ext_id, e.text, s.model, s.ll_cond, s.ll_alone, s.n_tok
+         FROM scorer_scores s JOIN endings e ON e.id = s.ending_id
+         JOIN examples x ON x.id = e.example_id ORDER BY x.ext_id, e.text, s.model",
+        "SELECT x.ext_id, p.requested, p.produced, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2,
+                p.seconds, p.finished_at, p.draws, p.rejected,
+                (SELECT group_concat(y.ext_id) FROM json_each(p.style_examples) j
+                 JOIN examples y ON y.id = j.value)
+         FROM pools p JOIN examples x ON x.id = p.example_id ORDER BY x.ext_id",
+        "SELECT x.ext_id, COALESCE(g.af_run_id, g.bundle_af_run), g.requested, g.produced,
+                g.draws, g.rejected, g.seconds, g.finished_at
+         FROM pool_growth g JOIN examples x ON x.id = g.example_id ORDER BY x.ext_id",
+        "SELECT x.ext_id, u.reason, u.recorded_at FROM unusable_contexts u
+         JOIN examples x ON x.id = u.example_id ORDER BY x.ext_id",
+    ]
+    .iter()
+    .map(|sql| rows(project, sql))
+    .collect()
+}
+
+/// The latest AF run's assignment and final scores, by context id and ending text.
+fn af_choices(project: &Path) -> (BTreeMap<String, Vec<String>>, Vec<Vec<Value>>) {
+    let mut assignment: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in rows(
+        project,
+        "SELECT x.ext_id, e.text FROM af_assignments a JOIN examples x ON x.id = a.example_id
+         JOIN endings e ON e.id = a.ending_id
+         WHERE a.run_id = (SELECT MAX(id) FROM af_runs) ORDER BY x.ext_id, a.slot",
+    ) {
+        let [Value::Text(ext), Value::Text(text)] = &row[..] else {
+            panic!("{row:?}")
+        };
+        assignment
+            .entry(ext.clone())
+            .or_default()
+            .push(text.clone());
+    }
+    let scores = rows(
+        project,
+        "SELECT x.ext_id, e.text, s.score FROM af_scores s JOIN endings e ON e.id = s.ending_id
+         JOIN examples x ON x.id = e.example_id
+         WHERE s.run_id = (SELECT MAX(id) FROM af_runs) ORDER BY x.ext_id, e.text",
+    );
+    (assignment, scores)
+}
+
+fn export(project: &Path, file: &Path) -> String {
+    run_ok(command().args(["pool", "export", arg(project), arg(file)]))
+}
+
+fn import(project: &Path, file: &Path) -> std::process::Output {
+    afkit(&["pool", "import", arg(project), arg(file)])
+}
+
+#[test]
+fn a_bundle_round_trips_bit_for_bit_and_filters_as_the_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let a = source(dir.path(), &model);
+    let first = dir.path().join("pools.afpool.zip");
+    let out = export(&a, &first);
+    assert!(out.contains("29 contexts, 28 of them with a pool"), "{out}");
+
+    let b = ingested(dir.path(), "fresh", 30, None);
+    let imported = import(&b, &first);
+    assert!(imported.status.success(), "{}", stderr(&imported));
+    let all = stored(&a);
+    assert!(all.iter().all(|rows| !rows.is_empty()), "{all:?}");
+    assert_eq!(stored(&b), all);
+    let second = dir.path().join("again.afpool.zip");
+    export(&b, &second);
+    assert!(
+        read(&first) == read(&second),
+        "the bundle changed on its way"
+    );
+    assert_eq!(query_i64(&b, "SELECT COUNT(*) FROM sentence_vectors"), 0);
+
+    // The same filter on the same pools makes the same choices (a's second run: the pools grew
+    // after its first).
+    run_ok(command().args(tiny_filter(&a, &model)));
+    let out = run_ok(command().args(tiny_filter(&b, &model)));
+    assert!(
+        out.contains("time: ") && out.contains("MLP iterations") && out.contains("final pass"),
+        "{out}"
+    );
+    let (assignment, scores) = af_choices(&a);
+    assert_eq!(assignment.len(), 28);
+    assert!(scores.len() > 28 * 3);
+    assert_eq!(af_choices(&b), (assignment, scores));
+
+    // Imported again, every context already has its pool: refused, nothing written.
+    let again = import(&b, &first);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("context v0#0: it already has a pool"),
+        "{}",
+        stderr(&again)
+    );
+}
+
+#[test]
+fn a_bundle_that_does_not_fit_the_project_is_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let a = ingested(dir.path(), "source", 12, None);
+    run_ok(
+        command()
+            .args(["generate", arg(&a), "--model", arg(&model)])
+            .args([
+                "--n-neg",
+                "3",
+                "--max-tokens",
+                "8",
+                "--no-ending-rules",
+                "--style-examples",
+                "0",
+            ]),
+    );
+    let bundle = dir.path().join("pools.afpool.zip");
+    export(&a, &bundle);
+    let pools = |p: &Path| query_i64(p, "SELECT COUNT(*) FROM pools");
+
+    // A found ending that differs.
+    let changed = ingested(dir.path(), "changed", 12, Some(5));
+    let out = import(&changed, &bundle);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("context v2#1: its text in this project") && err.contains("differs"),
+        "{err}"
+    );
+    assert_eq!(pools(&changed), 0);
+
+    // Contexts the project never ingested.
+    let fewer = ingested(dir.path(), "fewer", 10, None);
+    let out = import(&fewer, &bundle);
+    let err = stderr(&out);
+    assert!(
+        err.contains("context v5#0: it is not in this project")
+            && err.contains("context v5#1: it is not in this project"),
+        "{err}"
+    );
+    assert_eq!(pools(&fewer), 0);
+
+    // A bundle cut off, and one whose archive is whole but whose lines stop early.
+    let bytes = read(&bundle);
+    let cut = dir.path().join("cut.afpool.zip");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let fresh = ingested(dir.path(), "fresh", 12, None);
+    let err = stderr(&import(&fresh, &cut));
+    assert!(err.contains("cut off or damaged"), "{err}");
+    let short = dir.path().join("short.afpool.zip");
+    let text = String::from_utf8(unzip(&bytes)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    rezip(&short, &lines[..lines.len() - 2].join("\n"));
+    let err = stderr(&import(&fresh, &short));
+    assert!(err.contains("without its closing line"), "{err}");
+    assert_eq!(pools(&fresh), 0);
+
+    // The whole bundle goes in at once.
+    assert!(import(&fresh, &bundle).status.success());
+    assert_eq!(pools(&fresh), pools(&a));
+}
+
+fn unzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
+    let mut out = Vec::new();
+    archive
+        .by_name("pools.jsonl")
+        .unwrap()
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+fn rezip(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    zip.start_file("pools.jsonl", zip::write::SimpleFileOptions::default())
+        .unwrap();
+    zip.write_all(text.as_bytes()).unwrap();
+    zip.finish().unwrap();
+}
