@@ -39,6 +39,7 @@ pub mod export;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod pool;
+pub mod risk;
 pub mod scorer;
 pub mod status;
 pub mod vector_cache;
