@@ -37,7 +37,7 @@ use crate::output::Output;
 use crate::seed::Seed;
 use crate::store::vector_cache::VectorCache;
 use dataset::Question;
-pub use findings::{AuditReport, CvAudit, Knn, Summary};
+pub use findings::{AuditReport, CouldBeRight, CvAudit, Knn, Summary};
 pub use observer::{Observer, Silent};
 
 /// What an audit reads and writes, and its settings.
@@ -227,6 +227,7 @@ fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Re
         lm: measure_lms(config, &questions, observer)?,
         summary: Vec::new(),
         verdicts: Vec::new(),
+        could_be_right: CouldBeRight::of(&questions),
         control: None,
     };
     let control = match &config.control {
@@ -337,6 +338,7 @@ fn audit(
         lm: Vec::new(),
         summary: Vec::new(),
         verdicts: Vec::new(),
+        could_be_right: CouldBeRight::of(train.iter().chain(val)),
         control: None,
     }
 }
