@@ -1011,3 +1011,139 @@ fn status_tells_pools_too_small_for_af_from_pools_added_after_it() {
         "{text}"
     );
 }
+
+/// Makes the first `n` assigned negatives of `c` as likely as its found ending (the fixture's
+/// generator gives found endings -2.0 and negatives -3.0 per token): they could be right.
+fn make_risky(p: &Project, c: &Ctx, n: usize) {
+    for &e in &c.cands[..n] {
+        Fixtures::on(&p.conn).set_lp_cond(e, -1.5).unwrap();
+    }
+}
+
+#[test]
+fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_export_and_audit() {
+    let p = Project::new();
+    let mut ctxs = Vec::new();
+    for g in 0..12 {
+        for i in 0..2 {
+            ctxs.push(p.context(&format!("vid{g:02}"), i, 10, 8));
+        }
+    }
+    // Context 0: 6 of its 8 negatives could be right, so its question needs one of them;
+    // context 1: 5 could be right, which leaves three safe ones; context 2 has none.
+    make_risky(&p, &ctxs[0], 6);
+    make_risky(&p, &ctxs[1], 5);
+    let s = p.assemble(&["--unverified", "--seed", "1", "--distractors", "hardest"]);
+    assert_eq!(s["could_be_right_flagged"], 1, "{s}");
+    assert_eq!(s["could_be_right_left_out"], 0);
+    assert_eq!(s["unjudged_negatives"], 0);
+    let assembled = p.assembled();
+    let of = |c: &Ctx| assembled.iter().find(|a| a.1 == c.found).unwrap().3.clone();
+    // Hardest first among the safe ones, then among those that could be right.
+    assert_eq!(
+        of(&ctxs[0]),
+        vec![
+            ctxs[0].cands[6],
+            ctxs[0].cands[7],
+            ctxs[0].cands[0],
+            ctxs[0].cands[1]
+        ]
+    );
+    assert_eq!(
+        of(&ctxs[1]),
+        ctxs[1].cands[5..8]
+            .iter()
+            .chain(&ctxs[1].cands[..1])
+            .copied()
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(of(&ctxs[2]), ctxs[2].cands[..4].to_vec());
+    let printed = ok(&["assemble", p.p(), "--unverified", "--seed", "1"]);
+    assert!(printed.contains("could be right"), "{printed}");
+    assert!(
+        printed.contains(": 1 flagged of 24 questions, 0 left out"),
+        "{printed}"
+    );
+
+    // The export marks the flagged question: the JSONL field, the CSV's last column, the card.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("export");
+    ok(&[
+        "export",
+        p.p(),
+        "--out",
+        out.to_str().unwrap(),
+        "--with-test-labels",
+    ]);
+    let mut flagged = Vec::new();
+    let mut rows = 0;
+    for split in ["train", "val", "test"] {
+        let Ok(text) = std::fs::read_to_string(out.join(format!("jsonl/{split}.jsonl"))) else {
+            continue;
+        };
+        for line in text.lines() {
+            let row: Value = serde_json::from_str(line).unwrap();
+            rows += 1;
+            if row["could_be_right"].as_bool().unwrap() {
+                flagged.push(row["id"].as_str().unwrap().to_string());
+            }
+        }
+        let csv = std::fs::read_to_string(out.join(format!("{split}.csv"))).unwrap();
+        assert!(csv
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",label,could-be-right"));
+    }
+    assert_eq!((rows, flagged), (24, vec!["vid00#0".to_string()]));
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(
+        card.contains("Could be right: 1 of 24 unverified examples (4.2%)"),
+        "{card}"
+    );
+
+    // The audit reports the flagged share of what it read (train and val).
+    let audit = audit_json(&out);
+    let share = &audit["could_be_right"];
+    assert!(share["flagged"].as_u64().unwrap() <= 1, "{share}");
+    assert!(share["questions"].as_u64().unwrap() > 0, "{share}");
+    let md = std::fs::read_to_string(out.join("audit/audit.md")).unwrap();
+    assert!(md.contains("flagged could-be-right by the export"), "{md}");
+
+    // Left out instead of flagged: the question is gone, and so is its flag.
+    let s = p.assemble(&["--unverified", "--seed", "1", "--leave-out-could-be-right"]);
+    assert_eq!(s["could_be_right_left_out"], 1, "{s}");
+    assert_eq!(s["could_be_right_flagged"], 0);
+    assert_eq!(p.assembled().len(), 23);
+    assert!(p.assembled().iter().all(|a| a.1 != ctxs[0].found));
+    let help = ok(&["assemble", "--help"]);
+    assert!(help.contains("--leave-out-could-be-right"), "{help}");
+}
+
+#[test]
+fn verified_questions_are_never_flagged() {
+    let p = Project::new();
+    let c = p.context("v1", 0, 10, 8);
+    make_risky(&p, &c, 8);
+    let task = p.task(&c, 0, &c.shown());
+    p.label(
+        task,
+        &c,
+        "ann",
+        (L, BEST),
+        [(L, SECOND), (U, None), (U, None), (U, None), (U, None)],
+    );
+    let s = p.assemble(&["--split", "1,0,0", "--distractors", "hardest"]);
+    assert_eq!(s["gold_sources"]["gold0-orig"], 1, "{s}");
+    assert_eq!(s["could_be_right_flagged"], 0);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("export");
+    ok(&["export", p.p(), "--out", out.to_str().unwrap()]);
+    let row: Value = serde_json::from_str(
+        std::fs::read_to_string(out.join("jsonl/train.jsonl"))
+            .unwrap()
+            .trim(),
+    )
+    .unwrap();
+    assert_eq!(row["could_be_right"], false);
+}
