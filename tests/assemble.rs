@@ -645,7 +645,7 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
         "the full test CSV names the answers"
     );
     let train = String::from_utf8(read(&a.join("train.csv"))).unwrap();
-    assert!(train.starts_with(",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n0,"));
+    assert!(train.starts_with(",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label,could-be-right\n0,"));
     let full = String::from_utf8(read(&a.join("val_full.csv"))).unwrap();
     assert!(full.starts_with(
         "video-id,fold-ind,startphrase,gold-ending,distractor-0,distractor-1,distractor-2,distractor-3,\
@@ -654,14 +654,18 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
     // The published test split withholds its labels; the answers file beside it has them.
     let test = String::from_utf8(read(&a.join("test.csv"))).unwrap();
     let labelled = String::from_utf8(read(&answers(&a))).unwrap();
-    assert!(test.lines().skip(1).all(|l| l.ends_with(",-1")), "{test}");
+    assert!(test.lines().skip(1).all(|l| l.ends_with(",-1,0")), "{test}");
+    // (everything before the label, the label, the could-be-right flag)
+    let cut = |line: &str| {
+        let (rest, flag) = line.rsplit_once(',').unwrap();
+        let (body, label) = rest.rsplit_once(',').unwrap();
+        (body.to_string(), label.to_string(), flag.to_string())
+    };
     assert_eq!(test.lines().count(), labelled.lines().count());
     for (hidden, known) in test.lines().zip(labelled.lines()).skip(1) {
-        assert_eq!(
-            hidden.rsplit_once(',').unwrap().0,
-            known.rsplit_once(',').unwrap().0
-        );
-        assert!(["0", "1", "2", "3"].contains(&known.rsplit_once(',').unwrap().1));
+        let (hidden, known) = (cut(hidden), cut(known));
+        assert_eq!((&hidden.0, &hidden.2), (&known.0, &known.2));
+        assert!(["0", "1", "2", "3"].contains(&known.1.as_str()));
     }
     let jsonl = String::from_utf8(read(&a.join("jsonl/val.jsonl"))).unwrap();
     let first: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
@@ -675,6 +679,7 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
         "label",
         "gold_source",
         "verified",
+        "could_be_right",
         "activity_label",
         "ctx_a",
         "ctx_b",
