@@ -25,6 +25,11 @@ pub const REGULAR_COLUMNS: [&str; 11] = [
     "label",
 ];
 
+/// The column afkit's regular CSVs add after SWAG's [`REGULAR_COLUMNS`]: 1 when a distractor
+/// of the unverified question could be right too (see `crate::risk`), else 0. Last, so readers
+/// that go by position still find SWAG's fields where the release has them.
+pub const COULD_BE_RIGHT_COLUMN: &str = "could-be-right";
+
 /// The regular CSV's columns that make a question: both halves of the context and the four
 /// endings. Readers find them by name, so files with extra or reordered columns read too.
 pub const QUESTION_COLUMNS: [&str; 6] =

@@ -39,6 +39,8 @@ pub mod store;
 pub mod dataset;
 // Which of a context's assigned negatives become its distractors (annotate and assemble).
 pub mod distractors;
+// "Could be right": which negatives a strong reader rates as likely as the found ending.
+pub mod risk;
 // The language-model engine: GGUF loading, the llama forward pass, tokenizer, sampling.
 pub mod lm;
 // Sentence embeddings with all-MiniLM-L6-v2.

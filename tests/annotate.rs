@@ -560,3 +560,77 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
         "{text}"
     );
 }
+
+#[test]
+fn order_risk_hands_out_the_items_whose_negatives_could_be_right_first() {
+    let p = common::Project::new();
+    let ctxs: Vec<common::Ctx> = (0..6)
+        .map(|i| p.context(&format!("v{i}"), 0, 10, 8))
+        .collect();
+    // The fixture's found endings have a log-prob of -2.0 per token and its negatives -3.0; two
+    // contexts get negatives at least as likely as their found ending, one more than the other.
+    let risky = |c: &common::Ctx, n: usize| {
+        for &e in &c.cands[..n] {
+            afkit::store::fixtures::Fixtures::on(&p.conn)
+                .set_lp_cond(e, -1.0)
+                .unwrap();
+        }
+    };
+    risky(&ctxs[4], 8);
+    risky(&ctxs[2], 8);
+    p.conn
+        .execute(
+            "UPDATE endings SET lp_cond = -1.9 WHERE id = ?1",
+            [ctxs[2].cands[0]],
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = script(dir.path(), "keys", 2);
+    let annotate = |who: &str, order: &[&str]| {
+        let out = command()
+            .args(["annotate", p.p(), "--annotator", who, "--script"])
+            .arg(&keys)
+            .args(order)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    annotate("ann", &["--order", "risk"]);
+    let submitted = |who: &str| -> Vec<i64> {
+        let mut stmt = p
+            .conn
+            .prepare(
+                "SELECT t.example_id FROM submissions s JOIN tasks t ON t.id = s.task_id
+                 WHERE s.annotator = ?1 ORDER BY s.id",
+            )
+            .unwrap();
+        stmt.query_map([who], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    // Every shown negative of both could be right; context 4's come closer (-1.0 against the
+    // -1.9 of context 2's likeliest shown one, when it is shown).
+    let first_two = submitted("ann");
+    assert_eq!(first_two.len(), 2);
+    let mut both = first_two.clone();
+    both.sort_unstable();
+    let mut expected = vec![ctxs[2].example, ctxs[4].example];
+    expected.sort_unstable();
+    assert_eq!(both, expected, "risky items first");
+    // The project's seeded order is untouched for everyone else.
+    annotate("bob", &[]);
+    let first_task: i64 = p
+        .conn
+        .query_row(
+            "SELECT t.example_id FROM tasks t ORDER BY t.id LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(submitted("bob")[0], first_task);
+}

@@ -645,7 +645,7 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
         "the full test CSV names the answers"
     );
     let train = String::from_utf8(read(&a.join("train.csv"))).unwrap();
-    assert!(train.starts_with(",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n0,"));
+    assert!(train.starts_with(",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label,could-be-right\n0,"));
     let full = String::from_utf8(read(&a.join("val_full.csv"))).unwrap();
     assert!(full.starts_with(
         "video-id,fold-ind,startphrase,gold-ending,distractor-0,distractor-1,distractor-2,distractor-3,\
@@ -654,14 +654,18 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
     // The published test split withholds its labels; the answers file beside it has them.
     let test = String::from_utf8(read(&a.join("test.csv"))).unwrap();
     let labelled = String::from_utf8(read(&answers(&a))).unwrap();
-    assert!(test.lines().skip(1).all(|l| l.ends_with(",-1")), "{test}");
+    assert!(test.lines().skip(1).all(|l| l.ends_with(",-1,0")), "{test}");
+    // (everything before the label, the label, the could-be-right flag)
+    let cut = |line: &str| {
+        let (rest, flag) = line.rsplit_once(',').unwrap();
+        let (body, label) = rest.rsplit_once(',').unwrap();
+        (body.to_string(), label.to_string(), flag.to_string())
+    };
     assert_eq!(test.lines().count(), labelled.lines().count());
     for (hidden, known) in test.lines().zip(labelled.lines()).skip(1) {
-        assert_eq!(
-            hidden.rsplit_once(',').unwrap().0,
-            known.rsplit_once(',').unwrap().0
-        );
-        assert!(["0", "1", "2", "3"].contains(&known.rsplit_once(',').unwrap().1));
+        let (hidden, known) = (cut(hidden), cut(known));
+        assert_eq!((&hidden.0, &hidden.2), (&known.0, &known.2));
+        assert!(["0", "1", "2", "3"].contains(&known.1.as_str()));
     }
     let jsonl = String::from_utf8(read(&a.join("jsonl/val.jsonl"))).unwrap();
     let first: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
@@ -675,6 +679,7 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
         "label",
         "gold_source",
         "verified",
+        "could_be_right",
         "activity_label",
         "ctx_a",
         "ctx_b",
@@ -1019,4 +1024,140 @@ fn status_tells_pools_too_small_for_af_from_pools_added_after_it() {
         text.contains("1 context has fewer candidate endings than AF's k"),
         "{text}"
     );
+}
+
+/// Makes the first `n` assigned negatives of `c` as likely as its found ending (the fixture's
+/// generator gives found endings -2.0 and negatives -3.0 per token): they could be right.
+fn make_risky(p: &Project, c: &Ctx, n: usize) {
+    for &e in &c.cands[..n] {
+        Fixtures::on(&p.conn).set_lp_cond(e, -1.5).unwrap();
+    }
+}
+
+#[test]
+fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_export_and_audit() {
+    let p = Project::new();
+    let mut ctxs = Vec::new();
+    for g in 0..12 {
+        for i in 0..2 {
+            ctxs.push(p.context(&format!("vid{g:02}"), i, 10, 8));
+        }
+    }
+    // Context 0: 6 of its 8 negatives could be right, so its question needs one of them;
+    // context 1: 5 could be right, which leaves three safe ones; context 2 has none.
+    make_risky(&p, &ctxs[0], 6);
+    make_risky(&p, &ctxs[1], 5);
+    let s = p.assemble(&["--unverified", "--seed", "1", "--distractors", "hardest"]);
+    assert_eq!(s["could_be_right_flagged"], 1, "{s}");
+    assert_eq!(s["could_be_right_left_out"], 0);
+    assert_eq!(s["unjudged_negatives"], 0);
+    let assembled = p.assembled();
+    let of = |c: &Ctx| assembled.iter().find(|a| a.1 == c.found).unwrap().3.clone();
+    // Hardest first among the safe ones, then among those that could be right.
+    assert_eq!(
+        of(&ctxs[0]),
+        vec![
+            ctxs[0].cands[6],
+            ctxs[0].cands[7],
+            ctxs[0].cands[0],
+            ctxs[0].cands[1]
+        ]
+    );
+    assert_eq!(
+        of(&ctxs[1]),
+        ctxs[1].cands[5..8]
+            .iter()
+            .chain(&ctxs[1].cands[..1])
+            .copied()
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(of(&ctxs[2]), ctxs[2].cands[..4].to_vec());
+    let printed = ok(&["assemble", p.p(), "--unverified", "--seed", "1"]);
+    assert!(printed.contains("could be right"), "{printed}");
+    assert!(
+        printed.contains(": 1 flagged of 24 questions, 0 left out"),
+        "{printed}"
+    );
+
+    // The export marks the flagged question: the JSONL field, the CSV's last column, the card.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("export");
+    ok(&[
+        "export",
+        p.p(),
+        "--out",
+        out.to_str().unwrap(),
+        "--with-test-labels",
+    ]);
+    let mut flagged = Vec::new();
+    let mut rows = 0;
+    for split in ["train", "val", "test"] {
+        let Ok(text) = std::fs::read_to_string(out.join(format!("jsonl/{split}.jsonl"))) else {
+            continue;
+        };
+        for line in text.lines() {
+            let row: Value = serde_json::from_str(line).unwrap();
+            rows += 1;
+            if row["could_be_right"].as_bool().unwrap() {
+                flagged.push(row["id"].as_str().unwrap().to_string());
+            }
+        }
+        let csv = std::fs::read_to_string(out.join(format!("{split}.csv"))).unwrap();
+        assert!(csv
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",label,could-be-right"));
+    }
+    assert_eq!((rows, flagged), (24, vec!["vid00#0".to_string()]));
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(
+        card.contains("Could be right: 1 of 24 unverified examples (4.2%)"),
+        "{card}"
+    );
+
+    // The audit reports the flagged share of what it read (train and val).
+    let audit = audit_json(&out);
+    let share = &audit["could_be_right"];
+    assert!(share["flagged"].as_u64().unwrap() <= 1, "{share}");
+    assert!(share["questions"].as_u64().unwrap() > 0, "{share}");
+    let md = std::fs::read_to_string(out.join("audit/audit.md")).unwrap();
+    assert!(md.contains("flagged could-be-right by the export"), "{md}");
+
+    // Left out instead of flagged: the question is gone, and so is its flag.
+    let s = p.assemble(&["--unverified", "--seed", "1", "--leave-out-could-be-right"]);
+    assert_eq!(s["could_be_right_left_out"], 1, "{s}");
+    assert_eq!(s["could_be_right_flagged"], 0);
+    assert_eq!(p.assembled().len(), 23);
+    assert!(p.assembled().iter().all(|a| a.1 != ctxs[0].found));
+    let help = ok(&["assemble", "--help"]);
+    assert!(help.contains("--leave-out-could-be-right"), "{help}");
+}
+
+#[test]
+fn verified_questions_are_never_flagged() {
+    let p = Project::new();
+    let c = p.context("v1", 0, 10, 8);
+    make_risky(&p, &c, 8);
+    let task = p.task(&c, 0, &c.shown());
+    p.label(
+        task,
+        &c,
+        "ann",
+        (L, BEST),
+        [(L, SECOND), (U, None), (U, None), (U, None), (U, None)],
+    );
+    let s = p.assemble(&["--split", "1,0,0", "--distractors", "hardest"]);
+    assert_eq!(s["gold_sources"]["gold0-orig"], 1, "{s}");
+    assert_eq!(s["could_be_right_flagged"], 0);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("export");
+    ok(&["export", p.p(), "--out", out.to_str().unwrap()]);
+    let row: Value = serde_json::from_str(
+        std::fs::read_to_string(out.join("jsonl/train.jsonl"))
+            .unwrap()
+            .trim(),
+    )
+    .unwrap();
+    assert_eq!(row["could_be_right"], false);
 }

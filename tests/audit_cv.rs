@@ -61,6 +61,7 @@ fn questions(n: usize, per_video: usize, tell: bool, seed: u64) -> Vec<Question>
                 sent2: ["They", "The man", "A girl"][i % 3].to_string(),
                 endings,
                 label: Some(label),
+                could_be_right: None,
             }
         })
         .collect()

@@ -1286,6 +1286,10 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
         "{out}"
     );
 
+    // No evidence for the could-be-right judgement (no scorer, no sentence vectors, no
+    // generator likelihoods): every negative counts as safe, and only the floor orders them.
+    conn.execute_batch("UPDATE endings SET lp_cond = NULL; DELETE FROM sentence_vectors;")
+        .unwrap();
     let assembled =
         run_ok(
             command()

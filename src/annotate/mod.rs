@@ -40,6 +40,19 @@ pub struct Config {
     pub script: Option<(PathBuf, Duration)>,
     /// Append per-event timings (draw, claim, commit) as JSON lines to this file.
     pub timings: Option<PathBuf>,
+    /// The order this session takes items in.
+    pub order: Order,
+}
+
+/// The order in which a session is handed items (its own claim, if any, always comes first).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Order {
+    /// The project's seeded order (agreement items first).
+    #[default]
+    Seeded,
+    /// The items whose shown negatives could most be right first (`crate::risk`): the ones an
+    /// unverified export would flag get a human reading before the rest.
+    Risk,
 }
 
 /// What a session did, and the task setup it found or made.
@@ -57,6 +70,9 @@ pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
     }
     store.sync_every_label();
     let setup = tasks::ensure_tasks(store, config.policy)?;
+    if config.order == Order::Risk {
+        store.set_handout_priority(&tasks::riskiest_first(store)?)?;
+    }
     let stop = event::stop_flag()?;
     let holder = Holder::this_process(name);
     let mut session = Session::new(store, holder);

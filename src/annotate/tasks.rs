@@ -107,6 +107,33 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
     })
 }
 
+/// The tasks that still want annotators, riskiest first: by how many of their shown negatives
+/// could be right (`crate::risk`), then by how close the closest comes (its likelihood margin
+/// over the found ending), then in task order.
+pub fn riskiest_first(store: &Store) -> Result<Vec<i64>> {
+    let mut ranked: Vec<(usize, f64, i64)> = Vec::new();
+    for task in store.open_tasks(true)? {
+        let Some(found) = task.endings.iter().find(|e| e.is_gold) else {
+            continue;
+        };
+        let negatives: Vec<i64> = task
+            .endings
+            .iter()
+            .filter(|e| !e.is_gold)
+            .map(|e| e.ending_id)
+            .collect();
+        let judged = crate::risk::judge_context(store, found.ending_id, &negatives)?;
+        let risky = judged.values().filter(|j| j.could_be_right()).count();
+        let closest = judged
+            .values()
+            .map(|j| j.closeness())
+            .fold(f64::NEG_INFINITY, f64::max);
+        ranked.push((risky, closest, task.task_id));
+    }
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
+    Ok(ranked.into_iter().map(|(_, _, task)| task).collect())
+}
+
 /// The negatives a context's task shows: five matched to the found endings of its fold, drawn
 /// from the task's seed; the five hardest when the run has nothing to match them to. The flag
 /// says which.

@@ -7,6 +7,12 @@
 //! taken in the order of [`DistractorChoice`] (by default matched to the found endings' final
 //! scores); (3) queue the items that need re-annotation as new tasks; (4) record the parameters.
 //!
+//! Unverified assembly never silently keeps a negative that could be right (see [`crate::risk`]):
+//! each context's distractors are the ones that could not be right first, in the order of
+//! [`DistractorChoice`], then the others; a question that needs one of those among its three
+//! shown distractors is flagged (counted in the summary; export marks it), or left out with
+//! `leave_out_could_be_right`.
+//!
 //! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
 //! endings of the context's pool that the AF run scored and annotators never saw, taken in the
 //! same order as distractors (matched to the found endings' scores, or the hardest first). Pool
@@ -65,6 +71,15 @@ pub struct Summary {
     /// Contexts that took a negative under the AF run's fluency floor for want of three above
     /// it (only with `--unverified`).
     pub under_fluency_floor: usize,
+    /// Unverified questions kept with a distractor that could be right among their three
+    /// (export flags them).
+    pub could_be_right_flagged: usize,
+    /// Unverified questions left out because three distractors that could not be right were not
+    /// to be had (only with `leave_out_could_be_right`).
+    pub could_be_right_left_out: usize,
+    /// Assigned negatives of unverified questions that no stored evidence could judge (no
+    /// likelihood of both endings from one model, no sentence vectors): taken as if safe.
+    pub unjudged_negatives: usize,
 }
 
 /// What `assemble` does.
@@ -78,6 +93,9 @@ pub struct Config {
     pub unverified: bool,
     /// The order in which candidates become distractors, verified or not.
     pub distractors: DistractorChoice,
+    /// With `unverified`: leave out a question that cannot get three distractors that could not
+    /// be right, instead of keeping it flagged.
+    pub leave_out_could_be_right: bool,
 }
 
 /// What `assemble` reports while it works. Every method has a default that does nothing.
@@ -100,6 +118,10 @@ struct Recorded {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     distractors: Option<DistractorChoice>,
     af_run: i64,
+    /// Whether unverified questions that could have a second right answer were left out (absent:
+    /// they were kept, flagged, or the assembly predates the judgement).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    leave_out_could_be_right: bool,
 }
 
 /// Runs the whole assembly in one transaction; see the module docs.
@@ -109,6 +131,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         seed,
         unverified,
         distractors,
+        leave_out_could_be_right,
     } = *config;
     let Some(run) = store.latest_finished_af_run()? else {
         bail!(
@@ -139,7 +162,11 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
     let order = distractor_order(store, run.id, &run_data, distractors, seed)?;
     let mut built = if unverified {
-        assemble_unverified(&examples, &run_data, &order, &mut summary)
+        let guard = Guard {
+            store,
+            leave_out: leave_out_could_be_right,
+        };
+        assemble_unverified(&examples, &run_data, &order, &guard, &mut summary)?
     } else {
         assemble_verified(
             store,
@@ -162,6 +189,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         unverified,
         distractors: Some(distractors),
         af_run: run.id,
+        leave_out_could_be_right: unverified && leave_out_could_be_right,
     };
     store.commit_assembly(&Assembly {
         splits: &splits,
@@ -333,14 +361,65 @@ impl DistractorOrder {
     }
 }
 
+/// How unverified assembly treats negatives that could be right (see [`crate::risk`]).
+struct Guard<'a> {
+    store: &'a Store,
+    /// Leave out a question that cannot be filled without one, instead of flagging it.
+    leave_out: bool,
+}
+
+impl Guard<'_> {
+    /// The context's candidates in the order they become distractors, each part in `order`'s
+    /// order: those that could not be right and are above the run's fluency floor, then those
+    /// under it, then those that could be right (a second right answer is worse than a clumsy
+    /// wrong one); and whether one that could be right is among the three a question shows.
+    fn order(
+        &self,
+        order: &DistractorOrder,
+        example: &Example,
+        run: &RunData,
+        candidates: &[i64],
+        summary: &mut Summary,
+    ) -> Result<(Vec<i64>, bool)> {
+        let judged = crate::risk::judge_context(self.store, example.gold_ending_id, candidates)?;
+        summary.unjudged_negatives += judged
+            .values()
+            .filter(|j| j.verdict == crate::risk::Verdict::Unjudged)
+            .count();
+        let (risky, safe): (Vec<i64>, Vec<i64>) = candidates
+            .iter()
+            .copied()
+            .partition(|e| judged[e].could_be_right());
+        let flagged = safe.len() < 3;
+        let under_floor = |e: &i64| run.refused.contains(e);
+        let (safe_under, safe_fluent): (Vec<i64>, Vec<i64>) =
+            safe.into_iter().partition(under_floor);
+        let (risky_under, risky_fluent): (Vec<i64>, Vec<i64>) =
+            risky.into_iter().partition(under_floor);
+        let none = HashMap::new();
+        let mut chosen = order.order(example, run, &safe_fluent, &none, "distractors");
+        for (part, draw) in [
+            (safe_under, "under the floor"),
+            (risky_fluent, "could be right"),
+            (risky_under, "could be right, under the floor"),
+        ] {
+            if !part.is_empty() {
+                chosen.extend(order.order(example, run, &part, &none, draw));
+            }
+        }
+        Ok((chosen, flagged))
+    }
+}
+
 /// Without verification: the gold and up to four assigned negatives of every AF context, the
-/// first four in `order`.
+/// first four in `order`, those that could not be right first (`guard`).
 fn assemble_unverified(
     examples: &[Example],
     run: &RunData,
     order: &DistractorOrder,
+    guard: &Guard,
     summary: &mut Summary,
-) -> Vec<NewAssembled> {
+) -> Result<Vec<NewAssembled>> {
     let mut built = Vec::new();
     for ex in examples {
         let Some(assigned) = run.assignments.get(&ex.id) else {
@@ -351,7 +430,12 @@ fn assemble_unverified(
             continue;
         }
         let fold = run.folds.get(&ex.id).copied();
-        let chosen = fluent_first(ex, run, order, assigned);
+        let (chosen, flagged) = guard.order(order, ex, run, assigned, summary)?;
+        if flagged && guard.leave_out {
+            summary.could_be_right_left_out += 1;
+            continue;
+        }
+        summary.could_be_right_flagged += usize::from(flagged);
         if chosen.iter().take(3).any(|e| run.refused.contains(e)) {
             summary.under_fluency_floor += 1;
         }
@@ -373,24 +457,7 @@ fn assemble_unverified(
                 .collect(),
         });
     }
-    built
-}
-
-/// `assigned` in the order they become `example`'s distractors: those above the run's fluency
-/// floor first, each part in `order`.
-fn fluent_first(
-    example: &Example,
-    run: &RunData,
-    order: &DistractorOrder,
-    assigned: &[i64],
-) -> Vec<i64> {
-    let (refused, fluent): (Vec<i64>, Vec<i64>) =
-        assigned.iter().partition(|e| run.refused.contains(e));
-    let mut chosen = order.order(example, run, &fluent, &HashMap::new(), "distractors");
-    if !refused.is_empty() {
-        chosen.extend(order.order(example, run, &refused, &HashMap::new(), "under the floor"));
-    }
-    chosen
+    Ok(built)
 }
 
 /// From the annotators' labels: the verified examples, and the items to send back for

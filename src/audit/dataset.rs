@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use crate::dataset::{Split, GROUP_COLUMN, LABEL_COLUMN, QUESTION_COLUMNS};
+use crate::dataset::{Split, COULD_BE_RIGHT_COLUMN, GROUP_COLUMN, LABEL_COLUMN, QUESTION_COLUMNS};
 
 /// One 4-way question.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +22,9 @@ pub struct Question {
     pub sent2: String,
     pub endings: [String; 4],
     pub label: Option<usize>,
+    /// afkit's flag that a distractor could be right too (`could-be-right` in the regular CSV,
+    /// `could_be_right` in the JSONL); `None` where the file does not carry it.
+    pub could_be_right: Option<bool>,
 }
 
 /// Reads a split; `need_labels` makes a missing or empty label an error.
@@ -67,6 +70,7 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
     let label_col = col(LABEL_COLUMN);
     let id_col = col("id").or_else(|| col(""));
     let group_col = col(GROUP_COLUMN);
+    let flag_col = col(COULD_BE_RIGHT_COLUMN);
     let mut out = Vec::new();
     for (i, record) in reader.records().enumerate() {
         let line = i + 2;
@@ -90,6 +94,11 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
             sent2: field(idx[1]),
             endings: [field(idx[2]), field(idx[3]), field(idx[4]), field(idx[5])],
             label,
+            could_be_right: flag_col.and_then(|c| match record.get(c).unwrap_or("").trim() {
+                "1" | "true" => Some(true),
+                "0" | "false" => Some(false),
+                _ => None,
+            }),
         });
     }
     Ok(out)
@@ -155,6 +164,8 @@ struct JsonQuestion {
     sent2: String,
     endings: [String; 4],
     label: Option<i64>,
+    #[serde(default)]
+    could_be_right: Option<bool>,
 }
 
 fn read_jsonl(path: &Path) -> Result<Vec<Question>> {
@@ -188,6 +199,7 @@ fn read_jsonl(path: &Path) -> Result<Vec<Question>> {
             sent2: q.sent2,
             endings: q.endings,
             label,
+            could_be_right: q.could_be_right,
         });
     }
     Ok(out)

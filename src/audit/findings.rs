@@ -15,6 +15,44 @@ pub enum Knn {
     Skipped { skipped: String },
 }
 
+/// How many of the audited questions the export flags as possibly having a second right answer
+/// (afkit's `could-be-right` column): measured only when every question carries the flag.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct CouldBeRight {
+    pub flagged: usize,
+    pub questions: usize,
+    /// `flagged / questions`.
+    pub share: f64,
+}
+
+impl CouldBeRight {
+    /// The flagged share of `questions`; `None` when one lacks the flag (or there are none).
+    pub fn of<'a>(questions: impl IntoIterator<Item = &'a dataset::Question>) -> Option<Self> {
+        let (mut flagged, mut n) = (0, 0);
+        for q in questions {
+            flagged += usize::from(q.could_be_right?);
+            n += 1;
+        }
+        (n > 0).then(|| CouldBeRight {
+            flagged,
+            questions: n,
+            share: flagged as f64 / n as f64,
+        })
+    }
+
+    /// The report's line on it.
+    pub fn sentence(&self) -> String {
+        format!(
+            "{} of {} questions ({:.1}%) are flagged could-be-right by the export: a distractor \
+             that a language model finds as likely as the real ending, or that restates it, may be \
+             a second right answer",
+            self.flagged,
+            self.questions,
+            100.0 * self.share
+        )
+    }
+}
+
 /// The audit's findings; `--json` prints this (accuracies are fractions).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuditReport {
@@ -39,6 +77,9 @@ pub struct AuditReport {
     /// Seconds per baseline family (`length`, `ngram_end`, ..., `knn`) and per `--lm` model
     /// (`lm:NAME`), in the order they ran.
     pub timings: Vec<Timing>,
+    /// The flagged share of the train and val questions, when the export carries the flag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub could_be_right: Option<CouldBeRight>,
     /// The control dataset's audit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<Box<AuditReport>>,
@@ -118,6 +159,9 @@ pub struct CvAudit {
     /// Seconds per baseline (its features, then its fits summed over the folds, which run in
     /// parallel), then `ppmi` and each `--lm` model (`lm:NAME`).
     pub timings: Vec<Timing>,
+    /// The flagged share of the pooled questions, when the export carries the flag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub could_be_right: Option<CouldBeRight>,
     /// The control dataset's audit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<Box<CvAudit>>,

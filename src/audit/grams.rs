@@ -157,6 +157,7 @@ mod tests {
             sent2: String::new(),
             endings: [ending, "b", "b", "b"].map(String::from),
             label: Some(0),
+            could_be_right: None,
         };
         let questions = [q("a"), q("c")];
         let features = featurise(&questions, View::Ending, Grams::Words);

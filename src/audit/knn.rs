@@ -196,6 +196,7 @@ mod tests {
             sent2: "They".into(),
             endings: [gold.to_string(), "xa.".into(), "xb.".into(), "xc.".into()],
             label: Some(0),
+            could_be_right: None,
         };
         let train = [q("gold one."), q("gold two.")];
         let val = [q("gold three.")];

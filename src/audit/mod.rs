@@ -38,7 +38,7 @@ use crate::output::Output;
 use crate::seed::Seed;
 use crate::store::vector_cache::VectorCache;
 use dataset::Question;
-pub use findings::{AuditReport, CvAudit, Knn, Summary};
+pub use findings::{AuditReport, CouldBeRight, CvAudit, Knn, Summary};
 pub use observer::{Observer, Silent};
 
 /// What an audit reads and writes, and its settings.
@@ -242,6 +242,7 @@ fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Re
         summary: Vec::new(),
         verdicts: Vec::new(),
         timings,
+        could_be_right: CouldBeRight::of(&questions),
         control: None,
     };
     let control = match &config.control {
@@ -362,6 +363,7 @@ fn audit(
         summary: Vec::new(),
         verdicts: Vec::new(),
         timings,
+        could_be_right: CouldBeRight::of(train.iter().chain(val)),
         control: None,
     }
 }

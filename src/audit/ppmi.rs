@@ -96,6 +96,7 @@ mod tests {
                 ]
                 .map(String::from),
                 label: Some(0),
+                could_be_right: None,
             })
             .collect();
         let refs: Vec<&Question> = q.iter().collect();

@@ -94,6 +94,7 @@ mod tests {
                 "".into(),
             ],
             label: Some(0),
+            could_be_right: None,
         };
         let f = question_features(&q);
         let value = |o: usize, i: usize| f[o][i].1;

@@ -8,7 +8,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::cv::{Baseline, CvReport, CvResult};
-use super::findings::{AuditReport, CvAudit, Knn};
+use super::findings::{AuditReport, CouldBeRight, CvAudit, Knn};
 use super::lm::LmResult;
 use super::ppmi::Association;
 use super::timing::Timing;
@@ -141,6 +141,7 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
         r.lambda[0], r.lambda[1], r.lambda[2]
     )?;
     writeln!(md, "![accuracy](accuracy.png)\n")?;
+    write_could_be_right(md, r.could_be_right.as_ref())?;
     write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)?;
     writeln!(md, "\n## KNN distances (MiniLM)\n")?;
@@ -285,6 +286,7 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
         )?;
     }
     writeln!(md, "![accuracy](accuracy.png)\n")?;
+    write_could_be_right(md, r.could_be_right.as_ref())?;
     write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)?;
     write_timings(md, &r.timings)
@@ -300,6 +302,18 @@ fn write_timings(md: &mut String, timings: &[Timing]) -> std::fmt::Result {
         writeln!(md, "| {} | {:.2} |", t.name.replace('|', "\\|"), t.seconds)?;
     }
     Ok(())
+}
+
+/// The export's flagged share, where it carries the flag.
+fn write_could_be_right(md: &mut String, flag: Option<&CouldBeRight>) -> std::fmt::Result {
+    match flag {
+        Some(flag) => writeln!(
+            md,
+            "{}: verify them before reading the accuracies as the dataset's difficulty.\n",
+            flag.sentence()
+        ),
+        None => Ok(()),
+    }
 }
 
 /// One row per baseline: what it sees, its mean and standard error, each fold's accuracy (and

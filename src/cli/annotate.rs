@@ -43,6 +43,13 @@ pub struct Args {
     /// Seed of the item order and of the ending shuffles; fixed once tasks exist [default: 0].
     #[arg(long)]
     pub seed: Option<Seed>,
+    /// The order you are handed items in: `seeded`, the project's order (agreement items
+    /// first), or `risk`: first the items whose shown wrong endings could most be right (a
+    /// language model finds them at least as likely as the found ending, or they restate it;
+    /// see `afkit assemble --help`), the ones an unverified export would flag. Your own
+    /// unfinished item still comes back first; other annotators keep their own order.
+    #[arg(long, value_enum, default_value = "seeded")]
+    pub order: annotate::Order,
     /// Replay keys from FILE instead of the keyboard (tests, benchmarks).
     #[arg(long, hide = true, value_name = "FILE")]
     pub script: Option<PathBuf>,
@@ -148,6 +155,7 @@ pub fn run(args: Args) -> Result<()> {
             .script
             .map(|file| (file, Duration::from_millis(args.script_delay_ms))),
         timings: args.timings,
+        order: args.order,
     };
     let annotate::Outcome { summary, setup } = annotate::annotate(&mut store, &config)?;
     // After a hang-up there is no terminal left to print to; the work is saved either way.

@@ -22,7 +22,16 @@ than three usable distractors, is queued for re-annotation with those endings re
 pool endings never shown, in the same order. Several annotators: a judgement needs half the votes (ties go to \
 the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
 ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
-fractions are unchanged."
+fractions are unchanged.
+
+Unverified questions and distractors that could be right: a wrong answer could be right when a \
+language model reading the context (a --scorer model of `afkit filter`, else the generator) finds \
+it at least as likely per token as the found ending, or when its sentence vector nearly restates \
+the found ending (cosine 0.8 or more). With --unverified the distractors are taken among the \
+assigned negatives that could not be right first; a question that cannot be filled without one \
+is kept and flagged (its `could_be_right` field in the export is true; the summary counts them), \
+or left out with --leave-out-could-be-right. Verified questions are never flagged: annotators \
+labelled their distractors."
 )]
 pub struct Args {
     /// The project file.
@@ -31,6 +40,10 @@ pub struct Args {
     /// negatives (see --distractors), marked unverified.
     #[arg(long)]
     pub unverified: bool,
+    /// With --unverified: leave out a question that cannot get three distractors that could not
+    /// be right, instead of keeping it flagged (see below).
+    #[arg(long, requires = "unverified")]
+    pub leave_out_could_be_right: bool,
     /// How the distractors are chosen: `matched` to the found endings' scores, or `hardest`.
     ///
     /// They are chosen among the assigned negatives with --unverified, else among those the
@@ -63,6 +76,7 @@ pub fn run(args: Args) -> Result<()> {
         seed: args.seed,
         unverified: args.unverified,
         distractors: args.distractors,
+        leave_out_could_be_right: args.leave_out_could_be_right,
     };
     let summary = assemble::run(&mut store, &config, &mut Notes)?;
     if args.json {
@@ -139,17 +153,33 @@ fn print_summary(s: &Summary) {
             );
         }
     } else {
-        if s.too_few_negatives > 0 {
-            println!(
-                "contexts skipped (fewer than 3 assigned negatives): {}",
-                s.too_few_negatives
-            );
-        }
-        if s.under_fluency_floor > 0 {
-            println!(
-                "contexts with a distractor under the fluency floor (fewer than 3 above it): {}",
-                s.under_fluency_floor
-            );
-        }
+        print_unverified(s);
+    }
+}
+
+fn print_unverified(s: &Summary) {
+    if s.too_few_negatives > 0 {
+        println!(
+            "contexts skipped (fewer than 3 assigned negatives): {}",
+            s.too_few_negatives
+        );
+    }
+    let built: usize = s.examples.values().sum();
+    println!(
+        "could be right (a distractor as likely as the found ending, or restating it): {} \
+         flagged of {built} questions, {} left out",
+        s.could_be_right_flagged, s.could_be_right_left_out
+    );
+    if s.unjudged_negatives > 0 {
+        println!(
+            "  {} could not be judged (no scorer or generator likelihood, no sentence vectors)",
+            crate::text::counted(s.unjudged_negatives, "negative", "negatives")
+        );
+    }
+    if s.under_fluency_floor > 0 {
+        println!(
+            "contexts with a distractor under the fluency floor (fewer than 3 above it): {}",
+            s.under_fluency_floor
+        );
     }
 }

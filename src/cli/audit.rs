@@ -245,6 +245,7 @@ fn print_holdout(report: &audit::AuditReport, dataset: &std::path::Path) {
     );
     print_rows(&report.summary, report.control.is_some());
     print_verdicts(&report.verdicts);
+    print_could_be_right(report.could_be_right.as_ref());
     println!(
         "a single train -> val split: `afkit audit {} --cv 5` gives the figure to trust",
         dataset.display()
@@ -266,6 +267,13 @@ fn print_cv_table(audit: &audit::CvAudit) {
         }
     }
     print_verdicts(&audit.verdicts);
+    print_could_be_right(audit.could_be_right.as_ref());
+}
+
+fn print_could_be_right(flag: Option<&audit::CouldBeRight>) {
+    if let Some(flag) = flag {
+        println!("{}", flag.sentence());
+    }
 }
 
 /// One line per measured row, with where it stands against chance; with a control, its

@@ -33,7 +33,11 @@ pub fn run_models(command: ModelsCommand) -> Result<()> {
         FetchWhich::Smollm2 => &[DefaultModel::SmolLm2],
         FetchWhich::Minilm => &[DefaultModel::MiniLm],
         FetchWhich::Gemma3 => &[DefaultModel::Gemma3],
-        FetchWhich::All => &[DefaultModel::SmolLm2, DefaultModel::MiniLm, DefaultModel::Gemma3],
+        FetchWhich::All => &[
+            DefaultModel::SmolLm2,
+            DefaultModel::MiniLm,
+            DefaultModel::Gemma3,
+        ],
     };
     for &model in wanted {
         let dir = fetch(model)?;

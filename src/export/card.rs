@@ -106,9 +106,10 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     )?;
     writeln!(
         md,
-        "- Verified by annotators: {verified} of {} examples\n",
+        "- Verified by annotators: {verified} of {} examples",
         rows.len()
     )?;
+    write_could_be_right(md, rows)?;
 
     write_sizes(md, c, rows)?;
     write_files(md, &c.layout)?;
@@ -119,6 +120,27 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     writeln!(md, "\n## Human verification\n")?;
     write_agreement(md, &c.labels, &c.rounds)?;
     write_seeds_and_licence(md, c)
+}
+
+/// The flagged share of the questions no annotator verified, and what the flag means.
+fn write_could_be_right(md: &mut String, rows: &[Row]) -> std::fmt::Result {
+    let unverified = rows
+        .iter()
+        .filter(|r| !r.verified || r.distractors.iter().any(|d| d.1.is_none()))
+        .count();
+    if unverified == 0 {
+        return writeln!(md);
+    }
+    let flagged = rows.iter().filter(|r| r.could_be_right).count();
+    writeln!(
+        md,
+        "- Could be right: {flagged} of {unverified} unverified examples ({:.1}%) have a \
+         distractor that a language model reading the context finds at least as likely as the \
+         real ending, or that restates it; they are marked (`could_be_right` in the JSONL, \
+         `could-be-right` in the regular CSVs). Such a distractor may be a second right answer: \
+         verify those examples, or leave them out, before trusting scores on them.\n",
+        100.0 * flagged as f64 / unverified as f64
+    )
 }
 
 /// Examples, groups and labels per split, and examples per gold source.
@@ -337,8 +359,9 @@ fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
         md,
         "- `train.csv`, `val.csv`, `test.csv` — SWAG's regular columns after an unnamed row-number \
          column (as in the SWAG release): video-id, fold-ind, startphrase, sent1, sent2, gold-source, \
-         ending0..ending3, label (the gold's position, shuffled per example with a seeded generator). \
-         {test}\n\
+         ending0..ending3, label (the gold's position, shuffled per example with a seeded generator), \
+         and afkit's could-be-right (1 when a distractor of an unverified example could be a \
+         second right answer; last, so readers that go by position are not disturbed). {test}\n\
          - `train_full.csv`, `val_full.csv`{} — SWAG's full columns in the release's order: video-id, \
          fold-ind, startphrase, gold-ending, distractor-0..3 (in the order assembly chose them: \
          matched to the gold endings' final scores by default, hardest first with `assemble \
@@ -346,7 +369,7 @@ fn write_files(md: &mut String, layout: &Layout) -> std::fmt::Result {
          distractor-0-type..distractor-3-type (likely/unlikely; empty when unverified or random), \
          sent1, sent2.\n\
          - `jsonl/train.jsonl`, `jsonl/val.jsonl`, `jsonl/test.jsonl` — id, group, sent1, sent2, \
-         startphrase, endings, label, gold_source, verified, and HellaSwag's fields: activity_label \
+         startphrase, endings, label, gold_source, verified, could_be_right, and HellaSwag's fields: activity_label \
          (the group), ctx_a (sent1), ctx_b (sent2), ctx (the startphrase).\n\
          - `lm_eval/` — lm-evaluation-harness tasks `{}` (SWAG-style: the startphrase and \
          ending0..ending3) and `{}` (HellaSwag-style: \"activity_label: ctx\" and the endings).\n\

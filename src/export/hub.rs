@@ -14,7 +14,7 @@ use std::fmt::Write;
 use sha2::{Digest, Sha256};
 
 use super::layout::Layout;
-use crate::dataset::{Split, FULL_COLUMNS, REGULAR_COLUMNS};
+use crate::dataset::{Split, COULD_BE_RIGHT_COLUMN, FULL_COLUMNS, REGULAR_COLUMNS};
 use crate::models::hex;
 
 /// The tag that marks a README.md as an afkit export's card (so `export` may replace its folder).
@@ -75,7 +75,7 @@ fn write_front_matter(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::f
     }
     // The leading index column is for the SWAG release's positional readers; `datasets` skips it.
     writeln!(y, "  usecols:")?;
-    for column in REGULAR_COLUMNS {
+    for column in REGULAR_COLUMNS.into_iter().chain([COULD_BE_RIGHT_COLUMN]) {
         writeln!(y, "  - {}", quoted(column))?;
     }
     // Read empty cells as empty strings and text such as "NA" as text, never as missing values.
@@ -95,8 +95,12 @@ fn write_front_matter(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::f
         .collect();
     write_content(y, meta, &regular)?;
     writeln!(y, "  features:")?;
-    for column in REGULAR_COLUMNS {
-        let dtype = if column == "label" { "int64" } else { "string" };
+    for column in REGULAR_COLUMNS.into_iter().chain([COULD_BE_RIGHT_COLUMN]) {
+        let dtype = if column == "label" || column == COULD_BE_RIGHT_COLUMN {
+            "int64"
+        } else {
+            "string"
+        };
         writeln!(y, "  - name: {}\n    dtype: {dtype}", quoted(column))?;
     }
     writeln!(y, "- config_name: full")?;

@@ -112,7 +112,10 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let (examples, left_out) = examples_to_export(store, options, observer)?;
     let assembly = store.assembly_info()?;
     warn_if_a_newer_af_run(store, assembly, observer)?;
-    let rows = rows::build(&examples, options.seed);
+    let mut rows = rows::build(&examples, options.seed);
+    for (row, ex) in rows.iter_mut().zip(&examples) {
+        row.could_be_right = could_be_right(store, ex)?;
+    }
     let options = &Options {
         layout: options
             .layout
@@ -189,6 +192,17 @@ fn examples_to_export(
         ));
     }
     Ok((examples, left_out))
+}
+
+/// Whether a question could have a second right answer: an unverified one (or any with random
+/// negatives, which no annotator saw) with a shown distractor that could be right
+/// (`crate::risk`). Verified questions never: annotators labelled their distractors.
+fn could_be_right(store: &Store, ex: &AssembledExample) -> Result<bool> {
+    if ex.verified && ex.distractors.iter().all(|d| d.2.is_some()) {
+        return Ok(false);
+    }
+    let shown: Vec<i64> = ex.distractors.iter().take(3).map(|d| d.0).collect();
+    crate::risk::question_could_be_right(store, ex.found_ending_id, &shown)
 }
 
 /// An AF run that finished after the assembly is not in the export: say so, since the card and

@@ -7,7 +7,7 @@ use anyhow::Result;
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
-use crate::dataset::{startphrase, Split, FULL_COLUMNS, REGULAR_COLUMNS};
+use crate::dataset::{startphrase, Split, COULD_BE_RIGHT_COLUMN, FULL_COLUMNS, REGULAR_COLUMNS};
 use crate::seed::{Key, Seed};
 use crate::store::assemble::AssembledExample;
 
@@ -34,6 +34,9 @@ pub struct Row {
     /// The four options in shuffled order and the gold's position among them.
     pub endings: [String; 4],
     pub label: usize,
+    /// An unverified question with a distractor that could be right too (see `crate::risk`);
+    /// never set on verified ones. [`build`] leaves it false: the export sets it.
+    pub could_be_right: bool,
 }
 
 /// Builds the rows of `examples`, shuffling each example's four options with its own seeded
@@ -81,6 +84,7 @@ pub fn build(examples: &[AssembledExample], seed: Seed) -> Vec<Row> {
                     .collect(),
                 endings,
                 label,
+                could_be_right: false,
             }
         })
         .collect()
@@ -144,12 +148,17 @@ fn exported_label(row: &Row, with_labels: bool) -> i64 {
     }
 }
 
-/// SWAG regular CSV: the unnamed index column (0-based row number), then [`REGULAR_COLUMNS`].
+/// SWAG regular CSV: the unnamed index column (0-based row number), then [`REGULAR_COLUMNS`],
+/// then afkit's [`COULD_BE_RIGHT_COLUMN`].
 pub fn regular_csv(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     {
         let mut w = writer(&mut out);
-        w.write_record(std::iter::once("").chain(REGULAR_COLUMNS))?;
+        w.write_record(
+            std::iter::once("")
+                .chain(REGULAR_COLUMNS)
+                .chain([COULD_BE_RIGHT_COLUMN]),
+        )?;
         for (index, r) in rows.iter().enumerate() {
             let mut record = vec![
                 index.to_string(),
@@ -162,6 +171,7 @@ pub fn regular_csv(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
             ];
             record.extend(r.endings.iter().cloned());
             record.push(exported_label(r, with_labels).to_string());
+            record.push(u8::from(r.could_be_right).to_string());
             w.write_record(&record)?;
         }
         w.flush()?;
@@ -221,6 +231,7 @@ struct JsonRow<'a> {
     label: i64,
     gold_source: &'a str,
     verified: bool,
+    could_be_right: bool,
     activity_label: &'a str,
     ctx_a: &'a str,
     ctx_b: &'a str,
@@ -244,6 +255,7 @@ pub fn jsonl(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
                 label: exported_label(r, with_labels),
                 gold_source: &r.gold_source,
                 verified: r.verified,
+                could_be_right: r.could_be_right,
                 activity_label: &r.group,
                 ctx_a: &r.sent1,
                 ctx_b: &r.sent2,
@@ -304,12 +316,12 @@ mod tests {
         let refs: Vec<&Row> = rows.iter().collect();
         let text = String::from_utf8(regular_csv(&refs, true).unwrap()).unwrap();
         assert!(text.starts_with(
-            ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
+            ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label,could-be-right\n"
         ));
         assert!(text.contains("\n0,v1,1,A man walks in. He,A man walks in.,He,unverified,"));
-        assert!(text.ends_with(&format!(",{}\n", rows[0].label)));
+        assert!(text.ends_with(&format!(",{},0\n", rows[0].label)));
         let unlabeled = String::from_utf8(regular_csv(&refs, false).unwrap()).unwrap();
-        assert!(unlabeled.ends_with(",-1\n"), "{unlabeled}");
+        assert!(unlabeled.ends_with(",-1,0\n"), "{unlabeled}");
         let full = String::from_utf8(full_csv(&refs).unwrap()).unwrap();
         assert!(full.starts_with(
             "video-id,fold-ind,startphrase,gold-ending,distractor-0,distractor-1,distractor-2,distractor-3,\

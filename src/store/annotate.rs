@@ -465,6 +465,12 @@ fn cutoff(age: Duration) -> String {
     super::format_timestamp(secs)
 }
 
+/// A session's hand-out preference: per connection, in SQLite's temporary database.
+const HANDOUT_PRIORITY: &str = "CREATE TEMP TABLE IF NOT EXISTS handout_priority (
+    task_id INTEGER PRIMARY KEY,
+    rank    INTEGER NOT NULL UNIQUE
+);";
+
 /// SQL condition: task `t` still wants a submission. Written as the partial index
 /// `tasks_wanting` states it, so that queries with it read that index: finished tasks are never
 /// looked at again, however many there are.
@@ -495,10 +501,27 @@ impl Store {
 }
 
 impl Store {
+    /// Makes this connection hand out the tasks `task_ids` first, in that order (then the rest in
+    /// id order): a session's own preference (`annotate --order risk`), kept in a temporary table
+    /// that other processes never see.
+    pub fn set_handout_priority(&self, task_ids: &[i64]) -> Result<()> {
+        self.conn
+            .execute_batch(&format!("{HANDOUT_PRIORITY} DELETE FROM handout_priority;"))?;
+        let mut stmt = self
+            .conn
+            .prepare("INSERT OR IGNORE INTO handout_priority(task_id, rank) VALUES (?1, ?2)")?;
+        for (rank, id) in task_ids.iter().enumerate() {
+            stmt.execute(params![id, rank as i64])?;
+        }
+        Ok(())
+    }
+
     /// Hands `holder` its next item, atomically: its own unfinished claim first (the item it had on
-    /// screen when it stopped), else the first eligible open task in id order. `None` when nothing
-    /// is left for this annotator.
+    /// screen when it stopped), else the first eligible open task in the session's priority order
+    /// ([`Store::set_handout_priority`]), then in id order. `None` when nothing is left for this
+    /// annotator.
     pub fn claim_next(&mut self, holder: &Holder) -> Result<Option<TaskView>> {
+        self.conn.execute_batch(HANDOUT_PRIORITY)?;
         let tx = self.begin(TransactionBehavior::Immediate)?;
         forget_dead_holders(&tx, holder)?;
         let stale = cutoff(STALE_AFTER);
@@ -525,15 +548,7 @@ impl Store {
         let task = if still_eligible {
             mine
         } else {
-            tx.query_row(
-                &format!(
-                    "SELECT t.id FROM tasks t WHERE {WANTING} AND {TAKES_ANNOTATOR}
-                     ORDER BY t.id LIMIT 1"
-                ),
-                params![holder.annotator, stale],
-                |r| r.get(0),
-            )
-            .optional()?
+            next_wanting(&tx, holder, &stale)?
         };
         tx.execute(
             "DELETE FROM claims WHERE annotator = ?1 AND task_id IS NOT ?2",
@@ -554,6 +569,25 @@ impl Store {
         let view = self.task_view(task)?.expect("claimed task exists");
         tx.commit()?;
         Ok(Some(view))
+    }
+}
+
+/// The first task `holder` may take: in the session's priority order, else in id order.
+fn next_wanting(conn: &Connection, holder: &Holder, stale: &str) -> Result<Option<i64>> {
+    let first = |sql: String| -> Result<Option<i64>> {
+        Ok(conn
+            .query_row(&sql, params![holder.annotator, stale], |r| r.get(0))
+            .optional()?)
+    };
+    let prioritised = first(format!(
+        "SELECT t.id FROM handout_priority p JOIN tasks t ON t.id = p.task_id
+         WHERE {WANTING} AND {TAKES_ANNOTATOR} ORDER BY p.rank LIMIT 1"
+    ))?;
+    match prioritised {
+        Some(task) => Ok(Some(task)),
+        None => first(format!(
+            "SELECT t.id FROM tasks t WHERE {WANTING} AND {TAKES_ANNOTATOR} ORDER BY t.id LIMIT 1"
+        )),
     }
 }
 

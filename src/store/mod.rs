@@ -41,6 +41,7 @@ pub mod export;
 pub mod fixtures;
 pub mod fluency;
 pub mod pool;
+pub mod risk;
 pub mod scorer;
 pub mod status;
 pub mod vector_cache;

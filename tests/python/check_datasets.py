@@ -18,7 +18,8 @@ import datasets
 
 SPLIT_FILES = {"train": "train", "validation": "val", "test": "test"}
 REGULAR = ["video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
-           "ending0", "ending1", "ending2", "ending3", "label"]
+           "ending0", "ending1", "ending2", "ending3", "label", "could-be-right"]
+INT_COLUMNS = ("label", "could-be-right")
 
 
 def fail(message):
@@ -54,9 +55,10 @@ def check_regular(folder, config):
         fail(f"regular: splits {sorted(loaded)}")
     for split, stem in present_splits(folder).items():
         features = loaded[split].features
-        if features["label"].dtype != "int64" or features["fold-ind"].dtype != "string":
+        if any(features[c].dtype != "int64" for c in INT_COLUMNS) \
+                or features["fold-ind"].dtype != "string":
             fail(f"regular/{split}: types {features}")
-        rows = [{c: (int(r[c]) if c == "label" else r[c]) for c in REGULAR}
+        rows = [{c: (int(r[c]) if c in INT_COLUMNS else r[c]) for c in REGULAR}
                 for r in csv_rows(os.path.join(folder, f"{stem}.csv"))]
         check_split(f"regular/{split}", loaded[split], rows, REGULAR)
 
