@@ -24,7 +24,7 @@ use anyhow::{ensure, Context, Result};
 use crate::dataset::startphrase;
 use crate::lm::choice::{ChoiceQuestion, ChoiceScorer};
 use crate::lm::LanguageModel;
-use crate::store::fluency::FluencyFloor;
+use crate::store::fluency::{FluencyFloor, FluencyReadings};
 use crate::store::scorer::UnscoredContext;
 use crate::store::Store;
 
@@ -73,7 +73,7 @@ pub fn hold_to_floor(
     );
     let sha256 = crate::models::sha256_file(&fluency.path)?;
     read_missing(store, run_id, fluency, &sha256, progress)?;
-    let (found, negatives) = store.fluency_per_token(run_id, &sha256)?;
+    let FluencyReadings { found, negatives } = store.fluency_per_token(run_id, &sha256)?;
     ensure!(
         !found.is_empty(),
         "AF run {run_id}: the reader scored no found ending"

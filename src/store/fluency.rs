@@ -24,6 +24,15 @@ pub struct FluencyFloor {
     pub threshold: f64,
 }
 
+/// What a reader model gave an AF run's endings, per token, each in ending order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FluencyReadings {
+    /// The found endings of the run's contexts.
+    pub found: Vec<f64>,
+    /// The assigned negatives, with their ids.
+    pub negatives: Vec<(i64, f64)>,
+}
+
 /// Every ending an AF run's floor reads: the found ending and the assigned negatives of each of
 /// its contexts (`?1` the run), without a score from the model named `?2`.
 const UNREAD: &str = "e.example_id IN (SELECT example_id FROM af_assignments WHERE run_id = ?1)
@@ -106,13 +115,8 @@ impl Store {
     }
 
     /// Per-token log-likelihoods `model` gave AF run `run_id`'s found endings and its assigned
-    /// negatives: `(found, [(negative id, value)])`, each in ending order. Endings of no tokens
-    /// are left out.
-    pub fn fluency_per_token(
-        &self,
-        run_id: i64,
-        model: &str,
-    ) -> Result<(Vec<f64>, Vec<(i64, f64)>)> {
+    /// negatives. Endings of no tokens are left out.
+    pub fn fluency_per_token(&self, run_id: i64, model: &str) -> Result<FluencyReadings> {
         let mut stmt = self.conn.prepare(
             "SELECT e.id, e.is_gold, f.ll_cond / f.n_tok FROM fluency_scores f
              JOIN endings e ON e.id = f.ending_id
@@ -122,8 +126,7 @@ impl Store {
                  (SELECT ending_id FROM af_assignments WHERE run_id = ?1))
              ORDER BY e.id",
         )?;
-        let mut found = Vec::new();
-        let mut negatives = Vec::new();
+        let mut readings = FluencyReadings::default();
         let rows = stmt.query_map(params![run_id, model], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
@@ -133,11 +136,11 @@ impl Store {
         })?;
         for row in rows {
             match row? {
-                (_, true, value) => found.push(value),
-                (id, false, value) => negatives.push((id, value)),
+                (_, true, value) => readings.found.push(value),
+                (id, false, value) => readings.negatives.push((id, value)),
             }
         }
-        Ok((found, negatives))
+        Ok(readings)
     }
 
     /// Records (or replaces) the floor of AF run `run_id`.
@@ -187,8 +190,9 @@ impl Store {
         let Some(floor) = self.fluency_floor(run_id)? else {
             return Ok(HashSet::new());
         };
-        let (_, negatives) = self.fluency_per_token(run_id, &floor.model)?;
-        Ok(negatives
+        Ok(self
+            .fluency_per_token(run_id, &floor.model)?
+            .negatives
             .into_iter()
             .filter(|&(_, value)| value < floor.threshold)
             .map(|(id, _)| id)
