@@ -13,9 +13,11 @@
 //! context has too few others, and counts those contexts. The floor is relative to the project's
 //! own found endings, so it asks of a distractor what the corpus asks of its real endings.
 //!
-//! The reader is not the generator by default: a model finds its own samples likely, slips
-//! included. Reading only the assigned negatives (k per context, not the whole pool) keeps the
-//! cost to a few minutes per thousand contexts.
+//! The reader should not be the generator: a model finds its own samples likely, slips
+//! included. It reads only the assigned negatives (k per context, not the whole pool), which
+//! keeps the cost to minutes per thousand contexts, and is also why the floor is not on by
+//! default: among 9 assigned negatives the fluent ones are also the ones likelier to be a second
+//! right answer, so read blind the floor traded broken distractors for plausible ones.
 
 use std::path::PathBuf;
 
@@ -27,10 +29,6 @@ use crate::lm::LanguageModel;
 use crate::store::fluency::{FluencyFloor, FluencyReadings};
 use crate::store::scorer::UnscoredContext;
 use crate::store::Store;
-
-/// The reader `filter` uses unless told otherwise: another family than the default generator,
-/// twice its size.
-pub const DEFAULT_READER: &str = "gemma3";
 
 /// Share of the found endings allowed under the floor by default.
 pub const DEFAULT_QUANTILE: f64 = 0.2;

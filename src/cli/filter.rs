@@ -147,17 +147,19 @@ pub struct FilterArgs {
     /// Faster, and language models then find the real ending more often.
     #[arg(long, conflicts_with = "scorers", help_heading = MODELS)]
     pub no_scorer: bool,
-    /// Language model that holds distractors to a fluency floor, or `none`.
+    /// Language model that holds distractors to a fluency floor: `gemma3`, `smollm2`, a GGUF
+    /// file, or `none` (the default).
     ///
-    /// `gemma3` (the default), `smollm2` or the path of a GGUF file. After AF it reads every
-    /// found ending and assigned negative after its context; negatives it finds less likely per
-    /// token than all but --fluency-quantile of the found endings are refused: `assemble
-    /// --unverified` takes them only for a context with too few others. Read once per ending
-    /// and stored; another quantile reads nothing again. `none` takes negatives as AF left them.
+    /// After AF it reads every found ending and assigned negative after its context; negatives
+    /// it finds less likely per token than all but --fluency-quantile of the found endings are
+    /// refused: `assemble --unverified` takes them only for a context with too few others. Read
+    /// once per ending and stored; another quantile reads nothing again. Off by default: it
+    /// removes broken distractors but leaves more that could be right (docs/recipe.md).
     #[arg(
         long,
         value_name = "MODEL",
-        default_value = af::fluency::DEFAULT_READER,
+        default_value = "none",
+        hide_short_help = true,
         help_heading = MODELS
     )]
     pub fluency_reader: String,

@@ -20,10 +20,10 @@ pub enum FetchWhich {
     Smollm2,
     /// all-MiniLM-L6-v2, the default sentence encoder.
     Minilm,
-    /// Gemma-3-270M (Q4_K_M GGUF), the default fluency reader of `filter`; also a scorer or
-    /// generator from another family.
+    /// Gemma-3-270M (Q4_K_M GGUF), a scorer, fluency reader or generator from another family;
+    /// not in `all`.
     Gemma3,
-    /// SmolLM2, MiniLM and Gemma-3-270M, the models the default pipeline uses.
+    /// SmolLM2 and MiniLM, the models the default pipeline uses.
     All,
 }
 
