@@ -1047,7 +1047,28 @@ fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_ex
     // context 1: 5 could be right, which leaves three safe ones; context 2 has none.
     make_risky(&p, &ctxs[0], 6);
     make_risky(&p, &ctxs[1], 5);
+    // By default the order stays AF's (here the hardest first) and a question showing one that
+    // could be right is flagged: contexts 0 and 1.
     let s = p.assemble(&["--unverified", "--seed", "1", "--distractors", "hardest"]);
+    assert_eq!(s["could_be_right_flagged"], 2, "{s}");
+    assert_eq!(
+        p.assembled()
+            .iter()
+            .find(|a| a.1 == ctxs[0].found)
+            .unwrap()
+            .3,
+        ctxs[0].cands[..4].to_vec()
+    );
+    let avoid = ["--could-be-right", "avoid"];
+    let s = p.assemble(&[
+        "--unverified",
+        "--seed",
+        "1",
+        "--distractors",
+        "hardest",
+        avoid[0],
+        avoid[1],
+    ]);
     assert_eq!(s["could_be_right_flagged"], 1, "{s}");
     assert_eq!(s["could_be_right_left_out"], 0);
     assert_eq!(s["unjudged_negatives"], 0);
@@ -1072,7 +1093,15 @@ fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_ex
             .collect::<Vec<_>>()
     );
     assert_eq!(of(&ctxs[2]), ctxs[2].cands[..4].to_vec());
-    let printed = ok(&["assemble", p.p(), "--unverified", "--seed", "1"]);
+    let printed = ok(&[
+        "assemble",
+        p.p(),
+        "--unverified",
+        "--seed",
+        "1",
+        avoid[0],
+        avoid[1],
+    ]);
     assert!(printed.contains("could be right"), "{printed}");
     assert!(
         printed.contains(": 1 flagged of 24 questions, 0 left out"),
@@ -1125,13 +1154,19 @@ fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_ex
     assert!(md.contains("flagged could-be-right by the export"), "{md}");
 
     // Left out instead of flagged: the question is gone, and so is its flag.
-    let s = p.assemble(&["--unverified", "--seed", "1", "--leave-out-could-be-right"]);
+    let s = p.assemble(&[
+        "--unverified",
+        "--seed",
+        "1",
+        "--could-be-right",
+        "leave-out",
+    ]);
     assert_eq!(s["could_be_right_left_out"], 1, "{s}");
     assert_eq!(s["could_be_right_flagged"], 0);
     assert_eq!(p.assembled().len(), 23);
     assert!(p.assembled().iter().all(|a| a.1 != ctxs[0].found));
     let help = ok(&["assemble", "--help"]);
-    assert!(help.contains("--leave-out-could-be-right"), "{help}");
+    assert!(help.contains("--could-be-right"), "{help}");
 }
 
 #[test]

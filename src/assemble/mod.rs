@@ -8,10 +8,9 @@
 //! scores); (3) queue the items that need re-annotation as new tasks; (4) record the parameters.
 //!
 //! Unverified assembly never silently keeps a negative that could be right (see [`crate::risk`]):
-//! each context's distractors are the ones that could not be right first, in the order of
-//! [`DistractorChoice`], then the others; a question that needs one of those among its three
-//! shown distractors is flagged (counted in the summary; export marks it), or left out with
-//! `leave_out_could_be_right`.
+//! a question with one among its three shown distractors is flagged (counted in the summary;
+//! export marks it). [`CouldBeRight::Avoid`] takes the negatives that could not be right first,
+//! [`CouldBeRight::LeaveOut`] also leaves out a question that still needs one.
 //!
 //! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
 //! endings of the context's pool that the AF run scored and annotators never saw, taken in the
@@ -75,7 +74,7 @@ pub struct Summary {
     /// (export flags them).
     pub could_be_right_flagged: usize,
     /// Unverified questions left out because three distractors that could not be right were not
-    /// to be had (only with `leave_out_could_be_right`).
+    /// to be had (only with [`CouldBeRight::LeaveOut`]).
     pub could_be_right_left_out: usize,
     /// Assigned negatives of unverified questions that no stored evidence could judge (no
     /// likelihood of both endings from one model, no sentence vectors): taken as if safe.
@@ -93,9 +92,24 @@ pub struct Config {
     pub unverified: bool,
     /// The order in which candidates become distractors, verified or not.
     pub distractors: DistractorChoice,
-    /// With `unverified`: leave out a question that cannot get three distractors that could not
-    /// be right, instead of keeping it flagged.
-    pub leave_out_could_be_right: bool,
+    /// With `unverified`: what becomes of negatives that could be right.
+    pub could_be_right: CouldBeRight,
+}
+
+/// What unverified assembly does with assigned negatives that could be right.
+#[derive(
+    clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum CouldBeRight {
+    /// Keep the distractors' order and flag a question that shows one (the default): read
+    /// blind, taking them last made an export no more valid and easier for language models.
+    #[default]
+    Flag,
+    /// Take them last, and flag a question that still shows one.
+    Avoid,
+    /// Take them last, and leave out a question that still needs one.
+    LeaveOut,
 }
 
 /// What `assemble` reports while it works. Every method has a default that does nothing.
@@ -118,10 +132,14 @@ struct Recorded {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     distractors: Option<DistractorChoice>,
     af_run: i64,
-    /// Whether unverified questions that could have a second right answer were left out (absent:
-    /// they were kept, flagged, or the assembly predates the judgement).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    leave_out_could_be_right: bool,
+    /// What became of unverified negatives that could be right (absent: flagged, or the
+    /// assembly predates the judgement).
+    #[serde(default, skip_serializing_if = "is_flag")]
+    could_be_right: CouldBeRight,
+}
+
+fn is_flag(policy: &CouldBeRight) -> bool {
+    *policy == CouldBeRight::Flag
 }
 
 /// Runs the whole assembly in one transaction; see the module docs.
@@ -131,7 +149,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         seed,
         unverified,
         distractors,
-        leave_out_could_be_right,
+        could_be_right,
     } = *config;
     let Some(run) = store.latest_finished_af_run()? else {
         bail!(
@@ -164,7 +182,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let mut built = if unverified {
         let guard = Guard {
             store,
-            leave_out: leave_out_could_be_right,
+            policy: could_be_right,
         };
         assemble_unverified(&examples, &run_data, &order, &guard, &mut summary)?
     } else {
@@ -189,7 +207,11 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         unverified,
         distractors: Some(distractors),
         af_run: run.id,
-        leave_out_could_be_right: unverified && leave_out_could_be_right,
+        could_be_right: if unverified {
+            could_be_right
+        } else {
+            CouldBeRight::Flag
+        },
     };
     store.commit_assembly(&Assembly {
         splits: &splits,
@@ -364,15 +386,15 @@ impl DistractorOrder {
 /// How unverified assembly treats negatives that could be right (see [`crate::risk`]).
 struct Guard<'a> {
     store: &'a Store,
-    /// Leave out a question that cannot be filled without one, instead of flagging it.
-    leave_out: bool,
+    policy: CouldBeRight,
 }
 
 impl Guard<'_> {
     /// The context's candidates in the order they become distractors, each part in `order`'s
-    /// order: those that could not be right and are above the run's fluency floor, then those
-    /// under it, then those that could be right (a second right answer is worse than a clumsy
-    /// wrong one); and whether one that could be right is among the three a question shows.
+    /// order: those above the run's fluency floor before those under it, and with `Avoid` or
+    /// `LeaveOut` those that could not be right before all that could (a second right answer
+    /// is worse than a clumsy wrong one); and whether one that could be right is among the
+    /// three a question shows.
     fn order(
         &self,
         order: &DistractorOrder,
@@ -386,27 +408,31 @@ impl Guard<'_> {
             .values()
             .filter(|j| j.verdict == crate::risk::Verdict::Unjudged)
             .count();
-        let (risky, safe): (Vec<i64>, Vec<i64>) = candidates
-            .iter()
-            .copied()
-            .partition(|e| judged[e].could_be_right());
-        let flagged = safe.len() < 3;
+        let risky = |e: &i64| judged[e].could_be_right();
         let under_floor = |e: &i64| run.refused.contains(e);
-        let (safe_under, safe_fluent): (Vec<i64>, Vec<i64>) =
-            safe.into_iter().partition(under_floor);
-        let (risky_under, risky_fluent): (Vec<i64>, Vec<i64>) =
-            risky.into_iter().partition(under_floor);
+        let avoid = self.policy != CouldBeRight::Flag;
+        let tier = |e: &i64| 2 * usize::from(avoid && risky(e)) + usize::from(under_floor(e));
         let none = HashMap::new();
-        let mut chosen = order.order(example, run, &safe_fluent, &none, "distractors");
-        for (part, draw) in [
-            (safe_under, "under the floor"),
-            (risky_fluent, "could be right"),
-            (risky_under, "could be right, under the floor"),
-        ] {
+        let mut chosen = Vec::with_capacity(candidates.len());
+        for (level, draw) in [
+            "distractors",
+            "under the floor",
+            "could be right",
+            "could be right, under the floor",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let part: Vec<i64> = candidates
+                .iter()
+                .copied()
+                .filter(|e| tier(e) == level)
+                .collect();
             if !part.is_empty() {
                 chosen.extend(order.order(example, run, &part, &none, draw));
             }
         }
+        let flagged = chosen.iter().take(3).any(risky);
         Ok((chosen, flagged))
     }
 }
@@ -431,7 +457,7 @@ fn assemble_unverified(
         }
         let fold = run.folds.get(&ex.id).copied();
         let (chosen, flagged) = guard.order(order, ex, run, assigned, summary)?;
-        if flagged && guard.leave_out {
+        if flagged && guard.policy == CouldBeRight::LeaveOut {
             summary.could_be_right_left_out += 1;
             continue;
         }

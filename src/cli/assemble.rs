@@ -27,11 +27,11 @@ fractions are unchanged.
 Unverified questions and distractors that could be right: a wrong answer could be right when a \
 language model reading the context (a --scorer model of `afkit filter`, else the generator) finds \
 it at least as likely per token as the found ending, or when its sentence vector nearly restates \
-the found ending (cosine 0.8 or more). With --unverified the distractors are taken among the \
-assigned negatives that could not be right first; a question that cannot be filled without one \
-is kept and flagged (its `could_be_right` field in the export is true; the summary counts them), \
-or left out with --leave-out-could-be-right. Verified questions are never flagged: annotators \
-labelled their distractors."
+the found ending (cosine 0.8 or more). With --unverified a question that shows one is flagged \
+(its `could_be_right` field in the export is true; the summary counts them); --could-be-right \
+avoid takes such negatives last, leave-out also leaves out a question that still needs one. Taking \
+them last made an export no more valid to a blind reader and easier for language models, hence \
+not the default. Verified questions are never flagged: annotators labelled their distractors."
 )]
 pub struct Args {
     /// The project file.
@@ -40,10 +40,20 @@ pub struct Args {
     /// negatives (see --distractors), marked unverified.
     #[arg(long)]
     pub unverified: bool,
-    /// With --unverified: leave out a question that cannot get three distractors that could not
-    /// be right, instead of keeping it flagged (see below).
-    #[arg(long, requires = "unverified")]
-    pub leave_out_could_be_right: bool,
+    /// With --unverified, negatives that could be right: `flag`, `avoid` or `leave-out`.
+    ///
+    /// flag (the default): keep the distractors' order and flag a question that shows one.
+    /// avoid: take them last, flag a question that still shows one. leave-out: take them last,
+    /// leave out a question that still needs one (see below).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHAT",
+        default_value_t,
+        requires = "unverified",
+        hide_possible_values = true
+    )]
+    pub could_be_right: assemble::CouldBeRight,
     /// How the distractors are chosen: `matched` to the found endings' scores, or `hardest`.
     ///
     /// They are chosen among the assigned negatives with --unverified, else among those the
@@ -76,7 +86,7 @@ pub fn run(args: Args) -> Result<()> {
         seed: args.seed,
         unverified: args.unverified,
         distractors: args.distractors,
-        leave_out_could_be_right: args.leave_out_could_be_right,
+        could_be_right: args.could_be_right,
     };
     let summary = assemble::run(&mut store, &config, &mut Notes)?;
     if args.json {
