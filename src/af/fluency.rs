@@ -21,11 +21,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
+
+use super::scorer::read_in_batches;
 
 use crate::dataset::startphrase;
 use crate::lm::choice::{ChoiceQuestion, ChoiceScorer};
-use crate::lm::LanguageModel;
 use crate::store::fluency::{FluencyFloor, FluencyReadings};
 use crate::store::scorer::UnscoredContext;
 use crate::store::Store;
@@ -111,27 +112,16 @@ fn read_missing(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let missing = store.count_unread_for_fluency(run_id, sha256)?;
-    if missing == 0 {
-        return Ok(());
-    }
-    let model = LanguageModel::load(&fluency.path)
-        .with_context(|| format!("cannot load the fluency reader {}", fluency.reader))?;
-    let choice = ChoiceScorer::new(&model)?;
-    let mut done = 0;
-    progress(done, missing);
-    loop {
-        crate::interrupt::check()?;
-        let batch = store.contexts_unread_for_fluency(run_id, sha256, BATCH_CONTEXTS)?;
-        if batch.is_empty() {
-            break;
-        }
-        let rows = read_contexts(&choice, &batch)
-            .with_context(|| format!("fluency reader {}", fluency.reader))?;
-        store.put_fluency_scores(sha256, &rows)?;
-        done += rows.len();
-        progress(done.min(missing), missing);
-    }
-    Ok(())
+    let name = format!("the fluency reader {}", fluency.reader);
+    read_in_batches(
+        store,
+        &fluency.path,
+        &name,
+        missing,
+        progress,
+        &|store| store.contexts_unread_for_fluency(run_id, sha256, BATCH_CONTEXTS),
+        &|choice, batch, store| store.put_fluency_scores(sha256, &read_contexts(choice, batch)?),
+    )
 }
 
 /// Each context's endings read after its startphrase (the contexts run in parallel).

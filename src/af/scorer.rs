@@ -10,7 +10,7 @@
 //! (how much the context makes the ending likelier). Every ending is scored once per model and
 //! stored ([`crate::store::scorer`]), so a resumed or repeated run reads the scores.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -77,27 +77,54 @@ pub fn store_scorer_scores(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let missing = store.count_endings_without_scorer_score(&scorer.sha256)?;
+    let name = format!("scorer model {}", scorer.name);
+    read_in_batches(
+        store,
+        &scorer.path,
+        &name,
+        missing,
+        progress,
+        &|store| store.contexts_without_scorer_scores(&scorer.sha256, BATCH_CONTEXTS),
+        &|choice, batch, store| {
+            store.put_scorer_scores(&scorer.sha256, &score_contexts(choice, batch)?)
+        },
+    )
+}
+
+/// Reads a batch of contexts with the model and stores what it read.
+pub(super) type ReadAndPut<'a> =
+    dyn Fn(&ChoiceScorer, &[UnscoredContext], &mut Store) -> Result<()> + 'a;
+
+/// Reads `missing` endings with the model at `path` (named `name` in errors), a batch of
+/// contexts from `next` at a time until it returns none, each batch read and committed by
+/// `read_and_put` (which returns nothing: the batch's endings count as done). The model is
+/// loaded only when something is missing; `progress` hears endings done and `missing`.
+pub(super) fn read_in_batches(
+    store: &mut Store,
+    path: &Path,
+    name: &str,
+    missing: usize,
+    progress: &mut dyn FnMut(usize, usize),
+    next: &dyn Fn(&Store) -> Result<Vec<UnscoredContext>>,
+    read_and_put: &ReadAndPut<'_>,
+) -> Result<()> {
     if missing == 0 {
         return Ok(());
     }
-    let model = LanguageModel::load(&scorer.path)
-        .with_context(|| format!("cannot load scorer model {}", scorer.name))?;
+    let model = LanguageModel::load(path).with_context(|| format!("cannot load {name}"))?;
     let choice = ChoiceScorer::new(&model)?;
     let mut done = 0;
     progress(done, missing);
     loop {
         crate::interrupt::check()?;
-        let batch = store.contexts_without_scorer_scores(&scorer.sha256, BATCH_CONTEXTS)?;
+        let batch = next(store)?;
         if batch.is_empty() {
-            break;
+            return Ok(());
         }
-        let rows = score_contexts(&choice, &batch)
-            .with_context(|| format!("scorer model {}", scorer.name))?;
-        store.put_scorer_scores(&scorer.sha256, &rows)?;
-        done += rows.len();
+        read_and_put(&choice, &batch, store).with_context(|| name.to_string())?;
+        done += batch.iter().map(|c| c.endings.len()).sum::<usize>();
         progress(done.min(missing), missing);
     }
-    Ok(())
 }
 
 /// Each context's endings scored after its startphrase and after the document start alone (the
