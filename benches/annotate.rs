@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use afkit::store::fixtures::Fixtures;
-use afkit::store::Store;
+use afkit_store::fixtures::Fixtures;
+use afkit_store::Store;
 
 const BIN: &str = env!("CARGO_BIN_EXE_afkit");
 

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use afkit::lm::linear::{Kernel, PackedMatrix};
+use afkit_engine::lm::linear::{Kernel, PackedMatrix};
 use candle_core::{Device, Tensor};
 
 const DECODE_ROWS: [usize; 5] = [8, 32, 64, 128, 256];

@@ -1,3 +1,7 @@
+//! The `afkit` command: the command line over the stage crates.
+
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    afkit::cli::main()
+    cli::main()
 }

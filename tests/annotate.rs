@@ -7,7 +7,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use afkit::store::Store;
+use afkit_store::Store;
 use common::tmux::Tmux;
 use common::{afkit, command, query_i64, BIN};
 use rusqlite::Connection;
@@ -571,7 +571,7 @@ fn order_risk_hands_out_the_items_whose_negatives_could_be_right_first() {
     // contexts get negatives at least as likely as their found ending, one more than the other.
     let risky = |c: &common::Ctx, n: usize| {
         for &e in &c.cands[..n] {
-            afkit::store::fixtures::Fixtures::on(&p.conn)
+            afkit_store::fixtures::Fixtures::on(&p.conn)
                 .set_lp_cond(e, -1.0)
                 .unwrap();
         }

@@ -7,8 +7,8 @@ use crate::common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use afkit::dataset::REGULAR_COLUMNS;
-use afkit::store::fixtures::Fixtures;
+use afkit_store::dataset::REGULAR_COLUMNS;
+use afkit_store::fixtures::Fixtures;
 use common::{afkit, example_texts, fails, ok, read, unverified_project, Ctx, Project};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -736,7 +736,7 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".afkit") && n != afkit::output::LEDGER)
+        .filter(|n| n.starts_with(".afkit") && n != afkit_engine::output::LEDGER)
         .collect();
     assert!(
         leftovers.is_empty(),

@@ -6,12 +6,12 @@ use crate::common;
 
 use std::path::Path;
 
-use afkit::audit::cv::{cross_validate, Baseline, CvReport, CvResult, Embedder};
-use afkit::audit::dataset::Question;
-use afkit::audit::grams::View;
-use afkit::audit::Silent;
-use afkit::dataset::REGULAR_COLUMNS;
-use afkit::seed::Seed;
+use afkit_audit::cv::{cross_validate, Baseline, CvReport, CvResult, Embedder};
+use afkit_audit::dataset::Question;
+use afkit_audit::grams::View;
+use afkit_audit::Silent;
+use afkit_engine::seed::Seed;
+use afkit_store::dataset::REGULAR_COLUMNS;
 use common::afkit;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};

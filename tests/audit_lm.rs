@@ -9,11 +9,11 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use afkit::audit::dataset::read_split;
-use afkit::audit::lm::{score_questions, Posed};
-use afkit::dataset::startphrase;
-use afkit::lm::choice::OptionScores;
-use afkit::lm::LanguageModel;
+use afkit_audit::dataset::read_split;
+use afkit_audit::lm::{score_questions, Posed};
+use afkit_engine::lm::choice::OptionScores;
+use afkit_engine::lm::LanguageModel;
+use afkit_store::dataset::startphrase;
 use common::{command, ok, run_ok, tiny_gguf, unverified_project};
 use serde_json::Value;
 
@@ -332,10 +332,10 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[ignore = "needs lm-evaluation-harness: AFKIT_LM_EVAL_PYTHON=PYTHON cargo test --release -- --ignored acc_equals_the_harness"]
 fn acc_equals_the_harness_on_the_same_export_and_model() {
     let python = harness_python();
-    afkit::models::DefaultModel::SmolLm2
+    afkit_engine::models::DefaultModel::SmolLm2
         .ensure()
         .expect("fetch SmolLM2");
-    let model = afkit::models::DefaultModel::smollm2_gguf();
+    let model = afkit_engine::models::DefaultModel::smollm2_gguf();
     let dir = tempfile::tempdir().unwrap();
     let export = match std::env::var_os("AFKIT_LM_EVAL_DATASET") {
         Some(given) => PathBuf::from(given),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use afkit::store::Store;
+use afkit_store::Store;
 use common::tmux::Tmux;
 use common::{
     afkit, arg, command, crowd_item, examples_project, fails, ok, query_i64, stderr, succeeded,

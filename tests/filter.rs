@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use afkit::store::af::{Family, HeadAccuracy};
-use afkit::store::examples::NewExample;
-use afkit::store::fixtures::Fixtures;
-use afkit::store::Store;
+use afkit_store::af::{Family, HeadAccuracy};
+use afkit_store::examples::NewExample;
+use afkit_store::fixtures::Fixtures;
+use afkit_store::Store;
 use common::{afkit, arg, command, query_i64, run_ok, stderr};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -214,7 +214,7 @@ fn filter_args(project: &Path, extra: &[&str]) -> Vec<String> {
 #[derive(Debug, PartialEq)]
 struct RunState {
     iterations: Vec<(usize, Family, usize, usize, HeadAccuracy)>,
-    swaps: Vec<(usize, afkit::store::af::Swap)>,
+    swaps: Vec<(usize, afkit_store::af::Swap)>,
     assignment: BTreeMap<i64, Vec<i64>>,
     scores: BTreeMap<i64, f64>,
     folds: BTreeMap<i64, usize>,
@@ -584,7 +584,7 @@ fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
 /// with its endings in id order and the same standardised LM features.
 #[test]
 fn dataset_streams_every_pool_whole_with_or_without_text() {
-    use afkit::af::data::{Dataset, EncodeConfig};
+    use afkit_filter::data::{Dataset, EncodeConfig};
     let dir = tempfile::tempdir().unwrap();
     let spec = PoolSpec {
         contexts: 1100,
@@ -640,8 +640,8 @@ fn dataset_streams_every_pool_whole_with_or_without_text() {
 /// another encoder made (an older afkit's f32 build) is not used: it is made again.
 #[test]
 fn sentence_vectors_are_stored_once_for_every_pool_ending() {
-    use afkit::af::data::{store_sentence_vectors, Dataset, EncodeConfig};
-    use afkit::embed::ENCODER;
+    use afkit_engine::embed::ENCODER;
+    use afkit_filter::data::{store_sentence_vectors, Dataset, EncodeConfig};
     let dir = tempfile::tempdir().unwrap();
     let spec = PoolSpec {
         contexts: 12,
@@ -713,7 +713,7 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
 /// vectors from the cache instead of embedding them.
 #[test]
 fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
-    use afkit::af::data::store_sentence_vectors;
+    use afkit_filter::data::store_sentence_vectors;
     let dir = tempfile::tempdir().unwrap();
     let cache_dir = dir.path().join("cache");
     let spec = PoolSpec {
@@ -767,9 +767,9 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
 
 /// Runs AF in-process with tiny models on `project`.
 fn filter_in_process(project: &Path, k: usize, seed: u64) {
-    let mut config = afkit::af::Config {
+    let mut config = afkit_filter::Config {
         k,
-        seed: afkit::seed::Seed::new(seed),
+        seed: afkit_engine::seed::Seed::new(seed),
         mlp_iterations: 2,
         ensemble_iterations: 1,
         ..Default::default()
@@ -778,7 +778,7 @@ fn filter_in_process(project: &Path, k: usize, seed: u64) {
     config.train.mlp_epochs = 2;
     config.train.ensemble_epochs = 1;
     config.train.batch_contexts = 8;
-    config.train.model = afkit::af::model::ModelConfig {
+    config.train.model = afkit_filter::model::ModelConfig {
         word_dim: 8,
         mlp_hidden: 8,
         ensemble_hidden: 8,
@@ -787,7 +787,7 @@ fn filter_in_process(project: &Path, k: usize, seed: u64) {
         ..Default::default()
     };
     let mut store = Store::open(project).unwrap();
-    afkit::af::run(&mut store, &config, &mut afkit::af::Silent).unwrap();
+    afkit_filter::run(&mut store, &config, &mut afkit_filter::Silent).unwrap();
 }
 
 proptest! {
@@ -905,11 +905,11 @@ fn scorer_margin(project: &Path, per_char: &PerChar) -> f64 {
 /// and it is the harness-style reading of `lm::choice`.
 #[test]
 fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
-    use afkit::lm::choice::{ChoiceQuestion, ChoiceScorer};
+    use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 
     let dir = tempfile::tempdir().unwrap();
     let gguf = common::tiny_gguf(dir.path(), 64, 2);
-    let model = afkit::lm::LanguageModel::load(&gguf).unwrap();
+    let model = afkit_engine::lm::LanguageModel::load(&gguf).unwrap();
     let scorer = ChoiceScorer::new(&model).unwrap();
     let mut per_char = PerChar::new();
     let mut gold_ll = std::collections::HashMap::new();
@@ -928,7 +928,7 @@ fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
             texts.insert(plain_ending(rng));
         }
         let texts: Vec<String> = texts.into_iter().collect();
-        let context = afkit::dataset::startphrase(&sent1, &sent2);
+        let context = afkit_store::dataset::startphrase(&sent1, &sent2);
         let scores = scorer
             .score(&ChoiceQuestion {
                 context: &context,
@@ -1042,7 +1042,7 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
     words.sort();
     words.dedup();
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
-    afkit::embed::cross_encoder::write_random_bert(&bert, &words, 4).unwrap();
+    afkit_engine::fixtures::write_random_bert(&bert, &words, 4).unwrap();
     let spec = PoolSpec {
         contexts: 60,
         candidates: 8,
@@ -1193,7 +1193,7 @@ fn a_discriminator_model_that_does_not_load_fails_before_any_run_is_marked_runni
 /// reads nothing again; `--fluency-reader none` forgets the floor.
 #[test]
 fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
-    use afkit::lm::choice::{ChoiceQuestion, ChoiceScorer};
+    use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 
     let dir = tempfile::tempdir().unwrap();
     let gguf = common::tiny_gguf(dir.path(), 64, 2);
@@ -1252,8 +1252,8 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap();
-    let model = afkit::lm::LanguageModel::load(&gguf).unwrap();
-    let context = afkit::dataset::startphrase(&sent1, &sent2);
+    let model = afkit_engine::lm::LanguageModel::load(&gguf).unwrap();
+    let context = afkit_store::dataset::startphrase(&sent1, &sent2);
     let options = [text];
     let expected = ChoiceScorer::new(&model)
         .unwrap()

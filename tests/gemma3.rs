@@ -7,8 +7,8 @@
 
 use std::sync::OnceLock;
 
-use afkit::lm::LanguageModel;
-use afkit::models::{sha256_file, DefaultModel};
+use afkit_engine::lm::LanguageModel;
+use afkit_engine::models::{sha256_file, DefaultModel};
 use serde_json::Value;
 
 /// Largest difference in one token's log-probability (nats): both sides dequantise the same

@@ -9,12 +9,12 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use afkit::device::Compute;
-use afkit::lm::model::LanguageModel;
-use afkit::lm::sampler::{acceptable_ending, SampledEnding};
-use afkit::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
-use afkit::models::DefaultModel;
-use afkit::store::Store;
+use afkit_engine::device::Compute;
+use afkit_engine::lm::model::LanguageModel;
+use afkit_engine::lm::sampler::{acceptable_ending, SampledEnding};
+use afkit_engine::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
+use afkit_engine::models::DefaultModel;
+use afkit_store::Store;
 use common::{command, examples_project as project, query_i64, run_ok, tiny_gguf};
 use serde_json::Value;
 

@@ -122,7 +122,7 @@ fn activitynet_pairs_are_split_stored_and_dropped_by_reason() {
     assert_eq!(s["examples"], 3);
     assert_eq!(s["dropped"]["no_verb_phrase"], 1);
 
-    let store = afkit::store::Store::open(&project).unwrap();
+    let store = afkit_store::Store::open(&project).unwrap();
     let got: Vec<(String, String, String, String)> = store
         .examples()
         .unwrap()
@@ -176,7 +176,7 @@ fn jsonl_and_swag_csv_ingest_and_reingest_idempotently() {
     let summary = ingest(&project, "jsonl", &[&jsonl]);
     assert_eq!(summary["kept"], 2, "{summary}");
     assert_eq!(summary["dropped"]["short_context"], 1, "{summary}");
-    let store = afkit::store::Store::open(&project).unwrap();
+    let store = afkit_store::Store::open(&project).unwrap();
     let ex = store.examples().unwrap();
     assert_eq!((ex[0].ext_id.as_str(), ex[0].group.as_str()), ("a", "a"));
     assert_eq!(

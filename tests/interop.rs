@@ -216,7 +216,7 @@ fn folder_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 fn ext_ids(path: &Path) -> Vec<String> {
-    let mut ids: Vec<String> = afkit::store::Store::open(path)
+    let mut ids: Vec<String> = afkit_store::Store::open(path)
         .unwrap()
         .examples()
         .unwrap()
@@ -331,7 +331,7 @@ fn hellaswag_jsonl_ingests_with_its_own_field_names() {
     assert!(example_texts(&project).is_empty(), "nothing half-written");
     std::fs::write(&file, format!("{}\n", line(24, "3"))).unwrap();
     assert!(ingest(&file).status.success());
-    let examples = afkit::store::Store::open(&project)
+    let examples = afkit_store::Store::open(&project)
         .unwrap()
         .examples()
         .unwrap();

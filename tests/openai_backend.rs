@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use afkit::lm::model::LanguageModel;
+use afkit_engine::lm::model::LanguageModel;
 use common::{command, examples_project, query_i64, succeeded, tiny_gguf};
 use serde_json::{json, Value};
 
@@ -57,7 +57,7 @@ const PLACES: [&str; 6] = [
 
 /// A completion for `seed`, tokenised by the scoring model so that its log-probs line up; the
 /// stop string is cut from the text but kept in the token log, as llama-cpp-python's server does.
-fn completion(tok: &afkit::lm::tokenizer::GgufTokenizer, seed: u64) -> Value {
+fn completion(tok: &afkit_engine::lm::tokenizer::GgufTokenizer, seed: u64) -> Value {
     let ending = format!(
         " {} to {}.",
         VERBS[(seed % 6) as usize],
@@ -456,7 +456,9 @@ fn a_failing_context_is_reported_and_never_stored_partially() {
 fn real_server_generates_a_pool() {
     let url = std::env::var("AFKIT_OPENAI_TEST_URL")
         .expect("AFKIT_OPENAI_TEST_URL names the server this test generates with");
-    afkit::models::DefaultModel::SmolLm2.ensure().unwrap();
+    afkit_engine::models::DefaultModel::SmolLm2
+        .ensure()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let project = project(dir.path(), 2);
     let out = command()
@@ -504,7 +506,7 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
     let fold_of = |context: &str| -> usize {
         // "A man number I stands ...": the context's group is exI.
         let i: usize = context.split_whitespace().nth(3).unwrap().parse().unwrap();
-        afkit::dataset::group_fold(afkit::seed::Seed::new(5), &format!("ex{i}"), 2)
+        afkit_store::dataset::group_fold(afkit_engine::seed::Seed::new(5), &format!("ex{i}"), 2)
     };
     let tokenizer = LanguageModel::load(&scorer).unwrap().tokenizer;
     // The context a request is for: the sampling prompt's last one, or for an echo request (the
@@ -760,7 +762,9 @@ impl LlamaServer {
     ignore = "needs the default model, and AFKIT_TEST_OFFLINE is set"
 )]
 fn llama_server_samples_each_fold_with_its_adapter() {
-    let model_dir = afkit::models::DefaultModel::SmolLm2.ensure().unwrap();
+    let model_dir = afkit_engine::models::DefaultModel::SmolLm2
+        .ensure()
+        .unwrap();
     let model = std::fs::read_dir(&model_dir)
         .unwrap()
         .map(|e| e.unwrap().path())

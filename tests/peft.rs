@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use afkit::device::Compute;
-use afkit::lm::adapter::{Adapter, BaseModel};
-use afkit::lm::LanguageModel;
+use afkit_engine::device::Compute;
+use afkit_engine::lm::adapter::{Adapter, BaseModel};
+use afkit_engine::lm::LanguageModel;
 use candle_core::{Device, Tensor};
 use rand_distr::{Distribution, Normal};
 
@@ -29,12 +29,12 @@ fn peft_python() -> PathBuf {
 /// An adapter of every matrix of the top layer with random A and B (a trained adapter would do
 /// as well; random ones change every output, so the check is not helped by a small update).
 fn random_adapter(model: &std::path::Path, layer: usize) -> Adapter {
-    let (content, _, _) = afkit::lm::model::read_header(model).unwrap();
+    let (content, _, _) = afkit_engine::lm::model::read_header(model).unwrap();
     let normal = Normal::new(0.0f32, 0.1).unwrap();
-    let mut rng = afkit::seed::Seed::new(3).rng();
+    let mut rng = afkit_engine::seed::Seed::new(3).rng();
     let rank = 4;
     let mut updates = BTreeMap::new();
-    for matrix in afkit::lm::adapt::ADAPTED {
+    for matrix in afkit_engine::lm::adapt::ADAPTED {
         let name = format!("blk.{layer}.{matrix}.weight");
         // GGUF dimensions run fastest first: (in, out).
         let dims = content.tensor_infos[&name].shape.dims().to_vec();
@@ -58,10 +58,10 @@ fn random_adapter(model: &std::path::Path, layer: usize) -> Adapter {
 #[ignore = "needs python with torch, transformers, peft and gguf: AFKIT_PEFT_PYTHON=PYTHON cargo test --release -- --ignored peft_adapter"]
 fn peft_adapter_gives_afkits_adapted_log_probabilities() {
     let python = peft_python();
-    afkit::models::DefaultModel::SmolLm2
+    afkit_engine::models::DefaultModel::SmolLm2
         .ensure()
         .expect("fetch SmolLM2");
-    let gguf = afkit::models::DefaultModel::smollm2_gguf();
+    let gguf = afkit_engine::models::DefaultModel::smollm2_gguf();
     let base = LanguageModel::load(&gguf).unwrap();
     let top = 29;
     let adapter = random_adapter(&gguf, top);

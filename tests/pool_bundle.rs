@@ -7,7 +7,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use afkit::store::Store;
+use afkit_store::Store;
 use common::{afkit, arg, command, query_i64, read, run_ok, stderr, tiny_gguf};
 use rusqlite::types::Value;
 use rusqlite::Connection;

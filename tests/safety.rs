@@ -8,9 +8,9 @@ use crate::common;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use afkit::store::examples::NewExample;
-use afkit::store::fixtures::Fixtures;
-use afkit::store::Store;
+use afkit_store::examples::NewExample;
+use afkit_store::fixtures::Fixtures;
+use afkit_store::Store;
 use common::tmux::Tmux;
 use common::{
     afkit, arg, command, fails, lm_adapt, ok, query_i64, run_ok, stderr, tiny_gguf,
@@ -605,7 +605,7 @@ fn a_crowd_row_with_the_wrong_number_of_fields_is_rejected_alone() {
 
 #[test]
 fn formula_prefixes_behind_invisible_characters_or_fullwidth_are_neutralised() {
-    use afkit::annotate::crowd::spreadsheet_safe;
+    use afkit_annotate::crowd::spreadsheet_safe;
     for text in [
         "\u{feff}=SUM(A1)",
         "\u{200b}+1",
@@ -808,7 +808,7 @@ fn adapters_intact(p: &Path) {
     for (_, fold, path, sha) in recorded_adapters(p) {
         let file = p.parent().unwrap().join(&path);
         assert_eq!(
-            afkit::models::sha256_file(&file).ok().as_deref(),
+            afkit_engine::models::sha256_file(&file).ok().as_deref(),
             Some(sha.as_str()),
             "fold {fold}: {path}"
         );

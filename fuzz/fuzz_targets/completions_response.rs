@@ -4,7 +4,7 @@
 //! answer is a value or an error, never a panic.
 #![no_main]
 
-use afkit::lm::openai::{echo::parse_echo, parse_completions, recover_ending};
+use afkit_engine::lm::openai::{echo::parse_echo, parse_completions, recover_ending};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(body) = std::str::from_utf8(data) else {

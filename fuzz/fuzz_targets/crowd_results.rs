@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use afkit::annotate::tasks::{ensure_tasks, PolicyRequest};
-use afkit::store::Store;
+use afkit_annotate::tasks::{ensure_tasks, PolicyRequest};
+use afkit_store::Store;
 
 /// A project with 12 contexts of 9 negatives each and its tasks (item ids 1 to 12).
 fn project() -> &'static Path {
@@ -29,6 +29,6 @@ thread_local! {
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let name = Path::new("results.csv");
     STORE.with(|store| {
-        let _ = afkit::annotate::crowd::check_results(store, name, data);
+        let _ = afkit_annotate::crowd::check_results(store, name, data);
     });
 });

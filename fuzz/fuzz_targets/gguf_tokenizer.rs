@@ -8,7 +8,7 @@ mod input_file;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let path = input_file::write("model.gguf", data);
-    if let Ok((_, tokenizer, _)) = afkit::lm::model::read_header(&path) {
+    if let Ok((_, tokenizer, _)) = afkit_engine::lm::model::read_header(&path) {
         if let Ok(ids) = tokenizer.encode("A man is seen speaking to the camera.") {
             let _ = tokenizer.decode(&ids);
         }

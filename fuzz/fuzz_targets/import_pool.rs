@@ -6,5 +6,5 @@ mod input_file;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let path = input_file::write("pools.jsonl", data);
-    let _ = afkit::generate::check_import_lines(&path);
+    let _ = afkit_generate::check_import_lines(&path);
 });

@@ -6,5 +6,5 @@ mod input_file;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let path = input_file::write("features.npy", data);
-    let _ = afkit::aflite::features::load_vectors(&path, 4);
+    let _ = afkit_aflite::features::load_vectors(&path, 4);
 });

@@ -3,5 +3,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = afkit::generate::bundle::check_bundle_bytes(data);
+    let _ = afkit_generate::bundle::check_bundle_bytes(data);
 });

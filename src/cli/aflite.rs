@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::aflite::filter::{Observer, Round, Variant};
-use crate::aflite::logreg::FitOptions;
-use crate::aflite::{self, Features, SizeSpec, WarmupConfig};
-use crate::seed::Seed;
+use afkit_aflite::filter::{Observer, Round, Variant};
+use afkit_aflite::logreg::FitOptions;
+use afkit_aflite::{self as aflite, Features, SizeSpec, WarmupConfig};
+use afkit_engine::seed::Seed;
 
 #[derive(clap::Args)]
 #[command(
@@ -109,7 +109,7 @@ impl Args {
             Features::MiniLm {
                 cache: (!self.no_cache).then(|| {
                     self.cache_dir
-                        .unwrap_or_else(crate::embed::default_cache_dir)
+                        .unwrap_or_else(afkit_engine::embed::default_cache_dir)
                 }),
             }
         } else {
@@ -156,7 +156,7 @@ pub fn run(args: Args) -> Result<()> {
         "aflite: kept {} of {} examples after {} ({}); wrote {}",
         summary.kept,
         summary.filtered,
-        crate::text::counted(summary.rounds, "round", "rounds"),
+        afkit_engine::text::counted(summary.rounds, "round", "rounds"),
         stop.as_str().unwrap_or_default().replace('_', " "),
         config.out.display()
     );
@@ -201,7 +201,7 @@ impl Observer for Progress {
     }
 
     fn check(&self) -> Result<()> {
-        crate::interrupt::check()?;
+        afkit_engine::interrupt::check()?;
         Ok(())
     }
 

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use crate::annotate::tasks::{self, PolicyRequest};
-use crate::annotate::{self, agreement, crowd};
-use crate::output::Output;
-use crate::seed::Seed;
-use crate::store::Store;
+use afkit_annotate::tasks::{self, PolicyRequest};
+use afkit_annotate::{self as annotate, agreement, crowd};
+use afkit_engine::output::Output;
+use afkit_engine::seed::Seed;
+use afkit_store::Store;
 
 /// Verify candidates in a terminal UI: label every ending, pick the best two.
 #[derive(clap::Args)]
@@ -163,7 +163,7 @@ pub fn run(args: Args) -> Result<()> {
         let _ = writeln!(
             std::io::stderr(),
             "note: {} of AF run {} without assigned negatives got no task",
-            crate::text::counted(setup.without_negatives, "context", "contexts"),
+            afkit_engine::text::counted(setup.without_negatives, "context", "contexts"),
             setup.run_id
         );
     }
@@ -177,7 +177,7 @@ pub fn run(args: Args) -> Result<()> {
         config.annotator.trim(),
         summary.submitted,
         summary.done_total,
-        crate::text::counted(summary.remaining, "item", "items")
+        afkit_engine::text::counted(summary.remaining, "item", "items")
     );
     Ok(())
 }
@@ -227,7 +227,7 @@ pub fn run_crowd(command: CrowdCommand) -> Result<()> {
             let exported = crowd::export(&store, &out, all, &output)?;
             println!(
                 "wrote {} to {}",
-                crate::text::counted(exported.rows, "item", "items"),
+                afkit_engine::text::counted(exported.rows, "item", "items"),
                 out.display()
             );
             if exported.neutralised > 0 {
@@ -275,9 +275,9 @@ fn import(project: &Path, file: &Path, strict: bool) -> Result<()> {
     }
     println!(
         "imported {} from {} ({layout}); {} rejected",
-        crate::text::counted(outcome.imported, "submission", "submissions"),
+        afkit_engine::text::counted(outcome.imported, "submission", "submissions"),
         file.display(),
-        crate::text::counted(outcome.rejected.len(), "row", "rows")
+        afkit_engine::text::counted(outcome.rejected.len(), "row", "rows")
     );
     Ok(())
 }

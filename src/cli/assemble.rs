@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::progress::Notes;
-use crate::assemble::split::Fractions;
-use crate::assemble::{self, Summary};
-use crate::dataset::Split;
-use crate::distractors::DistractorChoice;
-use crate::seed::Seed;
-use crate::store::Store;
+use afkit_assemble::split::Fractions;
+use afkit_assemble::{self as assemble, Summary};
+use afkit_engine::seed::Seed;
+use afkit_store::dataset::Split;
+use afkit_store::distractors::DistractorChoice;
+use afkit_store::Store;
 
 #[derive(clap::Args)]
 #[command(
@@ -114,8 +114,8 @@ fn print_summary(s: &Summary) {
         let groups = s.groups.get(name).copied().unwrap_or(0);
         println!(
             "  {name:<6} {:>14} from {}",
-            crate::text::counted(examples, "question", "questions"),
-            crate::text::counted(groups, "group", "groups")
+            afkit_engine::text::counted(examples, "question", "questions"),
+            afkit_engine::text::counted(groups, "group", "groups")
         );
     }
     println!(
@@ -183,7 +183,7 @@ fn print_unverified(s: &Summary) {
     if s.unjudged_negatives > 0 {
         println!(
             "  {} could not be judged (no scorer or generator likelihood, no sentence vectors)",
-            crate::text::counted(s.unjudged_negatives, "negative", "negatives")
+            afkit_engine::text::counted(s.unjudged_negatives, "negative", "negatives")
         );
     }
     if s.under_fluency_floor > 0 {

@@ -5,13 +5,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 use super::progress::Lines;
-use crate::audit::lm::LmSpec;
-use crate::audit::predictions::Choice;
-use crate::audit::verdict::{Row, Verdict};
-use crate::audit::{self, cv, score::score};
-use crate::device::{Compute, DeviceChoice};
-use crate::embed::cross_encoder::{Shape, TrainConfig};
-use crate::seed::Seed;
+use afkit_audit::lm::LmSpec;
+use afkit_audit::predictions::Choice;
+use afkit_audit::verdict::{Row, Verdict};
+use afkit_audit::{self as audit, cv, score::score};
+use afkit_engine::device::{Compute, DeviceChoice};
+use afkit_engine::embed::cross_encoder::{Shape, TrainConfig};
+use afkit_engine::seed::Seed;
 
 // Help headings after the common options.
 const BASELINES: &str = "Baselines";
@@ -134,8 +134,8 @@ impl Args {
             .lm
             .iter()
             .map(|name| {
-                let path =
-                    crate::models::generator_gguf(name).with_context(|| format!("--lm {name}"))?;
+                let path = afkit_engine::models::generator_gguf(name)
+                    .with_context(|| format!("--lm {name}"))?;
                 // A file's rows are named by its stem (`lm:SmolLM2-360M.Q8_0:acc`).
                 let shown = match std::path::Path::new(name).file_stem() {
                     Some(stem) if path.as_os_str() == name.as_str() => {
@@ -184,7 +184,7 @@ impl Args {
             embedding_cache: (!self.no_cache).then(|| {
                 self.cache_dir
                     .clone()
-                    .unwrap_or_else(crate::embed::default_cache_dir)
+                    .unwrap_or_else(afkit_engine::embed::default_cache_dir)
             }),
             lm,
             control: self.control.clone(),

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::device::{Compute, DeviceChoice, Engine};
+use afkit_engine::device::{Compute, DeviceChoice, Engine};
 
 /// The flags, flattened into a command's arguments. The default is the CPU with afkit's kernels.
 #[derive(clap::Args, Debug, Clone, Default)]

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::progress::Notes;
-use crate::export::layout::Layout;
-use crate::export::{self, answers_path, parse_license, Negatives, Options};
-use crate::seed::Seed;
-use crate::store::Store;
+use afkit_engine::seed::Seed;
+use afkit_export::layout::Layout;
+use afkit_export::{self as export, answers_path, parse_license, Negatives, Options};
+use afkit_store::Store;
 
 /// Help heading after the common options.
 const PUBLISHING: &str = "Publishing";

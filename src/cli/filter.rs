@@ -1,4 +1,4 @@
-//! `afkit filter`: flags → `af::Config`, progress bars and the per-iteration lines.
+//! `afkit filter`: flags → `afkit_filter::Config`, progress bars and the per-iteration lines.
 
 use std::path::PathBuf;
 use std::sync::LazyLock;
@@ -6,15 +6,15 @@ use std::sync::LazyLock;
 use anyhow::Result;
 
 use super::device::DeviceArgs;
-use crate::af::data::EncodeConfig;
-use crate::af::model::ModelConfig;
-use crate::af::train::TrainConfig;
-use crate::af::{self, Config};
-use crate::device::Compute;
-use crate::seed::Seed;
-use crate::store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
-use crate::store::Store;
-use crate::text::counted;
+use afkit_engine::device::Compute;
+use afkit_engine::seed::Seed;
+use afkit_engine::text::counted;
+use afkit_filter::data::EncodeConfig;
+use afkit_filter::model::ModelConfig;
+use afkit_filter::train::TrainConfig;
+use afkit_filter::{self as filter, Config};
+use afkit_store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
+use afkit_store::Store;
 
 /// The defaults shown in `--help` are the stage's own.
 static DEFAULTS: LazyLock<Config> = LazyLock::new(Config::default);
@@ -73,14 +73,14 @@ pub struct FilterArgs {
     /// that outscores the easy negative and scores nearest the real ending: it overshoots less on
     /// style but leaves more for language models to find (BENCHMARKS.md compares the two).
     #[arg(long, value_enum, default_value_t = DEFAULTS.replacement, help_heading = RUN, hide_short_help = true)]
-    pub replace_with: af::algorithm::Replacement,
+    pub replace_with: filter::algorithm::Replacement,
     /// What held-out contexts and final folds keep together: single contexts or whole groups.
     ///
     /// `context` (the default) holds out single contexts; `group` whole groups (an ActivityNet
     /// video), as the export's splits and the audit's folds are cut. With `context` a model may have trained on a context of the same video when it scores a
     /// held-out one, so it knows that video's real endings; `group` rules that out.
     #[arg(long, value_enum, default_value_t = DEFAULTS.hold_out, help_heading = RUN, hide_short_help = true)]
-    pub hold_out: af::run::HoldOut,
+    pub hold_out: filter::run::HoldOut,
     /// Start a new run instead of resuming or keeping the latest one.
     ///
     /// Without it an unfinished latest run resumes, and one finished on the same pools stands.
@@ -138,7 +138,7 @@ pub struct FilterArgs {
     #[arg(
         long = "scorer",
         value_name = "MODEL",
-        default_values_t = [af::scorer::DEFAULT_SCORER.to_string()],
+        default_values_t = [filter::scorer::DEFAULT_SCORER.to_string()],
         help_heading = MODELS
     )]
     pub scorers: Vec<String>,
@@ -166,7 +166,7 @@ pub struct FilterArgs {
     /// Share of the found endings allowed under the fluency floor (0 to 0.5).
     ///
     /// Higher refuses more negatives, broken ones and a few sound ones with them.
-    #[arg(long, value_name = "SHARE", default_value_t = af::fluency::DEFAULT_QUANTILE, help_heading = MODELS, hide_short_help = true)]
+    #[arg(long, value_name = "SHARE", default_value_t = filter::fluency::DEFAULT_QUANTILE, help_heading = MODELS, hide_short_help = true)]
     pub fluency_quantile: f64,
     /// Fine-tuned adversary: `minilm` or `none`.
     ///
@@ -205,14 +205,16 @@ const ADVERSARY_ENSEMBLE_ITERATIONS: usize = 8;
 impl FilterArgs {
     /// The fine-tuned adversary of the run: MiniLM unless told otherwise or the run has no
     /// ensemble phase for it to join.
-    fn discriminator(&self) -> Option<af::discriminator::DiscriminatorConfig> {
+    fn discriminator(&self) -> Option<filter::discriminator::DiscriminatorConfig> {
         match self.discriminator {
             Some(DiscriminatorArg::None) => None,
             None if self.ensemble_iterations == Some(0) => None,
-            Some(DiscriminatorArg::Minilm) | None => Some(af::discriminator::DiscriminatorConfig {
-                model: self.discriminator_model.clone(),
-                ..Default::default()
-            }),
+            Some(DiscriminatorArg::Minilm) | None => {
+                Some(filter::discriminator::DiscriminatorConfig {
+                    model: self.discriminator_model.clone(),
+                    ..Default::default()
+                })
+            }
         }
     }
 
@@ -264,14 +266,16 @@ impl FilterArgs {
                 .scorers
                 .iter()
                 .filter(|_| !self.no_scorer)
-                .map(|name| af::scorer::Scorer::open(name, crate::models::generator_gguf(name)?))
+                .map(|name| {
+                    filter::scorer::Scorer::open(name, afkit_engine::models::generator_gguf(name)?)
+                })
                 .collect::<Result<_>>()?,
             discriminator: self.discriminator(),
             new_run: self.new_run,
             embedding_cache: (!self.no_cache).then(|| {
                 self.cache_dir
                     .clone()
-                    .unwrap_or_else(crate::embed::default_cache_dir)
+                    .unwrap_or_else(afkit_engine::embed::default_cache_dir)
             }),
             ..defaults
         })
@@ -279,17 +283,17 @@ impl FilterArgs {
 }
 
 pub fn run(args: FilterArgs) -> Result<()> {
-    af::use_one_candle_thread();
+    filter::use_one_candle_thread();
     // The device first (a build without CUDA says so before any file is touched), the scorer
     // models (which may be fetched) once the project is known to exist.
     let compute = args.device.open()?;
     let mut store = Store::open(&args.project)?;
     let config = args.config(compute)?;
     let mut progress = Progress::default();
-    let summary = af::run(&mut store, &config, &mut progress)?;
+    let summary = filter::run(&mut store, &config, &mut progress)?;
     progress.0.clear();
     hold_to_fluency_floor(&mut store, &args, &mut progress)?;
-    if let af::Summary::Finished {
+    if let filter::Summary::Finished {
         run_id,
         iterations,
         scored,
@@ -326,13 +330,13 @@ fn hold_to_fluency_floor(
     if args.fluency_reader == "none" {
         return store.clear_fluency_floor(run.id);
     }
-    let fluency = af::fluency::Fluency {
+    let fluency = filter::fluency::Fluency {
         reader: args.fluency_reader.clone(),
-        path: crate::models::generator_gguf(&args.fluency_reader)?,
+        path: afkit_engine::models::generator_gguf(&args.fluency_reader)?,
         quantile: args.fluency_quantile,
     };
     let label = format!("endings read by {} for the fluency floor", fluency.reader);
-    let summary = af::fluency::hold_to_floor(store, run.id, &fluency, &mut |done, total| {
+    let summary = filter::fluency::hold_to_floor(store, run.id, &fluency, &mut |done, total| {
         progress.0.track(done, total, &label)
     })?;
     progress.0.clear();
@@ -353,7 +357,7 @@ const ALWAYS_TIMED: [&str; 3] = ["MLP iterations", "ensemble iterations", "final
 
 /// `time: sentence vectors 1.2 s, MLP iterations 30.0 s, ...`: the stages that took time in
 /// this call (and the iterations and final pass always), in run order, with their total.
-fn timings_text(timings: &af::Timings) -> String {
+fn timings_text(timings: &filter::Timings) -> String {
     let stages = timings.stages();
     let total: f64 = stages.iter().map(|(_, s)| s).sum();
     let parts: Vec<String> = stages
@@ -368,7 +372,7 @@ fn timings_text(timings: &af::Timings) -> String {
 #[derive(Default)]
 struct Progress(super::progress::Lines);
 
-impl af::Observer for Progress {
+impl filter::Observer for Progress {
     fn note(&mut self, message: &str) {
         self.0.say(message, true);
     }
@@ -485,7 +489,7 @@ mod tests {
     #[test]
     fn the_default_recipe_reads_endings_with_the_generator_and_fine_tunes_minilm() {
         let args = parse(&[]).unwrap();
-        assert_eq!(args.scorers, [af::scorer::DEFAULT_SCORER]);
+        assert_eq!(args.scorers, [filter::scorer::DEFAULT_SCORER]);
         assert!(!args.no_scorer);
         let discriminator = args.discriminator().expect("on by default");
         assert_eq!(discriminator.model, None, "the shipped MiniLM");

@@ -6,15 +6,15 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::device::DeviceArgs;
-use crate::device::Compute;
-use crate::generate::prompt::PromptTemplate;
-use crate::generate::{self, AdapterUse, Growth, ImportConfig, ImportSummary, Summary};
-use crate::lm::openai::{AdapterNames, FeatureSource, FoldAdapters, OpenAiConfig};
-use crate::lm::sampler::SamplingParams;
-use crate::models::generator_gguf;
-use crate::seed::Seed;
-use crate::store::Store;
-use crate::text::counted;
+use afkit_engine::device::Compute;
+use afkit_engine::lm::openai::{AdapterNames, FeatureSource, FoldAdapters, OpenAiConfig};
+use afkit_engine::lm::sampler::SamplingParams;
+use afkit_engine::models::generator_gguf;
+use afkit_engine::seed::Seed;
+use afkit_engine::text::counted;
+use afkit_generate::prompt::PromptTemplate;
+use afkit_generate::{self as generate, AdapterUse, Growth, ImportConfig, ImportSummary, Summary};
+use afkit_store::Store;
 
 // Help headings, most used first.
 const WHAT: &str = "What to generate";

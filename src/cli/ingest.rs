@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::progress::Lines;
-use crate::ingest::{self, Format};
-use crate::store::Store;
+use afkit_ingest::{self as ingest, Format};
+use afkit_store::Store;
 
 /// Load contexts with their found endings (ActivityNet Captions JSON, JSONL or SWAG CSV).
 #[derive(clap::Args)]
@@ -68,8 +68,8 @@ pub fn run(args: Args) -> Result<()> {
     let dropped: usize = summary.dropped.values().sum();
     println!(
         "read {} from {} in {:.2} s ({:.0} records/s)",
-        crate::text::counted(summary.records, "record", "records"),
-        crate::text::counted(args.files.len(), "file", "files"),
+        afkit_engine::text::counted(summary.records, "record", "records"),
+        afkit_engine::text::counted(args.files.len(), "file", "files"),
         summary.seconds,
         summary.records as f64 / summary.seconds.max(1e-9)
     );

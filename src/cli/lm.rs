@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::progress::Lines;
-use crate::adapt::{self, Observer};
-use crate::lm::adapt::{AdapterSettings, LoraShape, StepReport, TrainSettings};
-use crate::models::generator_gguf;
-use crate::seed::Seed;
-use crate::store::adapters::AdapterRecord;
-use crate::store::Store;
+use afkit_adapt::{self as adapt, Observer};
+use afkit_engine::lm::adapt::{AdapterSettings, LoraShape, StepReport, TrainSettings};
+use afkit_engine::models::generator_gguf;
+use afkit_engine::seed::Seed;
+use afkit_store::adapters::AdapterRecord;
+use afkit_store::Store;
 
 #[derive(clap::Subcommand)]
 pub enum LmCommand {
@@ -136,7 +136,7 @@ impl Observer for CliObserver {
         self.lines.say(
             &format!(
                 "fold {fold}: training its adapter on the other folds' lines ({})",
-                crate::text::counted(steps, "step", "steps")
+                afkit_engine::text::counted(steps, "step", "steps")
             ),
             false,
         );

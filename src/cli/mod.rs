@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use crate::store::Store;
+use afkit_store::Store;
 
 mod aflite;
 mod annotate;
@@ -113,13 +113,13 @@ struct InitArgs {
 
 /// Runs the command line and maps errors to an exit status: 1 for errors, 130 for Ctrl-C.
 pub fn main() -> ExitCode {
-    crate::runtime::prepare();
+    afkit_engine::runtime::prepare();
     end_quietly_on_a_closed_pipe();
-    crate::interrupt::install_handler();
+    afkit_engine::interrupt::install_handler();
     let cli = Cli::parse();
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) if err.is::<crate::interrupt::Interrupted>() => {
+        Err(err) if err.is::<afkit_engine::interrupt::Interrupted>() => {
             eprintln!("interrupted: everything reported as done is saved; run the same command again to continue");
             ExitCode::from(130)
         }

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::models::{fetch, DefaultModel};
+use afkit_engine::models::{fetch, DefaultModel};
 
 #[derive(clap::Subcommand)]
 pub enum ModelsCommand {

@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::generate::bundle::{export_bundle, import_bundle};
-use crate::output::Output;
-use crate::store::Store;
-use crate::text::counted;
+use afkit_engine::output::Output;
+use afkit_engine::text::counted;
+use afkit_generate::bundle::{export_bundle, import_bundle};
+use afkit_store::Store;
 
 #[derive(clap::Subcommand)]
 pub enum PoolCommand {

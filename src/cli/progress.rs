@@ -315,13 +315,13 @@ impl Lines {
 /// from the summary on stdout.
 pub struct Notes;
 
-impl crate::assemble::Observer for Notes {
+impl afkit_assemble::Observer for Notes {
     fn note(&mut self, message: &str) {
         eprintln!("{message}");
     }
 }
 
-impl crate::export::Observer for Notes {
+impl afkit_export::Observer for Notes {
     fn note(&mut self, message: &str) {
         eprintln!("{message}");
     }

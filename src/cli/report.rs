@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::af::report::report;
-use crate::output::Output;
-use crate::store::af::{Family, HeadAccuracy};
-use crate::store::Store;
+use afkit_engine::output::Output;
+use afkit_filter::report::report;
+use afkit_store::af::{Family, HeadAccuracy};
+use afkit_store::Store;
 
 #[derive(clap::Args)]
 pub struct ReportArgs {

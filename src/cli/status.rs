@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-use crate::store::Store;
+use afkit_store::Store;
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -38,7 +38,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
             s.adapters
         );
     }
-    let contexts = |n: i64| crate::text::counted(n, "context", "contexts");
+    let contexts = |n: i64| afkit_engine::text::counted(n, "context", "contexts");
     println!(
         "pools        {}, {} candidate endings ({} with fewer endings than asked for)",
         contexts(s.contexts_with_pool),
@@ -60,7 +60,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     }
     println!(
         "filter       {}{}",
-        crate::text::counted(s.af_iterations, "iteration", "iterations"),
+        afkit_engine::text::counted(s.af_iterations, "iteration", "iterations"),
         if s.af_finished {
             ", final scores done"
         } else {
@@ -76,12 +76,12 @@ pub fn run(args: StatusArgs) -> Result<()> {
     if s.af_too_few_candidates > 0 && s.af_iterations > 0 {
         println!(
             "  {} fewer candidate endings than AF's k (left out of AF)",
-            crate::text::counted(s.af_too_few_candidates, "context has", "contexts have")
+            afkit_engine::text::counted(s.af_too_few_candidates, "context has", "contexts have")
         );
     }
     println!(
         "annotation   {}",
-        crate::text::counted(s.labelled_items, "labelled item", "labelled items")
+        afkit_engine::text::counted(s.labelled_items, "labelled item", "labelled items")
     );
     print_assembly_and_export(&s);
     Ok(())
@@ -89,8 +89,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
 
 /// The assembly (which AF run it holds, and whether a newer one finished) and the latest
 /// export (which assembly it holds), as the export's card states them.
-fn print_assembly_and_export(s: &crate::store::status::Status) {
-    let questions = crate::text::counted(s.assembled, "question", "questions");
+fn print_assembly_and_export(s: &afkit_store::status::Status) {
+    let questions = afkit_engine::text::counted(s.assembled, "question", "questions");
     match s.assembly {
         Some(a) if s.assembled > 0 => {
             println!(

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::output::Output;
-use crate::seed::Seed;
-use crate::text::{read_conllu, split_with, tokenize, TaggedSentence, Tagger, TrainOptions};
+use afkit_engine::output::Output;
+use afkit_engine::seed::Seed;
+use afkit_engine::text::{read_conllu, split_with, tokenize, TaggedSentence, Tagger, TrainOptions};
 
 #[derive(clap::Subcommand)]
 pub enum TaggerCommand {

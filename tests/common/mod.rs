@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use afkit::lm::llama::LlamaConfig;
-use afkit::lm::model::{write_random_gguf, RANDOM_GGUF_VOCAB};
-use afkit::store::examples::NewExample;
-use afkit::store::fixtures::Fixtures;
-use afkit::store::Store;
+use afkit_engine::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
+use afkit_engine::lm::llama::LlamaConfig;
+use afkit_store::examples::NewExample;
+use afkit_store::fixtures::Fixtures;
+use afkit_store::Store;
 use rusqlite::Connection;
 use serde_json::Value;
 

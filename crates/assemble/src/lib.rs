@@ -1,0 +1,694 @@
+//! Assemble: turn verified (or unverified) candidates into final examples and splits.
+//!
+//! Order of work, all inside one transaction so that a re-run replaces the previous assembly
+//! atomically: (1) split every group of the project (see [`split`]); (2) for every context of
+//! the latest finished AF run, apply the rules of [`rules`] to its current annotation task, or,
+//! with `--unverified`, take the gold and assigned negatives; either way the distractors are
+//! taken in the order of [`DistractorChoice`] (by default matched to the found endings' final
+//! scores); (3) queue the items that need re-annotation as new tasks; (4) record the parameters.
+//!
+//! Unverified assembly never silently keeps a negative that could be right (see [`afkit_store::risk`]):
+//! a question with one among its three shown distractors is flagged (counted in the summary;
+//! export marks it). [`CouldBeRight::Avoid`] takes the negatives that could not be right first,
+//! [`CouldBeRight::LeaveOut`] also leaves out a question that still needs one.
+//!
+//! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
+//! endings of the context's pool that the AF run scored and annotators never saw, taken in the
+//! same order as distractors (matched to the found endings' scores, or the hardest first). Pool
+//! endings without a final score cannot be placed, so they are not used; an item that cannot be
+//! refilled to its task's size stays out and is reported.
+
+pub mod rules;
+pub mod split;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use afkit_engine::seed::{Key, Seed};
+use afkit_store::assemble::{AssembledDistractor, Assembly, CurrentTask, FinalPoint, NewAssembled};
+use afkit_store::dataset::{Judgement, Rank, Split};
+use afkit_store::distractors::{DistractorChoice, Matching};
+use afkit_store::examples::Example;
+use afkit_store::Store;
+use rules::{Built, Decision};
+use split::Fractions;
+
+/// What one assembly produced; printed by `afkit assemble`.
+#[derive(Debug, Default, Serialize, PartialEq)]
+pub struct Summary {
+    pub af_run: i64,
+    pub unverified: bool,
+    /// How the distractors were chosen among the candidates.
+    pub distractors: DistractorChoice,
+    /// Examples per split.
+    pub examples: BTreeMap<String, usize>,
+    /// Examples per gold source (gold0-orig, gen-orig, unverified, ...).
+    pub gold_sources: BTreeMap<String, usize>,
+    /// Groups (the `group` an example was ingested with: an ActivityNet video) with at least
+    /// one example in the split; the dataset card counts the same.
+    pub groups: BTreeMap<String, usize>,
+    /// Items sent back to annotation, by reason.
+    pub reannotation_queued: BTreeMap<String, usize>,
+    /// Items that need re-annotation but have too few scored, unseen pool endings to refill.
+    pub cannot_refill: Vec<String>,
+    /// Contexts of the AF run without a label yet (no task, or no submission on the current task).
+    pub awaiting_labels: usize,
+    /// Items whose only submissions flag them as broken.
+    pub broken: usize,
+    /// Items that yield nothing, by reason.
+    pub dropped: BTreeMap<String, usize>,
+    /// Generation-as-gold candidates left out because their context is in val or test (fn. 5).
+    pub generated_gold_withheld_from_eval: usize,
+    /// Generation-as-gold candidates left out because fewer than three distractors remain.
+    pub generated_gold_too_few_distractors: usize,
+    /// Contexts with fewer than three assigned negatives (only with `--unverified`).
+    pub too_few_negatives: usize,
+    /// Contexts that took a negative under the AF run's fluency floor for want of three above
+    /// it (only with `--unverified`).
+    pub under_fluency_floor: usize,
+    /// Unverified questions kept with a distractor that could be right among their three
+    /// (export flags them).
+    pub could_be_right_flagged: usize,
+    /// Unverified questions left out because three distractors that could not be right were not
+    /// to be had (only with [`CouldBeRight::LeaveOut`]).
+    pub could_be_right_left_out: usize,
+    /// Assigned negatives of unverified questions that no stored evidence could judge (no
+    /// likelihood of both endings from one model, no sentence vectors): taken as if safe.
+    pub unjudged_negatives: usize,
+}
+
+/// What `assemble` does.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Train, val and test fractions (of examples; groups are never split).
+    pub fractions: Fractions,
+    /// Seed of the split, the matched distractors and the order of re-annotation tasks.
+    pub seed: Seed,
+    /// Skip the annotators' labels: each context's distractors come from its assigned negatives.
+    pub unverified: bool,
+    /// The order in which candidates become distractors, verified or not.
+    pub distractors: DistractorChoice,
+    /// With `unverified`: what becomes of negatives that could be right.
+    pub could_be_right: CouldBeRight,
+}
+
+/// What unverified assembly does with assigned negatives that could be right.
+#[derive(
+    clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum CouldBeRight {
+    /// Keep the distractors' order and flag a question that shows one (the default): read
+    /// blind, taking them last made an export no more valid and easier for language models.
+    #[default]
+    Flag,
+    /// Take them last, and flag a question that still shows one.
+    Avoid,
+    /// Take them last, and leave out a question that still needs one.
+    LeaveOut,
+}
+
+/// What `assemble` reports while it works. Every method has a default that does nothing.
+pub trait Observer {
+    fn note(&mut self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+pub struct Silent;
+
+impl Observer for Silent {}
+
+/// The recorded parameters of the last assembly (`meta` key `assemble`).
+#[derive(Debug, Serialize, serde::Deserialize, PartialEq)]
+struct Recorded {
+    seed: Seed,
+    split: String,
+    unverified: bool,
+    /// Absent in assemblies recorded before the choice existed (they took the hardest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    distractors: Option<DistractorChoice>,
+    af_run: i64,
+    /// What became of unverified negatives that could be right (absent: flagged, or the
+    /// assembly predates the judgement).
+    #[serde(default, skip_serializing_if = "is_flag")]
+    could_be_right: CouldBeRight,
+}
+
+fn is_flag(policy: &CouldBeRight) -> bool {
+    *policy == CouldBeRight::Flag
+}
+
+/// Runs the whole assembly in one transaction; see the module docs.
+pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
+    let Config {
+        fractions,
+        seed,
+        unverified,
+        distractors,
+        could_be_right,
+    } = *config;
+    let Some(run) = store.latest_finished_af_run()? else {
+        bail!(
+            "no finished AF run in {}: run `afkit filter` first",
+            store.path().display()
+        );
+    };
+    observer.note(&format!(
+        "assembling {} examples from AF run {}",
+        if unverified { "unverified" } else { "verified" },
+        run.id
+    ));
+    let examples = store.examples()?;
+    let splits = group_splits(store, &examples, fractions, seed)?;
+    let run_data = RunData {
+        assignments: store.assignments(run.id)?,
+        scores: store.decision_scores(run.id)?,
+        folds: store.folds(run.id)?,
+        refused: store.refused_by_fluency_floor(run.id)?,
+        splits: &splits,
+    };
+    let mut summary = Summary {
+        af_run: run.id,
+        unverified,
+        distractors,
+        ..Summary::default()
+    };
+    let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
+    let order = distractor_order(store, run.id, &run_data, distractors, seed)?;
+    let mut built = if unverified {
+        let guard = Guard {
+            store,
+            policy: could_be_right,
+        };
+        assemble_unverified(&examples, &run_data, &order, &guard, &mut summary)?
+    } else {
+        assemble_verified(
+            store,
+            run.id,
+            &examples,
+            &run_data,
+            &order,
+            &mut summary,
+            &mut reannotations,
+        )?
+    };
+    count_built(&examples, &built, &mut summary);
+    check_no_empty_split(&splits, &summary, fractions, unverified)?;
+    // Train first, then val, then test; assembly order within a split follows the examples.
+    built.sort_by_key(|ex| ex.split);
+
+    let record = Recorded {
+        seed,
+        split: fractions.to_text(),
+        unverified,
+        distractors: Some(distractors),
+        af_run: run.id,
+        could_be_right: if unverified {
+            could_be_right
+        } else {
+            CouldBeRight::Flag
+        },
+    };
+    store.commit_assembly(&Assembly {
+        splits: &splits,
+        examples: &built,
+        reannotations: &reannotations,
+        record_json: &serde_json::to_string(&record)?,
+    })?;
+    Ok(summary)
+}
+
+/// Refuses an assembly in which a split the fractions ask for would hold no example: an empty
+/// split exports as nothing to evaluate on. Verified assembly may leave a split empty while its
+/// contexts await labels; only a split without any group is an error there.
+fn check_no_empty_split(
+    splits: &BTreeMap<String, Split>,
+    summary: &Summary,
+    fractions: Fractions,
+    unverified: bool,
+) -> Result<()> {
+    for (i, split) in Split::ALL.into_iter().enumerate() {
+        let groups = splits.values().filter(|s| **s == split).count();
+        let examples = summary.examples.get(split.as_str()).copied().unwrap_or(0);
+        let empty = groups == 0 || (unverified && examples == 0);
+        if fractions.0[i] == 0.0 || !empty {
+            continue;
+        }
+        // The suggested split without it: its share goes to train (to val when it is train).
+        let mut without = fractions.0;
+        without[usize::from(i == 0)] += without[i];
+        without[i] = 0.0;
+        let shown = without.map(|f| {
+            let text = format!("{f:.3}");
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        });
+        bail!(
+            "the {split} split would be empty: it got {} of the project's {} and no assembled \
+             example (all of a group's contexts go to one split). Give {split} a larger share \
+             with --split, ingest contexts from more groups, or ask for no {split} split with \
+             --split {}",
+            groups,
+            afkit_engine::text::counted(splits.len(), "group", "groups"),
+            shown.join(",")
+        );
+    }
+    Ok(())
+}
+
+/// The order in which a context's candidates become distractors: matched to the found endings'
+/// final scores (which needs a run that scored them) or the hardest first.
+fn distractor_order(
+    store: &Store,
+    run_id: i64,
+    run_data: &RunData,
+    distractors: DistractorChoice,
+    seed: Seed,
+) -> Result<DistractorOrder> {
+    Ok(match distractors {
+        DistractorChoice::Matched => {
+            let Some(matching) = Matching::load(store, run_id, &run_data.folds)? else {
+                bail!(
+                    "AF run {run_id} in {} scored no found ending, so there is nothing to match \
+                     the distractors to: run `afkit filter --new-run`, or assemble with \
+                     --distractors hardest",
+                    store.path().display()
+                );
+            };
+            DistractorOrder::Matched { matching, seed }
+        }
+        DistractorChoice::Hardest => DistractorOrder::Hardest,
+    })
+}
+
+/// The summary's counts of the built examples: per split, per source of the gold ending, and
+/// the groups (videos) per split.
+fn count_built(examples: &[Example], built: &[NewAssembled], summary: &mut Summary) {
+    let group_of: HashMap<i64, &str> = examples.iter().map(|e| (e.id, e.group.as_str())).collect();
+    let mut groups: BTreeMap<String, HashSet<&str>> = BTreeMap::new();
+    for ex in built {
+        *summary.examples.entry(ex.split.to_string()).or_default() += 1;
+        *summary
+            .gold_sources
+            .entry(ex.gold_source.clone())
+            .or_default() += 1;
+        groups
+            .entry(ex.split.to_string())
+            .or_default()
+            .insert(group_of[&ex.example_id]);
+    }
+    summary.groups = groups.into_iter().map(|(s, g)| (s, g.len())).collect();
+}
+
+/// What the latest finished AF run decided, with the split of every group.
+struct RunData<'a> {
+    assignments: BTreeMap<i64, Vec<i64>>,
+    scores: HashMap<i64, f64>,
+    folds: HashMap<i64, i64>,
+    /// Assigned negatives under the run's fluency floor.
+    refused: HashSet<i64>,
+    splits: &'a BTreeMap<String, Split>,
+}
+
+impl RunData<'_> {
+    fn score(&self, ending_id: i64) -> Option<f64> {
+        self.scores.get(&ending_id).copied()
+    }
+}
+
+/// Every group's split: the recorded one when seed and fractions are those of the last
+/// assembly, so that re-running moves no group.
+fn group_splits(
+    store: &Store,
+    examples: &[Example],
+    fractions: Fractions,
+    seed: Seed,
+) -> Result<BTreeMap<String, Split>> {
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for ex in examples {
+        *sizes.entry(ex.group.clone()).or_default() += 1;
+    }
+    let previous: Option<Recorded> = match store.meta("assemble")? {
+        Some(text) => serde_json::from_str(&text).ok(),
+        None => None,
+    };
+    let same_split = previous
+        .as_ref()
+        .is_some_and(|p| p.seed == seed && p.split == fractions.to_text());
+    let recorded = if same_split {
+        store.load_splits()?
+    } else {
+        BTreeMap::new()
+    };
+    Ok(split::assign(&sizes, fractions, seed, &recorded))
+}
+
+/// The order in which a context's candidates become its distractors (see [`DistractorChoice`]).
+enum DistractorOrder {
+    /// As matching to the found endings of the context's fold draws them, from `seed`, the
+    /// example id and what is drawn for.
+    Matched { matching: Matching, seed: Seed },
+    /// Highest final ensemble score first.
+    Hardest,
+}
+
+impl DistractorOrder {
+    /// `candidates` in the order they become distractors of `example`. Their scores come from
+    /// the run (assigned negatives) or `pool` (the context's scored pool, for endings a
+    /// re-annotation refill brought in); `draw` names the seeded draw.
+    fn order(
+        &self,
+        example: &Example,
+        run: &RunData,
+        candidates: &[i64],
+        pool: &HashMap<i64, FinalPoint>,
+        draw: &str,
+    ) -> Vec<i64> {
+        let hardest = || rules::hardest_first(candidates.iter().copied(), &|e| run.score(e));
+        let DistractorOrder::Matched { matching, seed } = self else {
+            return hardest();
+        };
+        let mut rng = seed
+            .key(Key::Distractors {
+                draw,
+                example: example.id,
+            })
+            .rng();
+        matching
+            .choose(example.id, candidates, pool, candidates.len(), &mut rng)
+            .unwrap_or_else(hardest)
+    }
+}
+
+/// How unverified assembly treats negatives that could be right (see [`afkit_store::risk`]).
+struct Guard<'a> {
+    store: &'a Store,
+    policy: CouldBeRight,
+}
+
+impl Guard<'_> {
+    /// The context's candidates in the order they become distractors, each part in `order`'s
+    /// order: those above the run's fluency floor before those under it, and with `Avoid` or
+    /// `LeaveOut` those that could not be right before all that could (a second right answer
+    /// is worse than a clumsy wrong one); and whether one that could be right is among the
+    /// three a question shows.
+    fn order(
+        &self,
+        order: &DistractorOrder,
+        example: &Example,
+        run: &RunData,
+        candidates: &[i64],
+        summary: &mut Summary,
+    ) -> Result<(Vec<i64>, bool)> {
+        let judged =
+            afkit_store::risk::judge_context(self.store, example.gold_ending_id, candidates)?;
+        summary.unjudged_negatives += judged
+            .values()
+            .filter(|j| j.verdict == afkit_store::risk::Verdict::Unjudged)
+            .count();
+        let risky = |e: &i64| judged[e].could_be_right();
+        let under_floor = |e: &i64| run.refused.contains(e);
+        let avoid = self.policy != CouldBeRight::Flag;
+        let tier = |e: &i64| 2 * usize::from(avoid && risky(e)) + usize::from(under_floor(e));
+        let none = HashMap::new();
+        let mut chosen = Vec::with_capacity(candidates.len());
+        for (level, draw) in [
+            "distractors",
+            "under the floor",
+            "could be right",
+            "could be right, under the floor",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let part: Vec<i64> = candidates
+                .iter()
+                .copied()
+                .filter(|e| tier(e) == level)
+                .collect();
+            if !part.is_empty() {
+                chosen.extend(order.order(example, run, &part, &none, draw));
+            }
+        }
+        let flagged = chosen.iter().take(3).any(risky);
+        Ok((chosen, flagged))
+    }
+}
+
+/// Without verification: the gold and up to four assigned negatives of every AF context, the
+/// first four in `order`, those that could not be right first (`guard`).
+fn assemble_unverified(
+    examples: &[Example],
+    run: &RunData,
+    order: &DistractorOrder,
+    guard: &Guard,
+    summary: &mut Summary,
+) -> Result<Vec<NewAssembled>> {
+    let mut built = Vec::new();
+    for ex in examples {
+        let Some(assigned) = run.assignments.get(&ex.id) else {
+            continue;
+        };
+        if assigned.len() < 3 {
+            summary.too_few_negatives += 1;
+            continue;
+        }
+        let fold = run.folds.get(&ex.id).copied();
+        let (chosen, flagged) = guard.order(order, ex, run, assigned, summary)?;
+        if flagged && guard.policy == CouldBeRight::LeaveOut {
+            summary.could_be_right_left_out += 1;
+            continue;
+        }
+        summary.could_be_right_flagged += usize::from(flagged);
+        if chosen.iter().take(3).any(|e| run.refused.contains(e)) {
+            summary.under_fluency_floor += 1;
+        }
+        built.push(NewAssembled {
+            example_id: ex.id,
+            split: run.splits[&ex.group],
+            gold_ending_id: ex.gold_ending_id,
+            gold_source: "unverified".into(),
+            gold_type: None,
+            verified: false,
+            fold,
+            distractors: chosen
+                .into_iter()
+                .take(4)
+                .map(|ending_id| AssembledDistractor {
+                    ending_id,
+                    kind: None,
+                })
+                .collect(),
+        });
+    }
+    Ok(built)
+}
+
+/// From the annotators' labels: the verified examples, and the items to send back for
+/// re-annotation (with their refilled endings).
+fn assemble_verified(
+    store: &Store,
+    run_id: i64,
+    examples: &[Example],
+    run: &RunData,
+    order: &DistractorOrder,
+    summary: &mut Summary,
+    reannotations: &mut Vec<(i64, Vec<i64>)>,
+) -> Result<Vec<NewAssembled>> {
+    let tasks = store.current_tasks()?;
+    let shown = store.shown_endings()?;
+    let mut built = Vec::new();
+    for ex in examples {
+        if !run.assignments.contains_key(&ex.id) {
+            continue;
+        }
+        let Some(task) = tasks.get(&ex.id) else {
+            summary.awaiting_labels += 1;
+            continue;
+        };
+        let Some(labels) = consensus_labels(task, summary) else {
+            continue;
+        };
+        let split = run.splits[&ex.group];
+        let fold = run.folds.get(&ex.id).copied();
+        let generations: Vec<i64> = task
+            .endings
+            .iter()
+            .copied()
+            .filter(|&e| e != ex.gold_ending_id)
+            .collect();
+        // The context's scored pool holds the scores of endings a re-annotation refill brought
+        // in (not assigned negatives) and the candidates of a new refill: read once, if needed.
+        let read_pool = || -> Result<HashMap<i64, FinalPoint>> {
+            Ok(store.scored_pool(run_id, ex.id)?.into_iter().collect())
+        };
+        let pool = if task.round > 0 {
+            read_pool()?
+        } else {
+            HashMap::new()
+        };
+        let generations = order.order(ex, run, &generations, &pool, "distractors");
+        match rules::decide(ex.gold_ending_id, &generations, &labels) {
+            Decision::Gold {
+                found_rank,
+                example,
+                generated_gold,
+            } => {
+                let source = gold_source(found_rank, task.round);
+                built.push(verified(ex.id, split, fold, source, &example));
+                if let Some(generated) = generated_gold {
+                    built.extend(generated_gold_example(
+                        ex.id, split, fold, &generated, summary,
+                    ));
+                }
+            }
+            Decision::Reannotate { reason, keep } => {
+                let pool = if task.round > 0 { pool } else { read_pool()? };
+                let fresh = unshown(&pool, shown.get(&ex.id), &keep);
+                let draw = format!("refill\u{0}{}", task.round + 1);
+                let fresh = order.order(ex, run, &fresh, &pool, &draw);
+                match refill(task, &keep, fresh) {
+                    Some(endings) => {
+                        *summary
+                            .reannotation_queued
+                            .entry(reason.as_str().into())
+                            .or_default() += 1;
+                        reannotations.push((ex.id, endings));
+                    }
+                    None => summary.cannot_refill.push(ex.ext_id.clone()),
+                }
+            }
+            Decision::Drop(reason) => {
+                *summary.dropped.entry(reason.as_str().into()).or_default() += 1;
+            }
+        }
+    }
+    Ok(built)
+}
+
+/// The full CSVs' `gold-source` of a verified example whose found ending is gold: `gold0` when
+/// annotators ranked it best, `gold1` when second; `-orig` in the first round, `-reannot` after.
+fn gold_source(found_rank: Rank, round: i64) -> String {
+    let which = if found_rank == Rank::Best {
+        "gold0"
+    } else {
+        "gold1"
+    };
+    let stage = if round == 0 { "orig" } else { "reannot" };
+    format!("{which}-{stage}")
+}
+
+/// The example whose gold is a generation annotators ranked best above the found ending: kept
+/// in the training split only (an evaluation question must have a found ending as its answer),
+/// and only with three distractors.
+fn generated_gold_example(
+    example_id: i64,
+    split: Split,
+    fold: Option<i64>,
+    generated: &Built,
+    summary: &mut Summary,
+) -> Option<NewAssembled> {
+    if split != Split::Train {
+        summary.generated_gold_withheld_from_eval += 1;
+        None
+    } else if generated.distractors.len() < 3 {
+        summary.generated_gold_too_few_distractors += 1;
+        None
+    } else {
+        Some(verified(
+            example_id,
+            split,
+            fold,
+            "gen-orig".into(),
+            generated,
+        ))
+    }
+}
+
+/// The consensus label of every ending of the item's current task, from its submissions that
+/// are not broken flags; `None` (counted in the summary) while there are none.
+fn consensus_labels(
+    task: &CurrentTask,
+    summary: &mut Summary,
+) -> Option<HashMap<i64, rules::Consensus>> {
+    let submissions: Vec<_> = task.submissions.iter().filter(|s| !s.broken).collect();
+    if submissions.is_empty() {
+        if task.submissions.is_empty() {
+            summary.awaiting_labels += 1;
+        } else {
+            summary.broken += 1;
+        }
+        return None;
+    }
+    Some(
+        task.endings
+            .iter()
+            .filter_map(|&e| {
+                let votes: Vec<(Judgement, Option<Rank>)> = submissions
+                    .iter()
+                    .filter_map(|s| s.labels.get(&e).copied())
+                    .collect();
+                rules::consensus(&votes).map(|c| (e, c))
+            })
+            .collect(),
+    )
+}
+
+fn verified(
+    example_id: i64,
+    split: Split,
+    fold: Option<i64>,
+    gold_source: String,
+    b: &Built,
+) -> NewAssembled {
+    NewAssembled {
+        example_id,
+        split,
+        gold_ending_id: b.gold,
+        gold_source,
+        gold_type: Some(b.gold_type),
+        verified: true,
+        fold,
+        distractors: b
+            .distractors
+            .iter()
+            .map(|&(ending_id, kind)| AssembledDistractor {
+                ending_id,
+                kind: Some(kind),
+            })
+            .collect(),
+    }
+}
+
+/// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
+/// pool endings never shown before, in the order they become distractors), up to the old task's
+/// size; `None` when the pool cannot fill it.
+/// The pool endings never shown to annotators for this context and not kept, in id order: what
+/// a re-annotation may bring in.
+fn unshown(
+    pool: &HashMap<i64, FinalPoint>,
+    shown: Option<&BTreeSet<i64>>,
+    keep: &[i64],
+) -> Vec<i64> {
+    let mut fresh: Vec<i64> = pool
+        .keys()
+        .copied()
+        .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e))
+        .collect();
+    fresh.sort_unstable();
+    fresh
+}
+
+fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>> {
+    let need = task.endings.len().saturating_sub(keep.len());
+    if fresh.len() < need {
+        return None;
+    }
+    Some(
+        keep.iter()
+            .copied()
+            .chain(fresh.into_iter().take(need))
+            .collect(),
+    )
+}

@@ -1,0 +1,1077 @@
+//! A multiple-choice cross-encoder: the MiniLM encoder fine-tuned end to end to pick the real
+//! ending of a context.
+//!
+//! Each option is read together with its context as one pair, `[CLS] context [SEP] ending [SEP]`
+//! (token type 0 up to the first [SEP], 1 after it), so attention relates every word of the
+//! ending to every word of the context. The last layer is mean-pooled over the real tokens (how
+//! the sentence model was trained to summarise a text), a linear head turns that into the
+//! option's score, and the scores of a question's options go through a softmax; training
+//! minimises the cross-entropy of the real ending with AdamW, a linear warm-up and linear decay,
+//! in batches shuffled from a recorded seed. This is the fine-tuned BERT adversary of HellaSwag
+//! at the size of a sentence encoder.
+//!
+//! candle-transformers' BERT cannot be trained: its layer norm is a fused op without a backward
+//! pass, so no gradient reaches the layers under the last norm. The encoder here is written with
+//! differentiable candle ops for the layers it trains. The embeddings and the lowest
+//! `frozen_layers` layers stay fixed (and run on candle's fused ops): their output for a text
+//! never changes, so a training call computes it once per option and every epoch starts above
+//! it. That, the truncation to `max_len` word pieces and the number of epochs are what make the
+//! model affordable on a CPU; [`Shape`]'s default is the measured compromise.
+//!
+//! [`CrossEncoder::train`] continues from the model's current weights, so one model can be
+//! trained again on new questions (a warm start) as often as a caller needs.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_transformers::models::bert::Config;
+use rand::seq::SliceRandom;
+use rand_distr::{Distribution, Normal};
+use rayon::prelude::*;
+use tokenizers::Tokenizer;
+
+use crate::device::Compute;
+use crate::seed::{Key, Seed};
+
+/// One multiple-choice question: a context and its options (every question of one call has
+/// the same number of options).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Question {
+    pub context: String,
+    pub endings: Vec<String>,
+}
+
+/// What is fixed when a model is made: how much of each pair it reads and which layers train.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// Word pieces per option, [CLS] and both [SEP]s included. The ending is kept whole where it
+    /// fits; the context loses its first pieces (what is next to the ending matters most).
+    pub max_len: usize,
+    /// The lowest layers kept as the sentence model trained them (the embeddings always are).
+    pub frozen_layers: usize,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            max_len: 64,
+            frozen_layers: 2,
+        }
+    }
+}
+
+/// One call of [`CrossEncoder::train`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// Passes over the questions.
+    pub epochs: usize,
+    /// Questions per optimiser step.
+    pub batch: usize,
+    /// Peak learning rate, reached at the end of the warm-up and then lowered linearly to 0.
+    pub learning_rate: f64,
+    /// Fraction of the steps spent raising the learning rate from 0.
+    pub warmup: f64,
+    pub weight_decay: f64,
+    /// Seeds the order of the questions in each epoch (stream = the epoch).
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 2,
+            batch: 16,
+            learning_rate: 5e-5,
+            warmup: 0.1,
+            weight_decay: 0.01,
+            seed: 0,
+        }
+    }
+}
+
+/// How far a training call is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Progress {
+    /// Options run through the frozen layers so far, of all.
+    Frozen { done: usize, total: usize },
+    /// Optimiser steps taken so far, of all, and the last step's loss.
+    Step {
+        done: usize,
+        total: usize,
+        loss: f32,
+    },
+}
+
+/// What a training call did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainSummary {
+    pub steps: usize,
+    /// Mean loss over the last epoch's steps.
+    pub last_epoch_loss: f32,
+}
+
+pub struct CrossEncoder {
+    embeddings: Embeddings,
+    layers: Vec<Layer>,
+    head_weight: Tensor,
+    head_bias: Tensor,
+    /// Every parameter that training changes: the unfrozen layers and the head.
+    trainable: Vec<Var>,
+    heads: usize,
+    shape: Shape,
+    tokenizer: Tokenizer,
+    special: Special,
+    device: Device,
+}
+
+/// The word pieces that frame a pair.
+#[derive(Debug, Clone, Copy)]
+struct Special {
+    cls: u32,
+    sep: u32,
+}
+
+struct Embeddings {
+    word: Tensor,
+    position: Tensor,
+    token_type: Tensor,
+    norm: Norm,
+}
+
+struct Norm {
+    weight: Tensor,
+    bias: Tensor,
+    eps: f64,
+}
+
+struct Dense {
+    /// Transposed (inputs × outputs), so that a product is `x.matmul(weight)`.
+    weight: Tensor,
+    bias: Tensor,
+}
+
+struct Layer {
+    query: Dense,
+    key: Dense,
+    value: Dense,
+    attention_output: Dense,
+    attention_norm: Norm,
+    intermediate: Dense,
+    output: Dense,
+    output_norm: Norm,
+}
+
+/// One option as word pieces with their token types.
+struct Pair {
+    ids: Vec<u32>,
+    types: Vec<u32>,
+}
+
+impl CrossEncoder {
+    /// The sentence model in `dir` (`config.json`, `tokenizer.json`, `model.safetensors`) with a
+    /// new head whose weights are drawn from `seed`, on `compute`'s device.
+    pub fn load(dir: &Path, shape: Shape, seed: u64, compute: &Compute) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        let config: Config = serde_json::from_str(
+            &std::fs::read_to_string(&config_path)
+                .with_context(|| format!("cannot read {}", config_path.display()))?,
+        )
+        .with_context(|| format!("{} is not a BERT config", config_path.display()))?;
+        let tokenizer_path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("cannot load {}", tokenizer_path.display()))?;
+        let weights_path = dir.join("model.safetensors");
+        let weights = candle_core::safetensors::load(&weights_path, &compute.device)
+            .with_context(|| format!("cannot read {}", weights_path.display()))?;
+        Self::from_weights(&config, weights, tokenizer, shape, seed, &compute.device)
+            .with_context(|| format!("{} is not a BERT model", weights_path.display()))
+    }
+
+    /// A model from BERT weights named as Hugging Face's `BertModel` names them (a `bert.`
+    /// prefix is allowed) and a tokenizer with `[CLS]` and `[SEP]`.
+    pub fn from_weights(
+        config: &Config,
+        mut weights: HashMap<String, Tensor>,
+        mut tokenizer: Tokenizer,
+        shape: Shape,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self> {
+        check_shape(config, shape)?;
+        let special = prepare_tokenizer(&mut tokenizer)?;
+        let width = config.hidden_size;
+        let mut trainable = Vec::new();
+        let mut take = |name: &str, dims: &[usize], train: bool| -> Result<Tensor> {
+            let t = weights
+                .remove(&format!("bert.{name}"))
+                .or_else(|| weights.remove(name))
+                .with_context(|| format!("no tensor {name}"))?;
+            ensure!(
+                t.dims() == dims,
+                "{name} has shape {:?}, expected {dims:?}",
+                t.dims()
+            );
+            let t = t.to_dtype(DType::F32)?.to_device(device)?;
+            Ok(if train {
+                let var = Var::from_tensor(&t)?;
+                let t = var.as_tensor().clone();
+                trainable.push(var);
+                t
+            } else {
+                t
+            })
+        };
+        let embeddings = Embeddings {
+            word: take(
+                "embeddings.word_embeddings.weight",
+                &[config.vocab_size, width],
+                false,
+            )?,
+            position: take(
+                "embeddings.position_embeddings.weight",
+                &[config.max_position_embeddings, width],
+                false,
+            )?,
+            token_type: take(
+                "embeddings.token_type_embeddings.weight",
+                &[config.type_vocab_size, width],
+                false,
+            )?,
+            norm: Norm::take(&mut take, "embeddings.LayerNorm", config, false)?,
+        };
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| {
+                Layer::take(
+                    &mut take,
+                    &format!("encoder.layer.{i}"),
+                    config,
+                    i >= shape.frozen_layers,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (head_weight, head_bias) = new_head(config, seed, device)?;
+        let (head_weight_t, head_bias_t) = (
+            head_weight.as_tensor().clone(),
+            head_bias.as_tensor().clone(),
+        );
+        trainable.extend([head_weight, head_bias]);
+        Ok(CrossEncoder {
+            embeddings,
+            layers,
+            head_weight: head_weight_t,
+            head_bias: head_bias_t,
+            trainable,
+            heads: config.num_attention_heads,
+            shape,
+            tokenizer,
+            special,
+            device: device.clone(),
+        })
+    }
+
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// Trains the model further on `questions`, whose real endings are `gold` (indices into
+    /// each question's options). `progress` hears the frozen layers' pass and every step.
+    pub fn train(
+        &mut self,
+        questions: &[Question],
+        gold: &[usize],
+        config: &TrainConfig,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<TrainSummary> {
+        ensure!(
+            questions.len() == gold.len(),
+            "{} questions but {} gold labels",
+            questions.len(),
+            gold.len()
+        );
+        ensure!(
+            config.batch > 0,
+            "the batch must hold at least one question"
+        );
+        let options = options_per_question(questions)?;
+        if let Some(q) = gold.iter().position(|&g| g >= options) {
+            bail!(
+                "question {} has gold option {} of {options}",
+                q + 1,
+                gold[q]
+            );
+        }
+        let pairs = self.pairs(questions)?;
+        let states = self.frozen_states(&pairs, progress)?;
+        let batches_per_epoch = questions.len().div_ceil(config.batch);
+        let total = batches_per_epoch * config.epochs;
+        let mut optimiser = AdamW::new(
+            self.trainable.clone(),
+            ParamsAdamW {
+                lr: config.learning_rate,
+                weight_decay: config.weight_decay,
+                ..Default::default()
+            },
+        )?;
+        let warmup = ((total as f64 * config.warmup).ceil() as usize).max(1);
+        let mut step = 0;
+        let mut last_epoch_loss = f32::NAN;
+        for epoch in 0..config.epochs {
+            let mut order: Vec<usize> = (0..questions.len()).collect();
+            order.shuffle(&mut Seed::new(config.seed).stream(epoch as u64));
+            let mut losses = 0f32;
+            for batch in order.chunks(config.batch) {
+                crate::interrupt::check()?;
+                let (grads, loss) = self.batch_gradients(&states, batch, gold, options)?;
+                optimiser.set_learning_rate(learning_rate(config, step, warmup, total));
+                optimiser.step(&grads)?;
+                losses += loss;
+                step += 1;
+                progress(Progress::Step {
+                    done: step,
+                    total,
+                    loss,
+                });
+            }
+            last_epoch_loss = losses / batches_per_epoch as f32;
+        }
+        Ok(TrainSummary {
+            steps: total,
+            last_epoch_loss,
+        })
+    }
+
+    /// The gradients of the mean cross-entropy over the `batch` of questions, and that loss.
+    /// Where candle runs each op on one thread (as AF sets it), the batch runs as two halves on
+    /// rayon's threads, each loss weighted by its share, and the gradients are added: the same
+    /// mean, on both cores. Otherwise candle spreads each op over the cores itself.
+    fn batch_gradients(
+        &self,
+        states: &[Tensor],
+        batch: &[usize],
+        gold: &[usize],
+        options: usize,
+    ) -> Result<(GradStore, f32)> {
+        let half = |questions: &[usize]| -> Result<(GradStore, f32)> {
+            let rows: Vec<usize> = questions
+                .iter()
+                .flat_map(|&q| q * options..(q + 1) * options)
+                .collect();
+            let scores = self.upper_scores(states, &rows, options)?;
+            let targets: Vec<u32> = questions.iter().map(|&q| gold[q] as u32).collect();
+            let targets = Tensor::new(targets, &self.device)?;
+            let share = questions.len() as f64 / batch.len() as f64;
+            let loss = (candle_nn::loss::cross_entropy(&scores, &targets)? * share)?;
+            Ok((loss.backward()?, loss.to_scalar::<f32>()?))
+        };
+        if batch.len() < 2 || candle_core::utils::get_num_threads() > 1 {
+            return half(batch);
+        }
+        let (first, second) = batch.split_at(batch.len() / 2);
+        let (a, b) = rayon::join(|| half(first), || half(second));
+        let ((mut grads, loss_a), (mut more, loss_b)) = (a?, b?);
+        for var in &self.trainable {
+            if let Some(g) = more.remove(var) {
+                let sum = match grads.remove(var) {
+                    Some(f) => (f + g)?,
+                    None => g,
+                };
+                grads.insert(var, sum);
+            }
+        }
+        Ok((grads, loss_a + loss_b))
+    }
+
+    /// Each question's option scores (higher: more likely the real ending), in order. The
+    /// questions may have different numbers of options: each option is scored on its own.
+    pub fn score(&self, questions: &[Question]) -> Result<Vec<Vec<f32>>> {
+        let pairs = self.pairs(questions)?;
+        // Options of similar lengths together, so a batch pads little.
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by_key(|&r| pairs[r].ids.len());
+        // Batches on rayon's threads: AF runs candle on one thread per op (the filter stage sets it), and
+        // each batch is the same computation whichever thread runs it.
+        let scored: Vec<Vec<f32>> = order
+            .par_chunks(SCORE_BATCH_OPTIONS)
+            .map(|batch| -> Result<Vec<f32>> {
+                crate::interrupt::check()?;
+                let batch_pairs: Vec<&Pair> = batch.iter().map(|&r| &pairs[r]).collect();
+                let (hidden, mask) = self.lower(&batch_pairs)?;
+                Ok(self.upper(&hidden, &mask)?.to_vec1::<f32>()?)
+            })
+            .collect::<Result<_>>()?;
+        let mut flat = vec![0f32; pairs.len()];
+        for (batch, s) in order.chunks(SCORE_BATCH_OPTIONS).zip(scored) {
+            for (&r, v) in batch.iter().zip(s) {
+                flat[r] = v;
+            }
+        }
+        let mut rest = flat.as_slice();
+        Ok(questions
+            .iter()
+            .map(|q| {
+                let (own, tail) = rest.split_at(q.endings.len());
+                rest = tail;
+                own.to_vec()
+            })
+            .collect())
+    }
+
+    /// Every option of every question as a framed, truncated pair, question by question.
+    fn pairs(&self, questions: &[Question]) -> Result<Vec<Pair>> {
+        let pieces = |texts: Vec<&str>| -> Result<Vec<Vec<u32>>> {
+            Ok(self
+                .tokenizer
+                .encode_batch(texts, false)
+                .map_err(anyhow::Error::msg)
+                .context("cannot tokenise the questions")?
+                .into_iter()
+                .map(|e| e.get_ids().to_vec())
+                .collect())
+        };
+        let contexts = pieces(questions.iter().map(|q| q.context.as_str()).collect())?;
+        let endings = pieces(
+            questions
+                .iter()
+                .flat_map(|q| q.endings.iter().map(String::as_str))
+                .collect(),
+        )?;
+        let context_of = questions
+            .iter()
+            .enumerate()
+            .flat_map(|(q, question)| std::iter::repeat_n(q, question.endings.len()));
+        Ok(endings
+            .iter()
+            .zip(context_of)
+            .map(|(ending, q)| frame(&contexts[q], ending, self.shape.max_len, self.special))
+            .collect())
+    }
+
+    /// The frozen layers' output of every pair, computed in batches of similar lengths; each
+    /// pair's own rows (its length × width), in the order given.
+    fn frozen_states(
+        &self,
+        pairs: &[Pair],
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<Tensor>> {
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by_key(|&i| pairs[i].ids.len());
+        let mut states = vec![None; pairs.len()];
+        let mut done = 0;
+        for batch in order.chunks(FROZEN_BATCH) {
+            crate::interrupt::check()?;
+            let batch_pairs: Vec<&Pair> = batch.iter().map(|&i| &pairs[i]).collect();
+            let (hidden, _) = self.lower(&batch_pairs)?;
+            for (row, &i) in batch.iter().enumerate() {
+                let len = pairs[i].ids.len();
+                states[i] = Some(hidden.get(row)?.narrow(0, 0, len)?.contiguous()?);
+            }
+            done += batch.len();
+            progress(Progress::Frozen {
+                done,
+                total: pairs.len(),
+            });
+        }
+        Ok(states
+            .into_iter()
+            .map(|s| s.expect("every pair was run"))
+            .collect())
+    }
+
+    /// Embeddings and frozen layers of a padded batch: (batch × longest × width, the additive
+    /// attention mask batch × 1 × 1 × longest).
+    fn lower(&self, pairs: &[&Pair]) -> Result<(Tensor, Tensor)> {
+        let longest = pairs.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+        let pad = |f: &dyn Fn(&Pair) -> &[u32]| -> Vec<u32> {
+            pairs
+                .iter()
+                .flat_map(|p| {
+                    let v = f(p);
+                    v.iter()
+                        .copied()
+                        .chain(std::iter::repeat_n(0, longest - v.len()))
+                })
+                .collect()
+        };
+        let shape = (pairs.len(), longest);
+        let ids = Tensor::from_vec(pad(&|p| &p.ids), shape, &self.device)?;
+        let types = Tensor::from_vec(pad(&|p| &p.types), shape, &self.device)?;
+        let lengths: Vec<usize> = pairs.iter().map(|p| p.ids.len()).collect();
+        let mask = self.attention_mask(&lengths, longest)?;
+        let e = &self.embeddings;
+        let (b, t) = shape;
+        let positions = e.position.narrow(0, 0, t)?;
+        let lookup = |table: &Tensor, ids: &Tensor| -> Result<Tensor> {
+            Ok(table
+                .index_select(&ids.flatten_all()?, 0)?
+                .reshape((b, t, ()))?)
+        };
+        let x =
+            (lookup(&e.word, &ids)? + lookup(&e.token_type, &types)?)?.broadcast_add(&positions)?;
+        let mut x = e.norm.fused(&x)?;
+        for layer in &self.layers[..self.shape.frozen_layers] {
+            x = layer.forward(&x, &mask, self.heads, false)?;
+        }
+        Ok((x, mask))
+    }
+
+    /// Option scores (rows / options × options) of the given rows of `states`, through the
+    /// trained layers and the head, differentiable.
+    fn upper_scores(&self, states: &[Tensor], rows: &[usize], options: usize) -> Result<Tensor> {
+        let lengths: Vec<usize> = rows
+            .iter()
+            .map(|&r| states[r].dim(0))
+            .collect::<Result<_, _>>()?;
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let width = states[rows[0]].dim(1)?;
+        let padded = rows
+            .iter()
+            .zip(&lengths)
+            .map(|(&r, &len)| {
+                if len == longest {
+                    Ok(states[r].clone())
+                } else {
+                    let zeros = Tensor::zeros((longest - len, width), DType::F32, &self.device)?;
+                    Tensor::cat(&[&states[r], &zeros], 0)
+                }
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let hidden = Tensor::stack(&padded, 0)?;
+        let mask = self.attention_mask(&lengths, longest)?;
+        self.upper(&hidden, &mask)?
+            .reshape((rows.len() / options, options))
+            .map_err(Into::into)
+    }
+
+    /// The trained layers, mean pooling over the real tokens and the head: one score per row.
+    fn upper(&self, hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let mut x = hidden.clone();
+        for layer in &self.layers[self.shape.frozen_layers..] {
+            x = layer.forward(&x, mask, self.heads, true)?;
+        }
+        // The additive mask is 0 on real tokens and -1e4 on padding: 1 + mask/1e4 is 1 and 0.
+        let (b, t, _) = x.dims3()?;
+        let keep = ((mask.reshape((b, t, 1))? * 1e-4)? + 1.0)?;
+        let pooled = x
+            .broadcast_mul(&keep)?
+            .sum(1)?
+            .broadcast_div(&keep.sum(1)?)?;
+        Ok(pooled
+            .matmul(&self.head_weight)?
+            .broadcast_add(&self.head_bias)?
+            .flatten_all()?)
+    }
+
+    /// 0 where a row has a token, -10,000 on its padding (batch × 1 × 1 × longest).
+    fn attention_mask(&self, lengths: &[usize], longest: usize) -> Result<Tensor> {
+        let mask: Vec<f32> = lengths
+            .iter()
+            .flat_map(|&len| (0..longest).map(move |i| if i < len { 0.0 } else { -1e4 }))
+            .collect();
+        Ok(Tensor::from_vec(
+            mask,
+            (lengths.len(), 1, 1, longest),
+            &self.device,
+        )?)
+    }
+}
+
+/// A new scoring head (weight, bias), initialised as BERT initialises a new layer: normal with
+/// its initializer_range, drawn from `seed`, and a zero bias.
+fn new_head(config: &Config, seed: u64, device: &Device) -> Result<(Var, Var)> {
+    let width = config.hidden_size;
+    let normal = Normal::new(0.0, config.initializer_range as f32)?;
+    let mut rng = Seed::new(seed).key(Key::CrossEncoderHead).rng();
+    let head: Vec<f32> = (0..width).map(|_| normal.sample(&mut rng)).collect();
+    Ok((
+        Var::from_tensor(&Tensor::from_vec(head, (width, 1), device)?)?,
+        Var::zeros(1, DType::F32, device)?,
+    ))
+}
+
+/// Whether `shape` fits a BERT model of `config` that the cross-encoder can run.
+fn check_shape(config: &Config, shape: Shape) -> Result<()> {
+    super::minilm::check_supported(config)?;
+    ensure!(
+        shape.frozen_layers <= config.num_hidden_layers,
+        "{} frozen layers, but the model has {}",
+        shape.frozen_layers,
+        config.num_hidden_layers
+    );
+    ensure!(
+        (4..=config.max_position_embeddings).contains(&shape.max_len),
+        "max length {} is not within 4..={}",
+        shape.max_len,
+        config.max_position_embeddings
+    );
+    Ok(())
+}
+
+/// The tokenizer's `[CLS]` and `[SEP]`, with its own truncation and padding turned off: pairs
+/// are framed and cut here, one option at a time.
+fn prepare_tokenizer(tokenizer: &mut Tokenizer) -> Result<Special> {
+    let token = |name: &str| {
+        tokenizer
+            .token_to_id(name)
+            .with_context(|| format!("the tokenizer has no {name} token"))
+    };
+    let special = Special {
+        cls: token("[CLS]")?,
+        sep: token("[SEP]")?,
+    };
+    tokenizer
+        .with_truncation(None)
+        .map_err(anyhow::Error::msg)?;
+    tokenizer.with_padding(None);
+    Ok(special)
+}
+
+/// Options run through the frozen layers in one product.
+const FROZEN_BATCH: usize = 64;
+/// Options scored in one forward pass.
+const SCORE_BATCH_OPTIONS: usize = 64;
+
+fn options_per_question(questions: &[Question]) -> Result<usize> {
+    let options = questions.first().map_or(0, |q| q.endings.len());
+    if let Some(q) = questions.iter().position(|q| q.endings.len() != options) {
+        bail!(
+            "question {} has {} options, question 1 has {options}",
+            q + 1,
+            questions[q].endings.len()
+        );
+    }
+    ensure!(
+        questions.is_empty() || options >= 2,
+        "a question needs at least two options"
+    );
+    Ok(options)
+}
+
+/// `[CLS] context [SEP] ending [SEP]` in at most `max_len` pieces: the ending keeps its first
+/// pieces up to what is left after half the budget for the context (or the whole context when
+/// it is shorter), and the context keeps its last pieces.
+fn frame(context: &[u32], ending: &[u32], max_len: usize, special: Special) -> Pair {
+    let budget = max_len - 3;
+    let ending_len = ending.len().min(budget - context.len().min(budget / 2));
+    let context_len = context.len().min(budget - ending_len);
+    let context = &context[context.len() - context_len..];
+    let mut ids = Vec::with_capacity(context_len + ending_len + 3);
+    ids.push(special.cls);
+    ids.extend_from_slice(context);
+    ids.push(special.sep);
+    let first_segment = ids.len();
+    ids.extend_from_slice(&ending[..ending_len]);
+    ids.push(special.sep);
+    let types = (0..ids.len())
+        .map(|i| u32::from(i >= first_segment))
+        .collect();
+    Pair { ids, types }
+}
+
+/// The learning rate of step `step`: linear from 0 to the peak over `warmup` steps, then
+/// linear to 0 at `total`.
+fn learning_rate(config: &TrainConfig, step: usize, warmup: usize, total: usize) -> f64 {
+    let peak = config.learning_rate;
+    if step < warmup {
+        peak * (step + 1) as f64 / warmup as f64
+    } else {
+        peak * (total - step) as f64 / (total - warmup).max(1) as f64
+    }
+}
+
+/// Hands out a named weight of the given shape, trainable or fixed: how the layers are built
+/// from the pretrained file (or a test's random weights).
+type TakeWeight<'a> = dyn FnMut(&str, &[usize], bool) -> Result<Tensor> + 'a;
+
+impl Norm {
+    fn take(take: &mut TakeWeight, prefix: &str, config: &Config, train: bool) -> Result<Self> {
+        let width = config.hidden_size;
+        Ok(Norm {
+            weight: take(&format!("{prefix}.weight"), &[width], train)?,
+            bias: take(&format!("{prefix}.bias"), &[width], train)?,
+            eps: config.layer_norm_eps,
+        })
+    }
+
+    /// candle's fused layer norm: fast, but gradients stop at it.
+    fn fused(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::layer_norm(
+            &x.contiguous()?,
+            &self.weight,
+            &self.bias,
+            self.eps as f32,
+        )?)
+    }
+
+    /// The same layer norm from differentiable ops.
+    fn differentiable(&self, x: &Tensor) -> Result<Tensor> {
+        let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+        let variance = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        Ok(centred
+            .broadcast_div(&(variance + self.eps)?.sqrt()?)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)?)
+    }
+}
+
+impl Dense {
+    fn take(
+        take: &mut TakeWeight,
+        prefix: &str,
+        inputs: usize,
+        outputs: usize,
+        train: bool,
+    ) -> Result<Self> {
+        Ok(Dense {
+            weight: take(&format!("{prefix}.weight"), &[outputs, inputs], train)?.t()?,
+            bias: take(&format!("{prefix}.bias"), &[outputs], train)?,
+        })
+    }
+
+    /// `x` (rows × inputs) → rows × outputs.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.matmul(&self.weight)?.broadcast_add(&self.bias)?)
+    }
+}
+
+impl Layer {
+    fn take(take: &mut TakeWeight, prefix: &str, config: &Config, train: bool) -> Result<Self> {
+        let (width, inner) = (config.hidden_size, config.intermediate_size);
+        let mut dense = |name: &str, inputs, outputs| {
+            Dense::take(take, &format!("{prefix}.{name}"), inputs, outputs, train)
+        };
+        let query = dense("attention.self.query", width, width)?;
+        let key = dense("attention.self.key", width, width)?;
+        let value = dense("attention.self.value", width, width)?;
+        let attention_output = dense("attention.output.dense", width, width)?;
+        let intermediate = dense("intermediate.dense", width, inner)?;
+        let output = dense("output.dense", inner, width)?;
+        Ok(Layer {
+            query,
+            key,
+            value,
+            attention_output,
+            intermediate,
+            output,
+            attention_norm: Norm::take(
+                take,
+                &format!("{prefix}.attention.output.LayerNorm"),
+                config,
+                train,
+            )?,
+            output_norm: Norm::take(take, &format!("{prefix}.output.LayerNorm"), config, train)?,
+        })
+    }
+
+    /// One transformer layer over a padded batch `x` (batch × tokens × width); with
+    /// `differentiable`, from ops that pass gradients back, otherwise from candle's fused ones.
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        heads: usize,
+        differentiable: bool,
+    ) -> Result<Tensor> {
+        let (b, t, width) = x.dims3()?;
+        let head = width / heads;
+        let rows = x.reshape((b * t, width))?;
+        let split = |d: &Dense| -> Result<Tensor> {
+            Ok(d.forward(&rows)?
+                .reshape((b, t, heads, head))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let (q, k, v) = (split(&self.query)?, split(&self.key)?, split(&self.value)?);
+        let scores = (q.matmul(&k.t()?)? / (head as f64).sqrt())?.broadcast_add(mask)?;
+        let probs = if differentiable {
+            candle_nn::ops::softmax(&scores, D::Minus1)?
+        } else {
+            candle_nn::ops::softmax_last_dim(&scores)?
+        };
+        let context = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b * t, width))?;
+        let norm = |n: &Norm, x: &Tensor| {
+            if differentiable {
+                n.differentiable(x)
+            } else {
+                n.fused(x)
+            }
+        };
+        let h = norm(
+            &self.attention_norm,
+            &(self.attention_output.forward(&context)? + &rows)?,
+        )?;
+        let inner = self.intermediate.forward(&h)?.gelu_erf()?;
+        let out = norm(&self.output_norm, &(self.output.forward(&inner)? + &h)?)?;
+        Ok(out.reshape((b, t, width))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    const WORDS: [&str; 24] = [
+        "man", "woman", "dog", "ball", "runs", "jumps", "throws", "catches", "the", "a", "park",
+        "water", "slowly", "quickly", "red", "blue", "kitchen", "cuts", "stirs", "bowl", "then",
+        "rope", "climbs", "smiles",
+    ];
+    /// The word that marks the real ending in the planted-tell data.
+    const MARKER: &str = "indeed";
+
+    /// A word-level tokenizer over `WORDS`, the marker and BERT's special tokens.
+    fn tokenizer() -> Tokenizer {
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+                .into_iter()
+                .chain(WORDS)
+                .chain([MARKER])
+                .enumerate()
+                .map(|(i, w)| (w.to_string(), serde_json::json!(i)))
+                .collect();
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+        });
+        json.to_string().parse().unwrap()
+    }
+
+    fn tiny_config() -> Config {
+        Config {
+            vocab_size: WORDS.len() + 5,
+            hidden_size: 32,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            intermediate_size: 64,
+            max_position_embeddings: 64,
+            ..Config::default()
+        }
+    }
+
+    fn tiny_model(frozen_layers: usize) -> CrossEncoder {
+        let config = tiny_config();
+        let shape = Shape {
+            max_len: 24,
+            frozen_layers,
+        };
+        CrossEncoder::from_weights(
+            &config,
+            crate::fixtures::random_bert_weights(&config, 5),
+            tokenizer(),
+            shape,
+            1,
+            &Device::Cpu,
+        )
+        .unwrap()
+    }
+
+    fn phrase(rng: &mut impl Rng, words: usize) -> String {
+        (0..words)
+            .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// `n` four-way questions of random words with gold labels drawn from `seed`; with
+    /// `marked`, the real ending (only) carries the marker word.
+    fn questions(n: usize, marked: bool, seed: u64) -> (Vec<Question>, Vec<usize>) {
+        let mut rng = Seed::new(seed).rng();
+        (0..n)
+            .map(|_| {
+                let gold = rng.random_range(0..4);
+                let context = phrase(&mut rng, 8);
+                let endings = (0..4)
+                    .map(|o| {
+                        let mut e = phrase(&mut rng, 5);
+                        if marked && o == gold {
+                            let at = rng.random_range(0..=5);
+                            let mut words: Vec<&str> = e.split(' ').collect();
+                            words.insert(at, MARKER);
+                            e = words.join(" ");
+                        }
+                        e
+                    })
+                    .collect();
+                (Question { context, endings }, gold)
+            })
+            .unzip()
+    }
+
+    fn accuracy(model: &CrossEncoder, questions: &[Question], gold: &[usize]) -> f64 {
+        let scores = model.score(questions).unwrap();
+        let right = scores
+            .iter()
+            .zip(gold)
+            .filter(|(s, &g)| s.iter().enumerate().all(|(o, &x)| o == g || x < s[g]))
+            .count();
+        right as f64 / gold.len() as f64
+    }
+
+    fn train_config(seed: u64) -> TrainConfig {
+        TrainConfig {
+            epochs: 4,
+            batch: 8,
+            learning_rate: 3e-3,
+            seed,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn frames_pairs_within_the_length_keeping_the_ending_and_the_end_of_the_context() {
+        let special = Special { cls: 100, sep: 101 };
+        let pair = frame(&[1, 2, 3], &[7, 8], 16, special);
+        assert_eq!(pair.ids, [100, 1, 2, 3, 101, 7, 8, 101]);
+        assert_eq!(pair.types, [0, 0, 0, 0, 0, 1, 1, 1]);
+        let context: Vec<u32> = (1..=20).collect();
+        let pair = frame(&context, &[50, 51, 52], 10, special);
+        assert_eq!(pair.ids, [100, 17, 18, 19, 20, 101, 50, 51, 52, 101]);
+        let ending: Vec<u32> = (50..70).collect();
+        let pair = frame(&context, &ending, 11, special);
+        assert_eq!(pair.ids.len(), 11);
+        assert_eq!(pair.ids[1..5], [17, 18, 19, 20]);
+        assert_eq!(pair.ids[6..10], [50, 51, 52, 53]);
+    }
+
+    #[test]
+    fn finds_a_planted_tell() {
+        let (train, train_gold) = questions(240, true, 1);
+        let (test, test_gold) = questions(200, true, 2);
+        let mut model = tiny_model(1);
+        let before = accuracy(&model, &test, &test_gold);
+        let summary = model
+            .train(&train, &train_gold, &train_config(3), &mut |_| {})
+            .unwrap();
+        let after = accuracy(&model, &test, &test_gold);
+        assert!(
+            after >= 0.9,
+            "accuracy {after} (before training {before}), {summary:?}"
+        );
+    }
+
+    #[test]
+    fn stays_at_chance_on_shuffled_labels() {
+        let (train, train_gold) = questions(240, false, 4);
+        let (test, test_gold) = questions(400, false, 5);
+        let mut model = tiny_model(0);
+        model
+            .train(&train, &train_gold, &train_config(6), &mut |_| {})
+            .unwrap();
+        let acc = accuracy(&model, &test, &test_gold);
+        let se = (0.25f64 * 0.75 / test.len() as f64).sqrt();
+        assert!((acc - 0.25).abs() <= 2.0 * se, "accuracy {acc}, se {se}");
+    }
+
+    #[test]
+    fn training_is_reproducible_from_the_seed_and_continues_from_the_weights() {
+        let (train, gold) = questions(48, true, 7);
+        let run = |seed: u64| {
+            let mut model = tiny_model(1);
+            let mut losses = Vec::new();
+            model
+                .train(&train, &gold, &train_config(seed), &mut |p| {
+                    if let Progress::Step { loss, .. } = p {
+                        losses.push(loss)
+                    }
+                })
+                .unwrap();
+            (model, losses)
+        };
+        let (mut a, losses_a) = run(9);
+        let (b, losses_b) = run(9);
+        let (_, losses_c) = run(10);
+        assert_eq!(losses_a, losses_b);
+        assert_eq!(a.score(&train).unwrap(), b.score(&train).unwrap());
+        assert_ne!(losses_a, losses_c, "another seed shuffles another way");
+        // A second call starts from the trained weights: its first batch (the same questions as
+        // the first call's first batch, same seed) has a lower loss than under the fresh model.
+        let mut again = Vec::new();
+        a.train(&train, &gold, &train_config(9), &mut |p| {
+            if let Progress::Step { loss, .. } = p {
+                again.push(loss)
+            }
+        })
+        .unwrap();
+        assert!(again[0] < losses_a[0] - 0.05, "{again:?} vs {losses_a:?}");
+    }
+
+    #[test]
+    fn gradients_reach_every_trained_layer_and_no_frozen_one() {
+        let mut model = tiny_model(1);
+        let (train, gold) = questions(8, true, 11);
+        let frozen_before = model.layers[0].query.weight.to_vec2::<f32>().unwrap();
+        let trained_before = model.layers[1].query.weight.to_vec2::<f32>().unwrap();
+        model
+            .train(&train, &gold, &train_config(1), &mut |_| {})
+            .unwrap();
+        assert_eq!(
+            model.layers[0].query.weight.to_vec2::<f32>().unwrap(),
+            frozen_before
+        );
+        assert_ne!(
+            model.layers[1].query.weight.to_vec2::<f32>().unwrap(),
+            trained_before
+        );
+    }
+
+    #[test]
+    #[cfg_attr(offline, ignore = "AFKIT_TEST_OFFLINE is set: MiniLM is not fetched")]
+    fn the_sentence_model_fine_tuned_finds_a_planted_tell() {
+        let dir = crate::models::DefaultModel::MiniLm
+            .ensure()
+            .expect("fetch MiniLM");
+        let mut model = CrossEncoder::load(&dir, Shape::default(), 1, &Compute::cpu()).unwrap();
+        let (train, train_gold) = questions(160, true, 12);
+        let (test, test_gold) = questions(100, true, 13);
+        let config = TrainConfig {
+            epochs: 3,
+            batch: 8,
+            learning_rate: 1e-4,
+            seed: 14,
+            ..Default::default()
+        };
+        model
+            .train(&train, &train_gold, &config, &mut |_| {})
+            .unwrap();
+        let acc = accuracy(&model, &test, &test_gold);
+        assert!(acc >= 0.9, "accuracy {acc}");
+    }
+
+    #[test]
+    fn trains_on_equal_option_counts_and_scores_any() {
+        let mut model = tiny_model(0);
+        let q = |n: usize, word: &str| Question {
+            context: "the man".into(),
+            endings: (0..n).map(|i| format!("{word} {i}")).collect(),
+        };
+        let err = model
+            .train(
+                &[q(4, "runs"), q(3, "runs")],
+                &[0, 0],
+                &train_config(1),
+                &mut |_| {},
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("question 2 has 3 options"), "{err}");
+        let together = model.score(&[q(4, "runs"), q(2, "sits")]).unwrap();
+        assert_eq!(together[0].len(), 4);
+        assert_eq!(together[1].len(), 2);
+        for (question, scores) in [q(4, "runs"), q(2, "sits")].iter().zip(&together) {
+            let alone = model.score(std::slice::from_ref(question)).unwrap();
+            for (a, b) in alone[0].iter().zip(scores) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
+        }
+    }
+}

@@ -1,0 +1,678 @@
+//! Adapting the generator to a corpus: low-rank updates (LoRA) of the top layers' weight
+//! matrices, trained on the corpus's own text by next-token prediction.
+//!
+//! A general-purpose LM writes in its own register; a stylistic classifier spots that register.
+//! Training on the user's corpus moves the model's register towards the corpus's. Each adapted
+//! matrix becomes `W + (alpha / rank) · B · A` with `A` (rank × in) and `B` (out × rank): few
+//! parameters, so a few hundred steps on a few thousand sentences neither overfit badly nor take
+//! long, and the adapter is merged into `W` when the model is loaded, so sampling with it costs
+//! nothing extra.
+//!
+//! Only the top layers are adapted. The layers below stay frozen, so their outputs are computed
+//! once for the whole corpus and reused by every step and epoch: training costs about what the
+//! top layers and the output head cost, not the whole model.
+//!
+//! The weights are the GGUF file's, dequantised to f32 on the CPU, as [`super::llama`] loads
+//! them. The forward pass here is candle ops: while training, compositions that have gradients
+//! (`rms_norm_slow`, `rope_i_slow`, a composed softmax); where no gradient flows (the frozen
+//! layers, evaluation), candle's fused kernels.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::ops::{log_softmax, rms_norm, rms_norm_slow, softmax_last_dim};
+use candle_nn::rotary_emb::{rope_i, rope_i_slow};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+use serde::{Deserialize, Serialize};
+
+use super::adapter::{Adapter, BaseModel};
+use super::family::Arch;
+use super::llama::{dequantised, rotary_tables, LlamaConfig};
+use super::model::read_header;
+use super::tokenizer::GgufTokenizer;
+use crate::seed::Seed;
+
+/// Sequences per matrix product in the frozen layers' single pass.
+const FROZEN_BATCH: usize = 8;
+
+/// The weight matrices of a block that LoRA adapts, by their GGUF names.
+pub const ADAPTED: [&str; 7] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
+/// Which matrices are adapted, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LoraShape {
+    pub rank: usize,
+    /// The update is scaled by alpha / rank.
+    pub alpha: f32,
+    /// The top this many blocks are adapted; the others stay frozen.
+    pub top_layers: usize,
+}
+
+/// How an adapter is trained.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TrainSettings {
+    pub epochs: usize,
+    pub learning_rate: f64,
+    /// Sequences per step.
+    pub batch: usize,
+    /// Tokens per training sequence (the document-start token included).
+    pub seq_len: usize,
+    /// Fixes the initial adapter and the order of the sequences.
+    pub seed: Seed,
+}
+
+/// Everything that makes a set of adapters, recorded with each of them: the project's groups
+/// are dealt into `folds` parts and each part gets the adapter trained on the others.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdapterSettings {
+    pub folds: usize,
+    pub lora: LoraShape,
+    pub train: TrainSettings,
+}
+
+/// A frozen block's weights, each (out × in) as the GGUF file stores them.
+struct FrozenBlock {
+    attn_norm: Tensor,
+    ffn_norm: Tensor,
+    w: BTreeMap<&'static str, Tensor>,
+}
+
+/// The trainable pair of one adapted matrix.
+struct LoraPair {
+    a: Var,
+    b: Var,
+}
+
+/// The model being adapted: frozen weights, and the LoRA pairs of the top blocks.
+pub struct AdaptModel {
+    cfg: LlamaConfig,
+    doc_start: u32,
+    embed: Tensor,
+    /// (vocab × d_model): the output head, or the embedding when tied.
+    head: Tensor,
+    blocks: Vec<FrozenBlock>,
+    final_norm: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    /// Per adapted block (the top `top_layers`), its pairs by matrix name.
+    lora: Vec<BTreeMap<&'static str, LoraPair>>,
+    shape: LoraShape,
+}
+
+/// A step of training, for progress reports.
+pub struct StepReport {
+    pub step: usize,
+    pub steps: usize,
+    /// The pass over the sequences this step belongs to, from 1, of `epochs`.
+    pub epoch: usize,
+    pub epochs: usize,
+    pub loss: f32,
+}
+
+/// What a training run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainReport {
+    pub sequences: usize,
+    pub tokens: usize,
+    pub steps: usize,
+    pub first_loss: f32,
+    pub last_loss: f32,
+    pub seconds: f64,
+}
+
+impl AdaptModel {
+    /// Reads a llama-family GGUF file, to adapt its top `shape.top_layers` blocks. Call
+    /// [`AdaptModel::fresh_adapter`] before training.
+    pub fn load(path: &Path, shape: LoraShape) -> Result<(Self, GgufTokenizer)> {
+        let (content, tokenizer, mut file) = read_header(path)?;
+        let cfg = LlamaConfig::from_gguf(&content)
+            .with_context(|| format!("{} is not a usable llama model", path.display()))?;
+        if cfg.arch != Arch::default() {
+            bail!(
+                "{}: adapters are trained for llama-family models only (this one is {})",
+                path.display(),
+                cfg.arch.family.architecture()
+            );
+        }
+        if shape.rank == 0 || shape.top_layers == 0 || shape.top_layers > cfg.n_layer {
+            bail!(
+                "LoRA needs a rank ≥ 1 and 1 to {} top layers (got rank {}, {} layers)",
+                cfg.n_layer,
+                shape.rank,
+                shape.top_layers
+            );
+        }
+        let cpu = Device::Cpu;
+        let mut load = |name: &str| dequantised(&content, &mut file, name, &cpu);
+        let embed = load("token_embd.weight")?;
+        let head = if content.tensor_infos.contains_key("output.weight") {
+            load("output.weight")?
+        } else {
+            embed.clone()
+        };
+        let mut blocks = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let mut w = BTreeMap::new();
+            for part in ADAPTED {
+                w.insert(part, load(&format!("blk.{i}.{part}.weight"))?);
+            }
+            blocks.push(FrozenBlock {
+                attn_norm: load(&format!("blk.{i}.attn_norm.weight"))?,
+                ffn_norm: load(&format!("blk.{i}.ffn_norm.weight"))?,
+                w,
+            });
+        }
+        let final_norm = load("output_norm.weight")?;
+        let (cos, sin) = rotary_tables(cfg.head_dim(), cfg.rope_theta)?;
+        let mut model = AdaptModel {
+            cfg,
+            doc_start: tokenizer.doc_start,
+            embed,
+            head,
+            blocks,
+            final_norm,
+            cos,
+            sin,
+            lora: Vec::new(),
+            shape,
+        };
+        model.fresh_adapter(Seed::default())?;
+        Ok((model, tokenizer))
+    }
+
+    /// Starts a new adapter: A random (from `seed`), B zero, so that the adapted model starts as
+    /// the base model.
+    pub fn fresh_adapter(&mut self, seed: Seed) -> Result<()> {
+        let mut rng = seed.rng();
+        let first = self.first_adapted();
+        self.lora = self.blocks[first..]
+            .iter()
+            .map(|block| new_pairs(block, self.shape.rank, &mut rng))
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    pub fn doc_start(&self) -> u32 {
+        self.doc_start
+    }
+
+    /// Blocks that stay frozen (below the adapted ones).
+    pub fn frozen_layers(&self) -> usize {
+        self.first_adapted()
+    }
+
+    fn first_adapted(&self) -> usize {
+        self.cfg.n_layer - self.shape.top_layers
+    }
+
+    /// The adapter as trained so far, under the GGUF names of the matrices it changes.
+    pub fn adapter(&self) -> Adapter {
+        let first = self.first_adapted();
+        let mut updates = BTreeMap::new();
+        for (i, pairs) in self.lora.iter().enumerate() {
+            for (part, pair) in pairs {
+                updates.insert(
+                    format!("blk.{}.{part}.weight", first + i),
+                    (pair.a.as_tensor().detach(), pair.b.as_tensor().detach()),
+                );
+            }
+        }
+        Adapter {
+            scale: self.scale(),
+            updates,
+        }
+    }
+
+    /// What engines loading this model's adapters need to know of it; `name` goes into PEFT's
+    /// config.
+    pub fn base_model(&self, name: &str) -> BaseModel {
+        BaseModel {
+            architecture: self.cfg.arch.family.architecture().to_string(),
+            n_head: self.cfg.n_head,
+            n_kv_head: self.cfg.n_kv_head,
+            name: name.to_string(),
+        }
+    }
+
+    fn scale(&self) -> f32 {
+        self.shape.alpha / self.shape.rank as f32
+    }
+
+    /// The frozen blocks' output for each sequence (all but its last token, which is only a
+    /// target): the input of the first adapted block, computed once.
+    pub fn frozen_states(&self, sequences: &[Vec<u32>]) -> Result<Vec<Tensor>> {
+        let mut states = Vec::with_capacity(sequences.len());
+        // Sequences of one length run together: bigger matrix products.
+        for chunk in sequences.chunk_by(|a, b| a.len() == b.len()) {
+            for batch in chunk.chunks(FROZEN_BATCH) {
+                let ids: Vec<u32> = batch
+                    .iter()
+                    .flat_map(|s| s[..s.len() - 1].to_vec())
+                    .collect();
+                let steps = batch[0].len() - 1;
+                let ids = Tensor::from_vec(ids, (batch.len() * steps,), &Device::Cpu)?;
+                let mut x = self.embed.index_select(&ids, 0)?.reshape((
+                    batch.len(),
+                    steps,
+                    self.cfg.d_model,
+                ))?;
+                for block in &self.blocks[..self.first_adapted()] {
+                    x = self.block(block, None, &x, Pass::Infer)?;
+                }
+                for row in 0..batch.len() {
+                    states.push(x.narrow(0, row, 1)?.contiguous()?.detach());
+                }
+            }
+        }
+        Ok(states)
+    }
+
+    /// Mean next-token loss of `sequences` (whose frozen states are `states`), with the
+    /// adapter (`adapted`) or without it (the base model).
+    pub fn loss(
+        &self,
+        sequences: &[&Vec<u32>],
+        states: &[&Tensor],
+        adapted: bool,
+        pass: Pass,
+    ) -> Result<Tensor> {
+        let mut x = Tensor::cat(states, 0)?;
+        let first = self.first_adapted();
+        for (i, block) in self.blocks[first..].iter().enumerate() {
+            x = self.block(block, adapted.then(|| &self.lora[i]), &x, pass)?;
+        }
+        let (rows, steps, d) = x.dims3()?;
+        let x = pass
+            .rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
+            .reshape((rows * steps, d))?;
+        let logits = x.matmul(&self.head.t()?)?;
+        let targets: Vec<u32> = sequences
+            .iter()
+            .flat_map(|s| s[1..].iter().copied())
+            .collect();
+        let targets = Tensor::new(targets.as_slice(), &Device::Cpu)?.unsqueeze(1)?;
+        let picked = log_softmax(&logits, D::Minus1)?.gather(&targets, 1)?;
+        Ok(picked.mean_all()?.neg()?)
+    }
+
+    /// One transformer block over `x` (rows × steps × d_model), with `lora` added to its
+    /// matrices when given.
+    fn block(
+        &self,
+        block: &FrozenBlock,
+        lora: Option<&BTreeMap<&'static str, LoraPair>>,
+        x: &Tensor,
+        pass: Pass,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let (rows, steps, d) = x.dims3()?;
+        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
+        let linear = |part: &'static str, h: &Tensor| -> Result<Tensor> {
+            let y = h.matmul(&block.w[part].t()?)?;
+            match lora.and_then(|l| l.get(part)) {
+                None => Ok(y),
+                Some(p) => {
+                    let low = h
+                        .matmul(&p.a.as_tensor().t()?)?
+                        .matmul(&p.b.as_tensor().t()?)?;
+                    Ok((y + (low * f64::from(self.scale()))?)?)
+                }
+            }
+        };
+        let flat = x.reshape((rows * steps, d))?;
+        let h = pass.rms_norm(&flat, &block.attn_norm, c.rms_eps)?;
+        let heads = |t: Tensor, n: usize| -> Result<Tensor> {
+            Ok(t.reshape((rows, steps, n, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let cos = self.cos.narrow(0, 0, steps)?;
+        let sin = self.sin.narrow(0, 0, steps)?;
+        let q = pass.rope(&heads(linear("attn_q", &h)?, nh)?, &cos, &sin)?;
+        let k = pass.rope(&heads(linear("attn_k", &h)?, nkv)?, &cos, &sin)?;
+        let v = heads(linear("attn_v", &h)?, nkv)?;
+        // Query heads of one key/value group are adjacent: (rows, kv_heads, group·steps, hd).
+        let group = nh / nkv;
+        let q = (q.reshape((rows, nkv, group * steps, hd))? * (1.0 / (hd as f64).sqrt()))?;
+        let scores = q
+            .matmul(&k.transpose(2, 3)?)?
+            .reshape((rows, nkv, group, steps, steps))?
+            .broadcast_add(&causal_mask(steps)?)?
+            .reshape((rows, nkv, group * steps, steps))?;
+        let attn = pass
+            .softmax(&scores)?
+            .matmul(&v)?
+            .reshape((rows, nh, steps, hd))?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((rows * steps, nh * hd))?;
+        let flat = (flat + linear("attn_output", &attn)?)?;
+        let h = pass.rms_norm(&flat, &block.ffn_norm, c.rms_eps)?;
+        let act = (linear("ffn_gate", &h)?.silu()? * linear("ffn_up", &h)?)?;
+        let out = (flat + linear("ffn_down", &act)?)?;
+        Ok(out.reshape((rows, steps, d))?)
+    }
+
+    /// Trains the LoRA pairs on `sequences` (each `seq_len` tokens, starting with the
+    /// document-start token) by next-token prediction. `progress` hears of every step.
+    pub fn train(
+        &mut self,
+        sequences: &[&Vec<u32>],
+        states: &[&Tensor],
+        settings: &TrainSettings,
+        progress: &mut dyn FnMut(&StepReport),
+    ) -> Result<TrainReport> {
+        let started = Instant::now();
+        if sequences.is_empty() {
+            bail!(
+                "nothing to train on: the corpus has no sequence of {} tokens",
+                settings.seq_len
+            );
+        }
+        let vars: Vec<Var> = self
+            .lora
+            .iter()
+            .flat_map(|pairs| pairs.values())
+            .flat_map(|p| [p.a.clone(), p.b.clone()])
+            .collect();
+        let mut optimizer = AdamW::new(
+            vars,
+            ParamsAdamW {
+                lr: settings.learning_rate,
+                weight_decay: 0.0,
+                ..Default::default()
+            },
+        )?;
+        let batch = settings.batch.max(1);
+        let steps = settings.epochs * sequences.len().div_ceil(batch);
+        let mut rng = settings.seed.rng();
+        let mut order: Vec<usize> = (0..sequences.len()).collect();
+        let (mut first_loss, mut last_loss, mut step) = (f32::NAN, f32::NAN, 0);
+        for epoch in 1..=settings.epochs {
+            order.shuffle(&mut rng);
+            for chunk in order.chunks(batch) {
+                crate::interrupt::check()?;
+                let seqs: Vec<&Vec<u32>> = chunk.iter().map(|&i| sequences[i]).collect();
+                let st: Vec<&Tensor> = chunk.iter().map(|&i| states[i]).collect();
+                let loss = self.loss(&seqs, &st, true, Pass::Train)?;
+                optimizer.backward_step(&loss)?;
+                last_loss = loss.to_scalar::<f32>()?;
+                if step == 0 {
+                    first_loss = last_loss;
+                }
+                step += 1;
+                progress(&StepReport {
+                    step,
+                    steps,
+                    epoch,
+                    epochs: settings.epochs,
+                    loss: last_loss,
+                });
+            }
+        }
+        Ok(TrainReport {
+            sequences: sequences.len(),
+            tokens: sequences.iter().map(|s| s.len()).sum(),
+            steps,
+            first_loss,
+            last_loss,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Mean next-token loss over `sequences`, with and without the adapter: (base, adapted).
+    pub fn evaluate(
+        &self,
+        sequences: &[Vec<u32>],
+        states: &[Tensor],
+        batch: usize,
+    ) -> Result<(f64, f64)> {
+        let (mut base, mut adapted, mut weight) = (0.0, 0.0, 0.0);
+        let all: Vec<usize> = (0..sequences.len()).collect();
+        for chunk in all.chunks(batch.max(1)) {
+            let seqs: Vec<&Vec<u32>> = chunk.iter().map(|&i| &sequences[i]).collect();
+            let st: Vec<&Tensor> = chunk.iter().map(|&i| &states[i]).collect();
+            let n = chunk.len() as f64;
+            let loss = |adapted| -> Result<f64> {
+                let loss = self.loss(&seqs, &st, adapted, Pass::Infer)?;
+                Ok(f64::from(loss.to_scalar::<f32>()?))
+            };
+            base += n * loss(false)?;
+            adapted += n * loss(true)?;
+            weight += n;
+        }
+        if weight == 0.0 {
+            bail!("nothing to evaluate on");
+        }
+        Ok((base / weight, adapted / weight))
+    }
+}
+
+/// Cuts the corpus's lines, in the given order, into training sequences of exactly `seq_len`
+/// tokens: the document-start token, then the lines' tokens as one stream (each line ends with
+/// a newline, as in a style primer). The stream's tail shorter than a sequence is dropped.
+pub fn pack_sequences(
+    tokenizer: &GgufTokenizer,
+    lines: &[String],
+    seq_len: usize,
+) -> Result<Vec<Vec<u32>>> {
+    if seq_len < 2 {
+        bail!("a training sequence needs at least 2 tokens");
+    }
+    let mut stream = Vec::new();
+    for line in lines {
+        stream.extend(tokenizer.encode(&format!("{line}\n"))?);
+    }
+    Ok(stream
+        .chunks_exact(seq_len - 1)
+        .map(|chunk| {
+            let mut seq = Vec::with_capacity(seq_len);
+            seq.push(tokenizer.doc_start);
+            seq.extend_from_slice(chunk);
+            seq
+        })
+        .collect())
+}
+
+fn new_pairs(
+    block: &FrozenBlock,
+    rank: usize,
+    rng: &mut ChaCha8Rng,
+) -> Result<BTreeMap<&'static str, LoraPair>> {
+    let mut pairs = BTreeMap::new();
+    for part in ADAPTED {
+        let (out, input) = block.w[part].dims2()?;
+        let normal = Normal::new(0.0, 1.0 / (input as f64).sqrt())?;
+        let a: Vec<f32> = (0..rank * input)
+            .map(|_| normal.sample(rng) as f32)
+            .collect();
+        let a = Var::from_tensor(&Tensor::from_vec(a, (rank, input), &Device::Cpu)?)?;
+        let b = Var::zeros((out, rank), DType::F32, &Device::Cpu)?;
+        pairs.insert(part, LoraPair { a, b });
+    }
+    Ok(pairs)
+}
+
+/// (steps × steps): 0 where a query may look, a large negative number above the diagonal. Finite
+/// so that the backward pass never multiplies an infinity by zero.
+fn causal_mask(steps: usize) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..steps)
+        .flat_map(|i| (0..steps).map(move |j| if j > i { -1e9 } else { 0.0 }))
+        .collect();
+    Ok(Tensor::from_vec(mask, (steps, steps), &Device::Cpu)?)
+}
+
+/// Which ops a forward pass runs: compositions with gradients while training, candle's fused
+/// kernels (which have no backward pass) where no gradient flows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pass {
+    Train,
+    Infer,
+}
+
+impl Pass {
+    fn rms_norm(self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(match self {
+            Pass::Train => rms_norm_slow(x, weight, eps)?,
+            Pass::Infer => rms_norm(x, weight, eps)?,
+        })
+    }
+
+    fn rope(self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Pass::Train => rope_i_slow(x, cos, sin)?,
+            Pass::Infer => rope_i(x, cos, sin)?,
+        })
+    }
+
+    fn softmax(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Pass::Train => {
+                let max = x.max_keepdim(D::Minus1)?.detach();
+                let e = x.broadcast_sub(&max)?.exp()?;
+                Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+            }
+            Pass::Infer => Ok(softmax_last_dim(x)?),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Compute;
+    use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
+    use crate::lm::model::LanguageModel;
+
+    fn tiny_model(dir: &Path) -> std::path::PathBuf {
+        let path = dir.join("tiny.gguf");
+        let cfg = LlamaConfig {
+            vocab: RANDOM_GGUF_VOCAB,
+            d_model: 64,
+            n_layer: 3,
+            n_head: 4,
+            n_kv_head: 2,
+            d_ff: 128,
+            rope_theta: 10_000.0,
+            rms_eps: 1e-5,
+            arch: Default::default(),
+        };
+        write_random_gguf(&path, &cfg, 5).unwrap();
+        path
+    }
+
+    const SHAPE: LoraShape = LoraShape {
+        rank: 4,
+        alpha: 8.0,
+        top_layers: 2,
+    };
+
+    /// Mean next-token loss of `seq` under the decoding engine (the model `generate` loads).
+    fn engine_loss(model: &LanguageModel, seq: &[u32]) -> f64 {
+        let (_, logprobs) = model.llama.prefill(seq).unwrap();
+        -logprobs.iter().map(|&l| f64::from(l)).sum::<f64>() / logprobs.len() as f64
+    }
+
+    #[test]
+    fn training_lowers_the_loss_and_the_merged_model_scores_as_the_trained_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = tiny_model(dir.path());
+        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE).unwrap();
+        let lines: Vec<String> = (0..40)
+            .map(|i| format!("the man throws the ball {}.", ["far", "high"][i % 2]))
+            .collect();
+        let seqs = pack_sequences(&tokenizer, &lines, 24).unwrap();
+        assert!(seqs.len() >= 8 && seqs.iter().all(|s| s.len() == 24));
+        let states = model.frozen_states(&seqs).unwrap();
+        let settings = TrainSettings {
+            epochs: 6,
+            learning_rate: 1e-2,
+            batch: 4,
+            seq_len: 24,
+            seed: Seed::new(3),
+        };
+        let (refs, state_refs): (Vec<_>, Vec<_>) = seqs.iter().zip(&states).unzip();
+        let mut reported = Vec::new();
+        let report = model
+            .train(&refs, &state_refs, &settings, &mut |step| {
+                reported.push((step.epoch, step.epochs))
+            })
+            .unwrap();
+        assert_eq!(reported.len(), report.steps);
+        let per_epoch = seqs.len().div_ceil(settings.batch);
+        let expected: Vec<_> = (1..=settings.epochs)
+            .flat_map(|e| std::iter::repeat_n((e, settings.epochs), per_epoch))
+            .collect();
+        assert_eq!(reported, expected, "each step reports its epoch");
+        assert!(report.last_loss < 0.8 * report.first_loss, "{report:?}");
+        let (base, adapted) = model.evaluate(&seqs, &states, 4).unwrap();
+        assert!(adapted < base - 0.5, "base {base}, adapted {adapted}");
+
+        // The adapter, saved and merged into the weights at load time, gives the decoding
+        // engine exactly the trained model, and the base model without it.
+        let file = dir.path().join("fold.safetensors");
+        model.adapter().save(&file).unwrap();
+        let adapter = Adapter::load(&file).unwrap();
+        for compute in [
+            Compute::cpu(),
+            Compute {
+                cpu_kernels: false,
+                ..Compute::cpu()
+            },
+        ] {
+            let merged = LanguageModel::load_adapted(&path, &compute, Some(&adapter)).unwrap();
+            let plain = LanguageModel::load_on(&path, &compute).unwrap();
+            let (b, a) = model.evaluate(&seqs[..1], &states[..1], 1).unwrap();
+            assert!((engine_loss(&merged, &seqs[0]) - a).abs() < 1e-3);
+            assert!((engine_loss(&plain, &seqs[0]) - b).abs() < 1e-3);
+        }
+    }
+
+    #[test]
+    fn a_fresh_adapter_leaves_the_model_unchanged_and_the_seed_fixes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = tiny_model(dir.path());
+        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE).unwrap();
+        let seqs = pack_sequences(&tokenizer, &["a dog runs on the grass.".into()], 8).unwrap();
+        let states = model.frozen_states(&seqs).unwrap();
+        let (base, adapted) = model.evaluate(&seqs, &states, 1).unwrap();
+        assert!((base - adapted).abs() < 1e-6);
+        // Training's differentiable ops compute what the fused kernels compute.
+        let loss = |pass| {
+            let l = model.loss(&[&seqs[0]], &[&states[0]], true, pass).unwrap();
+            l.to_scalar::<f32>().unwrap()
+        };
+        assert!((loss(Pass::Train) - loss(Pass::Infer)).abs() < 1e-4);
+        let a0 = model.adapter().updates["blk.2.attn_q.weight"]
+            .0
+            .to_vec2::<f32>()
+            .unwrap();
+        model.fresh_adapter(Seed::new(0)).unwrap();
+        let again = model.adapter().updates["blk.2.attn_q.weight"]
+            .0
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(a0, again);
+        model.fresh_adapter(Seed::new(1)).unwrap();
+        let other = model.adapter().updates["blk.2.attn_q.weight"]
+            .0
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_ne!(a0, other);
+        assert_eq!(model.adapter().updates.len(), 2 * ADAPTED.len());
+    }
+}

@@ -1,0 +1,319 @@
+//! The pure parts of SWAG's Algorithm 1: the initial assignment, the 80/20 split, accuracy,
+//! which negatives to swap, and when to stop. No models and no I/O here, so the invariants are
+//! tested directly (see the property tests below and `tests/filter.rs`).
+//!
+//! Swap rule (SWAG Algorithm 1, the replacement step). For a held-out context with gold score g:
+//! - easy negatives: assigned endings x_j with g > f(x_j);
+//! - adversarial candidates: unassigned pool endings x with f(x) > f(x_easy).
+//!
+//! Up to N_easy easy negatives are replaced, the easiest (lowest score) first, each by an
+//! adversarial candidate that outscores it, taken in the order of [`Replacement`]: by default
+//! the highest-scoring (the paper's rule), or the one scoring nearest the gold. The reference
+//! code's stricter variant (candidates must also outscore the gold) is not used: it would leave a
+//! context's easy negatives in place whenever its gold is hard to beat.
+
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::RngCore;
+use rand_chacha::ChaCha8Rng;
+
+use afkit_engine::seed::Seed;
+
+// Each step of a run draws from its own stream of the run's seed (`Seed::stream`), so that any
+// iteration can be re-run on its own and a resumed run draws exactly what an uninterrupted one
+// would.
+
+/// Stream of the initial assignment; iteration `i` uses stream `i + 1`.
+pub const INITIAL_STREAM: u64 = 0;
+/// Stream of the final cross-fitted pass.
+pub const FINAL_STREAM: u64 = u64::MAX;
+
+pub fn iteration_stream(iteration: usize) -> u64 {
+    iteration as u64 + 1
+}
+
+/// k distinct endings drawn uniformly from `pool` (which must hold at least k).
+pub fn initial_draw(pool: &[i64], k: usize, rng: &mut ChaCha8Rng) -> Vec<i64> {
+    pool.choose_multiple(rng, k).copied().collect()
+}
+
+// Without groups (every context a group of its own) the split and the folds draw exactly as
+// they did before groups could be held out together, so a recorded seed still gives its run.
+
+/// A random split of the contexts into train (about 80%) and test (about 20%, at least one
+/// context), whole groups at a time: the first of five folds dealt by group is held out.
+/// `groups[i]` is context i's group (`None`: a group of its own).
+pub fn split_80_20(groups: &[Option<&str>], rng: &mut ChaCha8Rng) -> (Vec<usize>, Vec<usize>) {
+    let n = groups.len();
+    if groups.iter().all(Option::is_none) {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(rng);
+        let n_test = ((n as f64 * 0.2).round() as usize).clamp(1.min(n), n);
+        let test = order.split_off(n - n_test);
+        return (order, test);
+    }
+    let fold_of = folds(groups, 5, rng);
+    (0..n).partition(|&i| fold_of[i] != 0)
+}
+
+/// Deals the contexts into `folds` folds of near-equal size by group ([`afkit_engine::folds`]), at
+/// random.
+pub fn folds(groups: &[Option<&str>], folds: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    if groups.iter().all(Option::is_none) {
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.shuffle(rng);
+        let mut fold_of = vec![0; groups.len()];
+        for (position, &context) in order.iter().enumerate() {
+            fold_of[context] = position % folds;
+        }
+        return fold_of;
+    }
+    afkit_engine::folds::assign(groups, folds, Seed::new(rng.next_u64()))
+}
+
+/// A choice counts as solved when the gold outscores every assigned negative (ties are errors,
+/// so a model that scores everything alike sits at or below chance, never above).
+pub fn solved(gold: f32, assigned: &[f32]) -> bool {
+    assigned.iter().all(|&s| gold > s)
+}
+
+/// Which adversarial candidate replaces an easy negative.
+///
+/// AF wants negatives its models cannot tell from the real ending, not negatives they prefer to
+/// it. Taking the highest-scoring candidate every time pushes the assigned negatives past the
+/// gold, and on a small project, where the held-out models are noisy, the audit's classifiers
+/// then learn to avoid what AF favoured and pick the real ending *less* often than chance. Taking
+/// the candidate nearest the gold brought the word n-gram baselines of 120 fresh ActivityNet
+/// contexts from 0.16–0.20 back to 0.29–0.32 (chance 0.25), but the character n-grams stayed
+/// low and the language models and the fine-tuned cross-encoder found the real ending more often.
+/// At 1,000 contexts it kept every style row at 0.24–0.28 but let Gemma-3-270M find the real
+/// ending 2 points more often (BENCHMARKS.md, "Replacing towards the gold"), so it is not the
+/// default.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Replacement {
+    /// The highest-scoring candidate (SWAG's rule; the default).
+    #[default]
+    Highest,
+    /// The candidate whose score is nearest the gold's: negatives as likely as the real ending
+    /// to the models, no more.
+    NearestGold,
+}
+
+/// The swaps for one held-out context: pairs (slot of the replaced easy negative, ending id that
+/// replaces it). `assigned`: (ending id, score) per slot; `unassigned`: (ending id, score) of the
+/// pool endings not assigned (the gold excluded).
+pub fn choose_swaps(
+    gold: f32,
+    assigned: &[(i64, f32)],
+    unassigned: &[(i64, f32)],
+    n_easy: usize,
+    replacement: Replacement,
+) -> Vec<(usize, i64)> {
+    let mut easy: Vec<usize> = (0..assigned.len())
+        .filter(|&slot| gold > assigned[slot].1)
+        .collect();
+    easy.sort_by(|&a, &b| assigned[a].1.total_cmp(&assigned[b].1).then(a.cmp(&b)));
+    // Candidates in order of preference, ties broken by ending id.
+    let mut candidates: Vec<(i64, f32)> = unassigned.to_vec();
+    match replacement {
+        Replacement::NearestGold => candidates.sort_by(|a, b| {
+            (a.1 - gold)
+                .abs()
+                .total_cmp(&(b.1 - gold).abs())
+                .then(a.0.cmp(&b.0))
+        }),
+        Replacement::Highest => candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))),
+    }
+    let mut swaps = Vec::new();
+    for slot in easy.into_iter().take(n_easy) {
+        let easy_score = assigned[slot].1;
+        if let Some(at) = candidates.iter().position(|c| c.1 > easy_score) {
+            swaps.push((slot, candidates.remove(at).0));
+        }
+    }
+    swaps
+}
+
+/// The convergence rule of a phase: it stops once its last `patience` iterations were each
+/// *quiet* — fewer swaps than 1% of the held-out contexts, or the deciding model's held-out
+/// accuracy within two standard errors of chance, 1/(k+1) + 2·sqrt(c(1−c)/n_test) — but never
+/// before `min_iterations`. Each iteration holds out a fifth of the contexts, so five
+/// iterations give every context one turn on average; on a small project the held-out accuracy
+/// is near chance from the start (its models train on a few dozen contexts), and without the
+/// floor AF stopped after two iterations having filtered a third of the contexts.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Convergence {
+    pub patience: usize,
+    pub min_iterations: usize,
+    pub min_swap_fraction: f64,
+    pub chance_standard_errors: f64,
+}
+
+impl Default for Convergence {
+    fn default() -> Self {
+        Convergence {
+            patience: 2,
+            min_iterations: 5,
+            min_swap_fraction: 0.01,
+            chance_standard_errors: 2.0,
+        }
+    }
+}
+
+impl Convergence {
+    /// Whether one iteration was quiet: `accuracy` is the deciding model's held-out accuracy.
+    pub fn quiet(&self, k: usize, swaps: usize, n_test: usize, accuracy: f64) -> bool {
+        let chance = 1.0 / (k as f64 + 1.0);
+        let margin = self.chance_standard_errors * (chance * (1.0 - chance) / n_test as f64).sqrt();
+        (swaps as f64) < self.min_swap_fraction * n_test as f64 || accuracy <= chance + margin
+    }
+
+    /// Whether a phase whose iterations were quiet or not (in order) has converged.
+    pub fn converged(&self, quiet: &[bool]) -> bool {
+        self.patience > 0
+            && quiet.len() >= self.patience.max(self.min_iterations)
+            && quiet[quiet.len() - self.patience..].iter().all(|&q| q)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scores() -> impl Strategy<Value = f32> {
+        // Few distinct values, so ties are common.
+        (0i32..8).prop_map(|v| v as f32 / 2.0)
+    }
+
+    proptest! {
+        #[test]
+        fn swaps_replace_easy_negatives_by_higher_scoring_unassigned_endings(
+            gold in scores(),
+            assigned in prop::collection::vec(scores(), 1..10),
+            unassigned in prop::collection::vec(scores(), 0..20),
+            n_easy in 0usize..4,
+            nearest in any::<bool>(),
+        ) {
+            let replacement =
+                if nearest { Replacement::NearestGold } else { Replacement::Highest };
+            let assigned: Vec<(i64, f32)> =
+                assigned.into_iter().enumerate().map(|(i, s)| (i as i64, s)).collect();
+            let unassigned: Vec<(i64, f32)> =
+                unassigned.into_iter().enumerate().map(|(i, s)| (100 + i as i64, s)).collect();
+            let swaps = choose_swaps(gold, &assigned, &unassigned, n_easy, replacement);
+            prop_assert!(swaps.len() <= n_easy);
+            let mut slots: Vec<usize> = swaps.iter().map(|s| s.0).collect();
+            let mut news: Vec<i64> = swaps.iter().map(|s| s.1).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            news.sort_unstable();
+            news.dedup();
+            prop_assert_eq!(slots.len(), swaps.len(), "a slot is swapped at most once");
+            prop_assert_eq!(news.len(), swaps.len(), "an ending comes in at most once");
+            for (slot, new) in &swaps {
+                let old_score = assigned[*slot].1;
+                let new_score = unassigned.iter().find(|u| u.0 == *new).unwrap().1;
+                prop_assert!(gold > old_score, "only easy negatives are replaced");
+                prop_assert!(new_score > old_score, "the newcomer outscores what it replaces");
+                // No candidate left unchosen was eligible and preferable.
+                for u in unassigned.iter().filter(|u| u.1 > old_score && !news.contains(&u.0)) {
+                    match replacement {
+                        Replacement::NearestGold => prop_assert!(
+                            (u.1 - gold).abs() >= (new_score - gold).abs(),
+                            "{u:?} is nearer the gold than the newcomer {new}"
+                        ),
+                        Replacement::Highest => prop_assert!(u.1 <= new_score),
+                    }
+                }
+            }
+            // The rule is not idle: when some unassigned ending outscores the easiest easy
+            // negative, at least one swap happens.
+            let best = unassigned.iter().map(|u| u.1).fold(f32::MIN, f32::max);
+            let easiest = assigned.iter().filter(|a| gold > a.1).map(|a| a.1).fold(f32::MAX, f32::min);
+            if n_easy > 0 && best > easiest {
+                prop_assert!(!swaps.is_empty());
+            }
+        }
+
+        #[test]
+        fn split_is_a_partition_holding_out_whole_groups(
+            ids in prop::collection::vec(prop::option::of(0u8..30), 1..200),
+            seed in 0u64..1000,
+        ) {
+            let names: Vec<Option<String>> = ids.iter().map(|g| g.map(|g| format!("v{g}"))).collect();
+            let groups: Vec<Option<&str>> = names.iter().map(|g| g.as_deref()).collect();
+            let n = groups.len();
+            let (train, test) = split_80_20(&groups, &mut Seed::new(seed).stream(1));
+            let mut all: Vec<usize> = train.iter().chain(&test).copied().collect();
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..n).collect::<Vec<_>>());
+            prop_assert!(!test.is_empty());
+            for &i in &train {
+                prop_assert!(
+                    groups[i].is_none() || test.iter().all(|&j| groups[j] != groups[i]),
+                    "group {:?} on both sides", groups[i]
+                );
+            }
+            if groups.iter().all(Option::is_none) {
+                prop_assert!((test.len() as f64 - n as f64 * 0.2).abs() <= 1.0);
+            }
+        }
+
+        #[test]
+        fn initial_draw_takes_k_distinct_pool_endings(
+            pool_size in 1usize..40, k in 1usize..10, seed in 0u64..1000,
+        ) {
+            prop_assume!(pool_size >= k);
+            let pool: Vec<i64> = (0..pool_size as i64).map(|i| i * 7 + 3).collect();
+            let draw = initial_draw(&pool, k, &mut Seed::new(seed).stream(INITIAL_STREAM));
+            let mut distinct = draw.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            prop_assert_eq!(distinct.len(), k);
+            prop_assert!(draw.iter().all(|e| pool.contains(e)));
+            prop_assert_eq!(draw, initial_draw(&pool, k, &mut Seed::new(seed).stream(INITIAL_STREAM)));
+        }
+    }
+
+    #[test]
+    fn nearest_gold_takes_the_candidate_level_with_the_gold_where_highest_overshoots() {
+        let assigned = [(1, 0.0), (2, 3.0)];
+        let unassigned = [(10, 5.0), (11, 1.1), (12, 0.5)];
+        let swaps = |rule| choose_swaps(1.0, &assigned, &unassigned, 2, rule);
+        assert_eq!(swaps(Replacement::NearestGold), [(0, 11)]);
+        assert_eq!(swaps(Replacement::Highest), [(0, 10)]);
+    }
+
+    #[test]
+    fn ties_with_the_gold_are_not_solved() {
+        assert!(solved(1.0, &[0.5, 0.9]));
+        assert!(!solved(1.0, &[0.5, 1.0]));
+        assert!(solved(1.0, &[]));
+    }
+
+    #[test]
+    fn convergence_needs_patience_quiet_iterations_in_a_row() {
+        let rule = Convergence::default();
+        // k = 9, 200 held out: chance 0.1, margin 2·sqrt(0.09/200) ≈ 0.042.
+        assert!(rule.quiet(9, 0, 200, 0.9), "no swaps");
+        assert!(rule.quiet(9, 50, 200, 0.14));
+        assert!(!rule.quiet(9, 50, 200, 0.15));
+        assert!(!rule.converged(&[true]));
+        assert!(!rule.converged(&[false, false, false, true, false]));
+        assert!(
+            !rule.converged(&[true, true, true, true]),
+            "fewer than min_iterations"
+        );
+        assert!(rule.converged(&[false, false, false, true, true]));
+    }
+
+    #[test]
+    fn folds_are_balanced() {
+        let f = folds(&[None; 23], 5, &mut Seed::new(1).stream(FINAL_STREAM));
+        for fold in 0..5 {
+            let size = f.iter().filter(|&&x| x == fold).count();
+            assert!(size == 4 || size == 5);
+        }
+    }
+}

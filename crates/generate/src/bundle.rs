@@ -1,0 +1,739 @@
+//! Pool bundles (`afkit pool export` / `afkit pool import`): a project's pools with every stored
+//! feature and score, without the corpus, so that the pools of a set of contexts can be kept (in
+//! a repository, say) and filtered again in another project that ingested the same corpus.
+//!
+//! A bundle is a zip archive holding one deflated file, [`ENTRY`], of JSON lines:
+//!
+//! 1. a header: `{"format": "afkit pool bundle", "version": 1, "contexts": N, "generations":
+//!    [...], "scorers": [...]}`, the generation jobs (backend, model, its SHA-256, prompt,
+//!    settings, seed, start time) and the scorer models' SHA-256s that the lines name by index;
+//! 2. one line per context, `{"context": {...}}`, in the source project's example order: its id
+//!    (the ingested record's id, e.g. `video#index`), `hash` (SHA-256 of its group, sent1, sent2
+//!    and found ending, so that a context whose text differs is refused), its `pool` row, its
+//!    `endings` (the found one first, without its text, then the candidates in the order they
+//!    were stored; each with its LM features and scorer scores), its growth rounds and the
+//!    generation jobs that could not use it;
+//! 3. `{"end": {"contexts": N, "endings": M}}`, so a cut-off file is refused.
+//!
+//! Floats are written in their shortest form that reads back to the same bits, timestamps as
+//! stored, and the archive's dates are fixed: exporting the same pools gives the same bytes,
+//! and export → import → export gives the bundle back unchanged. Sentence vectors are not
+//! carried (`filter` recomputes them); nor is anything of AF runs (a growth round names the run
+//! it answered by that run's id in the project that grew the pool).
+//!
+//! Import checks the whole bundle against the project before it writes anything, and writes it
+//! in one transaction: a killed import leaves the project as it was. It refuses a context the
+//! project has not ingested, one whose text differs, and one that already has a pool.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use afkit_engine::output::Output;
+use afkit_store::bundle::{
+    ContextRows, EndingRow, GenerationRow, GrowthRow, PoolRow, ScoreRow, UnusableRow,
+};
+use afkit_store::examples::Example;
+use afkit_store::Store;
+
+/// The bundle's `format` field.
+pub const FORMAT: &str = "afkit pool bundle";
+/// The version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// The one file in the archive.
+pub const ENTRY: &str = "pools.jsonl";
+/// Problems listed by a refused import before the count of the rest.
+const SHOWN_PROBLEMS: usize = 10;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    format: String,
+    version: u32,
+    contexts: usize,
+    generations: Vec<Generation>,
+    scorers: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Generation {
+    backend: String,
+    model: String,
+    model_sha256: Option<String>,
+    prompt: String,
+    params: String,
+    seed: i64,
+    started_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pool {
+    generation: usize,
+    requested: i64,
+    produced: i64,
+    ctx_logprob: Option<f64>,
+    n_tok_sent1: Option<i64>,
+    n_tok_sent2: Option<i64>,
+    seconds: f64,
+    finished_at: String,
+    /// The ids of the contexts shown before this one (style priming).
+    style_examples: Option<Vec<String>>,
+    draws: Option<i64>,
+    rejected: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ending {
+    /// `None` for the found ending (its text is the corpus's).
+    text: Option<String>,
+    generation: Option<usize>,
+    lp_cond: Option<f64>,
+    lp_alone: Option<f64>,
+    lp_final_punct: Option<f64>,
+    n_tok: Option<i64>,
+    /// (scorer index, ll_cond, ll_alone, n_tok).
+    scores: Vec<(usize, f64, f64, i64)>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Growth {
+    af_run: i64,
+    generation: usize,
+    requested: i64,
+    produced: i64,
+    draws: i64,
+    rejected: String,
+    seconds: f64,
+    finished_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Unusable {
+    generation: usize,
+    reason: String,
+    recorded_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BundleContext {
+    id: String,
+    hash: String,
+    pool: Option<Pool>,
+    endings: Vec<Ending>,
+    growth: Vec<Growth>,
+    unusable: Vec<Unusable>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct End {
+    contexts: usize,
+    endings: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum Line {
+    Context(Box<BundleContext>),
+    End(End),
+}
+
+/// What `pool export` wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExportSummary {
+    pub file: PathBuf,
+    pub contexts: usize,
+    pub pools: usize,
+    /// Generated endings (the found ones, carried without their text, not counted).
+    pub endings: usize,
+    pub bytes: u64,
+}
+
+/// What `pool import` wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImportSummary {
+    pub contexts: usize,
+    pub pools: usize,
+    /// Generated endings.
+    pub endings: usize,
+    pub generations: usize,
+}
+
+/// The hash a bundle keys a context's text by: SHA-256 of its group, sent1, sent2 and found
+/// ending, NUL-separated.
+pub fn context_hash(ex: &Example) -> String {
+    let mut h = Sha256::new();
+    for part in [&ex.group, &ex.sent1, &ex.sent2, &ex.ending] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    afkit_engine::models::hex(&h.finalize())
+}
+
+/// Writes the project's pools to `file` (through `output`: never over the project, a temporary
+/// file renamed into place).
+pub fn export_bundle(store: &Store, file: &Path, output: &Output) -> Result<ExportSummary> {
+    let output = output.clone().protect_project(store.path());
+    output.check(file)?;
+    let ids = store.bundle_context_ids()?;
+    let generations = store.bundle_generations()?;
+    let scorers = store.bundle_scorer_models()?;
+    let header = Header {
+        format: FORMAT.into(),
+        version: VERSION,
+        contexts: ids.len(),
+        generations: generations.iter().map(Generation::of).collect(),
+        scorers,
+    };
+    let mut staged = output.stage(file)?;
+    let mut summary = ExportSummary {
+        file: file.to_path_buf(),
+        contexts: ids.len(),
+        pools: 0,
+        endings: 0,
+        bytes: 0,
+    };
+    {
+        let mut zip = zip::ZipWriter::new(staged.file());
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .last_modified_time(zip::DateTime::default())
+            .unix_permissions(0o644);
+        zip.start_file(ENTRY, options)?;
+        let mut out = std::io::BufWriter::new(&mut zip);
+        write_line(&mut out, &header)?;
+        let gen_ids: Vec<i64> = generations.iter().map(|g| g.id).collect();
+        let mut all_endings = 0;
+        for &id in &ids {
+            afkit_engine::interrupt::check()?;
+            let line = bundle_context(store, id, &gen_ids, &header.scorers)?;
+            summary.pools += usize::from(line.pool.is_some());
+            summary.endings += line.endings.len().saturating_sub(1);
+            all_endings += line.endings.len();
+            write_line(&mut out, &Line::Context(Box::new(line)))?;
+        }
+        let end = End {
+            contexts: ids.len(),
+            endings: all_endings,
+        };
+        write_line(&mut out, &Line::End(end))?;
+        out.flush()?;
+        drop(out);
+        zip.finish()?;
+    }
+    summary.bytes = staged.file().metadata()?.len();
+    output.commit(vec![staged])?;
+    Ok(summary)
+}
+
+fn write_line(out: &mut impl Write, value: &impl Serialize) -> Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
+    out.write_all(b"\n")?;
+    Ok(())
+}
+
+impl Generation {
+    fn of(g: &GenerationRow) -> Generation {
+        Generation {
+            backend: g.backend.clone(),
+            model: g.model.clone(),
+            model_sha256: g.model_sha256.clone(),
+            prompt: g.prompt.clone(),
+            params: g.params.clone(),
+            seed: g.seed,
+            started_at: g.started_at.clone(),
+        }
+    }
+
+    fn row(&self) -> GenerationRow {
+        GenerationRow {
+            id: 0,
+            backend: self.backend.clone(),
+            model: self.model.clone(),
+            model_sha256: self.model_sha256.clone(),
+            prompt: self.prompt.clone(),
+            params: self.params.clone(),
+            seed: self.seed,
+            started_at: self.started_at.clone(),
+        }
+    }
+}
+
+/// Index of a stored id in the bundle's list.
+fn index_of<T: PartialEq + std::fmt::Debug>(list: &[T], item: &T) -> Result<usize> {
+    list.iter()
+        .position(|x| x == item)
+        .ok_or_else(|| anyhow!("{item:?} is not among the bundle's records"))
+}
+
+/// One context of the project as a bundle line.
+fn bundle_context(
+    store: &Store,
+    example_id: i64,
+    gen_ids: &[i64],
+    scorers: &[String],
+) -> Result<BundleContext> {
+    let ex = store
+        .example(example_id)?
+        .with_context(|| format!("example {example_id} is gone"))?;
+    let rows = store.bundle_context(example_id)?;
+    let generation = |id: &i64| index_of(gen_ids, id);
+    let pool = rows
+        .pool
+        .map(|p| pool_line(store, p, gen_ids))
+        .transpose()?;
+    let endings = rows
+        .endings
+        .into_iter()
+        .map(|e| {
+            let scores = e
+                .scores
+                .iter()
+                .map(|s| Ok((index_of(scorers, &s.model)?, s.ll_cond, s.ll_alone, s.n_tok)))
+                .collect::<Result<_>>()?;
+            Ok(Ending {
+                text: (!e.is_gold).then_some(e.text),
+                generation: e.generation_id.as_ref().map(generation).transpose()?,
+                lp_cond: e.lp_cond,
+                lp_alone: e.lp_alone,
+                lp_final_punct: e.lp_final_punct,
+                n_tok: e.n_tok_ending,
+                scores,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let growth = rows
+        .growth
+        .into_iter()
+        .map(|g| {
+            Ok(Growth {
+                af_run: g.af_run,
+                generation: generation(&g.generation_id)?,
+                requested: g.requested,
+                produced: g.produced,
+                draws: g.draws,
+                rejected: g.rejected,
+                seconds: g.seconds,
+                finished_at: g.finished_at,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let unusable = rows
+        .unusable
+        .into_iter()
+        .map(|u| {
+            Ok(Unusable {
+                generation: generation(&u.generation_id)?,
+                reason: u.reason,
+                recorded_at: u.recorded_at,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let line = BundleContext {
+        hash: context_hash(&ex),
+        id: ex.ext_id,
+        pool,
+        endings,
+        growth,
+        unusable,
+    };
+    check_finite(&line)?;
+    Ok(line)
+}
+
+fn pool_line(store: &Store, p: PoolRow, gen_ids: &[i64]) -> Result<Pool> {
+    let style_examples = match &p.style_examples {
+        None => None,
+        Some(json) => Some(store.ext_ids_of(&serde_json::from_str::<Vec<i64>>(json)?)?),
+    };
+    Ok(Pool {
+        generation: index_of(gen_ids, &p.generation_id)?,
+        requested: p.requested,
+        produced: p.produced,
+        ctx_logprob: p.ctx_logprob,
+        n_tok_sent1: p.n_tok_sent1,
+        n_tok_sent2: p.n_tok_sent2,
+        seconds: p.seconds,
+        finished_at: p.finished_at,
+        style_examples,
+        draws: p.draws,
+        rejected: p.rejected,
+    })
+}
+
+/// JSON has no infinities or NaN: a stored one would come back as something else, so it is
+/// refused by name rather than written.
+fn check_finite(c: &BundleContext) -> Result<()> {
+    let mut floats: Vec<f64> = Vec::new();
+    if let Some(p) = &c.pool {
+        floats.extend(p.ctx_logprob);
+        floats.push(p.seconds);
+    }
+    for e in &c.endings {
+        floats.extend(
+            [e.lp_cond, e.lp_alone, e.lp_final_punct]
+                .into_iter()
+                .flatten(),
+        );
+        floats.extend(e.scores.iter().flat_map(|s| [s.1, s.2]));
+    }
+    floats.extend(c.growth.iter().map(|g| g.seconds));
+    if floats.iter().any(|x| !x.is_finite()) {
+        bail!(
+            "context {} has a feature or score that is not a finite number; a bundle cannot \
+             carry it",
+            c.id
+        );
+    }
+    Ok(())
+}
+
+/// Reads a bundle: the header, then `each` on every context line in order (checked on its own:
+/// indices in range, the found ending first, candidate texts present and distinct), then the
+/// closing line's counts. Fails on anything else, naming the line.
+fn read_bundle<R: Read + Seek>(
+    reader: R,
+    mut each: impl FnMut(&Header, BundleContext) -> Result<()>,
+) -> Result<Header> {
+    let mut archive = zip::ZipArchive::new(reader).map_err(|e| {
+        anyhow!("not a pool bundle, or one cut off or damaged (the zip archive is unreadable: {e})")
+    })?;
+    let entry = archive
+        .by_name(ENTRY)
+        .map_err(|e| anyhow!("not a pool bundle: the archive has no {ENTRY} ({e})"))?;
+    let mut lines = BufReader::new(entry).lines();
+    let mut next = |n: usize| -> Result<Option<String>> {
+        lines
+            .next()
+            .transpose()
+            .with_context(|| format!("{ENTRY} line {n}: unreadable (cut off or damaged)"))
+    };
+    let first = next(1)?.ok_or_else(|| anyhow!("{ENTRY} is empty"))?;
+    let header = read_header(&first)?;
+    let (mut contexts, mut endings) = (0, 0);
+    let mut seen = HashSet::new();
+    for n in 2.. {
+        let Some(text) = next(n)? else {
+            bail!("{ENTRY} ends at line {n} without its closing line: the bundle is cut off");
+        };
+        let line: Line =
+            serde_json::from_str(&text).map_err(|e| anyhow!("{ENTRY} line {n}: {e}"))?;
+        match line {
+            Line::Context(c) => {
+                let c = *c;
+                check_context(&header, &c)
+                    .with_context(|| format!("{ENTRY} line {n}, context {}", c.id))?;
+                if !seen.insert(c.id.clone()) {
+                    bail!("{ENTRY} line {n}: context {} appears twice", c.id);
+                }
+                contexts += 1;
+                endings += c.endings.len();
+                each(&header, c)?;
+            }
+            Line::End(end) => {
+                if (end.contexts, end.endings) != (contexts, endings) || contexts != header.contexts
+                {
+                    bail!(
+                        "{ENTRY} line {n}: the bundle says {} contexts and {} endings, but holds \
+                         {contexts} and {endings}",
+                        end.contexts,
+                        end.endings
+                    );
+                }
+                if next(n + 1)?.is_some() {
+                    bail!("{ENTRY}: lines after the closing line {n}");
+                }
+                return Ok(header);
+            }
+        }
+    }
+    unreachable!("the loop returns or fails")
+}
+
+fn read_header(first: &str) -> Result<Header> {
+    let value: serde_json::Value = serde_json::from_str(first)
+        .map_err(|e| anyhow!("{ENTRY} line 1 is not a bundle header: {e}"))?;
+    if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
+        bail!("not a pool bundle: {ENTRY} line 1 does not say \"format\": \"{FORMAT}\"");
+    }
+    match value.get("version").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(VERSION) => {}
+        Some(v) if v > u64::from(VERSION) => bail!(
+            "the bundle has format version {v}, newer than this afkit reads ({VERSION}); \
+             upgrade afkit"
+        ),
+        other => bail!("the bundle's format version {other:?} is not one afkit reads"),
+    }
+    serde_json::from_value(value).map_err(|e| anyhow!("{ENTRY} line 1: {e}"))
+}
+
+/// The checks a context line needs on its own (no project).
+fn check_context(header: &Header, c: &BundleContext) -> Result<()> {
+    let generations = header.generations.len();
+    let generation_ok = |g: usize| {
+        if g < generations {
+            Ok(())
+        } else {
+            Err(anyhow!("generation {g} is not in the header"))
+        }
+    };
+    if c.hash.len() != 64 || !c.hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("hash {:?} is not a SHA-256", c.hash);
+    }
+    match (&c.pool, c.endings.first()) {
+        (Some(p), Some(gold)) if gold.text.is_none() => generation_ok(p.generation)?,
+        (Some(_), _) => bail!("a pool's endings must start with the found one (no text)"),
+        (None, None) if !c.unusable.is_empty() => {}
+        (None, _) => bail!("a context without a pool has no endings and is unusable"),
+    }
+    if !c.growth.is_empty() && c.pool.is_none() {
+        bail!("growth rounds without a pool");
+    }
+    let mut texts = HashSet::new();
+    for e in c.endings.iter().skip(1) {
+        let text = e
+            .text
+            .as_deref()
+            .context("only the first ending may be the found one")?;
+        if text.trim().is_empty() || !texts.insert(text) {
+            bail!("ending {text:?} is blank or appears twice");
+        }
+    }
+    for e in &c.endings {
+        e.generation.map(generation_ok).transpose()?;
+        if e.scores.iter().any(|s| s.0 >= header.scorers.len()) {
+            bail!("a score names a scorer model that is not in the header");
+        }
+    }
+    c.growth
+        .iter()
+        .try_for_each(|g| generation_ok(g.generation))?;
+    c.unusable
+        .iter()
+        .try_for_each(|u| generation_ok(u.generation))
+}
+
+/// Reads a whole bundle from bytes without a project: the fuzz target's entry.
+pub fn check_bundle_bytes(bytes: &[u8]) -> Result<usize> {
+    let mut n = 0;
+    read_bundle(std::io::Cursor::new(bytes), |_, _| {
+        n += 1;
+        Ok(())
+    })?;
+    Ok(n)
+}
+
+fn open(file: &Path) -> Result<File> {
+    File::open(file).with_context(|| format!("cannot open the bundle {}", file.display()))
+}
+
+/// Imports the bundle `file` into the project: every context checked first (ingested, same
+/// text, no pool yet, the contexts its pool was primed with ingested too), then everything
+/// written in one transaction.
+pub fn import_bundle(store: &mut Store, file: &Path) -> Result<ImportSummary> {
+    let in_file = |e: anyhow::Error| e.context(format!("bundle {}", file.display()));
+    store.write_transaction(|store| {
+        let mut problems = Vec::new();
+        read_bundle(open(file)?, |_, c| {
+            if let Err(e) = check_against(store, &c) {
+                problems.push(format!("context {}: {e:#}", c.id));
+            }
+            Ok(())
+        })
+        .map_err(in_file)?;
+        if !problems.is_empty() {
+            let more = problems.len().saturating_sub(SHOWN_PROBLEMS);
+            let mut list: Vec<String> = problems.into_iter().take(SHOWN_PROBLEMS).collect();
+            if more > 0 {
+                list.push(format!("and {more} more"));
+            }
+            bail!(
+                "nothing imported from {}; {}",
+                file.display(),
+                list.join("; ")
+            );
+        }
+        write_all(store, file).map_err(in_file)
+    })
+}
+
+/// Why the project cannot take this context, if it cannot.
+fn check_against(store: &Store, c: &BundleContext) -> Result<()> {
+    let ex = target_example(store, &c.id)?;
+    if context_hash(&ex) != c.hash {
+        bail!(
+            "its text in this project (group, sent1, sent2 or found ending) differs from the \
+             bundle's; ingest the corpus the bundle was made from"
+        );
+    }
+    if store.has_pool(ex.id)? {
+        bail!("it already has a pool in this project (a bundle adds pools, it never replaces one)");
+    }
+    if let Some(style) = c.pool.as_ref().and_then(|p| p.style_examples.as_ref()) {
+        for id in style {
+            if store.example_id_by_ext_id(id)?.is_none() {
+                bail!("context {id}, shown before it when its pool was sampled, is not ingested");
+            }
+        }
+    }
+    if let Some(e) = c
+        .endings
+        .iter()
+        .find(|e| e.text.as_deref() == Some(&ex.ending))
+    {
+        bail!("a candidate ending {:?} is its found ending", e.text);
+    }
+    Ok(())
+}
+
+fn target_example(store: &Store, ext_id: &str) -> Result<Example> {
+    let id = store.example_id_by_ext_id(ext_id)?.ok_or_else(|| {
+        anyhow!("it is not in this project: ingest the corpus the bundle was made from")
+    })?;
+    Ok(store.example(id)?.expect("the example exists"))
+}
+
+/// The second pass of an import, all checks passed: the generation jobs, then every context.
+fn write_all(store: &Store, file: &Path) -> Result<ImportSummary> {
+    let mut summary = ImportSummary {
+        contexts: 0,
+        pools: 0,
+        endings: 0,
+        generations: 0,
+    };
+    let mut gen_ids: Option<Vec<i64>> = None;
+    read_bundle(open(file)?, |header, c| {
+        afkit_engine::interrupt::check()?;
+        if gen_ids.is_none() {
+            let ids = header
+                .generations
+                .iter()
+                .map(|g| store.find_or_insert_bundle_generation(&g.row()))
+                .collect::<Result<_>>()?;
+            gen_ids = Some(ids);
+            summary.generations = header.generations.len();
+        }
+        let ids = gen_ids.as_deref().expect("set above");
+        let ex = target_example(store, &c.id)?;
+        summary.contexts += 1;
+        summary.pools += usize::from(c.pool.is_some());
+        summary.endings += c.endings.len().saturating_sub(1);
+        store.write_bundle_context(ex.id, &context_rows(store, c, ids, &header.scorers)?)
+    })?;
+    Ok(summary)
+}
+
+/// A bundle line as the store's rows, with this project's ids.
+fn context_rows(
+    store: &Store,
+    c: BundleContext,
+    gen_ids: &[i64],
+    scorers: &[String],
+) -> Result<ContextRows> {
+    let pool = c
+        .pool
+        .map(|p| -> Result<PoolRow> {
+            let style_examples = match p.style_examples {
+                None => None,
+                Some(ids) => {
+                    let ids = ids
+                        .iter()
+                        .map(|id| store.example_id_by_ext_id(id)?.context("checked"))
+                        .collect::<Result<Vec<i64>>>()?;
+                    Some(serde_json::to_string(&ids)?)
+                }
+            };
+            Ok(PoolRow {
+                generation_id: gen_ids[p.generation],
+                requested: p.requested,
+                produced: p.produced,
+                ctx_logprob: p.ctx_logprob,
+                n_tok_sent1: p.n_tok_sent1,
+                n_tok_sent2: p.n_tok_sent2,
+                seconds: p.seconds,
+                finished_at: p.finished_at,
+                style_examples,
+                draws: p.draws,
+                rejected: p.rejected,
+            })
+        })
+        .transpose()?;
+    Ok(ContextRows {
+        pool,
+        endings: c
+            .endings
+            .into_iter()
+            .map(|e| ending_row(e, gen_ids, scorers))
+            .collect(),
+        growth: c
+            .growth
+            .into_iter()
+            .map(|g| GrowthRow {
+                af_run: g.af_run,
+                generation_id: gen_ids[g.generation],
+                requested: g.requested,
+                produced: g.produced,
+                draws: g.draws,
+                rejected: g.rejected,
+                seconds: g.seconds,
+                finished_at: g.finished_at,
+            })
+            .collect(),
+        unusable: c
+            .unusable
+            .into_iter()
+            .map(|u| UnusableRow {
+                generation_id: gen_ids[u.generation],
+                reason: u.reason,
+                recorded_at: u.recorded_at,
+            })
+            .collect(),
+    })
+}
+
+fn ending_row(e: Ending, gen_ids: &[i64], scorers: &[String]) -> EndingRow {
+    EndingRow {
+        is_gold: e.text.is_none(),
+        text: e.text.unwrap_or_default(),
+        generation_id: e.generation.map(|g| gen_ids[g]),
+        lp_cond: e.lp_cond,
+        lp_alone: e.lp_alone,
+        lp_final_punct: e.lp_final_punct,
+        n_tok_ending: e.n_tok,
+        scores: e
+            .scores
+            .into_iter()
+            .map(|(m, ll_cond, ll_alone, n_tok)| ScoreRow {
+                model: scorers[m].clone(),
+                ll_cond,
+                ll_alone,
+                n_tok,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_bundle_bytes;
+
+    #[test]
+    fn the_fuzz_seed_reads_and_a_cut_one_does_not() {
+        let bytes = include_bytes!("../../../fuzz/seeds/pool_bundle/two-contexts.afpool.zip");
+        assert_eq!(check_bundle_bytes(bytes).unwrap(), 2);
+        let err = check_bundle_bytes(&bytes[..bytes.len() - 10]).unwrap_err();
+        assert!(format!("{err:#}").contains("cut off or damaged"), "{err:#}");
+        assert!(check_bundle_bytes(b"not a zip").is_err());
+    }
+}

@@ -1,0 +1,60 @@
+//! A context's pool as the project stores it, and the local model that scores pools.
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use afkit_engine::device::Compute;
+use afkit_engine::lm::features::{ContextFeatures, EndingFeatures};
+use afkit_engine::lm::local::LocalLm;
+use afkit_engine::lm::model::LanguageModel;
+use afkit_engine::lm::sampler::{SampledEnding, SamplingParams};
+use afkit_engine::models::sha256_file;
+use afkit_store::examples::Example;
+use afkit_store::pool::{EndingLmFeatures, NewPool};
+
+/// The local model on `compute`'s device.
+pub(super) fn load_local(
+    path: &Path,
+    params: SamplingParams,
+    compute: &Compute,
+) -> Result<LocalLm> {
+    let model = LanguageModel::load_on(path, compute)?;
+    Ok(LocalLm::new(model, params, Some(sha256_file(path)?)))
+}
+
+fn stored(f: &EndingFeatures) -> EndingLmFeatures {
+    EndingLmFeatures {
+        lp_cond: f.lp_cond,
+        lp_alone: f.lp_alone,
+        lp_final_punct: f.lp_final_punct,
+        n_tok_ending: f.n_tok,
+    }
+}
+
+pub(super) fn new_pool(
+    ex: &Example,
+    generation_id: i64,
+    requested: usize,
+    endings: &[SampledEnding],
+    f: &ContextFeatures,
+    seconds: f64,
+) -> NewPool {
+    NewPool {
+        example_id: ex.id,
+        generation_id,
+        requested,
+        ctx_logprob: f.ctx_logprob,
+        n_tok_sent1: f.n_tok_sent1,
+        n_tok_sent2: f.n_tok_sent2,
+        seconds,
+        gold: stored(&f.gold),
+        candidates: endings
+            .iter()
+            .zip(&f.endings)
+            .map(|(e, f)| (e.text.clone(), stored(f)))
+            .collect(),
+        style_examples: Vec::new(),
+        draws: None,
+    }
+}
