@@ -4,7 +4,7 @@
 //! optionally learns Φ on a held-out part, `logreg` is the linear model family and `filter` the
 //! algorithm. `run` wires them together and writes the three output files.
 
-pub mod data;
+mod data;
 pub mod features;
 pub mod filter;
 pub mod logreg;

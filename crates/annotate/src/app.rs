@@ -9,7 +9,7 @@ use super::verdict::{self, Problem};
 
 /// A key press, as the app understands it (terminal and script input both map to this).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Key {
+pub(crate) enum Key {
     Up,
     Down,
     PageUp,
@@ -25,7 +25,7 @@ pub enum Key {
 
 /// What the session must do after a key.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     None,
     Submit {
         task_id: i64,
@@ -39,7 +39,7 @@ pub enum Action {
 
 /// The item on screen and the annotator's choices so far.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Item {
+pub(crate) struct Item {
     pub task: TaskView,
     pub judgements: Vec<Option<Judgement>>,
     pub best: Option<usize>,
@@ -48,7 +48,7 @@ pub struct Item {
 }
 
 impl Item {
-    pub fn new(task: TaskView) -> Item {
+    pub(crate) fn new(task: TaskView) -> Item {
         let n = task.endings.len();
         Item {
             task,
@@ -60,7 +60,7 @@ impl Item {
     }
 
     /// An item brought back by undo, with its earlier labels filled in.
-    pub fn with_labels(task: TaskView, labels: &[EndingLabel]) -> Item {
+    pub(crate) fn with_labels(task: TaskView, labels: &[EndingLabel]) -> Item {
         let mut item = Item::new(task);
         for (i, ending) in item.task.endings.iter().enumerate() {
             if let Some(l) = labels.iter().find(|l| l.ending_id == ending.ending_id) {
@@ -75,11 +75,11 @@ impl Item {
         item
     }
 
-    pub fn problems(&self) -> Vec<Problem> {
+    pub(crate) fn problems(&self) -> Vec<Problem> {
         verdict::problems(&self.judgements, self.best, self.second)
     }
 
-    pub fn rank_of(&self, i: usize) -> Option<Rank> {
+    pub(crate) fn rank_of(&self, i: usize) -> Option<Rank> {
         if self.best == Some(i) {
             Some(Rank::Best)
         } else if self.second == Some(i) {
@@ -91,7 +91,7 @@ impl Item {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tone {
+pub(crate) enum Tone {
     Info,
     Good,
     Warn,
@@ -99,14 +99,14 @@ pub enum Tone {
 
 /// A one-line message for the status line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
+pub(crate) struct Message {
     pub tone: Tone,
     pub text: String,
 }
 
 /// The annotator's standing, shown on the top line.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub done: i64,
     pub per_hour: Option<f64>,
     pub remaining: i64,
@@ -114,7 +114,7 @@ pub struct Progress {
 
 /// The instructions overlay: its scroll offset, clamped by the drawing code to the text height.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Help {
+pub(crate) struct Help {
     pub scroll: u16,
     pub max_scroll: u16,
 }
@@ -137,7 +137,7 @@ impl Help {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct App {
+pub(crate) struct App {
     pub annotator: String,
     /// `None` when nothing is left for this annotator.
     pub item: Option<Item>,
@@ -150,7 +150,7 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(annotator: &str) -> App {
+    pub(crate) fn new(annotator: &str) -> App {
         App {
             annotator: annotator.to_string(),
             item: None,
@@ -162,11 +162,11 @@ impl App {
     }
 
     /// Shows the next item (or the "nothing left" screen).
-    pub fn show(&mut self, item: Option<Item>) {
+    pub(crate) fn show(&mut self, item: Option<Item>) {
         self.item = item;
     }
 
-    pub fn say(&mut self, tone: Tone, text: impl Into<String>) {
+    pub(crate) fn say(&mut self, tone: Tone, text: impl Into<String>) {
         self.message = Some(Message {
             tone,
             text: text.into(),
@@ -175,14 +175,14 @@ impl App {
 
     /// Pasted text is never taken as keys: a paste of ordinary words would undo (`z`), quit (`q`)
     /// or label endings.
-    pub fn on_paste(&mut self) {
+    pub(crate) fn on_paste(&mut self) {
         self.say(
             Tone::Warn,
             "pasted text ignored: annotate takes one key at a time",
         );
     }
 
-    pub fn on_key(&mut self, key: Key) -> Action {
+    pub(crate) fn on_key(&mut self, key: Key) -> Action {
         if key == Key::CtrlC {
             return Action::Quit;
         }

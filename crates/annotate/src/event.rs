@@ -16,7 +16,7 @@ use super::app::Key;
 
 /// What the session loop gets next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Input {
+pub(crate) enum Input {
     Key(Key),
     /// Text pasted into the terminal (bracketed paste): never taken as keys.
     Paste,
@@ -26,13 +26,13 @@ pub enum Input {
     Stop,
 }
 
-pub trait Keys {
+pub(crate) trait Keys {
     /// Waits at most `timeout` for the next input.
     fn next(&mut self, timeout: Duration) -> Result<Input>;
 }
 
 /// A flag raised by SIGTERM or SIGHUP; the session polls it between inputs.
-pub fn stop_flag() -> Result<Arc<AtomicBool>> {
+pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     #[cfg(unix)]
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
@@ -56,13 +56,13 @@ const POLL: Duration = Duration::from_millis(200);
 /// crossterm itself. The reader thread first waits for the terminal with `poll(2)`, which
 /// reports the hang-up, and only then lets crossterm read; the session loop waits on the thread's
 /// channel, so it still sees SIGHUP/SIGTERM within [`POLL`] even if crossterm were stuck.
-pub struct TerminalKeys {
+pub(crate) struct TerminalKeys {
     stop: Arc<AtomicBool>,
     inputs: Receiver<Input>,
 }
 
 impl TerminalKeys {
-    pub fn start(stop: Arc<AtomicBool>) -> Result<TerminalKeys> {
+    pub(crate) fn start(stop: Arc<AtomicBool>) -> Result<TerminalKeys> {
         let tty = Tty::open()?;
         let (send, inputs) = mpsc::channel();
         std::thread::Builder::new()
@@ -219,14 +219,14 @@ fn map_key(k: KeyEvent) -> Option<Key> {
 /// `PageUp`, `PageDown`, `Home`, `End`, `Backspace`, `Tab`, `Space`, `C-c`; any other token is
 /// typed character by character (`lulugl 1b3s Enter` labels and submits an item). When the
 /// script ends, the session ends as if `q` was pressed.
-pub struct ScriptKeys {
+pub(crate) struct ScriptKeys {
     keys: std::vec::IntoIter<Key>,
     delay: Duration,
     stop: Arc<AtomicBool>,
 }
 
 impl ScriptKeys {
-    pub fn load(path: &Path, delay: Duration, stop: Arc<AtomicBool>) -> Result<ScriptKeys> {
+    pub(crate) fn load(path: &Path, delay: Duration, stop: Arc<AtomicBool>) -> Result<ScriptKeys> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read key script {}", path.display()))?;
         let keys =
@@ -251,7 +251,7 @@ impl Keys for ScriptKeys {
     }
 }
 
-pub fn parse_script(text: &str) -> Result<Vec<Key>> {
+pub(crate) fn parse_script(text: &str) -> Result<Vec<Key>> {
     let mut keys = Vec::new();
     for token in text.split_whitespace() {
         let named = match token {

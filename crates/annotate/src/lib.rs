@@ -6,14 +6,14 @@
 //! loop that binds them to the project store.
 
 pub mod agreement;
-pub mod app;
+mod app;
 pub mod crowd;
-pub mod event;
-pub mod session;
+mod event;
+mod session;
 pub mod tasks;
-pub mod text;
-pub mod ui;
-pub mod verdict;
+mod text;
+mod ui;
+mod verdict;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -28,7 +28,7 @@ pub struct Summary {
 
 /// Timings of the hidden `--timings FILE` mode: milliseconds per event kind.
 #[derive(Default)]
-pub struct Timings {
+pub(crate) struct Timings {
     rows: Vec<(&'static str, f64)>,
 }
 
@@ -38,7 +38,7 @@ impl Timings {
     }
 
     /// Appends one JSON line per event: `{"event": "commit"|"draw"|"claim", "ms": ...}`.
-    pub fn write(&self, path: &Path) -> Result<()> {
+    pub(crate) fn write(&self, path: &Path) -> Result<()> {
         let mut file = std::io::BufWriter::new(
             std::fs::OpenOptions::new()
                 .create(true)
@@ -54,7 +54,7 @@ impl Timings {
     }
 }
 
-pub struct Session<'a> {
+pub(crate) struct Session<'a> {
     store: &'a mut Store,
     holder: Holder,
     app: App,
@@ -64,7 +64,7 @@ pub struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
-    pub fn new(store: &'a mut Store, holder: Holder) -> Session<'a> {
+    pub(crate) fn new(store: &'a mut Store, holder: Holder) -> Session<'a> {
         let app = App::new(&holder.annotator);
         Session {
             store,
@@ -78,7 +78,7 @@ impl<'a> Session<'a> {
 
     /// Runs the session until the annotator quits, a signal arrives or the terminal goes away;
     /// on every way out the claim on the item on screen is released.
-    pub fn run<B: Backend>(
+    pub(crate) fn run<B: Backend>(
         &mut self,
         terminal: &mut Terminal<B>,
         keys: &mut dyn Keys,

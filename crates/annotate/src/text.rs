@@ -11,14 +11,14 @@ use unicode_width::UnicodeWidthStr;
 /// A word and its style; words are separated by single spaces when laid out, except a glued
 /// word, which continues the previous one (a change of style inside a word).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Word {
+pub(crate) struct Word {
     pub text: String,
     pub style: Style,
     pub glue: bool,
 }
 
 /// Splits plain text into words of one style.
-pub fn words(text: &str, style: Style) -> Vec<Word> {
+pub(crate) fn words(text: &str, style: Style) -> Vec<Word> {
     text.split_whitespace()
         .map(|w| Word {
             text: w.to_string(),
@@ -31,7 +31,7 @@ pub fn words(text: &str, style: Style) -> Vec<Word> {
 /// Greedy word wrap into lines at most `width` columns wide; the first line starts after
 /// `first_indent` columns of the caller's prefix, the others after `rest_indent` spaces (which
 /// this function adds). Words longer than a line are broken.
-pub fn wrap(
+pub(crate) fn wrap(
     words: &[Word],
     width: usize,
     first_indent: usize,
@@ -97,7 +97,11 @@ fn split_at_width(word: &str, width: usize) -> (&str, &str) {
 }
 
 /// Cuts `lines` to `max` lines, ending the last kept one with "…" when something was cut.
-pub fn truncate(mut lines: Vec<Line<'static>>, max: usize, width: usize) -> Vec<Line<'static>> {
+pub(crate) fn truncate(
+    mut lines: Vec<Line<'static>>,
+    max: usize,
+    width: usize,
+) -> Vec<Line<'static>> {
     if lines.len() <= max {
         return lines;
     }
@@ -122,7 +126,7 @@ struct Block {
 }
 
 /// Renders the Markdown of the instructions into lines of at most `width` columns.
-pub fn markdown(source: &str, width: usize) -> Vec<Line<'static>> {
+pub(crate) fn markdown(source: &str, width: usize) -> Vec<Line<'static>> {
     let mut out: Vec<Line<'static>> = Vec::new();
     for block in blocks(source) {
         let Some(block) = block else {

@@ -14,7 +14,7 @@ use super::app::{App, Item, Tone};
 use super::text::{self, words};
 
 /// The instructions shown by `?` (written for annotators; same meaning as SWAG Figure 3).
-pub const INSTRUCTIONS: &str = include_str!("../../../prompts/annotation_instructions.md");
+pub(crate) const INSTRUCTIONS: &str = include_str!("../../../prompts/annotation_instructions.md");
 
 /// Key reference shown above the instructions.
 const KEY_REFERENCE: &str = "## Keys\n\
@@ -31,7 +31,7 @@ const MIN_HEIGHT: u16 = 12;
 /// Columns before an ending's text: "▶1 " + label (10) + mark (6).
 const PREFIX: usize = 19;
 
-pub fn draw(frame: &mut Frame, app: &mut App) {
+pub(crate) fn draw(frame: &mut Frame, app: &mut App) {
     let area = frame.area();
     app.hidden = area.width < MIN_WIDTH || area.height < MIN_HEIGHT;
     if app.hidden {

@@ -8,7 +8,7 @@ use afkit_store::dataset::{Judgement, Rank};
 
 /// Something that keeps an annotation from being submitted. Ending numbers are 1-based, as shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
+pub(crate) enum Problem {
     Unlabelled(Vec<usize>),
     NoBest,
     NoSecond,
@@ -39,7 +39,7 @@ impl fmt::Display for Problem {
 
 /// The problems of an annotation in progress (`judgements[i]` is ending `i + 1`'s label; `best`
 /// and `second` are 0-based positions). Empty = complete.
-pub fn problems(
+pub(crate) fn problems(
     judgements: &[Option<Judgement>],
     best: Option<usize>,
     second: Option<usize>,
@@ -72,7 +72,7 @@ pub fn problems(
 }
 
 /// Renders problems as one line: "label endings 3, 5 · pick the second best".
-pub fn describe(problems: &[Problem]) -> String {
+pub(crate) fn describe(problems: &[Problem]) -> String {
     problems
         .iter()
         .map(|p| p.to_string())
@@ -82,7 +82,7 @@ pub fn describe(problems: &[Problem]) -> String {
 
 /// The stored labels of a complete annotation; `ending_ids[i]` is the ending at position `i`.
 /// Panics if the annotation has problems (check [`problems`] first).
-pub fn labels(
+pub(crate) fn labels(
     ending_ids: &[i64],
     judgements: &[Option<Judgement>],
     best: Option<usize>,

@@ -18,7 +18,7 @@
 //! endings without a final score cannot be placed, so they are not used; an item that cannot be
 //! refilled to its task's size stays out and is reported.
 
-pub mod rules;
+mod rules;
 pub mod split;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

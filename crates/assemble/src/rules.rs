@@ -17,14 +17,14 @@ use afkit_store::dataset::{Judgement, Rank};
 
 /// The combined labels of one ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Consensus {
+pub(crate) struct Consensus {
     pub judgement: Judgement,
     /// `None`: neither best nor second.
     pub rank: Option<Rank>,
 }
 
 /// Combines the votes (one per non-broken submission) on one ending; `None` without votes.
-pub fn consensus(votes: &[(Judgement, Option<Rank>)]) -> Option<Consensus> {
+pub(crate) fn consensus(votes: &[(Judgement, Option<Rank>)]) -> Option<Consensus> {
     let n = votes.len();
     if n == 0 {
         return None;
@@ -50,7 +50,7 @@ pub fn consensus(votes: &[(Judgement, Option<Rank>)]) -> Option<Consensus> {
 
 /// A verified example built from an item: a gold ending and its distractors, in the order given.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Built {
+pub(crate) struct Built {
     pub gold: i64,
     pub gold_type: Judgement,
     /// (ending id, judgement), in the order given, at most four.
@@ -59,7 +59,7 @@ pub struct Built {
 
 /// Why an item goes back to the annotation queue (SWAG fn. 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ReannotateReason {
+pub(crate) enum ReannotateReason {
     /// The found ending was not ranked best or second best.
     FoundOutsideTopTwo,
     /// Fewer than three usable distractors (fewer than four non-gibberish endings for a 4-way
@@ -68,7 +68,7 @@ pub enum ReannotateReason {
 }
 
 impl ReannotateReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ReannotateReason::FoundOutsideTopTwo => "found_outside_top_two",
             ReannotateReason::TooFewNonGibberish => "too_few_non_gibberish",
@@ -78,7 +78,7 @@ impl ReannotateReason {
 
 /// What assemble does with one labelled item.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// The found ending is gold (`found_rank` is best or second → `gold0`/`gold1`), plus the
     /// generation-as-gold example when a generation was ranked best above the found ending.
     Gold {
@@ -98,7 +98,7 @@ pub enum Decision {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DropReason {
+pub(crate) enum DropReason {
     /// The annotators ranked the found ending in the top two but judged it gibberish.
     FoundGibberish,
     /// Some ending of the task has no label in any non-broken submission.
@@ -106,7 +106,7 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DropReason::FoundGibberish => "found_gibberish",
             DropReason::IncompleteLabels => "incomplete_labels",
@@ -117,7 +117,11 @@ impl DropReason {
 /// Applies the assembly rules to one item. `found` is the task's found ending, `generations` its
 /// other endings in the order they should become distractors (assemble matches them to the found
 /// endings' scores, or puts the hardest first), `labels` their combined labels.
-pub fn decide(found: i64, generations: &[i64], labels: &HashMap<i64, Consensus>) -> Decision {
+pub(crate) fn decide(
+    found: i64,
+    generations: &[i64],
+    labels: &HashMap<i64, Consensus>,
+) -> Decision {
     if generations.iter().any(|e| !labels.contains_key(e)) || !labels.contains_key(&found) {
         return Decision::Drop(DropReason::IncompleteLabels);
     }
@@ -185,7 +189,7 @@ pub fn decide(found: i64, generations: &[i64], labels: &HashMap<i64, Consensus>)
 }
 
 /// Orders endings by final ensemble score, highest (hardest) first; ties and unscored endings by id.
-pub fn hardest_first(
+pub(crate) fn hardest_first(
     endings: impl Iterator<Item = i64>,
     score: &dyn Fn(i64) -> Option<f64>,
 ) -> Vec<i64> {

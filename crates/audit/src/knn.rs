@@ -18,7 +18,7 @@ use super::observer::Observer;
 use afkit_store::dataset::startphrase;
 
 /// The neighbour counts reported (Table 3: Top1, Top5, Top10, Top50).
-pub const KS: [usize; 4] = [1, 5, 10, 50];
+pub(crate) const KS: [usize; 4] = [1, 5, 10, 50];
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct KnnReport {
@@ -38,7 +38,7 @@ pub struct KnnReport {
 /// Mean over `queries` of the mean cosine distance (1 − dot of unit vectors) to the k nearest
 /// vectors of `base`, for every k in `ks` (capped by the base size). With `skip_self`, query i is
 /// base i and is not its own neighbour.
-pub fn mean_knn_distance(
+pub(crate) fn mean_knn_distance(
     queries: &[Vec<f32>],
     base: &[Vec<f32>],
     ks: &[usize],
@@ -85,11 +85,11 @@ pub fn mean_knn_distance(
 
 /// Unit-length sentence embeddings of a batch of texts, in order, calling the progress callback
 /// with the number of texts done after each batch (MiniLM's `encode_with_progress`).
-pub type Encode<'a> = dyn Fn(&[&str], &mut dyn FnMut(usize)) -> Result<Vec<Vec<f32>>> + 'a;
+pub(crate) type Encode<'a> = dyn Fn(&[&str], &mut dyn FnMut(usize)) -> Result<Vec<Vec<f32>>> + 'a;
 
 /// Embeds the questions of both splits with `encode` (model name `model`) and measures the
 /// distances of the module docs.
-pub fn measure(
+pub(crate) fn measure(
     encode: &Encode,
     model: &str,
     train: &[&Question],

@@ -11,16 +11,16 @@
 
 pub mod cv;
 pub mod dataset;
-pub mod findings;
+mod findings;
 pub mod grams;
-pub mod knn;
+mod knn;
 pub mod lm;
-pub mod ngram;
-pub mod observer;
-pub mod ppmi;
+mod ngram;
+mod observer;
+mod ppmi;
 pub mod predictions;
-pub mod relational;
-pub mod report;
+mod relational;
+mod report;
 pub mod score;
 pub mod timing;
 pub mod verdict;

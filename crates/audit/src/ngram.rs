@@ -16,7 +16,7 @@ use afkit_engine::seed::Seed;
 
 /// Lower-cased word tokens (afkit's PTB-style tokeniser: punctuation split off, "n't" and "'s"
 /// separate), so "Running" and "running" count as one n-gram.
-pub fn words(text: &str) -> Vec<String> {
+pub(crate) fn words(text: &str) -> Vec<String> {
     afkit_engine::text::tokenize(text)
         .into_iter()
         .map(|t| t.to_lowercase())
@@ -31,15 +31,15 @@ fn ngrams(text: &str) -> Vec<String> {
 }
 
 /// A sparse feature vector.
-pub type Features = Vec<(u32, f64)>;
+pub(crate) type Features = Vec<(u32, f64)>;
 
 /// Maps n-grams seen in training to feature ids.
-pub struct Vocabulary {
+pub(crate) struct Vocabulary {
     ids: HashMap<String, u32>,
 }
 
 impl Vocabulary {
-    pub fn fit<'a>(texts: impl Iterator<Item = &'a str>) -> Vocabulary {
+    pub(crate) fn fit<'a>(texts: impl Iterator<Item = &'a str>) -> Vocabulary {
         let mut ids = HashMap::new();
         for text in texts {
             for g in ngrams(text) {
@@ -50,17 +50,13 @@ impl Vocabulary {
         Vocabulary { ids }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
     }
 
     /// Averaged bag of known n-grams; n-grams unseen in training are dropped but still count in
     /// the average (as fastText's out-of-vocabulary words do).
-    pub fn features(&self, text: &str) -> Features {
+    pub(crate) fn features(&self, text: &str) -> Features {
         let grams = ngrams(text);
         if grams.is_empty() {
             return Vec::new();
@@ -137,7 +133,7 @@ fn fit(data: &[&Choice], dim: usize, lambda: f64) -> Vec<f64> {
 
 /// Accuracy with ties split evenly (a tie among m options that includes the gold earns 1/m),
 /// the expected accuracy of breaking ties at random.
-pub fn tie_aware_accuracy(scores: &[[f64; 4]], gold: &[usize]) -> f64 {
+pub(crate) fn tie_aware_accuracy(scores: &[[f64; 4]], gold: &[usize]) -> f64 {
     if scores.is_empty() {
         return 0.0;
     }
@@ -171,7 +167,12 @@ const LAMBDAS: [f64; 4] = [1e-2, 1e-3, 1e-4, 1e-5];
 
 /// Trains on `train` (λ chosen on a seeded 80/20 split of it) and returns the accuracy on `test`
 /// and the chosen λ.
-pub fn train_and_evaluate(train: &[Choice], test: &[Choice], dim: usize, seed: Seed) -> (f64, f64) {
+pub(crate) fn train_and_evaluate(
+    train: &[Choice],
+    test: &[Choice],
+    dim: usize,
+    seed: Seed,
+) -> (f64, f64) {
     let mut order: Vec<usize> = (0..train.len()).collect();
     order.shuffle(&mut seed.rng());
     let cut = train.len() * 4 / 5;

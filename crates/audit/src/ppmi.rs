@@ -21,7 +21,11 @@ pub struct Association {
 }
 
 /// The `top` strongest associations per label, strongest first (gold first, then distractor).
-pub fn top_associations(questions: &[&Question], top: usize, min_count: u64) -> Vec<Association> {
+pub(crate) fn top_associations(
+    questions: &[&Question],
+    top: usize,
+    min_count: u64,
+) -> Vec<Association> {
     let labels = ["gold", "distractor"];
     let mut counts: HashMap<String, [u64; 2]> = HashMap::new();
     let mut totals = [0u64; 2];

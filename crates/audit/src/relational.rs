@@ -10,26 +10,10 @@ use std::collections::HashSet;
 
 use super::dataset::Question;
 use super::ngram::Features;
-use afkit_engine::text::overlap::{content_words, jaccard, share, ContextWords, CONTEXT_RELATIONS};
+use afkit_engine::text::overlap::{content_words, jaccard, share, ContextWords};
 
-/// What each feature measures, in feature order (for the report and the tests): the ending's
-/// relations to its context, then to the other options.
-pub const FEATURES: [&str; 11] = [
-    CONTEXT_RELATIONS[0],
-    CONTEXT_RELATIONS[1],
-    CONTEXT_RELATIONS[2],
-    CONTEXT_RELATIONS[3],
-    CONTEXT_RELATIONS[4],
-    CONTEXT_RELATIONS[5],
-    CONTEXT_RELATIONS[6],
-    "mean Jaccard similarity with the other three endings",
-    "largest Jaccard similarity with another ending",
-    "share of the ending's words in no other ending",
-    "ending length over the mean length of the four",
-];
-
-/// The relational features of every option of every question (dense, [`FEATURES`] order).
-pub fn featurise(questions: &[Question]) -> Vec<[Features; 4]> {
+/// The relational features of every option of every question (dense, in `FEATURES` order).
+pub(crate) fn featurise(questions: &[Question]) -> Vec<[Features; 4]> {
     questions.iter().map(question_features).collect()
 }
 
@@ -79,6 +63,23 @@ fn question_features(q: &Question) -> [Features; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use afkit_engine::text::overlap::CONTEXT_RELATIONS;
+
+    /// What each feature measures, in feature order: the ending's relations to its context, then
+    /// to the other options.
+    const FEATURES: [&str; 11] = [
+        CONTEXT_RELATIONS[0],
+        CONTEXT_RELATIONS[1],
+        CONTEXT_RELATIONS[2],
+        CONTEXT_RELATIONS[3],
+        CONTEXT_RELATIONS[4],
+        CONTEXT_RELATIONS[5],
+        CONTEXT_RELATIONS[6],
+        "mean Jaccard similarity with the other three endings",
+        "largest Jaccard similarity with another ending",
+        "share of the ending's words in no other ending",
+        "ending length over the mean length of the four",
+    ];
 
     #[test]
     fn features_measure_overlap_novelty_and_agreement() {

@@ -17,7 +17,7 @@ use afkit_engine::output::{Output, Staged};
 use afkit_engine::plot::{font, register_font};
 
 /// Every file an audit may write into its folder.
-pub const FILES: [&str; 5] = [
+pub(crate) const FILES: [&str; 5] = [
     "audit.md",
     "audit.json",
     "accuracy.png",
@@ -63,7 +63,7 @@ impl<'a> Files<'a> {
 }
 
 /// Writes audit.md, audit.json, accuracy.png, ppmi.png and (when measured) knn.png into `dir`.
-pub fn write(dir: &Path, r: &AuditReport, output: &Output) -> Result<()> {
+pub(crate) fn write(dir: &Path, r: &AuditReport, output: &Output) -> Result<()> {
     let mut files = Files::new(output, dir);
     accuracy_chart(
         &files.chart("accuracy.png")?,
@@ -217,7 +217,7 @@ fn write_ppmi(md: &mut String, ppmi: &[Association]) -> std::fmt::Result {
 
 /// Writes the cross-validated audit: audit.md, audit.json, accuracy.png (mean fold accuracy of
 /// every measured baseline) and ppmi.png into `dir`.
-pub fn write_cv(dir: &Path, r: &CvAudit, output: &Output) -> Result<()> {
+pub(crate) fn write_cv(dir: &Path, r: &CvAudit, output: &Output) -> Result<()> {
     let mut files = Files::new(output, dir);
     accuracy_chart(
         &files.chart("accuracy.png")?,

@@ -23,7 +23,7 @@ use afkit_store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
 use afkit_store::Store;
 
 /// Everything the card reports, read from the project.
-pub struct CardInputs {
+pub(crate) struct CardInputs {
     pub project_name: String,
     pub negatives: Negatives,
     pub seed: afkit_engine::seed::Seed,
@@ -43,7 +43,11 @@ pub struct CardInputs {
 }
 
 impl CardInputs {
-    pub fn read(store: &Store, options: &Options, left_out: Vec<String>) -> Result<CardInputs> {
+    pub(crate) fn read(
+        store: &Store,
+        options: &Options,
+        left_out: Vec<String>,
+    ) -> Result<CardInputs> {
         let assembly = store.assembly_info()?;
         let af_run = match assembly {
             Some(a) => store.af_run_by_id(a.af_run)?,
@@ -79,7 +83,7 @@ impl CardInputs {
     }
 }
 
-pub fn render(inputs: &CardInputs, rows: &[Row]) -> String {
+pub(crate) fn render(inputs: &CardInputs, rows: &[Row]) -> String {
     let mut md = String::new();
     let _ = write_card(&mut md, inputs, rows);
     md

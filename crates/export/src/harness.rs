@@ -9,11 +9,11 @@ use super::layout::{Layout, HARNESS_DIR};
 use afkit_store::dataset::Split;
 
 /// Task names, as given to the harness's `--tasks`.
-pub const SWAG_TASK: &str = "afkit_swag";
-pub const HELLASWAG_TASK: &str = "afkit_hellaswag";
+pub(crate) const SWAG_TASK: &str = "afkit_swag";
+pub(crate) const HELLASWAG_TASK: &str = "afkit_hellaswag";
 
 /// The task files: (path in the export, contents).
-pub fn task_files(layout: &Layout) -> Vec<(String, String)> {
+pub(crate) fn task_files(layout: &Layout) -> Vec<(String, String)> {
     vec![
         (format!("{HARNESS_DIR}/{SWAG_TASK}.yaml"), swag_task(layout)),
         (
@@ -24,7 +24,7 @@ pub fn task_files(layout: &Layout) -> Vec<(String, String)> {
 }
 
 /// The command that runs both tasks, for the card and the files' comments.
-pub fn command() -> String {
+pub(crate) fn command() -> String {
     format!(
         "lm_eval --model MODEL --model_args ARGS --include_path {HARNESS_DIR} --tasks {SWAG_TASK},{HELLASWAG_TASK}"
     )

@@ -18,10 +18,10 @@ use afkit_engine::models::hex;
 use afkit_store::dataset::{Split, COULD_BE_RIGHT_COLUMN, FULL_COLUMNS, REGULAR_COLUMNS};
 
 /// The tag that marks a README.md as an afkit export's card (so `export` may replace its folder).
-pub const AFKIT_TAG: &str = "afkit";
+pub(crate) const AFKIT_TAG: &str = "afkit";
 
 /// What the header says about the dataset as a whole.
-pub struct HubMeta<'a> {
+pub(crate) struct HubMeta<'a> {
     pub pretty_name: &'a str,
     pub license: &'a str,
     pub rows: usize,
@@ -49,7 +49,7 @@ fn quoted(text: &str) -> String {
 }
 
 /// The header, from the opening `---` to the closing one and a blank line.
-pub fn front_matter(meta: &HubMeta, layout: &Layout) -> String {
+pub(crate) fn front_matter(meta: &HubMeta, layout: &Layout) -> String {
     let mut y = String::new();
     let _ = write_front_matter(&mut y, meta, layout);
     y

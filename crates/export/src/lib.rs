@@ -12,12 +12,12 @@
 //! ledger lists them), leaving everything else in the folder (an audit, a git repository, the
 //! user's own files) alone.
 
-pub mod card;
-pub mod harness;
-pub mod hub;
+mod card;
+mod harness;
+mod hub;
 pub mod layout;
 mod options;
-pub mod rows;
+mod rows;
 
 use std::collections::BTreeMap;
 use std::fs;

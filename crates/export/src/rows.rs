@@ -15,11 +15,11 @@ use afkit_store::dataset::{
 
 /// The label written where the answers are withheld (the test split of a published export): the
 /// convention of Hugging Face datasets for unlabelled splits, so every split has the same schema.
-pub const HIDDEN_LABEL: i64 = -1;
+pub(crate) const HIDDEN_LABEL: i64 = -1;
 
 /// A question as exported.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Row {
+pub(crate) struct Row {
     pub id: String,
     pub group: String,
     pub fold: Option<i64>,
@@ -44,7 +44,7 @@ pub struct Row {
 /// Builds the rows of `examples`, shuffling each example's four options with its own seeded
 /// generator (derived from `seed` and the example), so every position is equally likely to hold
 /// the gold and each example's order is independent of the others.
-pub fn build(examples: &[AssembledExample], seed: Seed) -> Vec<Row> {
+pub(crate) fn build(examples: &[AssembledExample], seed: Seed) -> Vec<Row> {
     examples
         .iter()
         .map(|ex| {
@@ -96,7 +96,7 @@ pub fn build(examples: &[AssembledExample], seed: Seed) -> Vec<Row> {
 /// pool (`pool`: example id → candidate ending ids with their texts, read one context at a time),
 /// excluding the gold and the found ending. Examples whose pool has fewer than three such endings
 /// are left out; their ids are returned.
-pub fn randomise(
+pub(crate) fn randomise(
     examples: &mut Vec<AssembledExample>,
     mut pool: impl FnMut(i64) -> anyhow::Result<Vec<(i64, String)>>,
     seed: Seed,
@@ -152,7 +152,7 @@ fn exported_label(row: &Row, with_labels: bool) -> i64 {
 
 /// SWAG regular CSV: the unnamed index column (0-based row number), then [`REGULAR_COLUMNS`],
 /// then afkit's [`COULD_BE_RIGHT_COLUMN`].
-pub fn regular_csv(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
+pub(crate) fn regular_csv(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     {
         let mut w = writer(&mut out);
@@ -183,7 +183,7 @@ pub fn regular_csv(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
 
 /// SWAG full CSV: gold and distractors in their own columns (in assembly's order), with types (empty
 /// when unknown: unverified or random distractors, or a missing fourth distractor).
-pub fn full_csv(rows: &[&Row]) -> Result<Vec<u8>> {
+pub(crate) fn full_csv(rows: &[&Row]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     {
         let mut w = writer(&mut out);
@@ -241,7 +241,7 @@ struct JsonRow<'a> {
 }
 
 /// One JSON object per line. `activity_label` is the group: afkit keeps no label for a group.
-pub fn jsonl(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
+pub(crate) fn jsonl(rows: &[&Row], with_labels: bool) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     for r in rows {
         let context = startphrase(&r.sent1, &r.sent2);

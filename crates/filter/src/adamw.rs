@@ -15,13 +15,13 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rayon::prelude::*;
 
 /// AdamW on the run's device: [`FusedAdamW`] for parameters in host memory, candle's otherwise.
-pub enum Optimiser {
+pub(crate) enum Optimiser {
     Fused(FusedAdamW),
     Candle(AdamW),
 }
 
 impl Optimiser {
-    pub fn new(vars: Vec<Var>, params: ParamsAdamW) -> Result<Self> {
+    pub(crate) fn new(vars: Vec<Var>, params: ParamsAdamW) -> Result<Self> {
         if vars
             .iter()
             .all(|v| v.device().is_cpu() && v.dtype() == candle_core::DType::F32)
@@ -32,7 +32,7 @@ impl Optimiser {
         }
     }
 
-    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+    pub(crate) fn step(&mut self, grads: &GradStore) -> Result<()> {
         match self {
             Optimiser::Fused(fused) => fused.step(grads),
             Optimiser::Candle(adamw) => adamw.step(grads),
@@ -41,14 +41,14 @@ impl Optimiser {
 }
 
 /// AdamW over f32 parameters in host memory, the moments kept beside them as plain vectors.
-pub struct FusedAdamW {
+pub(crate) struct FusedAdamW {
     vars: Vec<(Var, Vec<f32>, Vec<f32>)>,
     params: ParamsAdamW,
     step_t: i32,
 }
 
 impl FusedAdamW {
-    pub fn new(vars: Vec<Var>, params: ParamsAdamW) -> Self {
+    pub(crate) fn new(vars: Vec<Var>, params: ParamsAdamW) -> Self {
         let vars = vars
             .into_iter()
             .filter(|var| var.dtype().is_float())
@@ -64,7 +64,7 @@ impl FusedAdamW {
         }
     }
 
-    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+    pub(crate) fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step_t += 1;
         let p = &self.params;
         // candle applies each scalar as an f32 affine map `x · mul + add`; these are its

@@ -19,7 +19,7 @@ use super::windows::f32_data;
 /// The mean over each row of `ids` (rows, len; 0 = padding, not counted) of the rows of
 /// `table` (vocabulary, dim) they name, divided by `lengths` (rows, 1: the number of real ids,
 /// at least 1) → (rows, dim). CPU tensors only.
-pub fn bag_mean(table: &Tensor, ids: &Tensor, lengths: &Tensor) -> Result<Tensor> {
+pub(crate) fn bag_mean(table: &Tensor, ids: &Tensor, lengths: &Tensor) -> Result<Tensor> {
     let (rows, len) = ids.dims2()?;
     let op = BagMean {
         ids: Arc::new(ids.flatten_all()?.to_vec1::<u32>()?),

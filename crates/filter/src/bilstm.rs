@@ -29,7 +29,7 @@ use super::gates;
 
 /// Rows of both directions, in the layout of [`super::model::TextBatch`]: (rows, len) ids and
 /// `sent2` indicators, forward and reversed (padding at the end of both).
-pub struct BiLstmInput<'a> {
+pub(crate) struct BiLstmInput<'a> {
     pub ids: &'a Tensor,
     pub in_sent2: &'a Tensor,
     pub ids_rev: &'a Tensor,
@@ -65,7 +65,7 @@ impl Direction {
     }
 }
 
-pub struct BiLstm {
+pub(crate) struct BiLstm {
     embed: Embedding,
     indicator: Embedding,
     forward: Direction,
@@ -78,7 +78,7 @@ pub struct BiLstm {
 impl BiLstm {
     /// `vb` is the model's prefix: embeddings under `embed` and `indicator`, the two directions
     /// under `lstm` (the backward one with candle's `_reverse` suffix).
-    pub fn new(
+    pub(crate) fn new(
         vocab: usize,
         word_dim: usize,
         indicator_dim: usize,
@@ -120,7 +120,7 @@ impl BiLstm {
 
     /// Hidden states of both directions, (2, rows, len, hidden): index 0 the forward direction
     /// over `ids`, 1 the backward direction over `ids_rev` (time runs over the reversed rows).
-    pub fn hidden_states(&self, input: &BiLstmInput<'_>) -> Result<Tensor> {
+    pub(crate) fn hidden_states(&self, input: &BiLstmInput<'_>) -> Result<Tensor> {
         let (rows, len) = input.ids.dims2()?;
         let h = self.hidden;
         // Both directions' tables stacked; the backward direction's rows come after the forward's.

@@ -15,14 +15,14 @@ use super::windows::f32_data;
 
 /// Gate pre-activations (…, 4 · hidden) in candle's LSTM order i, f, g, o → the sigmoid of i,
 /// f and o and the tanh of g, same shape. CPU tensors only.
-pub fn gate_activations(gates: &Tensor, hidden: usize) -> Result<Tensor> {
+pub(crate) fn gate_activations(gates: &Tensor, hidden: usize) -> Result<Tensor> {
     gates.contiguous()?.apply_op1(Activation {
         gates_of: Some(hidden),
     })
 }
 
 /// tanh of every element. CPU tensors only.
-pub fn tanh(xs: &Tensor) -> Result<Tensor> {
+pub(crate) fn tanh(xs: &Tensor) -> Result<Tensor> {
     xs.contiguous()?.apply_op1(Activation { gates_of: None })
 }
 

@@ -7,20 +7,20 @@
 //! [`algorithm::choose_swaps`], commit → final cross-fitted pass → `af_folds`, `af_scores`.
 //! [`report`] reads the stored iterations back for the plot, the markdown and the JSON.
 
-pub mod adamw;
+mod adamw;
 pub mod algorithm;
-pub mod bags;
-pub mod bilstm;
+mod bags;
+mod bilstm;
 pub mod data;
 pub mod discriminator;
 pub mod fluency;
-pub mod gates;
+mod gates;
 pub mod model;
 pub mod report;
 pub mod run;
 pub mod scorer;
 pub mod train;
-pub mod windows;
+mod windows;
 
 pub use run::{run, Config, Observer, Silent, Summary, Timings};
 

@@ -41,7 +41,7 @@ pub struct TextWindows {
 
 /// The windows of `width` a text of `length` real tokens gets: those that start on a real token
 /// and end inside the text, and window 0 for a text shorter than the filter.
-pub fn windows_of(length: usize, width: usize) -> usize {
+pub(crate) fn windows_of(length: usize, width: usize) -> usize {
     length.saturating_sub(width - 1).max(1)
 }
 
@@ -69,7 +69,7 @@ impl TextWindows {
 
 /// (slots, channels) → (windows, width · channels): window i holds the `width` slots from
 /// `windows.starts[i]` side by side. CPU tensors only.
-pub fn text_windows(xs: &Tensor, windows: &TextWindows, width: usize) -> Result<Tensor> {
+pub(crate) fn text_windows(xs: &Tensor, windows: &TextWindows, width: usize) -> Result<Tensor> {
     xs.contiguous()?.apply_op1(Windows {
         starts: windows.starts.clone(),
         width,
@@ -77,7 +77,7 @@ pub fn text_windows(xs: &Tensor, windows: &TextWindows, width: usize) -> Result<
 }
 
 /// (windows, features) → (texts, features): the max over each text's windows. CPU tensors only.
-pub fn max_per_text(xs: &Tensor, windows: &TextWindows) -> Result<Tensor> {
+pub(crate) fn max_per_text(xs: &Tensor, windows: &TextWindows) -> Result<Tensor> {
     xs.contiguous()?.apply_op1(MaxPerText {
         offsets: windows.offsets.clone(),
     })
@@ -85,7 +85,7 @@ pub fn max_per_text(xs: &Tensor, windows: &TextWindows) -> Result<Tensor> {
 
 /// The same windows from candle ops over a padded (rows, len, channels) batch (shifted slices
 /// concatenated along the channels): slower to train on the CPU, but it runs on any device.
-pub fn shifted_windows(xs: &Tensor, width: usize) -> Result<Tensor> {
+pub(crate) fn shifted_windows(xs: &Tensor, width: usize) -> Result<Tensor> {
     let windows = xs.dim(1)? + 1 - width;
     let shifted = (0..width)
         .map(|i| xs.narrow(1, i, windows))

@@ -19,7 +19,11 @@ use afkit_store::Store;
 use super::config::{AdapterUse, Config};
 
 /// The adapter set this call samples with, if any; `model_sha` is the SHA-256 of `config.model`.
-pub fn choose(store: &Store, config: &Config, model_sha: &str) -> Result<Option<AdapterSet>> {
+pub(crate) fn choose(
+    store: &Store,
+    config: &Config,
+    model_sha: &str,
+) -> Result<Option<AdapterSet>> {
     match config.adapters {
         AdapterUse::Off => Ok(None),
         AdapterUse::Require => AdapterSet::find(store, model_sha)?
@@ -45,14 +49,14 @@ pub fn choose(store: &Store, config: &Config, model_sha: &str) -> Result<Option<
 }
 
 /// The project's newest complete adapter set for a model, checked against the files.
-pub struct AdapterSet {
+pub(crate) struct AdapterSet {
     settings: AdapterSettings,
     pub records: Vec<AdapterRecord>,
 }
 
 impl AdapterSet {
     /// The newest complete set for the model whose file has SHA-256 `model_sha`.
-    pub fn find(store: &Store, model_sha: &str) -> Result<Option<Self>> {
+    pub(crate) fn find(store: &Store, model_sha: &str) -> Result<Option<Self>> {
         let Some(records) = store.latest_adapter_set(model_sha)? else {
             return Ok(None);
         };
@@ -62,12 +66,12 @@ impl AdapterSet {
     }
 
     /// The fold whose adapter samples `ex`.
-    pub fn fold_of(&self, ex: &Example) -> usize {
+    pub(crate) fn fold_of(&self, ex: &Example) -> usize {
         group_fold(self.settings.train.seed, &ex.group, self.settings.folds)
     }
 
     /// Reads fold `record`'s adapter, refusing a file that is not the one recorded.
-    pub fn load(store: &Store, record: &AdapterRecord) -> Result<Adapter> {
+    pub(crate) fn load(store: &Store, record: &AdapterRecord) -> Result<Adapter> {
         let path = store
             .path()
             .parent()
@@ -94,7 +98,7 @@ impl AdapterSet {
     }
 
     /// What the generation record says of the set: its settings and each fold's file hash.
-    pub fn record(&self) -> serde_json::Value {
+    pub(crate) fn record(&self) -> serde_json::Value {
         serde_json::json!({
             "settings": self.settings,
             "sha256": self.records.iter().map(|r| r.sha256.clone()).collect::<Vec<_>>(),

@@ -11,7 +11,7 @@ use afkit_store::Store;
 
 /// A pool to grow.
 #[derive(Clone)]
-pub struct StarvedContext {
+pub(crate) struct StarvedContext {
     pub ex: Example,
     /// The pool's primer, shown again.
     pub style_examples: Vec<i64>,
@@ -20,7 +20,7 @@ pub struct StarvedContext {
 }
 
 /// What the latest finished AF run asks for.
-pub struct Growth {
+pub(crate) struct Growth {
     pub af_run_id: i64,
     pub contexts: Vec<StarvedContext>,
     /// Starved pools left as they are: at `--max-pool`, or already grown for this run.
@@ -30,7 +30,7 @@ pub struct Growth {
 
 impl Growth {
     /// The same run's growth for only the contexts `keep` keeps.
-    pub fn only(&self, keep: impl Fn(&Example) -> bool) -> Growth {
+    pub(crate) fn only(&self, keep: impl Fn(&Example) -> bool) -> Growth {
         Growth {
             af_run_id: self.af_run_id,
             contexts: self
@@ -44,7 +44,7 @@ impl Growth {
         }
     }
 
-    pub fn nothing_to_do(&self) -> String {
+    pub(crate) fn nothing_to_do(&self) -> String {
         format!(
             "AF run {} left no pool to grow ({} starved pools are at --max-pool, {} were grown \
              for this run already); run `afkit filter` on the grown pools",
@@ -55,7 +55,7 @@ impl Growth {
 
 /// The starved pools of the latest finished AF run that may still grow, in id order (at most
 /// `limit`).
-pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<Growth> {
+pub(crate) fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<Growth> {
     let Some(run) = store.latest_finished_af_run()? else {
         anyhow::bail!("--grow needs a finished AF run: run `afkit filter` first");
     };

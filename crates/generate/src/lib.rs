@@ -8,7 +8,7 @@ mod grow;
 mod import;
 mod pool;
 pub mod prompt;
-pub mod style;
+mod style;
 
 pub use import::{check_import_lines, import, ImportConfig, ImportSummary};
 

@@ -26,7 +26,7 @@ struct StylePair {
 }
 
 /// Every example of the project, as primer material.
-pub struct StyleCorpus {
+pub(crate) struct StyleCorpus {
     pairs: Vec<StylePair>,
     per_group: HashMap<String, usize>,
 }
@@ -39,7 +39,7 @@ impl StyleCorpus {
     /// Every example whose pair is no longer than a context and an ending may be (ingest drops
     /// longer ones, but a project built another way may hold them): one overlong pair in a
     /// primer would make every context it primes too long for the model.
-    pub fn load(store: &Store) -> Result<Self> {
+    pub(crate) fn load(store: &Store) -> Result<Self> {
         let pairs: Vec<StylePair> = store
             .all_examples()?
             .into_iter()
@@ -69,7 +69,7 @@ impl StyleCorpus {
 
     /// Up to `n` distinct examples from groups other than `own_group`, drawn uniformly with the
     /// context's own `seed` (so a resumed run primes each context as an uninterrupted one would).
-    pub fn choose(&self, own_group: &str, n: usize, seed: Seed) -> Vec<i64> {
+    pub(crate) fn choose(&self, own_group: &str, n: usize, seed: Seed) -> Vec<i64> {
         let others = self.pairs.len() - self.per_group.get(own_group).copied().unwrap_or(0);
         let want = n.min(others);
         let mut rng = seed.rng();
@@ -88,7 +88,7 @@ impl StyleCorpus {
 
     /// The primer text for the chosen examples: one pair per line, followed by a line break so
     /// that the context starts a line of its own.
-    pub fn primer(&self, example_ids: &[i64]) -> String {
+    pub(crate) fn primer(&self, example_ids: &[i64]) -> String {
         let by_id: HashMap<i64, &str> = self
             .pairs
             .iter()

@@ -24,16 +24,16 @@ use afkit_store::examples::NewExample;
 
 /// What becomes of one record.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Kept(NewExample),
     Dropped(&'static str),
 }
 
 /// Lowercased token frequencies over a corpus.
-pub struct TokenCounts(HashMap<String, u32>);
+pub(crate) struct TokenCounts(HashMap<String, u32>);
 
 impl TokenCounts {
-    pub fn from_sentences<'a>(sentences: impl Iterator<Item = &'a String>) -> TokenCounts {
+    pub(crate) fn from_sentences<'a>(sentences: impl Iterator<Item = &'a String>) -> TokenCounts {
         let sentences: Vec<&String> = sentences.collect();
         let counts = sentences
             .par_iter()
@@ -52,14 +52,14 @@ impl TokenCounts {
         TokenCounts(counts)
     }
 
-    pub fn count(&self, token: &str) -> u32 {
+    pub(crate) fn count(&self, token: &str) -> u32 {
         self.0.get(&token.to_lowercase()).copied().unwrap_or(0)
     }
 }
 
 /// Decides every record's outcome, in parallel; `filtered` is false for inputs taken as they
 /// are (SWAG CSV). Stops with `Interrupted` on Ctrl-C.
-pub fn process_all(
+pub(crate) fn process_all(
     records: &[Record],
     filtered: bool,
     rare: Option<(u32, &TokenCounts)>,

@@ -9,7 +9,7 @@
 //!    was, and re-running the same command is idempotent (examples are keyed by their stable
 //!    `ext_id`).
 
-pub mod filters;
+mod filters;
 pub mod input;
 
 use std::collections::{BTreeMap, HashMap};

@@ -48,7 +48,7 @@ pub mod export;
 pub mod fixtures;
 pub mod fluency;
 pub mod pool;
-pub mod risk_evidence;
+mod risk_evidence;
 pub mod scorer;
 pub mod status;
 pub mod vector_cache;

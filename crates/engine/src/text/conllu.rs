@@ -27,7 +27,7 @@ pub fn read_conllu(path: &Path) -> Result<Vec<TaggedSentence>> {
 }
 
 /// Parses CoNLL-U text; errors name the line.
-pub fn parse_conllu(text: &str) -> Result<Vec<TaggedSentence>> {
+pub(super) fn parse_conllu(text: &str) -> Result<Vec<TaggedSentence>> {
     let mut sentences = Vec::new();
     let mut current = TaggedSentence {
         words: Vec::new(),

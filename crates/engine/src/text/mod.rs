@@ -2,12 +2,12 @@
 //! splitter that cuts a second sentence into `sent2` and its ending before the main verb phrase,
 //! and how an ending's words relate to its context's.
 
-pub mod conllu;
+mod conllu;
 pub mod overlap;
 pub mod rules;
-pub mod split;
+mod split;
 pub mod subwords;
-pub mod tagger;
+mod tagger;
 pub mod tokenize;
 
 pub use conllu::read_conllu;

@@ -41,7 +41,7 @@ pub fn split_with(tagger: &Tagger, sentence: &str) -> Option<(String, String)> {
 }
 
 /// Index of the token where the main verb phrase starts, if there is one with a subject before it.
-pub fn main_verb_index(words: &[&str], tags: &[Upos]) -> Option<usize> {
+pub(super) fn main_verb_index(words: &[&str], tags: &[Upos]) -> Option<usize> {
     let lower: Vec<String> = words.iter().map(|w| w.to_lowercase()).collect();
     let s = Sentence { lower, tags };
     let mut start = 0;
