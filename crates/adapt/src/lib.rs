@@ -221,7 +221,7 @@ fn fold_lines(store: &Store, s: &AdapterSettings) -> Result<Vec<Vec<String>>> {
 }
 
 /// Where a project's adapters live: `NAME.adapters/` beside the project file `NAME.sqlite`.
-pub fn adapter_folder(project: &Path) -> PathBuf {
+pub(crate) fn adapter_folder(project: &Path) -> PathBuf {
     let stem = project.file_stem().unwrap_or_default().to_string_lossy();
     project.with_file_name(format!("{stem}.adapters"))
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -12,14 +12,14 @@ use afkit_engine::csv_lines::RecordLines;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Format {
+pub(crate) enum Format {
     Jsonl,
     Csv,
 }
 
 impl Format {
     /// From the file name: `.jsonl`/`.ndjson`/`.json` are JSON lines, `.csv` is CSV.
-    pub fn of(path: &Path) -> Result<Format> {
+    pub(crate) fn of(path: &Path) -> Result<Format> {
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
@@ -37,13 +37,13 @@ impl Format {
 
 /// What a model sees of one example.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Text {
+pub(crate) enum Text {
     Single(String),
     Pair(String, String),
 }
 
 #[derive(Debug, Clone)]
-pub struct Example {
+pub(crate) struct Example {
     pub id: String,
     pub text: Text,
     /// The label as written (numbers and booleans in their JSON spelling).
@@ -57,8 +57,7 @@ enum Raw {
     Record(csv::StringRecord),
 }
 
-pub struct Dataset {
-    pub path: PathBuf,
+pub(crate) struct Dataset {
     pub format: Format,
     pub examples: Vec<Example>,
     raw: Vec<Raw>,
@@ -66,7 +65,7 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    pub fn read(path: &Path) -> Result<Dataset> {
+    pub(crate) fn read(path: &Path) -> Result<Dataset> {
         let format = Format::of(path)?;
         let (examples, raw, csv_header) = match format {
             Format::Jsonl => {
@@ -110,7 +109,6 @@ impl Dataset {
             }
         }
         Ok(Dataset {
-            path: path.to_path_buf(),
             format,
             examples,
             raw,
@@ -118,26 +116,22 @@ impl Dataset {
         })
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.examples.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.examples.is_empty()
-    }
-
-    pub fn is_pairs(&self) -> bool {
+    pub(crate) fn is_pairs(&self) -> bool {
         matches!(self.examples[0].text, Text::Pair(..))
     }
 
     /// The distinct labels, sorted; a label's class id is its position here.
-    pub fn label_names(&self) -> Vec<String> {
+    pub(crate) fn label_names(&self) -> Vec<String> {
         let set: BTreeSet<&str> = self.examples.iter().map(|e| e.label.as_str()).collect();
         set.into_iter().map(str::to_string).collect()
     }
 
     /// Writes the records at `keep` (input order) in the input's format.
-    pub fn write_subset(&self, keep: &[usize], out: &mut dyn Write) -> Result<()> {
+    pub(crate) fn write_subset(&self, keep: &[usize], out: &mut dyn Write) -> Result<()> {
         match self.format {
             Format::Jsonl => {
                 for &i in keep {
@@ -376,7 +370,7 @@ mod tests {
         assert_eq!(Dataset::read(&p).unwrap().label_names().len(), 2);
     }
 
-    fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+    fn write(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, body).unwrap();
         p

@@ -203,7 +203,7 @@ fn declared_values(header: &str) -> Option<u64> {
 
 /// How MiniLM features were obtained.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct EmbeddingReport {
+pub(crate) struct EmbeddingReport {
     pub texts: usize,
     pub unique_texts: usize,
     /// The folder of the embedding cache read and written, if any.
@@ -216,7 +216,7 @@ pub struct EmbeddingReport {
 /// MiniLM features: a text's embedding u, or for a pair [u; v; |u−v|; u⊙v].
 /// `cache_dir` (if given) holds the embedding cache, keyed text by text, so that a dataset that
 /// changed since the last run embeds only its new texts.
-pub fn minilm(
+pub(crate) fn minilm(
     dataset: &Dataset,
     cache_dir: Option<&Path>,
     progress: &mut dyn FnMut(usize, usize),

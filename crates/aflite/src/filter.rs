@@ -44,7 +44,7 @@ pub struct Params {
 
 impl Params {
     /// Checks the parameters against a dataset of `size` examples (the paper's t < n, k ≥ 1).
-    pub fn validate(&self, size: usize) -> Result<()> {
+    pub(crate) fn validate(&self, size: usize) -> Result<()> {
         if self.partitions == 0 {
             bail!("--partitions must be at least 1");
         }
@@ -82,7 +82,7 @@ impl Params {
 }
 
 /// Number of bins of the score histograms (over [0, 1]).
-pub const HISTOGRAM_BINS: usize = 10;
+pub(crate) const HISTOGRAM_BINS: usize = 10;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Round {
@@ -148,7 +148,7 @@ impl Observer for Silent {}
 
 /// A random rank per example, drawn once from the seed, that orders examples with equal p̃
 /// (scores are fractions of m predictions, so ties are common) without favouring input order.
-pub fn tiebreak_ranks(n: usize, seed: Seed) -> Vec<u32> {
+pub(crate) fn tiebreak_ranks(n: usize, seed: Seed) -> Vec<u32> {
     let mut rng = seed.rng();
     let perm = sample(&mut rng, n, n).into_vec();
     let mut rank = vec![0u32; n];
@@ -272,7 +272,7 @@ fn draw_train_sets(rng: &mut ChaCha8Rng, s: &[usize], params: &Params) -> Vec<Ve
 }
 
 /// The bin of a predictability score in [0, 1] among [`HISTOGRAM_BINS`] equal bins.
-pub fn score_bin(score: f64) -> usize {
+pub(crate) fn score_bin(score: f64) -> usize {
     ((score * HISTOGRAM_BINS as f64) as usize).min(HISTOGRAM_BINS - 1)
 }
 

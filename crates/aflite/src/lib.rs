@@ -103,7 +103,7 @@ impl FromStr for SizeSpec {
 }
 
 impl SizeSpec {
-    pub fn resolve(self, total: usize) -> usize {
+    pub(crate) fn resolve(self, total: usize) -> usize {
         match self {
             SizeSpec::Count(n) => n,
             SizeSpec::Fraction(f) => (f * total as f64).round() as usize,
@@ -476,7 +476,7 @@ fn outputs_checked(config: &Config) -> Result<Output> {
 }
 
 /// `OUT` + suffix, the name of the side files (`FILE.scores.jsonl`).
-pub fn suffixed(out: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn suffixed(out: &Path, suffix: &str) -> PathBuf {
     let mut s = out.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)

@@ -120,7 +120,8 @@ impl LogReg {
     }
 
     /// Weights (one row per output) and intercepts over the raw features.
-    pub fn coefficients(&self) -> (&[f32], &[f32]) {
+    #[cfg(test)]
+    fn coefficients(&self) -> (&[f32], &[f32]) {
         (&self.weights, &self.bias)
     }
 }

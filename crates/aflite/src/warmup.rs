@@ -91,7 +91,7 @@ impl Warmup {
     }
 
     /// Φ for `x`: the hidden layer's activations.
-    pub fn represent(&self, x: &Matrix) -> Result<Matrix> {
+    pub(crate) fn represent(&self, x: &Matrix) -> Result<Matrix> {
         let xs = Tensor::from_slice(&x.data, (x.rows, x.cols), &Device::Cpu)?;
         let h = self.hidden.forward(&xs)?.relu()?;
         let (rows, cols) = h.dims2()?;

@@ -19,7 +19,7 @@ use afkit_store::dataset::{Judgement, Rank};
 /// α = 1 − D_o / D_e with the coincidence matrix: α = 1 − (n − 1) · Σ_u (m_u² − Σ_c n_uc²) / (m_u − 1)
 /// ÷ (n² − Σ_c n_c²), where n_uc counts value c in unit u, m_u = Σ_c n_uc, n_c = Σ_u n_uc and
 /// n = Σ_c n_c over pairable units (Krippendorff 2011, "Computing Krippendorff's alpha").
-pub fn krippendorff_alpha_nominal<T: Eq + Hash + Copy>(units: &[Vec<T>]) -> Option<f64> {
+pub(crate) fn krippendorff_alpha_nominal<T: Eq + Hash + Copy>(units: &[Vec<T>]) -> Option<f64> {
     let mut totals: HashMap<T, f64> = HashMap::new();
     let mut observed = 0.0;
     let mut n = 0.0;
@@ -42,7 +42,7 @@ pub fn krippendorff_alpha_nominal<T: Eq + Hash + Copy>(units: &[Vec<T>]) -> Opti
 
 /// Pairwise percent agreement: of all pairs of coders that coded the same unit, the fraction
 /// that gave the same value (pooled over units). `None` when no unit has two values.
-pub fn pairwise_percent_agreement<T: Eq + Hash + Copy>(units: &[Vec<T>]) -> Option<f64> {
+pub(crate) fn pairwise_percent_agreement<T: Eq + Hash + Copy>(units: &[Vec<T>]) -> Option<f64> {
     let (mut agree, mut pairs) = (0.0, 0.0);
     for values in units.iter().filter(|v| v.len() >= 2) {
         let m = values.len() as f64;
@@ -178,7 +178,7 @@ impl HumanAccuracy {
 }
 
 /// The 95% Wilson score interval of `k` successes in `n` trials (`n > 0`).
-pub fn wilson_interval(k: usize, n: usize) -> (f64, f64) {
+pub(crate) fn wilson_interval(k: usize, n: usize) -> (f64, f64) {
     const Z: f64 = 1.959_963_984_540_054;
     let (k, n) = (k as f64, n as f64);
     let p = k / n;
@@ -189,15 +189,15 @@ pub fn wilson_interval(k: usize, n: usize) -> (f64, f64) {
 }
 
 /// Annotators with fewer items are not compared with the rest.
-pub const FLAG_MIN_ITEMS: usize = 10;
+pub(crate) const FLAG_MIN_ITEMS: usize = 10;
 /// Flag when the found-in-top-two rate is this far below the median annotator's.
-pub const FLAG_TOP2_MARGIN: f64 = 0.20;
+pub(crate) const FLAG_TOP2_MARGIN: f64 = 0.20;
 /// Flag when agreement with the others is this far below the median annotator's (rank or label).
-pub const FLAG_AGREEMENT_MARGIN: f64 = 0.15;
+pub(crate) const FLAG_AGREEMENT_MARGIN: f64 = 0.15;
 /// Agreement with others is compared only with at least this many shared items.
-pub const FLAG_MIN_SHARED: usize = 5;
+pub(crate) const FLAG_MIN_SHARED: usize = 5;
 
-pub fn flag_rule() -> String {
+pub(crate) fn flag_rule() -> String {
     format!(
         "among annotators with ≥{FLAG_MIN_ITEMS} items (when there are at least two): flagged if \
          their found-in-top-two rate is more than {:.0} points below the median annotator's, or, \
@@ -444,7 +444,7 @@ const MAX_ITEM_SECONDS: f64 = 600.0;
 /// Items per hour of work: each submission counts the time spent on it (the recorded `seconds`,
 /// else the gap since the previous submission), capped at 10 minutes so that breaks do not
 /// count; `None` without at least one measurable item. `items` are `(submitted_at, seconds)`.
-pub fn items_per_hour(items: &[(String, Option<f64>)]) -> Option<f64> {
+pub(crate) fn items_per_hour(items: &[(String, Option<f64>)]) -> Option<f64> {
     let mut sorted: Vec<(f64, Option<f64>)> = items
         .iter()
         .filter_map(|(at, secs)| parse_timestamp(at).map(|t| (t, *secs)))
@@ -463,7 +463,7 @@ pub fn items_per_hour(items: &[(String, Option<f64>)]) -> Option<f64> {
 
 /// Parses the store's RFC 3339 UTC timestamps (`2026-11-22T02:21:36.500Z`, fraction optional)
 /// into Unix seconds.
-pub fn parse_timestamp(text: &str) -> Option<f64> {
+pub(crate) fn parse_timestamp(text: &str) -> Option<f64> {
     let text = text
         .trim()
         .strip_suffix('Z')

@@ -16,7 +16,8 @@ use afkit_store::Store;
 use super::verdict;
 
 /// Columns of `afkit crowd export`, in order (`ending_1` .. `ending_6` follow `sent2`).
-pub const EXPORT_COLUMNS: [&str; 5] = ["item_id", "assignments", "context", "sent1", "sent2"];
+pub(crate) const EXPORT_COLUMNS: [&str; 5] =
+    ["item_id", "assignments", "context", "sent1", "sent2"];
 
 /// What `export` wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +70,7 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
 
 /// An item's id in a task file: the project's fingerprint and the task's number, so that a
 /// results file can only be imported into the project whose tasks it answers.
-pub fn item_id(fingerprint: &str, task_id: i64) -> String {
+pub(crate) fn item_id(fingerprint: &str, task_id: i64) -> String {
     format!("{fingerprint}-{task_id}")
 }
 

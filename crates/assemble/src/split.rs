@@ -42,14 +42,14 @@ impl Fractions {
     }
 
     /// Canonical text form, as recorded in the project.
-    pub fn to_text(self) -> String {
+    pub(crate) fn to_text(self) -> String {
         format!("{},{},{}", self.0[0], self.0[1], self.0[2])
     }
 }
 
 /// Assigns every group in `sizes` (group → number of examples) to a split. `previous` holds the
 /// recorded assignment when it was made with the same seed and fractions (else pass an empty map).
-pub fn assign(
+pub(crate) fn assign(
     sizes: &BTreeMap<String, usize>,
     fractions: Fractions,
     seed: Seed,

@@ -55,7 +55,7 @@ pub enum Baseline {
 
 impl Baseline {
     /// Every baseline, in report order.
-    pub const ALL: [Baseline; 10] = [
+    pub(crate) const ALL: [Baseline; 10] = [
         Baseline::Shortest,
         Baseline::Longest,
         Baseline::Words(View::Ending),
@@ -87,7 +87,7 @@ impl Baseline {
     }
 
     /// What the baseline sees, for the report.
-    pub fn description(self) -> &'static str {
+    pub(crate) fn description(self) -> &'static str {
         match self {
             Baseline::Shortest => "picks the ending with the fewest word tokens",
             Baseline::Longest => "picks the ending with the most word tokens",
@@ -410,7 +410,7 @@ impl Default for FineTune {
 /// (`config.json`, `tokenizer.json`, `model.safetensors`) is trained on
 /// the other folds and picks the highest-scoring option of each held-out question. Each fold's
 /// head and batch order come from `seed` derived with `finetune fold F`.
-pub fn fine_tune(
+pub(crate) fn fine_tune(
     questions: &[Question],
     (k, seed): (usize, Seed),
     model_dir: &Path,

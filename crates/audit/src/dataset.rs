@@ -107,7 +107,7 @@ fn read_csv(path: &Path) -> Result<Vec<Question>> {
 }
 
 /// The `skipped` reason of a split file whose labels are all empty (or that has no label column).
-pub const NO_LABELS: &str = "no labels";
+pub(crate) const NO_LABELS: &str = "no labels";
 
 /// What became of one split file when pooling.
 #[derive(Debug, Clone, serde::Serialize, PartialEq)]
@@ -208,7 +208,7 @@ fn read_jsonl(path: &Path) -> Result<Vec<Question>> {
 }
 
 /// An id as text, whether the JSON gave a string or a number.
-pub fn id_text(v: &serde_json::Value) -> String {
+pub(crate) fn id_text(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),

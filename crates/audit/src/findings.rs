@@ -27,7 +27,9 @@ pub struct CouldBeRight {
 
 impl CouldBeRight {
     /// The flagged share of `questions`; `None` when one lacks the flag (or there are none).
-    pub fn of<'a>(questions: impl IntoIterator<Item = &'a dataset::Question>) -> Option<Self> {
+    pub(crate) fn of<'a>(
+        questions: impl IntoIterator<Item = &'a dataset::Question>,
+    ) -> Option<Self> {
         let (mut flagged, mut n) = (0, 0);
         for q in questions {
             flagged += usize::from(q.could_be_right?);
@@ -86,7 +88,7 @@ pub struct AuditReport {
 }
 
 impl AuditReport {
-    pub fn accuracies(&self) -> [(&'static str, f64); 6] {
+    pub(crate) fn accuracies(&self) -> [(&'static str, f64); 6] {
         [
             ("random", self.random),
             ("shortest", self.shortest),

@@ -25,10 +25,8 @@ pub enum View {
 }
 
 impl View {
-    pub const ALL: [View; 3] = [View::Ending, View::Sent2, View::Context];
-
     /// The text option `o` of `q` shows under this view.
-    pub fn text(self, q: &Question, o: usize) -> String {
+    pub(crate) fn text(self, q: &Question, o: usize) -> String {
         match self {
             View::Ending => q.endings[o].clone(),
             View::Sent2 => format!("{} {}", q.sent2, q.endings[o]),
@@ -39,7 +37,7 @@ impl View {
 
 /// How a text becomes grams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Grams {
+pub(crate) enum Grams {
     /// Lower-cased word unigrams and bigrams.
     Words,
     /// Character 2–5-grams of each `<word>`, case kept.
@@ -59,7 +57,7 @@ fn word_gram_hashes(text: &str) -> Vec<u64> {
 
 /// Every question's four options as averaged bags of grams (each gram weighs 1 / the number of
 /// grams in the option's text, as fastText averages), over ids shared by the whole pool.
-pub fn featurise(questions: &[Question], view: View, grams: Grams) -> Vec<[Features; 4]> {
+pub(crate) fn featurise(questions: &[Question], view: View, grams: Grams) -> Vec<[Features; 4]> {
     let hashes: Vec<[Vec<u64>; 4]> = questions
         .par_iter()
         .map(|q| {
@@ -96,7 +94,7 @@ fn average(hashes: &[u64], ids: &mut HashMap<u64, u32>) -> Features {
 }
 
 /// Dense vectors (one per option) as features with ids 0..dim.
-pub fn dense(vectors: &[[Vec<f32>; 4]]) -> Vec<[Features; 4]> {
+pub(crate) fn dense(vectors: &[[Vec<f32>; 4]]) -> Vec<[Features; 4]> {
     vectors
         .iter()
         .map(|options| {
@@ -115,7 +113,7 @@ pub fn dense(vectors: &[[Vec<f32>; 4]]) -> Vec<[Features; 4]> {
 /// training questions contain (renumbered 0..dim). A gram seen only in the test fold gets no
 /// weight (it still counts in the option's average, as an unknown word does in fastText), so
 /// nothing about the held-out fold reaches the fit.
-pub fn restrict(
+pub(crate) fn restrict(
     features: &[[Features; 4]],
     gold: &[usize],
     train: &[usize],

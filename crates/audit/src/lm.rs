@@ -49,7 +49,7 @@ pub struct LmResult {
 
 /// Standard error of a mean of 0/1 outcomes as lm-evaluation-harness reports it: the sample
 /// standard deviation over √n.
-pub fn proportion_se(p: f64, n: usize) -> f64 {
+pub(crate) fn proportion_se(p: f64, n: usize) -> f64 {
     if n < 2 {
         return 0.0;
     }
@@ -94,7 +94,7 @@ pub fn score_questions(
 
 /// Scores every question (all labelled) with the model, with its context and without;
 /// `done` hears each finished question of each pass.
-pub fn zero_shot(
+pub(crate) fn zero_shot(
     spec: &LmSpec,
     questions: &[Question],
     done: &(dyn Fn() + Sync),

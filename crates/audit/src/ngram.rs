@@ -75,7 +75,7 @@ impl Vocabulary {
 }
 
 /// A question as four feature vectors and the gold's position.
-pub struct Choice {
+pub(crate) struct Choice {
     pub options: [Features; 4],
     pub gold: usize,
 }

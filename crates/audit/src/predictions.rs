@@ -50,7 +50,7 @@ enum Key {
 }
 
 /// The predictions in split order, one per question.
-pub fn read(path: &Path, questions: &[Question], choice: Choice) -> Result<Vec<usize>> {
+pub(crate) fn read(path: &Path, questions: &[Question], choice: Choice) -> Result<Vec<usize>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read predictions {}", path.display()))?;
     let at = |line: usize| format!("{}: line {line}", path.display());

@@ -15,7 +15,7 @@ pub struct Timing {
 
 /// Runs `work`, adding its seconds to `timings` under `name` (summed with an earlier entry of
 /// that name).
-pub fn timed<T>(timings: &mut Vec<Timing>, name: &str, work: impl FnOnce() -> T) -> T {
+pub(crate) fn timed<T>(timings: &mut Vec<Timing>, name: &str, work: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let out = work();
     add(timings, name, started.elapsed().as_secs_f64());
@@ -23,7 +23,7 @@ pub fn timed<T>(timings: &mut Vec<Timing>, name: &str, work: impl FnOnce() -> T)
 }
 
 /// Adds `seconds` to the entry `name`, or appends one.
-pub fn add(timings: &mut Vec<Timing>, name: &str, seconds: f64) {
+pub(crate) fn add(timings: &mut Vec<Timing>, name: &str, seconds: f64) {
     match timings.iter_mut().find(|t| t.name == name) {
         Some(t) => t.seconds += seconds,
         None => timings.push(Timing {

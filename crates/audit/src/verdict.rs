@@ -14,21 +14,21 @@
 use serde::Serialize;
 
 /// Accuracy of a uniform guess among four options.
-pub const CHANCE: f64 = 0.25;
+pub(crate) const CHANCE: f64 = 0.25;
 
 /// The fine-tuned discriminator's row, wherever the cross-validation measures one.
-pub const FINE_TUNED_BASELINE: &str = "finetune_minilm";
+pub(crate) const FINE_TUNED_BASELINE: &str = "finetune_minilm";
 
 /// The prefix of a language model's rows: `lm:MODEL:acc` and `lm:MODEL:acc_norm`, and the same
 /// with [`NO_CONTEXT_SUFFIX`] for the endings read alone.
-pub const LM_PREFIX: &str = "lm:";
+pub(crate) const LM_PREFIX: &str = "lm:";
 
 /// The suffix of a language model's rows that read the endings without their context.
-pub const NO_CONTEXT_SUFFIX: &str = "_no_context";
+pub(crate) const NO_CONTEXT_SUFFIX: &str = "_no_context";
 
 /// Kinds of evidence a benchmark can be answered by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
+pub(crate) enum Family {
     /// An ending's own words, characters, length or embedding.
     Style,
     /// How an ending relates to its context and to the other endings.
@@ -42,7 +42,7 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 5] = [
+    pub(crate) const ALL: [Family; 5] = [
         Family::Style,
         Family::Relational,
         Family::LmZeroShot,
@@ -51,7 +51,7 @@ impl Family {
     ];
 
     /// The family of a row, by its name.
-    pub fn of(row: &str) -> Family {
+    pub(crate) fn of(row: &str) -> Family {
         match row {
             "relational" => Family::Relational,
             FINE_TUNED_BASELINE => Family::FineTuned,
@@ -63,7 +63,7 @@ impl Family {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Family::Style => "style",
             Family::Relational => "relational",
@@ -109,7 +109,7 @@ const FIXED_RULES: [&str; 2] = ["shortest", "longest"];
 
 /// The widest interval (two standard errors each side) within which "at chance" is a finding:
 /// a row at chance with a wider one could hide an artifact of ten points or more.
-pub const WIDEST_TELLING_INTERVAL: f64 = 0.10;
+pub(crate) const WIDEST_TELLING_INTERVAL: f64 = 0.10;
 
 /// Where a row stands against chance.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
@@ -126,7 +126,7 @@ pub enum Standing {
 }
 
 impl Standing {
-    pub fn of(mean: f64, se: f64) -> Standing {
+    pub(crate) fn of(mean: f64, se: f64) -> Standing {
         if (mean - CHANCE).abs() > 2.0 * se {
             if mean > CHANCE {
                 Standing::AboveChance
@@ -178,7 +178,7 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(name: impl Into<String>, mean: f64, se: f64) -> Row {
+    pub(crate) fn new(name: impl Into<String>, mean: f64, se: f64) -> Row {
         Row {
             name: name.into(),
             mean,
@@ -202,7 +202,7 @@ pub struct Verdict {
 }
 
 /// The rows with the control's beside them (matched by name), and the verdicts.
-pub fn judge(rows: Vec<Row>, control: Option<&[Row]>) -> (Vec<Row>, Vec<Verdict>) {
+pub(crate) fn judge(rows: Vec<Row>, control: Option<&[Row]>) -> (Vec<Row>, Vec<Verdict>) {
     let rows: Vec<Row> = rows
         .into_iter()
         .map(|mut row| {

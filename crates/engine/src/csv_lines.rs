@@ -26,7 +26,7 @@ impl<'a> RecordLines<'a> {
     }
 
     /// The line on which the record whose csv position is `byte` starts.
-    pub fn line_of(&mut self, byte: u64) -> u64 {
+    pub(crate) fn line_of(&mut self, byte: u64) -> u64 {
         let mut start = usize::try_from(byte).map_or(self.text.len(), |b| b.min(self.text.len()));
         while start < self.text.len() && matches!(self.text[start], b'\r' | b'\n') {
             start += 1;

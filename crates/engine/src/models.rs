@@ -162,7 +162,7 @@ impl DefaultModel {
     }
 
     /// Directory holding the model's files once fetched.
-    pub fn dir(self) -> PathBuf {
+    pub(crate) fn dir(self) -> PathBuf {
         afkit_home().join("models").join(self.package().dir)
     }
 
@@ -354,7 +354,7 @@ pub fn generator_gguf(model: &str) -> Result<PathBuf> {
 }
 
 /// afkit's cache: `$AFKIT_HOME`, else `<user cache dir>/afkit`.
-pub fn afkit_home() -> PathBuf {
+pub(crate) fn afkit_home() -> PathBuf {
     if let Some(home) = std::env::var_os("AFKIT_HOME") {
         return PathBuf::from(home);
     }

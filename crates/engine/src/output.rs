@@ -43,7 +43,7 @@ use crate::models::hex;
 pub const LEDGER: &str = ".afkit-written.json";
 
 /// The journal of a unit of files whose renames were under way, in each folder it touches.
-pub const JOURNAL: &str = ".afkit-unfinished.json";
+pub(crate) const JOURNAL: &str = ".afkit-unfinished.json";
 
 /// The writer recorded for files written one by one (never removed as stale).
 const SINGLE_FILES: &str = "afkit";
@@ -250,7 +250,7 @@ impl Output {
     }
 
     /// Writes one file whole.
-    pub fn write(&self, target: &Path, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn write(&self, target: &Path, bytes: &[u8]) -> Result<()> {
         let mut staged = self.stage(target)?;
         std::io::Write::write_all(staged.file(), bytes)
             .with_context(|| format!("cannot write {}", target.display()))?;
@@ -292,18 +292,6 @@ impl Output {
         finish(&journal)?;
         drop((held, renamed));
         Ok(())
-    }
-
-    /// Writes `files` (paths relative to `dir`) into `dir`, creating it if needed: each file is
-    /// replaced on its own, everything else in the folder is left alone, and files `writer`
-    /// wrote there before that are no longer among `files` are removed (when unchanged).
-    pub fn folder(
-        &self,
-        dir: &Path,
-        files: &BTreeMap<String, Vec<u8>>,
-        writer: &str,
-    ) -> Result<()> {
-        self.folder_and_beside(dir, files, writer, &[])
     }
 
     /// [`Output::folder`], with files outside the folder (`beside`: path and contents) written
@@ -747,38 +735,6 @@ mod tests {
             assert!(output.write(target, b"x").is_err(), "{target:?}");
         }
         assert_eq!(fs::read(&input).unwrap(), b"data");
-    }
-
-    #[test]
-    fn a_folder_write_keeps_other_files_and_removes_only_its_stale_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("ds");
-        let output = Output::new(false);
-        let files = |names: &[&str]| -> BTreeMap<String, Vec<u8>> {
-            names
-                .iter()
-                .map(|n| (n.to_string(), n.as_bytes().to_vec()))
-                .collect()
-        };
-        output
-            .folder(&out, &files(&["a.csv", "sub/b.yaml"]), "export")
-            .unwrap();
-        fs::write(out.join("mine.txt"), b"user").unwrap();
-        fs::create_dir(out.join("audit")).unwrap();
-        output
-            .write(&out.join("audit").join("audit.md"), b"report")
-            .unwrap();
-        output.folder(&out, &files(&["a.csv"]), "export").unwrap();
-        assert!(out.join("a.csv").exists());
-        assert!(
-            !out.join("sub").exists(),
-            "the stale file and its folder go"
-        );
-        assert_eq!(fs::read(out.join("mine.txt")).unwrap(), b"user");
-        assert_eq!(fs::read(out.join("audit/audit.md")).unwrap(), b"report");
-
-        fs::write(out.join("a.csv"), b"changed").unwrap();
-        assert!(output.folder(&out, &files(&["a.csv"]), "export").is_err());
     }
 
     #[test]

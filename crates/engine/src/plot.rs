@@ -4,7 +4,7 @@
 use std::sync::Once;
 
 /// The font family name to use in `plotters` text styles once [`register_font`] has run.
-pub const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 /// The chart font at `px` pixels, made even: plotters places each glyph half a text height from
 /// its anchor and truncates that to whole pixels, so at odd sizes small glyphs drift up from the

@@ -76,7 +76,7 @@ pub enum Key<'a> {
 
 impl Key<'_> {
     /// The bytes the seed is hashed with.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         match self {
             Key::Context(ext_id) => (*ext_id).to_string(),
             Key::Style(ext_id) => format!("style\u{0}{ext_id}"),

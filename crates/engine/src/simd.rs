@@ -11,7 +11,7 @@
 /// Whether `AFKIT_SIMD=avx2` asks for the AVX2 code paths on a CPU that also has AVX-512: one
 /// switch for every fast path (the packed GEMM, the sentence encoder's products; the kernels of
 /// this module are AVX2 already), so that one machine can measure what an AVX2-only CPU runs.
-pub fn avx2_forced() -> bool {
+pub(crate) fn avx2_forced() -> bool {
     static FORCED: std::sync::LazyLock<bool> =
         std::sync::LazyLock::new(|| std::env::var("AFKIT_SIMD").as_deref() == Ok("avx2"));
     *FORCED
@@ -184,7 +184,7 @@ unsafe fn dot_avx2_fma(a: &[f32], b: &[f32]) -> f32 {
 
 /// The largest value of `xs` (−∞ for none; NaNs are skipped).
 #[inline]
-pub fn max(xs: &[f32]) -> f32 {
+pub(crate) fn max(xs: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if avx2_fma() {
@@ -224,7 +224,7 @@ fn max_lanes(xs: &[f32]) -> f32 {
 /// `shift + ln(sum)` is the log-normaliser. [`exp_lanes`] runs eight or sixteen at a time, which
 /// the vocabulary-sized softmaxes of sampling and scoring need (libm's `expf` was 4% of generate).
 #[inline]
-pub fn sum_exp_shifted(xs: &[f32], shift: f32, out: Option<&mut Vec<f32>>) -> f64 {
+pub(crate) fn sum_exp_shifted(xs: &[f32], shift: f32, out: Option<&mut Vec<f32>>) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         if avx2_fma() {
@@ -274,7 +274,7 @@ fn sum_exp_shifted_lanes<const FMA: bool>(
 
 /// SwiGLU of one row: `out[i] = silu(gate[i]) · up[i]`, `silu(g) = g / (1 + e^−g)`.
 #[inline]
-pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if avx2_fma() {
@@ -300,7 +300,7 @@ fn swiglu_lanes<const FMA: bool>(gate: &[f32], up: &[f32], out: &mut [f32]) {
 
 /// RMS norm of one row: `out[i] = x[i] · weight[i] / √(mean(x²) + eps)`.
 #[inline]
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let scale = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
     for ((o, &xi), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = xi * scale * w;
@@ -311,7 +311,7 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// for e^r, n added to the exponent bits), in operations that vectorise. Below −87 it returns
 /// e^−87 ≈ 1.6e−38 rather than 0 or a subnormal.
 #[inline(always)]
-pub fn exp_lanes<const FMA: bool>(x: f32) -> f32 {
+pub(crate) fn exp_lanes<const FMA: bool>(x: f32) -> f32 {
     let fma = |a: f32, b: f32, c: f32| if FMA { a.mul_add(b, c) } else { a * b + c };
     let x = x.clamp(-87.0, 88.0);
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();

@@ -43,11 +43,7 @@ pub(crate) struct CardInputs {
 }
 
 impl CardInputs {
-    pub(crate) fn read(
-        store: &Store,
-        options: &Options,
-        left_out: Vec<String>,
-    ) -> Result<CardInputs> {
+    pub fn read(store: &Store, options: &Options, left_out: Vec<String>) -> Result<CardInputs> {
         let assembly = store.assembly_info()?;
         let af_run = match assembly {
             Some(a) => store.af_run_by_id(a.af_run)?,

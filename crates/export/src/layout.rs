@@ -4,17 +4,17 @@
 use afkit_store::dataset::Split;
 
 /// afkit's split names and the names `datasets` and the evaluation harness use for them.
-pub const HF_SPLITS: [(Split, &str); 3] = [
+pub(crate) const HF_SPLITS: [(Split, &str); 3] = [
     (Split::Train, "train"),
     (Split::Val, "validation"),
     (Split::Test, "test"),
 ];
 
 /// The dataset card, with the YAML header the Hugging Face Hub reads.
-pub const CARD: &str = "README.md";
+pub(crate) const CARD: &str = "README.md";
 
 /// The folder of the lm-evaluation-harness task files.
-pub const HARNESS_DIR: &str = "lm_eval";
+pub(crate) const HARNESS_DIR: &str = "lm_eval";
 
 /// The files of one export.
 #[derive(Debug, Clone, Copy)]
@@ -44,12 +44,12 @@ impl Layout {
     }
 
     /// Whether `split` has files in the export.
-    pub fn present(&self, split: Split) -> bool {
+    pub(crate) fn present(&self, split: Split) -> bool {
         self.present[split as usize]
     }
 
     /// The splits with files, with the names `datasets` and the harness use for them.
-    pub fn hf_splits(&self) -> impl Iterator<Item = (Split, &'static str)> + '_ {
+    pub(crate) fn hf_splits(&self) -> impl Iterator<Item = (Split, &'static str)> + '_ {
         HF_SPLITS
             .into_iter()
             .filter(|(split, _)| self.present(*split))
@@ -66,18 +66,18 @@ impl Layout {
     }
 
     /// The JSONL of `split`, in its own folder so that the CSV configurations never match it.
-    pub fn jsonl(&self, split: Split) -> String {
+    pub(crate) fn jsonl(&self, split: Split) -> String {
         format!("jsonl/{split}.jsonl")
     }
 
     /// Whether `split`'s labels are in the folder.
-    pub fn labelled(&self, split: Split) -> bool {
+    pub(crate) fn labelled(&self, split: Split) -> bool {
         split != Split::Test || self.with_test_labels
     }
 
     /// Whether `split` has a full CSV: it names the gold ending, so not where labels are withheld
     /// (as in the SWAG release, whose full set has no test split).
-    pub fn has_full(&self, split: Split) -> bool {
+    pub(crate) fn has_full(&self, split: Split) -> bool {
         self.labelled(split) && self.present(split)
     }
 }

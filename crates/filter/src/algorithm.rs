@@ -23,16 +23,16 @@ use afkit_engine::seed::Seed;
 // would.
 
 /// Stream of the initial assignment; iteration `i` uses stream `i + 1`.
-pub const INITIAL_STREAM: u64 = 0;
+pub(crate) const INITIAL_STREAM: u64 = 0;
 /// Stream of the final cross-fitted pass.
-pub const FINAL_STREAM: u64 = u64::MAX;
+pub(crate) const FINAL_STREAM: u64 = u64::MAX;
 
-pub fn iteration_stream(iteration: usize) -> u64 {
+pub(crate) fn iteration_stream(iteration: usize) -> u64 {
     iteration as u64 + 1
 }
 
 /// k distinct endings drawn uniformly from `pool` (which must hold at least k).
-pub fn initial_draw(pool: &[i64], k: usize, rng: &mut ChaCha8Rng) -> Vec<i64> {
+pub(crate) fn initial_draw(pool: &[i64], k: usize, rng: &mut ChaCha8Rng) -> Vec<i64> {
     pool.choose_multiple(rng, k).copied().collect()
 }
 
@@ -42,7 +42,10 @@ pub fn initial_draw(pool: &[i64], k: usize, rng: &mut ChaCha8Rng) -> Vec<i64> {
 /// A random split of the contexts into train (about 80%) and test (about 20%, at least one
 /// context), whole groups at a time: the first of five folds dealt by group is held out.
 /// `groups[i]` is context i's group (`None`: a group of its own).
-pub fn split_80_20(groups: &[Option<&str>], rng: &mut ChaCha8Rng) -> (Vec<usize>, Vec<usize>) {
+pub(crate) fn split_80_20(
+    groups: &[Option<&str>],
+    rng: &mut ChaCha8Rng,
+) -> (Vec<usize>, Vec<usize>) {
     let n = groups.len();
     if groups.iter().all(Option::is_none) {
         let mut order: Vec<usize> = (0..n).collect();
@@ -57,7 +60,7 @@ pub fn split_80_20(groups: &[Option<&str>], rng: &mut ChaCha8Rng) -> (Vec<usize>
 
 /// Deals the contexts into `folds` folds of near-equal size by group ([`afkit_engine::folds`]), at
 /// random.
-pub fn folds(groups: &[Option<&str>], folds: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+pub(crate) fn folds(groups: &[Option<&str>], folds: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
     if groups.iter().all(Option::is_none) {
         let mut order: Vec<usize> = (0..groups.len()).collect();
         order.shuffle(rng);
@@ -72,7 +75,7 @@ pub fn folds(groups: &[Option<&str>], folds: usize, rng: &mut ChaCha8Rng) -> Vec
 
 /// A choice counts as solved when the gold outscores every assigned negative (ties are errors,
 /// so a model that scores everything alike sits at or below chance, never above).
-pub fn solved(gold: f32, assigned: &[f32]) -> bool {
+pub(crate) fn solved(gold: f32, assigned: &[f32]) -> bool {
     assigned.iter().all(|&s| gold > s)
 }
 
@@ -102,7 +105,7 @@ pub enum Replacement {
 /// The swaps for one held-out context: pairs (slot of the replaced easy negative, ending id that
 /// replaces it). `assigned`: (ending id, score) per slot; `unassigned`: (ending id, score) of the
 /// pool endings not assigned (the gold excluded).
-pub fn choose_swaps(
+pub(crate) fn choose_swaps(
     gold: f32,
     assigned: &[(i64, f32)],
     unassigned: &[(i64, f32)],
@@ -162,14 +165,14 @@ impl Default for Convergence {
 
 impl Convergence {
     /// Whether one iteration was quiet: `accuracy` is the deciding model's held-out accuracy.
-    pub fn quiet(&self, k: usize, swaps: usize, n_test: usize, accuracy: f64) -> bool {
+    pub(crate) fn quiet(&self, k: usize, swaps: usize, n_test: usize, accuracy: f64) -> bool {
         let chance = 1.0 / (k as f64 + 1.0);
         let margin = self.chance_standard_errors * (chance * (1.0 - chance) / n_test as f64).sqrt();
         (swaps as f64) < self.min_swap_fraction * n_test as f64 || accuracy <= chance + margin
     }
 
     /// Whether a phase whose iterations were quiet or not (in order) has converged.
-    pub fn converged(&self, quiet: &[bool]) -> bool {
+    pub(crate) fn converged(&self, quiet: &[bool]) -> bool {
         self.patience > 0
             && quiet.len() >= self.patience.max(self.min_iterations)
             && quiet[quiet.len() - self.patience..].iter().all(|&q| q)

@@ -37,17 +37,17 @@ use afkit_store::vector_cache::VectorCache;
 use afkit_store::Store;
 
 /// The 17 universal POS tags, the BiLSTM's stand-ins for rare words.
-pub const UPOS_TAGS: [&str; 17] = [
+pub(crate) const UPOS_TAGS: [&str; 17] = [
     "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
     "PUNCT", "SCONJ", "SYM", "VERB", "X",
 ];
 
-/// Word id 0 pads sequences; id 1 is the unknown word (both vocabularies).
-pub const PAD: u32 = 0;
-pub const UNK: u32 = 1;
+/// Word id 0 pads sequences (the models treat it as padding); id 1 is the unknown word (both
+/// vocabularies).
+pub(crate) const UNK: u32 = 1;
 
 /// Number of MLP inputs per option: [`lm_features`], then the context relations.
-pub const MLP_FEATURES: usize = LM_FEATURES + CONTEXT_RELATIONS.len();
+pub(crate) const MLP_FEATURES: usize = LM_FEATURES + CONTEXT_RELATIONS.len();
 
 /// LM features and lengths per option; see [`lm_features`].
 const LM_FEATURES: usize = 10;
@@ -128,7 +128,7 @@ pub struct EncodedContext {
 
 impl EncodedContext {
     /// The candidate with this ending id.
-    pub fn candidate(&self, ending_id: i64) -> Option<&EncodedEnding> {
+    pub(crate) fn candidate(&self, ending_id: i64) -> Option<&EncodedEnding> {
         self.candidates.iter().find(|e| e.ending_id == ending_id)
     }
 }
@@ -164,7 +164,7 @@ impl Dataset {
 
     /// [`Dataset::load`] with the features of scorer models, each named by the key its scores
     /// are stored under (every pool ending must have a stored score from each).
-    pub fn load_scored(
+    pub(crate) fn load_scored(
         store: &Store,
         k: usize,
         cfg: &EncodeConfig,

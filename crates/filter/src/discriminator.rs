@@ -69,7 +69,7 @@ impl Default for DiscriminatorConfig {
 
 /// What the cross-encoder reads and the stylistic dataset does not keep: each context's
 /// startphrase (`sent1 + " " + sent2`) and every pool ending's text.
-pub struct Texts {
+pub(crate) struct Texts {
     contexts: HashMap<i64, String>,
     endings: HashMap<i64, String>,
 }
@@ -105,7 +105,7 @@ impl Texts {
 }
 
 /// The cross-encoder AF trains and asks.
-pub struct Discriminator {
+pub(crate) struct Discriminator {
     model: CrossEncoder,
     config: DiscriminatorConfig,
 }
@@ -136,7 +136,7 @@ impl Discriminator {
     /// Trains on the contexts `ids` (indices into `data.contexts`): each the real ending
     /// and [`DiscriminatorConfig::negatives`] of its assigned negatives, drawn from `seed`,
     /// which also orders the batches.
-    pub fn train(
+    pub(crate) fn train(
         &mut self,
         data: &Dataset,
         texts: &Texts,
@@ -173,7 +173,12 @@ impl Discriminator {
     }
 
     /// Each of the contexts' scores: the gold first, then every candidate in pool order.
-    pub fn score(&self, data: &Dataset, texts: &Texts, ids: &[usize]) -> Result<Vec<Vec<f32>>> {
+    pub(crate) fn score(
+        &self,
+        data: &Dataset,
+        texts: &Texts,
+        ids: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
         let questions: Vec<Question> = ids
             .iter()
             .map(|&i| {

@@ -40,14 +40,14 @@ use super::windows::{
 };
 
 /// Filter widths of the CNN (SWAG: "filter sizes ranging from 2-5").
-pub const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
+pub(crate) const CNN_WIDTHS: [usize; 4] = [2, 3, 4, 5];
 
 /// Large negative added to padded positions before max-pooling.
 const MASKED: f64 = -1e4;
 
 /// What the data gives the text models: vocabulary sizes and input widths.
 #[derive(Debug, Clone, Copy)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     pub words: usize,
     pub lstm_words: usize,
     /// Hash buckets of the subword ids; 0 leaves the subword model out.
@@ -60,7 +60,7 @@ pub struct Inputs {
 
 impl Inputs {
     /// What the models read from `data` (vocabulary sizes, input widths).
-    pub fn of(data: &super::data::Dataset) -> Inputs {
+    pub(crate) fn of(data: &super::data::Dataset) -> Inputs {
         Inputs {
             words: data.vocab_size,
             lstm_words: data.lstm_vocab_size,
@@ -96,14 +96,14 @@ impl Default for ModelConfig {
 }
 
 /// A padded batch of options, one row per option.
-pub struct Batch {
+pub(crate) struct Batch {
     /// (rows, MLP_FEATURES + scorer features) the standardised MLP inputs and scorer features.
     pub lm: Tensor,
     /// Token inputs; `None` in MLP-only iterations.
     pub text: Option<TextBatch>,
 }
 
-pub struct TextBatch {
+pub(crate) struct TextBatch {
     /// (rows, len) word ids, padded with 0.
     pub words: Tensor,
     /// (rows, len) 0/1: token belongs to `sent2`.
@@ -128,14 +128,14 @@ pub struct TextBatch {
 
 /// How a batch lays out the CNN's input ([`StylisticModel::cnn_layout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CnnLayout {
+pub(crate) enum CnnLayout {
     /// Windows as candle ops over the padded `words` (any device).
     Padded,
     /// Texts end to end for afkit's CPU ops.
     Packed,
 }
 
-pub enum CnnInput {
+pub(crate) enum CnnInput {
     /// Per CNN width: (rows, len - width + 1, 1) 1.0 where the window starts on a real token;
     /// the tokens are the batch's padded `words` and `in_sent2`.
     Padded { conv_masks: Vec<Tensor> },
@@ -144,7 +144,7 @@ pub enum CnnInput {
 }
 
 /// Padded id sequences to be averaged.
-pub struct Bag {
+pub(crate) struct Bag {
     /// (rows, len) ids, 0 = padding.
     pub ids: Tensor,
     /// (rows, len, 1) 1.0 on real ids.
@@ -154,7 +154,7 @@ pub struct Bag {
 }
 
 /// Per-row scores of every head that exists, each of shape (rows,).
-pub struct HeadScores {
+pub(crate) struct HeadScores {
     pub mlp: Tensor,
     pub bow: Option<Tensor>,
     pub cnn: Option<Tensor>,
@@ -165,7 +165,7 @@ pub struct HeadScores {
 }
 
 impl HeadScores {
-    pub fn all(&self) -> Vec<&Tensor> {
+    pub(crate) fn all(&self) -> Vec<&Tensor> {
         std::iter::once(&self.mlp)
             .chain(&self.bow)
             .chain(&self.cnn)
@@ -183,7 +183,7 @@ fn masked_max_over_time(xs: &Tensor, mask: &Tensor) -> Result<Tensor> {
     xs.broadcast_add(&penalty)?.max(1)
 }
 
-pub struct MlpModel {
+pub(crate) struct MlpModel {
     l1: Linear,
     l2: Linear,
 }
@@ -201,7 +201,7 @@ impl MlpModel {
     }
 }
 
-pub struct BowModel {
+pub(crate) struct BowModel {
     embed: MeanEmbedding,
 }
 
@@ -243,7 +243,7 @@ impl MeanEmbedding {
     }
 }
 
-pub struct SubwordModel {
+pub(crate) struct SubwordModel {
     embed: MeanEmbedding,
 }
 
@@ -259,7 +259,7 @@ impl SubwordModel {
     }
 }
 
-pub struct SentenceModel {
+pub(crate) struct SentenceModel {
     layer: Linear,
 }
 
@@ -275,7 +275,7 @@ impl SentenceModel {
     }
 }
 
-pub struct CnnModel {
+pub(crate) struct CnnModel {
     embed: Embedding,
     indicator: Embedding,
     /// Per width w: a linear map of the w concatenated token vectors of a window to the filters.
@@ -347,7 +347,7 @@ impl CnnModel {
     }
 }
 
-pub struct LstmModel {
+pub(crate) struct LstmModel {
     bilstm: BiLstm,
 }
 
@@ -393,7 +393,7 @@ struct TextModels {
 
 /// The model family of one iteration: the MLP always, the text models and the ensemble in
 /// [`Family::Ensemble`] iterations.
-pub struct StylisticModel {
+pub(crate) struct StylisticModel {
     mlp: MlpModel,
     mlp_head: Linear,
     text: Option<TextModels>,
@@ -401,7 +401,7 @@ pub struct StylisticModel {
 
 impl StylisticModel {
     /// `cpu_kernels`: afkit's CPU ops where it has them (CPU tensors only), else candle ops.
-    pub fn new(
+    pub(crate) fn new(
         family: Family,
         inputs: Inputs,
         cfg: &ModelConfig,
@@ -468,13 +468,13 @@ impl StylisticModel {
     }
 
     /// The layout of the CNN input its batches need ([`make_batch`]).
-    pub fn cnn_layout(&self) -> CnnLayout {
+    pub(crate) fn cnn_layout(&self) -> CnnLayout {
         self.text
             .as_ref()
             .map_or(CnnLayout::Padded, |models| models.cnn.layout)
     }
 
-    pub fn family(&self) -> Family {
+    pub(crate) fn family(&self) -> Family {
         if self.text.is_some() {
             Family::Ensemble
         } else {
@@ -483,7 +483,7 @@ impl StylisticModel {
     }
 
     /// Scores every row of the batch with every head.
-    pub fn forward(&self, batch: &Batch) -> Result<HeadScores> {
+    pub(crate) fn forward(&self, batch: &Batch) -> Result<HeadScores> {
         let mlp_rep = self.mlp.forward(&batch.lm)?;
         let mlp = self.mlp_head.forward(&mlp_rep)?.squeeze(1)?;
         let (Some(models), Some(text)) = (&self.text, &batch.text) else {
@@ -538,7 +538,7 @@ impl StylisticModel {
 
 /// Builds a batch from options given as (ending, tokens of `sent2` at its start); `text`: the
 /// inputs of the text models, `None` for the MLP alone; `cnn`: the layout the model's CNN reads.
-pub fn make_batch(
+pub(crate) fn make_batch(
     options: &[(&super::data::EncodedEnding, usize)],
     text: Option<Inputs>,
     cnn: CnnLayout,
@@ -707,4 +707,4 @@ fn bag<'a>(
 }
 
 /// The dtype of every parameter.
-pub const DTYPE: DType = DType::F32;
+pub(crate) const DTYPE: DType = DType::F32;

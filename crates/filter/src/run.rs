@@ -165,7 +165,7 @@ fn split_groups<'a>(data: &'a Dataset, config: &Config) -> Vec<Option<&'a str>> 
 
 /// A run's settings and the pools it filters, stored as `af_runs.params`.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunParams {
+pub(crate) struct RunParams {
     #[serde(flatten)]
     pub config: Config,
     pub n_contexts: usize,
@@ -576,7 +576,7 @@ fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
 
 /// The family of the next iteration, or `None` when both phases are over. A pure function of
 /// the stored history, so a resumed run continues in the right phase.
-pub fn next_family(history: &[IterationRecord], config: &Config) -> Option<Family> {
+pub(crate) fn next_family(history: &[IterationRecord], config: &Config) -> Option<Family> {
     let rule = &config.convergence;
     let quiet = |phase: Family| -> Vec<bool> {
         history
@@ -619,7 +619,7 @@ fn choice<'a>(context: &'a EncodedContext, assigned: &[i64]) -> Choice<'a> {
 
 /// One AF iteration: split, train, score the held-out pools, measure, choose swaps. Also returns
 /// the time spent training.
-pub fn run_iteration(
+pub(crate) fn run_iteration(
     data: &Dataset,
     assignment: &Assignment,
     family: Family,
@@ -699,7 +699,7 @@ pub fn run_iteration(
 }
 
 /// What one iteration did, to commit and report.
-pub struct IterationOutcome {
+pub(crate) struct IterationOutcome {
     pub record: IterationRecord,
     pub swaps: Vec<Swap>,
     /// Seconds spent training (the rest is scoring and bookkeeping).
@@ -710,7 +710,7 @@ pub struct IterationOutcome {
 
 /// The fine-tuned adversary of a run: its settings and the texts it reads. Each use trains a
 /// fresh model (see `discriminator.rs` for why none is carried between iterations).
-pub struct Adversary {
+pub(crate) struct Adversary {
     texts: Texts,
     config: DiscriminatorConfig,
     compute: afkit_engine::device::Compute,

@@ -22,7 +22,7 @@ use afkit_store::scorer::{ScorerScore, UnscoredContext};
 use afkit_store::Store;
 
 /// Features per scorer model and option; see [`scorer_features`].
-pub const SCORER_FEATURES: usize = 5;
+pub(crate) const SCORER_FEATURES: usize = 5;
 
 /// Contexts scored together and committed in one transaction.
 const BATCH_CONTEXTS: usize = 8;
@@ -56,7 +56,7 @@ impl Scorer {
 
 /// The MLP's inputs from one scorer's reading of an ending: summed log-likelihood after the
 /// context, the same per character, and per token after the context, alone, and the difference.
-pub fn scorer_features(score: &ScorerScore, ending: &str) -> [f64; SCORER_FEATURES] {
+pub(crate) fn scorer_features(score: &ScorerScore, ending: &str) -> [f64; SCORER_FEATURES] {
     let tokens = score.n_tok.max(1) as f64;
     let chars = ending.chars().count().max(1) as f64;
     [

@@ -64,14 +64,14 @@ impl Default for TrainConfig {
 }
 
 /// One training choice: the gold ending followed by its negatives, with the `sent2` length.
-pub struct Choice<'a> {
+pub(crate) struct Choice<'a> {
     pub options: Vec<&'a EncodedEnding>,
     pub n_sent2: usize,
 }
 
 /// Per-head scores of a list of options, aligned with the input; `None` for absent heads.
 #[derive(Debug, Clone, Default)]
-pub struct Scores {
+pub(crate) struct Scores {
     pub mlp: Vec<f32>,
     pub bow: Option<Vec<f32>>,
     pub cnn: Option<Vec<f32>>,
@@ -82,7 +82,7 @@ pub struct Scores {
 }
 
 /// A trained model family.
-pub struct Trained {
+pub(crate) struct Trained {
     model: StylisticModel,
     inputs: Inputs,
     device: Device,
@@ -90,7 +90,7 @@ pub struct Trained {
 
 /// Trains a fresh model family of `family` on `choices` (every choice must have the same number
 /// of options). `seed` fixes the initial parameters and the order of the batches.
-pub fn train(
+pub(crate) fn train(
     data: &Dataset,
     choices: &[Choice<'_>],
     family: Family,
@@ -236,13 +236,13 @@ fn batch_loss(
 }
 
 impl Trained {
-    pub fn family(&self) -> Family {
+    pub(crate) fn family(&self) -> Family {
         self.model.family()
     }
 
     /// Scores options given as (ending, `sent2` length). Rows are sorted by length and scored in
     /// chunks so that padding stays small.
-    pub fn score(&self, options: &[(&EncodedEnding, usize)]) -> anyhow::Result<Scores> {
+    pub(crate) fn score(&self, options: &[(&EncodedEnding, usize)]) -> anyhow::Result<Scores> {
         const CHUNK: usize = 512;
         let text = (self.family() == Family::Ensemble).then_some(self.inputs);
         let with_text = text.is_some();

@@ -21,7 +21,7 @@ use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 /// A batch's texts end to end, for the CNN on the CPU. Each text takes at least as many slots
 /// as the widest filter (the extra slots hold the padding id), so that a text shorter than a
 /// filter still has one window, the one a padded batch gives it.
-pub struct PackedText {
+pub(crate) struct PackedText {
     /// (slots,) word ids.
     pub words: Tensor,
     /// (slots,) 1 where the token belongs to `sent2`.
@@ -32,7 +32,7 @@ pub struct PackedText {
 
 /// The windows of one width: where each starts, and which belong to which text.
 #[derive(Clone)]
-pub struct TextWindows {
+pub(crate) struct TextWindows {
     /// The slot each window starts at, text by text.
     pub starts: Arc<Vec<u32>>,
     /// texts + 1 offsets into `starts`: text r's windows are `offsets[r]..offsets[r + 1]`.
@@ -49,7 +49,7 @@ impl TextWindows {
     /// The windows of `width` over texts of `lengths` real tokens laid out in slots of
     /// `slots[r]` (≥ width): those starting on a real token and ending inside the text's
     /// slots, and window 0 for a text shorter than the filter.
-    pub fn new(lengths: &[usize], slots: &[usize], width: usize) -> Self {
+    pub(crate) fn new(lengths: &[usize], slots: &[usize], width: usize) -> Self {
         let mut starts = Vec::new();
         let mut offsets = Vec::with_capacity(lengths.len() + 1);
         offsets.push(0);

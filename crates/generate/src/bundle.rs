@@ -42,11 +42,11 @@ use afkit_store::examples::Example;
 use afkit_store::Store;
 
 /// The bundle's `format` field.
-pub const FORMAT: &str = "afkit pool bundle";
+pub(crate) const FORMAT: &str = "afkit pool bundle";
 /// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// The one file in the archive.
-pub const ENTRY: &str = "pools.jsonl";
+pub(crate) const ENTRY: &str = "pools.jsonl";
 /// Problems listed by a refused import before the count of the rest.
 const SHOWN_PROBLEMS: usize = 10;
 

@@ -20,7 +20,7 @@ pub(crate) struct StarvedContext {
 }
 
 /// What the latest finished AF run asks for.
-pub(crate) struct Growth {
+pub struct Growth {
     pub af_run_id: i64,
     pub contexts: Vec<StarvedContext>,
     /// Starved pools left as they are: at `--max-pool`, or already grown for this run.
@@ -55,7 +55,7 @@ impl Growth {
 
 /// The starved pools of the latest finished AF run that may still grow, in id order (at most
 /// `limit`).
-pub(crate) fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<Growth> {
+pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<Growth> {
     let Some(run) = store.latest_finished_af_run()? else {
         anyhow::bail!("--grow needs a finished AF run: run `afkit filter` first");
     };

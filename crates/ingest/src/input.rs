@@ -409,13 +409,13 @@ impl SwagColumns {
 // ----- normalisation -----
 
 /// Collapses runs of whitespace into single spaces and trims.
-pub fn normalise_space(s: &str) -> String {
+pub(crate) fn normalise_space(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// A caption as a sentence: whitespace normalised, ending with punctuation (a period is added
 /// when the caption has none, as many ActivityNet captions lack it).
-pub fn clean_sentence(s: &str) -> String {
+pub(crate) fn clean_sentence(s: &str) -> String {
     let mut s = normalise_space(s);
     let ends_with_punct = s
         .chars()

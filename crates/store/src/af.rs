@@ -94,12 +94,6 @@ impl HeadAccuracy {
             ("adversary", self.adversary),
         ]
     }
-
-    /// The accuracy of the model AF acts on: the adversary where there is one, else the
-    /// ensemble, else the MLP.
-    pub fn deciding(&self) -> Option<f64> {
-        self.adversary.or(self.ensemble).or(self.mlp)
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -248,7 +248,7 @@ impl Store {
     /// dropped. One annotator per re-annotated item, as SWAG did after its agreement sample.
     /// Assemble calls it inside its own transaction, so that the assembly and the tasks it queues
     /// are committed together; returns the new task id.
-    pub fn create_reannotation_task(&self, example_id: i64, endings: &[i64]) -> Result<i64> {
+    pub(crate) fn create_reannotation_task(&self, example_id: i64, endings: &[i64]) -> Result<i64> {
         self.check_reannotation_endings(example_id, endings)?;
         let (run_id, round) = self.next_round(example_id)?;
         let policy_seed = self.stored_policy()?.unwrap_or(DEFAULT_POLICY).seed;
@@ -452,7 +452,7 @@ fn process_alive(pid: u32) -> bool {
 
 /// A claim not refreshed for this long no longer reserves its item (the holder heartbeats
 /// every [`HEARTBEAT`] while the item is on screen).
-pub const STALE_AFTER: Duration = Duration::from_secs(10 * 60);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10 * 60);
 /// How often a running session refreshes its claim.
 pub const HEARTBEAT: Duration = Duration::from_secs(60);
 

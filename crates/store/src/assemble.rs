@@ -45,7 +45,7 @@ impl Store {
 
     /// The final scores unverified distractors are matched on — (ensemble, sentence model) — of
     /// every context's found ending (by example) and of every assigned negative (by ending).
-    pub fn matching_scores(&self, run_id: i64) -> Result<MatchingScores> {
+    pub(crate) fn matching_scores(&self, run_id: i64) -> Result<MatchingScores> {
         let conn = &self.conn;
         let mut found = conn.prepare(
             "SELECT e.example_id, s.score, s.sentence_score FROM af_scores s
@@ -106,7 +106,7 @@ impl Store {
 pub type FinalPoint = (f64, Option<f64>);
 
 /// See [`Store::matching_scores`].
-pub struct MatchingScores {
+pub(crate) struct MatchingScores {
     /// By example: its found ending's scores.
     pub found: HashMap<i64, FinalPoint>,
     /// By ending: an assigned negative's scores.

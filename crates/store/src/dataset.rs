@@ -132,8 +132,6 @@ pub enum Judgement {
 }
 
 impl Judgement {
-    pub const ALL: [Judgement; 3] = [Judgement::Likely, Judgement::Unlikely, Judgement::Gibberish];
-
     /// The name stored in the project and written in the full CSVs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -171,7 +169,7 @@ impl Rank {
         }
     }
 
-    pub fn parse(text: &str) -> Option<Rank> {
+    pub(crate) fn parse(text: &str) -> Option<Rank> {
         match text {
             "best" => Some(Rank::Best),
             "second" => Some(Rank::Second),

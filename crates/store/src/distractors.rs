@@ -61,7 +61,7 @@ impl DistractorChoice {
 /// The space distractors are matched in: one axis per final score (the ensemble's, and the
 /// sentence model's when the run has one), each divided by the spread of the found endings'
 /// scores in the fold, so that neither score outweighs the other by its scale.
-pub struct MatchingSpace {
+pub(crate) struct MatchingSpace {
     scale: Vec<f64>,
     /// The found endings' points: the targets.
     targets: Vec<Vec<f64>>,
@@ -69,7 +69,7 @@ pub struct MatchingSpace {
 
 impl MatchingSpace {
     /// From the found endings' raw scores in one fold (every point of the same length).
-    pub fn new(found: &[Vec<f64>]) -> MatchingSpace {
+    pub(crate) fn new(found: &[Vec<f64>]) -> MatchingSpace {
         let dims = found.first().map_or(0, Vec::len);
         let scale: Vec<f64> = (0..dims)
             .map(|d| {
@@ -92,7 +92,7 @@ impl MatchingSpace {
     }
 
     /// A raw score point in this space.
-    pub fn place(&self, point: &[f64]) -> Vec<f64> {
+    pub(crate) fn place(&self, point: &[f64]) -> Vec<f64> {
         point.iter().zip(&self.scale).map(|(v, s)| v / s).collect()
     }
 
@@ -100,7 +100,7 @@ impl MatchingSpace {
     /// at random: each time the unchosen candidate nearest to the target (ties to the lower id;
     /// candidates without scores come last, by id). Fewer when there are fewer candidates; none
     /// when the fold has no found ending.
-    pub fn choose(
+    pub(crate) fn choose(
         &self,
         candidates: &[(i64, Option<Vec<f64>>)],
         n: usize,

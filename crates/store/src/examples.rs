@@ -6,7 +6,6 @@ use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{now, Store};
-use crate::dataset::startphrase;
 
 /// An example ready to store: a context and its found ending, already split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,13 +30,6 @@ pub struct Example {
     pub ending: String,
     /// Row id of the found ending in `endings`.
     pub gold_ending_id: i64,
-}
-
-impl Example {
-    /// The full context a language model continues: `sent1 + " " + sent2`.
-    pub fn startphrase(&self) -> String {
-        startphrase(&self.sent1, &self.sent2)
-    }
 }
 
 impl Store {
@@ -79,14 +71,14 @@ impl Store {
             .optional()?)
     }
 
-    pub fn count_examples(&self) -> Result<i64> {
+    pub(crate) fn count_examples(&self) -> Result<i64> {
         Ok(self
             .conn
             .query_row("SELECT COUNT(*) FROM examples", [], |r| r.get(0))?)
     }
 
     /// Dropped input records by reason.
-    pub fn dropped_by_reason(&self) -> Result<BTreeMap<String, i64>> {
+    pub(crate) fn dropped_by_reason(&self) -> Result<BTreeMap<String, i64>> {
         let mut stmt = self
             .conn
             .prepare("SELECT reason, COUNT(*) FROM dropped GROUP BY reason ORDER BY reason")?;
@@ -239,7 +231,10 @@ mod tests {
             "He"
         );
         let all = store.examples().unwrap();
-        assert_eq!(all[0].startphrase(), "A man stands in a kitchen. He");
+        assert_eq!(
+            crate::dataset::startphrase(&all[0].sent1, &all[0].sent2),
+            "A man stands in a kitchen. He"
+        );
         assert_eq!(store.example(all[0].id).unwrap().unwrap(), all[0]);
     }
 }

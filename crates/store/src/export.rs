@@ -36,7 +36,7 @@ impl Store {
     }
 
     /// The latest export, if the project recorded one.
-    pub fn last_export(&self) -> Result<Option<ExportInfo>> {
+    pub(crate) fn last_export(&self) -> Result<Option<ExportInfo>> {
         match self.meta(LAST_EXPORT)? {
             None => Ok(None),
             Some(text) => Ok(serde_json::from_str(&text).ok()),

@@ -167,7 +167,7 @@ impl Store {
     }
 
     /// The floor of AF run `run_id`, if it was given one.
-    pub fn fluency_floor(&self, run_id: i64) -> Result<Option<FluencyFloor>> {
+    pub(crate) fn fluency_floor(&self, run_id: i64) -> Result<Option<FluencyFloor>> {
         Ok(self
             .conn
             .query_row(

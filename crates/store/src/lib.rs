@@ -80,7 +80,7 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// The schema version this build of afkit writes.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// An open project file.
 pub struct Store {
@@ -261,7 +261,7 @@ impl Store {
         get_meta(&self.conn, key)
     }
 
-    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+    pub(crate) fn set_meta(&self, key: &str, value: &str) -> Result<()> {
         set_meta(&self.conn, key, value)
     }
 
@@ -387,7 +387,7 @@ fn format_millis(unix_millis: i64) -> String {
 /// A seed as an SQLite integer: its 64 bits read as a signed number (SQLite has no unsigned
 /// type), so every seed round-trips.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SqlSeed(pub(crate) Seed);
+pub struct SqlSeed(pub(crate) Seed);
 
 impl rusqlite::ToSql for SqlSeed {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {

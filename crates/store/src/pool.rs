@@ -50,15 +50,6 @@ pub struct NewPool {
     pub draws: Option<(usize, std::collections::BTreeMap<&'static str, usize>)>,
 }
 
-/// A stored ending with its features.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredEnding {
-    pub id: i64,
-    pub text: String,
-    pub is_gold: bool,
-    pub features: Option<EndingLmFeatures>,
-}
-
 impl Store {
     /// Reuses the row of an identical earlier job (a resumed run), else records a new one.
     pub fn find_or_insert_generation(&self, g: &NewGeneration) -> Result<i64> {
@@ -164,22 +155,6 @@ fn already_pooled(conn: &Connection, example_id: i64) -> anyhow::Error {
          on it: is a second `afkit generate` or `afkit import-pool` running on this project? \
          Nothing of this context was written by this run; run one at a time"
     )
-}
-
-fn features_from_row(
-    r: &rusqlite::Row<'_>,
-    first: usize,
-) -> rusqlite::Result<Option<EndingLmFeatures>> {
-    let lp_cond: Option<f64> = r.get(first)?;
-    Ok(match lp_cond {
-        None => None,
-        Some(lp_cond) => Some(EndingLmFeatures {
-            lp_cond,
-            lp_alone: r.get(first + 1)?,
-            lp_final_punct: r.get(first + 2)?,
-            n_tok_ending: r.get::<_, i64>(first + 3)? as usize,
-        }),
-    })
 }
 
 /// Stores the pool's candidates that are new to its context; returns how many.
@@ -359,26 +334,50 @@ impl Store {
             |r| r.get(0),
         )?)
     }
+}
 
+/// A stored ending with its features, as the tests read it back.
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq)]
+struct StoredEnding {
+    id: i64,
+    text: String,
+    is_gold: bool,
+    features: Option<EndingLmFeatures>,
+}
+
+/// What the tests read back of a written pool.
+#[cfg(test)]
+impl Store {
     /// The gold ending and every candidate of a context, gold first, with their features.
-    pub fn pool_endings(&self, example_id: i64) -> Result<Vec<StoredEnding>> {
+    fn pool_endings(&self, example_id: i64) -> Result<Vec<StoredEnding>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, text, is_gold, lp_cond, lp_alone, lp_final_punct, n_tok_ending
              FROM endings WHERE example_id = ?1 ORDER BY is_gold DESC, id",
         )?;
         let rows = stmt.query_map([example_id], |r| {
+            let lp_cond: Option<f64> = r.get(3)?;
+            let features = match lp_cond {
+                None => None,
+                Some(lp_cond) => Some(EndingLmFeatures {
+                    lp_cond,
+                    lp_alone: r.get(4)?,
+                    lp_final_punct: r.get(5)?,
+                    n_tok_ending: r.get::<_, i64>(6)? as usize,
+                }),
+            };
             Ok(StoredEnding {
                 id: r.get(0)?,
                 text: r.get(1)?,
                 is_gold: r.get(2)?,
-                features: features_from_row(r, 3)?,
+                features,
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Per-context LM features of a pool: `(ctx_logprob, n_tok_sent1, n_tok_sent2)`.
-    pub fn pool_context_features(&self, example_id: i64) -> Result<Option<(f64, i64, i64)>> {
+    fn pool_context_features(&self, example_id: i64) -> Result<Option<(f64, i64, i64)>> {
         Ok(self
             .conn
             .query_row(

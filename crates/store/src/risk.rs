@@ -39,7 +39,7 @@ use crate::Store;
 /// candidate of the nine AF assigns, so the margin is the plain comparison "at least as likely
 /// as the found ending". A cosine of 0.8 flagged one "also plausible" answer and no other (the
 /// next one down, 0.7, flagged two of each).
-pub struct Thresholds {
+pub(crate) struct Thresholds {
     /// A negative whose per-token log-likelihood after the context, minus the found ending's
     /// (nats per token), is at least this could be right.
     pub likelihood_margin: f64,
@@ -49,7 +49,7 @@ pub struct Thresholds {
 }
 
 /// The thresholds afkit uses (see [`Thresholds`] for how they were chosen).
-pub const THRESHOLDS: Thresholds = Thresholds {
+pub(crate) const THRESHOLDS: Thresholds = Thresholds {
     likelihood_margin: 0.0,
     paraphrase_cosine: 0.8,
 };
@@ -94,7 +94,7 @@ impl Judgement {
 }
 
 /// Judges a negative against the found ending of its context.
-pub fn judge(found: &Evidence, negative: &Evidence) -> Judgement {
+pub(crate) fn judge(found: &Evidence, negative: &Evidence) -> Judgement {
     let scorer_margin = negative
         .scorers
         .iter()

@@ -11,7 +11,7 @@ use super::Store;
 
 /// One ending's evidence.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Evidence {
+pub(crate) struct Evidence {
     /// Per scorer model (its GGUF's SHA-256): the mean log-likelihood per token of the ending
     /// after its context (`scorer_scores`: `ll_cond / n_tok`).
     pub scorers: BTreeMap<String, f64>,
@@ -24,7 +24,7 @@ pub struct Evidence {
 
 impl Store {
     /// The evidence of each of `ending_ids` (an ending the project does not hold gets none).
-    pub fn risk_evidence(&self, ending_ids: &[i64]) -> Result<HashMap<i64, Evidence>> {
+    pub(crate) fn risk_evidence(&self, ending_ids: &[i64]) -> Result<HashMap<i64, Evidence>> {
         let mut scorer = self.conn.prepare_cached(
             "SELECT model, ll_cond, n_tok FROM scorer_scores WHERE ending_id = ?1 AND n_tok > 0",
         )?;

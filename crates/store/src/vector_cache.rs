@@ -28,7 +28,7 @@ impl VectorCache {
     }
 
     /// Opens (or creates) the cache file at `path`, creating its folder.
-    pub fn open(path: &Path) -> Result<Self> {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;

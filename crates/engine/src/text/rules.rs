@@ -8,7 +8,7 @@
 use super::{split_second_sentence, tokenize};
 
 pub const MIN_CONTEXT_TOKENS: usize = 6;
-pub const MIN_ENDING_TOKENS: usize = 5;
+pub(crate) const MIN_ENDING_TOKENS: usize = 5;
 pub const MAX_ENDING_TOKENS: usize = 25;
 /// Longer contexts are no captions (a pasted document, a broken export): they would only slow
 /// generation down, or not fit the model at all. Every context of ActivityNet Captions' train

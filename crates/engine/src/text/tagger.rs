@@ -58,7 +58,7 @@ pub enum Upos {
 const N_TAGS: usize = 17;
 
 impl Upos {
-    pub const ALL: [Upos; N_TAGS] = [
+    pub(crate) const ALL: [Upos; N_TAGS] = [
         Upos::Adj,
         Upos::Adp,
         Upos::Adv,
@@ -102,7 +102,7 @@ impl Upos {
     }
 
     /// Parses a UD tag name.
-    pub fn parse(name: &str) -> Result<Upos> {
+    pub(crate) fn parse(name: &str) -> Result<Upos> {
         Upos::ALL
             .into_iter()
             .find(|t| t.as_str() == name)
