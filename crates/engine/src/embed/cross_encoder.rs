@@ -64,9 +64,9 @@ impl Default for Shape {
     }
 }
 
-/// One call of [`CrossEncoder::train`].
+/// How one call of [`CrossEncoder::train`] fine-tunes the model.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TrainConfig {
+pub struct FineTuning {
     /// Passes over the questions.
     pub epochs: usize,
     /// Questions per optimiser step.
@@ -80,9 +80,9 @@ pub struct TrainConfig {
     pub seed: u64,
 }
 
-impl Default for TrainConfig {
+impl Default for FineTuning {
     fn default() -> Self {
-        TrainConfig {
+        FineTuning {
             epochs: 2,
             batch: 16,
             learning_rate: 5e-5,
@@ -208,27 +208,14 @@ impl CrossEncoder {
         &mut self,
         questions: &[Question],
         gold: &[usize],
-        config: &TrainConfig,
+        config: &FineTuning,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<TrainSummary> {
-        ensure!(
-            questions.len() == gold.len(),
-            "{} questions but {} gold labels",
-            questions.len(),
-            gold.len()
-        );
         ensure!(
             config.batch > 0,
             "the batch must hold at least one question"
         );
-        let options = options_per_question(questions)?;
-        if let Some(q) = gold.iter().position(|&g| g >= options) {
-            bail!(
-                "question {} has gold option {} of {options}",
-                q + 1,
-                gold[q]
-            );
-        }
+        let options = labelled_options(questions, gold)?;
         let pairs = self.pairs(questions)?;
         let states = self.frozen_states(&pairs, progress)?;
         let batches_per_epoch = questions.len().div_ceil(config.batch);
@@ -557,6 +544,25 @@ const FROZEN_BATCH: usize = 64;
 /// Options scored in one forward pass.
 const SCORE_BATCH_OPTIONS: usize = 64;
 
+/// The number of options of every question, given that `gold` labels each of them with one.
+fn labelled_options(questions: &[Question], gold: &[usize]) -> Result<usize> {
+    ensure!(
+        questions.len() == gold.len(),
+        "{} questions but {} gold labels",
+        questions.len(),
+        gold.len()
+    );
+    let options = options_per_question(questions)?;
+    if let Some(q) = gold.iter().position(|&g| g >= options) {
+        bail!(
+            "question {} has gold option {} of {options}",
+            q + 1,
+            gold[q]
+        );
+    }
+    Ok(options)
+}
+
 fn options_per_question(questions: &[Question]) -> Result<usize> {
     let options = questions.first().map_or(0, |q| q.endings.len());
     if let Some(q) = questions.iter().position(|q| q.endings.len() != options) {
@@ -596,7 +602,7 @@ fn frame(context: &[u32], ending: &[u32], max_len: usize, special: Special) -> P
 
 /// The learning rate of step `step`: linear from 0 to the peak over `warmup` steps, then
 /// linear to 0 at `total`.
-fn learning_rate(config: &TrainConfig, step: usize, warmup: usize, total: usize) -> f64 {
+fn learning_rate(config: &FineTuning, step: usize, warmup: usize, total: usize) -> f64 {
     let peak = config.learning_rate;
     if step < warmup {
         peak * (step + 1) as f64 / warmup as f64
@@ -708,8 +714,8 @@ mod tests {
         right as f64 / gold.len() as f64
     }
 
-    fn train_config(seed: u64) -> TrainConfig {
-        TrainConfig {
+    fn fine_tuning(seed: u64) -> FineTuning {
+        FineTuning {
             epochs: 4,
             batch: 8,
             learning_rate: 3e-3,
@@ -741,7 +747,7 @@ mod tests {
         let mut model = tiny_model(1);
         let before = accuracy(&model, &test, &test_gold);
         let summary = model
-            .train(&train, &train_gold, &train_config(3), &mut |_| {})
+            .train(&train, &train_gold, &fine_tuning(3), &mut |_| {})
             .unwrap();
         let after = accuracy(&model, &test, &test_gold);
         assert!(
@@ -756,7 +762,7 @@ mod tests {
         let (test, test_gold) = questions(400, false, 5);
         let mut model = tiny_model(0);
         model
-            .train(&train, &train_gold, &train_config(6), &mut |_| {})
+            .train(&train, &train_gold, &fine_tuning(6), &mut |_| {})
             .unwrap();
         let acc = accuracy(&model, &test, &test_gold);
         let se = (0.25f64 * 0.75 / test.len() as f64).sqrt();
@@ -770,7 +776,7 @@ mod tests {
             let mut model = tiny_model(1);
             let mut losses = Vec::new();
             model
-                .train(&train, &gold, &train_config(seed), &mut |p| {
+                .train(&train, &gold, &fine_tuning(seed), &mut |p| {
                     if let Progress::Step { loss, .. } = p {
                         losses.push(loss)
                     }
@@ -787,7 +793,7 @@ mod tests {
         // A second call starts from the trained weights: its first batch (the same questions as
         // the first call's first batch, same seed) has a lower loss than under the fresh model.
         let mut again = Vec::new();
-        a.train(&train, &gold, &train_config(9), &mut |p| {
+        a.train(&train, &gold, &fine_tuning(9), &mut |p| {
             if let Progress::Step { loss, .. } = p {
                 again.push(loss)
             }
@@ -813,7 +819,7 @@ mod tests {
             .to_vec2::<f32>()
             .unwrap();
         model
-            .train(&train, &gold, &train_config(1), &mut |_| {})
+            .train(&train, &gold, &fine_tuning(1), &mut |_| {})
             .unwrap();
         assert_eq!(
             model.bert.layers[0]
@@ -844,7 +850,7 @@ mod tests {
         let mut model = CrossEncoder::load(&dir, Shape::default(), 1, &Compute::cpu()).unwrap();
         let (train, train_gold) = questions(160, true, 12);
         let (test, test_gold) = questions(100, true, 13);
-        let config = TrainConfig {
+        let config = FineTuning {
             epochs: 3,
             batch: 8,
             learning_rate: 1e-4,
@@ -869,7 +875,7 @@ mod tests {
             .train(
                 &[q(4, "runs"), q(3, "runs")],
                 &[0, 0],
-                &train_config(1),
+                &fine_tuning(1),
                 &mut |_| {},
             )
             .unwrap_err()
