@@ -10,7 +10,7 @@ use afkit_audit::predictions::Choice;
 use afkit_audit::verdict::{Row, Verdict};
 use afkit_audit::{self as audit, cv, score::score};
 use afkit_engine::device::{Compute, DeviceChoice};
-use afkit_engine::embed::cross_encoder::{Shape, TrainConfig};
+use afkit_engine::embed::cross_encoder::{FineTuning, Shape};
 use afkit_engine::seed::Seed;
 
 // Help headings after the common options.
@@ -105,7 +105,7 @@ pub struct Args {
     #[arg(long)]
     pub no_finetune: bool,
     /// finetune_minilm: passes over each fold's training questions.
-    #[arg(long, value_name = "N", default_value_t = TrainConfig::default().epochs, hide_short_help = true)]
+    #[arg(long, value_name = "N", default_value_t = FineTuning::default().epochs, hide_short_help = true)]
     pub finetune_epochs: usize,
     /// finetune_minilm: word pieces per option, [CLS] and [SEP]s included (the context is cut
     /// from its start when the pair is longer).
@@ -158,7 +158,7 @@ impl Args {
                 max_len: self.finetune_max_len,
                 frozen_layers: self.finetune_frozen_layers,
             },
-            train: TrainConfig {
+            train: FineTuning {
                 epochs: self.finetune_epochs,
                 ..Default::default()
             },

@@ -391,7 +391,7 @@ fn summarise(folds: Vec<f64>, lambda: Vec<f64>) -> CvResult {
 pub struct FineTune {
     pub shape: cross_encoder::Shape,
     /// Its `seed` is replaced by each fold's own.
-    pub train: cross_encoder::TrainConfig,
+    pub train: cross_encoder::FineTuning,
     pub compute: Compute,
 }
 
@@ -439,7 +439,7 @@ pub(crate) fn fine_tune(
         let fold_seed = seed.key(Key::FinetuneFold(f)).value();
         let mut model =
             CrossEncoder::load(model_dir, settings.shape, fold_seed, &settings.compute)?;
-        let config = cross_encoder::TrainConfig {
+        let config = cross_encoder::FineTuning {
             seed: fold_seed,
             ..settings.train.clone()
         };

@@ -54,7 +54,7 @@ pub struct DiscriminatorConfig {
 impl Default for DiscriminatorConfig {
     fn default() -> Self {
         let shape = Shape::default();
-        let train = cross_encoder::TrainConfig::default();
+        let train = cross_encoder::FineTuning::default();
         DiscriminatorConfig {
             model: None,
             max_len: shape.max_len,
@@ -161,7 +161,7 @@ impl Discriminator {
             })
             .collect();
         let gold = vec![0; questions.len()];
-        let config = cross_encoder::TrainConfig {
+        let config = cross_encoder::FineTuning {
             epochs: self.config.epochs,
             batch: self.config.batch,
             learning_rate: self.config.learning_rate,

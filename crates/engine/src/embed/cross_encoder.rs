@@ -10,13 +10,12 @@
 //! in batches shuffled from a recorded seed. This is the fine-tuned BERT adversary of HellaSwag
 //! at the size of a sentence encoder.
 //!
-//! candle-transformers' BERT cannot be trained: its layer norm is a fused op without a backward
-//! pass, so no gradient reaches the layers under the last norm. The encoder here is written with
-//! differentiable candle ops for the layers it trains. The embeddings and the lowest
-//! `frozen_layers` layers stay fixed (and run on candle's fused ops): their output for a text
-//! never changes, so a training call computes it once per option and every epoch starts above
-//! it. That, the truncation to `max_len` word pieces and the number of epochs are what make the
-//! model affordable on a CPU; [`Shape`]'s default is the measured compromise.
+//! The encoder is afkit's BERT (`bert`) run on candle tensors, with differentiable ops for the
+//! layers it trains. The embeddings and the lowest `frozen_layers` layers stay fixed (and run on
+//! candle's fused ops): their output for a text never changes, so a training call computes it
+//! once per option and every epoch starts above it. That, the truncation to `max_len` word
+//! pieces and the number of epochs are what make the model affordable on a CPU; [`Shape`]'s
+//! default is the measured compromise.
 //!
 //! [`CrossEncoder::train`] continues from the model's current weights, so one model can be
 //! trained again on new questions (a warm start) as often as a caller needs.
@@ -26,14 +25,15 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var, D};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder};
 use candle_transformers::models::bert::Config;
 use rand::seq::SliceRandom;
 use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
+use super::bert::{Bert, Tensors};
 use crate::device::Compute;
 use crate::seed::{Key, Seed};
 
@@ -64,9 +64,9 @@ impl Default for Shape {
     }
 }
 
-/// One call of [`CrossEncoder::train`].
+/// How one call of [`CrossEncoder::train`] fine-tunes the model.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TrainConfig {
+pub struct FineTuning {
     /// Passes over the questions.
     pub epochs: usize,
     /// Questions per optimiser step.
@@ -80,9 +80,9 @@ pub struct TrainConfig {
     pub seed: u64,
 }
 
-impl Default for TrainConfig {
+impl Default for FineTuning {
     fn default() -> Self {
-        TrainConfig {
+        FineTuning {
             epochs: 2,
             batch: 16,
             learning_rate: 5e-5,
@@ -115,13 +115,11 @@ pub struct TrainSummary {
 }
 
 pub struct CrossEncoder {
-    embeddings: Embeddings,
-    layers: Vec<Layer>,
+    bert: Bert,
     head_weight: Tensor,
     head_bias: Tensor,
     /// Every parameter that training changes: the unfrozen layers and the head.
     trainable: Vec<Var>,
-    heads: usize,
     shape: Shape,
     tokenizer: Tokenizer,
     special: Special,
@@ -133,36 +131,6 @@ pub struct CrossEncoder {
 struct Special {
     cls: u32,
     sep: u32,
-}
-
-struct Embeddings {
-    word: Tensor,
-    position: Tensor,
-    token_type: Tensor,
-    norm: Norm,
-}
-
-struct Norm {
-    weight: Tensor,
-    bias: Tensor,
-    eps: f64,
-}
-
-struct Dense {
-    /// Transposed (inputs × outputs), so that a product is `x.matmul(weight)`.
-    weight: Tensor,
-    bias: Tensor,
-}
-
-struct Layer {
-    query: Dense,
-    key: Dense,
-    value: Dense,
-    attention_output: Dense,
-    attention_norm: Norm,
-    intermediate: Dense,
-    output: Dense,
-    output_norm: Norm,
 }
 
 /// One option as word pieces with their token types.
@@ -196,7 +164,7 @@ impl CrossEncoder {
     /// prefix is allowed) and a tokenizer with `[CLS]` and `[SEP]`.
     pub fn from_weights(
         config: &Config,
-        mut weights: HashMap<String, Tensor>,
+        weights: HashMap<String, Tensor>,
         mut tokenizer: Tokenizer,
         shape: Shape,
         seed: u64,
@@ -204,56 +172,14 @@ impl CrossEncoder {
     ) -> Result<Self> {
         check_shape(config, shape)?;
         let special = prepare_tokenizer(&mut tokenizer)?;
-        let width = config.hidden_size;
+        let mut bert = Bert::load(
+            VarBuilder::from_tensors(weights, DType::F32, device),
+            config,
+        )?;
         let mut trainable = Vec::new();
-        let mut take = |name: &str, dims: &[usize], train: bool| -> Result<Tensor> {
-            let t = weights
-                .remove(&format!("bert.{name}"))
-                .or_else(|| weights.remove(name))
-                .with_context(|| format!("no tensor {name}"))?;
-            ensure!(
-                t.dims() == dims,
-                "{name} has shape {:?}, expected {dims:?}",
-                t.dims()
-            );
-            let t = t.to_dtype(DType::F32)?.to_device(device)?;
-            Ok(if train {
-                let var = Var::from_tensor(&t)?;
-                let t = var.as_tensor().clone();
-                trainable.push(var);
-                t
-            } else {
-                t
-            })
-        };
-        let embeddings = Embeddings {
-            word: take(
-                "embeddings.word_embeddings.weight",
-                &[config.vocab_size, width],
-                false,
-            )?,
-            position: take(
-                "embeddings.position_embeddings.weight",
-                &[config.max_position_embeddings, width],
-                false,
-            )?,
-            token_type: take(
-                "embeddings.token_type_embeddings.weight",
-                &[config.type_vocab_size, width],
-                false,
-            )?,
-            norm: Norm::take(&mut take, "embeddings.LayerNorm", config, false)?,
-        };
-        let layers = (0..config.num_hidden_layers)
-            .map(|i| {
-                Layer::take(
-                    &mut take,
-                    &format!("encoder.layer.{i}"),
-                    config,
-                    i >= shape.frozen_layers,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+        for layer in &mut bert.layers[shape.frozen_layers..] {
+            trainable.extend(layer.make_trainable()?);
+        }
         let (head_weight, head_bias) = new_head(config, seed, device)?;
         let (head_weight_t, head_bias_t) = (
             head_weight.as_tensor().clone(),
@@ -261,12 +187,10 @@ impl CrossEncoder {
         );
         trainable.extend([head_weight, head_bias]);
         Ok(CrossEncoder {
-            embeddings,
-            layers,
+            bert,
             head_weight: head_weight_t,
             head_bias: head_bias_t,
             trainable,
-            heads: config.num_attention_heads,
             shape,
             tokenizer,
             special,
@@ -284,27 +208,14 @@ impl CrossEncoder {
         &mut self,
         questions: &[Question],
         gold: &[usize],
-        config: &TrainConfig,
+        config: &FineTuning,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<TrainSummary> {
-        ensure!(
-            questions.len() == gold.len(),
-            "{} questions but {} gold labels",
-            questions.len(),
-            gold.len()
-        );
         ensure!(
             config.batch > 0,
             "the batch must hold at least one question"
         );
-        let options = options_per_question(questions)?;
-        if let Some(q) = gold.iter().position(|&g| g >= options) {
-            bail!(
-                "question {} has gold option {} of {options}",
-                q + 1,
-                gold[q]
-            );
-        }
+        let options = labelled_options(questions, gold)?;
         let pairs = self.pairs(questions)?;
         let states = self.frozen_states(&pairs, progress)?;
         let batches_per_epoch = questions.len().div_ceil(config.batch);
@@ -502,20 +413,15 @@ impl CrossEncoder {
         let types = Tensor::from_vec(pad(&|p| &p.types), shape, &self.device)?;
         let lengths: Vec<usize> = pairs.iter().map(|p| p.ids.len()).collect();
         let mask = self.attention_mask(&lengths, longest)?;
-        let e = &self.embeddings;
-        let (b, t) = shape;
-        let positions = e.position.narrow(0, 0, t)?;
-        let lookup = |table: &Tensor, ids: &Tensor| -> Result<Tensor> {
-            Ok(table
-                .index_select(&ids.flatten_all()?, 0)?
-                .reshape((b, t, ()))?)
-        };
-        let x =
-            (lookup(&e.word, &ids)? + lookup(&e.token_type, &types)?)?.broadcast_add(&positions)?;
-        let mut x = e.norm.fused(&x)?;
-        for layer in &self.layers[..self.shape.frozen_layers] {
-            x = layer.forward(&x, &mask, self.heads, false)?;
-        }
+        let x = self.bert.embeddings.forward(&ids, &types)?;
+        let (b, t, width) = x.dims3()?;
+        let x = self.bert.encode(
+            &Tensors::FUSED,
+            0..self.shape.frozen_layers,
+            x.reshape((b * t, width))?,
+            &mask,
+        )?;
+        let x = x.reshape((b, t, width))?;
         Ok((x, mask))
     }
 
@@ -549,12 +455,15 @@ impl CrossEncoder {
 
     /// The trained layers, mean pooling over the real tokens and the head: one score per row.
     fn upper(&self, hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        let mut x = hidden.clone();
-        for layer in &self.layers[self.shape.frozen_layers..] {
-            x = layer.forward(&x, mask, self.heads, true)?;
-        }
+        let (b, t, width) = hidden.dims3()?;
+        let x = self.bert.encode(
+            &Tensors::DIFFERENTIABLE,
+            self.shape.frozen_layers..self.bert.layers.len(),
+            hidden.reshape((b * t, width))?,
+            mask,
+        )?;
+        let x = x.reshape((b, t, width))?;
         // The additive mask is 0 on real tokens and -1e4 on padding: 1 + mask/1e4 is 1 and 0.
-        let (b, t, _) = x.dims3()?;
         let keep = ((mask.reshape((b, t, 1))? * 1e-4)? + 1.0)?;
         let pooled = x
             .broadcast_mul(&keep)?
@@ -595,7 +504,7 @@ fn new_head(config: &Config, seed: u64, device: &Device) -> Result<(Var, Var)> {
 
 /// Whether `shape` fits a BERT model of `config` that the cross-encoder can run.
 fn check_shape(config: &Config, shape: Shape) -> Result<()> {
-    super::minilm::check_supported(config)?;
+    super::bert::check_supported(config)?;
     ensure!(
         shape.frozen_layers <= config.num_hidden_layers,
         "{} frozen layers, but the model has {}",
@@ -634,6 +543,25 @@ fn prepare_tokenizer(tokenizer: &mut Tokenizer) -> Result<Special> {
 const FROZEN_BATCH: usize = 64;
 /// Options scored in one forward pass.
 const SCORE_BATCH_OPTIONS: usize = 64;
+
+/// The number of options of every question, given that `gold` labels each of them with one.
+fn labelled_options(questions: &[Question], gold: &[usize]) -> Result<usize> {
+    ensure!(
+        questions.len() == gold.len(),
+        "{} questions but {} gold labels",
+        questions.len(),
+        gold.len()
+    );
+    let options = options_per_question(questions)?;
+    if let Some(q) = gold.iter().position(|&g| g >= options) {
+        bail!(
+            "question {} has gold option {} of {options}",
+            q + 1,
+            gold[q]
+        );
+    }
+    Ok(options)
+}
 
 fn options_per_question(questions: &[Question]) -> Result<usize> {
     let options = questions.first().map_or(0, |q| q.endings.len());
@@ -674,143 +602,12 @@ fn frame(context: &[u32], ending: &[u32], max_len: usize, special: Special) -> P
 
 /// The learning rate of step `step`: linear from 0 to the peak over `warmup` steps, then
 /// linear to 0 at `total`.
-fn learning_rate(config: &TrainConfig, step: usize, warmup: usize, total: usize) -> f64 {
+fn learning_rate(config: &FineTuning, step: usize, warmup: usize, total: usize) -> f64 {
     let peak = config.learning_rate;
     if step < warmup {
         peak * (step + 1) as f64 / warmup as f64
     } else {
         peak * (total - step) as f64 / (total - warmup).max(1) as f64
-    }
-}
-
-/// Hands out a named weight of the given shape, trainable or fixed: how the layers are built
-/// from the pretrained file (or a test's random weights).
-type TakeWeight<'a> = dyn FnMut(&str, &[usize], bool) -> Result<Tensor> + 'a;
-
-impl Norm {
-    fn take(take: &mut TakeWeight, prefix: &str, config: &Config, train: bool) -> Result<Self> {
-        let width = config.hidden_size;
-        Ok(Norm {
-            weight: take(&format!("{prefix}.weight"), &[width], train)?,
-            bias: take(&format!("{prefix}.bias"), &[width], train)?,
-            eps: config.layer_norm_eps,
-        })
-    }
-
-    /// candle's fused layer norm: fast, but gradients stop at it.
-    fn fused(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::layer_norm(
-            &x.contiguous()?,
-            &self.weight,
-            &self.bias,
-            self.eps as f32,
-        )?)
-    }
-
-    /// The same layer norm from differentiable ops.
-    fn differentiable(&self, x: &Tensor) -> Result<Tensor> {
-        let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
-        let variance = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        Ok(centred
-            .broadcast_div(&(variance + self.eps)?.sqrt()?)?
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)?)
-    }
-}
-
-impl Dense {
-    fn take(
-        take: &mut TakeWeight,
-        prefix: &str,
-        inputs: usize,
-        outputs: usize,
-        train: bool,
-    ) -> Result<Self> {
-        Ok(Dense {
-            weight: take(&format!("{prefix}.weight"), &[outputs, inputs], train)?.t()?,
-            bias: take(&format!("{prefix}.bias"), &[outputs], train)?,
-        })
-    }
-
-    /// `x` (rows × inputs) → rows × outputs.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.matmul(&self.weight)?.broadcast_add(&self.bias)?)
-    }
-}
-
-impl Layer {
-    fn take(take: &mut TakeWeight, prefix: &str, config: &Config, train: bool) -> Result<Self> {
-        let (width, inner) = (config.hidden_size, config.intermediate_size);
-        let mut dense = |name: &str, inputs, outputs| {
-            Dense::take(take, &format!("{prefix}.{name}"), inputs, outputs, train)
-        };
-        let query = dense("attention.self.query", width, width)?;
-        let key = dense("attention.self.key", width, width)?;
-        let value = dense("attention.self.value", width, width)?;
-        let attention_output = dense("attention.output.dense", width, width)?;
-        let intermediate = dense("intermediate.dense", width, inner)?;
-        let output = dense("output.dense", inner, width)?;
-        Ok(Layer {
-            query,
-            key,
-            value,
-            attention_output,
-            intermediate,
-            output,
-            attention_norm: Norm::take(
-                take,
-                &format!("{prefix}.attention.output.LayerNorm"),
-                config,
-                train,
-            )?,
-            output_norm: Norm::take(take, &format!("{prefix}.output.LayerNorm"), config, train)?,
-        })
-    }
-
-    /// One transformer layer over a padded batch `x` (batch × tokens × width); with
-    /// `differentiable`, from ops that pass gradients back, otherwise from candle's fused ones.
-    fn forward(
-        &self,
-        x: &Tensor,
-        mask: &Tensor,
-        heads: usize,
-        differentiable: bool,
-    ) -> Result<Tensor> {
-        let (b, t, width) = x.dims3()?;
-        let head = width / heads;
-        let rows = x.reshape((b * t, width))?;
-        let split = |d: &Dense| -> Result<Tensor> {
-            Ok(d.forward(&rows)?
-                .reshape((b, t, heads, head))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        let (q, k, v) = (split(&self.query)?, split(&self.key)?, split(&self.value)?);
-        let scores = (q.matmul(&k.t()?)? / (head as f64).sqrt())?.broadcast_add(mask)?;
-        let probs = if differentiable {
-            candle_nn::ops::softmax(&scores, D::Minus1)?
-        } else {
-            candle_nn::ops::softmax_last_dim(&scores)?
-        };
-        let context = probs
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((b * t, width))?;
-        let norm = |n: &Norm, x: &Tensor| {
-            if differentiable {
-                n.differentiable(x)
-            } else {
-                n.fused(x)
-            }
-        };
-        let h = norm(
-            &self.attention_norm,
-            &(self.attention_output.forward(&context)? + &rows)?,
-        )?;
-        let inner = self.intermediate.forward(&h)?.gelu_erf()?;
-        let out = norm(&self.output_norm, &(self.output.forward(&inner)? + &h)?)?;
-        Ok(out.reshape((b, t, width))?)
     }
 }
 
@@ -917,8 +714,8 @@ mod tests {
         right as f64 / gold.len() as f64
     }
 
-    fn train_config(seed: u64) -> TrainConfig {
-        TrainConfig {
+    fn fine_tuning(seed: u64) -> FineTuning {
+        FineTuning {
             epochs: 4,
             batch: 8,
             learning_rate: 3e-3,
@@ -950,7 +747,7 @@ mod tests {
         let mut model = tiny_model(1);
         let before = accuracy(&model, &test, &test_gold);
         let summary = model
-            .train(&train, &train_gold, &train_config(3), &mut |_| {})
+            .train(&train, &train_gold, &fine_tuning(3), &mut |_| {})
             .unwrap();
         let after = accuracy(&model, &test, &test_gold);
         assert!(
@@ -965,7 +762,7 @@ mod tests {
         let (test, test_gold) = questions(400, false, 5);
         let mut model = tiny_model(0);
         model
-            .train(&train, &train_gold, &train_config(6), &mut |_| {})
+            .train(&train, &train_gold, &fine_tuning(6), &mut |_| {})
             .unwrap();
         let acc = accuracy(&model, &test, &test_gold);
         let se = (0.25f64 * 0.75 / test.len() as f64).sqrt();
@@ -979,7 +776,7 @@ mod tests {
             let mut model = tiny_model(1);
             let mut losses = Vec::new();
             model
-                .train(&train, &gold, &train_config(seed), &mut |p| {
+                .train(&train, &gold, &fine_tuning(seed), &mut |p| {
                     if let Progress::Step { loss, .. } = p {
                         losses.push(loss)
                     }
@@ -996,7 +793,7 @@ mod tests {
         // A second call starts from the trained weights: its first batch (the same questions as
         // the first call's first batch, same seed) has a lower loss than under the fresh model.
         let mut again = Vec::new();
-        a.train(&train, &gold, &train_config(9), &mut |p| {
+        a.train(&train, &gold, &fine_tuning(9), &mut |p| {
             if let Progress::Step { loss, .. } = p {
                 again.push(loss)
             }
@@ -1009,17 +806,37 @@ mod tests {
     fn gradients_reach_every_trained_layer_and_no_frozen_one() {
         let mut model = tiny_model(1);
         let (train, gold) = questions(8, true, 11);
-        let frozen_before = model.layers[0].query.weight.to_vec2::<f32>().unwrap();
-        let trained_before = model.layers[1].query.weight.to_vec2::<f32>().unwrap();
+        let frozen_before = model.bert.layers[0]
+            .attention
+            .query
+            .weight
+            .to_vec2::<f32>()
+            .unwrap();
+        let trained_before = model.bert.layers[1]
+            .attention
+            .query
+            .weight
+            .to_vec2::<f32>()
+            .unwrap();
         model
-            .train(&train, &gold, &train_config(1), &mut |_| {})
+            .train(&train, &gold, &fine_tuning(1), &mut |_| {})
             .unwrap();
         assert_eq!(
-            model.layers[0].query.weight.to_vec2::<f32>().unwrap(),
+            model.bert.layers[0]
+                .attention
+                .query
+                .weight
+                .to_vec2::<f32>()
+                .unwrap(),
             frozen_before
         );
         assert_ne!(
-            model.layers[1].query.weight.to_vec2::<f32>().unwrap(),
+            model.bert.layers[1]
+                .attention
+                .query
+                .weight
+                .to_vec2::<f32>()
+                .unwrap(),
             trained_before
         );
     }
@@ -1033,7 +850,7 @@ mod tests {
         let mut model = CrossEncoder::load(&dir, Shape::default(), 1, &Compute::cpu()).unwrap();
         let (train, train_gold) = questions(160, true, 12);
         let (test, test_gold) = questions(100, true, 13);
-        let config = TrainConfig {
+        let config = FineTuning {
             epochs: 3,
             batch: 8,
             learning_rate: 1e-4,
@@ -1058,7 +875,7 @@ mod tests {
             .train(
                 &[q(4, "runs"), q(3, "runs")],
                 &[0, 0],
-                &train_config(1),
+                &fine_tuning(1),
                 &mut |_| {},
             )
             .unwrap_err()

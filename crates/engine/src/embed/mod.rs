@@ -4,8 +4,11 @@
 //!
 //! AFLite uses these vectors as its default features Φ, the audit stage for KNN distances and
 //! its MiniLM baseline, and AF for its sentence-vector model. `cross_encoder` fine-tunes the same
-//! encoder as a multiple-choice model that reads each ending with its context.
+//! encoder as a multiple-choice model that reads each ending with its context. Both run the one
+//! BERT of `bert`: the sentence model on afkit's packed kernels, the cross-encoder on candle
+//! tensors that training passes gradients through.
 
+mod bert;
 pub mod cross_encoder;
 mod minilm;
 
@@ -95,7 +98,7 @@ impl SentenceEncoder {
                 ..Default::default()
             }))
             .map_err(anyhow::Error::msg)?;
-        // No padding: a batch's sentences are laid end to end (see `minilm`).
+        // No padding: a batch's sentences are laid end to end (see `bert::Packed`).
         tokenizer.with_padding(None);
 
         let weights = dir.join("model.safetensors");

@@ -1,0 +1,311 @@
+//! BERT (Devlin et al., 2019), defined once: the embeddings and the layers' weights, loaded from
+//! the names Hugging Face's `BertModel` gives them, and the encoder's forward pass.
+//!
+//! The encoder is the embeddings (word piece + position + token type, normalised) followed by N
+//! identical layers, each multi-head self-attention, add & norm, a feed-forward network with
+//! GELU, add & norm. [`Layer::forward`] writes that once over a [`Run`], which says how the
+//! operations are carried out and how the weights are held for them:
+//!
+//! - [`Tensors`] (`tensors`): candle tensors on a padded batch with an attention mask, with
+//!   candle's fused ops or with differentiable ones that training passes gradients through. The
+//!   weights as loaded ([`Bert`] without a parameter) are in this form; the cross-encoder trains
+//!   them.
+//! - [`Packed`] (`packed`): the same weights packed for afkit's GEMM kernels, multiplied in f32
+//!   or bf16, on a ragged batch of sentences laid end to end; the sentence encoder runs them.
+
+mod packed;
+mod tensors;
+
+use std::ops::Range;
+
+use anyhow::{ensure, Result};
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{Config, HiddenAct};
+
+pub(crate) use packed::{Packed, Spans};
+pub(crate) use tensors::Tensors;
+
+/// How a BERT is run: the form its weights take for that and the operations a layer is made of.
+pub(crate) trait Run {
+    type Embeddings;
+    /// The query, key and value projections and the number of heads.
+    type Attention;
+    /// A linear layer with a bias.
+    type Dense;
+    type Norm;
+    /// The hidden states of a batch, one row per token.
+    type Hidden;
+    /// Where the tokens of each text of the batch are.
+    type Batch;
+
+    /// Every token's context vector: softmax(q·kᵀ / √d) · v per head over the tokens of its own
+    /// text, the heads side by side.
+    fn self_attention(
+        &self,
+        attention: &Self::Attention,
+        x: &Self::Hidden,
+        batch: &Self::Batch,
+    ) -> Result<Self::Hidden>;
+
+    /// `norm(dense(x) + residual)`: a sub-layer's output projection, its residual connection and
+    /// its layer norm.
+    fn add_and_norm(
+        &self,
+        dense: &Self::Dense,
+        norm: &Self::Norm,
+        x: &Self::Hidden,
+        residual: &Self::Hidden,
+        batch: &Self::Batch,
+    ) -> Result<Self::Hidden>;
+
+    /// `GELU(dense(x))` with the exact (erf) GELU: the feed-forward network's inner layer.
+    fn gelu(
+        &self,
+        dense: &Self::Dense,
+        x: &Self::Hidden,
+        batch: &Self::Batch,
+    ) -> Result<Self::Hidden>;
+}
+
+/// A BERT encoder: its embeddings and layers, held as `R` runs them.
+pub(crate) struct Bert<R: Run = Tensors> {
+    pub(crate) embeddings: R::Embeddings,
+    pub(crate) layers: Vec<Layer<R>>,
+}
+
+/// One transformer layer's weights.
+pub(crate) struct Layer<R: Run = Tensors> {
+    pub(crate) attention: R::Attention,
+    pub(crate) attention_output: R::Dense,
+    pub(crate) attention_norm: R::Norm,
+    pub(crate) intermediate: R::Dense,
+    pub(crate) output: R::Dense,
+    pub(crate) output_norm: R::Norm,
+}
+
+impl<R: Run> Layer<R> {
+    /// The layer over the batch's hidden states `x`: self-attention, add & norm, the
+    /// feed-forward network, add & norm.
+    pub(crate) fn forward(&self, run: &R, x: &R::Hidden, batch: &R::Batch) -> Result<R::Hidden> {
+        let context = run.self_attention(&self.attention, x, batch)?;
+        let h = run.add_and_norm(
+            &self.attention_output,
+            &self.attention_norm,
+            &context,
+            x,
+            batch,
+        )?;
+        let inner = run.gelu(&self.intermediate, &h, batch)?;
+        run.add_and_norm(&self.output, &self.output_norm, &inner, &h, batch)
+    }
+}
+
+impl<R: Run> Bert<R> {
+    /// The `layers` (all of them: `0..self.layers.len()`) one after the other over the hidden
+    /// states `x`, the embeddings' output or an earlier layer's.
+    pub(crate) fn encode(
+        &self,
+        run: &R,
+        layers: Range<usize>,
+        mut x: R::Hidden,
+        batch: &R::Batch,
+    ) -> Result<R::Hidden> {
+        for layer in &self.layers[layers] {
+            x = layer.forward(run, &x, batch)?;
+        }
+        Ok(x)
+    }
+}
+
+/// The embedding tables and their layer norm, as the model stores them.
+pub(crate) struct Embeddings {
+    /// vocabulary × width
+    pub(crate) word: Tensor,
+    /// positions × width
+    pub(crate) position: Tensor,
+    /// token types × width
+    pub(crate) token_type: Tensor,
+    pub(crate) norm: Norm,
+}
+
+/// The query, key and value projections of a layer's self-attention.
+pub(crate) struct Attention {
+    pub(crate) query: Dense,
+    pub(crate) key: Dense,
+    pub(crate) value: Dense,
+    pub(crate) heads: usize,
+}
+
+/// A linear layer `x · Wᵀ + b`.
+pub(crate) struct Dense {
+    /// outputs × inputs, as PyTorch stores it.
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Tensor,
+}
+
+/// A layer norm over each row (biased variance, as PyTorch's).
+pub(crate) struct Norm {
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Tensor,
+    pub(crate) eps: f64,
+}
+
+/// Whether afkit's BERT runs a model of `config`.
+pub(crate) fn check_supported(config: &Config) -> Result<()> {
+    ensure!(
+        config.hidden_act == HiddenAct::Gelu,
+        "only BERT models with the exact (erf) GELU are supported"
+    );
+    ensure!(
+        config
+            .hidden_size
+            .is_multiple_of(config.num_attention_heads),
+        "hidden size {} is not a multiple of {} heads",
+        config.hidden_size,
+        config.num_attention_heads
+    );
+    Ok(())
+}
+
+impl Bert {
+    /// The model's weights from `vb` (a `bert.` prefix is allowed), described by `config`, as
+    /// f32 tensors on `vb`'s device.
+    pub(crate) fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
+        check_supported(config)?;
+        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
+            vb.pp("bert")
+        } else {
+            vb
+        };
+        let width = config.hidden_size;
+        let emb = vb.pp("embeddings");
+        let embeddings = Embeddings {
+            word: emb.get((config.vocab_size, width), "word_embeddings.weight")?,
+            position: emb.get(
+                (config.max_position_embeddings, width),
+                "position_embeddings.weight",
+            )?,
+            token_type: emb.get(
+                (config.type_vocab_size, width),
+                "token_type_embeddings.weight",
+            )?,
+            norm: Norm::load(emb.pp("LayerNorm"), config)?,
+        };
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { embeddings, layers })
+    }
+}
+
+impl Layer {
+    fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
+        let (width, inner) = (config.hidden_size, config.intermediate_size);
+        let attention = vb.pp("attention");
+        let projection = |name: &str| Dense::load(attention.pp("self").pp(name), width, width);
+        Ok(Self {
+            attention: Attention {
+                query: projection("query")?,
+                key: projection("key")?,
+                value: projection("value")?,
+                heads: config.num_attention_heads,
+            },
+            attention_output: Dense::load(attention.pp("output.dense"), width, width)?,
+            attention_norm: Norm::load(attention.pp("output.LayerNorm"), config)?,
+            intermediate: Dense::load(vb.pp("intermediate.dense"), width, inner)?,
+            output: Dense::load(vb.pp("output.dense"), inner, width)?,
+            output_norm: Norm::load(vb.pp("output.LayerNorm"), config)?,
+        })
+    }
+}
+
+impl Dense {
+    fn load(vb: VarBuilder, inputs: usize, outputs: usize) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get((outputs, inputs), "weight")?,
+            bias: vb.get(outputs, "bias")?,
+        })
+    }
+}
+
+impl Norm {
+    fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get(config.hidden_size, "weight")?,
+            bias: vb.get(config.hidden_size, "bias")?,
+            eps: config.layer_norm_eps,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lm::linear::Precision;
+    use candle_core::{DType, Device};
+
+    /// The packed forward in f32 over a ragged batch and the candle forward, fused and
+    /// differentiable, over the same sentences padded and masked give every token the same last
+    /// hidden state: they are two ways of running one model.
+    #[test]
+    fn packed_and_tensor_forwards_agree() {
+        let config = Config {
+            vocab_size: 50,
+            hidden_size: 32,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            intermediate_size: 64,
+            max_position_embeddings: 40,
+            ..Config::default()
+        };
+        // Every weight random, biases and norms included.
+        let weights = crate::fixtures::random_bert_weights(&config, 1)
+            .into_iter()
+            .map(|(name, t)| (name, Tensor::randn(0f32, 0.5, t.shape(), &Device::Cpu)))
+            .map(|(name, t)| (name, t.unwrap()))
+            .collect();
+        let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
+        let bert = Bert::load(vb, &config).unwrap();
+        let packed = Bert::pack(&bert, Precision::F32).unwrap();
+        let sentences: Vec<Vec<u32>> =
+            vec![vec![1, 7, 9, 2], (1..34).chain([2]).collect(), vec![1, 2]];
+        let refs: Vec<&[u32]> = sentences.iter().map(|s| s.as_slice()).collect();
+        let spans = Spans::new(&refs);
+        let x = packed.embeddings.forward(&refs, &spans).unwrap();
+        let want = packed.encode(&Packed, 0..2, x, &spans).unwrap();
+
+        let (n, longest, width) = (sentences.len(), 34, config.hidden_size);
+        let padded: Vec<u32> = sentences
+            .iter()
+            .flat_map(|s| {
+                s.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0, longest - s.len()))
+            })
+            .collect();
+        let ids = Tensor::from_vec(padded, (n, longest), &Device::Cpu).unwrap();
+        let mask: Vec<f32> = sentences
+            .iter()
+            .flat_map(|s| (0..longest).map(|i| if i < s.len() { 0.0 } else { -1e4 }))
+            .collect();
+        let mask = Tensor::from_vec(mask, (n, 1, 1, longest), &Device::Cpu).unwrap();
+        for run in [Tensors::FUSED, Tensors::DIFFERENTIABLE] {
+            let x = bert.embeddings.forward(&ids, &ids.zeros_like().unwrap());
+            let x = x.unwrap().reshape((n * longest, width)).unwrap();
+            let got = bert.encode(&run, 0..2, x, &mask).unwrap();
+            let got = got.to_vec2::<f32>().unwrap();
+            for (s, span) in spans.ranges.iter().enumerate() {
+                for (j, row) in span.clone().enumerate() {
+                    let want = &want[row * width..(row + 1) * width];
+                    for (g, w) in got[s * longest + j].iter().zip(want) {
+                        assert!(
+                            (g - w).abs() < 1e-4,
+                            "{run:?}, sentence {s}, token {j}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

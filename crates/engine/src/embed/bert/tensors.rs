@@ -1,0 +1,164 @@
+//! BERT run on candle tensors over a padded batch, on any of candle's devices.
+//!
+//! candle-transformers' BERT cannot be trained: its layer norm is a fused op without a backward
+//! pass, so no gradient reaches the layers under the last norm. [`Tensors::DIFFERENTIABLE`]
+//! builds the layer norm and the softmax from ops that pass gradients back;
+//! [`Tensors::FUSED`] uses candle's fused ones, faster, for layers that are not trained.
+
+use anyhow::Result;
+use candle_core::{Tensor, Var, D};
+
+use super::{Attention, Dense, Embeddings, Layer, Norm, Run};
+
+/// Runs BERT's layers with candle ops. Hidden states are (batch · tokens) × width, the rows of
+/// each text padded to the batch's longest; a batch is its additive attention mask
+/// (batch × 1 × 1 × tokens: 0 on a text's tokens, a large negative number on its padding).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tensors {
+    differentiable: bool,
+}
+
+impl Tensors {
+    /// candle's fused layer norm and softmax: gradients stop at them.
+    pub(crate) const FUSED: Tensors = Tensors {
+        differentiable: false,
+    };
+    /// Layer norm and softmax from ops that pass gradients back.
+    pub(crate) const DIFFERENTIABLE: Tensors = Tensors {
+        differentiable: true,
+    };
+
+    fn norm(&self, norm: &Norm, x: &Tensor) -> Result<Tensor> {
+        if self.differentiable {
+            norm.differentiable(x)
+        } else {
+            norm.fused(x)
+        }
+    }
+}
+
+impl Run for Tensors {
+    type Embeddings = Embeddings;
+    type Attention = Attention;
+    type Dense = Dense;
+    type Norm = Norm;
+    type Hidden = Tensor;
+    type Batch = Tensor;
+
+    fn self_attention(&self, attention: &Attention, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (b, _, _, t) = mask.dims4()?;
+        let width = x.dim(1)?;
+        let heads = attention.heads;
+        let head = width / heads;
+        let split = |d: &Dense| -> Result<Tensor> {
+            Ok(d.forward(x)?
+                .reshape((b, t, heads, head))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let (q, k, v) = (
+            split(&attention.query)?,
+            split(&attention.key)?,
+            split(&attention.value)?,
+        );
+        let scores = (q.matmul(&k.t()?)? / (head as f64).sqrt())?.broadcast_add(mask)?;
+        let probs = if self.differentiable {
+            candle_nn::ops::softmax(&scores, D::Minus1)?
+        } else {
+            candle_nn::ops::softmax_last_dim(&scores)?
+        };
+        Ok(probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b * t, width))?)
+    }
+
+    fn add_and_norm(
+        &self,
+        dense: &Dense,
+        norm: &Norm,
+        x: &Tensor,
+        residual: &Tensor,
+        _: &Tensor,
+    ) -> Result<Tensor> {
+        self.norm(norm, &(dense.forward(x)? + residual)?)
+    }
+
+    fn gelu(&self, dense: &Dense, x: &Tensor, _: &Tensor) -> Result<Tensor> {
+        Ok(dense.forward(x)?.gelu_erf()?)
+    }
+}
+
+impl Embeddings {
+    /// The normalised sum of the word piece, token type and position embeddings of a padded
+    /// batch of `ids` and token `types` (batch × tokens each): batch × tokens × width.
+    pub(crate) fn forward(&self, ids: &Tensor, types: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let positions = self.position.narrow(0, 0, t)?;
+        let lookup = |table: &Tensor, ids: &Tensor| -> Result<Tensor> {
+            Ok(table
+                .index_select(&ids.flatten_all()?, 0)?
+                .reshape((b, t, ()))?)
+        };
+        let x = (lookup(&self.word, ids)? + lookup(&self.token_type, types)?)?
+            .broadcast_add(&positions)?;
+        self.norm.fused(&x)
+    }
+}
+
+impl Dense {
+    /// `x` (rows × inputs) → rows × outputs.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.matmul(&self.weight.t()?)?.broadcast_add(&self.bias)?)
+    }
+}
+
+impl Norm {
+    fn fused(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::layer_norm(
+            &x.contiguous()?,
+            &self.weight,
+            &self.bias,
+            self.eps as f32,
+        )?)
+    }
+
+    fn differentiable(&self, x: &Tensor) -> Result<Tensor> {
+        let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+        let variance = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        Ok(centred
+            .broadcast_div(&(variance + self.eps)?.sqrt()?)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)?)
+    }
+}
+
+impl Layer {
+    /// Makes every weight of the layer a variable that an optimiser can change, and returns
+    /// them.
+    pub(crate) fn make_trainable(&mut self) -> Result<Vec<Var>> {
+        let a = &mut self.attention;
+        let dense = [
+            &mut a.query,
+            &mut a.key,
+            &mut a.value,
+            &mut self.attention_output,
+            &mut self.intermediate,
+            &mut self.output,
+        ]
+        .into_iter()
+        .flat_map(|d| [&mut d.weight, &mut d.bias]);
+        let norms = [&mut self.attention_norm, &mut self.output_norm]
+            .into_iter()
+            .flat_map(|n| [&mut n.weight, &mut n.bias]);
+        dense
+            .chain(norms)
+            .map(|t| {
+                let var = Var::from_tensor(t)?;
+                *t = var.as_tensor().clone();
+                Ok(var)
+            })
+            .collect()
+    }
+}
