@@ -12,13 +12,16 @@
 //! ```
 //!
 //! [`Block::forward`] is that structure, and [`load_block`] its weights; how each step is
-//! computed belongs to a [`Kernels`]: candle ops over tensors on any device
-//! ([`super::tensor_ops`]), or afkit's packed CPU kernels over plain rows with a KV cache in slots ([`super::packed`]).
+//! computed belongs to a [`Kernels`]: candle ops over tensors on any device, with gradients and
+//! LoRA's low-rank additions to the projections when training ([`super::tensor_ops`]), or
+//! afkit's packed CPU kernels over plain rows with a KV cache in slots ([`super::packed`]).
 //! Which parts a family switches on is [`super::family`]'s business; a block only holds the
 //! weights of the parts it has.
 
+use std::collections::BTreeMap;
+
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 
 use super::family::Activation;
 use super::linear::Linear;
@@ -70,6 +73,29 @@ pub(crate) struct Block {
     pub activation: Activation,
 }
 
+/// The trainable pair of one adapted matrix: its update is `scale · B·A`, A (rank × in), B
+/// (out × rank).
+pub(crate) struct LoraPair {
+    pub a: Var,
+    pub b: Var,
+}
+
+/// A LoRA adapter being trained: per adapted block (the top ones, from `first`), its pairs by
+/// GGUF matrix name.
+pub(crate) struct Lora {
+    pub first: usize,
+    pub blocks: Vec<BTreeMap<&'static str, LoraPair>>,
+    pub scale: f32,
+}
+
+impl Lora {
+    /// The pair adapting part `name` of block `layer`, if it is adapted.
+    pub fn pair(&self, layer: usize, name: &str) -> Option<&LoraPair> {
+        let i = layer.checked_sub(self.first)?;
+        self.blocks.get(i)?.get(name)
+    }
+}
+
 /// The rotary embedding of one base: cosines and sines (position × head_dim/2) on the model's
 /// device and as plain rows for the packed pass.
 pub(crate) struct Rope {
@@ -92,7 +118,7 @@ impl Rope {
 }
 
 /// Cosines and sines of the rotary embedding (position × head_dim/2) on the CPU.
-pub(crate) fn rotary_tables(head_dim: usize, theta: f32) -> Result<(Tensor, Tensor)> {
+fn rotary_tables(head_dim: usize, theta: f32) -> Result<(Tensor, Tensor)> {
     let half = head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))

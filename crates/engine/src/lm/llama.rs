@@ -22,7 +22,7 @@
 //! scoring of continuations. The generic engine keeps every tensor on the model's device and
 //! uses candle ops only ([`super::tensor_ops`]): [`Llama::prefill`], [`Llama::forward`] (which
 //! also decodes a batch of rows of one context in lockstep) and the scoring functions run on any
-//! device.
+//! device. LoRA training ([`super::adapt`]) runs the generic engine's blocks with gradients.
 
 use std::io::{Read, Seek};
 use std::path::Path;
@@ -30,16 +30,14 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{Device, Tensor, D};
-use candle_nn::ops::rms_norm;
 use rayon::prelude::*;
 
 use super::adapter::Adapter;
-pub(super) use super::block::rotary_tables;
-use super::block::{load_block, Block, Rope, Vector};
+use super::block::{load_block, Block, Lora, Rope, Vector};
 use super::family::{Arch, Family, LocalLayers};
 use super::linear::Linear;
 use super::packed::{rms_norm_plain, PackedKernels};
-use super::tensor_ops::TensorKernels;
+use super::tensor_ops::{Pass, TensorKernels};
 use crate::device::Compute;
 
 /// Rows whose output-head logits are held at once when scoring (256 × 49k vocabulary: 50 MB).
@@ -249,7 +247,7 @@ impl RowCache {
 
 /// A weight dequantised to f32 on the CPU (the same values on every device), then moved to
 /// `device`.
-pub(super) fn dequantised<R: Read + Seek>(
+fn dequantised<R: Read + Seek>(
     content: &Content,
     file: &mut R,
     name: &str,
@@ -385,7 +383,9 @@ impl Llama {
         let mut kernels = TensorKernels {
             cfg: &self.cfg,
             ropes: &self.ropes,
+            pass: Pass::Infer,
             cpu_kernels: self.cpu_kernels,
+            lora: None,
             rows,
             steps,
             prefix,
@@ -396,7 +396,7 @@ impl Llama {
             .iter()
             .try_fold(x, |x, block| block.forward(x, &mut kernels))?;
         cache.len += steps;
-        rms_norm(&x, &self.final_norm.weight, self.cfg.rms_eps)?
+        self.final_norm(&x, Pass::Infer)?
             .reshape((rows, steps, self.cfg.d_model))
             .map_err(Into::into)
     }
@@ -408,6 +408,43 @@ impl Llama {
             1.0 => Ok(x),
             scale => Ok((x * f64::from(scale))?),
         }
+    }
+
+    /// Blocks `layers` over `x` (rows·steps × d_model): `rows` rows of `steps` tokens each from
+    /// position 0, nothing cached. LoRA training's pass: with `lora`'s updates when given and,
+    /// under [`Pass::Train`], ops that have gradients.
+    pub(crate) fn run_blocks(
+        &self,
+        x: Tensor,
+        layers: std::ops::Range<usize>,
+        (rows, steps): (usize, usize),
+        pass: Pass,
+        lora: Option<&Lora>,
+    ) -> Result<Tensor> {
+        let mut kernels = TensorKernels {
+            cfg: &self.cfg,
+            ropes: &self.ropes,
+            pass,
+            cpu_kernels: self.cpu_kernels,
+            lora,
+            rows,
+            steps,
+            prefix: None,
+            cache: None,
+        };
+        self.blocks[layers]
+            .iter()
+            .try_fold(x, |x, block| block.forward(x, &mut kernels))
+    }
+
+    /// The final norm of hidden states `x`.
+    pub(crate) fn final_norm(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        pass.rms_norm(x, &self.final_norm.weight, self.cfg.rms_eps)
+    }
+
+    /// The output head's logits for each row of `x` (n × d_model), as a tensor.
+    pub(crate) fn head_logits(&self, x: &Tensor) -> Result<Tensor> {
+        self.head.forward(x)
     }
 
     /// One step of the generic engine's lockstep decode: `tokens[i]` continues row i of `cache`,

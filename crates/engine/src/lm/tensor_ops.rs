@@ -1,19 +1,68 @@
 //! The decoder block's steps as candle ops ([`TensorKernels`]): the generic engine on any device
-//! (prefill, scoring and lockstep decoding over a shared prefix and the rows' own caches).
+//! (prefill, scoring and lockstep decoding over a shared prefix and the rows' own caches), and
+//! LoRA training, where the ops must have gradients ([`Pass::Train`]) and adapted projections
+//! add their low-rank updates.
 
 use anyhow::{bail, Result};
-use candle_core::Tensor;
-use candle_nn::ops::{rms_norm, softmax_last_dim};
-use candle_nn::rotary_emb::{rope, rope_i};
+use candle_core::{Tensor, D};
+use candle_nn::ops::{rms_norm, rms_norm_slow, softmax_last_dim};
+use candle_nn::rotary_emb::{rope, rope_i, rope_i_slow, rope_slow};
 
-use super::block::{Block, Kernels, Projection, Rope, Vector};
+use super::block::{Block, Kernels, Lora, Projection, Rope, Vector};
 use super::family::{Activation, RopeLayout};
+use super::linear::Linear;
 use super::llama::{LlamaConfig, Prefix, RowCache};
 use super::packed::gated_plain;
 
-/// A projection's output: the whole, and its parts.
+/// Which ops a forward pass runs: compositions with gradients while training, candle's fused
+/// kernels (which have no backward pass) where no gradient flows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pass {
+    Train,
+    Infer,
+}
+
+impl Pass {
+    pub(crate) fn rms_norm(self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(match self {
+            Pass::Train => rms_norm_slow(x, weight, eps)?,
+            Pass::Infer => rms_norm(x, weight, eps)?,
+        })
+    }
+
+    fn rope(self, layout: RopeLayout, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        Ok(match (self, layout) {
+            (Pass::Train, RopeLayout::Adjacent) => rope_i_slow(x, cos, sin)?,
+            (Pass::Train, RopeLayout::Halves) => rope_slow(x, cos, sin)?,
+            (Pass::Infer, RopeLayout::Adjacent) => rope_i(x, cos, sin)?,
+            (Pass::Infer, RopeLayout::Halves) => rope(x, cos, sin)?,
+        })
+    }
+
+    fn softmax(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Pass::Train => {
+                let max = x.max_keepdim(D::Minus1)?.detach();
+                let e = x.broadcast_sub(&max)?.exp()?;
+                Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+            }
+            Pass::Infer => Ok(softmax_last_dim(x)?),
+        }
+    }
+
+    /// The score a mask gives the keys a query must not see: finite while training, so that
+    /// the backward pass never multiplies an infinity by zero.
+    fn hidden(self) -> f32 {
+        match self {
+            Pass::Train => -1e9,
+            Pass::Infer => f32::NEG_INFINITY,
+        }
+    }
+}
+
+/// A projection's output: its parts, and the whole when one matrix product computed them.
 pub(crate) struct Parts {
-    whole: Tensor,
+    whole: Option<Tensor>,
     parts: Vec<Tensor>,
 }
 
@@ -22,8 +71,10 @@ pub(crate) struct Parts {
 pub(crate) struct TensorKernels<'a> {
     pub cfg: &'a LlamaConfig,
     pub ropes: &'a [Rope],
+    pub pass: Pass,
     /// afkit's CPU kernels run the model: the gate's activation is one pass over host rows.
     pub cpu_kernels: bool,
+    pub lora: Option<&'a Lora>,
     pub rows: usize,
     pub steps: usize,
     pub prefix: Option<&'a Prefix>,
@@ -34,6 +85,36 @@ impl TensorKernels<'_> {
     /// Position of the first fed token.
     fn start(&self) -> usize {
         self.prefix.map_or(0, |p| p.len) + self.cache.as_ref().map_or(0, |c| c.len)
+    }
+
+    /// Part `name` of `w` (columns `at..at + width`) over `x`, with its LoRA update when the
+    /// part is adapted: each adapted matrix multiplies on its own, as LoRA's updates are per
+    /// matrix.
+    fn adapted_part(
+        &self,
+        x: &Tensor,
+        w: &Projection,
+        layer: usize,
+        part: usize,
+    ) -> Result<Tensor> {
+        let Linear::Dense(dense) = &w.w else {
+            bail!("LoRA training runs on the generic engine");
+        };
+        let at: usize = w.parts[..part].iter().map(|(_, n)| n).sum();
+        let (name, width) = w.parts[part];
+        let y = x.matmul(&dense.narrow(1, at, width)?)?;
+        match self
+            .lora
+            .and_then(|l| Some((l.pair(layer, name)?, l.scale)))
+        {
+            None => Ok(y),
+            Some((p, scale)) => {
+                let low = x
+                    .matmul(&p.a.as_tensor().t()?)?
+                    .matmul(&p.b.as_tensor().t()?)?;
+                Ok((y + (low * f64::from(scale))?)?)
+            }
+        }
     }
 
     /// Keys and values of the block at `layer` after those of the rows' own cache, which keeps
@@ -61,24 +142,47 @@ impl Kernels for TensorKernels<'_> {
     type Heads = (Tensor, Tensor, Tensor);
 
     fn rms_norm(&self, x: &Tensor, weight: &Vector) -> Result<Tensor> {
-        Ok(rms_norm(x, &weight.weight, self.cfg.rms_eps)?)
+        self.pass.rms_norm(x, &weight.weight, self.cfg.rms_eps)
     }
 
-    fn linear(&self, x: &Tensor, w: &Projection, _layer: usize) -> Result<Tensor> {
-        w.w.forward(x)
+    fn linear(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Tensor> {
+        match self.lora {
+            Some(_) => self.adapted_part(x, w, layer, 0),
+            None => w.w.forward(x),
+        }
     }
 
-    fn project(&self, x: &Tensor, w: &Projection, _layer: usize) -> Result<Parts> {
+    fn project(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Parts> {
+        if self.lora.is_some() {
+            let parts = (0..w.parts.len()).map(|i| self.adapted_part(x, w, layer, i));
+            let parts = parts.collect::<Result<_>>()?;
+            return Ok(Parts { whole: None, parts });
+        }
         let whole = w.w.forward(x)?;
         let parts = split_columns(&whole, w.parts.iter().map(|(_, n)| *n))?;
-        Ok(Parts { whole, parts })
+        Ok(Parts {
+            whole: Some(whole),
+            parts,
+        })
     }
 
     fn add_bias(&self, x: Parts, bias: &Vector) -> Result<Parts> {
         let widths: Vec<usize> = x.parts.iter().map(|p| p.dim(1)).collect::<Result<_, _>>()?;
-        let whole = x.whole.broadcast_add(&bias.weight)?;
-        let parts = split_columns(&whole, widths)?;
-        Ok(Parts { whole, parts })
+        if let Some(whole) = x.whole {
+            let whole = whole.broadcast_add(&bias.weight)?;
+            let parts = split_columns(&whole, widths)?;
+            return Ok(Parts {
+                whole: Some(whole),
+                parts,
+            });
+        }
+        let biases = split_columns(&bias.weight.unsqueeze(0)?, widths)?;
+        let parts = x.parts.iter().zip(biases);
+        let parts = parts.map(|(p, b)| Ok(p.broadcast_add(&b.squeeze(0)?)?));
+        Ok(Parts {
+            whole: None,
+            parts: parts.collect::<Result<_>>()?,
+        })
     }
 
     fn heads(&self, qkv: Parts) -> Result<Self::Heads> {
@@ -107,10 +211,8 @@ impl Kernels for TensorKernels<'_> {
         let (table, start, steps) = (&self.ropes[table], self.start(), self.steps);
         let cos = table.cos.narrow(0, start, steps)?;
         let sin = table.sin.narrow(0, start, steps)?;
-        let rotate = |x: &Tensor| match self.cfg.arch.rope_layout() {
-            RopeLayout::Adjacent => rope_i(x, &cos, &sin),
-            RopeLayout::Halves => rope(x, &cos, &sin),
-        };
+        let layout = self.cfg.arch.rope_layout();
+        let rotate = |x: &Tensor| self.pass.rope(layout, x, &cos, &sin);
         Ok((rotate(&q)?, rotate(&k)?, v))
     }
 
@@ -128,7 +230,7 @@ impl Kernels for TensorKernels<'_> {
         let own = q.matmul(&k.transpose(2, 3)?)?;
         let own = if steps > 1 || block.window.is_some() {
             let first = (own_len - steps, 0);
-            let mask = attention_mask(steps, first, own_len, block.window);
+            let mask = attention_mask(steps, first, own_len, block.window, self.pass.hidden());
             own.reshape((rows, nkv, group, steps, own_len))?
                 .broadcast_add(&Tensor::from_vec(mask, (steps, own_len), q.device())?)?
                 .reshape((rows, nkv, group * steps, own_len))?
@@ -136,12 +238,12 @@ impl Kernels for TensorKernels<'_> {
             own
         };
         let out = match self.prefix {
-            None => softmax_last_dim(&own)?.matmul(&v)?,
+            None => self.pass.softmax(&own)?.matmul(&v)?,
             Some(prefix) => {
                 // Only a local layer hides prefix keys, those its window has passed.
                 let mask = block.window.filter(|&w| plen + own_len > w).map(|w| {
                     let first = (plen + own_len - steps, 0);
-                    let mask = attention_mask(steps, first, plen, Some(w));
+                    let mask = attention_mask(steps, first, plen, Some(w), f32::NEG_INFINITY);
                     Tensor::from_vec(mask, (steps, plen), q.device())
                 });
                 let mask = mask.transpose()?;
@@ -164,7 +266,10 @@ impl Kernels for TensorKernels<'_> {
             bail!("the gate and up projections are two parts");
         };
         if self.cpu_kernels {
-            let whole = gate_up.whole;
+            let whole = match gate_up.whole {
+                Some(whole) => whole,
+                None => Tensor::cat(&[gate, up], 1)?,
+            };
             let (rows, width) = whole.dims2()?;
             let input = whole.flatten_all()?.to_vec1::<f32>()?;
             let out = gated_plain(&input, rows, activation);
@@ -196,12 +301,13 @@ fn split_columns(x: &Tensor, widths: impl IntoIterator<Item = usize>) -> Result<
 
 /// An additive attention mask (steps × keys): query t sits at position `first_query + t`, key j
 /// at `first_key + j`; a query sees no key after it and, with a `window`, none `window` or more
-/// positions before it.
+/// positions before it. Keys it does not see score `hidden`.
 fn attention_mask(
     steps: usize,
     (first_query, first_key): (usize, usize),
     keys: usize,
     window: Option<usize>,
+    hidden: f32,
 ) -> Vec<f32> {
     let window = window.unwrap_or(usize::MAX);
     (0..steps)
@@ -210,7 +316,7 @@ fn attention_mask(
             (0..keys).map(move |j| {
                 let key = first_key + j;
                 if key > query || query - key >= window {
-                    f32::NEG_INFINITY
+                    hidden
                 } else {
                     0.0
                 }
