@@ -168,18 +168,14 @@ impl Block {
     pub fn forward<K: Kernels>(&self, x: K::Rows, k: &mut K) -> Result<K::Rows> {
         let h = k.rms_norm(&x, &self.attn_norm)?;
         let attn = self.attention(&h, k)?;
-        let out = self.post_norm(
-            k.linear(&attn, &self.wo, self.layer)?,
-            &self.post_attn_norm,
-            k,
-        )?;
-        let x = k.add(x, out)?;
+        let out = k.linear(&attn, &self.wo, self.layer)?;
+        let x = k.add(x, self.post_norm(out, &self.post_attn_norm, k)?)?;
+
         let h = k.rms_norm(&x, &self.ffn_norm)?;
         let gate_up = k.project(&h, &self.w_gate_up, self.layer)?;
         let act = k.gated(gate_up, self.activation)?;
         let out = k.linear(&act, &self.w_down, self.layer)?;
-        let out = self.post_norm(out, &self.post_ffn_norm, k)?;
-        k.add(x, out)
+        k.add(x, self.post_norm(out, &self.post_ffn_norm, k)?)
     }
 
     /// Grouped-query attention over `h`: Q, K and V projected (with Qwen 2's biases), the

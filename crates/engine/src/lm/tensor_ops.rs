@@ -87,9 +87,9 @@ impl TensorKernels<'_> {
         self.prefix.map_or(0, |p| p.len) + self.cache.as_ref().map_or(0, |c| c.len)
     }
 
-    /// Part `name` of `w` (columns `at..at + width`) over `x`, with its LoRA update when the
-    /// part is adapted: each adapted matrix multiplies on its own, as LoRA's updates are per
-    /// matrix.
+    /// Part `part` of `w` (its columns) over `x`, with its LoRA update when that matrix is
+    /// adapted. Each matrix multiplies on its own, as LoRA's updates are per matrix: the
+    /// products, and the gradients that flow back through them, are those of separate matrices.
     fn adapted_part(
         &self,
         x: &Tensor,
