@@ -257,13 +257,16 @@ pub(crate) fn load_block(
         window: arch.window(layer),
         activation: arch.activation(),
     };
-    if !arch.qkv_bias() {
-        return Ok(block);
-    }
-    let mut bias = |part: &str| load(&format!("blk.{layer}.{part}.bias"));
-    let (bq, bk, bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
+    let qkv_bias = arch.qkv_bias().then(|| load_qkv_bias(layer, load));
     Ok(Block {
-        qkv_bias: Some(Vector::new(Tensor::cat(&[bq, bk, bv], 0)?)?),
+        qkv_bias: qkv_bias.transpose()?,
         ..block
     })
+}
+
+/// Qwen 2's biases of Q, K and V of block `layer`, side by side.
+fn load_qkv_bias(layer: usize, load: &mut impl FnMut(&str) -> Result<Tensor>) -> Result<Vector> {
+    let mut bias = |part: &str| load(&format!("blk.{layer}.{part}.bias"));
+    let (bq, bk, bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
+    Vector::new(Tensor::cat(&[bq, bk, bv], 0)?)
 }
