@@ -12,10 +12,11 @@
 //! once for the whole corpus and reused by every step and epoch: training costs about what the
 //! top layers and the output head cost, not the whole model.
 //!
-//! The weights are the GGUF file's, dequantised to f32 on the CPU, as [`super::llama`] loads
-//! them. The forward pass here is candle ops: while training, compositions that have gradients
-//! (`rms_norm_slow`, `rope_i_slow`, a composed softmax); where no gradient flows (the frozen
-//! layers, evaluation), candle's fused kernels.
+//! The model is [`super::llama`]'s, loaded for the generic engine on the CPU, and its blocks
+//! ([`super::block`]) run the pass: the adapter enters as a low-rank addition to the adapted
+//! projections, and while training the block's steps are candle compositions that have
+//! gradients ([`Pass::Train`]); where no gradient flows (the frozen layers, evaluation),
+//! candle's fused kernels.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,8 +24,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
-use candle_nn::ops::{log_softmax, rms_norm, rms_norm_slow, softmax_last_dim};
-use candle_nn::rotary_emb::{rope_i, rope_i_slow};
+use candle_nn::ops::log_softmax;
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -32,11 +32,15 @@ use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
 use super::adapter::{Adapter, BaseModel};
+use super::block::{Lora, LoraPair};
 use super::family::Arch;
-use super::llama::{dequantised, rotary_tables, LlamaConfig};
+use super::llama::{Llama, LlamaConfig};
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
+use crate::device::Compute;
 use crate::seed::Seed;
+
+pub use super::tensor_ops::Pass;
 
 /// Sequences per matrix product in the frozen layers' single pass.
 const FROZEN_BATCH: usize = 8;
@@ -84,32 +88,12 @@ pub struct AdapterSettings {
     pub train: TrainSettings,
 }
 
-/// A frozen block's weights, each (out × in) as the GGUF file stores them.
-struct FrozenBlock {
-    attn_norm: Tensor,
-    ffn_norm: Tensor,
-    w: BTreeMap<&'static str, Tensor>,
-}
-
-/// The trainable pair of one adapted matrix.
-struct LoraPair {
-    a: Var,
-    b: Var,
-}
-
-/// The model being adapted: frozen weights, and the LoRA pairs of the top blocks.
+/// The model being adapted: the base model on the generic engine, and the LoRA pairs of its top
+/// blocks.
 pub struct AdaptModel {
-    cfg: LlamaConfig,
+    llama: Llama,
     doc_start: u32,
-    embed: Tensor,
-    /// (vocab × d_model): the output head, or the embedding when tied.
-    head: Tensor,
-    blocks: Vec<FrozenBlock>,
-    final_norm: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    /// Per adapted block (the top `top_layers`), its pairs by matrix name.
-    lora: Vec<BTreeMap<&'static str, LoraPair>>,
+    lora: Lora,
     shape: LoraShape,
 }
 
@@ -156,38 +140,20 @@ impl AdaptModel {
                 shape.top_layers
             );
         }
-        let cpu = Device::Cpu;
-        let mut load = |name: &str| dequantised(&content, &mut file, name, &cpu);
-        let embed = load("token_embd.weight")?;
-        let head = if content.tensor_infos.contains_key("output.weight") {
-            load("output.weight")?
-        } else {
-            embed.clone()
+        let compute = Compute {
+            cpu_kernels: false,
+            ..Compute::cpu()
         };
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let mut w = BTreeMap::new();
-            for part in ADAPTED {
-                w.insert(part, load(&format!("blk.{i}.{part}.weight"))?);
-            }
-            blocks.push(FrozenBlock {
-                attn_norm: load(&format!("blk.{i}.attn_norm.weight"))?,
-                ffn_norm: load(&format!("blk.{i}.ffn_norm.weight"))?,
-                w,
-            });
-        }
-        let final_norm = load("output_norm.weight")?;
-        let (cos, sin) = rotary_tables(cfg.head_dim(), cfg.rope_theta)?;
+        let llama = Llama::from_gguf(&content, &mut file, path, &compute, None)?;
+        let lora = Lora {
+            first: cfg.n_layer - shape.top_layers,
+            blocks: Vec::new(),
+            scale: shape.alpha / shape.rank as f32,
+        };
         let mut model = AdaptModel {
-            cfg,
+            llama,
             doc_start: tokenizer.doc_start,
-            embed,
-            head,
-            blocks,
-            final_norm,
-            cos,
-            sin,
-            lora: Vec::new(),
+            lora,
             shape,
         };
         model.fresh_adapter(Seed::default())?;
@@ -198,10 +164,9 @@ impl AdaptModel {
     /// the base model.
     pub fn fresh_adapter(&mut self, seed: Seed) -> Result<()> {
         let mut rng = seed.rng();
-        let first = self.first_adapted();
-        self.lora = self.blocks[first..]
-            .iter()
-            .map(|block| new_pairs(block, self.shape.rank, &mut rng))
+        let cfg = &self.llama.cfg;
+        self.lora.blocks = (0..self.shape.top_layers)
+            .map(|_| new_pairs(cfg, self.shape.rank, &mut rng))
             .collect::<Result<_>>()?;
         Ok(())
     }
@@ -216,14 +181,14 @@ impl AdaptModel {
     }
 
     fn first_adapted(&self) -> usize {
-        self.cfg.n_layer - self.shape.top_layers
+        self.lora.first
     }
 
     /// The adapter as trained so far, under the GGUF names of the matrices it changes.
     pub fn adapter(&self) -> Adapter {
         let first = self.first_adapted();
         let mut updates = BTreeMap::new();
-        for (i, pairs) in self.lora.iter().enumerate() {
+        for (i, pairs) in self.lora.blocks.iter().enumerate() {
             for (part, pair) in pairs {
                 updates.insert(
                     format!("blk.{}.{part}.weight", first + i),
@@ -232,7 +197,7 @@ impl AdaptModel {
             }
         }
         Adapter {
-            scale: self.scale(),
+            scale: self.lora.scale,
             updates,
         }
     }
@@ -241,15 +206,11 @@ impl AdaptModel {
     /// config.
     pub fn base_model(&self, name: &str) -> BaseModel {
         BaseModel {
-            architecture: self.cfg.arch.family.architecture().to_string(),
-            n_head: self.cfg.n_head,
-            n_kv_head: self.cfg.n_kv_head,
+            architecture: self.llama.cfg.arch.family.architecture().to_string(),
+            n_head: self.llama.cfg.n_head,
+            n_kv_head: self.llama.cfg.n_kv_head,
             name: name.to_string(),
         }
-    }
-
-    fn scale(&self) -> f32 {
-        self.shape.alpha / self.shape.rank as f32
     }
 
     /// The frozen blocks' output for each sequence (all but its last token, which is only a
@@ -265,14 +226,14 @@ impl AdaptModel {
                     .collect();
                 let steps = batch[0].len() - 1;
                 let ids = Tensor::from_vec(ids, (batch.len() * steps,), &Device::Cpu)?;
-                let mut x = self.embed.index_select(&ids, 0)?.reshape((
-                    batch.len(),
-                    steps,
-                    self.cfg.d_model,
-                ))?;
-                for block in &self.blocks[..self.first_adapted()] {
-                    x = self.block(block, None, &x, Pass::Infer)?;
-                }
+                let x = self.llama.run_blocks(
+                    self.llama.embed_tokens(&ids)?,
+                    0..self.first_adapted(),
+                    (batch.len(), steps),
+                    Pass::Infer,
+                    None,
+                )?;
+                let x = x.reshape((batch.len(), steps, self.llama.cfg.d_model))?;
                 for row in 0..batch.len() {
                     states.push(x.narrow(0, row, 1)?.contiguous()?.detach());
                 }
@@ -290,16 +251,16 @@ impl AdaptModel {
         adapted: bool,
         pass: Pass,
     ) -> Result<Tensor> {
-        let mut x = Tensor::cat(states, 0)?;
-        let first = self.first_adapted();
-        for (i, block) in self.blocks[first..].iter().enumerate() {
-            x = self.block(block, adapted.then(|| &self.lora[i]), &x, pass)?;
-        }
+        let x = Tensor::cat(states, 0)?;
         let (rows, steps, d) = x.dims3()?;
-        let x = pass
-            .rms_norm(&x, &self.final_norm, self.cfg.rms_eps)?
-            .reshape((rows * steps, d))?;
-        let logits = x.matmul(&self.head.t()?)?;
+        let x = self.llama.run_blocks(
+            x.reshape((rows * steps, d))?,
+            self.first_adapted()..self.llama.cfg.n_layer,
+            (rows, steps),
+            pass,
+            adapted.then_some(&self.lora),
+        )?;
+        let logits = self.llama.head_logits(&self.llama.final_norm(&x, pass)?)?;
         let targets: Vec<u32> = sequences
             .iter()
             .flat_map(|s| s[1..].iter().copied())
@@ -307,64 +268,6 @@ impl AdaptModel {
         let targets = Tensor::new(targets.as_slice(), &Device::Cpu)?.unsqueeze(1)?;
         let picked = log_softmax(&logits, D::Minus1)?.gather(&targets, 1)?;
         Ok(picked.mean_all()?.neg()?)
-    }
-
-    /// One transformer block over `x` (rows × steps × d_model), with `lora` added to its
-    /// matrices when given.
-    fn block(
-        &self,
-        block: &FrozenBlock,
-        lora: Option<&BTreeMap<&'static str, LoraPair>>,
-        x: &Tensor,
-        pass: Pass,
-    ) -> Result<Tensor> {
-        let c = &self.cfg;
-        let (rows, steps, d) = x.dims3()?;
-        let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
-        let linear = |part: &'static str, h: &Tensor| -> Result<Tensor> {
-            let y = h.matmul(&block.w[part].t()?)?;
-            match lora.and_then(|l| l.get(part)) {
-                None => Ok(y),
-                Some(p) => {
-                    let low = h
-                        .matmul(&p.a.as_tensor().t()?)?
-                        .matmul(&p.b.as_tensor().t()?)?;
-                    Ok((y + (low * f64::from(self.scale()))?)?)
-                }
-            }
-        };
-        let flat = x.reshape((rows * steps, d))?;
-        let h = pass.rms_norm(&flat, &block.attn_norm, c.rms_eps)?;
-        let heads = |t: Tensor, n: usize| -> Result<Tensor> {
-            Ok(t.reshape((rows, steps, n, hd))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        let cos = self.cos.narrow(0, 0, steps)?;
-        let sin = self.sin.narrow(0, 0, steps)?;
-        let q = pass.rope(&heads(linear("attn_q", &h)?, nh)?, &cos, &sin)?;
-        let k = pass.rope(&heads(linear("attn_k", &h)?, nkv)?, &cos, &sin)?;
-        let v = heads(linear("attn_v", &h)?, nkv)?;
-        // Query heads of one key/value group are adjacent: (rows, kv_heads, group·steps, hd).
-        let group = nh / nkv;
-        let q = (q.reshape((rows, nkv, group * steps, hd))? * (1.0 / (hd as f64).sqrt()))?;
-        let scores = q
-            .matmul(&k.transpose(2, 3)?)?
-            .reshape((rows, nkv, group, steps, steps))?
-            .broadcast_add(&causal_mask(steps)?)?
-            .reshape((rows, nkv, group * steps, steps))?;
-        let attn = pass
-            .softmax(&scores)?
-            .matmul(&v)?
-            .reshape((rows, nh, steps, hd))?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((rows * steps, nh * hd))?;
-        let flat = (flat + linear("attn_output", &attn)?)?;
-        let h = pass.rms_norm(&flat, &block.ffn_norm, c.rms_eps)?;
-        let act = (linear("ffn_gate", &h)?.silu()? * linear("ffn_up", &h)?)?;
-        let out = (flat + linear("ffn_down", &act)?)?;
-        Ok(out.reshape((rows, steps, d))?)
     }
 
     /// Trains the LoRA pairs on `sequences` (each `seq_len` tokens, starting with the
@@ -383,20 +286,7 @@ impl AdaptModel {
                 settings.seq_len
             );
         }
-        let vars: Vec<Var> = self
-            .lora
-            .iter()
-            .flat_map(|pairs| pairs.values())
-            .flat_map(|p| [p.a.clone(), p.b.clone()])
-            .collect();
-        let mut optimizer = AdamW::new(
-            vars,
-            ParamsAdamW {
-                lr: settings.learning_rate,
-                weight_decay: 0.0,
-                ..Default::default()
-            },
-        )?;
+        let mut optimizer = self.optimizer(settings.learning_rate)?;
         let batch = settings.batch.max(1);
         let steps = settings.epochs * sequences.len().div_ceil(batch);
         let mut rng = settings.seed.rng();
@@ -432,6 +322,25 @@ impl AdaptModel {
             last_loss,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// AdamW without weight decay over every LoRA pair.
+    fn optimizer(&self, learning_rate: f64) -> Result<AdamW> {
+        let vars: Vec<Var> = self
+            .lora
+            .blocks
+            .iter()
+            .flat_map(|pairs| pairs.values())
+            .flat_map(|p| [p.a.clone(), p.b.clone()])
+            .collect();
+        Ok(AdamW::new(
+            vars,
+            ParamsAdamW {
+                lr: learning_rate,
+                weight_decay: 0.0,
+                ..Default::default()
+            },
+        )?)
     }
 
     /// Mean next-token loss over `sequences`, with and without the adapter: (base, adapted).
@@ -488,14 +397,28 @@ pub fn pack_sequences(
         .collect())
 }
 
+/// The (out × in) shape of block matrix `part` (a GGUF name).
+fn matrix_shape(cfg: &LlamaConfig, part: &str) -> (usize, usize) {
+    let (d, hd) = (cfg.d_model, cfg.head_dim());
+    match part {
+        "attn_q" => (cfg.n_head * hd, d),
+        "attn_k" | "attn_v" => (cfg.n_kv_head * hd, d),
+        "attn_output" => (d, cfg.n_head * hd),
+        "ffn_down" => (d, cfg.d_ff),
+        _ => (cfg.d_ff, d),
+    }
+}
+
+/// A block's fresh LoRA pairs: A random (drawn from `rng`, matrix by matrix in [`ADAPTED`]'s
+/// order), B zero.
 fn new_pairs(
-    block: &FrozenBlock,
+    cfg: &LlamaConfig,
     rank: usize,
     rng: &mut ChaCha8Rng,
 ) -> Result<BTreeMap<&'static str, LoraPair>> {
     let mut pairs = BTreeMap::new();
     for part in ADAPTED {
-        let (out, input) = block.w[part].dims2()?;
+        let (out, input) = matrix_shape(cfg, part);
         let normal = Normal::new(0.0, 1.0 / (input as f64).sqrt())?;
         let a: Vec<f32> = (0..rank * input)
             .map(|_| normal.sample(rng) as f32)
@@ -505,50 +428,6 @@ fn new_pairs(
         pairs.insert(part, LoraPair { a, b });
     }
     Ok(pairs)
-}
-
-/// (steps × steps): 0 where a query may look, a large negative number above the diagonal. Finite
-/// so that the backward pass never multiplies an infinity by zero.
-fn causal_mask(steps: usize) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..steps)
-        .flat_map(|i| (0..steps).map(move |j| if j > i { -1e9 } else { 0.0 }))
-        .collect();
-    Ok(Tensor::from_vec(mask, (steps, steps), &Device::Cpu)?)
-}
-
-/// Which ops a forward pass runs: compositions with gradients while training, candle's fused
-/// kernels (which have no backward pass) where no gradient flows.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Pass {
-    Train,
-    Infer,
-}
-
-impl Pass {
-    fn rms_norm(self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-        Ok(match self {
-            Pass::Train => rms_norm_slow(x, weight, eps)?,
-            Pass::Infer => rms_norm(x, weight, eps)?,
-        })
-    }
-
-    fn rope(self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            Pass::Train => rope_i_slow(x, cos, sin)?,
-            Pass::Infer => rope_i(x, cos, sin)?,
-        })
-    }
-
-    fn softmax(self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Pass::Train => {
-                let max = x.max_keepdim(D::Minus1)?.detach();
-                let e = x.broadcast_sub(&max)?.exp()?;
-                Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
-            }
-            Pass::Infer => Ok(softmax_last_dim(x)?),
-        }
-    }
 }
 
 #[cfg(test)]

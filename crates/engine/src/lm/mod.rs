@@ -5,6 +5,7 @@
 
 pub mod adapt;
 pub mod adapter;
+mod block;
 pub mod choice;
 pub mod family;
 #[cfg(test)]
@@ -15,7 +16,9 @@ pub mod llama;
 pub mod local;
 pub mod model;
 pub mod openai;
+mod packed;
 pub mod sampler;
+mod tensor_ops;
 #[cfg(test)]
 mod tests;
 pub mod tokenizer;
