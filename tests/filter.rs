@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use afkit_store::af::{Family, HeadAccuracy};
+use afkit_store::af::{HeadAccuracy, Phase};
 use afkit_store::examples::NewExample;
 use afkit_store::fixtures::Fixtures;
 use afkit_store::Store;
@@ -213,7 +213,7 @@ fn filter_args(project: &Path, extra: &[&str]) -> Vec<String> {
 /// Everything a run stored, minus wall-clock times.
 #[derive(Debug, PartialEq)]
 struct RunState {
-    iterations: Vec<(usize, Family, usize, usize, HeadAccuracy)>,
+    iterations: Vec<(usize, Phase, usize, usize, HeadAccuracy)>,
     swaps: Vec<(usize, afkit_store::af::Swap)>,
     assignment: BTreeMap<i64, Vec<i64>>,
     scores: BTreeMap<i64, f64>,
@@ -491,7 +491,7 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
     );
     let state = run_state(&project);
     assert!(state.finished);
-    assert!(state.iterations.iter().all(|i| i.1 == Family::Mlp));
+    assert!(state.iterations.iter().all(|i| i.1 == Phase::Mlp));
     let store = Store::open(&project).unwrap();
     let run = store.latest_af_run().unwrap().unwrap();
     let accuracy = run.final_accuracy.unwrap();
@@ -1075,7 +1075,7 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
     for (iteration, phase, ..) in &expected.iterations {
         let accuracy = &expected.iterations[*iteration].4;
         let joined = accuracy.minilm.is_some() && accuracy.adversary.is_some();
-        assert_eq!(joined, *phase == Family::Ensemble, "iteration {iteration}");
+        assert_eq!(joined, *phase == Phase::Ensemble, "iteration {iteration}");
     }
     let store = Store::open(&reference).unwrap();
     let run = store.latest_af_run().unwrap().unwrap();

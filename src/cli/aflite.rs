@@ -145,7 +145,7 @@ impl Args {
 
 pub fn run(args: Args) -> Result<()> {
     let config = args.config();
-    let mut progress = Progress {
+    let mut progress = AfliteBars {
         partitions: config.partitions,
         bar: None,
         embedding: Default::default(),
@@ -164,7 +164,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// A progress bar per round over its partitions, a line per finished round, Ctrl-C.
-struct Progress {
+struct AfliteBars {
     partitions: usize,
     /// The bar of the current round's partitions.
     bar: Option<indicatif::ProgressBar>,
@@ -172,7 +172,7 @@ struct Progress {
     embedding: super::progress::Lines,
 }
 
-impl Observer for Progress {
+impl Observer for AfliteBars {
     fn partition_done(&self) {
         if let Some(bar) = &self.bar {
             bar.inc(1);

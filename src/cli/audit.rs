@@ -197,7 +197,7 @@ impl Args {
 
 pub fn run(args: Args) -> Result<()> {
     let config = args.config()?;
-    let mut progress = Progress::default();
+    let mut progress = AuditBars::default();
     let summary = audit::run(&config, &mut progress)?;
     progress.0.clear();
     if args.json {
@@ -220,9 +220,9 @@ pub fn run(args: Args) -> Result<()> {
 
 /// One bar at a time (texts embedded, fits, questions scored), with notes above it on stderr.
 #[derive(Default)]
-struct Progress(Lines);
+struct AuditBars(Lines);
 
-impl audit::Observer for Progress {
+impl audit::Observer for AuditBars {
     fn note(&mut self, message: &str) {
         self.0.say(message, false);
     }

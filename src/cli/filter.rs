@@ -13,7 +13,7 @@ use afkit_filter::data::EncodeConfig;
 use afkit_filter::model::ModelConfig;
 use afkit_filter::train::TrainConfig;
 use afkit_filter::{self as filter, Config};
-use afkit_store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
+use afkit_store::af::{AfRun, HeadAccuracy, IterationRecord, Phase};
 use afkit_store::Store;
 
 /// The defaults shown in `--help` are the stage's own.
@@ -289,7 +289,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
     let compute = args.device.open()?;
     let mut store = Store::open(&args.project)?;
     let config = args.config(compute)?;
-    let mut progress = Progress::default();
+    let mut progress = FilterBars::default();
     let summary = filter::run(&mut store, &config, &mut progress)?;
     progress.0.clear();
     hold_to_fluency_floor(&mut store, &args, &mut progress)?;
@@ -322,7 +322,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
 fn hold_to_fluency_floor(
     store: &mut Store,
     args: &FilterArgs,
-    progress: &mut Progress,
+    progress: &mut FilterBars,
 ) -> Result<()> {
     let Some(run) = store.latest_finished_af_run()? else {
         return Ok(());
@@ -370,9 +370,9 @@ fn timings_text(timings: &filter::Timings) -> String {
 
 /// One progress bar at a time (embedding, iterations, folds), with lines printed above it.
 #[derive(Default)]
-struct Progress(super::progress::Lines);
+struct FilterBars(super::progress::Lines);
 
-impl filter::Observer for Progress {
+impl filter::Observer for FilterBars {
     fn note(&mut self, message: &str) {
         self.0.say(message, true);
     }
@@ -396,7 +396,7 @@ impl filter::Observer for Progress {
         self.0.start_from(total, since, "iterations");
     }
 
-    fn phase_started(&mut self, family: Family) {
+    fn phase_started(&mut self, family: Phase) {
         self.0
             .say(&format!("phase: {} iterations", family.name()), true);
         // An ensemble iteration takes minutes where an MLP-only one took seconds: the time per
@@ -406,7 +406,7 @@ impl filter::Observer for Progress {
 
     /// A phase that converged early says so, and the bar's total drops the iterations it will
     /// not run.
-    fn phase_ended(&mut self, family: Family, iterations: usize, cap: usize) {
+    fn phase_ended(&mut self, family: Phase, iterations: usize, cap: usize) {
         if iterations >= cap {
             return;
         }

@@ -303,9 +303,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let compute = args.device.open()?;
     let mut store = Store::open(&args.project)?;
     let config = args.config(compute)?;
-    let mut observer = Progress {
+    let mut observer = GenerateBars {
         limit: config.limit,
-        ..Progress::default()
+        ..GenerateBars::default()
     };
     let summary = generate::run(&mut store, &config, &mut observer)?;
     observer.lines.clear();
@@ -319,7 +319,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 /// ending kept, so that it moves while a batch of contexts decodes; over contexts for
 /// `import-pool`. Notes and skipped contexts are printed above it, on stderr.
 #[derive(Default)]
-struct Progress {
+struct GenerateBars {
     lines: super::progress::Lines,
     contexts: usize,
     endings_each: usize,
@@ -331,7 +331,7 @@ struct Progress {
     limit: Option<usize>,
 }
 
-impl Progress {
+impl GenerateBars {
     /// Done contexts count whole (what they fell short of is not coming); the others count
     /// their endings kept so far, but each holds back one unit until it is done (its endings
     /// are still to be scored), so the bar is full only when every context is.
@@ -356,7 +356,7 @@ impl Progress {
     }
 }
 
-impl generate::Observer for Progress {
+impl generate::Observer for GenerateBars {
     fn note(&mut self, message: &str) {
         self.lines.say(message, false);
     }
@@ -460,7 +460,7 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
         scorer: args.model,
         template: PromptTemplate::load(&args.prompt)?,
     };
-    let mut observer = Progress::default();
+    let mut observer = GenerateBars::default();
     let summary = generate::import(&mut store, &config, &mut observer)?;
     observer.lines.clear();
     print_import_summary(&summary, &config.file);
@@ -518,9 +518,9 @@ mod tests {
 
     #[test]
     fn the_bar_moves_with_every_ending_kept_and_done_contexts_count_whole() {
-        let mut p = Progress::default();
+        let mut p = GenerateBars::default();
         p.started(3, 4);
-        let position = |p: &Progress| p.lines.bar().map(|b| b.position());
+        let position = |p: &GenerateBars| p.lines.bar().map(|b| b.position());
         // Two contexts sampled together: endings arrive before either is done.
         for _ in 0..5 {
             p.ending_kept();
@@ -538,10 +538,10 @@ mod tests {
 
     #[test]
     fn the_bar_is_full_only_when_every_context_is_done() {
-        let mut p = Progress::default();
+        let mut p = GenerateBars::default();
         p.started(4, 3);
-        let position = |p: &Progress| p.lines.bar().map(|b| b.position());
-        let message = |p: &Progress| p.lines.bar().map(|b| b.message().to_string());
+        let position = |p: &GenerateBars| p.lines.bar().map(|b| b.position());
+        let message = |p: &GenerateBars| p.lines.bar().map(|b| b.message().to_string());
         // Every ending of all four contexts sampled, none of them scored and done yet.
         for _ in 0..12 {
             p.ending_kept();

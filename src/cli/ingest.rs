@@ -58,7 +58,7 @@ pub fn run(args: Args) -> Result<()> {
         files: args.files.clone(),
         min_token_count: args.min_token_count,
     };
-    let mut progress = Progress::default();
+    let mut progress = IngestBars::default();
     let summary = ingest::run(&mut store, &config, &mut progress)?;
     progress.0.clear();
     if args.json {
@@ -84,9 +84,9 @@ pub fn run(args: Args) -> Result<()> {
 
 /// The bar of records split and filtered.
 #[derive(Default)]
-struct Progress(Lines);
+struct IngestBars(Lines);
 
-impl ingest::Observer for Progress {
+impl ingest::Observer for IngestBars {
     fn records(&mut self, done: usize, total: usize) {
         self.0.track(done, total, "records");
     }

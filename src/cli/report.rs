@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use afkit_engine::output::Output;
 use afkit_filter::report::report;
-use afkit_store::af::{Family, HeadAccuracy};
+use afkit_store::af::{HeadAccuracy, Phase};
 use afkit_store::Store;
 
 #[derive(clap::Args)]
@@ -29,7 +29,7 @@ pub struct ReportArgs {
 #[derive(Serialize)]
 struct JsonIteration {
     iteration: usize,
-    phase: Family,
+    phase: Phase,
     swaps: usize,
     seconds: f64,
     accuracy: HeadAccuracy,

@@ -43,7 +43,7 @@ pub(crate) enum Text {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct Example {
+pub(crate) struct LabelledExample {
     pub id: String,
     pub text: Text,
     /// The label as written (numbers and booleans in their JSON spelling).
@@ -57,15 +57,15 @@ enum Raw {
     Record(csv::StringRecord),
 }
 
-pub(crate) struct Dataset {
+pub(crate) struct LabelledDataset {
     pub format: Format,
-    pub examples: Vec<Example>,
+    pub examples: Vec<LabelledExample>,
     raw: Vec<Raw>,
     csv_header: Option<csv::StringRecord>,
 }
 
-impl Dataset {
-    pub(crate) fn read(path: &Path) -> Result<Dataset> {
+impl LabelledDataset {
+    pub(crate) fn read(path: &Path) -> Result<LabelledDataset> {
         let format = Format::of(path)?;
         let (examples, raw, csv_header) = match format {
             Format::Jsonl => {
@@ -108,7 +108,7 @@ impl Dataset {
                 );
             }
         }
-        Ok(Dataset {
+        Ok(LabelledDataset {
             format,
             examples,
             raw,
@@ -157,7 +157,7 @@ impl Dataset {
     }
 }
 
-fn read_jsonl(path: &Path) -> Result<(Vec<Example>, Vec<Raw>)> {
+fn read_jsonl(path: &Path) -> Result<(Vec<LabelledExample>, Vec<Raw>)> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut examples = Vec::new();
@@ -210,7 +210,7 @@ fn read_jsonl(path: &Path) -> Result<(Vec<Example>, Vec<Raw>)> {
     Ok((examples, raw))
 }
 
-fn read_csv(path: &Path) -> Result<(Vec<Example>, Vec<Raw>, csv::StringRecord)> {
+fn read_csv(path: &Path) -> Result<(Vec<LabelledExample>, Vec<Raw>, csv::StringRecord)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut lines = RecordLines::new(&bytes);
     let mut reader = csv::ReaderBuilder::new().from_reader(bytes.as_slice());
@@ -315,7 +315,7 @@ fn make_example(
     text_b: Option<String>,
     label: Option<String>,
     index: usize,
-) -> Result<Example> {
+) -> Result<LabelledExample> {
     let Some(label) = label else {
         bail!("expected a \"label\"");
     };
@@ -325,7 +325,7 @@ fn make_example(
         (Some(_), _, _) => bail!("expected either \"text\" or \"text_a\"/\"text_b\", not both"),
         _ => bail!("expected \"text\", or both \"text_a\" and \"text_b\""),
     };
-    Ok(Example {
+    Ok(LabelledExample {
         id: id.unwrap_or_else(|| (index + 1).to_string()),
         text,
         label,
@@ -350,7 +350,7 @@ mod tests {
                  {{\"text\": \"c\", \"label\": {label}}}\n"
             );
             let p = write(dir.path(), "d.jsonl", &body);
-            let err = format!("{:#}", Dataset::read(&p).err().unwrap());
+            let err = format!("{:#}", LabelledDataset::read(&p).err().unwrap());
             assert!(
                 err.contains("d.jsonl:3") && err.contains(says),
                 "{label}: {err}"
@@ -361,13 +361,13 @@ mod tests {
             "n.csv",
             "text,label\na,entail\nb,contra\nc,-1\n",
         );
-        let err = format!("{:#}", Dataset::read(&p).err().unwrap());
+        let err = format!("{:#}", LabelledDataset::read(&p).err().unwrap());
         assert!(
             err.contains("n.csv:4") && err.contains("every label"),
             "{err}"
         );
         let p = write(dir.path(), "ok.csv", "text,label\na,-1\nb,2\n");
-        assert_eq!(Dataset::read(&p).unwrap().label_names().len(), 2);
+        assert_eq!(LabelledDataset::read(&p).unwrap().label_names().len(), 2);
     }
 
     fn write(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
@@ -382,7 +382,7 @@ mod tests {
         let body = "{\"id\": \"a\", \"text\": \"x\", \"label\": 1, \"extra\": [1]}\n\
                     {\"id\": \"b\", \"text\": \"y\", \"label\": 0}\n";
         let p = write(dir.path(), "d.jsonl", body);
-        let d = Dataset::read(&p).unwrap();
+        let d = LabelledDataset::read(&p).unwrap();
         assert_eq!(d.label_names(), vec!["0", "1"]);
         let mut out = Vec::new();
         d.write_subset(&[0], &mut out).unwrap();
@@ -400,7 +400,7 @@ mod tests {
             "d.jsonl",
             "{\"id\": 1, \"text\": \"x\", \"label\": \"a\"}\n{\"id\": 2, \"text\": \"y\"}\n",
         );
-        let err = format!("{:#}", Dataset::read(&p).err().unwrap());
+        let err = format!("{:#}", LabelledDataset::read(&p).err().unwrap());
         assert!(err.contains("d.jsonl:2") && err.contains("label"), "{err}");
     }
 
@@ -412,7 +412,7 @@ mod tests {
             "d.csv",
             "text_a,text_b,label,note\n\"p, q\",h,entail,z\nq,h2,contra,\n",
         );
-        let d = Dataset::read(&p).unwrap();
+        let d = LabelledDataset::read(&p).unwrap();
         assert!(d.is_pairs());
         assert_eq!(d.examples[0].id, "1");
         assert_eq!(d.examples[0].text, Text::Pair("p, q".into(), "h".into()));
@@ -432,7 +432,7 @@ mod tests {
             "d.jsonl",
             "{\"id\": 1, \"text\": \"x\", \"label\": 0}\n{\"id\": 1, \"text\": \"y\", \"label\": 1}\n",
         );
-        let err = format!("{:#}", Dataset::read(&p).err().unwrap());
+        let err = format!("{:#}", LabelledDataset::read(&p).err().unwrap());
         assert!(err.contains("record 2 repeats"), "{err}");
     }
 }

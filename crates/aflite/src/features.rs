@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
-use super::data::{Dataset, Text};
+use super::data::{LabelledDataset, Text};
 use afkit_engine::embed::{SentenceEncoder, VectorStore};
 use afkit_engine::output::Output;
 use afkit_store::vector_cache::VectorCache;
@@ -217,7 +217,7 @@ pub(crate) struct EmbeddingReport {
 /// `cache_dir` (if given) holds the embedding cache, keyed text by text, so that a dataset that
 /// changed since the last run embeds only its new texts.
 pub(crate) fn minilm(
-    dataset: &Dataset,
+    dataset: &LabelledDataset,
     cache_dir: Option<&Path>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(Matrix, EmbeddingReport)> {

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use afkit_engine::output::{Output, Staged};
 use afkit_engine::seed::Seed;
-use data::Dataset;
+use data::LabelledDataset;
 use features::Matrix;
 use filter::{Observer, Params, Round, Variant};
 use logreg::FitOptions;
@@ -115,7 +115,7 @@ impl SizeSpec {
 pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     let started = Instant::now();
     let output = outputs_checked(config)?;
-    let dataset = Dataset::read(&config.input)?;
+    let dataset = LabelledDataset::read(&config.input)?;
     let (label_names, labels) = class_ids(&dataset, &config.input)?;
     let (base, features_summary) = base_features(config, &dataset, observer)?;
     if let Some(path) = &config.write_features {
@@ -194,7 +194,7 @@ fn on_input_rows<T: Copy>(values: &[Option<T>], rows: &[usize], n_inputs: usize)
 }
 
 /// The sorted label names and every example's class id (its label's index among them).
-fn class_ids(dataset: &Dataset, input: &Path) -> Result<(Vec<String>, Vec<u32>)> {
+fn class_ids(dataset: &LabelledDataset, input: &Path) -> Result<(Vec<String>, Vec<u32>)> {
     let label_names = dataset.label_names();
     if label_names.len() < 2 {
         bail!(
@@ -295,7 +295,7 @@ fn retained_histogram(keep: &[usize], score: &[Option<f64>]) -> [usize; filter::
 
 fn base_features(
     config: &Config,
-    dataset: &Dataset,
+    dataset: &LabelledDataset,
     observer: &mut dyn Observer,
 ) -> Result<(Matrix, serde_json::Value)> {
     match &config.features {
@@ -394,7 +394,7 @@ struct Rows<'a> {
 fn write_outputs(
     output: &Output,
     out: &Path,
-    dataset: &Dataset,
+    dataset: &LabelledDataset,
     rows: &Rows,
     summary: &serde_json::Value,
 ) -> Result<()> {

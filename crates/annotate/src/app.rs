@@ -106,7 +106,7 @@ pub(crate) struct Message {
 
 /// The annotator's standing, shown on the top line.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub(crate) struct Progress {
+pub(crate) struct Standing {
     pub done: i64,
     pub per_hour: Option<f64>,
     pub remaining: i64,
@@ -143,7 +143,7 @@ pub(crate) struct App {
     pub item: Option<Item>,
     pub help: Option<Help>,
     pub message: Option<Message>,
-    pub progress: Progress,
+    pub progress: Standing,
     /// The terminal is too small to show the item (the drawing code says so): every key but
     /// quitting is ignored, so nothing is labelled unseen.
     pub hidden: bool,
@@ -156,7 +156,7 @@ impl App {
             item: None,
             help: None,
             message: None,
-            progress: Progress::default(),
+            progress: Standing::default(),
             hidden: false,
         }
     }

@@ -211,7 +211,7 @@ impl<'a> Session<'a> {
 
     fn refresh_progress(&mut self) -> Result<()> {
         let p = self.store.annotator_progress(&self.holder.annotator)?;
-        self.app.progress = super::app::Progress {
+        self.app.progress = super::app::Standing {
             done: p.done,
             per_hour: items_per_hour(&p.items),
             remaining: p.remaining,

@@ -447,7 +447,7 @@ pub(crate) fn fine_tune(
         observer.counting(steps, &format!("finetune_minilm fold {}/{k}: steps", f + 1));
         // One report per optimiser step.
         model.train(&choices(&train), &gold(&train), &config, &mut |p| {
-            if let cross_encoder::Progress::Step { .. } = p {
+            if let cross_encoder::TrainingProgress::Step { .. } = p {
                 observer.counted(1);
             }
         })?;

@@ -28,7 +28,7 @@ pub(crate) const NO_CONTEXT_SUFFIX: &str = "_no_context";
 
 /// Kinds of evidence a benchmark can be answered by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Family {
+pub(crate) enum EvidenceKind {
     /// An ending's own words, characters, length or embedding.
     Style,
     /// How an ending relates to its context and to the other endings.
@@ -41,63 +41,65 @@ pub(crate) enum Family {
     FineTuned,
 }
 
-impl Family {
-    pub(crate) const ALL: [Family; 5] = [
-        Family::Style,
-        Family::Relational,
-        Family::LmZeroShot,
-        Family::EndingsAlone,
-        Family::FineTuned,
+impl EvidenceKind {
+    pub(crate) const ALL: [EvidenceKind; 5] = [
+        EvidenceKind::Style,
+        EvidenceKind::Relational,
+        EvidenceKind::LmZeroShot,
+        EvidenceKind::EndingsAlone,
+        EvidenceKind::FineTuned,
     ];
 
     /// The family of a row, by its name.
-    pub(crate) fn of(row: &str) -> Family {
+    pub(crate) fn of(row: &str) -> EvidenceKind {
         match row {
-            "relational" => Family::Relational,
-            FINE_TUNED_BASELINE => Family::FineTuned,
+            "relational" => EvidenceKind::Relational,
+            FINE_TUNED_BASELINE => EvidenceKind::FineTuned,
             lm if lm.starts_with(LM_PREFIX) && lm.ends_with(NO_CONTEXT_SUFFIX) => {
-                Family::EndingsAlone
+                EvidenceKind::EndingsAlone
             }
-            lm if lm.starts_with(LM_PREFIX) => Family::LmZeroShot,
-            _ => Family::Style,
+            lm if lm.starts_with(LM_PREFIX) => EvidenceKind::LmZeroShot,
+            _ => EvidenceKind::Style,
         }
     }
 
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Family::Style => "style",
-            Family::Relational => "relational",
-            Family::LmZeroShot => "LM zero-shot",
-            Family::EndingsAlone => "LM without the context",
-            Family::FineTuned => "fine-tuned",
+            EvidenceKind::Style => "style",
+            EvidenceKind::Relational => "relational",
+            EvidenceKind::LmZeroShot => "LM zero-shot",
+            EvidenceKind::EndingsAlone => "LM without the context",
+            EvidenceKind::FineTuned => "fine-tuned",
         }
     }
 
     /// What can pick the real ending when the family is above chance.
     fn answered_by(self) -> &'static str {
         match self {
-            Family::Style => "the real ending can be picked by its style alone",
-            Family::Relational => {
+            EvidenceKind::Style => "the real ending can be picked by its style alone",
+            EvidenceKind::Relational => {
                 "the real ending can be picked by how it relates to its context and the other endings"
             }
-            Family::LmZeroShot => {
+            EvidenceKind::LmZeroShot => {
                 "a language model that never saw the benchmark picks the real ending"
             }
-            Family::EndingsAlone => {
+            EvidenceKind::EndingsAlone => {
                 "a language model that reads the endings without their context picks the real \
                  ending: the endings alone give the answer away"
             }
-            Family::FineTuned => "a discriminator trained on the other folds picks the real ending",
+            EvidenceKind::FineTuned => "a discriminator trained on the other folds picks the real ending",
         }
     }
 
     /// How to get the family measured when it is not.
     fn how_to_measure(self) -> &'static str {
         match self {
-            Family::Style => "no style baseline ran",
-            Family::Relational => "it runs under --cv",
-            Family::LmZeroShot | Family::EndingsAlone => "add --lm smollm2 or --lm MODEL.gguf",
-            Family::FineTuned => {
+            EvidenceKind::Style => "no style baseline ran",
+            EvidenceKind::Relational => "it runs under --cv",
+            EvidenceKind::LmZeroShot | EvidenceKind::EndingsAlone => {
+                "add --lm smollm2 or --lm MODEL.gguf"
+            }
+            EvidenceKind::FineTuned => {
                 "it runs under --cv unless --no-finetune or --no-embed is given or MiniLM is absent"
             }
         }
@@ -217,14 +219,14 @@ pub(crate) fn judge(rows: Vec<Row>, control: Option<&[Row]>) -> (Vec<Row>, Vec<V
             row
         })
         .collect();
-    let verdicts = Family::ALL.map(|f| verdict(f, &rows)).to_vec();
+    let verdicts = EvidenceKind::ALL.map(|f| verdict(f, &rows)).to_vec();
     (rows, verdicts)
 }
 
-fn verdict(family: Family, rows: &[Row]) -> Verdict {
+fn verdict(family: EvidenceKind, rows: &[Row]) -> Verdict {
     let members: Vec<&Row> = rows
         .iter()
-        .filter(|r| Family::of(&r.name) == family)
+        .filter(|r| EvidenceKind::of(&r.name) == family)
         .collect();
     let Some(best) = members
         .iter()
@@ -380,26 +382,31 @@ mod tests {
         );
         assert_eq!(verdicts[3].best, None);
         assert!(text[3].starts_with("not measured"));
-        assert_eq!(Family::of(FINE_TUNED_BASELINE), Family::FineTuned);
+        assert_eq!(
+            EvidenceKind::of(FINE_TUNED_BASELINE),
+            EvidenceKind::FineTuned
+        );
     }
 
     /// The zero-prompt rows are their own family: a model far above chance without the context
     /// says the endings give the answer away, whatever the rows with the context say.
     #[test]
     fn endings_read_alone_are_their_own_family() {
-        assert_eq!(Family::of("lm:smollm2:acc"), Family::LmZeroShot);
+        assert_eq!(EvidenceKind::of("lm:smollm2:acc"), EvidenceKind::LmZeroShot);
         assert_eq!(
-            Family::of("lm:smollm2:acc_norm_no_context"),
-            Family::EndingsAlone
+            EvidenceKind::of("lm:smollm2:acc_norm_no_context"),
+            EvidenceKind::EndingsAlone
         );
         let rows = vec![
             Row::new("lm:smollm2:acc", 0.26, 0.01),
             Row::new("lm:smollm2:acc_no_context", 0.45, 0.01),
         ];
         let (_, verdicts) = judge(rows, None);
-        let family = |f: Family| verdicts.iter().find(|v| v.family == f.name()).unwrap();
-        assert!(family(Family::LmZeroShot).text.starts_with("at chance"));
-        let alone = &family(Family::EndingsAlone).text;
+        let family = |f: EvidenceKind| verdicts.iter().find(|v| v.family == f.name()).unwrap();
+        assert!(family(EvidenceKind::LmZeroShot)
+            .text
+            .starts_with("at chance"));
+        let alone = &family(EvidenceKind::EndingsAlone).text;
         assert!(
             alone.starts_with("20.0 points above chance")
                 && alone.contains("the endings alone give the answer away"),
@@ -480,10 +487,10 @@ mod tests {
                 }
             }
             let (rows, verdicts) = judge(rows, None);
-            for (family, verdict) in Family::ALL.iter().zip(&verdicts) {
+            for (family, verdict) in EvidenceKind::ALL.iter().zip(&verdicts) {
                 let members: Vec<&Row> = rows
                     .iter()
-                    .filter(|r| Family::of(&r.name) == *family)
+                    .filter(|r| EvidenceKind::of(&r.name) == *family)
                     .collect();
                 for r in &members {
                     let named = format!("{} {:.3} ± {:.3}", r.name, r.mean, r.se);

@@ -16,7 +16,7 @@ use super::layout::Layout;
 use super::options::{Negatives, Options};
 use super::rows::Row;
 use afkit_engine::text::counted;
-use afkit_store::af::{AfRun, Family, IterationRecord};
+use afkit_store::af::{AfRun, IterationRecord, Phase};
 use afkit_store::assemble::AssemblyInfo;
 use afkit_store::dataset::Split;
 use afkit_store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
@@ -271,7 +271,7 @@ fn write_af(md: &mut String, c: &CardInputs) -> std::fmt::Result {
             let mlp = c
                 .iterations
                 .iter()
-                .filter(|i| i.phase == Family::Mlp)
+                .filter(|i| i.phase == Phase::Mlp)
                 .count();
             writeln!(
                 md,

@@ -30,7 +30,7 @@ use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{embedding, linear, Embedding, Linear, VarBuilder};
 use serde::Serialize;
 
-use afkit_store::af::Family;
+use afkit_store::af::Phase;
 
 use super::bags::bag_mean;
 use super::bilstm::{BiLstm, BiLstmInput};
@@ -392,7 +392,7 @@ struct TextModels {
 }
 
 /// The model family of one iteration: the MLP always, the text models and the ensemble in
-/// [`Family::Ensemble`] iterations.
+/// [`Phase::Ensemble`] iterations.
 pub(crate) struct StylisticModel {
     mlp: MlpModel,
     mlp_head: Linear,
@@ -402,7 +402,7 @@ pub(crate) struct StylisticModel {
 impl StylisticModel {
     /// `cpu_kernels`: afkit's CPU ops where it has them (CPU tensors only), else candle ops.
     pub(crate) fn new(
-        family: Family,
+        family: Phase,
         inputs: Inputs,
         cfg: &ModelConfig,
         cpu_kernels: bool,
@@ -411,8 +411,8 @@ impl StylisticModel {
         let mlp = MlpModel::new(MLP_FEATURES + inputs.scorer_features, cfg, vb.pp("mlp"))?;
         let mlp_head = linear(cfg.mlp_hidden, 1, vb.pp("mlp_head"))?;
         let text = match family {
-            Family::Mlp => None,
-            Family::Ensemble => {
+            Phase::Mlp => None,
+            Phase::Ensemble => {
                 let cnn_dim = cfg.cnn_filters * CNN_WIDTHS.len();
                 let lstm_dim = 2 * cfg.lstm_hidden;
                 let subword = (inputs.subword_buckets > 0)
@@ -474,11 +474,11 @@ impl StylisticModel {
             .map_or(CnnLayout::Padded, |models| models.cnn.layout)
     }
 
-    pub(crate) fn family(&self) -> Family {
+    pub(crate) fn family(&self) -> Phase {
         if self.text.is_some() {
-            Family::Ensemble
+            Phase::Ensemble
         } else {
-            Family::Mlp
+            Phase::Mlp
         }
     }
 

@@ -9,7 +9,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use afkit_engine::output::Output;
-use afkit_store::af::{AfRun, Family, HeadAccuracy, IterationRecord};
+use afkit_store::af::{AfRun, HeadAccuracy, IterationRecord, Phase};
 use afkit_store::Store;
 
 /// The files `report` wrote, and the iterations they show.
@@ -98,7 +98,7 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
     let y_max = (top * 1.15).min(1.05).max(chance * 1.5);
     let mlp_end = iterations
         .iter()
-        .filter(|r| r.phase == Family::Mlp)
+        .filter(|r| r.phase == Phase::Mlp)
         .map(|r| r.iteration)
         .max();
 
@@ -134,7 +134,7 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .map_err(draw_err)?;
 
     if let Some(end) = mlp_end {
-        let ensemble_phase = iterations.iter().any(|r| r.phase == Family::Ensemble);
+        let ensemble_phase = iterations.iter().any(|r| r.phase == Phase::Ensemble);
         shade_mlp_phase(&mut chart, end as f64 + 0.5, y_max, ensemble_phase).map_err(draw_err)?;
     }
     draw_chance(&mut chart, chance, last as f64 + 0.5).map_err(draw_err)?;
@@ -232,7 +232,7 @@ fn draw_models(chart: &mut Chart, iterations: &[IterationRecord]) -> DrawResult<
             .iter()
             .filter_map(|r| {
                 let x = r.iteration as f64 + sideways(&r.accuracy, m);
-                head(&r.accuracy, m).map(|a| (x, a, r.phase == Family::Ensemble))
+                head(&r.accuracy, m).map(|a| (x, a, r.phase == Phase::Ensemble))
             })
             .collect();
         // Segment by segment: a line's style may change with the phase.
@@ -366,10 +366,10 @@ fn markdown(run: &AfRun, iterations: &[IterationRecord], store: &Store) -> Resul
 
 /// Iterations, swaps and time per phase, and how each model's accuracy moved in each phase.
 fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
-    let phase = |family: Family| -> Vec<&IterationRecord> {
+    let phase = |family: Phase| -> Vec<&IterationRecord> {
         iterations.iter().filter(|r| r.phase == family).collect()
     };
-    let (mlp, ens) = (phase(Family::Mlp), phase(Family::Ensemble));
+    let (mlp, ens) = (phase(Phase::Mlp), phase(Phase::Ensemble));
     let total_swaps: usize = iterations.iter().map(|r| r.swaps).sum();
     let total_seconds: f64 = iterations.iter().map(|r| r.seconds).sum();
     writeln!(md, "## Summary\n")?;

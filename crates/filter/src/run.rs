@@ -29,7 +29,7 @@ use super::scorer::{store_scorer_scores, Scorer};
 use super::train::{train, Choice, Scores, TrainConfig, Trained};
 use afkit_engine::seed::{Key, Seed};
 use afkit_engine::text::counted;
-use afkit_store::af::{AfRun, Assignment, Family, FinalScore, HeadAccuracy, IterationRecord, Swap};
+use afkit_store::af::{AfRun, Assignment, FinalScore, HeadAccuracy, IterationRecord, Phase, Swap};
 use afkit_store::Store;
 
 /// Every setting of an AF run, each default resolved: what `afkit filter` records with the run
@@ -116,11 +116,11 @@ impl Config {
 
     /// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
     /// phase, when the MLP that did the filtering also scores.
-    pub fn final_family(&self) -> Family {
+    pub fn final_family(&self) -> Phase {
         if self.ensemble_iterations > 0 {
-            Family::Ensemble
+            Phase::Ensemble
         } else {
-            Family::Mlp
+            Phase::Mlp
         }
     }
 }
@@ -182,9 +182,9 @@ pub trait Observer {
     fn scoring(&mut self, _name: &str, _done: usize, _total: usize) {}
     /// The run is ready: `done` of `total` iterations at most are already stored.
     fn iterations_started(&mut self, _run: &AfRun, _done: usize, _total: usize) {}
-    fn phase_started(&mut self, _family: Family) {}
+    fn phase_started(&mut self, _family: Phase) {}
     /// The phase `family` is over after `iterations` of at most `cap` (fewer: it converged).
-    fn phase_ended(&mut self, _family: Family, _iterations: usize, _cap: usize) {}
+    fn phase_ended(&mut self, _family: Phase, _iterations: usize, _cap: usize) {}
     fn iteration_done(&mut self, _record: &IterationRecord, _train_seconds: f64) {}
     fn final_pass_started(&mut self, _folds: usize) {}
     fn fold_done(&mut self) {}
@@ -339,7 +339,7 @@ fn load_pools(
 ) -> Result<Dataset> {
     // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
     // reads the LM features alone, which keeps a big project small.
-    let with_text = config.final_family() == Family::Ensemble;
+    let with_text = config.final_family() == Phase::Ensemble;
     let started = Instant::now();
     if with_text && config.encode.sentence_vectors {
         let cache = config.embedding_cache.as_deref();
@@ -414,8 +414,8 @@ fn run_iterations(
         let seconds = started.elapsed().as_secs_f64();
         timings.adversary += adversary_seconds;
         match family {
-            Family::Mlp => timings.mlp_iterations += seconds,
-            Family::Ensemble => timings.ensemble_iterations += seconds - adversary_seconds,
+            Phase::Mlp => timings.mlp_iterations += seconds,
+            Phase::Ensemble => timings.ensemble_iterations += seconds - adversary_seconds,
         }
         store.commit_af_iteration(run.id, &record, &swaps)?;
         apply_swaps(assignment, &swaps);
@@ -425,8 +425,8 @@ fn run_iterations(
         if next != Some(family) {
             let iterations = history.iter().filter(|r| r.phase == family).count();
             let cap = match family {
-                Family::Mlp => config.mlp_iterations,
-                Family::Ensemble => config.ensemble_iterations,
+                Phase::Mlp => config.mlp_iterations,
+                Phase::Ensemble => config.ensemble_iterations,
             };
             observer.phase_ended(family, iterations, cap);
         }
@@ -576,28 +576,28 @@ fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
 
 /// The family of the next iteration, or `None` when both phases are over. A pure function of
 /// the stored history, so a resumed run continues in the right phase.
-pub(crate) fn next_family(history: &[IterationRecord], config: &Config) -> Option<Family> {
+pub(crate) fn next_family(history: &[IterationRecord], config: &Config) -> Option<Phase> {
     let rule = &config.convergence;
-    let quiet = |phase: Family| -> Vec<bool> {
+    let quiet = |phase: Phase| -> Vec<bool> {
         history
             .iter()
             .filter(|r| r.phase == phase)
             .map(|r| {
                 let acc = match phase {
-                    Family::Mlp => r.accuracy.mlp,
-                    Family::Ensemble => r.accuracy.adversary.or(r.accuracy.ensemble),
+                    Phase::Mlp => r.accuracy.mlp,
+                    Phase::Ensemble => r.accuracy.adversary.or(r.accuracy.ensemble),
                 };
                 rule.quiet(config.k, r.swaps, r.n_test, acc.unwrap_or(1.0))
             })
             .collect()
     };
-    let mlp = quiet(Family::Mlp);
-    let ensemble = quiet(Family::Ensemble);
+    let mlp = quiet(Phase::Mlp);
+    let ensemble = quiet(Phase::Ensemble);
     if ensemble.is_empty() && mlp.len() < config.mlp_iterations && !rule.converged(&mlp) {
-        return Some(Family::Mlp);
+        return Some(Phase::Mlp);
     }
     if ensemble.len() < config.ensemble_iterations && !rule.converged(&ensemble) {
-        return Some(Family::Ensemble);
+        return Some(Phase::Ensemble);
     }
     None
 }
@@ -622,7 +622,7 @@ fn choice<'a>(context: &'a EncodedContext, assigned: &[i64]) -> Choice<'a> {
 pub(crate) fn run_iteration(
     data: &Dataset,
     assignment: &Assignment,
-    family: Family,
+    family: Phase,
     iteration: usize,
     config: &Config,
     adversary: Option<&Adversary>,
@@ -637,7 +637,7 @@ pub(crate) fn run_iteration(
         .collect();
     let model = train(data, &choices, family, &config.train, model_seed)?;
     // The fine-tuned adversary joins the ensemble's iterations only.
-    let adversary = adversary.filter(|_| family == Family::Ensemble);
+    let adversary = adversary.filter(|_| family == Phase::Ensemble);
     let adversary_started = Instant::now();
     let trained = adversary
         .map(|a| a.trained(data, &train_ids, assignment, model_seed))

@@ -26,7 +26,7 @@ use super::data::{Dataset, EncodedEnding};
 use super::model::{make_batch, Inputs, ModelConfig, StylisticModel, DTYPE};
 use afkit_engine::device::Compute;
 use afkit_engine::seed::{Key, Seed};
-use afkit_store::af::Family;
+use afkit_store::af::Phase;
 
 /// Optimisation settings of one training run.
 #[derive(Debug, Clone, Serialize)]
@@ -93,7 +93,7 @@ pub(crate) struct Trained {
 pub(crate) fn train(
     data: &Dataset,
     choices: &[Choice<'_>],
-    family: Family,
+    family: Phase,
     cfg: &TrainConfig,
     seed: u64,
 ) -> anyhow::Result<Trained> {
@@ -123,10 +123,10 @@ pub(crate) fn train(
         },
     )?;
     let epochs = match family {
-        Family::Mlp => cfg.mlp_epochs,
-        Family::Ensemble => cfg.ensemble_epochs,
+        Phase::Mlp => cfg.mlp_epochs,
+        Phase::Ensemble => cfg.ensemble_epochs,
     };
-    let text = (family == Family::Ensemble).then_some(inputs);
+    let text = (family == Phase::Ensemble).then_some(inputs);
     let mut rng = Seed::new(seed).key(Key::BatchOrder).rng();
     let mut order: Vec<usize> = (0..choices.len()).collect();
     for _ in 0..epochs {
@@ -236,7 +236,7 @@ fn batch_loss(
 }
 
 impl Trained {
-    pub(crate) fn family(&self) -> Family {
+    pub(crate) fn family(&self) -> Phase {
         self.model.family()
     }
 
@@ -244,7 +244,7 @@ impl Trained {
     /// chunks so that padding stays small.
     pub(crate) fn score(&self, options: &[(&EncodedEnding, usize)]) -> anyhow::Result<Scores> {
         const CHUNK: usize = 512;
-        let text = (self.family() == Family::Ensemble).then_some(self.inputs);
+        let text = (self.family() == Phase::Ensemble).then_some(self.inputs);
         let with_text = text.is_some();
         let mut order: Vec<usize> = (0..options.len()).collect();
         order.sort_by_key(|&i| options[i].0.words.len());
@@ -463,7 +463,7 @@ mod tests {
         };
         let vb = VarBuilder::from_backend(Box::new(init), DTYPE, Device::Cpu);
         let inputs = Inputs::of(&data);
-        let model = StylisticModel::new(Family::Ensemble, inputs, &cfg.model, true, vb)?;
+        let model = StylisticModel::new(Phase::Ensemble, inputs, &cfg.model, true, vb)?;
         let vars: Vec<Var> = varmap.all_vars();
         let ids: Vec<usize> = (0..choices.len()).rev().collect();
         let text = Some(inputs);
@@ -512,7 +512,7 @@ mod tests {
             batch_contexts: 16,
             ..TrainConfig::default()
         };
-        let scores = train(&data, &choices, Family::Ensemble, &cfg, 1)?.score(&options)?;
+        let scores = train(&data, &choices, Phase::Ensemble, &cfg, 1)?.score(&options)?;
         let solved = |head: &[f32]| {
             head.chunks(4)
                 .filter(|s| s[1..].iter().all(|&n| s[0] > n))
@@ -543,7 +543,7 @@ mod tests {
                 compute,
                 ..TrainConfig::default()
             };
-            let s = train(&data, &choices, Family::Ensemble, &cfg, 5)?.score(&options)?;
+            let s = train(&data, &choices, Phase::Ensemble, &cfg, 5)?.score(&options)?;
             Ok([s.bow, s.cnn, s.lstm, s.subword, s.sentence, s.ensemble]
                 .into_iter()
                 .map(|h| h.expect("an ensemble head"))

@@ -105,7 +105,7 @@ struct Ending {
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Growth {
+struct GrowthLine {
     af_run: i64,
     generation: usize,
     requested: i64,
@@ -131,7 +131,7 @@ struct BundleContext {
     hash: String,
     pool: Option<Pool>,
     endings: Vec<Ending>,
-    growth: Vec<Growth>,
+    growth: Vec<GrowthLine>,
     unusable: Vec<Unusable>,
 }
 
@@ -317,7 +317,7 @@ fn bundle_context(
         .growth
         .into_iter()
         .map(|g| {
-            Ok(Growth {
+            Ok(GrowthLine {
                 af_run: g.af_run,
                 generation: generation(&g.generation_id)?,
                 requested: g.requested,

@@ -15,12 +15,12 @@ pub(crate) struct StarvedContext {
     pub ex: Example,
     /// The pool's primer, shown again.
     pub style_examples: Vec<i64>,
-    /// Growth rounds this pool has had before, plus one: part of the round's seed.
+    /// GrowthRequest rounds this pool has had before, plus one: part of the round's seed.
     pub round: usize,
 }
 
 /// What the latest finished AF run asks for.
-pub struct Growth {
+pub struct GrowthRequest {
     pub af_run_id: i64,
     pub contexts: Vec<StarvedContext>,
     /// Starved pools left as they are: at `--max-pool`, or already grown for this run.
@@ -28,10 +28,10 @@ pub struct Growth {
     already_grown: usize,
 }
 
-impl Growth {
+impl GrowthRequest {
     /// The same run's growth for only the contexts `keep` keeps.
-    pub(crate) fn only(&self, keep: impl Fn(&Example) -> bool) -> Growth {
-        Growth {
+    pub(crate) fn only(&self, keep: impl Fn(&Example) -> bool) -> GrowthRequest {
+        GrowthRequest {
             af_run_id: self.af_run_id,
             contexts: self
                 .contexts
@@ -55,11 +55,11 @@ impl Growth {
 
 /// The starved pools of the latest finished AF run that may still grow, in id order (at most
 /// `limit`).
-pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<Growth> {
+pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<GrowthRequest> {
     let Some(run) = store.latest_finished_af_run()? else {
         anyhow::bail!("--grow needs a finished AF run: run `afkit filter` first");
     };
-    let mut growth = Growth {
+    let mut growth = GrowthRequest {
         af_run_id: run.id,
         contexts: Vec::new(),
         at_cap: 0,

@@ -280,7 +280,7 @@ enum Todo {
     /// Contexts without a pool.
     NewPools(Vec<Example>),
     /// Pools the latest AF run found starved.
-    Growth(grow::Growth),
+    Growth(grow::GrowthRequest),
 }
 
 impl Todo {

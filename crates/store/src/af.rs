@@ -112,35 +112,35 @@ pub struct AfRun {
 /// Which models are trained in an iteration: the phase an iteration belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Family {
+pub enum Phase {
     /// The cheap perplexity MLP alone (SWAG's first 100 iterations).
     Mlp,
     /// All the stylistic models and the ensemble.
     Ensemble,
 }
 
-impl Family {
+impl Phase {
     /// The name stored in `af_iterations.phase` and shown in reports.
     pub fn name(self) -> &'static str {
         match self {
-            Family::Mlp => "mlp",
-            Family::Ensemble => "ensemble",
+            Phase::Mlp => "mlp",
+            Phase::Ensemble => "ensemble",
         }
     }
 }
 
 /// Stored as its name in `af_iterations.phase`; an unknown name is a read error.
-impl ToSql for Family {
+impl ToSql for Phase {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
         Ok(self.name().into())
     }
 }
 
-impl FromSql for Family {
-    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Family> {
+impl FromSql for Phase {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Phase> {
         match value.as_str()? {
-            "mlp" => Ok(Family::Mlp),
-            "ensemble" => Ok(Family::Ensemble),
+            "mlp" => Ok(Phase::Mlp),
+            "ensemble" => Ok(Phase::Ensemble),
             other => Err(FromSqlError::Other(
                 format!("unknown AF phase {other:?}").into(),
             )),
@@ -152,7 +152,7 @@ impl FromSql for Family {
 #[derive(Debug, Clone, PartialEq)]
 pub struct IterationRecord {
     pub iteration: usize,
-    pub phase: Family,
+    pub phase: Phase,
     pub swaps: usize,
     pub seconds: f64,
     /// Contexts in the held-out 20%.

@@ -95,7 +95,7 @@ impl Default for FineTuning {
 
 /// How far a training call is.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Progress {
+pub enum TrainingProgress {
     /// Options run through the frozen layers so far, of all.
     Frozen { done: usize, total: usize },
     /// Optimiser steps taken so far, of all, and the last step's loss.
@@ -209,7 +209,7 @@ impl CrossEncoder {
         questions: &[Question],
         gold: &[usize],
         config: &FineTuning,
-        progress: &mut dyn FnMut(Progress),
+        progress: &mut dyn FnMut(TrainingProgress),
     ) -> Result<TrainSummary> {
         ensure!(
             config.batch > 0,
@@ -242,7 +242,7 @@ impl CrossEncoder {
                 optimiser.step(&grads)?;
                 losses += loss;
                 step += 1;
-                progress(Progress::Step {
+                progress(TrainingProgress::Step {
                     done: step,
                     total,
                     loss,
@@ -367,7 +367,7 @@ impl CrossEncoder {
     fn frozen_states(
         &self,
         pairs: &[Pair],
-        progress: &mut dyn FnMut(Progress),
+        progress: &mut dyn FnMut(TrainingProgress),
     ) -> Result<Vec<Tensor>> {
         let mut order: Vec<usize> = (0..pairs.len()).collect();
         order.sort_by_key(|&i| pairs[i].ids.len());
@@ -382,7 +382,7 @@ impl CrossEncoder {
                 states[i] = Some(hidden.get(row)?.narrow(0, 0, len)?.contiguous()?);
             }
             done += batch.len();
-            progress(Progress::Frozen {
+            progress(TrainingProgress::Frozen {
                 done,
                 total: pairs.len(),
             });
@@ -777,7 +777,7 @@ mod tests {
             let mut losses = Vec::new();
             model
                 .train(&train, &gold, &fine_tuning(seed), &mut |p| {
-                    if let Progress::Step { loss, .. } = p {
+                    if let TrainingProgress::Step { loss, .. } = p {
                         losses.push(loss)
                     }
                 })
@@ -794,7 +794,7 @@ mod tests {
         // the first call's first batch, same seed) has a lower loss than under the fresh model.
         let mut again = Vec::new();
         a.train(&train, &gold, &fine_tuning(9), &mut |p| {
-            if let Progress::Step { loss, .. } = p {
+            if let TrainingProgress::Step { loss, .. } = p {
                 again.push(loss)
             }
         })
