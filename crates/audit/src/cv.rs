@@ -436,7 +436,7 @@ pub(crate) fn fine_tune(
         let choices = |qs: &[usize]| -> Vec<cross_encoder::Question> {
             qs.iter().map(|&q| as_choice(&questions[q])).collect()
         };
-        let fold_seed = seed.key(Key::FinetuneFold(f)).value();
+        let fold_seed = seed.key(Key::FinetuneFold(f));
         let mut model =
             CrossEncoder::load(model_dir, settings.shape, fold_seed, &settings.compute)?;
         let config = cross_encoder::FineTuning {

@@ -112,7 +112,7 @@ pub(crate) struct Discriminator {
 
 impl Discriminator {
     /// The shipped sentence model (or `config.model`) with a new head drawn from `seed`.
-    pub fn new(config: &DiscriminatorConfig, seed: u64, compute: &Compute) -> Result<Self> {
+    pub fn new(config: &DiscriminatorConfig, seed: Seed, compute: &Compute) -> Result<Self> {
         let dir = match &config.model {
             Some(dir) => dir.clone(),
             None => afkit_engine::models::DefaultModel::MiniLm.ensure()?,
@@ -142,9 +142,9 @@ impl Discriminator {
         texts: &Texts,
         ids: &[usize],
         assignment: &Assignment,
-        seed: u64,
+        seed: Seed,
     ) -> Result<()> {
-        let mut rng = Seed::new(seed).key(Key::DiscriminatorNegatives).rng();
+        let mut rng = seed.key(Key::DiscriminatorNegatives).rng();
         let questions: Vec<Question> = ids
             .iter()
             .map(|&i| {

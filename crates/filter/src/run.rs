@@ -267,7 +267,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     if let Some(discriminator) = &config.discriminator {
         // Every model is loaded once before a run is created or marked running: a folder that
         // holds no model fails here, not after the MLP iterations.
-        Discriminator::new(discriminator, 0, &config.train.compute).map(drop)?;
+        Discriminator::new(discriminator, Seed::new(0), &config.train.compute).map(drop)?;
     }
     let fingerprint = data.fingerprint();
     let Some(run) = resolve_run(store, &params, &fingerprint, &data, observer)? else {
@@ -630,7 +630,7 @@ pub(crate) fn run_iteration(
     let started = Instant::now();
     let mut rng = config.seed.stream(iteration_stream(iteration));
     let (train_ids, test_ids) = split_80_20(&split_groups(data, config), &mut rng);
-    let model_seed = rng.next_u64();
+    let model_seed = Seed::new(rng.next_u64());
     let choices: Vec<Choice> = train_ids
         .iter()
         .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
@@ -714,7 +714,7 @@ pub(crate) struct Adversary {
     texts: Texts,
     config: DiscriminatorConfig,
     compute: afkit_engine::device::Compute,
-    head_seed: u64,
+    head_seed: Seed,
 }
 
 impl Adversary {
@@ -728,7 +728,7 @@ impl Adversary {
             texts: Texts::load(store, data)?,
             config: config.clone(),
             compute: run.train.compute.clone(),
-            head_seed: run.seed.key(Key::DiscriminatorHead).value(),
+            head_seed: run.seed.key(Key::DiscriminatorHead),
         })
     }
 
@@ -739,10 +739,10 @@ impl Adversary {
         data: &Dataset,
         train_ids: &[usize],
         assignment: &Assignment,
-        model_seed: u64,
+        model_seed: Seed,
     ) -> Result<Discriminator> {
         let mut model = Discriminator::new(&self.config, self.head_seed, &self.compute)?;
-        let seed = Seed::new(model_seed).key(Key::Discriminator).value();
+        let seed = model_seed.key(Key::Discriminator);
         model.train(data, &self.texts, train_ids, assignment, seed)?;
         Ok(model)
     }
@@ -931,7 +931,7 @@ fn final_pass(
     let mut held_out_all = Vec::new();
     for fold in 0..config.folds {
         afkit_engine::interrupt::check()?;
-        let model_seed = rng.next_u64();
+        let model_seed = Seed::new(rng.next_u64());
         let (test_ids, train_ids): (Vec<usize>, Vec<usize>) =
             (0..data.contexts.len()).partition(|&i| fold_of[i] == fold);
         let choices: Vec<Choice> = train_ids

@@ -95,7 +95,7 @@ pub(crate) fn train(
     choices: &[Choice<'_>],
     family: Phase,
     cfg: &TrainConfig,
-    seed: u64,
+    seed: Seed,
 ) -> anyhow::Result<Trained> {
     let device = cfg.compute.device.clone();
     let varmap = VarMap::new();
@@ -127,7 +127,7 @@ pub(crate) fn train(
         Phase::Ensemble => cfg.ensemble_epochs,
     };
     let text = (family == Phase::Ensemble).then_some(inputs);
-    let mut rng = Seed::new(seed).key(Key::BatchOrder).rng();
+    let mut rng = seed.key(Key::BatchOrder).rng();
     let mut order: Vec<usize> = (0..choices.len()).collect();
     for _ in 0..epochs {
         order.shuffle(&mut rng);
@@ -312,12 +312,12 @@ fn clip_global_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Resul
 /// asks for.
 struct SeededInit {
     varmap: VarMap,
-    seed: u64,
+    seed: Seed,
 }
 
 impl SeededInit {
     fn sample(&self, shape: &Shape, init: Init, name: &str, device: &Device) -> Result<Tensor> {
-        let mut rng = Seed::new(self.seed).key(Key::ModelInit(name)).rng();
+        let mut rng = self.seed.key(Key::ModelInit(name)).rng();
         let n = shape.elem_count();
         let uniform = |rng: &mut ChaCha8Rng, lo: f64, hi: f64| -> Vec<f32> {
             (0..n).map(|_| rng.random_range(lo..hi) as f32).collect()
@@ -459,7 +459,7 @@ mod tests {
         let varmap = VarMap::new();
         let init = SeededInit {
             varmap: varmap.clone(),
-            seed: 5,
+            seed: Seed::new(5),
         };
         let vb = VarBuilder::from_backend(Box::new(init), DTYPE, Device::Cpu);
         let inputs = Inputs::of(&data);
@@ -512,7 +512,8 @@ mod tests {
             batch_contexts: 16,
             ..TrainConfig::default()
         };
-        let scores = train(&data, &choices, Phase::Ensemble, &cfg, 1)?.score(&options)?;
+        let scores =
+            train(&data, &choices, Phase::Ensemble, &cfg, Seed::new(1))?.score(&options)?;
         let solved = |head: &[f32]| {
             head.chunks(4)
                 .filter(|s| s[1..].iter().all(|&n| s[0] > n))
@@ -543,7 +544,7 @@ mod tests {
                 compute,
                 ..TrainConfig::default()
             };
-            let s = train(&data, &choices, Phase::Ensemble, &cfg, 5)?.score(&options)?;
+            let s = train(&data, &choices, Phase::Ensemble, &cfg, Seed::new(5))?.score(&options)?;
             Ok([s.bow, s.cnn, s.lstm, s.subword, s.sentence, s.ensemble]
                 .into_iter()
                 .map(|h| h.expect("an ensemble head"))

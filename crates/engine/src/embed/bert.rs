@@ -13,18 +13,14 @@
 //! - [`Packed`] (`packed`): the same weights packed for afkit's GEMM kernels, multiplied in f32
 //!   or bf16, on a ragged batch of sentences laid end to end; the sentence encoder runs them.
 
-mod packed;
-mod tensors;
+pub(crate) mod packed;
+pub(crate) mod tensors;
 
 use std::ops::Range;
 
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
-use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config, HiddenAct};
-
-pub(crate) use packed::{Packed, Spans};
-pub(crate) use tensors::Tensors;
 
 /// How a BERT is run: the form its weights take for that and the operations a layer is made of.
 pub(crate) trait Run {
@@ -69,13 +65,13 @@ pub(crate) trait Run {
 }
 
 /// A BERT encoder: its embeddings and layers, held as `R` runs them.
-pub(crate) struct Bert<R: Run = Tensors> {
+pub(crate) struct Bert<R: Run> {
     pub(crate) embeddings: R::Embeddings,
     pub(crate) layers: Vec<Layer<R>>,
 }
 
 /// One transformer layer's weights.
-pub(crate) struct Layer<R: Run = Tensors> {
+pub(crate) struct Layer<R: Run> {
     pub(crate) attention: R::Attention,
     pub(crate) attention_output: R::Dense,
     pub(crate) attention_norm: R::Norm,
@@ -168,79 +164,10 @@ pub(crate) fn check_supported(config: &Config) -> Result<()> {
     Ok(())
 }
 
-impl Bert {
-    /// The model's weights from `vb` (a `bert.` prefix is allowed), described by `config`, as
-    /// f32 tensors on `vb`'s device.
-    pub(crate) fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
-        check_supported(config)?;
-        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
-            vb.pp("bert")
-        } else {
-            vb
-        };
-        let width = config.hidden_size;
-        let emb = vb.pp("embeddings");
-        let embeddings = Embeddings {
-            word: emb.get((config.vocab_size, width), "word_embeddings.weight")?,
-            position: emb.get(
-                (config.max_position_embeddings, width),
-                "position_embeddings.weight",
-            )?,
-            token_type: emb.get(
-                (config.type_vocab_size, width),
-                "token_type_embeddings.weight",
-            )?,
-            norm: Norm::load(emb.pp("LayerNorm"), config)?,
-        };
-        let layers = (0..config.num_hidden_layers)
-            .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self { embeddings, layers })
-    }
-}
-
-impl Layer {
-    fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
-        let (width, inner) = (config.hidden_size, config.intermediate_size);
-        let attention = vb.pp("attention");
-        let projection = |name: &str| Dense::load(attention.pp("self").pp(name), width, width);
-        Ok(Self {
-            attention: Attention {
-                query: projection("query")?,
-                key: projection("key")?,
-                value: projection("value")?,
-                heads: config.num_attention_heads,
-            },
-            attention_output: Dense::load(attention.pp("output.dense"), width, width)?,
-            attention_norm: Norm::load(attention.pp("output.LayerNorm"), config)?,
-            intermediate: Dense::load(vb.pp("intermediate.dense"), width, inner)?,
-            output: Dense::load(vb.pp("output.dense"), inner, width)?,
-            output_norm: Norm::load(vb.pp("output.LayerNorm"), config)?,
-        })
-    }
-}
-
-impl Dense {
-    fn load(vb: VarBuilder, inputs: usize, outputs: usize) -> Result<Self> {
-        Ok(Self {
-            weight: vb.get((outputs, inputs), "weight")?,
-            bias: vb.get(outputs, "bias")?,
-        })
-    }
-}
-
-impl Norm {
-    fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
-        Ok(Self {
-            weight: vb.get(config.hidden_size, "weight")?,
-            bias: vb.get(config.hidden_size, "bias")?,
-            eps: config.layer_norm_eps,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::packed::{Packed, Spans};
+    use super::tensors::Tensors;
     use super::*;
     use crate::lm::linear::Precision;
     use candle_core::{DType, Device};
@@ -265,7 +192,7 @@ mod tests {
             .map(|(name, t)| (name, Tensor::randn(0f32, 0.5, t.shape(), &Device::Cpu)))
             .map(|(name, t)| (name, t.unwrap()))
             .collect();
-        let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
+        let vb = candle_nn::VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
         let bert = Bert::load(vb, &config).unwrap();
         let packed = Bert::pack(&bert, Precision::F32).unwrap();
         let sentences: Vec<Vec<u32>> =

@@ -33,7 +33,8 @@ use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
-use super::bert::{Bert, Tensors};
+use super::bert::tensors::Tensors;
+use super::bert::Bert;
 use crate::device::Compute;
 use crate::seed::{Key, Seed};
 
@@ -77,7 +78,7 @@ pub struct FineTuning {
     pub warmup: f64,
     pub weight_decay: f64,
     /// Seeds the order of the questions in each epoch (stream = the epoch).
-    pub seed: u64,
+    pub seed: Seed,
 }
 
 impl Default for FineTuning {
@@ -88,7 +89,7 @@ impl Default for FineTuning {
             learning_rate: 5e-5,
             warmup: 0.1,
             weight_decay: 0.01,
-            seed: 0,
+            seed: Seed::new(0),
         }
     }
 }
@@ -115,7 +116,7 @@ pub struct TrainSummary {
 }
 
 pub struct CrossEncoder {
-    bert: Bert,
+    bert: Bert<Tensors>,
     head_weight: Tensor,
     head_bias: Tensor,
     /// Every parameter that training changes: the unfrozen layers and the head.
@@ -142,7 +143,7 @@ struct Pair {
 impl CrossEncoder {
     /// The sentence model in `dir` (`config.json`, `tokenizer.json`, `model.safetensors`) with a
     /// new head whose weights are drawn from `seed`, on `compute`'s device.
-    pub fn load(dir: &Path, shape: Shape, seed: u64, compute: &Compute) -> Result<Self> {
+    pub fn load(dir: &Path, shape: Shape, seed: Seed, compute: &Compute) -> Result<Self> {
         let config_path = dir.join("config.json");
         let config: Config = serde_json::from_str(
             &std::fs::read_to_string(&config_path)
@@ -167,7 +168,7 @@ impl CrossEncoder {
         weights: HashMap<String, Tensor>,
         mut tokenizer: Tokenizer,
         shape: Shape,
-        seed: u64,
+        seed: Seed,
         device: &Device,
     ) -> Result<Self> {
         check_shape(config, shape)?;
@@ -233,7 +234,7 @@ impl CrossEncoder {
         let mut last_epoch_loss = f32::NAN;
         for epoch in 0..config.epochs {
             let mut order: Vec<usize> = (0..questions.len()).collect();
-            order.shuffle(&mut Seed::new(config.seed).stream(epoch as u64));
+            order.shuffle(&mut config.seed.stream(epoch as u64));
             let mut losses = 0f32;
             for batch in order.chunks(config.batch) {
                 crate::interrupt::check()?;
@@ -491,10 +492,10 @@ impl CrossEncoder {
 
 /// A new scoring head (weight, bias), initialised as BERT initialises a new layer: normal with
 /// its initializer_range, drawn from `seed`, and a zero bias.
-fn new_head(config: &Config, seed: u64, device: &Device) -> Result<(Var, Var)> {
+fn new_head(config: &Config, seed: Seed, device: &Device) -> Result<(Var, Var)> {
     let width = config.hidden_size;
     let normal = Normal::new(0.0, config.initializer_range as f32)?;
-    let mut rng = Seed::new(seed).key(Key::CrossEncoderHead).rng();
+    let mut rng = seed.key(Key::CrossEncoderHead).rng();
     let head: Vec<f32> = (0..width).map(|_| normal.sample(&mut rng)).collect();
     Ok((
         Var::from_tensor(&Tensor::from_vec(head, (width, 1), device)?)?,
@@ -666,7 +667,7 @@ mod tests {
             crate::fixtures::random_bert_weights(&config, 5),
             tokenizer(),
             shape,
-            1,
+            Seed::new(1),
             &Device::Cpu,
         )
         .unwrap()
@@ -719,7 +720,7 @@ mod tests {
             epochs: 4,
             batch: 8,
             learning_rate: 3e-3,
-            seed,
+            seed: Seed::new(seed),
             ..Default::default()
         }
     }
@@ -847,14 +848,15 @@ mod tests {
         let dir = crate::models::DefaultModel::MiniLm
             .ensure()
             .expect("fetch MiniLM");
-        let mut model = CrossEncoder::load(&dir, Shape::default(), 1, &Compute::cpu()).unwrap();
+        let mut model =
+            CrossEncoder::load(&dir, Shape::default(), Seed::new(1), &Compute::cpu()).unwrap();
         let (train, train_gold) = questions(160, true, 12);
         let (test, test_gold) = questions(100, true, 13);
         let config = FineTuning {
             epochs: 3,
             batch: 8,
             learning_rate: 1e-4,
-            seed: 14,
+            seed: Seed::new(14),
             ..Default::default()
         };
         model

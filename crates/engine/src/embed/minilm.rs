@@ -10,7 +10,8 @@ use anyhow::Result;
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
-use super::bert::{Bert, Packed, Spans};
+use super::bert::packed::{Packed, Spans};
+use super::bert::Bert;
 use crate::lm::linear::Precision;
 
 pub struct MiniLm {

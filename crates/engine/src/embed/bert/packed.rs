@@ -14,6 +14,7 @@ use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
 use rayon::prelude::*;
 
+use super::tensors::Tensors;
 use super::{Bert, Layer, Run};
 use crate::lm::linear::{Linear, Precision};
 
@@ -79,7 +80,7 @@ impl Run for Packed {
 
 impl Bert<Packed> {
     /// `bert`'s weights (on the CPU) packed for linear layers that multiply in `precision`.
-    pub(crate) fn pack(bert: &Bert, precision: Precision) -> Result<Self> {
+    pub(crate) fn pack(bert: &Bert<Tensors>, precision: Precision) -> Result<Self> {
         let e = &bert.embeddings;
         let width = e.word.dim(1)?;
         let token_type = rows(&e.token_type)?;
@@ -105,7 +106,7 @@ impl Bert<Packed> {
 }
 
 impl Layer<Packed> {
-    fn pack(layer: &Layer, precision: Precision) -> Result<Self> {
+    fn pack(layer: &Layer<Tensors>, precision: Precision) -> Result<Self> {
         let a = &layer.attention;
         let projections = [&a.query, &a.key, &a.value];
         let weights = projections

@@ -8,7 +8,10 @@
 use anyhow::Result;
 use candle_core::{Tensor, Var, D};
 
-use super::{Attention, Dense, Embeddings, Layer, Norm, Run};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::Config;
+
+use super::{check_supported, Attention, Bert, Dense, Embeddings, Layer, Norm, Run};
 
 /// Runs BERT's layers with candle ops. Hidden states are (batch · tokens) × width, the rows of
 /// each text padded to the batch's longest; a batch is its additive attention mask
@@ -134,7 +137,7 @@ impl Norm {
     }
 }
 
-impl Layer {
+impl Layer<Tensors> {
     /// Makes every weight of the layer a variable that an optimiser can change, and returns
     /// them.
     pub(crate) fn make_trainable(&mut self) -> Result<Vec<Var>> {
@@ -160,5 +163,76 @@ impl Layer {
                 Ok(var)
             })
             .collect()
+    }
+}
+
+impl Bert<Tensors> {
+    /// The model's weights from `vb` (a `bert.` prefix is allowed), described by `config`, as
+    /// f32 tensors on `vb`'s device.
+    pub(crate) fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
+        check_supported(config)?;
+        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
+            vb.pp("bert")
+        } else {
+            vb
+        };
+        let width = config.hidden_size;
+        let emb = vb.pp("embeddings");
+        let embeddings = Embeddings {
+            word: emb.get((config.vocab_size, width), "word_embeddings.weight")?,
+            position: emb.get(
+                (config.max_position_embeddings, width),
+                "position_embeddings.weight",
+            )?,
+            token_type: emb.get(
+                (config.type_vocab_size, width),
+                "token_type_embeddings.weight",
+            )?,
+            norm: Norm::load(emb.pp("LayerNorm"), config)?,
+        };
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { embeddings, layers })
+    }
+}
+
+impl Layer<Tensors> {
+    fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
+        let (width, inner) = (config.hidden_size, config.intermediate_size);
+        let attention = vb.pp("attention");
+        let projection = |name: &str| Dense::load(attention.pp("self").pp(name), width, width);
+        Ok(Self {
+            attention: Attention {
+                query: projection("query")?,
+                key: projection("key")?,
+                value: projection("value")?,
+                heads: config.num_attention_heads,
+            },
+            attention_output: Dense::load(attention.pp("output.dense"), width, width)?,
+            attention_norm: Norm::load(attention.pp("output.LayerNorm"), config)?,
+            intermediate: Dense::load(vb.pp("intermediate.dense"), width, inner)?,
+            output: Dense::load(vb.pp("output.dense"), inner, width)?,
+            output_norm: Norm::load(vb.pp("output.LayerNorm"), config)?,
+        })
+    }
+}
+
+impl Dense {
+    fn load(vb: VarBuilder, inputs: usize, outputs: usize) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get((outputs, inputs), "weight")?,
+            bias: vb.get(outputs, "bias")?,
+        })
+    }
+}
+
+impl Norm {
+    fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get(config.hidden_size, "weight")?,
+            bias: vb.get(config.hidden_size, "bias")?,
+            eps: config.layer_norm_eps,
+        })
     }
 }
