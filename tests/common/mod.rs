@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use afkit_engine::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
-use afkit_engine::lm::llama::LlamaConfig;
+use afkit_engine::lm::config::LlamaConfig;
 use afkit_store::examples::NewExample;
 use afkit_store::fixtures::Fixtures;
 use afkit_store::Store;

@@ -11,18 +11,7 @@
 //!
 //! Seeds: the project records the seed of every stage's random choices (`generations.seed`,
 //! `af_runs.seed`, `tasks.seed` with the annotation policy's seed in `meta`, the `assemble`
-//! parameters in `meta`, `exports.seed`); [`afkit_engine::seed`] turns them into randomness. Builds
-//! before that module (the schema version is the same, 4, so the file does not tell them apart)
-//! drew some of it with other derivations: re-running these steps with the same seed now draws
-//! differently, while what is stored stays valid as it is: AF's model initialisation and batch
-//! order (a run's `af_scores` and assignments; an unfinished run resumed now continues with the
-//! new draws), the seeds and hand-out order of new annotation tasks (existing tasks keep their
-//! recorded seed and ending order), and an export's option order and random negatives. Generated
-//! endings, AF's splits, initial draws and folds, assemble's group split, AFLite and the audit
-//! draw exactly as before. Since schema 7 the distractors are matched to the found endings'
-//! scores by default: new annotation tasks show matched negatives (existing tasks keep theirs),
-//! and re-running `assemble` on an earlier project takes its distractors in the matched order;
-//! `--distractors hardest` gives the earlier choice back.
+//! parameters in `meta`, `exports.seed`); [`afkit_engine::seed`] turns them into randomness.
 //!
 //! Durability: WAL journal, `synchronous = NORMAL` (a committed transaction survives a process
 //! kill; only an OS crash can lose the last commits), foreign keys on, and a busy handler that

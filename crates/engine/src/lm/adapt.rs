@@ -33,8 +33,9 @@ use serde::{Deserialize, Serialize};
 
 use super::adapter::{Adapter, BaseModel};
 use super::block::{Lora, LoraPair};
+use super::config::LlamaConfig;
 use super::family::Arch;
-use super::llama::{Llama, LlamaConfig};
+use super::llama::Llama;
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;

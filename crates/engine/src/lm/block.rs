@@ -23,9 +23,9 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 
+use super::config::{LlamaConfig, MAX_POSITIONS};
 use super::family::Activation;
 use super::linear::Linear;
-use super::llama::{LlamaConfig, MAX_POSITIONS};
 
 /// A weight vector (a norm's weight, a bias), on the model's device and as plain values for the
 /// packed kernels (read once at load, not on every step).

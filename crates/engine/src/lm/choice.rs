@@ -177,7 +177,7 @@ impl<'m> ChoiceScorer<'m> {
 mod tests {
     use super::*;
     use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
-    use crate::lm::llama::LlamaConfig;
+    use crate::lm::config::LlamaConfig;
 
     fn tiny_model(dir: &std::path::Path) -> LanguageModel {
         let cfg = LlamaConfig {

@@ -11,8 +11,8 @@ use candle_core::quantized::gguf_file::{self, Content};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor, D};
 
+use super::config::LlamaConfig;
 use super::family::{Arch, Family, LocalLayers};
-use super::llama::LlamaConfig;
 use super::model::LanguageModel;
 use crate::device::Compute;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};

@@ -9,7 +9,9 @@
 
 use anyhow::Result;
 
-use super::llama::{Llama, Prefix, MAX_POSITIONS};
+use super::cache::Prefix;
+use super::config::MAX_POSITIONS;
+use super::llama::Llama;
 use super::local::LocalLm;
 use super::sampler::SampledEnding;
 use super::tokenizer::GgufTokenizer;

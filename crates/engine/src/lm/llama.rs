@@ -28,13 +28,14 @@ use std::io::{Read, Seek};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Tensor, D};
 use rayon::prelude::*;
 
 use super::adapter::Adapter;
 use super::block::{load_block, Block, Lora, Rope, Vector};
-use super::family::{Arch, Family, LocalLayers};
+use super::cache::{Prefix, RowCache, SlotCache, SlotRow};
+use super::config::{LlamaConfig, MAX_POSITIONS};
 use super::linear::Linear;
 use super::packed::{rms_norm_plain, PackedKernels};
 use super::tensor_ops::{Pass, TensorKernels};
@@ -42,117 +43,6 @@ use crate::device::Compute;
 
 /// Rows whose output-head logits are held at once when scoring (256 × 49k vocabulary: 50 MB).
 const HEAD_CHUNK: usize = 256;
-
-/// Longest sequence (context + ending) the rotary tables cover.
-pub const MAX_POSITIONS: usize = 4096;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlamaConfig {
-    pub vocab: usize,
-    pub d_model: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub d_ff: usize,
-    pub rope_theta: f32,
-    pub rms_eps: f32,
-    /// The family and what sets its forward pass apart from llama's.
-    pub arch: Arch,
-}
-
-impl LlamaConfig {
-    pub fn head_dim(&self) -> usize {
-        self.arch.head_dim.unwrap_or(self.d_model / self.n_head)
-    }
-
-    /// Multiply-adds ×2 of one token's forward pass through the weight matrices (attention
-    /// scores excluded): the yardstick for GFLOP/s figures.
-    pub fn flops_per_token(&self) -> f64 {
-        let hd = self.head_dim();
-        let qkv = self.d_model * (self.n_head + 2 * self.n_kv_head) * hd;
-        let per_layer = qkv + self.n_head * hd * self.d_model + 3 * self.d_model * self.d_ff;
-        2.0 * (self.n_layer * per_layer + self.d_model * self.vocab) as f64
-    }
-
-    pub(super) fn from_gguf(content: &Content) -> Result<Self> {
-        let arch = content
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .map(String::as_str)
-            .unwrap_or("llama");
-        let family = Family::from_architecture(arch)?;
-        let key = |k: &str| format!("{arch}.{k}");
-        let get = |k: &str| -> Result<&Value> {
-            content
-                .metadata
-                .get(&key(k))
-                .with_context(|| format!("the GGUF metadata has no `{}`", key(k)))
-        };
-        let u = |k: &str| -> Result<usize> { Ok(get(k)?.to_u32()? as usize) };
-        let f = |k: &str| -> Result<f32> { Ok(get(k)?.to_f32()?) };
-        if let Ok(kind) = get("rope.scaling.type") {
-            let kind = kind.to_string()?;
-            if kind != "none" {
-                bail!("rope scaling `{kind}` is not supported");
-            }
-        }
-        if content.tensor_infos.contains_key("rope_freqs.weight") {
-            bail!("rope frequency factors (rope_freqs.weight, Llama 3.1 style) are not supported");
-        }
-        let d_model = u("embedding_length")?;
-        let n_head = u("attention.head_count")?;
-        let head_dim = u("attention.key_length").ok();
-        if let (Some(k), Ok(v)) = (head_dim, u("attention.value_length")) {
-            if k != v {
-                bail!("keys of {k} and values of {v} dims per head are not supported");
-            }
-        }
-        let local_layers = match family {
-            Family::Gemma3 => Some(LocalLayers {
-                window: u("attention.sliding_window")?,
-                period: u("attention.sliding_window_type").unwrap_or(6),
-                rope_theta: f("rope.local_freq_base").unwrap_or(10_000.0),
-            }),
-            _ => None,
-        };
-        let cfg = LlamaConfig {
-            vocab: content
-                .tensor_infos
-                .get("token_embd.weight")
-                .context("the GGUF has no token_embd.weight tensor")?
-                .shape
-                .dims()[0],
-            d_model,
-            n_layer: u("block_count")?,
-            n_head,
-            n_kv_head: u("attention.head_count_kv").unwrap_or(n_head),
-            d_ff: u("feed_forward_length")?,
-            rope_theta: f("rope.freq_base").unwrap_or(family.default_rope_theta()),
-            rms_eps: f("attention.layer_norm_rms_epsilon")?,
-            arch: Arch {
-                family,
-                head_dim: head_dim.filter(|&hd| hd != d_model / n_head),
-                local_layers,
-            },
-        };
-        if let Ok(rope_dim) = u("rope.dimension_count") {
-            if rope_dim != cfg.head_dim() {
-                bail!(
-                    "partial rotary embeddings ({rope_dim} of {} dims) are not supported",
-                    cfg.head_dim()
-                );
-            }
-        }
-        if n_head % cfg.n_kv_head != 0 {
-            bail!(
-                "{n_head} query heads cannot share {} key/value heads",
-                cfg.n_kv_head
-            );
-        }
-        Ok(cfg)
-    }
-}
 
 pub struct Llama {
     pub cfg: LlamaConfig,
@@ -167,82 +57,6 @@ pub struct Llama {
     final_norm: Vector,
     /// The model's rotary table, then the local layers' (when their base differs).
     ropes: Vec<Rope>,
-}
-
-/// Keys and values of a context, shared by every row decoded after it: per layer
-/// (kv_heads × len × head_dim).
-pub struct Prefix {
-    pub(super) kv: Vec<(Tensor, Tensor)>,
-    /// The same keys, transposed (kv_heads × head_dim × len), and values (kv_heads × len ×
-    /// head_dim) as plain rows, for the packed pass: with keys transposed, a query's scores
-    /// against the whole prefix are a sum of scaled key rows (vertical vector arithmetic, no
-    /// per-key horizontal sums). Empty under the generic engine, which has no packed pass.
-    pub(super) raw_kv: Vec<(Vec<f32>, Vec<f32>)>,
-    pub len: usize,
-    /// Log-probabilities of the next token after the prefix.
-    pub next_logprobs: Vec<f32>,
-}
-
-/// A row of [`Llama::slot_forward`]: its cache slot, its prefix, the tokens it feeds and the own
-/// position of the first of them (0 for the first token after the prefix).
-pub struct SlotRow<'a> {
-    pub slot: usize,
-    pub prefix: &'a Prefix,
-    pub position: usize,
-    pub tokens: &'a [u32],
-}
-
-/// Keys and values of the tokens each decoding row generated itself, in fixed slots: a slot
-/// holds one row at a time and is reused as soon as its row finishes (continuous batching).
-/// Per layer, (slot × position × kv_heads × head_dim), allocated once.
-pub struct SlotCache {
-    pub(super) kv: Vec<(Vec<f32>, Vec<f32>)>,
-    slots: usize,
-    max_len: usize,
-    pub(super) row_stride: usize,
-}
-
-impl SlotCache {
-    /// Room for `slots` rows of up to `max_len` own tokens each.
-    pub fn new(cfg: &LlamaConfig, slots: usize, max_len: usize) -> Self {
-        let row_stride = max_len * cfg.n_kv_head * cfg.head_dim();
-        let layer = || {
-            (
-                vec![0f32; slots * row_stride],
-                vec![0f32; slots * row_stride],
-            )
-        };
-        SlotCache {
-            kv: (0..cfg.n_layer).map(|_| layer()).collect(),
-            slots,
-            max_len,
-            row_stride,
-        }
-    }
-}
-
-/// Keys and values of the tokens each row generated itself: per layer (rows × kv_heads × len ×
-/// head_dim).
-#[derive(Default)]
-pub struct RowCache {
-    pub(super) kv: Vec<(Tensor, Tensor)>,
-    pub len: usize,
-}
-
-impl RowCache {
-    /// Keeps only the rows at `rows` (indices into the current rows, in their new order): the
-    /// lockstep decode drops rows that have stopped.
-    pub fn keep_rows(&mut self, rows: &[u32]) -> Result<()> {
-        let Some((k, _)) = self.kv.first() else {
-            return Ok(());
-        };
-        let rows = Tensor::new(rows, k.device())?;
-        for (k, v) in &mut self.kv {
-            *k = k.index_select(&rows, 0)?;
-            *v = v.index_select(&rows, 0)?;
-        }
-        Ok(())
-    }
 }
 
 /// A weight dequantised to f32 on the CPU (the same values on every device), then moved to

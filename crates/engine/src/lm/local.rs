@@ -18,7 +18,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use super::llama::{Prefix, RowCache, SlotCache, SlotRow};
+use super::cache::{Prefix, RowCache, SlotCache, SlotRow};
 use super::model::LanguageModel;
 use super::sampler::{
     normalise_ending, sample_token, EndingSampler, Rejection, SampleRequest, SampledEnding,

@@ -6,7 +6,9 @@
 pub mod adapt;
 pub mod adapter;
 mod block;
+pub mod cache;
 pub mod choice;
+pub mod config;
 pub mod family;
 #[cfg(test)]
 mod family_tests;

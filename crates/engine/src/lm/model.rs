@@ -9,7 +9,8 @@ use candle_core::quantized::gguf_file::Content;
 use sha2::{Digest, Sha256};
 
 use super::adapter::Adapter;
-use super::llama::{Llama, Prefix};
+use super::cache::Prefix;
+use super::llama::Llama;
 use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
 

@@ -9,8 +9,9 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use super::block::{Block, Kernels, Projection, Rope, Vector};
+use super::cache::{SlotCache, SlotRow};
+use super::config::LlamaConfig;
 use super::family::{Activation, RopeLayout};
-use super::llama::{LlamaConfig, SlotCache, SlotRow};
 use crate::simd::{axpy_lanes, dot_lanes, exp_lanes};
 
 /// [`Kernels`] over plain rows for the tokens `fed`: each one's row and own position.
@@ -192,7 +193,7 @@ fn add_into(x: &mut [f32], y: &[f32]) {
 /// Rotary embedding of the heads in `x` (heads × head_dim) at `position`, pairs laid out as
 /// `layout` says.
 fn rotate(x: &mut [f32], table: &Rope, layout: RopeLayout, position: usize) {
-    let half = table.cos_raw.len() / super::llama::MAX_POSITIONS;
+    let half = table.cos_raw.len() / super::config::MAX_POSITIONS;
     let cos = &table.cos_raw[position * half..(position + 1) * half];
     let sin = &table.sin_raw[position * half..(position + 1) * half];
     for head in x.chunks_exact_mut(2 * half) {

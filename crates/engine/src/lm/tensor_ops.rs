@@ -9,9 +9,10 @@ use candle_nn::ops::{rms_norm, rms_norm_slow, softmax_last_dim};
 use candle_nn::rotary_emb::{rope, rope_i, rope_i_slow, rope_slow};
 
 use super::block::{Block, Kernels, Lora, Projection, Rope, Vector};
+use super::cache::{Prefix, RowCache};
+use super::config::LlamaConfig;
 use super::family::{Activation, RopeLayout};
 use super::linear::Linear;
-use super::llama::{LlamaConfig, Prefix, RowCache};
 use super::packed::gated_plain;
 
 /// Which ops a forward pass runs: compositions with gradients while training, candle's fused

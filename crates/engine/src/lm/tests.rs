@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::llama::{LlamaConfig, Prefix};
+use super::cache::Prefix;
+use super::config::LlamaConfig;
 use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::LanguageModel;
 use super::sampler::{
