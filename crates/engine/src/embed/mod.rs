@@ -32,9 +32,8 @@ pub const MAX_SEQ_LEN: usize = 256;
 
 /// Word pieces per forward pass. Sentences are laid end to end, not padded, so a batch is
 /// measured in tokens: enough rows for the GEMM kernels to run at full rate, few enough that the
-/// activations (tokens × 1,536 at the widest) stay in the caches. On 6,000 ActivityNet sentences
-/// (2-core Zen 4) 1,024 embedded in 14.1 s on average, 2,048 in 14.2 s, 4,096 in 15.2 s and 512
-/// in 15.2 s.
+/// activations (tokens × 1,536 at the widest) stay in the caches (BENCHMARKS.md has the sizes
+/// tried).
 const BATCH_TOKENS: usize = 1024;
 
 /// What afkit's sentence vectors are, in words. A project stores it with each vector, AFLite's
