@@ -23,10 +23,9 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 
-use super::scorer::read_in_batches;
+use super::scorer::{contexts_and_endings, read_in_batches};
 
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
-use afkit_store::dataset::startphrase;
 use afkit_store::fluency::{FluencyFloor, FluencyReadings};
 use afkit_store::scorer::UnscoredContext;
 use afkit_store::Store;
@@ -129,14 +128,7 @@ fn read_contexts(
     choice: &ChoiceScorer,
     batch: &[UnscoredContext],
 ) -> Result<Vec<(i64, f64, usize)>> {
-    let texts: Vec<Vec<String>> = batch
-        .iter()
-        .map(|c| c.endings.iter().map(|(_, t)| t.clone()).collect())
-        .collect();
-    let contexts: Vec<String> = batch
-        .iter()
-        .map(|c| startphrase(&c.sent1, &c.sent2))
-        .collect();
+    let (contexts, texts) = contexts_and_endings(batch);
     let questions: Vec<ChoiceQuestion> = contexts
         .iter()
         .zip(&texts)

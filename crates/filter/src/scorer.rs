@@ -127,20 +127,27 @@ pub(super) fn read_in_batches(
     }
 }
 
+/// Each context of `batch` as a language model reads it (`sent1 + " " + sent2`), and its endings'
+/// texts in the batch's order: what the scorer and the fluency reader both ask the model about.
+pub(crate) fn contexts_and_endings(batch: &[UnscoredContext]) -> (Vec<String>, Vec<Vec<String>>) {
+    let contexts = batch
+        .iter()
+        .map(|c| startphrase(&c.sent1, &c.sent2))
+        .collect();
+    let endings = batch
+        .iter()
+        .map(|c| c.endings.iter().map(|(_, t)| t.clone()).collect())
+        .collect();
+    (contexts, endings)
+}
+
 /// Each context's endings scored after its startphrase and after the document start alone (the
 /// contexts' questions run in parallel).
 fn score_contexts(
     choice: &ChoiceScorer,
     batch: &[UnscoredContext],
 ) -> Result<Vec<(i64, ScorerScore)>> {
-    let texts: Vec<Vec<String>> = batch
-        .iter()
-        .map(|c| c.endings.iter().map(|(_, t)| t.clone()).collect())
-        .collect();
-    let contexts: Vec<String> = batch
-        .iter()
-        .map(|c| startphrase(&c.sent1, &c.sent2))
-        .collect();
+    let (contexts, texts) = contexts_and_endings(batch);
     let questions: Vec<ChoiceQuestion> = contexts
         .iter()
         .map(String::as_str)
