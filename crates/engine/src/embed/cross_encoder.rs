@@ -163,7 +163,7 @@ impl CrossEncoder {
 
     /// A model from BERT weights named as Hugging Face's `BertModel` names them (a `bert.`
     /// prefix is allowed) and a tokenizer with `[CLS]` and `[SEP]`.
-    pub fn from_weights(
+    pub(crate) fn from_weights(
         config: &Config,
         weights: HashMap<String, Tensor>,
         mut tokenizer: Tokenizer,

@@ -14,7 +14,7 @@ use super::bert::packed::{Packed, Spans};
 use super::bert::Bert;
 use crate::lm::linear::Precision;
 
-pub struct MiniLm {
+pub(crate) struct MiniLm {
     bert: Bert<Packed>,
     width: usize,
 }
@@ -23,7 +23,7 @@ impl MiniLm {
     /// The encoder's weights from `vb` (the model's safetensors), described by `config`, with
     /// linear layers that multiply in `precision` (afkit embeds in bf16; f32 is the reference
     /// the tests hold it to).
-    pub fn load(vb: VarBuilder, config: &Config, precision: Precision) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, config: &Config, precision: Precision) -> Result<Self> {
         Ok(Self {
             bert: Bert::pack(&Bert::load(vb, config)?, precision)?,
             width: config.hidden_size,
@@ -32,7 +32,7 @@ impl MiniLm {
 
     /// The mean of the last layer's token vectors for each sentence (sentences × width), where a
     /// sentence is its word-piece ids, [CLS] and [SEP] included.
-    pub fn mean_pooled(&self, sentences: &[&[u32]]) -> Result<Vec<f32>> {
+    pub(crate) fn mean_pooled(&self, sentences: &[&[u32]]) -> Result<Vec<f32>> {
         let width = self.width;
         if sentences.is_empty() {
             return Ok(Vec::new());

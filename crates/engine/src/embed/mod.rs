@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 /// sentence-transformers' `max_seq_length` for all-MiniLM-L6-v2 (its sentence_bert_config.json),
 /// counted in word pieces including [CLS] and [SEP]. The shipped tokenizer.json says 128, which
 /// would silently cut long inputs shorter than the reference implementation does.
-pub const MAX_SEQ_LEN: usize = 256;
+pub(crate) const MAX_SEQ_LEN: usize = 256;
 
 /// Word pieces per forward pass. Sentences are laid end to end, not padded, so a batch is
 /// measured in tokens: enough rows for the GEMM kernels to run at full rate, few enough that the
@@ -193,7 +193,7 @@ impl SentenceEncoder {
 
     /// [`encode`](Self::encode), calling `progress(done)` after each batch with the number of
     /// texts embedded in it, so callers can drive a progress bar.
-    pub fn encode_with_progress(
+    pub(crate) fn encode_with_progress(
         &self,
         texts: &[&str],
         mut progress: impl FnMut(usize),

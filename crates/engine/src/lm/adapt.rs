@@ -41,7 +41,7 @@ use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
 use crate::seed::Seed;
 
-pub use super::tensor_ops::Pass;
+pub(crate) use super::tensor_ops::Pass;
 
 /// Sequences per matrix product in the frozen layers' single pass.
 const FROZEN_BATCH: usize = 8;
@@ -93,7 +93,6 @@ pub struct AdapterSettings {
 /// blocks.
 pub struct AdaptModel {
     llama: Llama,
-    doc_start: u32,
     lora: Lora,
     shape: LoraShape,
 }
@@ -151,12 +150,7 @@ impl AdaptModel {
             blocks: Vec::new(),
             scale: shape.alpha / shape.rank as f32,
         };
-        let mut model = AdaptModel {
-            llama,
-            doc_start: tokenizer.doc_start,
-            lora,
-            shape,
-        };
+        let mut model = AdaptModel { llama, lora, shape };
         model.fresh_adapter(Seed::default())?;
         Ok((model, tokenizer))
     }
@@ -170,10 +164,6 @@ impl AdaptModel {
             .map(|_| new_pairs(cfg, self.shape.rank, &mut rng))
             .collect::<Result<_>>()?;
         Ok(())
-    }
-
-    pub fn doc_start(&self) -> u32 {
-        self.doc_start
     }
 
     /// Blocks that stay frozen (below the adapted ones).
@@ -245,7 +235,7 @@ impl AdaptModel {
 
     /// Mean next-token loss of `sequences` (whose frozen states are `states`), with the
     /// adapter (`adapted`) or without it (the base model).
-    pub fn loss(
+    pub(crate) fn loss(
         &self,
         sequences: &[&Vec<u32>],
         states: &[&Tensor],

@@ -16,7 +16,7 @@ pub struct Adapter {
 
 impl Adapter {
     /// The update of the matrix `name` (out × in), if this adapter changes it.
-    pub fn delta(&self, name: &str) -> Result<Option<Tensor>> {
+    pub(crate) fn delta(&self, name: &str) -> Result<Option<Tensor>> {
         let Some((a, b)) = self.updates.get(name) else {
             return Ok(None);
         };

@@ -35,7 +35,7 @@ pub(crate) struct Vector {
 }
 
 impl Vector {
-    pub fn new(weight: Tensor) -> Result<Self> {
+    pub(crate) fn new(weight: Tensor) -> Result<Self> {
         let plain = weight.to_vec1()?;
         Ok(Vector { weight, plain })
     }
@@ -90,7 +90,7 @@ pub(crate) struct Lora {
 
 impl Lora {
     /// The pair adapting part `name` of block `layer`, if it is adapted.
-    pub fn pair(&self, layer: usize, name: &str) -> Option<&LoraPair> {
+    pub(crate) fn pair(&self, layer: usize, name: &str) -> Option<&LoraPair> {
         let i = layer.checked_sub(self.first)?;
         self.blocks.get(i)?.get(name)
     }
@@ -106,7 +106,7 @@ pub(crate) struct Rope {
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f32, device: &Device) -> Result<Self> {
+    pub(crate) fn new(head_dim: usize, theta: f32, device: &Device) -> Result<Self> {
         let (cos, sin) = rotary_tables(head_dim, theta)?;
         Ok(Rope {
             cos_raw: cos.flatten_all()?.to_vec1()?,
@@ -165,7 +165,7 @@ pub(crate) trait Kernels {
 impl Block {
     /// The block over `x` (tokens × d_model): attention then the gated feed-forward, each
     /// normed on the way in (and, for Gemma, on the way out) and added to the residual stream.
-    pub fn forward<K: Kernels>(&self, x: K::Rows, k: &mut K) -> Result<K::Rows> {
+    pub(crate) fn forward<K: Kernels>(&self, x: K::Rows, k: &mut K) -> Result<K::Rows> {
         let h = k.rms_norm(&x, &self.attn_norm)?;
         let attn = self.attention(&h, k)?;
         let out = k.linear(&attn, &self.wo, self.layer)?;

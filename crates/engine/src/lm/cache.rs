@@ -22,7 +22,7 @@ pub struct Prefix {
 
 /// A row of [`Llama::slot_forward`]: its cache slot, its prefix, the tokens it feeds and the own
 /// position of the first of them (0 for the first token after the prefix).
-pub struct SlotRow<'a> {
+pub(crate) struct SlotRow<'a> {
     pub slot: usize,
     pub prefix: &'a Prefix,
     pub position: usize,
@@ -32,7 +32,7 @@ pub struct SlotRow<'a> {
 /// Keys and values of the tokens each decoding row generated itself, in fixed slots: a slot
 /// holds one row at a time and is reused as soon as its row finishes (continuous batching).
 /// Per layer, (slot × position × kv_heads × head_dim), allocated once.
-pub struct SlotCache {
+pub(crate) struct SlotCache {
     pub(super) kv: Vec<(Vec<f32>, Vec<f32>)>,
     pub(super) slots: usize,
     pub(super) max_len: usize,
@@ -41,7 +41,7 @@ pub struct SlotCache {
 
 impl SlotCache {
     /// Room for `slots` rows of up to `max_len` own tokens each.
-    pub fn new(cfg: &LlamaConfig, slots: usize, max_len: usize) -> Self {
+    pub(crate) fn new(cfg: &LlamaConfig, slots: usize, max_len: usize) -> Self {
         let row_stride = max_len * cfg.n_kv_head * cfg.head_dim();
         let layer = || {
             (
@@ -61,7 +61,7 @@ impl SlotCache {
 /// Keys and values of the tokens each row generated itself: per layer (rows × kv_heads × len ×
 /// head_dim).
 #[derive(Default)]
-pub struct RowCache {
+pub(crate) struct RowCache {
     pub(super) kv: Vec<(Tensor, Tensor)>,
     pub len: usize,
 }
@@ -69,7 +69,7 @@ pub struct RowCache {
 impl RowCache {
     /// Keeps only the rows at `rows` (indices into the current rows, in their new order): the
     /// lockstep decode drops rows that have stopped.
-    pub fn keep_rows(&mut self, rows: &[u32]) -> Result<()> {
+    pub(crate) fn keep_rows(&mut self, rows: &[u32]) -> Result<()> {
         let Some((k, _)) = self.kv.first() else {
             return Ok(());
         };

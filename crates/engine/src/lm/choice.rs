@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::model::LanguageModel;
 
 /// What the harness puts between the context and each option.
-pub const TARGET_DELIMITER: &str = " ";
+pub(crate) const TARGET_DELIMITER: &str = " ";
 
 /// One question: the context and its options, as the harness reads them.
 pub struct ChoiceQuestion<'a> {
@@ -106,7 +106,11 @@ impl<'m> ChoiceScorer<'m> {
 
     /// The context's and the continuation's tokens of one request, split as the harness splits
     /// them (its `_encode_pair`).
-    pub fn encode_pair(&self, context: &str, continuation: &str) -> Result<(Vec<u32>, Vec<u32>)> {
+    pub(crate) fn encode_pair(
+        &self,
+        context: &str,
+        continuation: &str,
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
         let kept = context.trim_end().len();
         let (context, continuation) = (
             &context[..kept],

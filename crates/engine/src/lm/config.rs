@@ -7,7 +7,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use super::family::{Arch, Family, LocalLayers};
 
 /// Longest sequence (context + ending) the rotary tables cover.
-pub const MAX_POSITIONS: usize = 4096;
+pub(crate) const MAX_POSITIONS: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
@@ -24,7 +24,7 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
-    pub fn head_dim(&self) -> usize {
+    pub(crate) fn head_dim(&self) -> usize {
         self.arch.head_dim.unwrap_or(self.d_model / self.n_head)
     }
 

@@ -25,7 +25,7 @@ pub enum Family {
 }
 
 impl Family {
-    pub fn from_architecture(arch: &str) -> Result<Self> {
+    pub(crate) fn from_architecture(arch: &str) -> Result<Self> {
         Ok(match arch {
             "llama" => Family::Llama,
             "qwen2" => Family::Qwen2,
@@ -39,7 +39,7 @@ impl Family {
     }
 
     /// The `general.architecture` value, also the prefix of the family's metadata keys.
-    pub fn architecture(self) -> &'static str {
+    pub(crate) fn architecture(self) -> &'static str {
         match self {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
@@ -49,7 +49,7 @@ impl Family {
     }
 
     /// Rotary base when the file names none.
-    pub fn default_rope_theta(self) -> f32 {
+    pub(crate) fn default_rope_theta(self) -> f32 {
         match self {
             Family::Gemma3 => 1_000_000.0,
             _ => 10_000.0,
@@ -59,7 +59,7 @@ impl Family {
 
 /// Where the two members of a rotary pair sit in a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
+pub(crate) enum RopeLayout {
     /// Dimensions 2i and 2i+1 (llama files, whose Q and K rows the converter permuted).
     Adjacent,
     /// Dimensions i and i + head_dim/2 (GPT-NeoX's layout).
@@ -68,7 +68,7 @@ pub enum RopeLayout {
 
 /// The nonlinearity of the gated feed-forward: `act(gate) ⊙ up`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
+pub(crate) enum Activation {
     Silu,
     /// GELU, tanh approximation.
     GeluTanh,
@@ -94,37 +94,37 @@ pub struct Arch {
 }
 
 impl Arch {
-    pub fn rope_layout(&self) -> RopeLayout {
+    pub(crate) fn rope_layout(&self) -> RopeLayout {
         match self.family {
             Family::Llama => RopeLayout::Adjacent,
             _ => RopeLayout::Halves,
         }
     }
 
-    pub fn qkv_bias(&self) -> bool {
+    pub(crate) fn qkv_bias(&self) -> bool {
         self.family == Family::Qwen2
     }
 
     /// RMS norms over each query and key head before the rotation.
-    pub fn qk_norm(&self) -> bool {
+    pub(crate) fn qk_norm(&self) -> bool {
         matches!(self.family, Family::Qwen3 | Family::Gemma3)
     }
 
     /// RMS norms of the attention output and of the feed-forward output before each is added
     /// to the residual stream.
-    pub fn post_norms(&self) -> bool {
+    pub(crate) fn post_norms(&self) -> bool {
         self.family == Family::Gemma3
     }
 
     /// The factor the token embeddings are multiplied by.
-    pub fn embed_scale(&self, d_model: usize) -> f32 {
+    pub(crate) fn embed_scale(&self, d_model: usize) -> f32 {
         match self.family {
             Family::Gemma3 => (d_model as f32).sqrt(),
             _ => 1.0,
         }
     }
 
-    pub fn activation(&self) -> Activation {
+    pub(crate) fn activation(&self) -> Activation {
         match self.family {
             Family::Gemma3 => Activation::GeluTanh,
             _ => Activation::Silu,
@@ -132,7 +132,7 @@ impl Arch {
     }
 
     /// The sliding window of layer `layer` (0-based), if it is a local layer.
-    pub fn window(&self, layer: usize) -> Option<usize> {
+    pub(crate) fn window(&self, layer: usize) -> Option<usize> {
         self.local_layers
             .as_ref()
             .filter(|l| !(layer + 1).is_multiple_of(l.period))

@@ -184,7 +184,7 @@ impl LocalLm {
 }
 
 /// Tokens of an ending as it follows the context.
-pub fn ending_tokens(tok: &GgufTokenizer, ending: &str) -> Result<Vec<u32>> {
+pub(crate) fn ending_tokens(tok: &GgufTokenizer, ending: &str) -> Result<Vec<u32>> {
     tok.encode(&format!(" {ending}"))
 }
 

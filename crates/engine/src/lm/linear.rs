@@ -24,7 +24,7 @@ use candle_core::Tensor;
 use rayon::prelude::*;
 
 /// A weight matrix (in × out) applied to activation rows.
-pub enum Linear {
+pub(crate) enum Linear {
     /// candle's matmul (any CPU, any device).
     Dense(Tensor),
     /// candle's matmul over bf16-rounded weights; the activations are rounded on every call,
@@ -37,7 +37,7 @@ pub enum Linear {
 impl Linear {
     /// `w` is (in × out). Packs it when afkit's CPU kernels run the model and this CPU has one
     /// of its micro-kernels.
-    pub fn new(w: Tensor, cpu_kernels: bool) -> Result<Self> {
+    pub(crate) fn new(w: Tensor, cpu_kernels: bool) -> Result<Self> {
         match packed_kernel(Precision::F32).filter(|_| cpu_kernels) {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
             None => Ok(Linear::Dense(w.contiguous()?)),
@@ -46,7 +46,7 @@ impl Linear {
 
     /// `w` (in × out) in bf16 arithmetic (see the module's comment), packed for this CPU's
     /// bf16 kernel where it has one.
-    pub fn bf16(w: Tensor) -> Result<Self> {
+    pub(crate) fn bf16(w: Tensor) -> Result<Self> {
         match packed_kernel(Precision::Bf16) {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
             None => {
@@ -62,7 +62,7 @@ impl Linear {
     }
 
     /// `x · W` for `x` (rows × in).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?),
             Linear::DenseBf16(_) | Linear::Packed(_) => {
@@ -75,7 +75,7 @@ impl Linear {
 
     /// `x · W` for `x` given as plain rows (rows × in, row-major), for models that keep their
     /// activations outside tensors (the sentence encoder).
-    pub fn apply(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+    pub(crate) fn apply(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         match self {
             Linear::Dense(w) => dense_apply(w, x, rows),
             Linear::DenseBf16(w) => {
@@ -96,7 +96,7 @@ impl Linear {
 
     /// `x · W` as plain rows (rows × out), for callers that read the result element by element
     /// (the sampler over the output head's logits).
-    pub fn forward_rows(&self, x: &Tensor) -> Result<Vec<f32>> {
+    pub(crate) fn forward_rows(&self, x: &Tensor) -> Result<Vec<f32>> {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?.flatten_all()?.to_vec1()?),
             Linear::DenseBf16(_) | Linear::Packed(_) => {
@@ -108,7 +108,7 @@ impl Linear {
 
 /// What a packed matrix rounds its operands to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
+pub(crate) enum Precision {
     /// f32 operands, one multiply-add per step.
     F32,
     /// bf16 operands (rounded to nearest, ties to even) and f32 sums: for each pair of steps,
@@ -157,7 +157,7 @@ impl Kernel {
     }
 
     /// What the kernel rounds its operands to.
-    pub fn precision(self) -> Precision {
+    pub(crate) fn precision(self) -> Precision {
         match self {
             Kernel::Avx512 | Kernel::Avx2Fma => Precision::F32,
             Kernel::Avx512Bf16 | Kernel::Avx2FmaBf16 => Precision::Bf16,
@@ -203,7 +203,7 @@ impl Kernel {
 /// built optimised, and the kernels' intrinsics, left as calls, would run many times slower than
 /// candle (the test suite would crawl). `AFKIT_SIMD=avx2` (or the older `AFKIT_GEMM=avx2`)
 /// takes the AVX2 kernels where AVX-512 is there too, so that one machine can time both paths.
-pub fn packed_kernel(precision: Precision) -> Option<Kernel> {
+pub(crate) fn packed_kernel(precision: Precision) -> Option<Kernel> {
     let gemm = std::env::var("AFKIT_GEMM").ok();
     let avx2_only = crate::simd::avx2_forced() || gemm.as_deref() == Some("avx2");
     choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), avx2_only)
@@ -230,7 +230,7 @@ fn choose_kernel(
 }
 
 /// `x` rounded to the nearest bf16 (ties to even), as an f32.
-pub fn round_to_bf16(x: f32) -> f32 {
+pub(crate) fn round_to_bf16(x: f32) -> f32 {
     bf16_as_f32(bf16_bits(x))
 }
 
@@ -560,7 +560,7 @@ mod avx512 {
     /// of each row's value, accumulated in 2·H registers; then the first `rows` rows and `cols`
     /// columns are stored.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn kernel<const H: usize>(
+    pub(crate) unsafe fn kernel<const H: usize>(
         a: *const f32,
         b: *const f32,
         k: usize,
@@ -585,7 +585,7 @@ mod avx512 {
     /// As [`kernel`] over `pairs` words of bf16 pairs: each `vdpbf16ps` adds two steps'
     /// products to sixteen columns.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn kernel_bf16<const H: usize>(
+    pub(crate) unsafe fn kernel_bf16<const H: usize>(
         a: *const f32,
         b: *const f32,
         pairs: usize,
@@ -647,7 +647,7 @@ mod avx2 {
     /// accumulated in 2·H registers (12 of the 16 at H = 6); then the first `rows` rows and
     /// `cols` (≤ 16) columns are stored.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn kernel<const H: usize>(
+    pub(crate) unsafe fn kernel<const H: usize>(
         a: *const f32,
         b: *const f32,
         k: usize,
@@ -676,7 +676,7 @@ mod avx2 {
     /// and a bf16 times a bf16 is exact in f32, so each fused multiply-add rounds once, as
     /// `vdpbf16ps` does.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn kernel_bf16<const H: usize>(
+    pub(crate) unsafe fn kernel_bf16<const H: usize>(
         a: *const f32,
         b: *const f32,
         pairs: usize,

@@ -77,7 +77,7 @@ impl Llama {
     /// Reads the weights of a GGUF file of one of the engine's families (`content` is its parsed header) onto
     /// `compute`'s device.
     /// With an `adapter`, the matrices it changes are loaded with its update added.
-    pub fn from_gguf<R: Read + Seek>(
+    pub(crate) fn from_gguf<R: Read + Seek>(
         content: &Content,
         file: &mut R,
         path: &Path,
@@ -124,7 +124,7 @@ impl Llama {
     }
 
     /// Whether afkit's CPU kernels run the model (else the generic engine, on any device).
-    pub fn cpu_kernels(&self) -> bool {
+    pub(crate) fn cpu_kernels(&self) -> bool {
         self.cpu_kernels
     }
 
@@ -182,7 +182,7 @@ impl Llama {
     /// continue `prefix` (if any) and the rows' own cache; appends the new keys and values to
     /// `cache`. Every row is at the same position: rows are right-padded, and padding only ever
     /// follows a row's real tokens, which causal attention keeps from looking at it.
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         ids: &Tensor,
         prefix: Option<&Prefix>,
@@ -264,7 +264,7 @@ impl Llama {
     /// One step of the generic engine's lockstep decode: `tokens[i]` continues row i of `cache`,
     /// every row at the same position after `prefix`. Returns each row's logits as plain rows
     /// (rows × vocab) for the sampler.
-    pub fn step_lockstep(
+    pub(crate) fn step_lockstep(
         &self,
         tokens: &[u32],
         prefix: &Prefix,
@@ -286,7 +286,7 @@ impl Llama {
     /// continuous batching is the case of one token per row; scoring continuations feeds each
     /// whole continuation at once. Returns hidden states as plain rows (tokens × d_model, in the
     /// rows' order) after the final norm.
-    pub fn slot_forward(&self, rows: &[SlotRow], cache: &mut SlotCache) -> Result<Vec<f32>> {
+    pub(crate) fn slot_forward(&self, rows: &[SlotRow], cache: &mut SlotCache) -> Result<Vec<f32>> {
         if !self.cpu_kernels {
             bail!("the packed forward pass runs with afkit's CPU kernels only");
         }
@@ -334,13 +334,13 @@ impl Llama {
     }
 
     /// Log-softmax over the vocabulary for each row of `hidden` (n × d_model).
-    pub fn log_softmax_rows(&self, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
+    pub(crate) fn log_softmax_rows(&self, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
         let logits = self.head.forward(hidden)?;
         Ok(candle_nn::ops::log_softmax(&logits, D::Minus1)?.to_vec2()?)
     }
 
     /// Raw logits for each row of `hidden` (plain rows, n × d_model), as plain rows (n × vocab).
-    pub fn logits(&self, hidden: &[f32]) -> Result<Vec<f32>> {
+    pub(crate) fn logits(&self, hidden: &[f32]) -> Result<Vec<f32>> {
         self.head.apply(hidden, hidden.len() / self.cfg.d_model)
     }
 
@@ -348,7 +348,7 @@ impl Llama {
     /// that a long batch never holds all its logits at once. With afkit's CPU kernels the
     /// log-normaliser is summed as the sampler sums it, so a scored ending's log-probs are the
     /// ones recorded while sampling it; elsewhere candle's log-softmax runs on the device.
-    pub fn target_logprobs(&self, hidden: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
+    pub(crate) fn target_logprobs(&self, hidden: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
         let n = hidden.dim(0)?;
         if n != targets.len() {
             bail!("{n} hidden states for {} targets", targets.len());

@@ -37,7 +37,7 @@ pub struct LocalLm {
 }
 
 /// A prompt run through the model: `[doc_start] + prompt tokens`.
-pub struct PromptPrefix {
+pub(crate) struct PromptPrefix {
     pub prompt: String,
     pub prefix: Prefix,
     /// Log-probability of each prompt token given the tokens before it.
@@ -46,7 +46,7 @@ pub struct PromptPrefix {
 
 /// How a decoded row ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     SentenceEnd,
     EndOfText,
     TokenCap,
@@ -55,7 +55,7 @@ pub enum Stop {
 }
 
 #[derive(Debug, Clone)]
-pub struct DecodedRow {
+pub(crate) struct DecodedRow {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
     pub stop: Stop,
@@ -84,7 +84,7 @@ impl LocalLm {
     }
 
     /// The prompt's prefix, computed once while the prompt is among the latest few.
-    pub fn prefix(&self, prompt: &str) -> Result<Arc<PromptPrefix>> {
+    pub(crate) fn prefix(&self, prompt: &str) -> Result<Arc<PromptPrefix>> {
         let mut recent = self.recent_prefixes.lock().expect("prefix cache poisoned");
         if let Some(p) = recent.iter().find(|p| p.prompt == prompt) {
             return Ok(Arc::clone(p));
@@ -108,7 +108,7 @@ impl LocalLm {
     /// seeded from its group's generator in row order: a context samples the same endings
     /// whichever contexts share the batch and whichever engine decodes it (up to the rounding of
     /// the logits).
-    pub fn decode_groups(&self, groups: &mut [DecodeGroup]) -> Result<Vec<Vec<DecodedRow>>> {
+    pub(crate) fn decode_groups(&self, groups: &mut [DecodeGroup]) -> Result<Vec<Vec<DecodedRow>>> {
         let mut feed = AllRows {
             waiting: VecDeque::new(),
             out: groups
@@ -382,7 +382,7 @@ impl LiveRow {
 
 /// One context's share of a decode batch: `rows` sequences continuing `prefix`, drawn from the
 /// context's own generator.
-pub struct DecodeGroup<'a> {
+pub(crate) struct DecodeGroup<'a> {
     pub prefix: &'a Prefix,
     pub rows: usize,
     pub rng: &'a mut ChaCha8Rng,

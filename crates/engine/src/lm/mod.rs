@@ -6,15 +6,15 @@
 pub mod adapt;
 pub mod adapter;
 mod block;
-pub mod cache;
+pub(crate) mod cache;
 pub mod choice;
 pub mod config;
-pub mod family;
+pub(crate) mod family;
 #[cfg(test)]
 mod family_tests;
 pub mod features;
 pub mod linear;
-pub mod llama;
+pub(crate) mod llama;
 pub mod local;
 pub mod model;
 pub mod openai;

@@ -46,7 +46,7 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     /// Draws allowed for `n` requested endings (at least one per ending).
-    pub fn max_draws(&self, n: usize) -> usize {
+    pub(crate) fn max_draws(&self, n: usize) -> usize {
         n * self.max_draws_per_ending.max(1)
     }
 
@@ -82,7 +82,7 @@ impl EndingRule {
         EndingRule(Some(Arc::new(check)))
     }
 
-    pub fn check(&self, ending: &str) -> Option<&'static str> {
+    pub(crate) fn check(&self, ending: &str) -> Option<&'static str> {
         self.0.as_ref().and_then(|check| check(ending))
     }
 }
@@ -100,7 +100,7 @@ impl std::fmt::Debug for EndingRule {
 impl SampleRequest {
     /// The normalised endings a pool must not contain yet (the excluded ones); grows as the
     /// backend keeps endings, so that every kept ending is unique.
-    pub fn seen_endings(&self) -> std::collections::HashSet<String> {
+    pub(crate) fn seen_endings(&self) -> std::collections::HashSet<String> {
         self.exclude.iter().map(|e| normalise_ending(e)).collect()
     }
 }
@@ -138,7 +138,7 @@ pub struct SampledPool {
 
 /// Why a drawn sequence did not enter the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// Stopped at the token cap or the end-of-text token before ending a sentence.
     NoSentenceEnd,
     /// More words than an ending may have.
@@ -154,7 +154,7 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Rejection::NoSentenceEnd => "no_sentence_end",
             Rejection::TooLong => "too_long",
@@ -167,14 +167,14 @@ impl Rejection {
 }
 
 impl SampledPool {
-    pub fn reject(&mut self, why: Rejection) {
+    pub(crate) fn reject(&mut self, why: Rejection) {
         *self.rejected.entry(why.as_str()).or_insert(0) += 1;
     }
 
     /// Keeps `ending` (normalised text) when the pool still wants endings and it is a whole
     /// sentence of at most `max_words` words that passes the request's rule and is not in
     /// `seen`; otherwise counts why not.
-    pub fn offer(
+    pub(crate) fn offer(
         &mut self,
         ending: SampledEnding,
         request: &SampleRequest,
@@ -203,7 +203,7 @@ impl SampledPool {
     /// How many more sequences to draw towards `n` unique endings, never past `max_draws`: the
     /// endings still missing divided by the share of draws kept so far (80% assumed before the
     /// first draw), so one round usually covers what caps, EOS and duplicates take away.
-    pub fn draws_to_cover(&self, n: usize, max_draws: usize) -> usize {
+    pub(crate) fn draws_to_cover(&self, n: usize, max_draws: usize) -> usize {
         let missing = n.saturating_sub(self.endings.len());
         let survival = if self.draws == 0 {
             0.8
@@ -266,7 +266,7 @@ pub fn acceptable_ending(text: &str, max_words: usize) -> bool {
 /// Draws one token from `logits` with the uniform variate `u` ∈ [0, 1). Returns the token and its
 /// log-probability under the *untruncated, temperature-1* distribution — the LM feature, whatever
 /// the sampler's settings. `scratch` is reused between calls to avoid allocation.
-pub fn sample_token(
+pub(crate) fn sample_token(
     logits: &[f32],
     u: f64,
     params: &SamplingParams,

@@ -18,7 +18,7 @@ use super::packed::gated_plain;
 /// Which ops a forward pass runs: compositions with gradients while training, candle's fused
 /// kernels (which have no backward pass) where no gradient flows.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Pass {
+pub(crate) enum Pass {
     Train,
     Infer,
 }

@@ -95,7 +95,7 @@ fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
 }
 
 impl GgufTokenizer {
-    pub fn from_gguf(content: &Content) -> Result<Self> {
+    pub(crate) fn from_gguf(content: &Content) -> Result<Self> {
         let model = meta(content, "tokenizer.ggml.model")?.to_string()?.clone();
         let (inner, tokens, space) = match model.as_str() {
             "gpt2" => {
@@ -127,7 +127,7 @@ impl GgufTokenizer {
         })
     }
 
-    pub fn vocab_size(&self) -> usize {
+    pub(crate) fn vocab_size(&self) -> usize {
         self.ends_sentence.len()
     }
 
@@ -146,7 +146,7 @@ impl GgufTokenizer {
             .map_err(|e| anyhow!("cannot decode token ids: {e}"))
     }
 
-    pub fn is_end_of_generation(&self, id: u32) -> bool {
+    pub(crate) fn is_end_of_generation(&self, id: u32) -> bool {
         self.end_of_generation.binary_search(&id).is_ok()
     }
 }
