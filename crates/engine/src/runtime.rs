@@ -9,8 +9,8 @@ pub fn prepare() {
 }
 
 /// candle asks for its thread count on every matrix product, and when `RAYON_NUM_THREADS` is
-/// unset it counts the physical cores by reading and parsing `/proc/cpuinfo`, each time: 6% of
-/// the CPU time of an AF ensemble iteration went to that. Naming the count rayon would choose
+/// unset it counts the physical cores by reading and parsing `/proc/cpuinfo`, each time, which
+/// is a visible share of the CPU time of AF's many small products. Naming the count rayon would choose
 /// anyway (the logical CPUs this process may use) makes the lookup an environment read. On a
 /// machine with SMT, candle's matrix products then split over logical rather than physical
 /// cores, as rayon's own work always did.
@@ -26,10 +26,10 @@ fn name_the_thread_count() {
 
 /// glibc's malloc serves blocks above a threshold that starts at 128 KiB straight from `mmap`
 /// and hands freed memory at the top of a heap back to the kernel, so the per-op tensors of AF
-/// training (0.1 to a few MB each, thousands a second) were page-faulted in and zeroed by the
-/// kernel anew on every op: 15% of an iteration's CPU time went to page faults. Blocks up to
-/// 32 MiB (glibc's largest threshold) now come from the heap, and up to 128 MiB of freed heap
-/// is kept for reuse; larger blocks (a scoring batch's logits) still go back when freed.
+/// training (0.1 to a few MB each, thousands a second) would be page-faulted in and zeroed by
+/// the kernel anew on every op. Blocks up to 32 MiB (glibc's largest threshold) come from the
+/// heap instead, and up to 128 MiB of freed heap is kept for reuse; larger blocks (a scoring
+/// batch's logits) still go back when freed.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before other threads exist.

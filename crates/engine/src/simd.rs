@@ -222,7 +222,7 @@ fn max_lanes(xs: &[f32]) -> f32 {
 /// `Σ exp(x − shift)` over `xs`, summed in f64; with `out`, each term is also appended to it.
 /// With `shift` the maximum these are softmax weights relative to the most probable token, and
 /// `shift + ln(sum)` is the log-normaliser. [`exp_lanes`] runs eight or sixteen at a time, which
-/// the vocabulary-sized softmaxes of sampling and scoring need (libm's `expf` was 4% of generate).
+/// the vocabulary-sized softmaxes of sampling and scoring need (libm's scalar `expf` is too slow for them).
 #[inline]
 pub(crate) fn sum_exp_shifted(xs: &[f32], shift: f32, out: Option<&mut Vec<f32>>) -> f64 {
     #[cfg(target_arch = "x86_64")]
