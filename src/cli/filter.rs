@@ -80,7 +80,7 @@ pub struct FilterArgs {
     /// video), as the export's splits and the audit's folds are cut. With `context` a model may have trained on a context of the same video when it scores a
     /// held-out one, so it knows that video's real endings; `group` rules that out.
     #[arg(long, value_enum, default_value_t = DEFAULTS.hold_out, help_heading = RUN, hide_short_help = true)]
-    pub hold_out: filter::run::HoldOut,
+    pub hold_out: filter::HoldOut,
     /// Start a new run instead of resuming or keeping the latest one.
     ///
     /// Without it an unfinished latest run resumes, and one finished on the same pools stands.
