@@ -76,7 +76,7 @@ pub(crate) struct Texts {
 
 impl Texts {
     /// The texts of the contexts in `data`, read from the project.
-    pub fn load(store: &Store, data: &Dataset) -> Result<Texts> {
+    pub(crate) fn load(store: &Store, data: &Dataset) -> Result<Texts> {
         let wanted: HashSet<i64> = data.contexts.iter().map(|c| c.example_id).collect();
         let mut texts = Texts {
             contexts: HashMap::new(),
@@ -112,7 +112,7 @@ pub(crate) struct Discriminator {
 
 impl Discriminator {
     /// The shipped sentence model (or `config.model`) with a new head drawn from `seed`.
-    pub fn new(config: &DiscriminatorConfig, seed: Seed, compute: &Compute) -> Result<Self> {
+    pub(crate) fn new(config: &DiscriminatorConfig, seed: Seed, compute: &Compute) -> Result<Self> {
         let dir = match &config.model {
             Some(dir) => dir.clone(),
             None => afkit_engine::models::DefaultModel::MiniLm.ensure()?,
