@@ -7,7 +7,8 @@
 //! iteration's training contexts, each posed as the benchmark poses a question, the real ending
 //! beside `negatives` of the context's assigned negatives, and then scores the gold and every
 //! pool ending of the held-out contexts; the final cross-fitted pass trains one per fold. AF acts
-//! on its scores together with the stylistic ensemble's (see `run.rs`, `Adversary::join`).
+//! on its scores together with the stylistic ensemble's (see `run/adversary.rs`,
+//! `Adversary::join`).
 //!
 //! It is not carried from one iteration to the next: each iteration draws a new 80/20 split, so a
 //! carried model has already trained on the real endings of most contexts a later split holds out,

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 
-use crate::data::Dataset;
+use crate::data::{store_sentence_vectors, Dataset};
 use crate::scorer::store_scorer_scores;
 use adversary::{check_model_loads, Adversary};
 use afkit_engine::text::counted;
@@ -142,21 +142,19 @@ fn note_run_started(
     }
 }
 
-/// Reads the pools AF filters, embedding their sentences first where the run needs them, and
-/// checks there are enough of them.
-fn load_pools(
+/// Computes and stores what the pools' endings lack: sentence vectors where the run reads texts,
+/// and every scorer model's scores.
+fn store_missing_features(
     store: &mut Store,
     config: &Config,
+    with_text: bool,
     observer: &mut dyn Observer,
     timings: &mut Timings,
-) -> Result<Dataset> {
-    // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
-    // reads the LM features alone, which keeps a big project small.
-    let with_text = config.final_family() == Phase::Ensemble;
+) -> Result<()> {
     let started = Instant::now();
     if with_text && config.encode.sentence_vectors {
         let cache = config.embedding_cache.as_deref();
-        super::data::store_sentence_vectors(store, cache, &mut |done, total| {
+        store_sentence_vectors(store, cache, &mut |done, total| {
             observer.embedding(done, total)
         })?;
     }
@@ -168,6 +166,21 @@ fn load_pools(
         })?;
     }
     timings.scorers = started.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// Reads the pools AF filters, once their endings have every feature the run reads, and checks
+/// there are enough of them.
+fn load_pools(
+    store: &mut Store,
+    config: &Config,
+    observer: &mut dyn Observer,
+    timings: &mut Timings,
+) -> Result<Dataset> {
+    // The text ids (words, BiLSTM ids) only for a run with an ensemble phase: MLP-only work
+    // reads the LM features alone, which keeps a big project small.
+    let with_text = config.final_family() == Phase::Ensemble;
+    store_missing_features(store, config, with_text, observer, timings)?;
     let started = Instant::now();
     let keys: Vec<String> = config.scorers.iter().map(|s| s.sha256.clone()).collect();
     let data = Dataset::load_scored(store, config.k, &config.encode, with_text, &keys)?;
