@@ -107,77 +107,111 @@ fn build_project_with(
     drop(Store::create(&path).unwrap());
     let mut conn = Connection::open(&path).unwrap();
     let tx = conn.transaction().unwrap();
-    let src = Fixtures::on(&tx)
+    let origin = synthetic_origin(&tx, spec);
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
+    for i in 0..spec.contexts {
+        let (gold, endings) = endings_of(&mut rng, i);
+        insert_pool(&tx, origin, i, (&gold, &endings), &mut rng);
+    }
+    tx.commit().unwrap();
+    path
+}
+
+/// Where a synthetic pool comes from: its source and its (imported) generation.
+#[derive(Clone, Copy)]
+struct Origin {
+    source: i64,
+    generation: i64,
+}
+
+fn synthetic_origin(conn: &Connection, spec: PoolSpec) -> Origin {
+    let source = Fixtures::on(conn)
         .upsert_source("synthetic", "jsonl", &format!("{spec:?}"), "{}")
         .unwrap();
-    tx.execute(
+    conn.execute(
         "INSERT INTO generations(backend, model, prompt, params, seed, started_at)
          VALUES ('import', 'synthetic', 'none', '{}', 0, '2026-01-01T00:00:00Z')",
         [],
     )
     .unwrap();
-    let generation = tx.last_insert_rowid();
-    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
-    for i in 0..spec.contexts {
-        let (gold, endings) = endings_of(&mut rng, i);
-        let (sent1, sent2) = synthetic_context(i);
-        let ex = NewExample {
-            ext_id: format!("v{}#{i}", i / 3),
-            group: format!("v{}", i / 3),
-            sent1,
-            sent2,
-            ending: gold.clone(),
-            gold_source: None,
-        };
-        assert!(Fixtures::on(&tx).insert_example(src, &ex).unwrap());
-        let example_id: i64 = tx
-            .query_row(
-                "SELECT id FROM examples WHERE ext_id = ?1",
-                [&ex.ext_id],
-                |r| r.get(0),
-            )
-            .unwrap();
-        let lm = |rng: &mut ChaCha8Rng, text: &str| {
-            let n = text.split_whitespace().count() as i64 + 1;
-            (
-                -3.0 + rng.random_range(-1.0..1.0),
-                -4.0 + rng.random_range(-1.0..1.0),
-                -0.5 + rng.random_range(-0.3..0.3),
-                n,
-            )
-        };
-        let (a, b, c, n) = lm(&mut rng, &gold);
-        tx.execute(
-            "UPDATE endings SET lp_cond = ?2, lp_alone = ?3, lp_final_punct = ?4, n_tok_ending = ?5
-             WHERE example_id = ?1 AND is_gold = 1",
-            params![example_id, a, b, c, n],
-        )
-        .unwrap();
-        for text in &endings {
-            let (a, b, c, n) = lm(&mut rng, text);
-            tx.execute(
-                "INSERT INTO endings(example_id, text, is_gold, generation_id, lp_cond, lp_alone,
-                                     lp_final_punct, n_tok_ending)
-                 VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7)",
-                params![example_id, text, generation, a, b, c, n],
-            )
-            .unwrap();
-        }
-        tx.execute(
-            "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
-                               n_tok_sent1, n_tok_sent2, seconds, finished_at)
-             VALUES (?1, ?2, ?3, ?3, ?4, 9, 2, 0.0, '2026-01-01T00:00:00Z')",
-            params![
-                example_id,
-                generation,
-                endings.len() as i64,
-                -2.5 + rng.random_range(-0.5..0.5)
-            ],
+    Origin {
+        source,
+        generation: conn.last_insert_rowid(),
+    }
+}
+
+/// Context `i` with its gold ending and its complete pool of `endings`, each with LM features
+/// drawn from `rng` around plausible values.
+fn insert_pool(
+    conn: &Connection,
+    origin: Origin,
+    i: usize,
+    (gold, endings): (&str, &[String]),
+    rng: &mut ChaCha8Rng,
+) {
+    let example_id = insert_context(conn, origin, i, gold);
+    let (a, b, c, n) = lm_features(rng, gold);
+    conn.execute(
+        "UPDATE endings SET lp_cond = ?2, lp_alone = ?3, lp_final_punct = ?4, n_tok_ending = ?5
+         WHERE example_id = ?1 AND is_gold = 1",
+        params![example_id, a, b, c, n],
+    )
+    .unwrap();
+    for text in endings {
+        let (a, b, c, n) = lm_features(rng, text);
+        conn.execute(
+            "INSERT INTO endings(example_id, text, is_gold, generation_id, lp_cond, lp_alone,
+                                 lp_final_punct, n_tok_ending)
+             VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7)",
+            params![example_id, text, origin.generation, a, b, c, n],
         )
         .unwrap();
     }
-    tx.commit().unwrap();
-    path
+    conn.execute(
+        "INSERT INTO pools(example_id, generation_id, requested, produced, ctx_logprob,
+                           n_tok_sent1, n_tok_sent2, seconds, finished_at)
+         VALUES (?1, ?2, ?3, ?3, ?4, 9, 2, 0.0, '2026-01-01T00:00:00Z')",
+        params![
+            example_id,
+            origin.generation,
+            endings.len() as i64,
+            -2.5 + rng.random_range(-0.5..0.5)
+        ],
+    )
+    .unwrap();
+}
+
+/// Ingests context `i` (three contexts to a video) with its gold ending; returns its id.
+fn insert_context(conn: &Connection, origin: Origin, i: usize, gold: &str) -> i64 {
+    let (sent1, sent2) = synthetic_context(i);
+    let ex = NewExample {
+        ext_id: format!("v{}#{i}", i / 3),
+        group: format!("v{}", i / 3),
+        sent1,
+        sent2,
+        ending: gold.to_string(),
+        gold_source: None,
+    };
+    assert!(Fixtures::on(conn)
+        .insert_example(origin.source, &ex)
+        .unwrap());
+    conn.query_row(
+        "SELECT id FROM examples WHERE ext_id = ?1",
+        [&ex.ext_id],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+/// An ending's (lp_cond, lp_alone, lp_final_punct, n_tok_ending): noise around typical values.
+fn lm_features(rng: &mut ChaCha8Rng, text: &str) -> (f64, f64, f64, i64) {
+    let n = text.split_whitespace().count() as i64 + 1;
+    (
+        -3.0 + rng.random_range(-1.0..1.0),
+        -4.0 + rng.random_range(-1.0..1.0),
+        -0.5 + rng.random_range(-0.3..0.3),
+        n,
+    )
 }
 
 /// Small models and few epochs so each test takes seconds.
@@ -291,49 +325,7 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     )));
     assert!(out.contains("iteration    0 mlp"), "live lines: {out}");
     let report_dir = dir.path().join("report");
-    let json = run_ok(command().args([
-        "report",
-        &project.display().to_string(),
-        "--out",
-        &report_dir.display().to_string(),
-        "--json",
-    ]));
-    let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
-    let iterations = value["iterations"].as_array().unwrap();
-    assert_eq!(
-        value.as_object().unwrap().len(),
-        1,
-        "exactly the documented object"
-    );
-    let first = &iterations[0];
-    assert_eq!(first["phase"], "mlp");
-    assert!(
-        first["accuracy"]["cnn"].is_null(),
-        "MLP-only iterations train no text model"
-    );
-    let keys: BTreeSet<&str> = first
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(|k| k.as_str())
-        .collect();
-    assert_eq!(
-        keys,
-        BTreeSet::from(["iteration", "phase", "swaps", "seconds", "accuracy"])
-    );
-    let ensemble: Vec<f64> = iterations
-        .iter()
-        .filter(|r| r["phase"] == "ensemble")
-        .map(|r| r["accuracy"]["ensemble"].as_f64().unwrap())
-        .collect();
-    for r in iterations.iter().filter(|r| r["phase"] == "ensemble") {
-        for head in ["bow", "cnn", "lstm", "subword", "sentence"] {
-            assert!(
-                r["accuracy"][head].is_f64(),
-                "every model of the ensemble reports its accuracy: {r}"
-            );
-        }
-    }
+    let ensemble = ensemble_accuracy_in_report(&project, &report_dir);
     let (scored, with_sentence) = sentence_scored(&project);
     assert_eq!(
         (scored, with_sentence),
@@ -376,6 +368,54 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     let md = std::fs::read_to_string(report_dir.join("report.md")).unwrap();
     assert!(md.contains("| iteration | phase |"), "{md}");
     assert!(md.contains("final cross-fitted pass"), "{md}");
+}
+
+/// Runs `afkit report --json` into `report_dir` and checks the JSON's documented shape (an MLP
+/// iteration first, without text models; every ensemble iteration with each model's accuracy);
+/// returns the ensemble's held-out accuracy in each ensemble iteration.
+fn ensemble_accuracy_in_report(project: &Path, report_dir: &Path) -> Vec<f64> {
+    let json = run_ok(command().args([
+        "report",
+        &project.display().to_string(),
+        "--out",
+        &report_dir.display().to_string(),
+        "--json",
+    ]));
+    let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    let iterations = value["iterations"].as_array().unwrap();
+    assert_eq!(
+        value.as_object().unwrap().len(),
+        1,
+        "exactly the documented object"
+    );
+    let first = &iterations[0];
+    assert_eq!(first["phase"], "mlp");
+    assert!(
+        first["accuracy"]["cnn"].is_null(),
+        "MLP-only iterations train no text model"
+    );
+    let keys: BTreeSet<&str> = first
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["iteration", "phase", "swaps", "seconds", "accuracy"])
+    );
+    let ensemble_iterations = iterations.iter().filter(|r| r["phase"] == "ensemble");
+    for r in ensemble_iterations.clone() {
+        for head in ["bow", "cnn", "lstm", "subword", "sentence"] {
+            assert!(
+                r["accuracy"][head].is_f64(),
+                "every model of the ensemble reports its accuracy: {r}"
+            );
+        }
+    }
+    ensemble_iterations
+        .map(|r| r["accuracy"]["ensemble"].as_f64().unwrap())
+        .collect()
 }
 
 /// Starts `afkit filter` with `flags` and kills it (SIGKILL) once `iterations` are stored.
@@ -905,23 +945,71 @@ fn scorer_margin(project: &Path, per_char: &PerChar) -> f64 {
 /// and it is the harness-style reading of `lm::choice`.
 #[test]
 fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
-    use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
-
     let dir = tempfile::tempdir().unwrap();
     let gguf = common::tiny_gguf(dir.path(), 64, 2);
-    let model = afkit_engine::lm::LanguageModel::load(&gguf).unwrap();
-    let scorer = ChoiceScorer::new(&model).unwrap();
-    let mut per_char = PerChar::new();
-    let mut gold_ll = std::collections::HashMap::new();
-    // Per context, the margin a uniformly random assignment has on average.
-    let mut random_margins = Vec::new();
     let spec = PoolSpec {
         contexts: 300,
         candidates: 9,
         clean: 9,
         seed: 5,
     };
-    let made = build_project_with(dir.path(), "made.sqlite", spec, |rng, i| {
+    let made = likeliest_gold_project(dir.path(), &gguf, spec);
+    let plain = dir.path().join("plain.sqlite");
+    std::fs::copy(&made.path, &plain).unwrap();
+    let scored = dir.path().join("scored.sqlite");
+    std::fs::copy(&made.path, &scored).unwrap();
+    let run = |project: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "--k",
+            "4",
+            "--mlp-iterations",
+            "10",
+            "--ensemble-iterations",
+            "0",
+            "--seed",
+            "3",
+        ];
+        args.extend(extra);
+        run_ok(command().args(filter_args(project, &args)));
+    };
+    run(&plain, &[]);
+    run(&scored, &["--scorer", gguf.to_str().unwrap()]);
+
+    let initial = made.random_margins.iter().sum::<f64>() / made.random_margins.len() as f64;
+    let without = scorer_margin(&plain, &made.per_char);
+    let with = scorer_margin(&scored, &made.per_char);
+    assert!(initial > 0.0, "the real ending is the likeliest: {initial}");
+    assert!(
+        without > 0.85 * initial,
+        "without the scorer AF cannot see the tell: {without} of {initial}"
+    );
+    assert!(
+        with < 0.7 * initial,
+        "with the scorer AF picks negatives the model finds likely: {with} of {initial}"
+    );
+    assert_scorer_scores_stored(&scored, made.gold_ll[&0]);
+}
+
+/// A project whose every real ending is, of its pool, the one the tiny model `gguf` finds
+/// likeliest per character given its context, with what the model read.
+struct LikeliestGold {
+    path: PathBuf,
+    per_char: PerChar,
+    /// Context i's real ending's log-likelihood.
+    gold_ll: HashMap<usize, f64>,
+    /// Per context, the margin a uniformly random assignment has on average.
+    random_margins: Vec<f64>,
+}
+
+fn likeliest_gold_project(dir: &Path, gguf: &Path, spec: PoolSpec) -> LikeliestGold {
+    use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
+
+    let model = afkit_engine::lm::LanguageModel::load(gguf).unwrap();
+    let scorer = ChoiceScorer::new(&model).unwrap();
+    let mut per_char = PerChar::new();
+    let mut gold_ll = HashMap::new();
+    let mut random_margins = Vec::new();
+    let path = build_project_with(dir, "made.sqlite", spec, |rng, i| {
         let (sent1, sent2) = synthetic_context(i);
         let mut texts = BTreeSet::new();
         while texts.len() < spec.candidates + 1 {
@@ -950,41 +1038,19 @@ fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
         let gold = candidates.remove(gold);
         (gold, candidates)
     });
-    let plain = dir.path().join("plain.sqlite");
-    std::fs::copy(&made, &plain).unwrap();
-    let scored = dir.path().join("scored.sqlite");
-    std::fs::copy(&made, &scored).unwrap();
-    let run = |project: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "--k",
-            "4",
-            "--mlp-iterations",
-            "10",
-            "--ensemble-iterations",
-            "0",
-            "--seed",
-            "3",
-        ];
-        args.extend(extra);
-        run_ok(command().args(filter_args(project, &args)));
-    };
-    run(&plain, &[]);
-    run(&scored, &["--scorer", gguf.to_str().unwrap()]);
+    LikeliestGold {
+        path,
+        per_char,
+        gold_ll,
+        random_margins,
+    }
+}
 
-    let initial = random_margins.iter().sum::<f64>() / random_margins.len() as f64;
-    let without = scorer_margin(&plain, &per_char);
-    let with = scorer_margin(&scored, &per_char);
-    assert!(initial > 0.0, "the real ending is the likeliest: {initial}");
-    assert!(
-        without > 0.85 * initial,
-        "without the scorer AF cannot see the tell: {without} of {initial}"
-    );
-    assert!(
-        with < 0.7 * initial,
-        "with the scorer AF picks negatives the model finds likely: {with} of {initial}"
-    );
-
-    let conn = Connection::open(&scored).unwrap();
+/// Every pool ending of `project` is scored once by the scorer model, the first real ending's
+/// score is `first_gold_ll` (the harness-style reading of `lm::choice`), and the run records
+/// its scorer.
+fn assert_scorer_scores_stored(project: &Path, first_gold_ll: f64) {
+    let conn = Connection::open(project).unwrap();
     let (rows, endings): (i64, i64) = conn
         .query_row(
             "SELECT (SELECT COUNT(*) FROM scorer_scores), (SELECT COUNT(*) FROM endings)",
@@ -1002,9 +1068,8 @@ fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
         )
         .unwrap();
     assert!(
-        (first_gold - gold_ll[&0]).abs() < 1e-4,
-        "{first_gold} vs {}",
-        gold_ll[&0]
+        (first_gold - first_gold_ll).abs() < 1e-4,
+        "{first_gold} vs {first_gold_ll}"
     );
     let params: String = conn
         .query_row(
@@ -1193,8 +1258,6 @@ fn a_discriminator_model_that_does_not_load_fails_before_any_run_is_marked_runni
 /// reads nothing again; `--fluency-reader none` forgets the floor.
 #[test]
 fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
-    use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
-
     let dir = tempfile::tempdir().unwrap();
     let gguf = common::tiny_gguf(dir.path(), 64, 2);
     let spec = PoolSpec {
@@ -1224,15 +1287,7 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
     };
     let out = filter("0.5", reader);
     let conn = Connection::open(&project).unwrap();
-    let read = |sql: &str| -> Vec<(i64, bool, f64, i64)> {
-        let mut stmt = conn.prepare(sql).unwrap();
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)));
-        rows.unwrap().map(Result::unwrap).collect()
-    };
-    let scores = read(
-        "SELECT e.id, e.is_gold, f.ll_cond, f.n_tok FROM fluency_scores f
-         JOIN endings e ON e.id = f.ending_id ORDER BY e.id",
-    );
+    let scores = fluency_readings(&conn);
     let assigned: i64 = conn
         .query_row("SELECT COUNT(*) FROM af_assignments", [], |r| r.get(0))
         .unwrap();
@@ -1241,9 +1296,56 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
         assigned + spec.contexts as i64,
         "gold and negatives, once"
     );
+    assert_read_as_a_harness_question(&conn, &gguf, scores[0]);
 
-    // The stored reading is the harness-style one.
-    let (id, _, ll, _) = scores[0];
+    let refused = under_the_median_found_ending(&scores);
+    assert!(!refused.is_empty() && (refused.len() as i64) < assigned);
+    assert!(
+        out.contains(&format!(
+            "{} of {assigned} assigned negatives refused",
+            refused.len()
+        )),
+        "{out}"
+    );
+    assert_assembly_takes_refused_negatives_last(&conn, &project, &refused);
+
+    // Another quantile reads nothing again; `none` forgets the floor.
+    filter("0.2", reader);
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM fluency_scores"),
+        scores.len() as i64
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM af_fluency WHERE quantile = 0.2"),
+        1
+    );
+    filter("0.2", "none");
+    assert_eq!(count("SELECT COUNT(*) FROM af_fluency"), 0);
+}
+
+/// The fluency reader's stored readings, in ending order: (ending id, is gold, log-likelihood,
+/// tokens).
+fn fluency_readings(conn: &Connection) -> Vec<(i64, bool, f64, i64)> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT e.id, e.is_gold, f.ll_cond, f.n_tok FROM fluency_scores f
+             JOIN endings e ON e.id = f.ending_id ORDER BY e.id",
+        )
+        .unwrap();
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)));
+    rows.unwrap().map(Result::unwrap).collect()
+}
+
+/// The stored reading of an ending is the harness-style one: `lm::choice` asking the model
+/// `gguf` about the ending alone after its context.
+fn assert_read_as_a_harness_question(
+    conn: &Connection,
+    gguf: &Path,
+    (id, _, ll, _): (i64, bool, f64, i64),
+) {
+    use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
+
     let (text, sent1, sent2): (String, String, String) = conn
         .query_row(
             "SELECT e.text, x.sent1, x.sent2 FROM endings e JOIN examples x ON x.id = e.example_id
@@ -1252,7 +1354,7 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap();
-    let model = afkit_engine::lm::LanguageModel::load(&gguf).unwrap();
+    let model = afkit_engine::lm::LanguageModel::load(gguf).unwrap();
     let context = afkit_store::dataset::startphrase(&sent1, &sent2);
     let options = [text];
     let expected = ChoiceScorer::new(&model)
@@ -1263,8 +1365,11 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
         })
         .unwrap();
     assert!((expected.loglikelihood[0] - ll).abs() < 1e-4);
+}
 
-    // The floor: the median found ending's per-token value; the refused, the negatives under it.
+/// The floor at quantile 0.5: the median found ending's per-token value; the refused, the
+/// negatives under it.
+fn under_the_median_found_ending(scores: &[(i64, bool, f64, i64)]) -> HashSet<i64> {
     let mut found: Vec<f64> = scores
         .iter()
         .filter(|s| s.1)
@@ -1272,60 +1377,36 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
         .collect();
     found.sort_by(f64::total_cmp);
     let threshold = found[found.len() / 2];
-    let refused: HashSet<i64> = scores
+    scores
         .iter()
         .filter(|s| !s.1 && s.2 / (s.3 as f64) < threshold)
         .map(|s| s.0)
-        .collect();
-    assert!(!refused.is_empty() && (refused.len() as i64) < assigned);
-    assert!(
-        out.contains(&format!(
-            "{} of {assigned} assigned negatives refused",
-            refused.len()
-        )),
-        "{out}"
-    );
+        .collect()
+}
 
-    // No evidence for the could-be-right judgement (no scorer, no sentence vectors, no
-    // generator likelihoods): every negative counts as safe, and only the floor orders them.
+/// With no evidence for the could-be-right judgement (no scorer, no sentence vectors, no
+/// generator likelihoods) every negative counts as safe and only the floor orders them:
+/// `assemble --unverified` takes a refused negative only to make up a question's three.
+fn assert_assembly_takes_refused_negatives_last(
+    conn: &Connection,
+    project: &Path,
+    refused: &HashSet<i64>,
+) {
     conn.execute_batch("UPDATE endings SET lp_cond = NULL; DELETE FROM sentence_vectors;")
         .unwrap();
     let assembled =
         run_ok(
             command()
                 .args(["assemble"])
-                .arg(&project)
+                .arg(project)
                 .args(["--unverified", "--seed", "1"]),
         );
     let mut taken_under = 0;
-    let mut stmt = conn
-        .prepare("SELECT assembled_id, ending_id FROM assembled_distractors WHERE position < 3")
-        .unwrap();
-    let distractors: Vec<(i64, i64)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let mut per_question: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    for (question, ending) in distractors {
-        per_question.entry(question).or_default().push(ending);
-    }
-    for (question, endings) in &per_question {
+    for (question, endings) in &distractors_per_question(conn) {
         let under = endings.iter().filter(|e| refused.contains(e)).count();
         if under > 0 {
             taken_under += 1;
-            let all: Vec<i64> = {
-                let mut s = conn
-                    .prepare(
-                        "SELECT a.ending_id FROM af_assignments a
-                         JOIN assembled s ON s.example_id = a.example_id WHERE s.id = ?1",
-                    )
-                    .unwrap();
-                s.query_map([question], |r| r.get(0))
-                    .unwrap()
-                    .map(Result::unwrap)
-                    .collect()
-            };
+            let all = assigned_negatives_of_question(conn, *question);
             let fluent = all.iter().filter(|e| !refused.contains(e)).count();
             assert!(
                 fluent < 3,
@@ -1342,18 +1423,35 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
             "{assembled}"
         );
     }
+}
 
-    // Another quantile reads nothing again; `none` forgets the floor.
-    filter("0.2", reader);
-    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
-    assert_eq!(
-        count("SELECT COUNT(*) FROM fluency_scores"),
-        scores.len() as i64
-    );
-    assert_eq!(
-        count("SELECT COUNT(*) FROM af_fluency WHERE quantile = 0.2"),
-        1
-    );
-    filter("0.2", "none");
-    assert_eq!(count("SELECT COUNT(*) FROM af_fluency"), 0);
+/// Each assembled question's first three distractors (ending ids).
+fn distractors_per_question(conn: &Connection) -> BTreeMap<i64, Vec<i64>> {
+    let mut stmt = conn
+        .prepare("SELECT assembled_id, ending_id FROM assembled_distractors WHERE position < 3")
+        .unwrap();
+    let distractors: Vec<(i64, i64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut per_question: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for (question, ending) in distractors {
+        per_question.entry(question).or_default().push(ending);
+    }
+    per_question
+}
+
+/// The negatives AF assigned to the context of assembled question `question`.
+fn assigned_negatives_of_question(conn: &Connection, question: i64) -> Vec<i64> {
+    let mut s = conn
+        .prepare(
+            "SELECT a.ending_id FROM af_assignments a
+             JOIN assembled s ON s.example_id = a.example_id WHERE s.id = ?1",
+        )
+        .unwrap();
+    s.query_map([question], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
 }

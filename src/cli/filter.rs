@@ -80,7 +80,7 @@ pub struct FilterArgs {
     /// video), as the export's splits and the audit's folds are cut. With `context` a model may have trained on a context of the same video when it scores a
     /// held-out one, so it knows that video's real endings; `group` rules that out.
     #[arg(long, value_enum, default_value_t = DEFAULTS.hold_out, help_heading = RUN, hide_short_help = true)]
-    pub hold_out: filter::run::HoldOut,
+    pub hold_out: filter::HoldOut,
     /// Start a new run instead of resuming or keeping the latest one.
     ///
     /// Without it an unfinished latest run resumes, and one finished on the same pools stands.
@@ -227,49 +227,11 @@ impl FilterArgs {
             replacement: self.replace_with,
             hold_out: self.hold_out,
             mlp_iterations: self.mlp_iterations,
-            ensemble_iterations: self.ensemble_iterations.unwrap_or(
-                if self.discriminator().is_some() {
-                    ADVERSARY_ENSEMBLE_ITERATIONS
-                } else {
-                    DEFAULTS.ensemble_iterations
-                },
-            ),
+            ensemble_iterations: self.ensemble_iterations(),
             folds: self.folds,
-            encode: EncodeConfig {
-                min_count: self.min_count,
-                min_contexts: self.min_contexts,
-                subword_buckets: if self.no_subword_model {
-                    0
-                } else {
-                    defaults.encode.subword_buckets
-                },
-                sentence_vectors: !self.no_sentence_model,
-                ..defaults.encode
-            },
-            train: TrainConfig {
-                mlp_epochs: self.mlp_epochs,
-                ensemble_epochs: self.ensemble_epochs,
-                batch_contexts: self.batch_contexts,
-                learning_rate: self.learning_rate,
-                model: ModelConfig {
-                    word_dim: self.word_dim,
-                    mlp_hidden: self.hidden,
-                    ensemble_hidden: self.hidden,
-                    cnn_filters: (self.hidden / 2).max(1),
-                    lstm_hidden: (self.hidden / 2).max(1),
-                    ..ModelConfig::default()
-                },
-                compute,
-                ..defaults.train
-            },
-            scorers: self
-                .scorers
-                .iter()
-                .filter(|_| !self.no_scorer)
-                .map(|name| {
-                    filter::scorer::Scorer::open(name, afkit_engine::models::generator_gguf(name)?)
-                })
-                .collect::<Result<_>>()?,
+            encode: self.encode_config(defaults.encode),
+            train: self.train_config(compute, defaults.train),
+            scorers: self.scorer_models()?,
             discriminator: self.discriminator(),
             new_run: self.new_run,
             embedding_cache: (!self.no_cache).then(|| {
@@ -279,6 +241,62 @@ impl FilterArgs {
             }),
             ..defaults
         })
+    }
+
+    /// `--ensemble-iterations`, whose default is larger when the fine-tuned adversary joins.
+    fn ensemble_iterations(&self) -> usize {
+        self.ensemble_iterations
+            .unwrap_or(if self.discriminator().is_some() {
+                ADVERSARY_ENSEMBLE_ITERATIONS
+            } else {
+                DEFAULTS.ensemble_iterations
+            })
+    }
+
+    /// How texts are read: the vocabulary's thresholds and which text models get inputs.
+    fn encode_config(&self, defaults: EncodeConfig) -> EncodeConfig {
+        EncodeConfig {
+            min_count: self.min_count,
+            min_contexts: self.min_contexts,
+            subword_buckets: if self.no_subword_model {
+                0
+            } else {
+                defaults.subword_buckets
+            },
+            sentence_vectors: !self.no_sentence_model,
+            ..defaults
+        }
+    }
+
+    /// How each iteration's models are sized and trained, on `compute`.
+    fn train_config(&self, compute: Compute, defaults: TrainConfig) -> TrainConfig {
+        TrainConfig {
+            mlp_epochs: self.mlp_epochs,
+            ensemble_epochs: self.ensemble_epochs,
+            batch_contexts: self.batch_contexts,
+            learning_rate: self.learning_rate,
+            model: ModelConfig {
+                word_dim: self.word_dim,
+                mlp_hidden: self.hidden,
+                ensemble_hidden: self.hidden,
+                cnn_filters: (self.hidden / 2).max(1),
+                lstm_hidden: (self.hidden / 2).max(1),
+                ..ModelConfig::default()
+            },
+            compute,
+            ..defaults
+        }
+    }
+
+    /// The scorer models (`--scorer`), fetched where needed; none with `--no-scorer`.
+    fn scorer_models(&self) -> Result<Vec<filter::scorer::Scorer>> {
+        self.scorers
+            .iter()
+            .filter(|_| !self.no_scorer)
+            .map(|name| {
+                filter::scorer::Scorer::open(name, afkit_engine::models::generator_gguf(name)?)
+            })
+            .collect()
     }
 }
 

@@ -31,6 +31,12 @@ pub(crate) fn iteration_stream(iteration: usize) -> u64 {
     iteration as u64 + 1
 }
 
+/// The seed of the models a step trains (and of a group-wise deal of folds): the next number of
+/// the step's stream.
+pub(crate) fn draw_seed(rng: &mut ChaCha8Rng) -> Seed {
+    Seed::new(rng.next_u64())
+}
+
 /// k distinct endings drawn uniformly from `pool` (which must hold at least k).
 pub(crate) fn initial_draw(pool: &[i64], k: usize, rng: &mut ChaCha8Rng) -> Vec<i64> {
     pool.choose_multiple(rng, k).copied().collect()
@@ -70,7 +76,7 @@ pub(crate) fn folds(groups: &[Option<&str>], folds: usize, rng: &mut ChaCha8Rng)
         }
         return fold_of;
     }
-    afkit_engine::folds::assign(groups, folds, Seed::new(rng.next_u64()))
+    afkit_engine::folds::assign(groups, folds, draw_seed(rng))
 }
 
 /// A choice counts as solved when the gold outscores every assigned negative (ties are errors,

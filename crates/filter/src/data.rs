@@ -439,8 +439,30 @@ impl Builder {
         }
     }
 
+    /// The dataset: features standardised, every token renumbered into the vocabularies.
     fn finish(mut self) -> Dataset {
         standardise(&mut self.contexts);
+        let renumbering = self.renumbering();
+        renumbering.apply(&mut self.contexts);
+        Dataset {
+            contexts: self.contexts,
+            vocab_size: renumbering.vocab_size,
+            lstm_vocab_size: renumbering.tag_base as usize + UPOS_TAGS.len(),
+            with_text: self.with_text,
+            subword_buckets: if self.with_text {
+                self.cfg.subword_buckets
+            } else {
+                0
+            },
+            sentence_dim: self.sentence_dim,
+            scorer_features: SCORER_FEATURES * self.scorers.len(),
+            excluded: self.excluded,
+        }
+    }
+
+    /// The vocabularies, by frequency (ties in text order): the word models' words of at least
+    /// `min_count` occurrences in enough contexts, the BiLSTM's `lstm_top_words` words.
+    fn renumbering(&self) -> Renumbering {
         let mut by_frequency: Vec<(&str, u32)> = self
             .interned
             .iter()
@@ -452,10 +474,9 @@ impl Builder {
                 .cmp(&counts[a.1 as usize])
                 .then(a.0.cmp(b.0))
         });
-        // Interned id → vocabulary id (UNK below min_count or min_contexts) and → BiLSTM id
-        // (None: use the tag). The context rule needs three times as many contexts as it asks of
-        // a word: below that it left the word models a few dozen words (23 on the 40-context
-        // sample) and the sample's audit fell further under chance than without it.
+        // The context rule needs three times as many contexts as it asks of a word: below that
+        // it left the word models a few dozen words (23 on the 40-context sample) and the
+        // sample's audit fell further under chance than without it.
         let min_contexts = if self.contexts.len() >= 3 * self.cfg.min_contexts {
             self.cfg.min_contexts
         } else {
@@ -481,34 +502,41 @@ impl Builder {
         {
             lstm_id[*id as usize] = Some(rank as u32 + 2);
         }
-        let tag_base = by_frequency.len().min(self.cfg.lstm_top_words) as u32 + 2;
-        self.contexts.par_iter_mut().for_each(|c| {
+        Renumbering {
+            word_id,
+            lstm_id,
+            vocab_size: frequent.len() + 2,
+            tag_base: by_frequency.len().min(self.cfg.lstm_top_words) as u32 + 2,
+        }
+    }
+}
+
+/// Interned id → vocabulary id (UNK below `min_count` or `min_contexts`) and → BiLSTM id
+/// (`None`: the BiLSTM reads the token's tag, numbered from `tag_base`).
+struct Renumbering {
+    word_id: Vec<u32>,
+    lstm_id: Vec<Option<u32>>,
+    /// The word models' vocabulary, padding and UNK included.
+    vocab_size: usize,
+    tag_base: u32,
+}
+
+impl Renumbering {
+    /// Replaces every ending's interned ids by its word ids, and its tags by its BiLSTM ids.
+    fn apply(&self, contexts: &mut [EncodedContext]) {
+        contexts.par_iter_mut().for_each(|c| {
             for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
                 for (word, tag) in e.words.iter_mut().zip(e.lstm.iter_mut()) {
                     let interned = *word as usize;
-                    *tag = lstm_id[interned].unwrap_or(if (*tag as usize) < UPOS_TAGS.len() {
-                        tag_base + *tag
+                    *tag = self.lstm_id[interned].unwrap_or(if (*tag as usize) < UPOS_TAGS.len() {
+                        self.tag_base + *tag
                     } else {
                         UNK
                     });
-                    *word = word_id[interned];
+                    *word = self.word_id[interned];
                 }
             }
         });
-        Dataset {
-            contexts: self.contexts,
-            vocab_size: frequent.len() + 2,
-            lstm_vocab_size: tag_base as usize + UPOS_TAGS.len(),
-            with_text: self.with_text,
-            subword_buckets: if self.with_text {
-                self.cfg.subword_buckets
-            } else {
-                0
-            },
-            sentence_dim: self.sentence_dim,
-            scorer_features: SCORER_FEATURES * self.scorers.len(),
-            excluded: self.excluded,
-        }
     }
 }
 

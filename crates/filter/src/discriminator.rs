@@ -7,7 +7,8 @@
 //! iteration's training contexts, each posed as the benchmark poses a question, the real ending
 //! beside `negatives` of the context's assigned negatives, and then scores the gold and every
 //! pool ending of the held-out contexts; the final cross-fitted pass trains one per fold. AF acts
-//! on its scores together with the stylistic ensemble's (see `run.rs`, `Adversary::join`).
+//! on its scores together with the stylistic ensemble's (see `run/adversary.rs`,
+//! `Adversary::join`).
 //!
 //! It is not carried from one iteration to the next: each iteration draws a new 80/20 split, so a
 //! carried model has already trained on the real endings of most contexts a later split holds out,
@@ -76,7 +77,7 @@ pub(crate) struct Texts {
 
 impl Texts {
     /// The texts of the contexts in `data`, read from the project.
-    pub fn load(store: &Store, data: &Dataset) -> Result<Texts> {
+    pub(crate) fn load(store: &Store, data: &Dataset) -> Result<Texts> {
         let wanted: HashSet<i64> = data.contexts.iter().map(|c| c.example_id).collect();
         let mut texts = Texts {
             contexts: HashMap::new(),
@@ -112,7 +113,7 @@ pub(crate) struct Discriminator {
 
 impl Discriminator {
     /// The shipped sentence model (or `config.model`) with a new head drawn from `seed`.
-    pub fn new(config: &DiscriminatorConfig, seed: Seed, compute: &Compute) -> Result<Self> {
+    pub(crate) fn new(config: &DiscriminatorConfig, seed: Seed, compute: &Compute) -> Result<Self> {
         let dir = match &config.model {
             Some(dir) => dir.clone(),
             None => afkit_engine::models::DefaultModel::MiniLm.ensure()?,

@@ -17,12 +17,16 @@ pub mod fluency;
 mod gates;
 pub mod model;
 pub mod report;
-pub mod run;
+mod run;
 pub mod scorer;
 pub mod train;
 mod windows;
 
-pub use run::{run, Config, Observer, Silent, Summary, Timings};
+pub use run::{
+    config::{Config, HoldOut},
+    observer::{Observer, Silent, Timings},
+    run, Summary,
+};
 
 /// Runs candle's CPU ops on the calling thread unless `CANDLE_NUM_THREADS` is set. The
 /// ensemble's tensors are small (a few hundred rows by tens of channels), and candle hands every

@@ -391,6 +391,55 @@ struct TextModels {
     ensemble_head: Linear,
 }
 
+impl TextModels {
+    /// The text models with their heads, the subword and sentence models only where the data
+    /// has their inputs, and the ensemble over all of them and the MLP.
+    fn new(inputs: Inputs, cfg: &ModelConfig, cpu_kernels: bool, vb: &VarBuilder) -> Result<Self> {
+        let cnn_dim = cfg.cnn_filters * CNN_WIDTHS.len();
+        let lstm_dim = 2 * cfg.lstm_hidden;
+        let subword = (inputs.subword_buckets > 0)
+            .then(|| -> Result<_> {
+                let buckets = inputs.subword_buckets;
+                Ok((
+                    SubwordModel::new(buckets, cfg, cpu_kernels, vb.pp("subword"))?,
+                    linear(cfg.word_dim, 1, vb.pp("subword_head"))?,
+                ))
+            })
+            .transpose()?;
+        let sentence = (inputs.sentence_dim > 0)
+            .then(|| -> Result<_> {
+                Ok((
+                    SentenceModel::new(inputs.sentence_dim, cfg, vb.pp("sentence"))?,
+                    linear(cfg.mlp_hidden, 1, vb.pp("sentence_head"))?,
+                ))
+            })
+            .transpose()?;
+        // The ensemble reads every model's features side by side.
+        let concat = cfg.mlp_hidden
+            + cfg.word_dim
+            + cnn_dim
+            + lstm_dim
+            + if subword.is_some() { cfg.word_dim } else { 0 }
+            + if sentence.is_some() {
+                cfg.mlp_hidden
+            } else {
+                0
+            };
+        Ok(TextModels {
+            bow: BowModel::new(inputs.words, cfg, cpu_kernels, vb.pp("bow"))?,
+            cnn: CnnModel::new(inputs.words, cfg, cpu_kernels, vb.pp("cnn"))?,
+            lstm: LstmModel::new(inputs.lstm_words, cfg, cpu_kernels, vb.pp("bilstm"))?,
+            bow_head: linear(cfg.word_dim, 1, vb.pp("bow_head"))?,
+            cnn_head: linear(cnn_dim, 1, vb.pp("cnn_head"))?,
+            lstm_head: linear(lstm_dim, 1, vb.pp("lstm_head"))?,
+            subword,
+            sentence,
+            ensemble_hidden: linear(concat, cfg.ensemble_hidden, vb.pp("ensemble"))?,
+            ensemble_head: linear(cfg.ensemble_hidden, 1, vb.pp("ensemble_head"))?,
+        })
+    }
+}
+
 /// The model family of one iteration: the MLP always, the text models and the ensemble in
 /// [`Phase::Ensemble`] iterations.
 pub(crate) struct StylisticModel {
@@ -412,53 +461,7 @@ impl StylisticModel {
         let mlp_head = linear(cfg.mlp_hidden, 1, vb.pp("mlp_head"))?;
         let text = match family {
             Phase::Mlp => None,
-            Phase::Ensemble => {
-                let cnn_dim = cfg.cnn_filters * CNN_WIDTHS.len();
-                let lstm_dim = 2 * cfg.lstm_hidden;
-                let subword = (inputs.subword_buckets > 0)
-                    .then(|| -> Result<_> {
-                        Ok((
-                            SubwordModel::new(
-                                inputs.subword_buckets,
-                                cfg,
-                                cpu_kernels,
-                                vb.pp("subword"),
-                            )?,
-                            linear(cfg.word_dim, 1, vb.pp("subword_head"))?,
-                        ))
-                    })
-                    .transpose()?;
-                let sentence = (inputs.sentence_dim > 0)
-                    .then(|| -> Result<_> {
-                        Ok((
-                            SentenceModel::new(inputs.sentence_dim, cfg, vb.pp("sentence"))?,
-                            linear(cfg.mlp_hidden, 1, vb.pp("sentence_head"))?,
-                        ))
-                    })
-                    .transpose()?;
-                let concat = cfg.mlp_hidden
-                    + cfg.word_dim
-                    + cnn_dim
-                    + lstm_dim
-                    + if subword.is_some() { cfg.word_dim } else { 0 }
-                    + if sentence.is_some() {
-                        cfg.mlp_hidden
-                    } else {
-                        0
-                    };
-                Some(TextModels {
-                    bow: BowModel::new(inputs.words, cfg, cpu_kernels, vb.pp("bow"))?,
-                    cnn: CnnModel::new(inputs.words, cfg, cpu_kernels, vb.pp("cnn"))?,
-                    lstm: LstmModel::new(inputs.lstm_words, cfg, cpu_kernels, vb.pp("bilstm"))?,
-                    bow_head: linear(cfg.word_dim, 1, vb.pp("bow_head"))?,
-                    cnn_head: linear(cnn_dim, 1, vb.pp("cnn_head"))?,
-                    lstm_head: linear(lstm_dim, 1, vb.pp("lstm_head"))?,
-                    subword,
-                    sentence,
-                    ensemble_hidden: linear(concat, cfg.ensemble_hidden, vb.pp("ensemble"))?,
-                    ensemble_head: linear(cfg.ensemble_hidden, 1, vb.pp("ensemble_head"))?,
-                })
-            }
+            Phase::Ensemble => Some(TextModels::new(inputs, cfg, cpu_kernels, &vb)?),
         };
         Ok(StylisticModel {
             mlp,
@@ -630,28 +633,7 @@ fn text_batch(
         .max()
         .unwrap_or(0)
         .max(max_width);
-    let mut words = vec![0u32; rows * len];
-    let mut in_sent2 = vec![0u32; rows * len];
-    let mut lstm_ids = vec![0u32; rows * len];
-    let mut lstm_ids_rev = vec![0u32; rows * len];
-    let mut in_sent2_rev = vec![0u32; rows * len];
-    let mut mask = vec![0f32; rows * len];
-    let mut lengths = vec![0f32; rows];
-    for (r, (ending, n_sent2)) in options.iter().enumerate() {
-        // An empty text still gets one (UNK) token so that every row has something to pool.
-        let n = ending.words.len().max(1);
-        lengths[r] = n as f32;
-        for t in 0..n {
-            let src = n - 1 - t;
-            let at = r * len + t;
-            words[at] = ending.words.get(t).copied().unwrap_or(super::data::UNK);
-            lstm_ids[at] = ending.lstm.get(t).copied().unwrap_or(super::data::UNK);
-            lstm_ids_rev[at] = ending.lstm.get(src).copied().unwrap_or(super::data::UNK);
-            in_sent2[at] = u32::from(t < *n_sent2);
-            in_sent2_rev[at] = u32::from(src < *n_sent2);
-            mask[at] = 1.0;
-        }
-    }
+    let grid = TokenGrid::of(options, len);
     let ids = |v: Vec<u32>| Tensor::from_vec(v, (rows, len), device);
     let cnn = match cnn {
         CnnLayout::Packed => CnnInput::Packed(packed_text(options, device)?),
@@ -660,27 +642,77 @@ fn text_batch(
         },
     };
     Ok(TextBatch {
-        words: ids(words)?,
-        in_sent2: ids(in_sent2)?,
-        lstm_ids: ids(lstm_ids)?,
-        lstm_ids_rev: ids(lstm_ids_rev)?,
-        in_sent2_rev: ids(in_sent2_rev)?,
-        mask: Tensor::from_vec(mask, (rows, len, 1), device)?,
-        lengths: Tensor::from_vec(lengths, (rows, 1), device)?,
+        words: ids(grid.words)?,
+        in_sent2: ids(grid.in_sent2)?,
+        lstm_ids: ids(grid.lstm_ids)?,
+        lstm_ids_rev: ids(grid.lstm_ids_rev)?,
+        in_sent2_rev: ids(grid.in_sent2_rev)?,
+        mask: Tensor::from_vec(grid.mask, (rows, len, 1), device)?,
+        lengths: Tensor::from_vec(grid.lengths, (rows, 1), device)?,
         cnn,
         subwords: (inputs.subword_buckets > 0)
             .then(|| bag(options.iter().map(|(e, _)| &e.subwords[..]), device))
             .transpose()?,
         sentence: (inputs.sentence_dim > 0)
-            .then(|| {
-                let data: Vec<f32> = options
-                    .iter()
-                    .flat_map(|(e, _)| e.sentence.iter().copied())
-                    .collect();
-                Tensor::from_vec(data, (rows, inputs.sentence_dim), device)
-            })
+            .then(|| sentence_vectors(options, inputs.sentence_dim, device))
             .transpose()?,
     })
+}
+
+/// A batch's tokens padded to `len` per row, row after row: word ids, BiLSTM ids forwards and
+/// backwards, whether each token is in sent2 (both directions), the mask and each row's length.
+struct TokenGrid {
+    words: Vec<u32>,
+    in_sent2: Vec<u32>,
+    lstm_ids: Vec<u32>,
+    lstm_ids_rev: Vec<u32>,
+    in_sent2_rev: Vec<u32>,
+    mask: Vec<f32>,
+    lengths: Vec<f32>,
+}
+
+impl TokenGrid {
+    fn of(options: &[(&super::data::EncodedEnding, usize)], len: usize) -> TokenGrid {
+        let rows = options.len();
+        let mut grid = TokenGrid {
+            words: vec![0u32; rows * len],
+            in_sent2: vec![0u32; rows * len],
+            lstm_ids: vec![0u32; rows * len],
+            lstm_ids_rev: vec![0u32; rows * len],
+            in_sent2_rev: vec![0u32; rows * len],
+            mask: vec![0f32; rows * len],
+            lengths: vec![0f32; rows],
+        };
+        for (r, (ending, n_sent2)) in options.iter().enumerate() {
+            // An empty text still gets one (UNK) token so that every row has something to pool.
+            let n = ending.words.len().max(1);
+            grid.lengths[r] = n as f32;
+            for t in 0..n {
+                let src = n - 1 - t;
+                let at = r * len + t;
+                grid.words[at] = ending.words.get(t).copied().unwrap_or(super::data::UNK);
+                grid.lstm_ids[at] = ending.lstm.get(t).copied().unwrap_or(super::data::UNK);
+                grid.lstm_ids_rev[at] = ending.lstm.get(src).copied().unwrap_or(super::data::UNK);
+                grid.in_sent2[at] = u32::from(t < *n_sent2);
+                grid.in_sent2_rev[at] = u32::from(src < *n_sent2);
+                grid.mask[at] = 1.0;
+            }
+        }
+        grid
+    }
+}
+
+/// The batch's sentence vectors, one row of `dim` per option.
+fn sentence_vectors(
+    options: &[(&super::data::EncodedEnding, usize)],
+    dim: usize,
+    device: &Device,
+) -> Result<Tensor> {
+    let data: Vec<f32> = options
+        .iter()
+        .flat_map(|(e, _)| e.sentence.iter().copied())
+        .collect();
+    Tensor::from_vec(data, (options.len(), dim), device)
 }
 
 /// Pads id lists into a [`Bag`]; an empty list keeps one padding id (which the mask ignores)

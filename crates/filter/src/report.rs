@@ -371,7 +371,6 @@ fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
     };
     let (mlp, ens) = (phase(Phase::Mlp), phase(Phase::Ensemble));
     let total_swaps: usize = iterations.iter().map(|r| r.swaps).sum();
-    let total_seconds: f64 = iterations.iter().map(|r| r.seconds).sum();
     writeln!(md, "## Summary\n")?;
     writeln!(
         md,
@@ -384,25 +383,47 @@ fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
         md,
         "- swaps: {total_swaps} in all (an easy negative replaced by a harder one from the pool)"
     )?;
-    let held_out = iterations.iter().map(|r| r.n_test);
-    if let (Some(few), Some(most)) = (held_out.clone().min(), held_out.max()) {
-        let range = if few == most {
-            few.to_string()
-        } else {
-            format!("{few} to {most}")
-        };
-        writeln!(
-            md,
-            "- held-out contexts per iteration: {range}; an accuracy measured on {few} contexts \
-             has a standard error of up to ±{:.3}{}",
-            standard_error(0.5, few),
-            if few < FEW_HELD_OUT {
-                ", so at this size most of the ups and downs of the curve are noise"
-            } else {
-                ""
-            }
-        )?;
+    held_out_sizes(md, iterations)?;
+    time_per_phase(md, iterations, &mlp, &ens)?;
+    for (label, phase) in [("MLP-only phase", &mlp), ("ensemble phase", &ens)] {
+        accuracy_moves(md, label, phase)?;
     }
+    Ok(())
+}
+
+/// How many contexts the iterations held out, and how much noise that size allows.
+fn held_out_sizes(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
+    let held_out = iterations.iter().map(|r| r.n_test);
+    let (Some(few), Some(most)) = (held_out.clone().min(), held_out.max()) else {
+        return Ok(());
+    };
+    let range = if few == most {
+        few.to_string()
+    } else {
+        format!("{few} to {most}")
+    };
+    writeln!(
+        md,
+        "- held-out contexts per iteration: {range}; an accuracy measured on {few} contexts \
+         has a standard error of up to ±{:.3}{}",
+        standard_error(0.5, few),
+        if few < FEW_HELD_OUT {
+            ", so at this size most of the ups and downs of the curve are noise"
+        } else {
+            ""
+        }
+    )?;
+    Ok(())
+}
+
+/// The iterations' time in all and their mean per phase.
+fn time_per_phase(
+    md: &mut String,
+    iterations: &[IterationRecord],
+    mlp: &[&IterationRecord],
+    ens: &[&IterationRecord],
+) -> Result<()> {
+    let total_seconds: f64 = iterations.iter().map(|r| r.seconds).sum();
     let mean = |rs: &[&IterationRecord]| {
         if rs.is_empty() {
             "–".to_string()
@@ -417,26 +438,31 @@ fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
         md,
         "- time: {total_seconds:.0} s of iterations (mean {} per MLP-only, {} per ensemble \
          iteration)",
-        mean(&mlp),
-        mean(&ens)
+        mean(mlp),
+        mean(ens)
     )?;
-    for (label, phase) in [("MLP-only phase", &mlp), ("ensemble phase", &ens)] {
-        if let (Some(first), Some(last)) = (phase.first(), phase.last()) {
-            writeln!(
-                md,
-                "- {label}: iteration {} → {}: {}",
-                first.iteration,
-                last.iteration,
-                (0..MODELS.len())
-                    .filter_map(|m| {
-                        let (a, b) = (head(&first.accuracy, m), head(&last.accuracy, m));
-                        a.map(|_| format!("{} {} → {}", MODELS[m].0, fmt_acc(a), fmt_acc(b)))
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )?;
-        }
-    }
+    Ok(())
+}
+
+/// Each model's accuracy at the first and the last iteration of a phase (nothing for a phase
+/// that did not run).
+fn accuracy_moves(md: &mut String, label: &str, phase: &[&IterationRecord]) -> Result<()> {
+    let (Some(first), Some(last)) = (phase.first(), phase.last()) else {
+        return Ok(());
+    };
+    writeln!(
+        md,
+        "- {label}: iteration {} → {}: {}",
+        first.iteration,
+        last.iteration,
+        (0..MODELS.len())
+            .filter_map(|m| {
+                let (a, b) = (head(&first.accuracy, m), head(&last.accuracy, m));
+                a.map(|_| format!("{} {} → {}", MODELS[m].0, fmt_acc(a), fmt_acc(b)))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    )?;
     Ok(())
 }
 

@@ -71,7 +71,7 @@ pub(crate) fn scorer_features(score: &ScorerScore, ending: &str) -> [f64; SCORER
 /// Scores every pool ending `scorer` has not scored yet, [`BATCH_CONTEXTS`] contexts at a time,
 /// each batch committed: an interrupted run keeps what it scored. `progress` hears (endings
 /// scored so far, endings missing when it started).
-pub fn store_scorer_scores(
+pub(crate) fn store_scorer_scores(
     store: &mut Store,
     scorer: &Scorer,
     progress: &mut dyn FnMut(usize, usize),

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
-use rusqlite::{params, OptionalExtension, Row, ToSql, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, Row, ToSql, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
 use super::{now, SqlSeed, Store};
@@ -185,23 +185,7 @@ impl Store {
             "SELECT x.id, x.sent1, x.sent2, p.ctx_logprob, p.n_tok_sent1, p.n_tok_sent2, x.grp
              FROM examples x JOIN pools p ON p.example_id = x.id ORDER BY x.id",
         )?;
-        let contexts = contexts_stmt.query_map([], |r| {
-            Ok(PoolContext {
-                example_id: r.get(0)?,
-                group: r.get(6)?,
-                sent1: r.get(1)?,
-                sent2: r.get(2)?,
-                ctx_logprob: r.get(3)?,
-                n_tok_sent1: r.get(4)?,
-                n_tok_sent2: r.get(5)?,
-                gold: PoolEnding {
-                    id: -1,
-                    text: String::new(),
-                    lm: EndingLm::default(),
-                },
-                candidates: Vec::new(),
-            })
-        })?;
+        let contexts = contexts_stmt.query_map([], pool_context_from_row)?;
         // Candidates (is_gold = 0) before the gold ending, each group in id order: the index's
         // own order, so SQLite streams the rows without sorting them.
         let mut endings_stmt = self.conn.prepare(
@@ -211,21 +195,7 @@ impl Store {
              WHERE e.example_id IN (SELECT example_id FROM pools)
              ORDER BY e.example_id, e.is_gold, e.id",
         )?;
-        let mut endings = endings_stmt
-            .query_map([], |r| {
-                let ending = PoolEnding {
-                    id: r.get(1)?,
-                    text: r.get(2)?,
-                    lm: EndingLm {
-                        lp_cond: r.get(4)?,
-                        lp_alone: r.get(5)?,
-                        lp_final_punct: r.get(6)?,
-                        n_tok_ending: r.get(7)?,
-                    },
-                };
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(3)? != 0, ending))
-            })?
-            .peekable();
+        let mut endings = endings_stmt.query_map([], pool_ending_from_row)?.peekable();
         for context in contexts {
             let mut context = context?;
             // This context's rows (an error is taken too, to be returned).
@@ -264,7 +234,6 @@ impl Store {
             .optional()?)
     }
 
-    /// The most recent run whose final cross-fitted pass is stored: what later stages read.
     /// The AF run `id`, finished or not.
     pub fn af_run_by_id(&self, id: i64) -> Result<Option<AfRun>> {
         Ok(self
@@ -273,6 +242,7 @@ impl Store {
             .optional()?)
     }
 
+    /// The most recent run whose final cross-fitted pass is stored: what later stages read.
     pub fn latest_finished_af_run(&self) -> Result<Option<AfRun>> {
         Ok(self
             .conn
@@ -307,7 +277,9 @@ impl Store {
         Ok(AfClaim { _file: file })
     }
 
-    /// Creates a run with its initial assignment (recorded with `since_iteration = -1`), atomically.
+    /// Starts a run: abandons the latest run if it is unfinished (its rows stay for the record)
+    /// and creates the new one with its initial assignment (recorded with
+    /// `since_iteration = -1`), in one transaction.
     pub fn start_af_run(
         &mut self,
         k: usize,
@@ -315,8 +287,13 @@ impl Store {
         params_json: &str,
         pool_fingerprint: &str,
         initial: &Assignment,
-    ) -> Result<i64> {
+    ) -> Result<AfRun> {
         let tx = self.begin(TransactionBehavior::Deferred)?;
+        tx.execute(
+            "UPDATE af_runs SET status = 'abandoned'
+             WHERE id = (SELECT MAX(id) FROM af_runs) AND finished_at IS NULL",
+            [],
+        )?;
         tx.execute(
             "INSERT INTO af_runs(k, seed, params, pool_fingerprint, started_at, status)
              VALUES (?1, ?2, ?3, ?4, ?5, 'running')",
@@ -340,17 +317,13 @@ impl Store {
                 }
             }
         }
-        tx.commit()?;
-        Ok(run_id)
-    }
-
-    /// Marks an unfinished run as abandoned (a new run replaces it); its rows stay for the record.
-    pub fn abandon_af_run(&self, run_id: i64) -> Result<()> {
-        self.conn.execute(
-            "UPDATE af_runs SET status = 'abandoned' WHERE id = ?1 AND finished_at IS NULL",
+        let run = tx.query_row(
+            &format!("{RUN_COLUMNS} WHERE id = ?1"),
             [run_id],
+            run_from_row,
         )?;
-        Ok(())
+        tx.commit()?;
+        Ok(run)
     }
 
     /// The current assignment of a run.
@@ -416,67 +389,8 @@ impl Store {
         swaps: &[Swap],
     ) -> Result<()> {
         let tx = self.begin(TransactionBehavior::Deferred)?;
-        let a = &record.accuracy;
-        tx.execute(
-            "INSERT INTO af_iterations(run_id, iteration, phase, swaps, seconds, n_test, acc_mlp,
-                                       acc_bow, acc_cnn, acc_lstm, acc_ensemble, finished_at,
-                                       acc_subword, acc_sentence, acc_minilm, acc_adversary)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-            params![
-                run_id,
-                record.iteration as i64,
-                record.phase,
-                record.swaps as i64,
-                record.seconds,
-                record.n_test as i64,
-                a.mlp,
-                a.bow,
-                a.cnn,
-                a.lstm,
-                a.ensemble,
-                now(),
-                a.subword,
-                a.sentence,
-                a.minilm,
-                a.adversary
-            ],
-        )?;
-        {
-            let mut log = tx.prepare(
-                "INSERT INTO af_swaps(run_id, iteration, example_id, slot, old_ending_id, new_ending_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
-            let mut update = tx.prepare(
-                "UPDATE af_assignments SET ending_id = ?4, since_iteration = ?5
-                 WHERE run_id = ?1 AND example_id = ?2 AND slot = ?3 AND ending_id = ?6",
-            )?;
-            for s in swaps {
-                log.execute(params![
-                    run_id,
-                    record.iteration as i64,
-                    s.example_id,
-                    s.slot as i64,
-                    s.old_ending_id,
-                    s.new_ending_id
-                ])?;
-                let changed = update.execute(params![
-                    run_id,
-                    s.example_id,
-                    s.slot as i64,
-                    s.new_ending_id,
-                    record.iteration as i64,
-                    s.old_ending_id
-                ])?;
-                if changed != 1 {
-                    bail!(
-                        "AF run {run_id}: slot {} of example {} does not hold ending {}",
-                        s.slot,
-                        s.example_id,
-                        s.old_ending_id
-                    );
-                }
-            }
-        }
+        insert_iteration(&tx, run_id, record)?;
+        apply_swaps(&tx, run_id, record.iteration, swaps)?;
         tx.commit()?;
         Ok(())
     }
@@ -559,9 +473,113 @@ impl Store {
     }
 }
 
+/// Adds an iteration's record to `af_iterations`.
+fn insert_iteration(conn: &Connection, run_id: i64, record: &IterationRecord) -> Result<()> {
+    let a = &record.accuracy;
+    conn.execute(
+        "INSERT INTO af_iterations(run_id, iteration, phase, swaps, seconds, n_test, acc_mlp,
+                                   acc_bow, acc_cnn, acc_lstm, acc_ensemble, finished_at,
+                                   acc_subword, acc_sentence, acc_minilm, acc_adversary)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+        params![
+            run_id,
+            record.iteration as i64,
+            record.phase,
+            record.swaps as i64,
+            record.seconds,
+            record.n_test as i64,
+            a.mlp,
+            a.bow,
+            a.cnn,
+            a.lstm,
+            a.ensemble,
+            now(),
+            a.subword,
+            a.sentence,
+            a.minilm,
+            a.adversary
+        ],
+    )?;
+    Ok(())
+}
+
+/// Logs iteration `iteration`'s swaps in `af_swaps` and makes them in `af_assignments`; a swap
+/// whose slot no longer holds its old ending is an error.
+fn apply_swaps(conn: &Connection, run_id: i64, iteration: usize, swaps: &[Swap]) -> Result<()> {
+    let mut log = conn.prepare(
+        "INSERT INTO af_swaps(run_id, iteration, example_id, slot, old_ending_id, new_ending_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let mut update = conn.prepare(
+        "UPDATE af_assignments SET ending_id = ?4, since_iteration = ?5
+         WHERE run_id = ?1 AND example_id = ?2 AND slot = ?3 AND ending_id = ?6",
+    )?;
+    for s in swaps {
+        log.execute(params![
+            run_id,
+            iteration as i64,
+            s.example_id,
+            s.slot as i64,
+            s.old_ending_id,
+            s.new_ending_id
+        ])?;
+        let changed = update.execute(params![
+            run_id,
+            s.example_id,
+            s.slot as i64,
+            s.new_ending_id,
+            iteration as i64,
+            s.old_ending_id
+        ])?;
+        if changed != 1 {
+            bail!(
+                "AF run {run_id}: slot {} of example {} does not hold ending {}",
+                s.slot,
+                s.example_id,
+                s.old_ending_id
+            );
+        }
+    }
+    Ok(())
+}
+
 /// This process's claim on a project's AF runs ([`Store::claim_af_runs`]); released when dropped.
 pub struct AfClaim {
     _file: std::fs::File,
+}
+
+/// A pool's context without its endings yet (the gold's id is -1 until its row is read).
+fn pool_context_from_row(r: &Row<'_>) -> rusqlite::Result<PoolContext> {
+    Ok(PoolContext {
+        example_id: r.get(0)?,
+        group: r.get(6)?,
+        sent1: r.get(1)?,
+        sent2: r.get(2)?,
+        ctx_logprob: r.get(3)?,
+        n_tok_sent1: r.get(4)?,
+        n_tok_sent2: r.get(5)?,
+        gold: PoolEnding {
+            id: -1,
+            text: String::new(),
+            lm: EndingLm::default(),
+        },
+        candidates: Vec::new(),
+    })
+}
+
+/// One ending of a pool as (example id, whether it is the gold, the ending).
+fn pool_ending_from_row(r: &Row<'_>) -> rusqlite::Result<(i64, bool, PoolEnding)> {
+    let ending = PoolEnding {
+        id: r.get(1)?,
+        text: r.get(2)?,
+        lm: EndingLm {
+            lp_cond: r.get(4)?,
+            lp_alone: r.get(5)?,
+            lp_final_punct: r.get(6)?,
+            n_tok_ending: r.get(7)?,
+        },
+    };
+    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(3)? != 0, ending))
 }
 
 const RUN_COLUMNS: &str = "SELECT id, k, seed, params, pool_fingerprint, started_at, finished_at,

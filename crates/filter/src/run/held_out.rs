@@ -1,0 +1,160 @@
+//! A model trained on some contexts and asked about the others: the training choices under the
+//! current assignment, every head's scores of the held-out pools, and its held-out accuracy.
+//! AF's iterations and the final pass both work this way.
+
+use anyhow::Result;
+
+use crate::algorithm::solved;
+use crate::data::{Dataset, EncodedContext, EncodedEnding};
+use crate::train::{Choice, Scores, Trained};
+use afkit_store::af::{Assignment, FinalScore, HeadAccuracy};
+
+/// The choices of the contexts `ids` under `assignment`, to train on.
+pub(crate) fn training_choices<'a>(
+    data: &'a Dataset,
+    ids: &[usize],
+    assignment: &Assignment,
+) -> Vec<Choice<'a>> {
+    ids.iter()
+        .map(|&i| choice(&data.contexts[i], &assignment[&data.contexts[i].example_id]))
+        .collect()
+}
+
+/// The options of a context under the current assignment: gold first, then the k negatives.
+fn choice<'a>(context: &'a EncodedContext, assigned: &[i64]) -> Choice<'a> {
+    let mut options = Vec::with_capacity(assigned.len() + 1);
+    options.push(&context.gold);
+    options.extend(assigned.iter().map(|id| {
+        context
+            .candidate(*id)
+            .expect("assigned endings come from the context's pool")
+    }));
+    Choice {
+        options,
+        n_sent2: context.n_sent2,
+    }
+}
+
+/// A held-out context's scores: position 0 is the gold, position i + 1 the context's i-th
+/// candidate, per head (in [`named_heads`]' order).
+pub(crate) struct HeldOut<'a> {
+    pub context: &'a EncodedContext,
+    pub heads: Vec<(&'static str, Vec<f32>)>,
+}
+
+impl HeldOut<'_> {
+    /// The scores AF acts on (the last head: the ensemble, or the MLP in MLP-only iterations).
+    pub(crate) fn decisive(&self) -> &[f32] {
+        &self.heads.last().expect("at least the MLP head").1
+    }
+
+    fn head(&self, name: &str) -> Option<&[f32]> {
+        self.heads
+            .iter()
+            .find(|(head, _)| *head == name)
+            .map(|(_, scores)| scores.as_slice())
+    }
+
+    /// The final pass's record of position `i`: the decisive score and the sentence head's.
+    pub(crate) fn final_score(&self, i: usize, ending_id: i64) -> FinalScore {
+        FinalScore {
+            ending_id,
+            ensemble: self.decisive()[i],
+            sentence: self.head("sentence").map(|s| s[i]),
+        }
+    }
+
+    /// The position of the pool ending `ending_id` in every head's scores.
+    pub(crate) fn position(&self, ending_id: i64) -> usize {
+        1 + self
+            .context
+            .candidates
+            .iter()
+            .position(|e| e.ending_id == ending_id)
+            .expect("assigned endings come from the context's pool")
+    }
+}
+
+/// Scores the gold and every pool ending of the given contexts in one batched pass.
+pub(crate) fn score_held_out<'a>(
+    model: &Trained,
+    data: &'a Dataset,
+    ids: &[usize],
+) -> Result<Vec<HeldOut<'a>>> {
+    let mut rows: Vec<(&EncodedEnding, usize)> = Vec::new();
+    for &i in ids {
+        let c = &data.contexts[i];
+        rows.push((&c.gold, c.n_sent2));
+        rows.extend(c.candidates.iter().map(|e| (e, c.n_sent2)));
+    }
+    let scores = model.score(&rows)?;
+    let heads = named_heads(&scores);
+    let mut out = Vec::with_capacity(ids.len());
+    let mut offset = 0;
+    for &i in ids {
+        let c = &data.contexts[i];
+        let n = c.candidates.len() + 1;
+        out.push(HeldOut {
+            context: c,
+            heads: heads
+                .iter()
+                .map(|(name, s)| (*name, s[offset..offset + n].to_vec()))
+                .collect(),
+        });
+        offset += n;
+    }
+    Ok(out)
+}
+
+/// The heads that exist, in the order mlp, bow, cnn, lstm, subword, sentence, ensemble (the
+/// decisive head last).
+fn named_heads(scores: &Scores) -> Vec<(&'static str, &[f32])> {
+    let mut heads = vec![("mlp", scores.mlp.as_slice())];
+    for (name, s) in [
+        ("bow", &scores.bow),
+        ("cnn", &scores.cnn),
+        ("lstm", &scores.lstm),
+        ("subword", &scores.subword),
+        ("sentence", &scores.sentence),
+        ("ensemble", &scores.ensemble),
+    ] {
+        if let Some(s) = s {
+            heads.push((name, s.as_slice()));
+        }
+    }
+    heads
+}
+
+/// Per head: the fraction of held-out contexts whose gold outscores all k assigned negatives.
+pub(crate) fn accuracy(held_out: &[HeldOut], assignment: &Assignment) -> HeadAccuracy {
+    let mut acc = HeadAccuracy::default();
+    if held_out.is_empty() {
+        return acc;
+    }
+    for head in 0..held_out[0].heads.len() {
+        let correct = held_out
+            .iter()
+            .filter(|h| {
+                let scores = &h.heads[head].1;
+                let assigned: Vec<f32> = assignment[&h.context.example_id]
+                    .iter()
+                    .map(|id| scores[h.position(*id)])
+                    .collect();
+                solved(scores[0], &assigned)
+            })
+            .count();
+        let value = Some(correct as f64 / held_out.len() as f64);
+        match held_out[0].heads[head].0 {
+            "mlp" => acc.mlp = value,
+            "bow" => acc.bow = value,
+            "cnn" => acc.cnn = value,
+            "lstm" => acc.lstm = value,
+            "subword" => acc.subword = value,
+            "sentence" => acc.sentence = value,
+            "minilm" => acc.minilm = value,
+            "adversary" => acc.adversary = value,
+            _ => acc.ensemble = value,
+        }
+    }
+    acc
+}
