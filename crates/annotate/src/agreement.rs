@@ -9,7 +9,7 @@ use std::hash::Hash;
 
 use serde::Serialize;
 
-use afkit_store::annotate::SubmissionRecord;
+use afkit_store::annotate::labels::SubmissionRecord;
 use afkit_store::dataset::{Judgement, Rank};
 
 /// Krippendorff's α for nominal data. `units` holds, per unit, the values the coders gave it;
@@ -638,7 +638,7 @@ fn annotator_table(out: &mut String, r: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use afkit_store::annotate::EndingLabel;
+    use afkit_store::annotate::labels::EndingLabel;
 
     /// Krippendorff (2011), "Computing Krippendorff's Alpha-Reliability", section C: four
     /// observers, twelve units, missing values; nominal α = 0.743.

@@ -2,7 +2,8 @@
 //! [`App::on_key`] changes the state and returns the [`Action`] the session must carry out
 //! (store a submission, skip, undo, quit); the session then loads the next item.
 
-use afkit_store::annotate::{EndingLabel, TaskView};
+use afkit_store::annotate::labels::EndingLabel;
+use afkit_store::annotate::tasks::TaskView;
 use afkit_store::dataset::{Judgement, Rank};
 
 use super::verdict::{self, Problem};
@@ -347,7 +348,7 @@ impl App {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use afkit_store::annotate::TaskEnding;
+    use afkit_store::annotate::tasks::TaskEnding;
 
     fn task(n: usize) -> TaskView {
         TaskView {

@@ -9,7 +9,8 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use afkit_engine::csv_lines::RecordLines;
 use afkit_engine::output::Output;
-use afkit_store::annotate::{NewSubmission, Origin, TaskView, ENDINGS_PER_TASK};
+use afkit_store::annotate::labels::{NewSubmission, Origin};
+use afkit_store::annotate::tasks::{TaskView, ENDINGS_PER_TASK};
 use afkit_store::dataset::Judgement;
 use afkit_store::Store;
 

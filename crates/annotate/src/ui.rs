@@ -349,7 +349,7 @@ fn draw_help(frame: &mut Frame, area: Rect, app: &mut App) {
 mod tests {
     use super::*;
     use crate::app::{Item, Key};
-    use afkit_store::annotate::{TaskEnding, TaskView};
+    use afkit_store::annotate::tasks::{TaskEnding, TaskView};
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
 
