@@ -305,27 +305,36 @@ struct RowChecks<'a> {
 
 impl RowChecks<'_> {
     fn check(&mut self, row: &csv::StringRecord, line: u64) -> Result<()> {
-        let parsed = if row.len() == self.fields {
-            let project = (self.store, self.fingerprint.as_str());
-            parse_row(project, self.columns, row, &mut self.tasks)
-        } else {
-            Err(format!(
-                "{} fields where the header has {}",
-                row.len(),
-                self.fields
-            ))
-        };
-        let sub = match parsed {
-            Ok(sub) => sub,
+        match self.parse(row) {
+            Ok(sub) => self.admit(sub, line),
             Err(reason) => {
                 self.rejected.push(Rejected {
                     line,
                     reason,
                     already_in_project: false,
                 });
-                return Ok(());
+                Ok(())
             }
-        };
+        }
+    }
+
+    /// The row as a submission, or why it is not one: a field count other than the header's, or
+    /// what [`parse_row`] refuses.
+    fn parse(&mut self, row: &csv::StringRecord) -> std::result::Result<NewSubmission, String> {
+        if row.len() != self.fields {
+            return Err(format!(
+                "{} fields where the header has {}",
+                row.len(),
+                self.fields
+            ));
+        }
+        let project = (self.store, self.fingerprint.as_str());
+        parse_row(project, self.columns, row, &mut self.tasks)
+    }
+
+    /// Keeps a parsed row as valid unless its worker already answered its item (on an earlier
+    /// line or in the project) or the item already has every annotator it wants.
+    fn admit(&mut self, sub: NewSubmission, line: u64) -> Result<()> {
         let key = (sub.annotator.clone(), sub.task_id);
         let already_in_project = !self.first_line.contains_key(&key)
             && self.store.has_submitted(sub.task_id, &sub.annotator)?;
