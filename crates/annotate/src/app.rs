@@ -370,6 +370,7 @@ mod tests {
             ext_id: "v#1".into(),
             round: 0,
             replicas: 1,
+            submitted: 0,
             open: true,
             sent1: "A man is in a kitchen.".into(),
             sent2: "He".into(),

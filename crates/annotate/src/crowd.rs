@@ -42,7 +42,7 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
         header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
         w.write_record(&header)?;
         for task in &tasks {
-            let done = store.submission_count(task.task_id)?;
+            let done = task.submitted;
             let mut texts = vec![task.startphrase(), task.sent1.clone(), task.sent2.clone()];
             texts.extend((0..ENDINGS_PER_TASK).map(|i| {
                 task.endings
@@ -349,10 +349,13 @@ impl RowChecks<'_> {
                 sub.annotator, sub.task_id
             )
         } else {
-            let replicas = self.tasks[&sub.task_id].as_ref().map_or(0, |t| t.replicas);
+            let task = self.tasks[&sub.task_id]
+                .as_ref()
+                .expect("a parsed row's item is a known task");
+            let replicas = task.replicas;
             let taken = match self.taken.get(&sub.task_id) {
                 Some(&n) => n,
-                None => self.store.submission_count(sub.task_id)?,
+                None => task.submitted,
             };
             if taken >= replicas {
                 format!(

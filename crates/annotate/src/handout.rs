@@ -1,9 +1,10 @@
 //! Which item an annotator is handed next: the item it held when its session stopped, if it may
-//! still take it; else the first it may take in the session's preferred order (`annotate --order
-//! risk`: [`riskiest_first`]); else the first in the project's order, the seeded order in which
-//! [`crate::tasks::ensure_tasks`] made the tasks ([`shuffle_contexts`]). What an annotator may take
-//! (items others hold, items it submitted or skipped, replicas already filled) is the store's
-//! answer ([`afkit_store::annotate::claims::Claimable`]).
+//! still take it; else the first it may take in the session's order, which puts the tasks it
+//! prefers first (`annotate --order risk`: [`riskiest_first`]) and then follows the project's
+//! seeded order, the order in which [`crate::tasks::ensure_tasks`] made the tasks
+//! ([`shuffle_contexts`]). What an annotator may take (not items others hold, nor items it
+//! submitted or skipped, nor tasks whose replicas are filled) is the store's answer
+//! ([`afkit_store::annotate::claims::Claimable`]).
 
 use anyhow::Result;
 use rand::seq::SliceRandom;
@@ -16,15 +17,7 @@ use afkit_store::Store;
 /// Claims `holder`'s next item, atomically (see the module's doc); `None` when nothing is left
 /// for this annotator.
 pub(crate) fn claim_next(store: &mut Store, holder: &Holder) -> Result<Option<TaskView>> {
-    store.claim(holder, |tasks| {
-        if let Some(held) = tasks.held()? {
-            return Ok(Some(held));
-        }
-        match tasks.first_preferred()? {
-            Some(preferred) => Ok(Some(preferred)),
-            None => tasks.first_by_id(),
-        }
-    })
+    store.claim(holder, |tasks| tasks.held.or(tasks.first))
 }
 
 /// Puts a run's new contexts in the order they are handed out: a permutation drawn from the

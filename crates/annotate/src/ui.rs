@@ -360,6 +360,7 @@ mod tests {
             ext_id: "v_abc#3".into(),
             round: 0,
             replicas: 3,
+            submitted: 0,
             open: true,
             sent1: "Someone is shown sitting on a fence and talking to the camera while pointing out horses.".into(),
             sent2: "Someone".into(),

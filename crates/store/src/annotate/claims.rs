@@ -1,7 +1,8 @@
 //! Who holds which item: claims with their holder's process (pid and host) and heartbeat, so
 //! that an item on an annotator's screen is not handed to another, and an item whose process has
-//! exited or gone quiet is; the questions the hand-out policy asks of the tasks an annotator may
-//! take; and a session's preferred order, kept where only its own connection sees it.
+//! exited or gone quiet is; the tasks an annotator may take, for the annotate stage's hand-out
+//! policy to choose from; and a session's preferred order, kept where only its own connection
+//! sees it.
 
 use std::time::Duration;
 
@@ -90,8 +91,8 @@ const RULED_OUT_CANDIDATES: &str = "SELECT task_id FROM submissions WHERE annota
     UNION SELECT task_id FROM claims WHERE annotator <> ?1 AND pid IS NOT NULL AND seen_at > ?2";
 
 impl Store {
-    /// Makes this connection prefer the tasks `task_ids`, in that order
-    /// ([`Claimable::first_preferred`]): a session's own order (`annotate --order risk`), kept in a
+    /// Makes this connection hand out the tasks `task_ids` first, in that order (then the rest in
+    /// id order, [`Claimable::first`]): a session's own order (`annotate --order risk`), kept in a
     /// temporary table that other processes never see.
     pub fn set_handout_priority(&self, task_ids: &[i64]) -> Result<()> {
         self.conn
@@ -105,23 +106,23 @@ impl Store {
         Ok(())
     }
 
-    /// Hands `holder` the task that `pick` chooses among those it may take, atomically: in one
-    /// write transaction the claims of this machine's exited processes are freed, `pick` asks
-    /// [`Claimable`] and answers, the holder's other claims are dropped and its pick claimed (or
-    /// its claim refreshed). `None` when `pick` finds nothing.
+    /// Hands `holder` the task that `pick` chooses of what it may take, atomically: in one
+    /// write transaction the claims of this machine's exited processes are freed, `pick` is
+    /// shown the [`Claimable`] tasks and answers, the holder's other claims are dropped and its
+    /// pick claimed (or its claim refreshed). `None` when `pick` chooses nothing.
     pub fn claim(
         &mut self,
         holder: &Holder,
-        pick: impl FnOnce(&Claimable) -> Result<Option<i64>>,
+        pick: impl FnOnce(&Claimable) -> Option<i64>,
     ) -> Result<Option<TaskView>> {
         self.conn.execute_batch(HANDOUT_PRIORITY)?;
         let tx = self.begin(TransactionBehavior::Immediate)?;
         forget_dead_holders(&tx, holder)?;
+        let stale = cutoff(STALE_AFTER);
         let task = pick(&Claimable {
-            conn: &tx,
-            annotator: &holder.annotator,
-            stale: cutoff(STALE_AFTER),
-        })?;
+            held: held_task(&tx, &holder.annotator, &stale)?,
+            first: first_task(&tx, &holder.annotator, &stale)?,
+        });
         tx.execute(
             "DELETE FROM claims WHERE annotator = ?1 AND task_id IS NOT ?2",
             params![holder.annotator, task],
@@ -143,65 +144,58 @@ impl Store {
     }
 }
 
-/// The tasks an annotator may take, inside [`Store::claim`]'s transaction: tasks that still want
-/// a submission, that the annotator has neither submitted nor skipped, and on which the live
+/// The tasks an annotator may take, as [`Store::claim`] finds them: tasks that still want a
+/// submission, that the annotator has neither submitted nor skipped, and on which the live
 /// claims of others leave room.
-pub struct Claimable<'a> {
-    conn: &'a Connection,
-    annotator: &'a str,
-    /// Claims last seen before this no longer count ([`STALE_AFTER`]).
-    stale: String,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimable {
+    /// The annotator's latest claim (the item it had on screen when it stopped), if it may
+    /// still take that task.
+    pub held: Option<i64>,
+    /// The first in this connection's hand-out order: the tasks given to
+    /// [`Store::set_handout_priority`] in that order, then the rest by id (the order tasks were
+    /// made in).
+    pub first: Option<i64>,
 }
 
-impl Claimable<'_> {
-    /// The annotator's latest claim (the item it had on screen when it stopped), if it may still
-    /// take that task.
-    pub fn held(&self) -> Result<Option<i64>> {
-        let held: Option<i64> = self
-            .conn
-            .query_row(
-                "SELECT task_id FROM claims WHERE annotator = ?1 ORDER BY claimed_at DESC LIMIT 1",
-                [self.annotator],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let Some(task) = held else {
-            return Ok(None);
-        };
-        let takes = self
-            .conn
-            .query_row(
-                &format!(
-                    "SELECT 1 FROM tasks t WHERE t.id = ?3 AND {WANTING} AND {TAKES_ANNOTATOR}"
-                ),
-                params![self.annotator, self.stale, task],
-                |_| Ok(()),
-            )
-            .optional()?;
-        Ok(takes.map(|()| task))
-    }
+/// The annotator's latest claim, if [`TAKES_ANNOTATOR`] still holds for its task.
+fn held_task(conn: &Connection, annotator: &str, stale: &str) -> Result<Option<i64>> {
+    let held: Option<i64> = conn
+        .query_row(
+            "SELECT task_id FROM claims WHERE annotator = ?1 ORDER BY claimed_at DESC LIMIT 1",
+            [annotator],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(task) = held else {
+        return Ok(None);
+    };
+    let takes = conn
+        .query_row(
+            &format!("SELECT 1 FROM tasks t WHERE t.id = ?3 AND {WANTING} AND {TAKES_ANNOTATOR}"),
+            params![annotator, stale, task],
+            |_| Ok(()),
+        )
+        .optional()?;
+    Ok(takes.map(|()| task))
+}
 
-    /// The first it may take in this connection's preferred order
-    /// ([`Store::set_handout_priority`]).
-    pub fn first_preferred(&self) -> Result<Option<i64>> {
-        self.first(&format!(
-            "SELECT t.id FROM handout_priority p JOIN tasks t ON t.id = p.task_id
-         WHERE {WANTING} AND {TAKES_ANNOTATOR} ORDER BY p.rank LIMIT 1"
-        ))
-    }
-
-    /// The first it may take in task id order (the order tasks were made in).
-    pub fn first_by_id(&self) -> Result<Option<i64>> {
-        self.first(&format!(
-            "SELECT t.id FROM tasks t WHERE {WANTING} AND {TAKES_ANNOTATOR} ORDER BY t.id LIMIT 1"
-        ))
-    }
-
-    fn first(&self, sql: &str) -> Result<Option<i64>> {
-        Ok(self
-            .conn
-            .query_row(sql, params![self.annotator, self.stale], |r| r.get(0))
+/// The first task the annotator may take in the connection's hand-out order.
+fn first_task(conn: &Connection, annotator: &str, stale: &str) -> Result<Option<i64>> {
+    let first = |sql: String| -> Result<Option<i64>> {
+        Ok(conn
+            .query_row(&sql, params![annotator, stale], |r| r.get(0))
             .optional()?)
+    };
+    let preferred = first(format!(
+        "SELECT t.id FROM handout_priority p JOIN tasks t ON t.id = p.task_id
+         WHERE {WANTING} AND {TAKES_ANNOTATOR} ORDER BY p.rank LIMIT 1"
+    ))?;
+    match preferred {
+        Some(task) => Ok(Some(task)),
+        None => first(format!(
+            "SELECT t.id FROM tasks t WHERE {WANTING} AND {TAKES_ANNOTATOR} ORDER BY t.id LIMIT 1"
+        )),
     }
 }
 

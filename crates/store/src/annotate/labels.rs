@@ -263,16 +263,6 @@ impl Store {
         })
     }
 
-    /// Submissions of a task so far, by any annotator.
-    pub fn submission_count(&self, task_id: i64) -> Result<i64> {
-        let conn = &self.conn;
-        Ok(conn.query_row(
-            "SELECT COUNT(*) FROM submissions WHERE task_id = ?1",
-            [task_id],
-            |r| r.get(0),
-        )?)
-    }
-
     /// Whether `annotator` already submitted `task_id` (any origin).
     pub fn has_submitted(&self, task_id: i64, annotator: &str) -> Result<bool> {
         let conn = &self.conn;

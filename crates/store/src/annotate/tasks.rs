@@ -139,7 +139,8 @@ impl Store {
 /// Endings shown per task: the found one and five negatives, as in SWAG.
 pub const ENDINGS_PER_TASK: usize = 6;
 
-/// A task to store: `endings` are put in the order its `seed` fixes ([`shuffle_endings`]).
+/// A task to store. Its `endings` are shown in the order its `seed` fixes, whatever their order
+/// here, so that the order can be reproduced from the recorded seed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTask {
     pub example_id: i64,
@@ -330,6 +331,8 @@ pub struct TaskView {
     pub ext_id: String,
     pub round: i64,
     pub replicas: i64,
+    /// Submissions so far, by any annotator.
+    pub submitted: i64,
     pub open: bool,
     pub sent1: String,
     pub sent2: String,
@@ -348,7 +351,8 @@ impl Store {
         let conn = &self.conn;
         let head = conn
         .query_row(
-            "SELECT t.id, t.example_id, x.ext_id, t.round, t.replicas, t.status = 'open', x.sent1, x.sent2
+            "SELECT t.id, t.example_id, x.ext_id, t.round, t.replicas, t.submitted, t.status = 'open',
+                    x.sent1, x.sent2
              FROM tasks t JOIN examples x ON x.id = t.example_id WHERE t.id = ?1",
             [task_id],
             |r| {
@@ -358,9 +362,10 @@ impl Store {
                     ext_id: r.get(2)?,
                     round: r.get(3)?,
                     replicas: r.get(4)?,
-                    open: r.get(5)?,
-                    sent1: r.get(6)?,
-                    sent2: r.get(7)?,
+                    submitted: r.get(5)?,
+                    open: r.get(6)?,
+                    sent1: r.get(7)?,
+                    sent2: r.get(8)?,
                     endings: Vec::new(),
                 })
             },

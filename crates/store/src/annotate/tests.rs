@@ -1,6 +1,5 @@
 //! The store's side of annotation: claims and process liveness, skips and undo, durable labels,
-//! submission counts, re-annotation. Items are picked as the annotate stage does without a
-//! preferred order: the holder's own claim first, then in id order.
+//! submission counts, re-annotation.
 
 use rusqlite::{params, Connection};
 
@@ -37,13 +36,11 @@ fn project(contexts: usize, m: i64, r: i64) -> (tempfile::TempDir, Store) {
     (dir, store)
 }
 
-/// The holder's next item: its own claim if it may still take it, else the first by id.
+/// The holder's next item, picked as the annotate stage picks it: its own claim if it may still
+/// take it, else the first it may take.
 fn claim_next(store: &mut Store, holder: &Holder) -> Option<TaskView> {
     store
-        .claim(holder, |tasks| match tasks.held()? {
-            Some(task) => Ok(Some(task)),
-            None => tasks.first_by_id(),
-        })
+        .claim(holder, |tasks| tasks.held.or(tasks.first))
         .unwrap()
 }
 
