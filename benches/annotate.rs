@@ -105,103 +105,34 @@ struct Scenario {
 }
 
 fn run(dir: &Path, bin: &str, processes: usize, scenario: &Scenario) -> Run {
-    let Scenario {
-        items,
-        backlog,
-        key_delay_ms,
-        tmux,
-    } = *scenario;
     let run_dir = tempfile::tempdir_in(dir).unwrap();
     let dir = run_dir.path();
-    let db = dir.join(format!("bench{processes}.sqlite"));
-    let mut store = Store::create(&db).unwrap();
-    store
-        .synthetic_af_project(backlog + processes * items + 200, 9, 1)
-        .unwrap();
-    drop(store);
-    fit_schema(bin, &db);
-    if backlog > 0 {
-        annotate_backlog(bin, dir, &db, backlog);
-    }
+    let db = bench_project(dir, bin, processes, scenario);
     let keys = dir.join("keys");
-    std::fs::write(&keys, "lulugl 1b 3s Enter\n".repeat(items)).unwrap();
-    let socket = dir.join(format!("tmux{processes}.sock"));
+    std::fs::write(&keys, "lulugl 1b 3s Enter\n".repeat(scenario.items)).unwrap();
     let logs: Vec<PathBuf> = (0..processes)
         .map(|i| dir.join(format!("timings{processes}-{i}.jsonl")))
         .collect();
-    let command = |i: usize| {
-        format!(
-            "{bin} annotate {} --annotator a{i} --script {} --script-delay-ms {key_delay_ms} \
-             --timings {}",
-            db.display(),
-            keys.display(),
-            logs[i].display()
-        )
-    };
+    let commands: Vec<String> = (0..processes)
+        .map(|i| {
+            format!(
+                "{bin} annotate {} --annotator a{i} --script {} --script-delay-ms {} \
+                 --timings {}",
+                db.display(),
+                keys.display(),
+                scenario.key_delay_ms,
+                logs[i].display()
+            )
+        })
+        .collect();
     let start = Instant::now();
-    if tmux {
-        for i in 0..processes {
-            let status = Command::new("tmux")
-                .arg("-S")
-                .arg(&socket)
-                .args([
-                    "new-session",
-                    "-d",
-                    "-s",
-                    &format!("a{i}"),
-                    "-x",
-                    "80",
-                    "-y",
-                    "24",
-                ])
-                .arg(format!("exec {}", command(i)))
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }
-        // The server exits when its last session ends.
-        while Command::new("tmux")
-            .arg("-S")
-            .arg(&socket)
-            .arg("has-session")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    if scenario.tmux {
+        run_in_tmux(&dir.join(format!("tmux{processes}.sock")), &commands);
     } else {
-        let children: Vec<_> = (0..processes)
-            .map(|i| {
-                Command::new("sh")
-                    .args(["-c", &command(i)])
-                    .stdout(std::process::Stdio::null())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for mut c in children {
-            assert!(c.wait().unwrap().success());
-        }
+        run_headless(&commands);
     }
     let wall = start.elapsed();
-    let (mut commit, mut claim, mut draw) = (Vec::new(), Vec::new(), Vec::new());
-    for log in &logs {
-        let text = std::fs::read_to_string(log)
-            .unwrap_or_else(|e| panic!("{}: {e} (did the annotator process fail?)", log.display()));
-        for line in text.lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            let ms = v["ms"].as_f64().unwrap();
-            match v["event"].as_str().unwrap() {
-                "commit" => commit.push(ms),
-                "claim" => claim.push(ms),
-                "draw" => draw.push(ms),
-                other => panic!("unknown event {other}"),
-            }
-        }
-    }
-    for v in [&mut commit, &mut claim, &mut draw] {
-        v.sort_by(f64::total_cmp);
-    }
+    let (commit, claim, draw) = read_timings(&logs);
     let submissions = rusqlite::Connection::open(&db)
         .unwrap()
         .query_row(
@@ -218,6 +149,97 @@ fn run(dir: &Path, bin: &str, processes: usize, scenario: &Scenario) -> Run {
         draw,
         submissions,
     }
+}
+
+/// A project with enough contexts for every annotator's items, the backlog and some to spare,
+/// in the schema `bin` reads, with the scenario's backlog done.
+fn bench_project(dir: &Path, bin: &str, processes: usize, scenario: &Scenario) -> PathBuf {
+    let db = dir.join(format!("bench{processes}.sqlite"));
+    let mut store = Store::create(&db).unwrap();
+    store
+        .synthetic_af_project(scenario.backlog + processes * scenario.items + 200, 9, 1)
+        .unwrap();
+    drop(store);
+    fit_schema(bin, &db);
+    if scenario.backlog > 0 {
+        annotate_backlog(bin, dir, &db, scenario.backlog);
+    }
+    db
+}
+
+/// Runs each command in its own 80×24 tmux terminal and waits until all have exited.
+fn run_in_tmux(socket: &Path, commands: &[String]) {
+    for (i, command) in commands.iter().enumerate() {
+        let status = Command::new("tmux")
+            .arg("-S")
+            .arg(socket)
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &format!("a{i}"),
+                "-x",
+                "80",
+                "-y",
+                "24",
+            ])
+            .arg(format!("exec {command}"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    // The server exits when its last session ends.
+    while Command::new("tmux")
+        .arg("-S")
+        .arg(socket)
+        .arg("has-session")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs the commands at once without a terminal (the sessions draw into 80×24 buffers) and
+/// waits for each to succeed.
+fn run_headless(commands: &[String]) {
+    let children: Vec<_> = commands
+        .iter()
+        .map(|command| {
+            Command::new("sh")
+                .args(["-c", command])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+}
+
+/// The milliseconds of every commit, claim and draw in the sessions' `--timings` files, each
+/// list sorted.
+fn read_timings(logs: &[PathBuf]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut commit, mut claim, mut draw) = (Vec::new(), Vec::new(), Vec::new());
+    for log in logs {
+        let text = std::fs::read_to_string(log)
+            .unwrap_or_else(|e| panic!("{}: {e} (did the annotator process fail?)", log.display()));
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let ms = v["ms"].as_f64().unwrap();
+            match v["event"].as_str().unwrap() {
+                "commit" => commit.push(ms),
+                "claim" => claim.push(ms),
+                "draw" => draw.push(ms),
+                other => panic!("unknown event {other}"),
+            }
+        }
+    }
+    for v in [&mut commit, &mut claim, &mut draw] {
+        v.sort_by(f64::total_cmp);
+    }
+    (commit, claim, draw)
 }
 
 /// The number after `flag`, if the flag is given.

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use afkit_store::Store;
 use common::tmux::Tmux;
-use common::{afkit, command, query_i64, BIN};
+use common::{afkit, arg, command, query_i64, BIN};
 use rusqlite::Connection;
 
 fn project(dir: &Path, contexts: usize) -> PathBuf {
@@ -42,6 +42,44 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     let db = project(dir.path(), 8);
     let command = format!("exec {BIN} annotate {} --annotator alice", db.display());
     tmux.start("a", &command);
+    first_item_asks_for_every_label(&tmux);
+    let visible = label_two_items_then_kill_mid_third(&tmux, &db);
+    alice_has_two_complete_submissions(&db);
+
+    // Restart: the item that was on screen comes back first.
+    tmux.cmd(&["kill-session", "-t", "a"]);
+    tmux.start("b", &command);
+    // (Waiting for all three: a timeout here means it resumed elsewhere.)
+    tmux.wait_for_all(
+        "b",
+        &["done 2", &visible, "to do: label endings 1, 2, 3, 4, 5, 6"],
+    );
+    help_and_undo_work_after_the_resume(&tmux, &db);
+
+    // SIGTERM (and SIGHUP, from a closed terminal) end the session cleanly too.
+    tmux.start("c", &command);
+    tmux.wait_for("c", "Enter submit");
+    signal(&tmux, "c", "-TERM");
+    tmux.wait_dead("c");
+    let screen = tmux.screen("c");
+    assert!(
+        screen.contains("alice: 0 submitted this session"),
+        "{screen}"
+    );
+}
+
+/// Sends `signal` (`-9`, `-TERM`) to the process of tmux session `name`.
+fn signal(tmux: &Tmux, name: &str, signal: &str) {
+    let pid = tmux.pane_pid(name);
+    assert!(Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// The first item shows every ending unlabelled, and Enter does not submit it.
+fn first_item_asks_for_every_label(tmux: &Tmux) {
     let screen = tmux.wait_for_all("a", &["done 0", "Enter submit"]);
     assert!(
         screen.contains("to do: label endings 1, 2, 3, 4, 5, 6"),
@@ -55,88 +93,86 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     }
     tmux.keys("a", &["Enter"]);
     tmux.wait_for("a", "not yet:");
+}
 
+/// Submits two items, half-labels the third and kills the process with SIGKILL; returns the
+/// start of the third item's context, as the screen showed it.
+fn label_two_items_then_kill_mid_third(tmux: &Tmux, db: &Path) -> String {
     for done in 1..=2 {
         tmux.keys("a", ITEM_KEYS);
         tmux.wait_for("a", "complete: Enter to submit");
         tmux.keys("a", &["Enter"]);
         tmux.wait_for("a", &format!("done {done}"));
     }
-    // Half-label the third item, then kill the process without warning. Both keys go in one
-    // write, as fast typing or a paste delivers them: neither may wait for a later key press.
+    // Both keys go in one write, as fast typing or a paste delivers them: neither may wait for
+    // a later key press.
     tmux.keys("a", &["lu"]);
     tmux.wait_for("a", "to do: label endings 3, 4, 5, 6");
-    let on_screen = claimed_sent1(&db, "alice");
+    let on_screen = claimed_sent1(db, "alice");
     let visible: String = on_screen.chars().take(30).collect();
     assert!(
         tmux.screen("a").contains(&visible),
         "the claimed item is the one on screen"
     );
-    let pid = tmux.pane_pid("a");
-    assert!(Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(tmux, "a", "-9");
     tmux.wait_dead("a");
+    visible
+}
 
+/// The two submitted items are stored whole, with their ranks and no rank on gibberish; the
+/// half-labelled third is not.
+fn alice_has_two_complete_submissions(db: &Path) {
     assert_eq!(
         query_i64(
-            &db,
+            db,
             "SELECT COUNT(*) FROM submissions WHERE annotator = 'alice'"
         ),
         2
     );
     assert_eq!(
         query_i64(
-            &db,
+            db,
             "SELECT COUNT(*) FROM labels l JOIN submissions s ON s.id = l.submission_id
              WHERE s.annotator = 'alice'"
         ),
         12
     );
     assert_eq!(
-        query_i64(&db, "SELECT COUNT(*) FROM labels WHERE rank = 'best'"),
+        query_i64(db, "SELECT COUNT(*) FROM labels WHERE rank = 'best'"),
         2
     );
     assert_eq!(
         query_i64(
-            &db,
+            db,
             "SELECT COUNT(*) FROM labels WHERE judgement = 'gibberish'"
         ),
         2
     );
     assert_eq!(
         query_i64(
-            &db,
+            db,
             "SELECT COUNT(*) FROM labels WHERE rank IS NOT NULL AND judgement = 'gibberish'"
         ),
         0
     );
+}
 
-    // Restart: the item that was on screen comes back first.
-    tmux.cmd(&["kill-session", "-t", "a"]);
-    tmux.start("b", &command);
-    // (Waiting for all three: a timeout here means it resumed elsewhere.)
-    tmux.wait_for_all(
-        "b",
-        &["done 2", &visible, "to do: label endings 1, 2, 3, 4, 5, 6"],
-    );
+/// In the resumed session "b": help opens and closes, z brings back the last submission with
+/// its labels, and q restores the terminal before the summary line.
+fn help_and_undo_work_after_the_resume(tmux: &Tmux, db: &Path) {
     tmux.keys("b", &["?"]);
     tmux.wait_for("b", "Instructions");
     tmux.keys("b", &["Escape"]);
     tmux.wait_for("b", "Enter submit");
-    // z brings back the last submission with its labels.
     tmux.keys("b", &["z"]);
     let screen = tmux.wait_for("b", "undone");
     assert!(
         screen.contains("BEST") && screen.contains("2ND"),
         "{screen}"
     );
-    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM submissions"), 1);
+    assert_eq!(query_i64(db, "SELECT COUNT(*) FROM submissions"), 1);
     tmux.keys("b", &["Enter"]);
     tmux.wait_for("b", "done 2");
-    // q restores the terminal: the summary line is printed on the normal screen.
     tmux.keys("b", &["q"]);
     tmux.wait_dead("b");
     let screen = tmux.screen("b");
@@ -147,22 +183,6 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     assert!(
         !screen.contains("Enter submit"),
         "the alternate screen was left:\n{screen}"
-    );
-
-    // SIGTERM (and SIGHUP, from a closed terminal) end the session cleanly too.
-    tmux.start("c", &command);
-    tmux.wait_for("c", "Enter submit");
-    let pid = tmux.pane_pid("c");
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
-    tmux.wait_dead("c");
-    let screen = tmux.screen("c");
-    assert!(
-        screen.contains("alice: 0 submitted this session"),
-        "{screen}"
     );
 }
 
@@ -270,19 +290,135 @@ fn write_csv(path: &Path, rows: &[Vec<&str>]) {
     w.flush().unwrap();
 }
 
+/// A project of five contexts and its crowd task file, exported with `afkit crowd export`.
+struct Crowd {
+    dir: tempfile::TempDir,
+    db: PathBuf,
+    tasks: PathBuf,
+    /// The first item's id in the task file.
+    item: String,
+}
+
+impl Crowd {
+    fn export() -> Crowd {
+        let dir = tempfile::tempdir().unwrap();
+        let db = project(dir.path(), 5);
+        let tasks = dir.path().join("tasks.csv");
+        let out = afkit(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let item = csv_rows(&tasks).1[0][0].clone();
+        Crowd {
+            dir,
+            db,
+            tasks,
+            item,
+        }
+    }
+
+    /// `afkit crowd import` of `results`, which must succeed.
+    fn import(&self, results: &Path) -> std::process::Output {
+        let out = afkit(&["crowd", "import", arg(&self.db), arg(results)]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Results in afkit's columns for the first item: w1's and w2's rows are valid, each other
+    /// row is wrong in one way (lines 3 to 8).
+    fn afkit_results(&self) -> PathBuf {
+        let results = self.dir.path().join("results.csv");
+        let item = self.item.as_str();
+        let head = [
+            "label_1", "label_2", "label_3", "label_4", "label_5", "label_6",
+        ];
+        let labels = [
+            "likely",
+            "unlikely",
+            "likely",
+            "unlikely",
+            "gibberish",
+            "likely",
+        ];
+        let row = |worker, item, labels: [&'static str; 6], best, second| {
+            [vec![worker, item], labels.to_vec(), vec![best, second]].concat()
+        };
+        let mut blank_third = labels;
+        blank_third[2] = "";
+        let mut unknown_first = labels;
+        unknown_first[0] = "maybe";
+        let w1_again = [
+            "likely",
+            "likely",
+            "likely",
+            "unlikely",
+            "gibberish",
+            "likely",
+        ];
+        let w2 = ["Likely", "l", "likely", "unlikely", "gibberish", "unlikely"];
+        write_csv(
+            &results,
+            &[
+                row("worker_id", "item_id", head, "best", "second"),
+                row("w1", item, labels, "1", "3"),
+                row("w1", "9999", labels, "1", "3"),
+                row("w3", item, blank_third, "1", "3"),
+                row("w4", item, labels, "1", "1"),
+                row("w1", item, w1_again, "1", "2"),
+                row("w5", item, unknown_first, "1", "3"),
+                row("w6", item, labels, "5", "3"),
+                row("w2", item, w2, "1", "2"),
+            ],
+        );
+        results
+    }
+
+    /// Mechanical Turk batch results for the first item (Input./Answer. prefixes, the second
+    /// choice as a radio group of true/false columns): m1's assignment, and m2's, rejected.
+    fn mturk_results(&self) -> PathBuf {
+        let mturk = self.dir.path().join("Batch_1_batch_results.csv");
+        let mut head = vec![
+            "HITId",
+            "WorkerId",
+            "AssignmentStatus",
+            "WorkTimeInSeconds",
+            "Input.item_id",
+        ];
+        let label_cols: Vec<String> = (1..=6).map(|k| format!("Answer.label_{k}")).collect();
+        head.extend(label_cols.iter().map(String::as_str));
+        head.push("Answer.best");
+        let second_cols: Vec<String> = (1..=6).map(|k| format!("Answer.second.{k}")).collect();
+        head.extend(second_cols.iter().map(String::as_str));
+        let labels = [
+            "likely",
+            "unlikely",
+            "likely",
+            "unlikely",
+            "gibberish",
+            "likely",
+        ];
+        let second_is_1 = ["true", "false", "false", "false", "false", "false"];
+        let assignment = |worker, status, seconds| {
+            let head = vec!["H1", worker, status, seconds, self.item.as_str()];
+            [head, labels.to_vec(), vec!["3"], second_is_1.to_vec()].concat()
+        };
+        let ok = assignment("m1", "Submitted", "42");
+        let rejected = assignment("m2", "Rejected", "40");
+        write_csv(&mturk, &[head, ok, rejected]);
+        mturk
+    }
+}
+
 #[test]
-fn crowd_round_trip_validates_rows_and_feeds_agreement() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = project(dir.path(), 5);
-    let p = db.to_str().unwrap();
-    let tasks_csv = dir.path().join("tasks.csv");
-    let out = afkit(&["crowd", "export", p, "--out", tasks_csv.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (header, rows) = csv_rows(&tasks_csv);
+fn crowd_export_lists_every_open_item_with_its_texts() {
+    let crowd = Crowd::export();
+    let (header, rows) = csv_rows(&crowd.tasks);
     assert_eq!(
         header,
         [
@@ -303,137 +439,20 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     assert!(rows
         .iter()
         .all(|r| r[1] == "3" && r[2] == format!("{} {}", r[3], r[4])));
-    let item = rows[0][0].as_str();
+}
 
-    let results = dir.path().join("results.csv");
-    let head = vec![
-        "worker_id",
-        "item_id",
-        "label_1",
-        "label_2",
-        "label_3",
-        "label_4",
-        "label_5",
-        "label_6",
-        "best",
-        "second",
-    ];
-    write_csv(
-        &results,
-        &[
-            head,
-            vec![
-                "w1",
-                item,
-                "likely",
-                "unlikely",
-                "likely",
-                "unlikely",
-                "gibberish",
-                "likely",
-                "1",
-                "3",
-            ],
-            vec![
-                "w1",
-                "9999",
-                "likely",
-                "unlikely",
-                "likely",
-                "unlikely",
-                "gibberish",
-                "likely",
-                "1",
-                "3",
-            ],
-            vec![
-                "w3",
-                item,
-                "likely",
-                "unlikely",
-                "",
-                "unlikely",
-                "gibberish",
-                "likely",
-                "1",
-                "3",
-            ],
-            vec![
-                "w4",
-                item,
-                "likely",
-                "unlikely",
-                "likely",
-                "unlikely",
-                "gibberish",
-                "likely",
-                "1",
-                "1",
-            ],
-            vec![
-                "w1",
-                item,
-                "likely",
-                "likely",
-                "likely",
-                "unlikely",
-                "gibberish",
-                "likely",
-                "1",
-                "2",
-            ],
-            vec![
-                "w5",
-                item,
-                "maybe",
-                "unlikely",
-                "likely",
-                "unlikely",
-                "gibberish",
-                "likely",
-                "1",
-                "3",
-            ],
-            vec![
-                "w6",
-                item,
-                "likely",
-                "unlikely",
-                "likely",
-                "unlikely",
-                "gibberish",
-                "likely",
-                "5",
-                "3",
-            ],
-            vec![
-                "w2",
-                item,
-                "Likely",
-                "l",
-                "likely",
-                "unlikely",
-                "gibberish",
-                "unlikely",
-                "1",
-                "2",
-            ],
-        ],
-    );
-    let r = results.to_str().unwrap();
-    let out = afkit(&["crowd", "import", p, r, "--strict"]);
+#[test]
+fn crowd_import_takes_the_valid_rows_and_reports_each_invalid_one_by_line() {
+    let crowd = Crowd::export();
+    let (db, results) = (&crowd.db, crowd.afkit_results());
+    let out = afkit(&["crowd", "import", arg(db), arg(&results), "--strict"]);
     assert!(
         !out.status.success(),
         "--strict refuses a file with invalid rows"
     );
-    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM submissions"), 0);
+    assert_eq!(query_i64(db, "SELECT COUNT(*) FROM submissions"), 0);
 
-    let out = afkit(&["crowd", "import", p, r]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = crowd.import(&results);
     let stderr = String::from_utf8_lossy(&out.stderr);
     for (line, reason) in [
         (3, "unknown item 9999"),
@@ -451,78 +470,42 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("imported 2 submissions"));
     assert_eq!(
         query_i64(
-            &db,
+            db,
             "SELECT COUNT(*) FROM submissions WHERE origin = 'crowd'"
         ),
         2
     );
-    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM labels"), 12);
+    assert_eq!(query_i64(db, "SELECT COUNT(*) FROM labels"), 12);
+}
 
-    // Mechanical Turk batch results: Input./Answer. prefixes, a radio group as true/false columns.
-    let mturk = dir.path().join("Batch_1_batch_results.csv");
-    let mut head = vec![
-        "HITId",
-        "WorkerId",
-        "AssignmentStatus",
-        "WorkTimeInSeconds",
-        "Input.item_id",
-    ];
-    let label_cols: Vec<String> = (1..=6).map(|k| format!("Answer.label_{k}")).collect();
-    head.extend(label_cols.iter().map(String::as_str));
-    head.push("Answer.best");
-    let second_cols: Vec<String> = (1..=6).map(|k| format!("Answer.second.{k}")).collect();
-    head.extend(second_cols.iter().map(String::as_str));
-    let mut ok = vec![
-        "H1",
-        "m1",
-        "Submitted",
-        "42",
-        item,
-        "likely",
-        "unlikely",
-        "likely",
-        "unlikely",
-        "gibberish",
-        "likely",
-        "3",
-    ];
-    ok.extend(["true", "false", "false", "false", "false", "false"]);
-    let mut rejected = vec![
-        "H1",
-        "m2",
-        "Rejected",
-        "40",
-        item,
-        "likely",
-        "unlikely",
-        "likely",
-        "unlikely",
-        "gibberish",
-        "likely",
-        "3",
-    ];
-    rejected.extend(["true", "false", "false", "false", "false", "false"]);
-    write_csv(&mturk, &[head, ok, rejected]);
-    let out = afkit(&["crowd", "import", p, mturk.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+#[test]
+fn crowd_import_reads_mechanical_turk_batch_results() {
+    let crowd = Crowd::export();
+    crowd.import(&crowd.afkit_results());
+    let out = crowd.import(&crowd.mturk_results());
     assert!(String::from_utf8_lossy(&out.stdout).contains("Mechanical Turk"));
     assert!(String::from_utf8_lossy(&out.stderr).contains(":3: the assignment was rejected"));
-    assert_eq!(query_i64(&db, "SELECT COUNT(*) FROM submissions"), 3);
+    assert_eq!(query_i64(&crowd.db, "SELECT COUNT(*) FROM submissions"), 3);
     assert_eq!(
-        query_i64(&db, "SELECT COUNT(*) FROM submissions WHERE seconds = 42"),
+        query_i64(
+            &crowd.db,
+            "SELECT COUNT(*) FROM submissions WHERE seconds = 42"
+        ),
         1
     );
+}
 
+#[test]
+fn agreement_of_imported_crowd_labels_matches_the_figures_computed_by_hand() {
+    let crowd = Crowd::export();
+    crowd.import(&crowd.afkit_results());
+    crowd.import(&crowd.mturk_results());
     // Agreement on the one item with three annotators, computed by hand (endings by position):
     //   ranks  w1 B N S N N N · w2 B S N N N N · m1 S N B N N N
     //   labels w1 L U L U G L · w2 L L L U G U · m1 L U L U G L
     // ppa_rank = (1+1+0+3+3+3)/18; α_rank = 1 − 17·7/(18² − (3²+3²+12²)) = 43/162.
     // ppa_label = (3+1+3+3+3+1)/18; α_label = 1 − 17·4/(18² − (9²+6²+3²)) = 130/198.
-    let out = afkit(&["agreement", p, "--json"]);
+    let out = afkit(&["agreement", arg(&crowd.db), "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -549,7 +532,7 @@ fn crowd_round_trip_validates_rows_and_feeds_agreement() {
     let best = (found["best"].as_f64().unwrap() * 3.0).round();
     assert_eq!(human["correct"].as_f64(), Some(best), "{json}");
     assert_eq!(human["endings_shown"], serde_json::json!([6, 6]));
-    let text = afkit(&["agreement", p]);
+    let text = afkit(&["agreement", arg(&crowd.db)]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("Found end") && text.contains("Gibberish"),

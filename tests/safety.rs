@@ -238,11 +238,10 @@ fn pastes_alt_keys_and_keys_on_a_hidden_item_do_nothing_in_annotate() {
     assert_eq!(submissions(&db), 1);
 }
 
-#[test]
-fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
-    let dir = tempfile::tempdir().unwrap();
-    // Two contexts without pools.
-    let fresh = dir.path().join("fresh.sqlite");
+/// A project of two contexts without pools: its path, and each context's id with its found
+/// ending.
+fn unpooled_project(dir: &Path) -> (PathBuf, Vec<(String, String)>) {
+    let fresh = dir.join("fresh.sqlite");
     Store::create(&fresh).unwrap();
     let conn = rusqlite::Connection::open(&fresh).unwrap();
     let src = Fixtures::on(&conn)
@@ -262,27 +261,38 @@ fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
         };
         Fixtures::on(&conn).insert_example(src, &ex).unwrap();
     }
-    drop(conn);
-    let usable: Vec<String> = ids.iter().map(|(id, _)| id.clone()).collect();
-    let ending_of = |id: &str| ids.iter().find(|(i, _)| i == id).unwrap().1.clone();
-    let features = |text: &str| {
-        serde_json::json!({"text": text, "lp_cond": -2.0, "lp_alone": -3.0,
-                           "lp_final_punct": null, "n_tok": 5})
-    };
-    let record = |id: &str, endings: Vec<serde_json::Value>, n_tok_sent1: serde_json::Value| {
-        serde_json::json!({"id": id, "endings": endings,
-            "gold": {"lp_cond": -1.0, "lp_alone": -2.0, "lp_final_punct": null, "n_tok": 5},
-            "context": {"ctx_logprob": -3.0, "n_tok_sent1": n_tok_sent1, "n_tok_sent2": 2}})
-        .to_string()
-    };
-    let (a, b) = (&usable[0], &usable[1]);
+    (fresh, ids)
+}
+
+/// An imported ending with its LM features.
+fn pool_ending(text: &str) -> serde_json::Value {
+    serde_json::json!({"text": text, "lp_cond": -2.0, "lp_alone": -3.0,
+                       "lp_final_punct": null, "n_tok": 5})
+}
+
+/// One line of an `import-pool` file: a context's pool of `endings`.
+fn pool_record(
+    id: &str,
+    endings: Vec<serde_json::Value>,
+    n_tok_sent1: serde_json::Value,
+) -> String {
+    serde_json::json!({"id": id, "endings": endings,
+        "gold": {"lp_cond": -1.0, "lp_alone": -2.0, "lp_final_punct": null, "n_tok": 5},
+        "context": {"ctx_logprob": -3.0, "n_tok_sent1": n_tok_sent1, "n_tok_sent2": 2}})
+    .to_string()
+}
+
+#[test]
+fn import_pool_refuses_a_malformed_file_by_line_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fresh, ids) = unpooled_project(dir.path());
     let pools = dir.path().join("pools.jsonl");
     // A count that does not fit: refused with the line, in words, nothing written.
     std::fs::write(
         &pools,
-        record(
-            a,
-            vec![features("waves.")],
+        pool_record(
+            &ids[0].0,
+            vec![pool_ending("waves.")],
             serde_json::json!(10u64.pow(19)),
         ) + "\n",
     )
@@ -305,21 +315,28 @@ fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
     let said = fails(&["import-pool", arg(&fresh), arg(&pools)]);
     assert!(said.contains("no pools"), "{said}");
     assert_eq!(query_i64(&fresh, "SELECT COUNT(*) FROM generations"), 0);
+}
 
+#[test]
+fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fresh, ids) = unpooled_project(dir.path());
+    let ((a, found), (b, _)) = (&ids[0], &ids[1]);
+    let pools = dir.path().join("pools.jsonl");
     // Endings all blank or equal to the found ending: no pool, and the context is named.
     let blank = vec![
-        features("  "),
-        features(&ending_of(a)),
-        features("\u{200b}\u{feff}"),
-        features("."),
-        features(&ending_of(a).to_uppercase()),
+        pool_ending("  "),
+        pool_ending(found),
+        pool_ending("\u{200b}\u{feff}"),
+        pool_ending("."),
+        pool_ending(&found.to_uppercase()),
     ];
     std::fs::write(
         &pools,
         format!(
             "\u{feff}{}\n{}\n",
-            record(a, blank, serde_json::json!(10)),
-            record(b, vec![features("waves a flag.")], serde_json::json!(10))
+            pool_record(a, blank, serde_json::json!(10)),
+            pool_record(b, vec![pool_ending("waves a flag.")], serde_json::json!(10))
         ),
     )
     .unwrap();
@@ -333,22 +350,31 @@ fn import_pool_gives_no_pool_to_a_context_without_usable_endings() {
     assert_eq!(query_i64(&fresh, "SELECT COUNT(*) FROM pools"), 1);
     let status = ok(&["status", arg(&fresh)]);
     assert!(status.contains("1 context without a pool yet"), "{status}");
+}
 
+#[test]
+fn import_pool_refuses_invisible_bare_and_restated_endings_counting_each_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fresh, ids) = unpooled_project(dir.path());
+    let ((a, found), (b, _)) = (&ids[0], &ids[1]);
+    let pools = dir.path().join("pools.jsonl");
+    let other = pool_record(b, vec![pool_ending("waves a flag.")], serde_json::json!(10));
+    std::fs::write(&pools, other + "\n").unwrap();
+    ok(&["import-pool", arg(&fresh), arg(&pools)]);
     // Invisible characters, a lone full stop, the found ending in other case or spacing: refused
     // like blanks and exact copies, each reason counted; the one real ending is kept.
-    let found = ending_of(a);
     let shouted = found.to_uppercase();
     let spaced = format!(" {}", found.replace(' ', "  \u{200b}"));
     let odd = vec![
-        features("\u{200b}"),
-        features("\u{feff}\u{200b} "),
-        features("."),
-        features(&shouted),
-        features(&spaced),
-        features("Waves a flag."),
-        features("waves  a FLAG."),
+        pool_ending("\u{200b}"),
+        pool_ending("\u{feff}\u{200b} "),
+        pool_ending("."),
+        pool_ending(&shouted),
+        pool_ending(&spaced),
+        pool_ending("Waves a flag."),
+        pool_ending("waves  a FLAG."),
     ];
-    std::fs::write(&pools, record(a, odd, serde_json::json!(10)) + "\n").unwrap();
+    std::fs::write(&pools, pool_record(a, odd, serde_json::json!(10)) + "\n").unwrap();
     let out = afkit(&["import-pool", arg(&fresh), arg(&pools)]);
     let said = stderr(&out);
     assert!(out.status.success(), "{said}");
@@ -462,19 +488,24 @@ fn write_rows(path: &Path, head: &str, rows: &[Vec<String>]) {
     std::fs::write(path, text).unwrap();
 }
 
+/// A project (six contexts, in its own folder `name` under `dir`) with its crowd task file:
+/// the project, the task file's header and its rows.
+fn exported_project(dir: &Path, name: &str) -> (PathBuf, Vec<String>, Vec<Vec<String>>) {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    let db = af_project(&folder);
+    let tasks = folder.join("tasks.csv");
+    ok(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
+    let (head, rows) = csv_table(&tasks);
+    (db, head, rows)
+}
+
 #[test]
-fn crowd_results_of_another_project_or_other_texts_are_rejected_by_line() {
+fn crowd_results_of_another_project_are_rejected_by_line() {
     let dir = tempfile::tempdir().unwrap();
-    let (x_dir, y_dir) = (dir.path().join("x"), dir.path().join("y"));
-    std::fs::create_dir_all(&x_dir).unwrap();
-    std::fs::create_dir_all(&y_dir).unwrap();
-    let x = af_project(&x_dir);
-    let y = af_project(&y_dir); // the same synthetic texts: only the fingerprint tells them apart
-    let (x_tasks, y_tasks) = (x_dir.join("tasks.csv"), y_dir.join("tasks.csv"));
-    ok(&["crowd", "export", arg(&x), "--out", arg(&x_tasks)]);
-    ok(&["crowd", "export", arg(&y), "--out", arg(&y_tasks)]);
-    let (_, x_rows) = csv_table(&x_tasks);
-    let (_, y_rows) = csv_table(&y_tasks);
+    let (x, _, x_rows) = exported_project(dir.path(), "x");
+    // The same synthetic texts: only the fingerprint tells them apart.
+    let (y, _, y_rows) = exported_project(dir.path(), "y");
     assert_ne!(
         x_rows[0][0], y_rows[0][0],
         "each project's item ids are its own"
@@ -494,10 +525,14 @@ fn crowd_results_of_another_project_or_other_texts_are_rejected_by_line() {
     assert!(said.contains("belongs to another project"), "{said}");
     assert_eq!(submissions(&x), 0);
     assert!(ok(&["crowd", "import", arg(&y), arg(&y_results)]).contains("imported 5"));
+}
 
+#[test]
+fn crowd_results_whose_texts_are_not_their_items_are_rejected_by_line() {
     // Mechanical Turk results carrying the item's texts: a row whose texts are not the item's
     // is refused, the matching one is taken.
-    let (head, _) = csv_table(&x_tasks);
+    let dir = tempfile::tempdir().unwrap();
+    let (x, head, x_rows) = exported_project(dir.path(), "x");
     let mut mturk_head: Vec<String> = vec!["WorkerId".into()];
     mturk_head.extend(head.iter().map(|h| format!("Input.{h}")));
     mturk_head.extend((1..=6).map(|k| format!("Answer.label_{k}")));
@@ -534,9 +569,14 @@ fn crowd_results_of_another_project_or_other_texts_are_rejected_by_line() {
         "{said}"
     );
     assert_eq!(submissions(&x), 1);
+}
 
+#[test]
+fn crowd_results_of_an_old_task_file_are_taken_only_where_their_texts_prove_the_item() {
     // A task file from before item ids carried the fingerprint: taken only where the row's
     // texts prove the item, refused with what to do otherwise.
+    let dir = tempfile::tempdir().unwrap();
+    let (x, head, x_rows) = exported_project(dir.path(), "x");
     let number = |id: &str| id.rsplit('-').next().unwrap().to_string();
     let bare = dir.path().join("old.csv");
     let mut old_row = answer("w2", &x_rows[3]);
@@ -570,7 +610,7 @@ fn crowd_results_of_another_project_or_other_texts_are_rejected_by_line() {
         said.contains("old-with-texts.csv:3: ending_1 does not match"),
         "{said}"
     );
-    assert_eq!(submissions(&x), 2);
+    assert_eq!(submissions(&x), 1, "the row whose texts prove its item");
 }
 
 #[test]

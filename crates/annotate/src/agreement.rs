@@ -9,7 +9,7 @@ use std::hash::Hash;
 
 use serde::Serialize;
 
-use afkit_store::annotate::SubmissionRecord;
+use afkit_store::annotate::labels::SubmissionRecord;
 use afkit_store::dataset::{Judgement, Rank};
 
 /// Krippendorff's α for nominal data. `units` holds, per unit, the values the coders gave it;
@@ -320,61 +320,87 @@ fn annotator_stats(
     names.dedup();
     let mut stats: Vec<AnnotatorStats> = names
         .into_iter()
-        .map(|name| {
-            let mine: Vec<&SubmissionRecord> =
-                submissions.iter().filter(|s| s.annotator == name).collect();
-            let labelled = mine.iter().filter(|s| !s.broken);
-            let top2: Vec<bool> = labelled.clone().filter_map(|s| found_in_top2(s)).collect();
-            let best: Vec<bool> = labelled.filter_map(|s| found_ranked_best(s)).collect();
-            let (mut rank_pairs, mut label_pairs) = ((0usize, 0usize), (0usize, 0usize));
-            let mut shared_items = 0;
-            for subs in by_task.values() {
-                let Some(me) = subs.iter().find(|s| s.annotator == name) else {
-                    continue;
-                };
-                let others: Vec<&&SubmissionRecord> =
-                    subs.iter().filter(|s| s.annotator != name).collect();
-                if others.is_empty() {
-                    continue;
-                }
-                shared_items += 1;
-                for (l, _) in &me.labels {
-                    for other in &others {
-                        if let Some((o, _)) = other
-                            .labels
-                            .iter()
-                            .find(|(o, _)| o.ending_id == l.ending_id)
-                        {
-                            rank_pairs.1 += 1;
-                            label_pairs.1 += 1;
-                            rank_pairs.0 += usize::from(o.rank == l.rank);
-                            label_pairs.0 += usize::from(o.judgement == l.judgement);
-                        }
-                    }
-                }
-            }
-            let ratio = |(a, n): (usize, usize)| (n > 0).then(|| a as f64 / n as f64);
-            let times: Vec<(String, Option<f64>)> = mine
-                .iter()
-                .map(|s| (s.submitted_at.clone(), s.seconds))
-                .collect();
-            AnnotatorStats {
-                annotator: name.to_string(),
-                items: mine.len(),
-                broken: mine.iter().filter(|s| s.broken).count(),
-                items_per_hour: items_per_hour(&times),
-                found_top2_rate: fraction(&top2),
-                accuracy: fraction(&best),
-                shared_items,
-                ppa_rank_with_others: ratio(rank_pairs),
-                ppa_label_with_others: ratio(label_pairs),
-                flagged: false,
-                flag_reasons: Vec::new(),
-            }
-        })
+        .map(|name| stats_of(name, submissions, by_task))
         .collect();
     flag_outliers(&mut stats);
     stats
+}
+
+/// One annotator's figures, not yet flagged.
+fn stats_of(
+    name: &str,
+    submissions: &[SubmissionRecord],
+    by_task: &BTreeMap<i64, Vec<&SubmissionRecord>>,
+) -> AnnotatorStats {
+    let mine: Vec<&SubmissionRecord> = submissions.iter().filter(|s| s.annotator == name).collect();
+    let labelled = mine.iter().filter(|s| !s.broken);
+    let top2: Vec<bool> = labelled.clone().filter_map(|s| found_in_top2(s)).collect();
+    let best: Vec<bool> = labelled.filter_map(|s| found_ranked_best(s)).collect();
+    let shared = agreement_with_others(name, by_task);
+    let ratio = |(a, n): (usize, usize)| (n > 0).then(|| a as f64 / n as f64);
+    let times: Vec<(String, Option<f64>)> = mine
+        .iter()
+        .map(|s| (s.submitted_at.clone(), s.seconds))
+        .collect();
+    AnnotatorStats {
+        annotator: name.to_string(),
+        items: mine.len(),
+        broken: mine.iter().filter(|s| s.broken).count(),
+        items_per_hour: items_per_hour(&times),
+        found_top2_rate: fraction(&top2),
+        accuracy: fraction(&best),
+        shared_items: shared.items,
+        ppa_rank_with_others: ratio(shared.rank_pairs),
+        ppa_label_with_others: ratio(shared.label_pairs),
+        flagged: false,
+        flag_reasons: Vec::new(),
+    }
+}
+
+/// How one annotator's labels compare with those of others on the same items.
+struct SharedAgreement {
+    /// Items that at least one other annotator labelled too.
+    items: usize,
+    /// (pairs with the same rank, pairs compared) over every ending both labelled.
+    rank_pairs: (usize, usize),
+    /// (pairs with the same judgement, pairs compared) over the same endings.
+    label_pairs: (usize, usize),
+}
+
+fn agreement_with_others(
+    name: &str,
+    by_task: &BTreeMap<i64, Vec<&SubmissionRecord>>,
+) -> SharedAgreement {
+    let mut shared = SharedAgreement {
+        items: 0,
+        rank_pairs: (0, 0),
+        label_pairs: (0, 0),
+    };
+    for subs in by_task.values() {
+        let Some(me) = subs.iter().find(|s| s.annotator == name) else {
+            continue;
+        };
+        let others: Vec<&&SubmissionRecord> = subs.iter().filter(|s| s.annotator != name).collect();
+        if others.is_empty() {
+            continue;
+        }
+        shared.items += 1;
+        for (l, _) in &me.labels {
+            for other in &others {
+                if let Some((o, _)) = other
+                    .labels
+                    .iter()
+                    .find(|(o, _)| o.ending_id == l.ending_id)
+                {
+                    shared.rank_pairs.1 += 1;
+                    shared.label_pairs.1 += 1;
+                    shared.rank_pairs.0 += usize::from(o.rank == l.rank);
+                    shared.label_pairs.0 += usize::from(o.judgement == l.judgement);
+                }
+            }
+        }
+    }
+    shared
 }
 
 /// Applies [`flag_rule`].
@@ -638,7 +664,7 @@ fn annotator_table(out: &mut String, r: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use afkit_store::annotate::EndingLabel;
+    use afkit_store::annotate::labels::EndingLabel;
 
     /// Krippendorff (2011), "Computing Krippendorff's Alpha-Reliability", section C: four
     /// observers, twelve units, missing values; nominal α = 0.743.

@@ -2,7 +2,8 @@
 //! [`App::on_key`] changes the state and returns the [`Action`] the session must carry out
 //! (store a submission, skip, undo, quit); the session then loads the next item.
 
-use afkit_store::annotate::{EndingLabel, TaskView};
+use afkit_store::annotate::labels::EndingLabel;
+use afkit_store::annotate::tasks::TaskView;
 use afkit_store::dataset::{Judgement, Rank};
 
 use super::verdict::{self, Problem};
@@ -183,31 +184,44 @@ impl App {
     }
 
     pub(crate) fn on_key(&mut self, key: Key) -> Action {
+        match self.on_session_key(key) {
+            Some(action) => action,
+            None => self.on_item_key(key),
+        }
+    }
+
+    /// Keys that work whatever is on screen: quitting, the hidden screen, help and undo. `None`
+    /// when the key is for the item.
+    fn on_session_key(&mut self, key: Key) -> Option<Action> {
         if key == Key::CtrlC {
-            return Action::Quit;
+            return Some(Action::Quit);
         }
         if self.hidden {
-            return if key == Key::Char('q') {
+            return Some(if key == Key::Char('q') {
                 Action::Quit
             } else {
                 Action::None
-            };
+            });
         }
         if let Some(help) = &mut self.help {
             if help.on_key(key) {
                 self.help = None;
             }
-            return Action::None;
+            return Some(Action::None);
         }
         match key {
             Key::Char('?') => {
                 self.help = Some(Help::default());
-                return Action::None;
+                Some(Action::None)
             }
-            Key::Char('q') => return Action::Quit,
-            Key::Char('z') => return Action::Undo,
-            _ => {}
+            Key::Char('q') => Some(Action::Quit),
+            Key::Char('z') => Some(Action::Undo),
+            _ => None,
         }
+    }
+
+    /// Keys on the item on screen: move, label, rank, clear, submit, skip, flag as broken.
+    fn on_item_key(&mut self, key: Key) -> Action {
         let Some(item) = &mut self.item else {
             self.say(
                 Tone::Info,
@@ -347,7 +361,7 @@ impl App {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use afkit_store::annotate::TaskEnding;
+    use afkit_store::annotate::tasks::TaskEnding;
 
     fn task(n: usize) -> TaskView {
         TaskView {
@@ -356,6 +370,7 @@ mod tests {
             ext_id: "v#1".into(),
             round: 0,
             replicas: 1,
+            submitted: 0,
             open: true,
             sent1: "A man is in a kitchen.".into(),
             sent2: "He".into(),

@@ -9,7 +9,8 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use afkit_engine::csv_lines::RecordLines;
 use afkit_engine::output::Output;
-use afkit_store::annotate::{NewSubmission, Origin, TaskView, ENDINGS_PER_TASK};
+use afkit_store::annotate::labels::{NewSubmission, Origin};
+use afkit_store::annotate::tasks::{TaskView, ENDINGS_PER_TASK};
 use afkit_store::dataset::Judgement;
 use afkit_store::Store;
 
@@ -41,7 +42,7 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
         header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
         w.write_record(&header)?;
         for task in &tasks {
-            let done = store.submission_count(task.task_id)?;
+            let done = task.submitted;
             let mut texts = vec![task.startphrase(), task.sent1.clone(), task.sent2.clone()];
             texts.extend((0..ENDINGS_PER_TASK).map(|i| {
                 task.endings
@@ -304,27 +305,36 @@ struct RowChecks<'a> {
 
 impl RowChecks<'_> {
     fn check(&mut self, row: &csv::StringRecord, line: u64) -> Result<()> {
-        let parsed = if row.len() == self.fields {
-            let project = (self.store, self.fingerprint.as_str());
-            parse_row(project, self.columns, row, &mut self.tasks)
-        } else {
-            Err(format!(
-                "{} fields where the header has {}",
-                row.len(),
-                self.fields
-            ))
-        };
-        let sub = match parsed {
-            Ok(sub) => sub,
+        match self.parse(row) {
+            Ok(sub) => self.admit(sub, line),
             Err(reason) => {
                 self.rejected.push(Rejected {
                     line,
                     reason,
                     already_in_project: false,
                 });
-                return Ok(());
+                Ok(())
             }
-        };
+        }
+    }
+
+    /// The row as a submission, or why it is not one: a field count other than the header's, or
+    /// what [`parse_row`] refuses.
+    fn parse(&mut self, row: &csv::StringRecord) -> std::result::Result<NewSubmission, String> {
+        if row.len() != self.fields {
+            return Err(format!(
+                "{} fields where the header has {}",
+                row.len(),
+                self.fields
+            ));
+        }
+        let project = (self.store, self.fingerprint.as_str());
+        parse_row(project, self.columns, row, &mut self.tasks)
+    }
+
+    /// Keeps a parsed row as valid unless its worker already answered its item (on an earlier
+    /// line or in the project) or the item already has every annotator it wants.
+    fn admit(&mut self, sub: NewSubmission, line: u64) -> Result<()> {
         let key = (sub.annotator.clone(), sub.task_id);
         let already_in_project = !self.first_line.contains_key(&key)
             && self.store.has_submitted(sub.task_id, &sub.annotator)?;
@@ -339,10 +349,13 @@ impl RowChecks<'_> {
                 sub.annotator, sub.task_id
             )
         } else {
-            let replicas = self.tasks[&sub.task_id].as_ref().map_or(0, |t| t.replicas);
+            let task = self.tasks[&sub.task_id]
+                .as_ref()
+                .expect("a parsed row's item is a known task");
+            let replicas = task.replicas;
             let taken = match self.taken.get(&sub.task_id) {
                 Some(&n) => n,
-                None => self.store.submission_count(sub.task_id)?,
+                None => task.submitted,
             };
             if taken >= replicas {
                 format!(

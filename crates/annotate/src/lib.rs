@@ -9,6 +9,7 @@ pub mod agreement;
 mod app;
 pub mod crowd;
 mod event;
+mod handout;
 mod session;
 pub mod tasks;
 mod text;
@@ -23,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
-use afkit_store::annotate::Holder;
+use afkit_store::annotate::claims::Holder;
 use afkit_store::Store;
 
 use event::{Keys, ScriptKeys, TerminalKeys};
@@ -71,7 +72,7 @@ pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
     store.sync_every_label();
     let setup = tasks::ensure_tasks(store, config.policy)?;
     if config.order == Order::Risk {
-        store.set_handout_priority(&tasks::riskiest_first(store)?)?;
+        store.set_handout_priority(&handout::riskiest_first(store)?)?;
     }
     let stop = event::stop_flag()?;
     let holder = Holder::this_process(name);

@@ -10,12 +10,14 @@ use anyhow::{Context, Result};
 use ratatui::backend::Backend;
 use ratatui::Terminal;
 
-use afkit_store::annotate::{self as db, Holder, NewSubmission, Origin, UndoneKind, HEARTBEAT};
+use afkit_store::annotate::claims::{Holder, HEARTBEAT};
+use afkit_store::annotate::labels::{EndingLabel, NewSubmission, Origin, UndoneKind};
 use afkit_store::Store;
 
 use super::agreement::items_per_hour;
 use super::app::{Action, App, Item, Tone};
 use super::event::{Input, Keys};
+use super::handout;
 use super::ui;
 
 /// What a session did, for the line printed after the terminal is restored.
@@ -145,7 +147,7 @@ impl<'a> Session<'a> {
         &mut self,
         task_id: i64,
         broken: bool,
-        labels: Vec<db::EndingLabel>,
+        labels: Vec<EndingLabel>,
         pressed: Instant,
     ) -> Result<()> {
         let sub = NewSubmission {
@@ -201,7 +203,7 @@ impl<'a> Session<'a> {
 
     fn next_item(&mut self) -> Result<()> {
         let started = Instant::now();
-        let task = self.store.claim_next(&self.holder)?;
+        let task = handout::claim_next(self.store, &self.holder)?;
         self.timings.record("claim", started.elapsed());
         self.app.show(task.map(Item::new));
         self.app.message = None;

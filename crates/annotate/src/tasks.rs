@@ -9,12 +9,13 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Result};
-use rand::seq::SliceRandom;
 
 use afkit_engine::seed::{Key, Seed};
-use afkit_store::annotate::{self as db, NewTask, Policy, DEFAULT_POLICY, ENDINGS_PER_TASK};
+use afkit_store::annotate::tasks::{task_seed, NewTask, Policy, UntaskedContext, ENDINGS_PER_TASK};
 use afkit_store::distractors::Matching;
 use afkit_store::Store;
+
+use super::handout;
 
 /// What [`ensure_tasks`] found or did.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,37 +66,10 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
         contexts.retain(|c| !c.negatives.is_empty());
         // The hand-out order: a seeded permutation of the new contexts, appended after earlier
         // tasks.
-        contexts.shuffle(&mut db::handout_rng(policy.seed, run_id));
-        let matching = if contexts.is_empty() {
-            None
-        } else {
-            Matching::load(store, run_id, &store.folds(run_id)?)?
-        };
-        let first_index = store.count_round0_tasks()?;
-        let mut hardest_shown = 0;
-        for (index, context) in (first_index..).zip(&contexts) {
-            let seed = db::task_seed(policy.seed, context.example_id, 0);
-            let mut endings = vec![context.gold_ending_id];
-            let (negatives, matched) = shown_negatives(context, matching.as_ref(), seed);
-            hardest_shown += usize::from(!matched);
-            endings.extend(negatives);
-            db::shuffle_endings(&mut endings, seed);
-            store.insert_task(&NewTask {
-                example_id: context.example_id,
-                run_id,
-                round: 0,
-                replicas: if index < policy.agreement_items {
-                    policy.replicas
-                } else {
-                    1
-                },
-                seed,
-                endings,
-            })?;
-        }
+        handout::shuffle_contexts(&mut contexts, policy.seed, run_id);
+        let hardest_shown = insert_round0_tasks(store, run_id, &policy, &contexts)?;
         if stored != Some(policy) {
             store.record_policy(&policy)?;
-            store.apply_replicas(&policy)?;
         }
         Ok(Setup {
             run_id,
@@ -107,38 +81,48 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
     })
 }
 
-/// The tasks that still want annotators, riskiest first: by how many of their shown negatives
-/// could be right (`afkit_store::risk`), then by how close the closest comes (its likelihood margin
-/// over the found ending), then in task order.
-pub fn riskiest_first(store: &Store) -> Result<Vec<i64>> {
-    let mut ranked: Vec<(usize, f64, i64)> = Vec::new();
-    for task in store.open_tasks(true)? {
-        let Some(found) = task.endings.iter().find(|e| e.is_gold) else {
-            continue;
-        };
-        let negatives: Vec<i64> = task
-            .endings
-            .iter()
-            .filter(|e| !e.is_gold)
-            .map(|e| e.ending_id)
-            .collect();
-        let judged = afkit_store::risk::judge_context(store, found.ending_id, &negatives)?;
-        let risky = judged.values().filter(|j| j.could_be_right()).count();
-        let closest = judged
-            .values()
-            .map(|j| j.closeness())
-            .fold(f64::NEG_INFINITY, f64::max);
-        ranked.push((risky, closest, task.task_id));
+/// Stores a round-0 task for each of `contexts`, in their order after the tasks already made:
+/// its found ending and the negatives it shows ([`shown_negatives`]), for `replicas` annotators
+/// while within the policy's first `agreement_items`, else for one. Returns how many show the
+/// five hardest negatives.
+fn insert_round0_tasks(
+    store: &Store,
+    run_id: i64,
+    policy: &Policy,
+    contexts: &[UntaskedContext],
+) -> Result<usize> {
+    let matching = if contexts.is_empty() {
+        None
+    } else {
+        Matching::load(store, run_id, &store.folds(run_id)?)?
+    };
+    let first_index = store.count_round0_tasks()?;
+    let mut hardest_shown = 0;
+    for (index, context) in (first_index..).zip(contexts) {
+        let seed = task_seed(policy.seed, context.example_id, 0);
+        let (negatives, matched) = shown_negatives(context, matching.as_ref(), seed);
+        hardest_shown += usize::from(!matched);
+        store.insert_task(&NewTask {
+            example_id: context.example_id,
+            run_id,
+            round: 0,
+            replicas: if index < policy.agreement_items {
+                policy.replicas
+            } else {
+                1
+            },
+            seed,
+            endings: [vec![context.gold_ending_id], negatives].concat(),
+        })?;
     }
-    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
-    Ok(ranked.into_iter().map(|(_, _, task)| task).collect())
+    Ok(hardest_shown)
 }
 
 /// The negatives a context's task shows: five matched to the found endings of its fold, drawn
 /// from the task's seed; the five hardest when the run has nothing to match them to. The flag
 /// says which.
 fn shown_negatives(
-    context: &db::UntaskedContext,
+    context: &UntaskedContext,
     matching: Option<&Matching>,
     task_seed: Seed,
 ) -> (Vec<i64>, bool) {
@@ -180,7 +164,7 @@ fn run_and_policy(store: &Store, request: PolicyRequest) -> Result<(i64, Option<
 /// The policy to use: the recorded one (or the default) with the request's changes; the seed
 /// fixes tasks already made, so it can only be chosen before the first one.
 fn resolve_policy(stored: Option<Policy>, request: PolicyRequest) -> Result<Policy> {
-    let base = stored.unwrap_or(DEFAULT_POLICY);
+    let base = stored.unwrap_or_default();
     let policy = Policy {
         agreement_items: request.agreement_items.unwrap_or(base.agreement_items),
         replicas: request.replicas.unwrap_or(base.replicas),

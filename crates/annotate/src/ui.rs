@@ -349,7 +349,7 @@ fn draw_help(frame: &mut Frame, area: Rect, app: &mut App) {
 mod tests {
     use super::*;
     use crate::app::{Item, Key};
-    use afkit_store::annotate::{TaskEnding, TaskView};
+    use afkit_store::annotate::tasks::{TaskEnding, TaskView};
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
 
@@ -360,6 +360,7 @@ mod tests {
             ext_id: "v_abc#3".into(),
             round: 0,
             replicas: 3,
+            submitted: 0,
             open: true,
             sent1: "Someone is shown sitting on a fence and talking to the camera while pointing out horses.".into(),
             sent2: "Someone".into(),

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use afkit_store::annotate::EndingLabel;
+use afkit_store::annotate::labels::EndingLabel;
 use afkit_store::dataset::{Judgement, Rank};
 
 /// Something that keeps an annotation from being submitted. Ending numbers are 1-based, as shown.
