@@ -123,26 +123,39 @@ fn adapters_are_trained_per_fold_resume_after_kill_9_and_repeat_from_the_seed() 
     assert!(said.contains("0 trained now"), "{said}");
 }
 
+/// `afkit generate` of three endings for 30 contexts of `p` with `model`, seeded, plus `extra`.
+fn generate_30(p: &Path, model: &Path, extra: &[&str]) -> std::process::Command {
+    let mut cmd = command();
+    cmd.args(["generate", arg(p), "--model", arg(model), "--n-neg", "3"]);
+    cmd.args([
+        "--max-tokens",
+        "8",
+        "--seed",
+        "1",
+        "--no-ending-rules",
+        "--limit",
+        "30",
+    ]);
+    cmd.args(extra);
+    cmd
+}
+
+/// Every generated ending of the project, by context and text.
+fn generated_texts(p: &Path) -> Vec<String> {
+    let conn = Connection::open(p).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT text FROM endings WHERE is_gold = 0 ORDER BY example_id, text")
+        .unwrap();
+    let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
 #[test]
 fn generate_adapted_samples_each_context_with_its_folds_adapter() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_gguf(dir.path(), 64, 2);
     let p = jsonl_project(dir.path(), 40);
-    let generate = |p: &Path, extra: &[&str]| {
-        let mut cmd = command();
-        cmd.args(["generate", arg(p), "--model", arg(&model), "--n-neg", "3"]);
-        cmd.args([
-            "--max-tokens",
-            "8",
-            "--seed",
-            "1",
-            "--no-ending-rules",
-            "--limit",
-            "30",
-        ]);
-        cmd.args(extra);
-        cmd
-    };
+    let generate = |p: &Path, extra: &[&str]| generate_30(p, &model, extra);
     let said = command()
         .args(["generate", arg(&p), "--model", arg(&model), "--adapted"])
         .output()
@@ -179,15 +192,11 @@ fn generate_adapted_samples_each_context_with_its_folds_adapter() {
         said.contains("no adapters for this model") && said.contains("afkit lm adapt"),
         "a project without adapters is told how the default recipe differs: {said}"
     );
-    let texts = |p: &Path| -> Vec<String> {
-        let conn = Connection::open(p).unwrap();
-        let mut stmt = conn
-            .prepare("SELECT text FROM endings WHERE is_gold = 0 ORDER BY example_id, text")
-            .unwrap();
-        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
-        rows.collect::<Result<_, _>>().unwrap()
-    };
-    assert_ne!(texts(&p), texts(&q), "the adapters change what is sampled");
+    assert_ne!(
+        generated_texts(&p),
+        generated_texts(&q),
+        "the adapters change what is sampled"
+    );
 
     // A changed adapter file is refused rather than used.
     let file = std::fs::read_dir(dir.path().join("p.adapters"))

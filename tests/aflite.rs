@@ -270,6 +270,35 @@ fn read_lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// `afkit aflite` on `input` with the features in `npy` (16 partitions, target size 60, train
+/// size 0.2, slice 10, seed 11), writing `out`; it must succeed.
+fn run_aflite(input: &Path, npy: &Path, out: &Path) {
+    let o = afkit(&[
+        "aflite",
+        "--input",
+        input.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--features",
+        npy.to_str().unwrap(),
+        "--partitions",
+        "16",
+        "--target-size",
+        "60",
+        "--train-size",
+        "0.2",
+        "--slice",
+        "10",
+        "--seed",
+        "11",
+    ]);
+    assert!(
+        o.status.success(),
+        "afkit failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn cli_filters_a_jsonl_dataset_with_npy_features() {
     let dir = tempfile::tempdir().unwrap();
@@ -288,32 +317,7 @@ fn cli_filters_a_jsonl_dataset_with_npy_features() {
     let npy = dir.path().join("phi.npy");
     x.write_npy(&npy, &Default::default()).unwrap();
 
-    let run = |out: &Path| {
-        let o = afkit(&[
-            "aflite",
-            "--input",
-            input.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--features",
-            npy.to_str().unwrap(),
-            "--partitions",
-            "16",
-            "--target-size",
-            "60",
-            "--train-size",
-            "0.2",
-            "--slice",
-            "10",
-            "--seed",
-            "11",
-        ]);
-        assert!(
-            o.status.success(),
-            "afkit failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
+    let run = |out: &Path| run_aflite(&input, &npy, out);
     let out = dir.path().join("kept.jsonl");
     run(&out);
 

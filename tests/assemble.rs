@@ -5,7 +5,7 @@
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use afkit_store::dataset::REGULAR_COLUMNS;
 use afkit_store::fixtures::Fixtures;
@@ -618,32 +618,17 @@ const FILES: [&str; 11] = [
     "README.md",
 ];
 
-#[test]
-fn export_is_complete_deterministic_and_replaces_atomically() {
-    let p = unverified_project(20);
-    let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a");
-    let b = dir.path().join("b");
-    ok(&["export", p.p(), "--out", a.to_str().unwrap()]);
-    ok(&["export", p.p(), "--out", b.to_str().unwrap()]);
-    for f in FILES {
-        assert_eq!(
-            read(&a.join(f)),
-            read(&b.join(f)),
-            "{f} differs between two exports"
-        );
-    }
-    let answers = |dir: &Path| {
-        dir.with_file_name(format!(
-            "{}-test-answers.csv",
-            dir.file_name().unwrap().to_str().unwrap()
-        ))
-    };
-    assert_eq!(read(&answers(&a)), read(&answers(&b)));
-    assert!(
-        !a.join("test_full.csv").exists(),
-        "the full test CSV names the answers"
-    );
+/// Where the answers of the export at `dir` go: beside it, named after it.
+fn answers_beside(dir: &Path) -> PathBuf {
+    dir.with_file_name(format!(
+        "{}-test-answers.csv",
+        dir.file_name().unwrap().to_str().unwrap()
+    ))
+}
+
+/// The export at `a` has SWAG's regular and full CSV headers, and its published test split
+/// withholds the labels that the answers file beside it holds.
+fn check_csv_files(a: &Path) {
     let train = String::from_utf8(read(&a.join("train.csv"))).unwrap();
     assert!(train.starts_with(",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label,could-be-right\n0,"));
     let full = String::from_utf8(read(&a.join("val_full.csv"))).unwrap();
@@ -653,7 +638,7 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
     ));
     // The published test split withholds its labels; the answers file beside it has them.
     let test = String::from_utf8(read(&a.join("test.csv"))).unwrap();
-    let labelled = String::from_utf8(read(&answers(&a))).unwrap();
+    let labelled = String::from_utf8(read(&answers_beside(a))).unwrap();
     assert!(test.lines().skip(1).all(|l| l.ends_with(",-1,0")), "{test}");
     // (everything before the label, the label, the could-be-right flag)
     let cut = |line: &str| {
@@ -667,6 +652,10 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
         assert_eq!((&hidden.0, &hidden.2), (&known.0, &known.2));
         assert!(["0", "1", "2", "3"].contains(&known.1.as_str()));
     }
+}
+
+/// The export's JSONL rows carry afkit's and HellaSwag's fields, the gold ending at its label.
+fn check_jsonl(a: &Path) {
     let jsonl = String::from_utf8(read(&a.join("jsonl/val.jsonl"))).unwrap();
     let first: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
     for key in [
@@ -699,6 +688,11 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
             format!("sits down at table {index}.")
         }
     );
+}
+
+/// The export's dataset card has its YAML header, its configs, how to evaluate, and where the
+/// questions came from.
+fn check_card(a: &Path) {
     let card = String::from_utf8(read(&a.join("README.md"))).unwrap();
     for needle in [
         "---\npretty_name: \"p\"\nlicense: \"unknown\"\n",
@@ -714,6 +708,31 @@ fn export_is_complete_deterministic_and_replaces_atomically() {
     ] {
         assert!(card.contains(needle), "card lacks {needle:?}:\n{card}");
     }
+}
+
+#[test]
+fn export_is_complete_deterministic_and_replaces_atomically() {
+    let p = unverified_project(20);
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    ok(&["export", p.p(), "--out", a.to_str().unwrap()]);
+    ok(&["export", p.p(), "--out", b.to_str().unwrap()]);
+    for f in FILES {
+        assert_eq!(
+            read(&a.join(f)),
+            read(&b.join(f)),
+            "{f} differs between two exports"
+        );
+    }
+    assert_eq!(read(&answers_beside(&a)), read(&answers_beside(&b)));
+    assert!(
+        !a.join("test_full.csv").exists(),
+        "the full test CSV names the answers"
+    );
+    check_csv_files(&a);
+    check_jsonl(&a);
+    check_card(&a);
     // The export is recorded.
     let n: i64 = p
         .conn
@@ -1034,31 +1053,10 @@ fn make_risky(p: &Project, c: &Ctx, n: usize) {
     }
 }
 
-#[test]
-fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_export_and_audit() {
-    let p = Project::new();
-    let mut ctxs = Vec::new();
-    for g in 0..12 {
-        for i in 0..2 {
-            ctxs.push(p.context(&format!("vid{g:02}"), i, 10, 8));
-        }
-    }
-    // Context 0: 6 of its 8 negatives could be right, so its question needs one of them;
-    // context 1: 5 could be right, which leaves three safe ones; context 2 has none.
-    make_risky(&p, &ctxs[0], 6);
-    make_risky(&p, &ctxs[1], 5);
-    // By default the order stays AF's (here the hardest first) and a question showing one that
-    // could be right is flagged: contexts 0 and 1.
-    let s = p.assemble(&["--unverified", "--seed", "1", "--distractors", "hardest"]);
-    assert_eq!(s["could_be_right_flagged"], 2, "{s}");
-    assert_eq!(
-        p.assembled()
-            .iter()
-            .find(|a| a.1 == ctxs[0].found)
-            .unwrap()
-            .3,
-        ctxs[0].cands[..4].to_vec()
-    );
+/// With `--could-be-right avoid`, the safe negatives of contexts 0 to 2 (`ctxs`) become
+/// distractors first, hardest first, and then those that could be right; the one question
+/// still showing one is flagged, and the printed summary says so.
+fn check_avoided_last(p: &Project, ctxs: &[Ctx]) {
     let avoid = ["--could-be-right", "avoid"];
     let s = p.assemble(&[
         "--unverified",
@@ -1107,7 +1105,11 @@ fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_ex
         printed.contains(": 1 flagged of 24 questions, 0 left out"),
         "{printed}"
     );
+}
 
+/// The export of `p` marks its one flagged question (the JSONL field, the CSV's last column,
+/// the card), and the audit of that export reports the flagged share of what it read.
+fn check_flag_through_export_and_audit(p: &Project) {
     // The export marks the flagged question: the JSONL field, the CSV's last column, the card.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("export");
@@ -1152,6 +1154,35 @@ fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_ex
     assert!(share["questions"].as_u64().unwrap() > 0, "{share}");
     let md = std::fs::read_to_string(out.join("audit/audit.md")).unwrap();
     assert!(md.contains("flagged could-be-right by the export"), "{md}");
+}
+
+#[test]
+fn unverified_questions_take_safe_distractors_first_and_flag_the_rest_through_export_and_audit() {
+    let p = Project::new();
+    let mut ctxs = Vec::new();
+    for g in 0..12 {
+        for i in 0..2 {
+            ctxs.push(p.context(&format!("vid{g:02}"), i, 10, 8));
+        }
+    }
+    // Context 0: 6 of its 8 negatives could be right, so its question needs one of them;
+    // context 1: 5 could be right, which leaves three safe ones; context 2 has none.
+    make_risky(&p, &ctxs[0], 6);
+    make_risky(&p, &ctxs[1], 5);
+    // By default the order stays AF's (here the hardest first) and a question showing one that
+    // could be right is flagged: contexts 0 and 1.
+    let s = p.assemble(&["--unverified", "--seed", "1", "--distractors", "hardest"]);
+    assert_eq!(s["could_be_right_flagged"], 2, "{s}");
+    assert_eq!(
+        p.assembled()
+            .iter()
+            .find(|a| a.1 == ctxs[0].found)
+            .unwrap()
+            .3,
+        ctxs[0].cands[..4].to_vec()
+    );
+    check_avoided_last(&p, &ctxs);
+    check_flag_through_export_and_audit(&p);
 
     // Left out instead of flagged: the question is gone, and so is its flag.
     let s = p.assemble(&[

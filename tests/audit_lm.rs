@@ -104,44 +104,27 @@ fn share(picks: impl Iterator<Item = usize>, labels: &[usize]) -> f64 {
     picks.zip(labels).filter(|(p, l)| p == *l).count() as f64 / labels.len() as f64
 }
 
-#[test]
-fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
-    let dir = tempfile::tempdir().unwrap();
-    let (af, control) = (dir.path().join("af"), dir.path().join("control"));
-    write_dataset(&af, 24, false);
-    write_dataset(&control, 24, true);
-    let model = tiny_gguf(dir.path(), 32, 1);
-    let m = model.to_str().unwrap();
-    let (a, c) = (af.to_str().unwrap(), control.to_str().unwrap());
-    let json: Value = serde_json::from_str(&ok(&[
-        "audit",
-        a,
-        "--cv",
-        "3",
-        "--no-embed",
-        "--lm",
-        m,
-        "--control",
-        c,
-        "--json",
-    ]))
-    .unwrap();
-    // Every labelled question (train and val pooled), scored as the engine scores it.
-    let lm = &json["lm"][0];
+/// The zero-shot row of the tiny model on the dataset at `af`: every labelled question (train
+/// and val pooled), scored as the engine scores it, with and without the context.
+fn check_lm_row(lm: &Value, model: &Path, af: &Path) {
     assert_eq!(
         (lm["model"].as_str(), lm["questions"].as_u64()),
         (Some("tiny"), Some(24))
     );
-    let (acc, acc_norm) = engine_accuracies(&model, &af, Posed::WithContext);
+    let (acc, acc_norm) = engine_accuracies(model, af, Posed::WithContext);
     assert_eq!(lm["acc"].as_f64(), Some(acc));
     assert_eq!(lm["acc_norm"].as_f64(), Some(acc_norm));
     // The zero-prompt check: the same endings read after nothing.
-    let (alone, alone_norm) = engine_accuracies(&model, &af, Posed::EndingsAlone);
+    let (alone, alone_norm) = engine_accuracies(model, af, Posed::EndingsAlone);
     assert_eq!(lm["acc_no_context"].as_f64(), Some(alone));
     assert_eq!(lm["acc_norm_no_context"].as_f64(), Some(alone_norm));
     let se = (acc * (1.0 - acc) / 23.0).sqrt();
     assert!((lm["acc_se"].as_f64().unwrap() - se).abs() < 1e-12);
-    // Every measured row has the control's beside it, and the difference.
+}
+
+/// Every measured row of a `--cv --lm --control` audit has the control's beside it, and the
+/// difference; the control has its own LM row, and every family gets a verdict.
+fn check_control_and_verdicts(json: &Value) {
     let summary = json["summary"].as_array().unwrap();
     let names: Vec<&str> = summary
         .iter()
@@ -182,6 +165,32 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
             "fine-tuned"
         ]
     );
+}
+
+#[test]
+fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (af, control) = (dir.path().join("af"), dir.path().join("control"));
+    write_dataset(&af, 24, false);
+    write_dataset(&control, 24, true);
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let m = model.to_str().unwrap();
+    let (a, c) = (af.to_str().unwrap(), control.to_str().unwrap());
+    let json: Value = serde_json::from_str(&ok(&[
+        "audit",
+        a,
+        "--cv",
+        "3",
+        "--no-embed",
+        "--lm",
+        m,
+        "--control",
+        c,
+        "--json",
+    ]))
+    .unwrap();
+    check_lm_row(&json["lm"][0], &model, &af);
+    check_control_and_verdicts(&json);
     let md = std::fs::read_to_string(af.join("audit/audit.md")).unwrap();
     for part in [
         "## Language models, zero-shot",
@@ -322,6 +331,48 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Runs the harness's `hf` backend on `model` with the export's `afkit_swag` task, offline,
+/// its files under `work`; the per-question log-likelihoods it logged.
+fn run_harness(python: &Path, model: &Path, export: &Path, work: &Path) -> Vec<Vec<f64>> {
+    let out = work.join("harness");
+    let model_args = format!(
+        "pretrained={},gguf_file={},dtype=float32",
+        model.parent().unwrap().display(),
+        model.file_name().unwrap().to_string_lossy()
+    );
+    let run = Command::new(python)
+        .current_dir(export)
+        .args([
+            "-m",
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            &model_args,
+        ])
+        .args([
+            "--include_path",
+            "lm_eval",
+            "--tasks",
+            "afkit_swag",
+            "--device",
+            "cpu",
+        ])
+        .args(["--batch_size", "4", "--log_samples", "--output_path"])
+        .arg(&out)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_DATASETS_OFFLINE", "1")
+        .env("HF_HOME", work.join("hf"))
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "lm_eval failed:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    harness_loglikelihoods(&find_samples(&out))
+}
+
 /// The harness's `hf` backend loads the same GGUF (dequantised to f32, as afkit's engine does)
 /// and runs the export's `afkit_swag` task; afkit's predictions must be the harness's on every
 /// question. Log-likelihoods agree to 2e-3 nats per ending: the two sides add the same f32
@@ -346,43 +397,7 @@ fn acc_equals_the_harness_on_the_same_export_and_model() {
             export
         }
     };
-    let out = dir.path().join("harness");
-    let model_args = format!(
-        "pretrained={},gguf_file={},dtype=float32",
-        model.parent().unwrap().display(),
-        model.file_name().unwrap().to_string_lossy()
-    );
-    let run = Command::new(&python)
-        .current_dir(&export)
-        .args([
-            "-m",
-            "lm_eval",
-            "--model",
-            "hf",
-            "--model_args",
-            &model_args,
-        ])
-        .args([
-            "--include_path",
-            "lm_eval",
-            "--tasks",
-            "afkit_swag",
-            "--device",
-            "cpu",
-        ])
-        .args(["--batch_size", "4", "--log_samples", "--output_path"])
-        .arg(&out)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_DATASETS_OFFLINE", "1")
-        .env("HF_HOME", dir.path().join("hf"))
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "lm_eval failed:\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let harness = harness_loglikelihoods(&find_samples(&out));
+    let harness = run_harness(&python, &model, &export, dir.path());
     // No test labels in the export: the harness evaluates the validation split.
     let (ours, labels) = engine_scores(&model, &export.join("val.csv"), Posed::WithContext);
     assert_eq!(harness.len(), ours.len());

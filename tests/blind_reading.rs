@@ -26,6 +26,37 @@ fn write(path: &Path, text: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// The answers of a reader who always finds the real ending, marks one AF question's wrong
+/// ending as also plausible and one control question's wrong ending as broken, with how many
+/// of each were marked.
+fn reader_answers(questions: &[serde_json::Value]) -> (String, usize, usize) {
+    let mut answers = String::from("question,pick,also_plausible,ungrammatical\n");
+    let (mut marked_af, mut marked_control) = (false, false);
+    let (mut second, mut broken) = (0, 0);
+    for q in questions {
+        let real = q["answer"].as_str().unwrap();
+        let wrong = ["A", "B", "C", "D"]
+            .into_iter()
+            .find(|l| *l != real)
+            .unwrap();
+        let (also, bad) = match q["source"].as_str().unwrap() {
+            "af" if !marked_af => {
+                marked_af = true;
+                second += 1;
+                (wrong, "")
+            }
+            "control" if !marked_control => {
+                marked_control = true;
+                broken += 1;
+                ("", wrong)
+            }
+            _ => ("", ""),
+        };
+        answers.push_str(&format!("{},{real},{also},{bad}\n", q["question"]));
+    }
+    (answers, second, broken)
+}
+
 #[test]
 #[cfg_attr(not(has_python3), ignore = "needs python3 on PATH")]
 fn a_mixed_sheet_keeps_the_key_apart_and_scores_a_reader() {
@@ -60,32 +91,7 @@ fn a_mixed_sheet_keeps_the_key_apart_and_scores_a_reader() {
     let distinct: std::collections::BTreeSet<&&str> = contexts.iter().collect();
     assert_eq!((contexts.len(), distinct.len()), (12, 12), "{sheet}");
 
-    // A reader who always finds the real ending, marks one AF question's ending D as also
-    // plausible (unless D is the real one) and one control question's wrong ending as broken.
-    let mut answers = String::from("question,pick,also_plausible,ungrammatical\n");
-    let (mut marked_af, mut marked_control) = (false, false);
-    let (mut second, mut broken) = (0, 0);
-    for q in questions {
-        let real = q["answer"].as_str().unwrap();
-        let wrong = ["A", "B", "C", "D"]
-            .into_iter()
-            .find(|l| *l != real)
-            .unwrap();
-        let (also, bad) = match q["source"].as_str().unwrap() {
-            "af" if !marked_af => {
-                marked_af = true;
-                second += 1;
-                (wrong, "")
-            }
-            "control" if !marked_control => {
-                marked_control = true;
-                broken += 1;
-                ("", wrong)
-            }
-            _ => ("", ""),
-        };
-        answers.push_str(&format!("{},{real},{also},{bad}\n", q["question"]));
-    }
+    let (answers, second, broken) = reader_answers(questions);
     let answers = write(&dir.path().join("answers.csv"), &answers);
     let key_path = format!("{prefix}.key.json");
     let (done, table) = python("blind_score.py", &[&key_path, &answers]);

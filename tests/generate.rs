@@ -422,77 +422,27 @@ fn import_pool_scores_endings_and_rejects_bad_lines_whole() {
     assert!(out.contains("2 contexts skipped"), "{out}");
 }
 
-#[test]
-fn import_pool_takes_scored_pools_without_a_model() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = project(dir.path(), &synthetic_examples(3));
-    let scored = |id: &str, endings: &str| {
-        format!(
-            "{{\"id\": \"{id}\", \"endings\": [{endings}], \
-             \"gold\": {{\"lp_cond\": -1.5, \"lp_alone\": -2.5, \"lp_final_punct\": -0.25, \"n_tok\": 6}}, \
-             \"context\": {{\"ctx_logprob\": -3.25, \"n_tok_sent1\": 11, \"n_tok_sent2\": 2}}}}\n"
-        )
-    };
-    let ending = |text: &str, lp: f64| {
-        format!(
-            "{{\"text\": \"{text}\", \"lp_cond\": {lp}, \"lp_alone\": -4.0, \"lp_final_punct\": null, \"n_tok\": 5}}"
-        )
-    };
-    // A line whose endings are only partly scored is rejected with its line number, whole.
-    let mixed = dir.path().join("mixed.jsonl");
-    std::fs::write(
-        &mixed,
-        scored("v0#0", &ending("runs away.", -2.0))
-            + &scored("v0#1", &format!("{}, \"jumps.\"", ending("waves.", -2.0))),
+/// A line of a scored pools file: the context `id` with its `endings` (JSON objects), the found
+/// ending's and the context's features.
+fn scored_line(id: &str, endings: &str) -> String {
+    format!(
+        "{{\"id\": \"{id}\", \"endings\": [{endings}], \
+         \"gold\": {{\"lp_cond\": -1.5, \"lp_alone\": -2.5, \"lp_final_punct\": -0.25, \"n_tok\": 6}}, \
+         \"context\": {{\"ctx_logprob\": -3.25, \"n_tok_sent1\": 11, \"n_tok_sent2\": 2}}}}\n"
     )
-    .unwrap();
-    // No --model and no cached model: a scored file must not need one.
-    let out = command()
-        .env("AFKIT_HOME", dir.path().join("empty-home"))
-        .arg("import-pool")
-        .arg(&p)
-        .arg(&mixed)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("mixed.jsonl:2") && err.contains("some endings"),
-        "{err}"
-    );
-    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 0);
+}
 
-    let good = dir.path().join("scored.jsonl");
-    std::fs::write(
-        &good,
-        scored(
-            "v0#0",
-            &[
-                ending("runs away.", -2.0),
-                ending("runs  away.", -9.0),
-                ending("jumps!", -1.75),
-            ]
-            .join(", "),
-        ) + &scored("v0#1", &ending("waves.", -2.5)),
+/// A scored ending of a pools file, `lp` its log-probability after the context.
+fn scored_ending(text: &str, lp: f64) -> String {
+    format!(
+        "{{\"text\": \"{text}\", \"lp_cond\": {lp}, \"lp_alone\": -4.0, \"lp_final_punct\": null, \"n_tok\": 5}}"
     )
-    .unwrap();
-    let out = run_ok(
-        command()
-            .env("AFKIT_HOME", dir.path().join("empty-home"))
-            .arg("import-pool")
-            .arg(&p)
-            .arg(&good),
-    );
-    assert!(
-        out.contains("2 contexts came with their own LM features"),
-        "{out}"
-    );
-    assert_eq!(
-        query_i64(&p, "SELECT produced FROM pools WHERE example_id = 1"),
-        2,
-        "the duplicate after normalisation is dropped, with its features"
-    );
-    let conn = rusqlite::Connection::open(&p).unwrap();
+}
+
+/// The features of the scored pools file imported into `p` are stored as the file gives them:
+/// the endings', the found ending's and the context's, under a generation of imported features.
+fn check_imported_features(p: &Path) {
+    let conn = rusqlite::Connection::open(p).unwrap();
     let stored: Vec<(String, f64, Option<f64>, i64)> = conn
         .prepare(
             "SELECT text, lp_cond, lp_final_punct, n_tok_ending FROM endings
@@ -523,6 +473,70 @@ fn import_pool_takes_scored_pools_without_a_model() {
         .query_row("SELECT model FROM generations", [], |r| r.get(0))
         .unwrap();
     assert_eq!(model, "features imported");
+}
+
+#[test]
+fn import_pool_takes_scored_pools_without_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = project(dir.path(), &synthetic_examples(3));
+    // A line whose endings are only partly scored is rejected with its line number, whole.
+    let mixed = dir.path().join("mixed.jsonl");
+    std::fs::write(
+        &mixed,
+        scored_line("v0#0", &scored_ending("runs away.", -2.0))
+            + &scored_line(
+                "v0#1",
+                &format!("{}, \"jumps.\"", scored_ending("waves.", -2.0)),
+            ),
+    )
+    .unwrap();
+    // No --model and no cached model: a scored file must not need one.
+    let out = command()
+        .env("AFKIT_HOME", dir.path().join("empty-home"))
+        .arg("import-pool")
+        .arg(&p)
+        .arg(&mixed)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("mixed.jsonl:2") && err.contains("some endings"),
+        "{err}"
+    );
+    assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 0);
+
+    let good = dir.path().join("scored.jsonl");
+    std::fs::write(
+        &good,
+        scored_line(
+            "v0#0",
+            &[
+                scored_ending("runs away.", -2.0),
+                scored_ending("runs  away.", -9.0),
+                scored_ending("jumps!", -1.75),
+            ]
+            .join(", "),
+        ) + &scored_line("v0#1", &scored_ending("waves.", -2.5)),
+    )
+    .unwrap();
+    let out = run_ok(
+        command()
+            .env("AFKIT_HOME", dir.path().join("empty-home"))
+            .arg("import-pool")
+            .arg(&p)
+            .arg(&good),
+    );
+    assert!(
+        out.contains("2 contexts came with their own LM features"),
+        "{out}"
+    );
+    assert_eq!(
+        query_i64(&p, "SELECT produced FROM pools WHERE example_id = 1"),
+        2,
+        "the duplicate after normalisation is dropped, with its features"
+    );
+    check_imported_features(&p);
 }
 
 /// `kill -9` in the middle of a scored import leaves whole pools only; running it again finishes
@@ -870,22 +884,38 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
         std::fs::create_dir(&sub).unwrap();
         project(&sub, &synthetic_examples(24))
     });
-    let generate = |project: &Path, flags: &[&str]| {
-        run_ok(
-            command()
-                .arg("generate")
-                .arg(project)
-                .arg("--model")
-                .arg(&model)
-                .args(["--n-neg", "8", "--seed", "3"])
-                // The random model's token soup never meets the found endings' rules.
-                .arg("--no-ending-rules")
-                .args(flags),
-        );
-    };
-    generate(&kernels, &[]);
-    generate(&generic, flags);
-    let (a, b) = (pools(&kernels), pools(&generic));
+    generate_eight(&kernels, &model, &[]);
+    generate_eight(&generic, &model, flags);
+    check_same_pools(&kernels, &generic);
+
+    // AF on one pool both ways: results agree up to rounding (which may move a held-out
+    // context across the decision boundary, but hardly any).
+    let copy = dir.path().join("c.sqlite");
+    std::fs::copy(&kernels, &copy).unwrap();
+    filter_small(&kernels, &[]);
+    filter_small(&copy, flags);
+    check_same_af_iterations(&kernels, &copy);
+}
+
+/// Eight seeded endings per context of `project` with `model`, plus `flags`.
+fn generate_eight(project: &Path, model: &Path, flags: &[&str]) {
+    run_ok(
+        command()
+            .arg("generate")
+            .arg(project)
+            .arg("--model")
+            .arg(model)
+            .args(["--n-neg", "8", "--seed", "3"])
+            // The random model's token soup never meets the found endings' rules.
+            .arg("--no-ending-rules")
+            .args(flags),
+    );
+}
+
+/// The pools generated in `other` are those of `kernels` (afkit's CPU kernels) up to a rare
+/// token, with the same features, and every ending of `other` is complete and scored.
+fn check_same_pools(kernels: &Path, other: &Path) {
+    let (a, b) = (pools(kernels), pools(other));
     assert!(a.len() >= 24 * 6, "{} endings", a.len());
     for (_, text, cond, alone) in &b {
         assert!(text.ends_with(['.', '!', '?']), "{text:?}");
@@ -913,37 +943,38 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
             "{x:?} vs {y:?}"
         );
     }
+}
 
-    // AF on one pool both ways: results agree up to rounding (which may move a held-out
-    // context across the decision boundary, but hardly any).
-    let copy = dir.path().join("c.sqlite");
-    std::fs::copy(&kernels, &copy).unwrap();
-    let filter = |project: &Path, flags: &[&str]| {
-        run_ok(
-            command()
-                .arg("filter")
-                .arg(project)
-                .args([
-                    "--k",
-                    "3",
-                    "--mlp-iterations",
-                    "1",
-                    "--ensemble-iterations",
-                    "1",
-                ])
-                .args(["--hidden", "16", "--word-dim", "16", "--min-count", "1"])
-                .args([
-                    "--no-scorer",
-                    "--discriminator",
-                    "none",
-                    "--fluency-reader",
-                    "none",
-                ])
-                .args(flags),
-        );
-    };
-    filter(&kernels, &[]);
-    filter(&copy, flags);
+/// AF on `project`, one MLP iteration and one ensemble iteration of small models, without the
+/// scorer, the discriminator or the fluency reader, plus `flags`.
+fn filter_small(project: &Path, flags: &[&str]) {
+    run_ok(
+        command()
+            .arg("filter")
+            .arg(project)
+            .args([
+                "--k",
+                "3",
+                "--mlp-iterations",
+                "1",
+                "--ensemble-iterations",
+                "1",
+            ])
+            .args(["--hidden", "16", "--word-dim", "16", "--min-count", "1"])
+            .args([
+                "--no-scorer",
+                "--discriminator",
+                "none",
+                "--fluency-reader",
+                "none",
+            ])
+            .args(flags),
+    );
+}
+
+/// The latest AF runs of `kernels` and `other` have two iterations each, whose accuracies agree
+/// within 0.05 (each model measured in both or in neither), and `other`'s second ran an ensemble.
+fn check_same_af_iterations(kernels: &Path, other: &Path) {
     let records = |project: &Path| {
         let store = Store::open(project).unwrap();
         let run = store
@@ -952,7 +983,7 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
             .expect("a finished run");
         store.af_iterations(run.id).unwrap()
     };
-    let (a, b) = (records(&kernels), records(&copy));
+    let (a, b) = (records(kernels), records(other));
     assert_eq!(a.len(), 2);
     assert_eq!(b.len(), 2);
     for (x, y) in a.iter().zip(&b) {

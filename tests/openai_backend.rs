@@ -250,6 +250,55 @@ fn ok_summary(out: std::process::Output) -> Value {
     serde_json::from_str(&succeeded(out)).unwrap()
 }
 
+/// The fake server got work, and each of its sampling requests carried the key and asked for
+/// seeded, untruncated temperature-1 sampling after the context.
+fn check_sampling_requests(server: &FakeServer) {
+    let requests = server.requests.lock().unwrap();
+    assert!(!requests.is_empty());
+    // Echo requests (the LM features, from this server since it answers them) aside.
+    for (body, auth) in requests.iter().filter(|(body, _)| body["echo"] != true) {
+        assert_eq!(auth.as_deref(), Some("Bearer sk-test-123"));
+        assert_eq!(body["temperature"], 1.0);
+        assert_eq!(body["top_p"], 1.0);
+        assert_eq!(body["top_k"], 0);
+        assert_eq!(body["min_p"], 0.0);
+        assert_eq!(body["max_tokens"], 40);
+        assert_eq!(body["stop"], json!(["."]));
+        assert!(body["seed"].is_u64());
+        assert!(body["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("kitchen. The man"));
+    }
+}
+
+/// Every ending stored in `project` has its LM features (from the server, which echoes prompt
+/// log-probs), and the generated ones are unique per context and sentence-complete.
+fn check_complete_endings(project: &Path) {
+    let missing = query_i64(
+        project,
+        "SELECT COUNT(*) FROM endings WHERE (lp_cond IS NULL OR lp_alone IS NULL)
+         AND example_id IN (SELECT example_id FROM pools)",
+    );
+    assert_eq!(missing, 0);
+    // Endings are unique per context and sentence-complete.
+    assert_eq!(
+        query_i64(
+            project,
+            "SELECT COUNT(*) FROM (SELECT example_id, text FROM endings WHERE is_gold = 0
+             GROUP BY example_id, text HAVING COUNT(*) > 1)"
+        ),
+        0
+    );
+    assert_eq!(
+        query_i64(
+            project,
+            "SELECT COUNT(*) FROM endings WHERE is_gold = 0 AND text NOT LIKE '%.'"
+        ),
+        0
+    );
+}
+
 #[test]
 fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
@@ -290,48 +339,9 @@ fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
     assert_eq!(summary["endings"], 8);
     assert_eq!(query_i64(&project, "SELECT COUNT(*) FROM pools"), 2);
     // Both servers got work; every request asks for untruncated temperature-1 sampling.
-    for server in [&a, &b] {
-        let requests = server.requests.lock().unwrap();
-        assert!(!requests.is_empty());
-        // Echo requests (the LM features, from this server since it answers them) aside.
-        for (body, auth) in requests.iter().filter(|(body, _)| body["echo"] != true) {
-            assert_eq!(auth.as_deref(), Some("Bearer sk-test-123"));
-            assert_eq!(body["temperature"], 1.0);
-            assert_eq!(body["top_p"], 1.0);
-            assert_eq!(body["top_k"], 0);
-            assert_eq!(body["min_p"], 0.0);
-            assert_eq!(body["max_tokens"], 40);
-            assert_eq!(body["stop"], json!(["."]));
-            assert!(body["seed"].is_u64());
-            assert!(body["prompt"]
-                .as_str()
-                .unwrap()
-                .ends_with("kitchen. The man"));
-        }
-    }
-    // Every ending has its features (from this server, which echoes prompt log-probs).
-    let missing = query_i64(
-        &project,
-        "SELECT COUNT(*) FROM endings WHERE (lp_cond IS NULL OR lp_alone IS NULL)
-         AND example_id IN (SELECT example_id FROM pools)",
-    );
-    assert_eq!(missing, 0);
-    // Endings are unique per context and sentence-complete.
-    assert_eq!(
-        query_i64(
-            &project,
-            "SELECT COUNT(*) FROM (SELECT example_id, text FROM endings WHERE is_gold = 0
-             GROUP BY example_id, text HAVING COUNT(*) > 1)"
-        ),
-        0
-    );
-    assert_eq!(
-        query_i64(
-            &project,
-            "SELECT COUNT(*) FROM endings WHERE is_gold = 0 AND text NOT LIKE '%.'"
-        ),
-        0
-    );
+    check_sampling_requests(&a);
+    check_sampling_requests(&b);
+    check_complete_endings(&project);
     // The key is never stored; the recorded params name the server and the scorer.
     let params: String = rusqlite::Connection::open(&project)
         .unwrap()
@@ -481,6 +491,56 @@ fn real_server_generates_a_pool() {
     assert!(summary["endings"].as_u64().unwrap() > 8);
 }
 
+/// The fold of a context of the test project ("A man number I stands ...": its group is exI).
+fn fold_of_context(context: &str) -> usize {
+    let i: usize = context.split_whitespace().nth(3).unwrap().parse().unwrap();
+    afkit_store::dataset::group_fold(afkit_engine::seed::Seed::new(5), &format!("ex{i}"), 2)
+}
+
+/// The context a request is for: the sampling prompt's last one, or for an echo request (the
+/// LM features) the one its first prompt's tokens spell, if any (endings alone have none).
+fn requested_context(
+    tokenizer: &afkit_engine::lm::tokenizer::GgufTokenizer,
+    body: &Value,
+) -> Option<String> {
+    let prompt = match body["prompt"].as_str() {
+        Some(text) => text.to_string(),
+        None => {
+            let ids: Vec<u32> = body["prompt"][0]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            tokenizer.decode(&ids).unwrap()
+        }
+    };
+    let at = prompt.rfind("A man number")?;
+    Some(prompt[at..].to_string())
+}
+
+/// The project's pools belong to one generation per fold, each recording its fold's adapter.
+fn check_a_generation_per_fold(project: &Path) {
+    let generations = query_i64(project, "SELECT COUNT(DISTINCT generation_id) FROM pools");
+    assert_eq!(generations, 2, "one generation per fold");
+    let conn = rusqlite::Connection::open(project).unwrap();
+    let params: Vec<String> = conn
+        .prepare("SELECT params FROM generations ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (fold, p) in params.iter().enumerate() {
+        let p: Value = serde_json::from_str(p).unwrap();
+        assert_eq!(
+            p["server"]["fold_adapter"]["model"],
+            format!("fold{fold}"),
+            "{p}"
+        );
+    }
+}
+
 /// Per-fold routing: with the project's fold adapters (`lm adapt`) served by name
 /// (`--adapter-names fold{fold}`, as vLLM's `--lora-modules`) every request of a context asks
 /// for its fold's adapter, and with llama.cpp's adapter numbers (`--adapter-lora-ids`) it
@@ -503,30 +563,8 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
 
     let adapted = common::lm_adapt(&project, &scorer, 2).output().unwrap();
     succeeded(adapted);
-    let fold_of = |context: &str| -> usize {
-        // "A man number I stands ...": the context's group is exI.
-        let i: usize = context.split_whitespace().nth(3).unwrap().parse().unwrap();
-        afkit_store::dataset::group_fold(afkit_engine::seed::Seed::new(5), &format!("ex{i}"), 2)
-    };
     let tokenizer = LanguageModel::load(&scorer).unwrap().tokenizer;
-    // The context a request is for: the sampling prompt's last one, or for an echo request (the
-    // LM features) the one its first prompt's tokens spell, if any (endings alone have none).
-    let context_of = |body: &Value| -> Option<String> {
-        let prompt = match body["prompt"].as_str() {
-            Some(text) => text.to_string(),
-            None => {
-                let ids: Vec<u32> = body["prompt"][0]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|t| t.as_u64().unwrap() as u32)
-                    .collect();
-                tokenizer.decode(&ids).unwrap()
-            }
-        };
-        let at = prompt.rfind("A man number")?;
-        Some(prompt[at..].to_string())
-    };
+    let context_of = |body: &Value| requested_context(&tokenizer, body);
 
     let out = generate(
         &project,
@@ -549,29 +587,12 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
         let Some(context) = context_of(body) else {
             continue;
         };
-        let fold = fold_of(&context);
+        let fold = fold_of_context(&context);
         assert_eq!(body["model"], format!("fold{fold}"), "{body}");
         folds_seen.insert(fold);
     }
     assert_eq!(folds_seen.len(), 2, "both folds were sampled");
-    let generations = query_i64(&project, "SELECT COUNT(DISTINCT generation_id) FROM pools");
-    assert_eq!(generations, 2, "one generation per fold");
-    let conn = rusqlite::Connection::open(&project).unwrap();
-    let params: Vec<String> = conn
-        .prepare("SELECT params FROM generations ORDER BY id")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    for (fold, p) in params.iter().enumerate() {
-        let p: Value = serde_json::from_str(p).unwrap();
-        assert_eq!(
-            p["server"]["fold_adapter"]["model"],
-            format!("fold{fold}"),
-            "{p}"
-        );
-    }
+    check_a_generation_per_fold(&project);
 
     server.requests.lock().unwrap().clear();
     let out = generate(
@@ -592,9 +613,52 @@ fn each_context_is_sampled_by_its_folds_adapter_on_the_server() {
             assert!(body["lora"][0]["id"].is_u64(), "{body}");
             continue;
         };
-        let fold = fold_of(&context);
+        let fold = fold_of_context(&context);
         assert_eq!(body["lora"], json!([{"id": fold, "scale": 1.0}]), "{body}");
     }
+}
+
+/// The LM features of every ending of `project`, by context and text.
+fn stored_features(project: &Path) -> Vec<(String, f64, f64, Option<f64>, i64)> {
+    let conn = rusqlite::Connection::open(project).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT x.ext_id || '/' || e.text, e.lp_cond, e.lp_alone, e.lp_final_punct,
+                    e.n_tok_ending
+             FROM endings e JOIN examples x ON x.id = e.example_id ORDER BY 1",
+        )
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
+/// The features the `server` project got from the server equal those the `local` project
+/// computed, ending by ending and for the contexts, to within rounding.
+fn check_features_agree(server: &Path, local: &Path) {
+    let (a, b) = (stored_features(server), stored_features(local));
+    assert_eq!(a.len(), b.len());
+    assert!(a.len() >= 10, "gold and sampled endings of two contexts");
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-4;
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((&x.0, x.4), (&y.0, y.4));
+        assert!(close(x.1, y.1) && close(x.2, y.2), "{x:?} vs {y:?}");
+        assert_eq!(x.3.is_some(), y.3.is_some());
+        assert!(
+            close(x.3.unwrap_or(0.0), y.3.unwrap_or(0.0)),
+            "{x:?} vs {y:?}"
+        );
+    }
+    let ctx = |p: &Path| {
+        query_i64(
+            p,
+            "SELECT CAST(SUM(ctx_logprob) * 1e4 AS INTEGER) FROM pools",
+        )
+    };
+    assert!((ctx(server) - ctx(local)).abs() <= 2);
 }
 
 /// The features a server gives (echoed prompt log-probs, as vLLM answers) equal the local
@@ -636,42 +700,7 @@ fn lm_features_come_from_a_server_that_echoes_and_equal_local_scoring() {
     let (local, out) = run("local", &echoing.url, "local");
     succeeded(out);
 
-    let features = |project: &Path| -> Vec<(String, f64, f64, Option<f64>, i64)> {
-        let conn = rusqlite::Connection::open(project).unwrap();
-        let mut stmt = conn
-            .prepare(
-                "SELECT x.ext_id || '/' || e.text, e.lp_cond, e.lp_alone, e.lp_final_punct,
-                        e.n_tok_ending
-                 FROM endings e JOIN examples x ON x.id = e.example_id ORDER BY 1",
-            )
-            .unwrap();
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .unwrap();
-        rows.collect::<Result<_, _>>().unwrap()
-    };
-    let (a, b) = (features(&from_server), features(&local));
-    assert_eq!(a.len(), b.len());
-    assert!(a.len() >= 10, "gold and sampled endings of two contexts");
-    let close = |x: f64, y: f64| (x - y).abs() < 1e-4;
-    for (x, y) in a.iter().zip(&b) {
-        assert_eq!((&x.0, x.4), (&y.0, y.4));
-        assert!(close(x.1, y.1) && close(x.2, y.2), "{x:?} vs {y:?}");
-        assert_eq!(x.3.is_some(), y.3.is_some());
-        assert!(
-            close(x.3.unwrap_or(0.0), y.3.unwrap_or(0.0)),
-            "{x:?} vs {y:?}"
-        );
-    }
-    let ctx = |p: &Path| {
-        query_i64(
-            p,
-            "SELECT CAST(SUM(ctx_logprob) * 1e4 AS INTEGER) FROM pools",
-        )
-    };
-    assert!((ctx(&from_server) - ctx(&local)).abs() <= 2);
+    check_features_agree(&from_server, &local);
 
     let (refused, out) = run("refused", &refusing.url, "server");
     assert!(!out.status.success());
@@ -685,7 +714,7 @@ fn lm_features_come_from_a_server_that_echoes_and_equal_local_scoring() {
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     succeeded(out);
     assert!(stderr.contains("scored locally"), "{stderr}");
-    assert_eq!(features(&fallback), features(&local));
+    assert_eq!(stored_features(&fallback), stored_features(&local));
 }
 
 /// llama.cpp's server, started with the default model on loopback.

@@ -3,7 +3,7 @@
 //! log-probabilities afkit's own adapted forward pass gives.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use afkit_engine::device::Compute;
@@ -51,6 +51,41 @@ fn random_adapter(model: &std::path::Path, layer: usize) -> Adapter {
     }
 }
 
+/// The log-probabilities of `tokens` under transformers + peft (`scripts/peft_logprobs.py`):
+/// the base model's, and with the PEFT adapter in `peft_dir`.
+fn peft_logprobs(
+    python: &Path,
+    gguf: &Path,
+    peft_dir: &Path,
+    tokens: &[u32],
+) -> (Vec<f64>, Vec<f64>) {
+    let out = Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/peft_logprobs.py"
+        ))
+        .arg(gguf)
+        .arg(peft_dir)
+        .arg(serde_json::to_string(tokens).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let values = |key: &str| -> Vec<f64> {
+        theirs[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    (values("base"), values("adapted"))
+}
+
 /// SmolLM2 with a random adapter on its top layer: the log-probabilities of a sentence under
 /// afkit's engine (adapter merged into the weights) and under transformers + peft (the
 /// exported PEFT adapter) agree within 2e-3 nats a token, and the adapter moves them.
@@ -89,31 +124,7 @@ fn peft_adapter_gives_afkits_adapted_log_probabilities() {
     let adapted = LanguageModel::load_adapted(&gguf, &Compute::cpu(), Some(&adapter)).unwrap();
     let (_, ours) = adapted.llama.prefill(&tokens).unwrap();
 
-    let out = Command::new(&python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/peft_logprobs.py"
-        ))
-        .arg(&gguf)
-        .arg(&peft_dir)
-        .arg(serde_json::to_string(&tokens).unwrap())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let values = |key: &str| -> Vec<f64> {
-        theirs[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect()
-    };
-    let (their_base, their_adapted) = (values("base"), values("adapted"));
+    let (their_base, their_adapted) = peft_logprobs(&python, &gguf, &peft_dir, &tokens);
     assert_eq!(their_adapted.len(), ours.len());
     let largest = |a: &[f64], b: &[f32]| {
         a.iter()

@@ -125,45 +125,51 @@ fn print_summary(s: &Summary) {
     for (source, n) in &s.gold_sources {
         println!("  {source:<14} {n:>7}");
     }
-    if !s.unverified {
-        let queued: usize = s.reannotation_queued.values().sum();
-        println!("re-annotation queued: {queued}");
-        for (reason, n) in &s.reannotation_queued {
-            println!("  {reason:<24} {n}");
-        }
-        if !s.cannot_refill.is_empty() {
-            println!(
-                "cannot be refilled (too few scored pool endings left): {} ({})",
-                s.cannot_refill.len(),
-                s.cannot_refill
-                    .iter()
-                    .take(10)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        println!("contexts awaiting labels: {}", s.awaiting_labels);
-        if s.broken > 0 {
-            println!("flagged broken: {}", s.broken);
-        }
-        for (reason, n) in &s.dropped {
-            println!("dropped ({reason}): {n}");
-        }
-        if s.generated_gold_withheld_from_eval > 0 {
-            println!(
-                "generation-as-gold withheld from val/test contexts: {}",
-                s.generated_gold_withheld_from_eval
-            );
-        }
-        if s.generated_gold_too_few_distractors > 0 {
-            println!(
-                "generation-as-gold skipped (fewer than 3 distractors): {}",
-                s.generated_gold_too_few_distractors
-            );
-        }
-    } else {
+    if s.unverified {
         print_unverified(s);
+    } else {
+        print_verified(s);
+    }
+}
+
+/// What verified assembly did besides the questions: re-annotation queued, contexts that cannot
+/// be refilled or await labels, and what was dropped or withheld.
+fn print_verified(s: &Summary) {
+    let queued: usize = s.reannotation_queued.values().sum();
+    println!("re-annotation queued: {queued}");
+    for (reason, n) in &s.reannotation_queued {
+        println!("  {reason:<24} {n}");
+    }
+    if !s.cannot_refill.is_empty() {
+        println!(
+            "cannot be refilled (too few scored pool endings left): {} ({})",
+            s.cannot_refill.len(),
+            s.cannot_refill
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    println!("contexts awaiting labels: {}", s.awaiting_labels);
+    if s.broken > 0 {
+        println!("flagged broken: {}", s.broken);
+    }
+    for (reason, n) in &s.dropped {
+        println!("dropped ({reason}): {n}");
+    }
+    if s.generated_gold_withheld_from_eval > 0 {
+        println!(
+            "generation-as-gold withheld from val/test contexts: {}",
+            s.generated_gold_withheld_from_eval
+        );
+    }
+    if s.generated_gold_too_few_distractors > 0 {
+        println!(
+            "generation-as-gold skipped (fewer than 3 distractors): {}",
+            s.generated_gold_too_few_distractors
+        );
     }
 }
 

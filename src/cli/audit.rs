@@ -130,22 +130,7 @@ impl Args {
         } else {
             None
         };
-        let lm = self
-            .lm
-            .iter()
-            .map(|name| {
-                let path = afkit_engine::models::generator_gguf(name)
-                    .with_context(|| format!("--lm {name}"))?;
-                // A file's rows are named by its stem (`lm:SmolLM2-360M.Q8_0:acc`).
-                let shown = match std::path::Path::new(name).file_stem() {
-                    Some(stem) if path.as_os_str() == name.as_str() => {
-                        stem.to_string_lossy().into_owned()
-                    }
-                    _ => name.clone(),
-                };
-                Ok(LmSpec { name: shown, path })
-            })
-            .collect::<Result<_>>()?;
+        let lm = self.lm_specs()?;
         let skip_fine_tune = if self.no_finetune {
             Some("--no-finetune")
         } else if self.no_embed {
@@ -153,21 +138,7 @@ impl Args {
         } else {
             None
         };
-        let fine_tune = cv::FineTune {
-            shape: Shape {
-                max_len: self.finetune_max_len,
-                frozen_layers: self.finetune_frozen_layers,
-            },
-            train: FineTuning {
-                epochs: self.finetune_epochs,
-                ..Default::default()
-            },
-            // Opened only when the baseline runs, so a CPU-only build audits without it.
-            compute: match skip_fine_tune.or(self.cv.is_none().then_some("no --cv")) {
-                Some(_) => Compute::cpu(),
-                None => Compute::open(self.device, None)?,
-            },
-        };
+        let fine_tune = self.fine_tune(skip_fine_tune)?;
         Ok(audit::Config {
             dataset: self.dataset.clone(),
             out: self
@@ -191,6 +162,44 @@ impl Args {
             force: self.force,
             skip_fine_tune: skip_fine_tune.map(String::from),
             fine_tune,
+        })
+    }
+
+    /// The `--lm` models, each with the name its rows get.
+    fn lm_specs(&self) -> Result<Vec<LmSpec>> {
+        self.lm
+            .iter()
+            .map(|name| {
+                let path = afkit_engine::models::generator_gguf(name)
+                    .with_context(|| format!("--lm {name}"))?;
+                // A file's rows are named by its stem (`lm:SmolLM2-360M.Q8_0:acc`).
+                let shown = match std::path::Path::new(name).file_stem() {
+                    Some(stem) if path.as_os_str() == name.as_str() => {
+                        stem.to_string_lossy().into_owned()
+                    }
+                    _ => name.clone(),
+                };
+                Ok(LmSpec { name: shown, path })
+            })
+            .collect()
+    }
+
+    /// The fine-tuned baseline's settings, and where it runs (`skip_fine_tune`: why it does not).
+    fn fine_tune(&self, skip_fine_tune: Option<&str>) -> Result<cv::FineTune> {
+        Ok(cv::FineTune {
+            shape: Shape {
+                max_len: self.finetune_max_len,
+                frozen_layers: self.finetune_frozen_layers,
+            },
+            train: FineTuning {
+                epochs: self.finetune_epochs,
+                ..Default::default()
+            },
+            // Opened only when the baseline runs, so a CPU-only build audits without it.
+            compute: match skip_fine_tune.or(self.cv.is_none().then_some("no --cv")) {
+                Some(_) => Compute::cpu(),
+                None => Compute::open(self.device, None)?,
+            },
         })
     }
 }

@@ -38,7 +38,23 @@ pub fn run(args: StatusArgs) -> Result<()> {
             s.adapters
         );
     }
-    let contexts = |n: i64| afkit_engine::text::counted(n, "context", "contexts");
+    print_pools(&s);
+    print_filter(&s);
+    println!(
+        "annotation   {}",
+        afkit_engine::text::counted(s.labelled_items, "labelled item", "labelled items")
+    );
+    print_assembly_and_export(&s);
+    Ok(())
+}
+
+/// `n` contexts, in words.
+fn contexts(n: i64) -> String {
+    afkit_engine::text::counted(n, "context", "contexts")
+}
+
+/// The pools: how many contexts have one, how many still wait for one, and how many cannot.
+fn print_pools(s: &afkit_store::status::Status) {
     println!(
         "pools        {}, {} candidate endings ({} with fewer endings than asked for)",
         contexts(s.contexts_with_pool),
@@ -58,6 +74,10 @@ pub fn run(args: StatusArgs) -> Result<()> {
             contexts(s.unusable_contexts)
         );
     }
+}
+
+/// The AF runs: iterations done, and the contexts they are stale for or leave out.
+fn print_filter(s: &afkit_store::status::Status) {
     println!(
         "filter       {}{}",
         afkit_engine::text::counted(s.af_iterations, "iteration", "iterations"),
@@ -79,12 +99,6 @@ pub fn run(args: StatusArgs) -> Result<()> {
             afkit_engine::text::counted(s.af_too_few_candidates, "context has", "contexts have")
         );
     }
-    println!(
-        "annotation   {}",
-        afkit_engine::text::counted(s.labelled_items, "labelled item", "labelled items")
-    );
-    print_assembly_and_export(&s);
-    Ok(())
 }
 
 /// The assembly (which AF run it holds, and whether a newer one finished) and the latest

@@ -231,17 +231,7 @@ pub(crate) fn minilm(
         })
         .collect();
     // Embed each distinct text once (NLI premises repeat several times).
-    let mut unique: Vec<&str> = Vec::new();
-    let mut slot: HashMap<&str, usize> = HashMap::new();
-    let positions: Vec<usize> = texts
-        .iter()
-        .map(|t| {
-            *slot.entry(*t).or_insert_with(|| {
-                unique.push(*t);
-                unique.len() - 1
-            })
-        })
-        .collect();
+    let (unique, positions) = distinct(&texts);
 
     let encoder = SentenceEncoder::load_default()?;
     let mut cache = cache_dir.map(VectorCache::open_in).transpose()?;
@@ -262,15 +252,7 @@ pub(crate) fn minilm(
     let unique_vectors = Matrix::new(unique.len(), dim, vectors.into_iter().flatten().collect());
 
     let matrix = if dataset.is_pairs() {
-        let mut data = Vec::with_capacity(dataset.len() * 4 * dim);
-        for pair in positions.chunks_exact(2) {
-            let (u, v) = (unique_vectors.row(pair[0]), unique_vectors.row(pair[1]));
-            data.extend_from_slice(u);
-            data.extend_from_slice(v);
-            data.extend(u.iter().zip(v).map(|(a, b)| (a - b).abs()));
-            data.extend(u.iter().zip(v).map(|(a, b)| a * b));
-        }
-        Matrix::new(dataset.len(), 4 * dim, data)
+        pair_features(&unique_vectors, &positions, dataset.len())
     } else {
         unique_vectors.select(&positions)
     };
@@ -282,6 +264,37 @@ pub(crate) fn minilm(
         seconds: started.elapsed().as_secs_f64(),
     };
     Ok((matrix, report))
+}
+
+/// The distinct texts in order of first appearance, and where each text is among them.
+fn distinct<'a>(texts: &[&'a str]) -> (Vec<&'a str>, Vec<usize>) {
+    let mut unique: Vec<&str> = Vec::new();
+    let mut slot: HashMap<&str, usize> = HashMap::new();
+    let positions: Vec<usize> = texts
+        .iter()
+        .map(|t| {
+            *slot.entry(*t).or_insert_with(|| {
+                unique.push(*t);
+                unique.len() - 1
+            })
+        })
+        .collect();
+    (unique, positions)
+}
+
+/// A row [u; v; |u−v|; u⊙v] for each of the `n` pairs of texts, `positions` naming each pair's
+/// two rows of `vectors` one after the other.
+fn pair_features(vectors: &Matrix, positions: &[usize], n: usize) -> Matrix {
+    let dim = vectors.cols;
+    let mut data = Vec::with_capacity(n * 4 * dim);
+    for pair in positions.chunks_exact(2) {
+        let (u, v) = (vectors.row(pair[0]), vectors.row(pair[1]));
+        data.extend_from_slice(u);
+        data.extend_from_slice(v);
+        data.extend(u.iter().zip(v).map(|(a, b)| (a - b).abs()));
+        data.extend(u.iter().zip(v).map(|(a, b)| a * b));
+    }
+    Matrix::new(n, 4 * dim, data)
 }
 
 #[cfg(test)]

@@ -187,48 +187,25 @@ pub fn run(
         let started = Instant::now();
         let round_no = rounds.len() + 1;
         observer.round_started(round_no, s.len());
-        let train_sets = draw_train_sets(&mut rng, &s, params);
-        observer.partitions(round_no, &s, &train_sets)?;
-
-        let (correct, predicted, not_converged) =
-            predict_partitions(features, labels, &s, &train_sets, &params.fit, &*observer);
-
-        let scores = predictability(&correct, &predicted);
-        for (&i, sc) in s.iter().zip(&scores) {
+        let decision = decide(
+            (features, labels),
+            params,
+            (&s, &tiebreak),
+            (round_no, &mut rng),
+            observer,
+        )?;
+        for (&i, sc) in s.iter().zip(&decision.scores) {
             score[i] = *sc;
         }
-        let passed = passing_tau(&scores, params.tau);
-        let limit = k.min(s.len() - params.target_size);
-        let chosen = choose(
-            &passed,
-            &scores,
-            &s,
-            &tiebreak,
-            limit,
-            params.variant,
-            &mut rng,
-        );
-
-        let (histogram, mean_score, scored) = score_histogram(&scores);
-        for &p in &chosen {
+        for &p in &decision.chosen {
             removed_round[s[p]] = Some(round_no);
         }
-        let round = Round {
-            round: round_no,
-            size: s.len(),
-            passed_tau: passed.len(),
-            removed: chosen.len(),
-            mean_score,
-            histogram,
-            unscored: s.len() - scored,
-            fits_not_converged: not_converged,
-            seconds: started.elapsed().as_secs_f64(),
-        };
+        let round = decision.round(round_no, s.len(), started);
         observer.round_done(&round);
         rounds.push(round);
         s.retain(|&i| removed_round[i].is_none());
 
-        if passed.len() < k {
+        if decision.passed.len() < k {
             stop = StopReason::FewerThanKPassedTau;
             break;
         }
@@ -239,6 +216,64 @@ pub fn run(
         score,
         rounds,
         stop,
+    })
+}
+
+/// What a round found about the members of S, by their position in it.
+struct Decision {
+    /// Each member's predictability (`None` when no partition held it out).
+    scores: Vec<Option<f64>>,
+    /// The members whose predictability reaches τ.
+    passed: Vec<usize>,
+    /// The members removed.
+    chosen: Vec<usize>,
+    /// Fits of the round's models that stopped before converging.
+    not_converged: usize,
+}
+
+impl Decision {
+    /// The record of round `round_no` over an S of `size` members, begun at `started`.
+    fn round(&self, round_no: usize, size: usize, started: Instant) -> Round {
+        let (histogram, mean_score, scored) = score_histogram(&self.scores);
+        Round {
+            round: round_no,
+            size,
+            passed_tau: self.passed.len(),
+            removed: self.chosen.len(),
+            mean_score,
+            histogram,
+            unscored: size - scored,
+            fits_not_converged: self.not_converged,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// One round over S: models trained on partitions drawn from `rng` score its members (each
+/// example's features and label), and up to the slice of those reaching τ are chosen for
+/// removal, never taking S below the target size.
+fn decide(
+    (features, labels): (&Matrix, &[u32]),
+    params: &Params,
+    (s, tiebreak): (&[usize], &[u32]),
+    (round_no, rng): (usize, &mut ChaCha8Rng),
+    observer: &mut dyn Observer,
+) -> Result<Decision> {
+    let train_sets = draw_train_sets(rng, s, params);
+    observer.partitions(round_no, s, &train_sets)?;
+
+    let (correct, predicted, not_converged) =
+        predict_partitions(features, labels, s, &train_sets, &params.fit, &*observer);
+
+    let scores = predictability(&correct, &predicted);
+    let passed = passing_tau(&scores, params.tau);
+    let limit = params.effective_slice().min(s.len() - params.target_size);
+    let chosen = choose(&passed, &scores, s, tiebreak, limit, params.variant, rng);
+    Ok(Decision {
+        scores,
+        passed,
+        chosen,
+        not_converged,
     })
 }
 

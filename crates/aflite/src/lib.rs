@@ -126,27 +126,14 @@ pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     let total = part.rows.len();
     let params = params_for(config, total);
     params.validate(total)?;
-
-    let mut observer = PartitionsDump::new(
-        observer,
-        &part.rows,
-        config.dump_partitions.as_deref(),
-        params.seed,
-        &output,
+    let (outcome, filter_seconds) = filter_part(
+        config,
+        &part,
+        &filtered_labels,
+        &params,
+        (observer, &output),
     )?;
-    let filter_started = Instant::now();
-    let outcome = filter::run(&part.phi, &filtered_labels, &params, &mut observer)?;
-    let filter_seconds = filter_started.elapsed().as_secs_f64();
-    observer.finish(&output)?;
-
-    let removed_round = on_input_rows(&outcome.removed_round, &part.rows, dataset.len());
-    let score = on_input_rows(&outcome.score, &part.rows, dataset.len());
-    let keep: Vec<usize> = part
-        .rows
-        .iter()
-        .copied()
-        .filter(|&i| removed_round[i].is_none())
-        .collect();
+    let (removed_round, score, keep) = at_input_rows(&outcome, &part.rows, dataset.len());
     let mut summary = json!({
         "afkit_version": env!("CARGO_PKG_VERSION"),
         "input": config.input,
@@ -182,6 +169,46 @@ pub fn run(config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
         rounds: outcome.rounds.len(),
         stop: outcome.stop,
     })
+}
+
+/// Filters the part with `params`, writing its partitions where `--dump-partitions` asks; also
+/// the seconds the filtering took.
+fn filter_part(
+    config: &Config,
+    part: &FilteredPart,
+    labels: &[u32],
+    params: &Params,
+    (observer, output): (&mut dyn Observer, &Output),
+) -> Result<(filter::Outcome, f64)> {
+    let mut observer = PartitionsDump::new(
+        observer,
+        &part.rows,
+        config.dump_partitions.as_deref(),
+        params.seed,
+        output,
+    )?;
+    let started = Instant::now();
+    let outcome = filter::run(&part.phi, labels, params, &mut observer)?;
+    let seconds = started.elapsed().as_secs_f64();
+    observer.finish(output)?;
+    Ok((outcome, seconds))
+}
+
+/// The outcome over the filtered `rows` placed at the `n_inputs` input rows: each row's round of
+/// removal and score, and the filtered rows kept.
+fn at_input_rows(
+    outcome: &filter::Outcome,
+    rows: &[usize],
+    n_inputs: usize,
+) -> (Vec<Option<usize>>, Vec<Option<f64>>, Vec<usize>) {
+    let removed_round = on_input_rows(&outcome.removed_round, rows, n_inputs);
+    let score = on_input_rows(&outcome.score, rows, n_inputs);
+    let keep: Vec<usize> = rows
+        .iter()
+        .copied()
+        .filter(|&i| removed_round[i].is_none())
+        .collect();
+    (removed_round, score, keep)
 }
 
 /// Values given per filtered row, placed at their input rows (`None` for rows not filtered).

@@ -322,17 +322,10 @@ impl Problem<'_> {
                     z[k] =
                         (dot_lanes::<FMA>(&weights[k * dim..(k + 1) * dim], row) + bias[k]) as f64;
                 }
-                let yi = y[i] as usize;
                 if outputs == 1 {
                     r[0] = binary_residual(&mut loss, z[0], y[i]);
                 } else {
-                    let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let sum: f64 = z.iter().map(|&a| (a - max).exp()).sum();
-                    loss += max + sum.ln() - z[yi];
-                    for k in 0..outputs {
-                        let p = (z[k] - max).exp() / sum;
-                        r[k] = (p - if k == yi { 1.0 } else { 0.0 }) as f32;
-                    }
+                    softmax_residuals(&mut loss, &z, y[i] as usize, &mut r);
                 }
                 for k in 0..outputs {
                     residual_sum[k] += r[k] as f64;
@@ -358,6 +351,19 @@ fn binary_residual(loss: &mut f64, z: f64, target: u32) -> f32 {
     let (softplus, sigmoid) = softplus_sigmoid(z);
     *loss += softplus - target * z;
     (sigmoid - target) as f32
+}
+
+/// A row of several classes with scores `z` and class index `target`: adds its cross-entropy
+/// to `loss` and sets its residuals softmax(z) − one-hot(target) in `r`.
+#[inline(always)]
+fn softmax_residuals(loss: &mut f64, z: &[f64], target: usize, r: &mut [f32]) {
+    let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = z.iter().map(|&a| (a - max).exp()).sum();
+    *loss += max + sum.ln() - z[target];
+    for k in 0..z.len() {
+        let p = (z[k] - max).exp() / sum;
+        r[k] = (p - if k == target { 1.0 } else { 0.0 }) as f32;
+    }
 }
 
 /// `(ln(1 + eᶻ), 1 / (1 + e⁻ᶻ))` from one exponential, without overflow.

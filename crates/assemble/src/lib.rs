@@ -27,6 +27,7 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use afkit_engine::seed::{Key, Seed};
+use afkit_store::af::AfRun;
 use afkit_store::assemble::{AssembledDistractor, Assembly, CurrentTask, FinalPoint, NewAssembled};
 use afkit_store::dataset::{Judgement, Rank, Split};
 use afkit_store::distractors::{DistractorChoice, Matching};
@@ -140,15 +141,28 @@ fn is_flag(policy: &CouldBeRight) -> bool {
     *policy == CouldBeRight::Flag
 }
 
-/// Runs the whole assembly in one transaction; see the module docs.
-pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
-    let Config {
-        fractions,
-        seed,
-        unverified,
-        distractors,
-        could_be_right,
-    } = *config;
+impl Recorded {
+    /// The record of an assembly with `config` from AF run `af_run`; verified assembly flags
+    /// negatives that could be right, whatever the config says.
+    fn of(config: &Config, af_run: i64) -> Recorded {
+        Recorded {
+            seed: config.seed,
+            split: config.fractions.to_text(),
+            unverified: config.unverified,
+            distractors: Some(config.distractors),
+            af_run,
+            could_be_right: if config.unverified {
+                config.could_be_right
+            } else {
+                CouldBeRight::Flag
+            },
+        }
+    }
+}
+
+/// The latest finished AF run, which the assembly takes its negatives from; says which and
+/// whether the examples are verified.
+fn latest_run(store: &Store, unverified: bool, observer: &mut dyn Observer) -> Result<AfRun> {
     let Some(run) = store.latest_finished_af_run()? else {
         bail!(
             "no finished AF run in {}: run `afkit filter` first",
@@ -160,6 +174,19 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         if unverified { "unverified" } else { "verified" },
         run.id
     ));
+    Ok(run)
+}
+
+/// Runs the whole assembly in one transaction; see the module docs.
+pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
+    let Config {
+        fractions,
+        seed,
+        unverified,
+        distractors,
+        could_be_right,
+    } = *config;
+    let run = latest_run(store, unverified, observer)?;
     let examples = store.examples()?;
     let splits = group_splits(store, &examples, fractions, seed)?;
     let run_data = RunData {
@@ -198,19 +225,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     check_no_empty_split(&splits, &summary, fractions, unverified)?;
     // Train first, then val, then test; assembly order within a split follows the examples.
     built.sort_by_key(|ex| ex.split);
-
-    let record = Recorded {
-        seed,
-        split: fractions.to_text(),
-        unverified,
-        distractors: Some(distractors),
-        af_run: run.id,
-        could_be_right: if unverified {
-            could_be_right
-        } else {
-            CouldBeRight::Flag
-        },
-    };
+    let record = Recorded::of(config, run.id);
     store.commit_assembly(&Assembly {
         splits: &splits,
         examples: &built,
@@ -497,74 +512,143 @@ fn assemble_verified(
     reannotations: &mut Vec<(i64, Vec<i64>)>,
 ) -> Result<Vec<NewAssembled>> {
     let tasks = store.current_tasks()?;
-    let shown = store.shown_endings()?;
-    let mut built = Vec::new();
+    let mut verifier = Verifier {
+        store,
+        run_id,
+        run,
+        order,
+        shown: store.shown_endings()?,
+        built: Vec::new(),
+        summary,
+        reannotations,
+    };
     for ex in examples {
         if !run.assignments.contains_key(&ex.id) {
             continue;
         }
         let Some(task) = tasks.get(&ex.id) else {
-            summary.awaiting_labels += 1;
+            verifier.summary.awaiting_labels += 1;
             continue;
         };
-        let Some(labels) = consensus_labels(task, summary) else {
+        let Some(labels) = consensus_labels(task, verifier.summary) else {
             continue;
         };
-        let split = run.splits[&ex.group];
-        let fold = run.folds.get(&ex.id).copied();
+        verifier.decide(ex, task, &labels)?;
+    }
+    Ok(verifier.built)
+}
+
+/// What verified assembly reads for every context, and what it has produced so far.
+struct Verifier<'a> {
+    store: &'a Store,
+    run_id: i64,
+    run: &'a RunData<'a>,
+    order: &'a DistractorOrder,
+    /// Every ending ever shown to annotators, by context.
+    shown: HashMap<i64, BTreeSet<i64>>,
+    built: Vec<NewAssembled>,
+    summary: &'a mut Summary,
+    reannotations: &'a mut Vec<(i64, Vec<i64>)>,
+}
+
+impl Verifier<'_> {
+    /// Applies the assembly rules to a context and its task's combined `labels`: its verified
+    /// examples, its next round of annotation, or why it is dropped.
+    fn decide(
+        &mut self,
+        ex: &Example,
+        task: &CurrentTask,
+        labels: &HashMap<i64, rules::Consensus>,
+    ) -> Result<()> {
+        let split = self.run.splits[&ex.group];
+        let fold = self.run.folds.get(&ex.id).copied();
         let generations: Vec<i64> = task
             .endings
             .iter()
             .copied()
             .filter(|&e| e != ex.gold_ending_id)
             .collect();
-        // The context's scored pool holds the scores of endings a re-annotation refill brought
-        // in (not assigned negatives) and the candidates of a new refill: read once, if needed.
-        let read_pool = || -> Result<HashMap<i64, FinalPoint>> {
-            Ok(store.scored_pool(run_id, ex.id)?.into_iter().collect())
-        };
         let pool = if task.round > 0 {
-            read_pool()?
+            self.scored_pool(ex)?
         } else {
             HashMap::new()
         };
-        let generations = order.order(ex, run, &generations, &pool, "distractors");
-        match rules::decide(ex.gold_ending_id, &generations, &labels) {
+        let generations = self
+            .order
+            .order(ex, self.run, &generations, &pool, "distractors");
+        match rules::decide(ex.gold_ending_id, &generations, labels) {
             Decision::Gold {
                 found_rank,
                 example,
                 generated_gold,
             } => {
                 let source = gold_source(found_rank, task.round);
-                built.push(verified(ex.id, split, fold, source, &example));
+                self.built
+                    .push(verified(ex.id, split, fold, source, &example));
                 if let Some(generated) = generated_gold {
-                    built.extend(generated_gold_example(
-                        ex.id, split, fold, &generated, summary,
+                    self.built.extend(generated_gold_example(
+                        ex.id,
+                        split,
+                        fold,
+                        &generated,
+                        self.summary,
                     ));
                 }
             }
             Decision::Reannotate { reason, keep } => {
-                let pool = if task.round > 0 { pool } else { read_pool()? };
-                let fresh = unshown(&pool, shown.get(&ex.id), &keep);
-                let draw = format!("refill\u{0}{}", task.round + 1);
-                let fresh = order.order(ex, run, &fresh, &pool, &draw);
-                match refill(task, &keep, fresh) {
-                    Some(endings) => {
-                        *summary
-                            .reannotation_queued
-                            .entry(reason.as_str().into())
-                            .or_default() += 1;
-                        reannotations.push((ex.id, endings));
-                    }
-                    None => summary.cannot_refill.push(ex.ext_id.clone()),
-                }
+                let pool = if task.round > 0 {
+                    pool
+                } else {
+                    self.scored_pool(ex)?
+                };
+                self.reannotate(ex, task, (reason, &keep), &pool);
             }
             Decision::Drop(reason) => {
-                *summary.dropped.entry(reason.as_str().into()).or_default() += 1;
+                *self
+                    .summary
+                    .dropped
+                    .entry(reason.as_str().into())
+                    .or_default() += 1;
             }
         }
+        Ok(())
     }
-    Ok(built)
+
+    /// The context's scored pool: it holds the scores of endings a re-annotation refill brought
+    /// in (not assigned negatives) and the candidates of a new refill, so it is read only for a
+    /// context past its first round or one to refill.
+    fn scored_pool(&self, ex: &Example) -> Result<HashMap<i64, FinalPoint>> {
+        Ok(self
+            .store
+            .scored_pool(self.run_id, ex.id)?
+            .into_iter()
+            .collect())
+    }
+
+    /// Queues the context for another round (counted by `reason`) with the endings it `keep`s
+    /// and fresh ones from its `pool` that no annotator has seen; lists it when too few are left.
+    fn reannotate(
+        &mut self,
+        ex: &Example,
+        task: &CurrentTask,
+        (reason, keep): (rules::ReannotateReason, &[i64]),
+        pool: &HashMap<i64, FinalPoint>,
+    ) {
+        let fresh = unshown(pool, self.shown.get(&ex.id), keep);
+        let draw = format!("refill\u{0}{}", task.round + 1);
+        let fresh = self.order.order(ex, self.run, &fresh, pool, &draw);
+        match refill(task, keep, fresh) {
+            Some(endings) => {
+                *self
+                    .summary
+                    .reannotation_queued
+                    .entry(reason.as_str().into())
+                    .or_default() += 1;
+                self.reannotations.push((ex.id, endings));
+            }
+            None => self.summary.cannot_refill.push(ex.ext_id.clone()),
+        }
+    }
 }
 
 /// The full CSVs' `gold-source` of a verified example whose found ending is gold: `gold0` when

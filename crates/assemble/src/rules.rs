@@ -142,12 +142,6 @@ pub(crate) fn decide(
     if found_label.judgement == Judgement::Gibberish {
         return Decision::Drop(DropReason::FoundGibberish);
     }
-    let typed = |ids: Vec<i64>| -> Vec<(i64, Judgement)> {
-        ids.into_iter()
-            .take(4)
-            .map(|e| (e, labels[&e].judgement))
-            .collect()
-    };
     let distractors: Vec<i64> = generations
         .iter()
         .copied()
@@ -159,21 +153,7 @@ pub(crate) fn decide(
         });
     }
     let generated_gold = if found_rank == Rank::Second {
-        generations
-            .iter()
-            .copied()
-            .find(|e| usable(e) && labels[e].rank == Some(Rank::Best))
-            .map(|gold| Built {
-                gold,
-                gold_type: labels[&gold].judgement,
-                distractors: typed(
-                    generations
-                        .iter()
-                        .copied()
-                        .filter(|e| *e != gold && usable(e))
-                        .collect(),
-                ),
-            })
+        generated_gold(generations, labels)
     } else {
         None
     };
@@ -182,10 +162,40 @@ pub(crate) fn decide(
         example: Built {
             gold: found,
             gold_type: found_label.judgement,
-            distractors: typed(distractors),
+            distractors: typed(distractors, labels),
         },
         generated_gold,
     }
+}
+
+/// The example whose gold is the generation the annotators ranked best, if one is usable, with
+/// the other usable generations as its distractors.
+fn generated_gold(generations: &[i64], labels: &HashMap<i64, Consensus>) -> Option<Built> {
+    let usable = |e: &i64| labels[e].judgement != Judgement::Gibberish;
+    generations
+        .iter()
+        .copied()
+        .find(|e| usable(e) && labels[e].rank == Some(Rank::Best))
+        .map(|gold| Built {
+            gold,
+            gold_type: labels[&gold].judgement,
+            distractors: typed(
+                generations
+                    .iter()
+                    .copied()
+                    .filter(|e| *e != gold && usable(e))
+                    .collect(),
+                labels,
+            ),
+        })
+}
+
+/// The first four of `ids`, each with its judgement.
+fn typed(ids: Vec<i64>, labels: &HashMap<i64, Consensus>) -> Vec<(i64, Judgement)> {
+    ids.into_iter()
+        .take(4)
+        .map(|e| (e, labels[&e].judgement))
+        .collect()
 }
 
 /// Orders endings by final ensemble score, highest (hardest) first; ties and unscored endings by id.

@@ -204,17 +204,7 @@ pub fn cross_validate(
 ) -> Result<CvReport> {
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
     let n_groups = afkit_engine::folds::count_groups(&groups);
-    if n_groups < k {
-        let fix = if n_groups >= 2 {
-            format!("use --cv {n_groups} (the most folds these groups allow), or add questions from more groups")
-        } else {
-            "cross-validation needs questions from at least two groups: add questions from more groups".into()
-        };
-        bail!(
-            "{k} folds need at least {k} groups (video-id values) of labelled questions; found {n_groups} in {} questions: {fix}",
-            questions.len()
-        );
-    }
+    check_enough_groups(k, n_groups, questions.len())?;
     let fold_of = afkit_engine::folds::assign(&groups, k, seed);
     let gold: Vec<usize> = questions
         .iter()
@@ -259,6 +249,22 @@ pub fn cross_validate(
         baselines: baselines.iter().copied().zip(results).collect(),
         timings,
     })
+}
+
+/// An error saying how to fix it when `n_groups` groups among `n_questions` questions are too
+/// few for `k` folds (a fold would be empty).
+fn check_enough_groups(k: usize, n_groups: usize, n_questions: usize) -> Result<()> {
+    if n_groups < k {
+        let fix = if n_groups >= 2 {
+            format!("use --cv {n_groups} (the most folds these groups allow), or add questions from more groups")
+        } else {
+            "cross-validation needs questions from at least two groups: add questions from more groups".into()
+        };
+        bail!(
+            "{k} folds need at least {k} groups (video-id values) of labelled questions; found {n_groups} in {n_questions} questions: {fix}"
+        );
+    }
+    Ok(())
 }
 
 fn prepare(

@@ -124,23 +124,6 @@ pub(crate) fn measure(
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let vectors = encode(&refs, &mut |n| observer.counted(n))?;
     let v = |r: &std::ops::Range<usize>| &vectors[r.clone()];
-    let mut by_class = BTreeMap::new();
-    by_class.insert(
-        "gold".to_string(),
-        mean_knn_distance(v(&val_gold), v(&train_gold), &KS, false),
-    );
-    by_class.insert(
-        "distractor".to_string(),
-        mean_knn_distance(v(&val_dis), v(&train_dis), &KS, false),
-    );
-    by_class.insert(
-        "gold_vs_distractor".to_string(),
-        mean_knn_distance(v(&val_gold), v(&train_dis), &KS, false),
-    );
-    by_class.insert(
-        "distractor_vs_gold".to_string(),
-        mean_knn_distance(v(&val_dis), v(&train_gold), &KS, false),
-    );
     Ok(KnnReport {
         model: model.into(),
         k: KS.to_vec(),
@@ -148,8 +131,33 @@ pub(crate) fn measure(
         n_val: val.len(),
         val_to_train: mean_knn_distance(v(&val_whole), v(&train_whole), &KS, false),
         train_to_train: mean_knn_distance(v(&train_whole), v(&train_whole), &KS, true),
-        by_class,
+        by_class: by_class([v(&train_gold), v(&val_gold)], [v(&train_dis), v(&val_dis)]),
     })
+}
+
+/// The per-class rows of Table 3 from the ending vectors (`[train, val]` of each class): gold to
+/// gold, distractor to distractor, and each class of val to the other class of train.
+fn by_class(gold: [&[Vec<f32>]; 2], distractors: [&[Vec<f32>]; 2]) -> BTreeMap<String, Vec<f64>> {
+    let [train_gold, val_gold] = gold;
+    let [train_dis, val_dis] = distractors;
+    let mut by_class = BTreeMap::new();
+    by_class.insert(
+        "gold".to_string(),
+        mean_knn_distance(val_gold, train_gold, &KS, false),
+    );
+    by_class.insert(
+        "distractor".to_string(),
+        mean_knn_distance(val_dis, train_dis, &KS, false),
+    );
+    by_class.insert(
+        "gold_vs_distractor".to_string(),
+        mean_knn_distance(val_gold, train_dis, &KS, false),
+    );
+    by_class.insert(
+        "distractor_vs_gold".to_string(),
+        mean_knn_distance(val_dis, train_gold, &KS, false),
+    );
+    by_class
 }
 
 #[cfg(test)]

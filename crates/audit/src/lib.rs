@@ -196,33 +196,7 @@ fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Re
             config.dataset.join(&f.file).display()
         ));
     }
-    let encoder = if config.no_embed {
-        Err("--no-embed".to_string())
-    } else {
-        SentenceEncoder::load_default().map_err(|err| {
-            observer.note(&format!("minilm_s2 skipped: {err:#}"));
-            format!("MiniLM encoder unavailable: {err:#}")
-        })
-    };
-    let cache = open_cache(config)?;
-    let encode = |texts: &[&str], progress: &mut dyn FnMut(usize)| match &encoder {
-        Ok(encoder) => embed(encoder, cache.as_ref(), texts, progress),
-        Err(why) => bail!("{why}"),
-    };
-    let embedder = match &encoder {
-        Ok(_) => cv::Embedder::Encoder(&encode),
-        Err(why) => cv::Embedder::Unavailable(why.clone()),
-    };
-    let files_read = Split::ALL.map(|s| config.dataset.join(s.regular_csv()).display().to_string());
-    let mut cv = cv::cross_validate(
-        &questions,
-        k,
-        config.seed,
-        &cv::Baseline::ALL,
-        &embedder,
-        observer,
-    )
-    .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))?;
+    let mut cv = cross_validate_baselines(config, &questions, k, observer)?;
     let mut timings = std::mem::take(&mut cv.timings);
     let fine_tuned = timing::timed(&mut timings, cv::Baseline::FineTunedMiniLm.name(), || {
         fine_tuned(&questions, k, config, observer)
@@ -259,6 +233,43 @@ fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Re
     Ok(audit)
 }
 
+/// The cross-validated baselines of `questions` in `k` folds, the MiniLM ones embedding through
+/// the config's cache, or skipped with the reason when the encoder is unavailable.
+fn cross_validate_baselines(
+    config: &Config,
+    questions: &[Question],
+    k: usize,
+    observer: &mut dyn Observer,
+) -> Result<cv::CvReport> {
+    let encoder = if config.no_embed {
+        Err("--no-embed".to_string())
+    } else {
+        SentenceEncoder::load_default().map_err(|err| {
+            observer.note(&format!("minilm_s2 skipped: {err:#}"));
+            format!("MiniLM encoder unavailable: {err:#}")
+        })
+    };
+    let cache = open_cache(config)?;
+    let encode = |texts: &[&str], progress: &mut dyn FnMut(usize)| match &encoder {
+        Ok(encoder) => embed(encoder, cache.as_ref(), texts, progress),
+        Err(why) => bail!("{why}"),
+    };
+    let embedder = match &encoder {
+        Ok(_) => cv::Embedder::Encoder(&encode),
+        Err(why) => cv::Embedder::Unavailable(why.clone()),
+    };
+    let files_read = Split::ALL.map(|s| config.dataset.join(s.regular_csv()).display().to_string());
+    cv::cross_validate(
+        questions,
+        k,
+        config.seed,
+        &cv::Baseline::ALL,
+        &embedder,
+        observer,
+    )
+    .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))
+}
+
 /// `--cv`'s fine-tuned baseline, or why it was skipped: the sentence model is fetched as the
 /// other MiniLM baselines fetch it, and its absence is a reason, not an error.
 fn fine_tuned(
@@ -286,9 +297,6 @@ fn fine_tuned(
     }
 }
 
-/// The text of option `o` of a question that one n-gram classifier sees.
-type View = dyn Fn(&Question, usize) -> String;
-
 /// Everything but the KNN distances (which need the encoder), from labelled train and val.
 fn audit(
     train: &[Question],
@@ -310,6 +318,45 @@ fn audit(
     let shortest: Vec<[f64; 4]> = val.iter().map(|q| lengths(q).map(|l| -l)).collect();
     let longest: Vec<[f64; 4]> = val.iter().map(lengths).collect();
     timing::add(&mut timings, "length", started.elapsed().as_secs_f64());
+    let (ngram_acc, lambda) = ngram_baselines(train, val, seed, observer, &mut timings);
+    let all: Vec<&Question> = train.iter().chain(val).collect();
+    let ppmi = timing::timed(&mut timings, "ppmi", || {
+        ppmi::top_associations(&all, config.ppmi_top, config.ppmi_min_count)
+    });
+    AuditReport {
+        n_train: train.len(),
+        n_val: val.len(),
+        seed,
+        random: ngram::tie_aware_accuracy(&vec![[0.0; 4]; val.len()], &gold),
+        shortest: ngram::tie_aware_accuracy(&shortest, &gold),
+        longest: ngram::tie_aware_accuracy(&longest, &gold),
+        ngram_end: ngram_acc[0],
+        ngram_s2: ngram_acc[1],
+        ngram_ctx: ngram_acc[2],
+        lambda,
+        ppmi,
+        knn,
+        lm: Vec::new(),
+        summary: Vec::new(),
+        verdicts: Vec::new(),
+        timings,
+        could_be_right: CouldBeRight::of(train.iter().chain(val)),
+        control: None,
+    }
+}
+
+/// The text of option `o` of a question that one n-gram classifier sees.
+type View = dyn Fn(&Question, usize) -> String;
+
+/// The val accuracy and chosen λ of the n-gram classifier of each view (ending, sent2 + ending,
+/// whole text), each trained on train, timed into `timings`.
+fn ngram_baselines(
+    train: &[Question],
+    val: &[Question],
+    seed: Seed,
+    observer: &mut dyn Observer,
+    timings: &mut Vec<timing::Timing>,
+) -> ([f64; 3], [f64; 3]) {
     let views: [&View; 3] = [
         &|q: &Question, o: usize| q.endings[o].clone(),
         &|q: &Question, o: usize| format!("{} {}", q.sent2, q.endings[o]),
@@ -340,32 +387,9 @@ fn audit(
             ngram::train_and_evaluate(&encode(train), &encode(val), vocab.len(), seed);
         observer.counted(1);
         let name = ["ngram_end", "ngram_s2", "ngram_ctx"][i];
-        timing::add(&mut timings, name, started.elapsed().as_secs_f64());
+        timing::add(timings, name, started.elapsed().as_secs_f64());
     }
-    let all: Vec<&Question> = train.iter().chain(val).collect();
-    let ppmi = timing::timed(&mut timings, "ppmi", || {
-        ppmi::top_associations(&all, config.ppmi_top, config.ppmi_min_count)
-    });
-    AuditReport {
-        n_train: train.len(),
-        n_val: val.len(),
-        seed,
-        random: ngram::tie_aware_accuracy(&vec![[0.0; 4]; val.len()], &gold),
-        shortest: ngram::tie_aware_accuracy(&shortest, &gold),
-        longest: ngram::tie_aware_accuracy(&longest, &gold),
-        ngram_end: ngram_acc[0],
-        ngram_s2: ngram_acc[1],
-        ngram_ctx: ngram_acc[2],
-        lambda,
-        ppmi,
-        knn,
-        lm: Vec::new(),
-        summary: Vec::new(),
-        verdicts: Vec::new(),
-        timings,
-        could_be_right: CouldBeRight::of(train.iter().chain(val)),
-        control: None,
-    }
+    (ngram_acc, lambda)
 }
 
 /// A seeded sample of at most `max` questions, in their original order.

@@ -4,6 +4,8 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use plotters::coord::ranged1d::SegmentedCoord;
+use plotters::coord::types::{RangedCoordf64, RangedCoordi32};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -144,8 +146,15 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
     write_could_be_right(md, r.could_be_right.as_ref())?;
     write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)?;
+    write_knn(md, &r.knn)?;
+    write_timings(md, &r.timings)
+}
+
+/// The KNN section: the distances per k in a table under the chart, or why they were not
+/// measured.
+fn write_knn(md: &mut String, knn: &Knn) -> std::fmt::Result {
     writeln!(md, "\n## KNN distances (MiniLM)\n")?;
-    match &r.knn {
+    match knn {
         Knn::Skipped { skipped } => writeln!(md, "Not measured: {skipped}.")?,
         Knn::Measured(k) => {
             writeln!(
@@ -174,7 +183,7 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
             writeln!(md, "\n![knn](knn.png)")?;
         }
     }
-    write_timings(md, &r.timings)
+    Ok(())
 }
 
 /// The bar chart of the words most associated with gold endings, when there are any.
@@ -453,6 +462,16 @@ fn write_verdicts(md: &mut String, verdicts: &[Verdict]) -> std::fmt::Result {
     writeln!(md)
 }
 
+/// A chart of one bar per x segment over a value axis, drawn into a PNG.
+type BarAxes<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<SegmentedCoord<RangedCoordi32>, RangedCoordf64>,
+>;
+
+/// The error of drawing into a chart.
+type DrawError = Box<dyn std::error::Error>;
+
 fn bar_chart(
     path: &Path,
     title: &str,
@@ -463,7 +482,7 @@ fn bar_chart(
 ) -> Result<()> {
     register_font();
     let root = BitMapBackend::new(path, (chart_width(labels), 480)).into_drawing_area();
-    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+    let draw = || -> Result<(), DrawError> {
         root.fill(&WHITE)?;
         let n = labels.len() as i32;
         let mut chart = ChartBuilder::on(&root)
@@ -481,28 +500,7 @@ fn bar_chart(
             .label_style(font(13))
             .y_max_light_lines(1)
             .draw()?;
-        chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
-            let v = if v.is_finite() { v } else { 0.0 };
-            let mut bar = Rectangle::new(
-                [
-                    (SegmentValue::Exact(i as i32), 0.0),
-                    (segment_end(i as i32, n), v),
-                ],
-                Palette99::pick(i).filled(),
-            );
-            bar.set_margin(0, 0, 8, 8);
-            bar
-        }))?;
-        // Each value centred just above its bar.
-        let value_style =
-            TextStyle::from(font(13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
-        chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
-            Text::new(
-                format!("{v:.3}"),
-                (SegmentValue::CenterOf(i as i32), v),
-                value_style.clone(),
-            )
-        }))?;
+        draw_bars(&mut chart, values, n)?;
         if let Some(h) = hline {
             chart.draw_series(DashedLineSeries::new(
                 [(SegmentValue::Exact(0), h), (SegmentValue::Last, h)],
@@ -515,6 +513,33 @@ fn bar_chart(
         Ok(())
     };
     draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+}
+
+/// One bar per value out of `n` segments, in palette colours, each value centred just above its
+/// bar; a value that is not finite is drawn as an empty bar.
+fn draw_bars(chart: &mut BarAxes, values: &[f64], n: i32) -> Result<(), DrawError> {
+    chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
+        let v = if v.is_finite() { v } else { 0.0 };
+        let mut bar = Rectangle::new(
+            [
+                (SegmentValue::Exact(i as i32), 0.0),
+                (segment_end(i as i32, n), v),
+            ],
+            Palette99::pick(i).filled(),
+        );
+        bar.set_margin(0, 0, 8, 8);
+        bar
+    }))?;
+    let value_style =
+        TextStyle::from(font(13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+    chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
+        Text::new(
+            format!("{v:.3}"),
+            (SegmentValue::CenterOf(i as i32), v),
+            value_style.clone(),
+        )
+    }))?;
+    Ok(())
 }
 
 /// Chance for a 4-way choice.
@@ -561,7 +586,7 @@ fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
     let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
     let root = BitMapBackend::new(path, (chart_width(&names), 480)).into_drawing_area();
     let y_max = accuracy_axis_top(rows);
-    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+    let draw = || -> Result<(), DrawError> {
         root.fill(&WHITE)?;
         let n = rows.len().max(1) as i32;
         let mut chart = ChartBuilder::on(&root)
@@ -581,34 +606,62 @@ fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
             .axis_desc_style(font(14))
             .y_max_light_lines(1)
             .draw()?;
-        // Chance behind the bars, left out where it would cross a value label.
-        for (i, passes) in chance_passes(rows, y_max).into_iter().enumerate() {
-            if passes {
-                chart.draw_series(DashedLineSeries::new(
-                    [
-                        (SegmentValue::Exact(i as i32), CHANCE),
-                        (segment_end(i as i32, n), CHANCE),
-                    ],
-                    6,
-                    4,
-                    BLACK.stroke_width(1),
-                ))?;
-            }
-        }
-        chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
-            let mean = if row.mean.is_finite() { row.mean } else { 0.0 };
-            let mut bar = Rectangle::new(
+        draw_chance_line(&mut chart, rows, y_max, n)?;
+        draw_accuracy_bars(&mut chart, rows, y_max, n)?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+}
+
+/// Chance dashed behind the bars, left out where it would cross a value label.
+fn draw_chance_line(
+    chart: &mut BarAxes,
+    rows: &[Row],
+    y_max: f64,
+    n: i32,
+) -> Result<(), DrawError> {
+    for (i, passes) in chance_passes(rows, y_max).into_iter().enumerate() {
+        if passes {
+            chart.draw_series(DashedLineSeries::new(
                 [
-                    (SegmentValue::Exact(i as i32), 0.0),
-                    (segment_end(i as i32, n), mean),
+                    (SegmentValue::Exact(i as i32), CHANCE),
+                    (segment_end(i as i32, n), CHANCE),
                 ],
-                Palette99::pick(i).mix(0.75).filled(),
-            );
-            bar.set_margin(0, 0, 14, 14);
-            bar
-        }))?;
-        chart.draw_series(rows.iter().enumerate().filter(|(_, r)| r.se > 0.0).map(
-            |(i, row)| {
+                6,
+                4,
+                BLACK.stroke_width(1),
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// Each row's mean as a bar out of `n` segments, ± one standard error as a whisker where there
+/// is one, and the mean written above the whisker.
+fn draw_accuracy_bars(
+    chart: &mut BarAxes,
+    rows: &[Row],
+    y_max: f64,
+    n: i32,
+) -> Result<(), DrawError> {
+    chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
+        let mean = if row.mean.is_finite() { row.mean } else { 0.0 };
+        let mut bar = Rectangle::new(
+            [
+                (SegmentValue::Exact(i as i32), 0.0),
+                (segment_end(i as i32, n), mean),
+            ],
+            Palette99::pick(i).mix(0.75).filled(),
+        );
+        bar.set_margin(0, 0, 14, 14);
+        bar
+    }))?;
+    chart.draw_series(
+        rows.iter()
+            .enumerate()
+            .filter(|(_, r)| r.se > 0.0)
+            .map(|(i, row)| {
                 ErrorBar::new_vertical(
                     SegmentValue::CenterOf(i as i32),
                     (row.mean - row.se).max(0.0),
@@ -617,21 +670,18 @@ fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
                     BLACK.stroke_width(1),
                     10,
                 )
-            },
-        ))?;
-        let value_style =
-            TextStyle::from(font(13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
-        chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
-            Text::new(
-                format!("{:.3}", row.mean),
-                (SegmentValue::CenterOf(i as i32), label_span(row, y_max).1),
-                value_style.clone(),
-            )
-        }))?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+            }),
+    )?;
+    let value_style =
+        TextStyle::from(font(13).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+    chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
+        Text::new(
+            format!("{:.3}", row.mean),
+            (SegmentValue::CenterOf(i as i32), label_span(row, y_max).1),
+            value_style.clone(),
+        )
+    }))?;
+    Ok(())
 }
 
 /// A chart with a bar per label, each as wide as its label (14-pixel monospace, under 9 pixels

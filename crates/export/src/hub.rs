@@ -68,6 +68,14 @@ fn write_front_matter(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::f
         quoted(size_category(meta.rows))
     )?;
     writeln!(y, "tags:\n- {AFKIT_TAG}\n- swag\n- adversarial-filtering")?;
+    write_configs(y, layout)?;
+    write_dataset_info(y, meta, layout)?;
+    writeln!(y, "---\n")
+}
+
+/// The `configs` section: which files `datasets` reads for each configuration's splits, and how
+/// it reads their cells.
+fn write_configs(y: &mut String, layout: &Layout) -> std::fmt::Result {
     writeln!(y, "configs:")?;
     writeln!(y, "- config_name: regular\n  default: true\n  data_files:")?;
     for (split, hf) in layout.hf_splits() {
@@ -87,6 +95,11 @@ fn write_front_matter(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::f
         }
     }
     writeln!(y, "  keep_default_na: false")?;
+    Ok(())
+}
+
+/// The `dataset_info` section: each configuration's content and the type of each of its columns.
+fn write_dataset_info(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::fmt::Result {
     writeln!(y, "dataset_info:")?;
     writeln!(y, "- config_name: regular")?;
     let regular: Vec<(Split, &str, String)> = layout
@@ -114,7 +127,7 @@ fn write_front_matter(y: &mut String, meta: &HubMeta, layout: &Layout) -> std::f
     for column in FULL_COLUMNS {
         writeln!(y, "  - name: {}\n    dtype: string", quoted(column))?;
     }
-    writeln!(y, "---\n")
+    Ok(())
 }
 
 /// What identifies a configuration's content: a description carrying the SHA-256 of its data

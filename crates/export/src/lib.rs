@@ -96,19 +96,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     } = *config;
     let output = Output::new(force).protect_project(store.path());
     let answers_target = answers_path(out)?;
-    // An earlier export killed while its files were being put in place is finished first (its
-    // journal is in OUT, or beside it where the answers file goes).
-    for folder in [
-        out.as_path(),
-        answers_target.parent().unwrap_or(Path::new(".")),
-    ] {
-        if let Some(note) = output.finish_interrupted(folder)? {
-            observer.note(&note);
-        }
-    }
-    if !options.layout.with_test_labels {
-        output.check(&answers_target)?;
-    }
+    prepare_destination(&output, out, &answers_target, options, observer)?;
     let (examples, left_out) = examples_to_export(store, options, observer)?;
     let assembly = store.assembly_info()?;
     warn_if_a_newer_af_run(store, assembly, observer)?;
@@ -141,14 +129,56 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     // The folder and the answers beside it are one unit: an interrupted export leaves the old
     // ones or the new ones, never new questions beside old answers.
     output.folder_and_beside(out, &files, WRITER, answers.as_slice())?;
+    let written = written_files(&files, answers.as_ref());
+    record(store, out, options, assembly, &written)?;
+    Ok(Summary { files: written })
+}
 
+/// Readies OUT and the answers file's place beside it: an earlier export killed while its files
+/// were being put in place is finished first (its journal is in OUT, or beside it where the
+/// answers file goes), and an answers file afkit did not write stops the export unless forced.
+fn prepare_destination(
+    output: &Output,
+    out: &Path,
+    answers_target: &Path,
+    options: &Options,
+    observer: &mut dyn Observer,
+) -> Result<()> {
+    for folder in [out, answers_target.parent().unwrap_or(Path::new("."))] {
+        if let Some(note) = output.finish_interrupted(folder)? {
+            observer.note(&note);
+        }
+    }
+    if !options.layout.with_test_labels {
+        output.check(answers_target)?;
+    }
+    Ok(())
+}
+
+/// The size and SHA-256 of every file written: the folder's by name, the answers file by path.
+fn written_files(
+    files: &BTreeMap<String, Vec<u8>>,
+    answers: Option<&(PathBuf, Vec<u8>)>,
+) -> BTreeMap<String, (usize, String)> {
     let mut written: BTreeMap<String, (usize, String)> = files
         .iter()
         .map(|(name, bytes)| (name.clone(), summarise(bytes)))
         .collect();
-    if let Some((path, bytes)) = &answers {
+    if let Some((path, bytes)) = answers {
         written.insert(path.display().to_string(), summarise(bytes));
     }
+    written
+}
+
+/// Records the export in the project: where it went, with which negatives, seed and assembly,
+/// and the hash of every file written.
+fn record(
+    store: &Store,
+    out: &Path,
+    options: &Options,
+    assembly: Option<AssemblyInfo>,
+    written: &BTreeMap<String, (usize, String)>,
+) -> Result<()> {
     let hashes: BTreeMap<&String, &String> = written.iter().map(|(n, (_, h))| (n, h)).collect();
     let dir = fs::canonicalize(out).unwrap_or_else(|_| out.to_path_buf());
     let info = ExportInfo {
@@ -158,7 +188,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         assembly,
     };
     store.record_export(&info, &serde_json::to_string(&hashes)?)?;
-    Ok(Summary { files: written })
+    Ok(())
 }
 
 /// The assembled examples, with random distractors for the control (and the contexts it leaves

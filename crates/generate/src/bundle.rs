@@ -296,22 +296,7 @@ fn bundle_context(
     let endings = rows
         .endings
         .into_iter()
-        .map(|e| {
-            let scores = e
-                .scores
-                .iter()
-                .map(|s| Ok((index_of(scorers, &s.model)?, s.ll_cond, s.ll_alone, s.n_tok)))
-                .collect::<Result<_>>()?;
-            Ok(Ending {
-                text: (!e.is_gold).then_some(e.text),
-                generation: e.generation_id.as_ref().map(generation).transpose()?,
-                lp_cond: e.lp_cond,
-                lp_alone: e.lp_alone,
-                lp_final_punct: e.lp_final_punct,
-                n_tok: e.n_tok_ending,
-                scores,
-            })
-        })
+        .map(|e| ending_line(e, gen_ids, scorers))
         .collect::<Result<_>>()?;
     let growth = rows
         .growth
@@ -350,6 +335,29 @@ fn bundle_context(
     };
     check_finite(&line)?;
     Ok(line)
+}
+
+/// A stored ending as a bundle line's ending: the found one without its text, its generation
+/// job and scorers by their index in the bundle's lists.
+fn ending_line(e: EndingRow, gen_ids: &[i64], scorers: &[String]) -> Result<Ending> {
+    let scores = e
+        .scores
+        .iter()
+        .map(|s| Ok((index_of(scorers, &s.model)?, s.ll_cond, s.ll_alone, s.n_tok)))
+        .collect::<Result<_>>()?;
+    Ok(Ending {
+        text: (!e.is_gold).then_some(e.text),
+        generation: e
+            .generation_id
+            .as_ref()
+            .map(|id| index_of(gen_ids, id))
+            .transpose()?,
+        lp_cond: e.lp_cond,
+        lp_alone: e.lp_alone,
+        lp_final_punct: e.lp_final_punct,
+        n_tok: e.n_tok_ending,
+        scores,
+    })
 }
 
 fn pool_line(store: &Store, p: PoolRow, gen_ids: &[i64]) -> Result<Pool> {
@@ -641,34 +649,7 @@ fn context_rows(
     gen_ids: &[i64],
     scorers: &[String],
 ) -> Result<ContextRows> {
-    let pool = c
-        .pool
-        .map(|p| -> Result<PoolRow> {
-            let style_examples = match p.style_examples {
-                None => None,
-                Some(ids) => {
-                    let ids = ids
-                        .iter()
-                        .map(|id| store.example_id_by_ext_id(id)?.context("checked"))
-                        .collect::<Result<Vec<i64>>>()?;
-                    Some(serde_json::to_string(&ids)?)
-                }
-            };
-            Ok(PoolRow {
-                generation_id: gen_ids[p.generation],
-                requested: p.requested,
-                produced: p.produced,
-                ctx_logprob: p.ctx_logprob,
-                n_tok_sent1: p.n_tok_sent1,
-                n_tok_sent2: p.n_tok_sent2,
-                seconds: p.seconds,
-                finished_at: p.finished_at,
-                style_examples,
-                draws: p.draws,
-                rejected: p.rejected,
-            })
-        })
-        .transpose()?;
+    let pool = c.pool.map(|p| pool_row(store, p, gen_ids)).transpose()?;
     Ok(ContextRows {
         pool,
         endings: c
@@ -699,6 +680,34 @@ fn context_rows(
                 recorded_at: u.recorded_at,
             })
             .collect(),
+    })
+}
+
+/// A bundle line's pool as the store's row, its generation job and style examples by this
+/// project's ids.
+fn pool_row(store: &Store, p: Pool, gen_ids: &[i64]) -> Result<PoolRow> {
+    let style_examples = match p.style_examples {
+        None => None,
+        Some(ids) => {
+            let ids = ids
+                .iter()
+                .map(|id| store.example_id_by_ext_id(id)?.context("checked"))
+                .collect::<Result<Vec<i64>>>()?;
+            Some(serde_json::to_string(&ids)?)
+        }
+    };
+    Ok(PoolRow {
+        generation_id: gen_ids[p.generation],
+        requested: p.requested,
+        produced: p.produced,
+        ctx_logprob: p.ctx_logprob,
+        n_tok_sent1: p.n_tok_sent1,
+        n_tok_sent2: p.n_tok_sent2,
+        seconds: p.seconds,
+        finished_at: p.finished_at,
+        style_examples,
+        draws: p.draws,
+        rejected: p.rejected,
     })
 }
 

@@ -451,35 +451,20 @@ pub fn import(
             continue; // dropped at ingest
         };
         observer.context_done(0, None);
-        if store.has_pool(example_id)? {
-            counts.skipped += 1;
-            continue;
-        }
-        let t0 = Instant::now();
-        let ex = store
-            .example(example_id)?
-            .expect("checked by the first pass");
-        counts.incomplete += rec
-            .endings
-            .iter()
-            .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
-            .count();
-        let refused = &mut counts.refused_endings;
-        let Some((kept, features)) =
-            pool_of_record(&ex, &rec, (lm.as_ref(), &config.template), refused)?
+        let scoring = (lm.as_ref(), &config.template);
+        let Some((pool, kept)) = record_pool(
+            store,
+            example_id,
+            (line_no, rec),
+            scoring,
+            generation_id,
+            &mut counts,
+        )?
         else {
-            counts.without_usable_endings.push((line_no, rec.id));
             continue;
         };
-        batch_endings += kept.len();
-        batch.push(new_pool(
-            &ex,
-            generation_id,
-            rec.endings.len(),
-            &kept,
-            &features,
-            t0.elapsed().as_secs_f64(),
-        ));
+        batch_endings += kept;
+        batch.push(pool);
         counts.imported += 1;
         if batch_endings >= IMPORT_COMMIT_ENDINGS {
             counts.endings += write_pools(store, &mut batch)?;
@@ -488,6 +473,46 @@ pub fn import(
     }
     counts.endings += write_pools(store, &mut batch)?;
     Ok(counts)
+}
+
+/// The pool a record (and its line number) brings to its context, with the number of endings it
+/// keeps; `None`, counted in `counts`, when the context already has a pool or none of the
+/// record's endings is usable. Its endings without final punctuation are counted too.
+fn record_pool(
+    store: &Store,
+    example_id: i64,
+    (line_no, rec): (usize, ImportRecord),
+    scoring: (Option<&LocalLm>, &PromptTemplate),
+    generation_id: i64,
+    counts: &mut ImportSummary,
+) -> Result<Option<(NewPool, usize)>> {
+    if store.has_pool(example_id)? {
+        counts.skipped += 1;
+        return Ok(None);
+    }
+    let t0 = Instant::now();
+    let ex = store
+        .example(example_id)?
+        .expect("checked by the first pass");
+    counts.incomplete += rec
+        .endings
+        .iter()
+        .filter(|e| !acceptable_ending(&normalise_ending(e.text()), usize::MAX))
+        .count();
+    let refused = &mut counts.refused_endings;
+    let Some((kept, features)) = pool_of_record(&ex, &rec, scoring, refused)? else {
+        counts.without_usable_endings.push((line_no, rec.id));
+        return Ok(None);
+    };
+    let pool = new_pool(
+        &ex,
+        generation_id,
+        rec.endings.len(),
+        &kept,
+        &features,
+        t0.elapsed().as_secs_f64(),
+    );
+    Ok(Some((pool, kept.len())))
 }
 
 /// The local model that scores the endings that came without features.

@@ -100,10 +100,7 @@ pub struct Summary {
 /// that an interrupted call loses nothing it reported as done.
 pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> Result<Summary> {
     config.validate()?;
-    let todo = match config.grow {
-        None => Todo::NewPools(store.examples_without_pool(config.limit)?),
-        Some(growth) => Todo::Growth(grow::starved(store, growth.max_pool, config.limit)?),
-    };
+    let todo = Todo::asked_by(store, config)?;
     if todo.is_empty() {
         observer.note(&todo.nothing_to_do());
         return Ok(Summary::default());
@@ -113,14 +110,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let model = ModelFile::read(&config.model)?;
     let adapters = adapters::choose(store, config, &model.sha256)?;
     let routed = check_adapters(config, adapters.as_ref(), observer)?;
-    let parts: Vec<(Option<&AdapterRecord>, Todo)> = match &adapters {
-        None => vec![(None, todo)],
-        Some(set) => set
-            .records
-            .iter()
-            .map(|r| (Some(r), todo.only(|ex| set.fold_of(ex) == r.fold)))
-            .collect(),
-    };
+    let parts = todo.by_fold(adapters.as_ref());
     let style = (config.style_examples > 0)
         .then(|| style::StyleCorpus::load(store))
         .transpose()?;
@@ -147,21 +137,14 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             Some(remote) if server_features => remote,
             _ => &lm,
         };
-        // Routed to the server's fold adapters, each fold is a generation of its own, so each
-        // pool's generation says which adapter sampled it.
-        let id = match generation_id {
-            Some(id) if !routed => id,
-            _ => {
-                let record = Recorded {
-                    sampler,
-                    lm: &lm,
-                    remote: &remote,
-                    server_features,
-                    adapters: &adapters,
-                };
-                record_generation(store, config, &record, observer)?
-            }
+        let record = Recorded {
+            sampler,
+            lm: &lm,
+            remote: &remote,
+            server_features,
+            adapters: &adapters,
         };
+        let id = fold_generation(store, config, (generation_id, routed), &record, observer)?;
         generation_id = Some(id);
         let mut stored = Stored {
             store,
@@ -284,6 +267,27 @@ enum Todo {
 }
 
 impl Todo {
+    /// The contexts `config` asks for: those without a pool, or with `--grow` the pools the
+    /// latest AF run found starved.
+    fn asked_by(store: &Store, config: &Config) -> Result<Todo> {
+        Ok(match config.grow {
+            None => Todo::NewPools(store.examples_without_pool(config.limit)?),
+            Some(growth) => Todo::Growth(grow::starved(store, growth.max_pool, config.limit)?),
+        })
+    }
+
+    /// The contexts per fold adapter that samples them, or all of them with no adapter.
+    fn by_fold(self, adapters: Option<&AdapterSet>) -> Vec<(Option<&AdapterRecord>, Todo)> {
+        match adapters {
+            None => vec![(None, self)],
+            Some(set) => set
+                .records
+                .iter()
+                .map(|r| (Some(r), self.only(|ex| set.fold_of(ex) == r.fold)))
+                .collect(),
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             Todo::NewPools(examples) => examples.len(),
@@ -334,6 +338,22 @@ struct Recorded<'a> {
     /// Whether the server gives the LM features.
     server_features: bool,
     adapters: &'a Option<AdapterSet>,
+}
+
+/// The generation a fold's pools belong to: the one an earlier fold of the call recorded
+/// (`previous`), else a record of its own. Routed to the server's fold adapters, each fold is a
+/// generation of its own, so each pool's generation says which adapter sampled it.
+fn fold_generation(
+    store: &Store,
+    config: &Config,
+    (previous, routed): (Option<i64>, bool),
+    record: &Recorded,
+    observer: &mut dyn Observer,
+) -> Result<i64> {
+    match previous {
+        Some(id) if !routed => Ok(id),
+        _ => record_generation(store, config, record, observer),
+    }
 }
 
 /// The generation record: backend, model and every setting, found again on a resumed run.

@@ -121,40 +121,12 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         min_token_count,
     } = *config;
     let started = Instant::now();
-    let mut parsed: Vec<(PathBuf, Parsed)> = Vec::with_capacity(files.len());
-    for path in files {
-        let p = match format {
-            Format::Activitynet => input::read_activitynet(path)?,
-            Format::Jsonl => input::read_jsonl(path)?,
-            Format::SwagCsv => input::read_swag_csv(path)?,
-        };
-        parsed.push((path.clone(), p));
-        afkit_engine::interrupt::check()?;
-    }
+    let parsed = read_files(format, files)?;
 
     let filtered = format != Format::SwagCsv;
-    let counts = match min_token_count {
-        Some(n) if filtered => Some((
-            n,
-            TokenCounts::from_sentences(parsed.iter().flat_map(|(_, p)| &p.sentences)),
-        )),
-        _ => None,
-    };
     let n_records: usize = parsed.iter().map(|(_, p)| p.records.len()).sum();
-    let mut outcomes: Vec<Vec<Outcome>> = Vec::with_capacity(parsed.len());
-    let mut done = 0;
-    observer.records(done, n_records);
-    for (_, p) in &parsed {
-        outcomes.push(filters::process_all(
-            &p.records,
-            filtered,
-            counts.as_ref().map(|(n, c)| (*n, c)),
-            &mut |n| {
-                done += n;
-                observer.records(done, n_records);
-            },
-        )?);
-    }
+    let filter = (filtered, min_token_count);
+    let outcomes = process_records(&parsed, filter, n_records, observer)?;
 
     let options = match (min_token_count, filtered) {
         (Some(n), true) => format!("{{\"min_token_count\":{n}}}"),
@@ -188,6 +160,54 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     })?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// Reads every file in `format`, in order.
+fn read_files(format: Format, files: &[PathBuf]) -> Result<Vec<(PathBuf, Parsed)>> {
+    let mut parsed: Vec<(PathBuf, Parsed)> = Vec::with_capacity(files.len());
+    for path in files {
+        let p = match format {
+            Format::Activitynet => input::read_activitynet(path)?,
+            Format::Jsonl => input::read_jsonl(path)?,
+            Format::SwagCsv => input::read_swag_csv(path)?,
+        };
+        parsed.push((path.clone(), p));
+        afkit_engine::interrupt::check()?;
+    }
+    Ok(parsed)
+}
+
+/// What becomes of each record of each file (of `n_records` in all): with `filtered`, the
+/// filters run, dropping records with a token seen fewer than `min_token_count` times in all
+/// the files.
+fn process_records(
+    parsed: &[(PathBuf, Parsed)],
+    (filtered, min_token_count): (bool, Option<u32>),
+    n_records: usize,
+    observer: &mut dyn Observer,
+) -> Result<Vec<Vec<Outcome>>> {
+    let counts = match min_token_count {
+        Some(n) if filtered => Some((
+            n,
+            TokenCounts::from_sentences(parsed.iter().flat_map(|(_, p)| &p.sentences)),
+        )),
+        _ => None,
+    };
+    let mut outcomes: Vec<Vec<Outcome>> = Vec::with_capacity(parsed.len());
+    let mut done = 0;
+    observer.records(done, n_records);
+    for (_, p) in parsed {
+        outcomes.push(filters::process_all(
+            &p.records,
+            filtered,
+            counts.as_ref().map(|(n, c)| (*n, c)),
+            &mut |n| {
+                done += n;
+                observer.records(done, n_records);
+            },
+        )?);
+    }
+    Ok(outcomes)
 }
 
 /// Stores a record's example, or why it was dropped, unless the project already has the id.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{bail, Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
-use rusqlite::{params, ToSql, TransactionBehavior};
+use rusqlite::{params, Connection, ToSql, TransactionBehavior};
 
 use super::Store;
 use crate::dataset::{Judgement, Rank, Split};
@@ -150,31 +150,79 @@ fn parse_label(
     Ok((judgement, rank))
 }
 
+/// The open task of every context that has one (the latest round), without endings or
+/// submissions, by context; and the context of each task.
+fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<i64, i64>)> {
+    let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT t.id, t.example_id, t.round FROM tasks t
+         WHERE t.status = 'open'
+           AND t.round = (SELECT MAX(round) FROM tasks u WHERE u.example_id = t.example_id)
+         ORDER BY t.example_id",
+    )?;
+    let mut by_task: HashMap<i64, i64> = HashMap::new();
+    for row in stmt.query_map([], |r| {
+        Ok(CurrentTask {
+            task_id: r.get(0)?,
+            example_id: r.get(1)?,
+            round: r.get(2)?,
+            endings: Vec::new(),
+            submissions: Vec::new(),
+        })
+    })? {
+        let task = row?;
+        by_task.insert(task.task_id, task.example_id);
+        tasks.insert(task.example_id, task);
+    }
+    Ok((tasks, by_task))
+}
+
+/// Adds to each task of `tasks` (by context; `by_task`: each task's context) its submissions,
+/// each with its labels.
+fn add_submissions(
+    conn: &Connection,
+    tasks: &mut BTreeMap<i64, CurrentTask>,
+    by_task: &HashMap<i64, i64>,
+) -> Result<()> {
+    let mut stmt = conn.prepare(
+        "SELECT s.id, s.task_id, s.annotator, s.broken, l.ending_id, l.judgement, l.rank
+         FROM submissions s LEFT JOIN labels l ON l.submission_id = s.id
+         ORDER BY s.task_id, s.id, l.ending_id",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut last_submission = None;
+    while let Some(r) = rows.next()? {
+        let submission_id: i64 = r.get(0)?;
+        let task_id: i64 = r.get(1)?;
+        let Some(example) = by_task.get(&task_id) else {
+            continue;
+        };
+        let task = tasks.get_mut(example).expect("task indexed");
+        if last_submission != Some(submission_id) {
+            last_submission = Some(submission_id);
+            task.submissions.push(Submission {
+                annotator: r.get(2)?,
+                broken: r.get::<_, i64>(3)? != 0,
+                labels: HashMap::new(),
+            });
+        }
+        if let Some(ending) = r.get::<_, Option<i64>>(4)? {
+            let label = parse_label(&r.get::<_, String>(5)?, r.get(6)?, submission_id)?;
+            task.submissions
+                .last_mut()
+                .expect("pushed above")
+                .labels
+                .insert(ending, label);
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// The open task of every context that has one (the latest round), with all its submissions.
     pub fn current_tasks(&self) -> Result<BTreeMap<i64, CurrentTask>> {
         let conn = &self.conn;
-        let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
-        let mut stmt = conn.prepare(
-            "SELECT t.id, t.example_id, t.round FROM tasks t
-         WHERE t.status = 'open'
-           AND t.round = (SELECT MAX(round) FROM tasks u WHERE u.example_id = t.example_id)
-         ORDER BY t.example_id",
-        )?;
-        let mut by_task: HashMap<i64, i64> = HashMap::new();
-        for row in stmt.query_map([], |r| {
-            Ok(CurrentTask {
-                task_id: r.get(0)?,
-                example_id: r.get(1)?,
-                round: r.get(2)?,
-                endings: Vec::new(),
-                submissions: Vec::new(),
-            })
-        })? {
-            let task = row?;
-            by_task.insert(task.task_id, task.example_id);
-            tasks.insert(task.example_id, task);
-        }
+        let (mut tasks, by_task) = open_tasks(conn)?;
         let mut stmt =
             conn.prepare("SELECT task_id, ending_id FROM task_endings ORDER BY task_id, position")?;
         for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
@@ -187,37 +235,7 @@ impl Store {
                     .push(ending);
             }
         }
-        let mut stmt = conn.prepare(
-            "SELECT s.id, s.task_id, s.annotator, s.broken, l.ending_id, l.judgement, l.rank
-         FROM submissions s LEFT JOIN labels l ON l.submission_id = s.id
-         ORDER BY s.task_id, s.id, l.ending_id",
-        )?;
-        let mut rows = stmt.query([])?;
-        let mut last_submission = None;
-        while let Some(r) = rows.next()? {
-            let submission_id: i64 = r.get(0)?;
-            let task_id: i64 = r.get(1)?;
-            let Some(example) = by_task.get(&task_id) else {
-                continue;
-            };
-            let task = tasks.get_mut(example).expect("task indexed");
-            if last_submission != Some(submission_id) {
-                last_submission = Some(submission_id);
-                task.submissions.push(Submission {
-                    annotator: r.get(2)?,
-                    broken: r.get::<_, i64>(3)? != 0,
-                    labels: HashMap::new(),
-                });
-            }
-            if let Some(ending) = r.get::<_, Option<i64>>(4)? {
-                let label = parse_label(&r.get::<_, String>(5)?, r.get(6)?, submission_id)?;
-                task.submissions
-                    .last_mut()
-                    .expect("pushed above")
-                    .labels
-                    .insert(ending, label);
-            }
-        }
+        add_submissions(conn, &mut tasks, &by_task)?;
         Ok(tasks)
     }
 

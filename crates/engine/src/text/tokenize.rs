@@ -89,17 +89,34 @@ fn is_apostrophe(c: char) -> bool {
 }
 
 /// Splits one whitespace-free chunk `text[start..end]` into tokens.
-fn split_chunk<'a>(text: &'a str, mut start: usize, mut end: usize, out: &mut Vec<Token<'a>>) {
-    let push = |out: &mut Vec<Token<'a>>, s: usize, e: usize| {
-        if s < e {
-            out.push(Token {
-                text: &text[s..e],
-                start: s,
-                end: e,
-            })
-        }
-    };
-    // Leading punctuation: opening quotes and brackets, currency, dashes.
+fn split_chunk<'a>(text: &'a str, start: usize, end: usize, out: &mut Vec<Token<'a>>) {
+    let start = split_leading(text, start, end, out);
+    let (end, trailing) = trailing_spans(text, start, end);
+    split_core(text, start, end, out);
+    for (s, e) in trailing.into_iter().rev() {
+        push_span(text, out, s, e);
+    }
+}
+
+/// `text[s..e]` as a token, unless it is empty.
+fn push_span<'a>(text: &'a str, out: &mut Vec<Token<'a>>, s: usize, e: usize) {
+    if s < e {
+        out.push(Token {
+            text: &text[s..e],
+            start: s,
+            end: e,
+        })
+    }
+}
+
+/// Splits off the leading punctuation of `text[start..end]` (opening quotes and brackets,
+/// currency, dashes) as tokens; returns where the rest starts.
+fn split_leading<'a>(
+    text: &'a str,
+    mut start: usize,
+    end: usize,
+    out: &mut Vec<Token<'a>>,
+) -> usize {
     while start < end {
         let c = text[start..end].chars().next().unwrap();
         let rest = &text[start + c.len_utf8()..end];
@@ -111,7 +128,7 @@ fn split_chunk<'a>(text: &'a str, mut start: usize, mut end: usize, out: &mut Ve
         }
         if c == '-' {
             let n = text[start..end].chars().take_while(|&c| c == '-').count();
-            push(out, start, start + n);
+            push_span(text, out, start, start + n);
             start += n;
             continue;
         }
@@ -127,10 +144,15 @@ fn split_chunk<'a>(text: &'a str, mut start: usize, mut end: usize, out: &mut Ve
                 break;
             }
         }
-        push(out, start, start + c.len_utf8());
+        push_span(text, out, start, start + c.len_utf8());
         start += c.len_utf8();
     }
-    // Trailing punctuation, collected back to front.
+    start
+}
+
+/// The trailing punctuation of `text[start..end]`, back to front, as spans; returns where the
+/// rest ends, and the spans.
+fn trailing_spans(text: &str, start: usize, mut end: usize) -> (usize, Vec<(usize, usize)>) {
     let mut trailing = Vec::new();
     while start < end {
         let chunk = &text[start..end];
@@ -164,10 +186,7 @@ fn split_chunk<'a>(text: &'a str, mut start: usize, mut end: usize, out: &mut Ve
         trailing.push((c_start, end));
         end = c_start;
     }
-    split_core(text, start, end, out);
-    for (s, e) in trailing.into_iter().rev() {
-        push(out, s, e);
-    }
+    (end, trailing)
 }
 
 /// `U.S.`, `e.g.`, `Mr.`: a final period that belongs to the word.
