@@ -38,44 +38,22 @@ impl LlamaConfig {
     }
 
     pub(super) fn from_gguf(content: &Content) -> Result<Self> {
-        let arch = content
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .map(String::as_str)
-            .unwrap_or("llama");
-        let family = Family::from_architecture(arch)?;
-        let key = |k: &str| format!("{arch}.{k}");
-        let get = |k: &str| -> Result<&Value> {
-            content
-                .metadata
-                .get(&key(k))
-                .with_context(|| format!("the GGUF metadata has no `{}`", key(k)))
-        };
-        let u = |k: &str| -> Result<usize> { Ok(get(k)?.to_u32()? as usize) };
-        let f = |k: &str| -> Result<f32> { Ok(get(k)?.to_f32()?) };
-        if let Ok(kind) = get("rope.scaling.type") {
-            let kind = kind.to_string()?;
-            if kind != "none" {
-                bail!("rope scaling `{kind}` is not supported");
-            }
-        }
-        if content.tensor_infos.contains_key("rope_freqs.weight") {
-            bail!("rope frequency factors (rope_freqs.weight, Llama 3.1 style) are not supported");
-        }
-        let d_model = u("embedding_length")?;
-        let n_head = u("attention.head_count")?;
-        let head_dim = u("attention.key_length").ok();
-        if let (Some(k), Ok(v)) = (head_dim, u("attention.value_length")) {
+        let meta = Metadata::of(content);
+        let family = Family::from_architecture(meta.arch)?;
+        refuse_unsupported_rope(&meta, content)?;
+        let d_model = meta.usize("embedding_length")?;
+        let n_head = meta.usize("attention.head_count")?;
+        let head_dim = meta.usize("attention.key_length").ok();
+        if let (Some(k), Ok(v)) = (head_dim, meta.usize("attention.value_length")) {
             if k != v {
                 bail!("keys of {k} and values of {v} dims per head are not supported");
             }
         }
         let local_layers = match family {
             Family::Gemma3 => Some(LocalLayers {
-                window: u("attention.sliding_window")?,
-                period: u("attention.sliding_window_type").unwrap_or(6),
-                rope_theta: f("rope.local_freq_base").unwrap_or(10_000.0),
+                window: meta.usize("attention.sliding_window")?,
+                period: meta.usize("attention.sliding_window_type").unwrap_or(6),
+                rope_theta: meta.f32("rope.local_freq_base").unwrap_or(10_000.0),
             }),
             _ => None,
         };
@@ -87,32 +65,90 @@ impl LlamaConfig {
                 .shape
                 .dims()[0],
             d_model,
-            n_layer: u("block_count")?,
+            n_layer: meta.usize("block_count")?,
             n_head,
-            n_kv_head: u("attention.head_count_kv").unwrap_or(n_head),
-            d_ff: u("feed_forward_length")?,
-            rope_theta: f("rope.freq_base").unwrap_or(family.default_rope_theta()),
-            rms_eps: f("attention.layer_norm_rms_epsilon")?,
+            n_kv_head: meta.usize("attention.head_count_kv").unwrap_or(n_head),
+            d_ff: meta.usize("feed_forward_length")?,
+            rope_theta: meta
+                .f32("rope.freq_base")
+                .unwrap_or(family.default_rope_theta()),
+            rms_eps: meta.f32("attention.layer_norm_rms_epsilon")?,
             arch: Arch {
                 family,
                 head_dim: head_dim.filter(|&hd| hd != d_model / n_head),
                 local_layers,
             },
         };
-        if let Ok(rope_dim) = u("rope.dimension_count") {
-            if rope_dim != cfg.head_dim() {
+        cfg.check_heads(&meta)?;
+        Ok(cfg)
+    }
+
+    /// Refuses shapes the forward pass does not implement: partial rotary embeddings, query
+    /// heads that do not divide among the key/value heads.
+    fn check_heads(&self, meta: &Metadata) -> Result<()> {
+        if let Ok(rope_dim) = meta.usize("rope.dimension_count") {
+            if rope_dim != self.head_dim() {
                 bail!(
                     "partial rotary embeddings ({rope_dim} of {} dims) are not supported",
-                    cfg.head_dim()
+                    self.head_dim()
                 );
             }
         }
-        if n_head % cfg.n_kv_head != 0 {
+        if self.n_head % self.n_kv_head != 0 {
             bail!(
-                "{n_head} query heads cannot share {} key/value heads",
-                cfg.n_kv_head
+                "{} query heads cannot share {} key/value heads",
+                self.n_head,
+                self.n_kv_head
             );
         }
-        Ok(cfg)
+        Ok(())
     }
+}
+
+/// A GGUF's metadata under its architecture's prefix (`llama.block_count`, …).
+struct Metadata<'c> {
+    content: &'c Content,
+    arch: &'c str,
+}
+
+impl<'c> Metadata<'c> {
+    fn of(content: &'c Content) -> Self {
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .map(String::as_str)
+            .unwrap_or("llama");
+        Metadata { content, arch }
+    }
+
+    fn get(&self, key: &str) -> Result<&'c Value> {
+        let key = format!("{}.{key}", self.arch);
+        self.content
+            .metadata
+            .get(&key)
+            .with_context(|| format!("the GGUF metadata has no `{key}`"))
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        Ok(self.get(key)?.to_u32()? as usize)
+    }
+
+    fn f32(&self, key: &str) -> Result<f32> {
+        Ok(self.get(key)?.to_f32()?)
+    }
+}
+
+/// Refuses rotary-embedding scalings afkit's forward pass does not apply.
+fn refuse_unsupported_rope(meta: &Metadata, content: &Content) -> Result<()> {
+    if let Ok(kind) = meta.get("rope.scaling.type") {
+        let kind = kind.to_string()?;
+        if kind != "none" {
+            bail!("rope scaling `{kind}` is not supported");
+        }
+    }
+    if content.tensor_infos.contains_key("rope_freqs.weight") {
+        bail!("rope frequency factors (rope_freqs.weight, Llama 3.1 style) are not supported");
+    }
+    Ok(())
 }

@@ -207,7 +207,46 @@ pub fn features(
         .iter()
         .map(|t| ending_tokens(tok, t))
         .collect::<Result<_>>()?;
-    // Conditional log-probs: reuse the sampled ones where the tokens agree, score the rest.
+    let cond = conditional_log_probs(scorer, prompt, endings, &ids)?;
+    let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    let alone = scorer.alone(&all)?;
+    let mut features = texts
+        .iter()
+        .zip(cond)
+        .zip(alone)
+        .map(|((text, cond), alone)| EndingFeatures {
+            lp_cond: mean(&cond),
+            lp_alone: mean(&alone),
+            lp_final_punct: text
+                .ends_with(['.', '!', '?'])
+                .then(|| cond.last().map(|&x| x as f64))
+                .flatten(),
+            n_tok: cond.len(),
+        });
+    let gold = features.next().expect("the gold ending");
+    let sent2_tokens = if sent2.is_empty() {
+        0
+    } else {
+        tok.encode(&format!(" {sent2}"))?.len()
+    };
+    Ok(ContextFeatures {
+        ctx_logprob: prompt_logprob(scorer, prompt)?,
+        n_tok_sent1: tok.encode(sent1)?.len(),
+        n_tok_sent2: sent2_tokens,
+        gold,
+        endings: features.collect(),
+    })
+}
+
+/// Each ending's log-probs after `prompt` (`ids[0]` is the gold ending's tokens, the rest
+/// `endings`'): a sampled ending whose recorded tokens are the scorer's tokenisation keeps the
+/// log-probs recorded while sampling, the rest are scored.
+fn conditional_log_probs(
+    scorer: &dyn TokenScorer,
+    prompt: &str,
+    endings: &[SampledEnding],
+    ids: &[Vec<u32>],
+) -> Result<Vec<Vec<f32>>> {
     let mut cond: Vec<Option<Vec<f32>>> = std::iter::once(None)
         .chain(
             endings
@@ -224,37 +263,10 @@ pub fn features(
     for (i, lps) in missing.iter().zip(scorer.after_prompt(prompt, &seqs)?) {
         cond[*i] = Some(lps);
     }
-    let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
-    let alone = scorer.alone(&all)?;
-    let mut features = texts
-        .iter()
-        .zip(cond)
-        .zip(alone)
-        .map(|((text, cond), alone)| {
-            let cond = cond.expect("every ending scored");
-            EndingFeatures {
-                lp_cond: mean(&cond),
-                lp_alone: mean(&alone),
-                lp_final_punct: text
-                    .ends_with(['.', '!', '?'])
-                    .then(|| cond.last().map(|&x| x as f64))
-                    .flatten(),
-                n_tok: cond.len(),
-            }
-        });
-    let gold = features.next().expect("the gold ending");
-    let sent2_tokens = if sent2.is_empty() {
-        0
-    } else {
-        tok.encode(&format!(" {sent2}"))?.len()
-    };
-    Ok(ContextFeatures {
-        ctx_logprob: prompt_logprob(scorer, prompt)?,
-        n_tok_sent1: tok.encode(sent1)?.len(),
-        n_tok_sent2: sent2_tokens,
-        gold,
-        endings: features.collect(),
-    })
+    Ok(cond
+        .into_iter()
+        .map(|c| c.expect("every ending scored"))
+        .collect())
 }
 
 #[cfg(test)]
