@@ -347,7 +347,7 @@ fn predict_partitions(
         .par_iter()
         .map(|train| {
             // Copied out: the fit passes over its rows dozens of times, and rows scattered
-            // over the matrix made those passes 2.6 times slower than the copy costs.
+            // over the matrix make those passes far slower than one copy costs.
             let x = features.select(train);
             let y: Vec<u32> = train.iter().map(|&i| labels[i]).collect();
             let model = LogReg::fit(&x.data, features.cols, &y, fit);
