@@ -457,47 +457,103 @@ fn flag_definitions_are_found_but_value_enums_and_comments_are_not() {
 }
 
 /// The longest a function may be: past a screen, a function hides what it does.
-const LONGEST_FUNCTION: usize = 80;
+const LONGEST_FUNCTION: usize = 60;
 
-/// Every function of `source` longer than [`LONGEST_FUNCTION`] lines, as (line, name, lines):
-/// from its `fn` line to the `}` at the same indentation (rustfmt's layout).
-fn long_functions(source: &str) -> Vec<(usize, String, usize)> {
+/// The longest a test may be: a test reads as setup, action and checks in one place, so it may
+/// run a little longer than a function of the program, but not past that.
+const LONGEST_TEST: usize = 80;
+
+/// Every function of `source` longer than its limit, as (line, name, lines): from its `fn` line
+/// to the `}` at the same indentation (rustfmt's layout). A file's `#[cfg(test)] mod … {` and
+/// everything after it is test code (afkit keeps a file's tests in one module at its end);
+/// `all_tests` says the whole file is.
+fn long_functions(source: &str, all_tests: bool) -> Vec<(usize, String, usize)> {
     let lines: Vec<&str> = source.lines().collect();
+    let tests_from = if all_tests {
+        0
+    } else {
+        lines
+            .windows(2)
+            .position(|w| w[0].trim() == "#[cfg(test)]" && is_inline_module(w[1]))
+            .unwrap_or(lines.len())
+    };
     let mut found = Vec::new();
     for (i, line) in lines.iter().enumerate() {
-        let code = line.trim_start();
-        let indent = &line[..line.len() - code.len()];
-        let after_qualifiers = ["pub ", "pub(crate) ", "pub(super) ", "const ", "unsafe "]
-            .iter()
-            .fold(code, |rest, q| rest.strip_prefix(q).unwrap_or(rest));
-        let Some(signature) = after_qualifiers.strip_prefix("fn ") else {
+        let Some((name, length)) = function_at(&lines, i, line) else {
             continue;
         };
-        // A whole function on one line (a trait's default `{}`) or a declaration without a body.
-        if code.trim_end().ends_with('}') || code.trim_end().ends_with(';') {
-            continue;
-        }
-        let name: String = signature
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        let closing = format!("{indent}}}");
-        if let Some(end) = lines[i + 1..].iter().position(|l| *l == closing) {
-            let length = end + 2;
-            if length > LONGEST_FUNCTION {
-                found.push((i + 1, name, length));
-            }
+        let limit = if i >= tests_from {
+            LONGEST_TEST
+        } else {
+            LONGEST_FUNCTION
+        };
+        if length > limit {
+            found.push((i + 1, name, length));
         }
     }
     found
 }
 
+fn is_inline_module(line: &str) -> bool {
+    line.trim_start().starts_with("mod ") && line.trim_end().ends_with('{')
+}
+
+/// The name and length of the function whose `fn` line is `lines[i]`, if it has a body.
+fn function_at(lines: &[&str], i: usize, line: &str) -> Option<(String, usize)> {
+    let code = line.trim_start();
+    let indent = &line[..line.len() - code.len()];
+    let after_qualifiers = ["pub ", "pub(crate) ", "pub(super) ", "const ", "unsafe "]
+        .iter()
+        .fold(code, |rest, q| rest.strip_prefix(q).unwrap_or(rest));
+    let signature = after_qualifiers.strip_prefix("fn ")?;
+    // A whole function on one line (a trait's default `{}`) or a declaration without a body.
+    if code.trim_end().ends_with('}') || code.trim_end().ends_with(';') {
+        return None;
+    }
+    let name: String = signature
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    let closing = format!("{indent}}}");
+    let end = lines[i + 1..].iter().position(|l| *l == closing)?;
+    Some((name, end + 2))
+}
+
+/// Files that are test code throughout: the integration tests, the benchmarks, and a crate's
+/// test modules kept in files of their own (`tests.rs`, `*_tests.rs`).
+fn test_files() -> Vec<SourceFile> {
+    let root = workspace();
+    let mut files = Vec::new();
+    for dir in ["tests", "benches"] {
+        let mut paths = Vec::new();
+        rust_files(&root.join(dir), &mut paths);
+        paths.sort();
+        for path in paths {
+            files.push(SourceFile {
+                shown: path.strip_prefix(&root).unwrap().display().to_string(),
+                krate: BINARY.to_string(),
+                module: String::new(),
+                source: std::fs::read_to_string(&path).unwrap(),
+            });
+        }
+    }
+    files
+}
+
+fn is_test_module_file(shown: &str) -> bool {
+    shown.ends_with("/tests.rs") || shown.ends_with("_tests.rs")
+}
+
 #[test]
 fn no_function_is_longer_than_a_screen() {
-    let report: Vec<String> = source_files()
-        .iter()
-        .flat_map(|f| {
-            long_functions(&f.source)
+    let program = source_files()
+        .into_iter()
+        .map(|f| (is_test_module_file(&f.shown), f));
+    let tests = test_files().into_iter().map(|f| (true, f));
+    let report: Vec<String> = program
+        .chain(tests)
+        .flat_map(|(all_tests, f)| {
+            long_functions(&f.source, all_tests)
                 .into_iter()
                 .map(move |(line, name, length)| {
                     format!("{}:{line}: {name} ({length} lines)", f.shown)
@@ -506,7 +562,7 @@ fn no_function_is_longer_than_a_screen() {
         .collect();
     assert!(
         report.is_empty(),
-        "functions over {LONGEST_FUNCTION} lines (split them):\n{}",
+        "functions over {LONGEST_FUNCTION} lines, or tests over {LONGEST_TEST} (split them):\n{}",
         report.join("\n")
     );
 }
@@ -517,9 +573,31 @@ fn long_functions_are_measured_from_fn_to_its_closing_brace() {
     let source =
         format!("pub fn long() {{\n{body}}}\n\nfn short() {{\n}}\n    fn inner() {{\n    }}\n    fn default(&mut self) {{}}\n    fn declared(&self);\n{body}    }}\n");
     assert_eq!(
-        long_functions(&source),
+        long_functions(&source, false),
         vec![(1, "long".to_string(), LONGEST_FUNCTION + 2)]
     );
+}
+
+#[test]
+fn tests_may_run_longer_than_functions_but_not_past_their_own_limit() {
+    let function = |name: &str, lines: usize| {
+        format!("fn {name}() {{\n{}}}\n", "    let x = 1;\n".repeat(lines))
+    };
+    let source = [
+        function("program", LONGEST_FUNCTION),
+        "#[cfg(test)]\nmod tests {\n".to_string(),
+        function("fits", LONGEST_TEST - 2),
+        function("over", LONGEST_TEST),
+        "}\n".to_string(),
+    ]
+    .concat();
+    let found: Vec<String> = long_functions(&source, false)
+        .into_iter()
+        .map(|(_, name, _)| name)
+        .collect();
+    assert_eq!(found, ["program", "over"]);
+    let test_file = function("a_test", LONGEST_TEST - 2);
+    assert!(long_functions(&test_file, true).is_empty());
 }
 
 /// `source` without comment lines and without its `#[cfg(test)]` module: what the file itself
