@@ -157,7 +157,11 @@ fn bench_project(dir: &Path, bin: &str, processes: usize, scenario: &Scenario) -
     let db = dir.join(format!("bench{processes}.sqlite"));
     let mut store = Store::create(&db).unwrap();
     store
-        .synthetic_af_project(scenario.backlog + processes * scenario.items + 200, 9, 1)
+        .synthetic_af_project(
+            scenario.backlog + processes * scenario.items + 200,
+            9,
+            afkit_engine::seed::Seed::new(1),
+        )
         .unwrap();
     drop(store);
     fit_schema(bin, &db);

@@ -19,8 +19,8 @@ use rand_distr::{Distribution, Normal};
 /// Le Bras et al. §3.1 / Figure 2: two concentric circles (the real task, not linearly
 /// separable) plus two class-specific Gaussian "artifact" features on 75% of each class and
 /// uninformative noise in their place on the rest. Returns features, labels, has-artifact flags.
-fn circles_with_artifacts(per_class: usize, seed: u64) -> (Matrix, Vec<u32>, Vec<bool>) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+fn circles_with_artifacts(per_class: usize, seed: Seed) -> (Matrix, Vec<u32>, Vec<bool>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
     let jitter = Normal::new(0.0, 0.08).unwrap();
     let artifact = Normal::new(0.0, 0.35).unwrap();
     let noise = Normal::new(0.0, 0.6).unwrap();
@@ -94,7 +94,7 @@ fn mlp(train: &Matrix, y: &[u32], test: &Matrix) -> Vec<u32> {
 
 #[test]
 fn synthetic_artifacts_are_filtered_out_but_the_task_stays_learnable() {
-    let (x, y, has_artifact) = circles_with_artifacts(400, 1);
+    let (x, y, has_artifact) = circles_with_artifacts(400, Seed::new(1));
     let n = y.len();
     let all: Vec<usize> = (0..n).collect();
     let linear_before = holdout_accuracy(&x, &y, &all, linear);
@@ -180,8 +180,8 @@ impl Observer for Recorder {
     }
 }
 
-fn random_problem(rows: usize, dim: usize, signal: f32, seed: u64) -> (Matrix, Vec<u32>) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+fn random_problem(rows: usize, dim: usize, signal: f32, seed: Seed) -> (Matrix, Vec<u32>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
     let mut data = Vec::with_capacity(rows * dim);
     let mut y = Vec::with_capacity(rows);
     for _ in 0..rows {
@@ -210,7 +210,7 @@ proptest! {
         variant_index in 0usize..3,
         seed in 0u64..1000,
     ) {
-        let (x, y) = random_problem(rows, 3, signal, seed);
+        let (x, y) = random_problem(rows, 3, signal, Seed::new(seed));
         let target = ((rows as f64 * n_frac) as usize).max(2);
         let train = ((target as f64 * t_frac) as usize).clamp(1, target - 1);
         let variant = [Variant::Greedy, Variant::Slicing, Variant::Sampling][variant_index];
@@ -302,7 +302,7 @@ fn run_aflite(input: &Path, npy: &Path, out: &Path) {
 #[test]
 fn cli_filters_a_jsonl_dataset_with_npy_features() {
     let dir = tempfile::tempdir().unwrap();
-    let (x, y, _) = circles_with_artifacts(100, 5);
+    let (x, y, _) = circles_with_artifacts(100, Seed::new(5));
     let input = dir.path().join("data.jsonl");
     let lines: Vec<String> = y
         .iter()

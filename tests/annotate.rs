@@ -15,7 +15,9 @@ use rusqlite::Connection;
 fn project(dir: &Path, contexts: usize) -> PathBuf {
     let path = dir.join("p.sqlite");
     let mut store = Store::create(&path).unwrap();
-    store.synthetic_af_project(contexts, 9, 11).unwrap();
+    store
+        .synthetic_af_project(contexts, 9, afkit_engine::seed::Seed::new(11))
+        .unwrap();
     path
 }
 

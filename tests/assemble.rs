@@ -7,6 +7,7 @@ use crate::common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use afkit_engine::seed::Seed;
 use afkit_store::dataset::REGULAR_COLUMNS;
 use afkit_store::fixtures::Fixtures;
 use common::{afkit, example_texts, fails, ok, read, unverified_project, Ctx, Project};
@@ -826,8 +827,8 @@ fn random_negatives_export_the_same_contexts_with_pool_distractors() {
 
 /// A SWAG-format dataset of synthetic questions. `tell` puts a marker word in every gold ending;
 /// `shuffle_labels` then points the label at a random option instead of the gold.
-fn synthetic_dataset(dir: &Path, tell: bool, shuffle_labels: bool, seed: u64) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+fn synthetic_dataset(dir: &Path, tell: bool, shuffle_labels: bool, seed: Seed) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
     let verbs = [
         "walks", "jumps", "sits", "waves", "runs", "talks", "laughs", "spins", "rolls", "climbs",
     ];
@@ -910,7 +911,7 @@ fn audit_json(dir: &Path) -> Value {
 #[test]
 fn audit_finds_a_planted_tell_and_not_a_shuffled_label() {
     let planted = tempfile::tempdir().unwrap();
-    synthetic_dataset(planted.path(), true, false, 1);
+    synthetic_dataset(planted.path(), true, false, Seed::new(1));
     let a = audit_json(planted.path());
     assert!(a["ngram_end"].as_f64().unwrap() > 0.95, "{a}");
     assert!(a["ngram_s2"].as_f64().unwrap() > 0.95, "{a}");
@@ -927,7 +928,7 @@ fn audit_finds_a_planted_tell_and_not_a_shuffled_label() {
     }
 
     let shuffled = tempfile::tempdir().unwrap();
-    synthetic_dataset(shuffled.path(), true, true, 2);
+    synthetic_dataset(shuffled.path(), true, true, Seed::new(2));
     let s = audit_json(shuffled.path());
     for key in ["ngram_end", "ngram_s2", "ngram_ctx", "shortest", "longest"] {
         let acc = s[key].as_f64().unwrap();

@@ -45,8 +45,8 @@ fn ending(rng: &mut ChaCha8Rng) -> String {
 /// `n` questions, `per_video` to a video. With `tell`, the gold ending ends in "!" after the word
 /// "happily" (a marker word for word n-grams, a punctuation habit for character n-grams) and the
 /// label is where the gold is; without it the four endings are exchangeable and the label random.
-fn questions(n: usize, per_video: usize, tell: bool, seed: u64) -> Vec<Question> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+fn questions(n: usize, per_video: usize, tell: bool, seed: Seed) -> Vec<Question> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
     (0..n)
         .map(|i| {
             let mut endings: [String; 4] = std::array::from_fn(|_| ending(&mut rng));
@@ -76,7 +76,7 @@ fn mean(report: &CvReport, name: &str) -> f64 {
 
 #[test]
 fn cv_finds_a_planted_tell_with_words_and_characters() {
-    let qs = questions(120, 3, true, 1);
+    let qs = questions(120, 3, true, Seed::new(1));
     let baselines = [
         Baseline::Words(View::Ending),
         Baseline::Chars(View::Ending),
@@ -103,7 +103,7 @@ fn cv_finds_a_planted_tell_with_words_and_characters() {
 /// one of these four baselines by chance turns up about once in 4,000 seeds.
 #[test]
 fn cv_stays_at_chance_without_a_signal() {
-    let qs = questions(1200, 4, false, 2);
+    let qs = questions(1200, 4, false, Seed::new(2));
     let baselines = [
         Baseline::Shortest,
         Baseline::Longest,
@@ -143,7 +143,7 @@ fn the_minilm_baseline_learns_from_the_embeddings() {
                 .map(|t| vec![if t.contains('!') { 1.0 } else { 0.0 }, 0.5])
                 .collect())
         };
-    let qs = questions(60, 2, true, 4);
+    let qs = questions(60, 2, true, Seed::new(4));
     let r = cross_validate(
         &qs,
         3,
@@ -200,7 +200,7 @@ fn write_split(path: &Path, qs: &[Question], labelled: bool) {
 #[test]
 fn cli_cross_validates_the_labelled_splits_and_skips_an_unlabelled_test() {
     let dir = tempfile::tempdir().unwrap();
-    let mut qs = questions(90, 3, true, 5);
+    let mut qs = questions(90, 3, true, Seed::new(5));
     qs.shuffle(&mut ChaCha8Rng::seed_from_u64(6));
     write_split(&dir.path().join("train.csv"), &qs[..60], true);
     write_split(&dir.path().join("val.csv"), &qs[60..75], true);
@@ -282,7 +282,7 @@ fn cli_refuses_fewer_groups_than_folds() {
     let dir = tempfile::tempdir().unwrap();
     write_split(
         &dir.path().join("train.csv"),
-        &questions(6, 3, true, 8),
+        &questions(6, 3, true, Seed::new(8)),
         true,
     );
     let out = afkit(&[
@@ -327,7 +327,7 @@ fn verdict(report: &Value, family: &str) -> String {
 
 #[test]
 fn sixteen_questions_are_too_few_to_tell_not_at_chance() {
-    let report = cv_audit(&questions(16, 2, false, 3));
+    let report = cv_audit(&questions(16, 2, false, Seed::new(3)));
     for family in ["style", "relational"] {
         let text = verdict(&report, family);
         assert!(
@@ -344,7 +344,7 @@ fn sixteen_questions_are_too_few_to_tell_not_at_chance() {
 #[test]
 fn a_fixed_rule_far_below_chance_is_flagged_and_never_said_to_learn() {
     // The real ending is never the shortest: it carries one more word than it would.
-    let mut qs = questions(120, 3, false, 4);
+    let mut qs = questions(120, 3, false, Seed::new(4));
     for q in &mut qs {
         let label = q.label.unwrap();
         let longest = q.endings.iter().map(String::len).max().unwrap();

@@ -23,7 +23,9 @@ use serde_json::Value;
 fn af_project(dir: &Path, contexts: usize) -> PathBuf {
     let path = dir.join("af.sqlite");
     let mut store = Store::create(&path).unwrap();
-    store.synthetic_af_project(contexts, 9, 11).unwrap();
+    store
+        .synthetic_af_project(contexts, 9, afkit_engine::seed::Seed::new(11))
+        .unwrap();
     path
 }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use afkit_engine::seed::Seed;
 use afkit_store::af::{HeadAccuracy, Phase};
 use afkit_store::examples::NewExample;
 use afkit_store::fixtures::Fixtures;
@@ -46,7 +47,7 @@ struct PoolSpec {
     contexts: usize,
     candidates: usize,
     clean: usize,
-    seed: u64,
+    seed: Seed,
 }
 
 fn plain_ending(rng: &mut ChaCha8Rng) -> String {
@@ -108,7 +109,7 @@ fn build_project_with(
     let mut conn = Connection::open(&path).unwrap();
     let tx = conn.transaction().unwrap();
     let origin = synthetic_origin(&tx, spec);
-    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed.value());
     for i in 0..spec.contexts {
         let (gold, endings) = endings_of(&mut rng, i);
         insert_pool(&tx, origin, i, (&gold, &endings), &mut rng);
@@ -303,7 +304,7 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
         contexts: 300,
         candidates: 16,
         clean: 6,
-        seed: 11,
+        seed: Seed::new(11),
     };
     let project = build_project(dir.path(), "planted.sqlite", spec);
     let out = run_ok(command().args(filter_args(
@@ -451,7 +452,7 @@ fn killed_run_resumes_to_the_same_final_state() {
         contexts: 120,
         candidates: 10,
         clean: 4,
-        seed: 5,
+        seed: Seed::new(5),
     };
     let flags = [
         "--k",
@@ -507,7 +508,7 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
         contexts: 600,
         candidates: 6,
         clean: 3,
-        seed: 21,
+        seed: Seed::new(21),
     };
     let project = build_project(dir.path(), "mlp.sqlite", spec);
     let out = run_ok(command().args(filter_args(
@@ -556,7 +557,7 @@ fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
         contexts: 90,
         candidates: 8,
         clean: 4,
-        seed: 5,
+        seed: Seed::new(5),
     };
     let project = build_project(dir.path(), "groups.sqlite", spec);
     let flags = [
@@ -630,7 +631,7 @@ fn dataset_streams_every_pool_whole_with_or_without_text() {
         contexts: 1100,
         candidates: 5,
         clean: 2,
-        seed: 4,
+        seed: Seed::new(4),
     };
     let project = build_project(dir.path(), "d.sqlite", spec);
     let store = Store::open(&project).unwrap();
@@ -687,7 +688,7 @@ fn sentence_vectors_are_stored_once_for_every_pool_ending() {
         contexts: 12,
         candidates: 5,
         clean: 2,
-        seed: 4,
+        seed: Seed::new(4),
     };
     let project = build_project(dir.path(), "v.sqlite", spec);
     let mut store = Store::open(&project).unwrap();
@@ -760,7 +761,7 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
         contexts: 6,
         candidates: 4,
         clean: 2,
-        seed: 5,
+        seed: Seed::new(5),
     };
     let vectors = |project: &Path| -> Vec<Vec<u8>> {
         Connection::open(project)
@@ -806,10 +807,10 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
 }
 
 /// Runs AF in-process with tiny models on `project`.
-fn filter_in_process(project: &Path, k: usize, seed: u64) {
+fn filter_in_process(project: &Path, k: usize, seed: Seed) {
     let mut config = afkit_filter::Config {
         k,
-        seed: afkit_engine::seed::Seed::new(seed),
+        seed,
         mlp_iterations: 2,
         ensemble_iterations: 1,
         ..Default::default()
@@ -845,7 +846,7 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().unwrap();
         // Contexts get `candidates` endings; every third gets fewer than k.
-        let spec = PoolSpec { contexts, candidates: candidates.max(k), clean: 1, seed };
+        let spec = PoolSpec { contexts, candidates: candidates.max(k), clean: 1, seed: Seed::new(seed) };
         let project = build_project(dir.path(), "a.sqlite", spec);
         let conn = Connection::open(&project).unwrap();
         conn.execute(
@@ -857,8 +858,8 @@ proptest! {
         drop(conn); // checkpoints the WAL, so the copy below holds the deletion
         let copy = dir.path().join("b.sqlite");
         std::fs::copy(&project, &copy).unwrap();
-        filter_in_process(&project, k, seed);
-        filter_in_process(&copy, k, seed);
+        filter_in_process(&project, k, spec.seed);
+        filter_in_process(&copy, k, spec.seed);
 
         let state = run_state(&project);
         prop_assert!(state.finished);
@@ -951,7 +952,7 @@ fn scorer_model_makes_af_pick_negatives_the_model_finds_likely() {
         contexts: 300,
         candidates: 9,
         clean: 9,
-        seed: 5,
+        seed: Seed::new(5),
     };
     let made = likeliest_gold_project(dir.path(), &gguf, spec);
     let plain = dir.path().join("plain.sqlite");
@@ -1107,12 +1108,12 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
     words.sort();
     words.dedup();
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
-    afkit_engine::fixtures::write_random_bert(&bert, &words, 4).unwrap();
+    afkit_engine::fixtures::write_random_bert(&bert, &words, Seed::new(4)).unwrap();
     let spec = PoolSpec {
         contexts: 60,
         candidates: 8,
         clean: 4,
-        seed: 6,
+        seed: Seed::new(6),
     };
     let flags = [
         "--k",
@@ -1175,7 +1176,7 @@ fn a_phase_that_converges_early_says_after_how_many_of_its_iterations() {
         contexts: 120,
         candidates: 8,
         clean: 8,
-        seed: 5,
+        seed: Seed::new(5),
     };
     let project = build_project(dir.path(), "quiet.sqlite", spec);
     let out = run_ok(command().args(filter_args(
@@ -1212,7 +1213,7 @@ fn a_discriminator_model_that_does_not_load_fails_before_any_run_is_marked_runni
         contexts: 24,
         candidates: 6,
         clean: 3,
-        seed: 7,
+        seed: Seed::new(7),
     };
     let db = build_project(dir.path(), "p.sqlite", spec);
     let runs = query_i64(&db, "SELECT COUNT(*) FROM af_runs");
@@ -1264,7 +1265,7 @@ fn fluency_floor_refuses_unlikely_negatives_and_assembly_takes_them_last() {
         contexts: 60,
         candidates: 10,
         clean: 10,
-        seed: 9,
+        seed: Seed::new(9),
     };
     let project = build_project(dir.path(), "p.sqlite", spec);
     let reader = gguf.to_str().unwrap();

@@ -14,6 +14,7 @@ use afkit_engine::lm::model::LanguageModel;
 use afkit_engine::lm::sampler::{acceptable_ending, SampledEnding};
 use afkit_engine::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
 use afkit_engine::models::DefaultModel;
+use afkit_engine::seed::Seed;
 use afkit_store::Store;
 use common::{command, examples_project as project, query_i64, run_ok, tiny_gguf};
 use serde_json::Value;
@@ -1039,7 +1040,7 @@ fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels(
             prompt: format!("{sent1} {sent2}"),
             exclude: vec![gold.to_string()],
             n: 8,
-            seed: i as u64,
+            seed: Seed::new(i as u64),
             rule: Default::default(),
         };
         let ours = generic.sample(&request).unwrap();

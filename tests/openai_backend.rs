@@ -55,13 +55,14 @@ const PLACES: [&str; 6] = [
     "the car",
 ];
 
-/// A completion for `seed`, tokenised by the scoring model so that its log-probs line up; the
-/// stop string is cut from the text but kept in the token log, as llama-cpp-python's server does.
-fn completion(tok: &afkit_engine::lm::tokenizer::GgufTokenizer, seed: u64) -> Value {
+/// One of 36 canned completions, picked by `variant` (the server derives it from the request's
+/// seed), tokenised by the scoring model so that its log-probs line up; the stop string is cut
+/// from the text but kept in the token log, as llama-cpp-python's server does.
+fn completion(tok: &afkit_engine::lm::tokenizer::GgufTokenizer, variant: u64) -> Value {
     let ending = format!(
         " {} to {}.",
-        VERBS[(seed % 6) as usize],
-        PLACES[(seed / 6 % 6) as usize]
+        VERBS[(variant % 6) as usize],
+        PLACES[(variant / 6 % 6) as usize]
     );
     let ids = tok.encode(&ending).unwrap();
     let tokens: Vec<String> = ids.iter().map(|&i| tok.decode(&[i]).unwrap()).collect();

@@ -8,6 +8,7 @@ use crate::common;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use afkit_engine::seed::Seed;
 use afkit_store::examples::NewExample;
 use afkit_store::fixtures::Fixtures;
 use afkit_store::Store;
@@ -20,7 +21,9 @@ use common::{
 fn af_project(dir: &Path) -> PathBuf {
     let path = dir.join("p.sqlite");
     let mut store = Store::create(&path).unwrap();
-    store.synthetic_af_project(6, 9, 11).unwrap();
+    store
+        .synthetic_af_project(6, 9, afkit_engine::seed::Seed::new(11))
+        .unwrap();
     path
 }
 
@@ -718,7 +721,7 @@ fn temp_files(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-fn export_seed(p: &str, ds: &Path, seed: u64) -> std::process::Command {
+fn export_seed(p: &str, ds: &Path, seed: Seed) -> std::process::Command {
     let mut cmd = command();
     cmd.args(["export", p, "--out", arg(ds), "--seed", &seed.to_string()]);
     cmd.stdout(std::process::Stdio::piped())
@@ -737,7 +740,7 @@ fn an_export_killed_at_any_moment_leaves_the_old_export_or_the_new_one_whole() {
     for seed in [1, 2] {
         let ds = dir.path().join(format!("reference{seed}")).join("ds");
         let started = std::time::Instant::now();
-        run_ok(&mut export_seed(p.p(), &ds, seed));
+        run_ok(&mut export_seed(p.p(), &ds, Seed::new(seed)));
         longest = longest.max(started.elapsed());
         let files = export_files(&ds);
         assert!(files.contains_key("ANSWERS") && files.contains_key("test.csv"));
@@ -745,13 +748,13 @@ fn an_export_killed_at_any_moment_leaves_the_old_export_or_the_new_one_whole() {
     }
     assert_ne!(whole[&1], whole[&2]);
     let ds = dir.path().join("live").join("ds");
-    run_ok(&mut export_seed(p.p(), &ds, 1));
+    run_ok(&mut export_seed(p.p(), &ds, Seed::new(1)));
     let mut holds = 1;
     let (mut kills, mut unfinished) = (0, 0);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(60);
     while kills < 40 {
         let next = 3 - holds;
-        let mut child = export_seed(p.p(), &ds, next).spawn().unwrap();
+        let mut child = export_seed(p.p(), &ds, Seed::new(next)).spawn().unwrap();
         let moment = longest.mul_f64(rng.random_range(0.0..1.0));
         std::thread::sleep(moment);
         if child.try_wait().unwrap().is_none() {
@@ -763,7 +766,7 @@ fn an_export_killed_at_any_moment_leaves_the_old_export_or_the_new_one_whole() {
         if ds.join(journal).exists() || dir.path().join("live").join(journal).exists() {
             // Visibly unfinished: the next run of the command says so and finishes it.
             unfinished += 1;
-            let out = export_seed(p.p(), &ds, next).output().unwrap();
+            let out = export_seed(p.p(), &ds, Seed::new(next)).output().unwrap();
             let said = stderr(&out);
             assert!(
                 out.status.success() && said.contains("was interrupted"),
@@ -780,7 +783,7 @@ fn an_export_killed_at_any_moment_leaves_the_old_export_or_the_new_one_whole() {
     }
     eprintln!("{kills} kills, {unfinished} left unfinished and finished by the next run");
     // The next run of the same command removes every temporary file a killed one left.
-    run_ok(&mut export_seed(p.p(), &ds, 3 - holds));
+    run_ok(&mut export_seed(p.p(), &ds, Seed::new(3 - holds)));
     assert_eq!(temp_files(dir.path()), Vec::<PathBuf>::new());
 }
 
@@ -923,7 +926,9 @@ fn the_card_and_status_credit_the_assemblys_af_run_and_export_warns_of_a_newer_o
     );
     // A later AF run, with another seed, finished after the assembly: the export holds the
     // assembly's run, says so, and warns.
-    let newer = Fixtures::on(&p.conn).insert_af_run(8, 99, true).unwrap();
+    let newer = Fixtures::on(&p.conn)
+        .insert_af_run(8, Seed::new(99), true)
+        .unwrap();
     assert!(newer > run);
     let out = afkit(&["export", p.p(), "--out", arg(&ds)]);
     let said = stderr(&out);

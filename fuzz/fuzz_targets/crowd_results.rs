@@ -16,7 +16,7 @@ fn project() -> &'static Path {
         let dir = tempfile::tempdir().expect("a scratch directory");
         let path = dir.keep().join("project.sqlite");
         let mut store = Store::create(&path).expect("a new project");
-        store.synthetic_af_project(12, 9, 1).expect("a synthetic AF run");
+        store.synthetic_af_project(12, 9, afkit_engine::seed::Seed::new(1)).expect("a synthetic AF run");
         ensure_tasks(&mut store, PolicyRequest::default()).expect("annotation tasks");
         path
     })

@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 
 use afkit_engine::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
 use afkit_engine::lm::config::LlamaConfig;
+use afkit_engine::seed::Seed;
 use afkit_store::examples::NewExample;
 use afkit_store::fixtures::Fixtures;
 use afkit_store::Store;
@@ -121,9 +122,11 @@ impl Project {
             .upsert_source("captions.json", "activitynet", "abc123", "{}")
             .unwrap();
         let generation = Fixtures::on(&conn)
-            .insert_generation("SmolLM2-135M-Instruct.Q4_1.gguf", "b179c952", 5)
+            .insert_generation("SmolLM2-135M-Instruct.Q4_1.gguf", "b179c952", Seed::new(5))
             .unwrap();
-        let run = Fixtures::on(&conn).insert_af_run(8, 11, true).unwrap();
+        let run = Fixtures::on(&conn)
+            .insert_af_run(8, Seed::new(11), true)
+            .unwrap();
         Fixtures::on(&conn)
             .insert_af_iteration(run, 0, 0.61, None)
             .unwrap();
@@ -309,7 +312,7 @@ pub fn tiny_gguf(dir: &Path, d_model: usize, n_layer: usize) -> PathBuf {
         rms_eps: 1e-5,
         arch: Default::default(),
     };
-    write_random_gguf(&path, &cfg, 1).unwrap();
+    write_random_gguf(&path, &cfg, Seed::new(1)).unwrap();
     path
 }
 

@@ -382,6 +382,7 @@ fn softplus_sigmoid(z: f64) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use afkit_engine::seed::Seed;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -422,8 +423,8 @@ mod tests {
         g
     }
 
-    fn blobs(rows: usize, dim: usize, classes: u32, seed: u64) -> (Vec<f32>, Vec<u32>) {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    fn blobs(rows: usize, dim: usize, classes: u32, seed: Seed) -> (Vec<f32>, Vec<u32>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
         let mut x = Vec::with_capacity(rows * dim);
         let mut y = Vec::with_capacity(rows);
         for _ in 0..rows {
@@ -440,7 +441,7 @@ mod tests {
 
     #[test]
     fn binary_fit_zeroes_the_reference_gradient() {
-        let (x, y) = blobs(400, 7, 2, 1);
+        let (x, y) = blobs(400, 7, 2, Seed::new(1));
         let opts = FitOptions {
             // Near the floor that f32 sums of 400 rows leave for the per-row gradient.
             tol: 1e-6,
@@ -458,7 +459,7 @@ mod tests {
 
     #[test]
     fn multinomial_fit_zeroes_the_reference_gradient() {
-        let (x, y) = blobs(600, 6, 3, 2);
+        let (x, y) = blobs(600, 6, 3, Seed::new(2));
         let opts = FitOptions {
             tol: 1e-5,
             ..Default::default()
@@ -520,7 +521,7 @@ mod tests {
 
     #[test]
     fn fit_is_deterministic() {
-        let (x, y) = blobs(300, 5, 3, 3);
+        let (x, y) = blobs(300, 5, 3, Seed::new(3));
         let a = LogReg::fit(&x, 5, &y, &FitOptions::default());
         let b = LogReg::fit(&x, 5, &y, &FitOptions::default());
         assert_eq!(a.coefficients(), b.coefficients());

@@ -195,7 +195,9 @@ mod tests {
     fn project(contexts: usize, negatives: usize) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
-        store.synthetic_af_project(contexts, negatives, 7).unwrap();
+        store
+            .synthetic_af_project(contexts, negatives, afkit_engine::seed::Seed::new(7))
+            .unwrap();
         (dir, store)
     }
 

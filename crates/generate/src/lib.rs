@@ -37,8 +37,8 @@ use prompt::PromptTemplate;
 /// A context's own sampling seed, derived from the run's seed with the context's ext id (or
 /// its growth round and ext id) as the key. Independent of the order contexts are processed in, so a resumed run gives what an
 /// uninterrupted one would.
-fn context_seed(seed: Seed, key: Key) -> u64 {
-    seed.key(key).value()
+fn context_seed(seed: Seed, key: Key) -> Seed {
+    seed.key(key)
 }
 
 /// The seed of a context's style primer: apart from its sampling stream, so that the primer

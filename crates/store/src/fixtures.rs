@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use super::examples::{self, NewExample};
-use super::{now, Store};
+use super::{now, SqlSeed, Store};
 use afkit_engine::seed::Seed;
 
 /// The fixture writers, on a test's own connection to a project file (or a transaction on it):
@@ -57,12 +57,12 @@ impl<'c> Fixtures<'c> {
 
 impl Fixtures<'_> {
     /// A generation job row; returns its id.
-    pub fn insert_generation(&self, model: &str, model_sha256: &str, seed: u64) -> Result<i64> {
+    pub fn insert_generation(&self, model: &str, model_sha256: &str, seed: Seed) -> Result<i64> {
         let conn = self.conn;
         conn.execute(
         "INSERT INTO generations(backend, model, model_sha256, prompt, params, seed, started_at)
          VALUES ('local', ?1, ?2, 'continuation', '{\"n_neg\":8}', ?3, ?4)",
-        params![model, model_sha256, seed as i64, now()],
+        params![model, model_sha256, SqlSeed(seed), now()],
     )?;
         Ok(conn.last_insert_rowid())
     }
@@ -105,14 +105,14 @@ impl Fixtures<'_> {
     }
 
     /// An AF run (finished or not); returns its id.
-    pub fn insert_af_run(&self, k: i64, seed: u64, finished: bool) -> Result<i64> {
+    pub fn insert_af_run(&self, k: i64, seed: Seed, finished: bool) -> Result<i64> {
         let conn = self.conn;
         let at = now();
         conn.execute(
         "INSERT INTO af_runs(k, seed, params, started_at, finished_at, status, pool_fingerprint) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'synthetic')",
         params![
             k,
-            seed as i64,
+            SqlSeed(seed),
             format!("{{\"k\":{k}}}"),
             at,
             finished.then_some(&at),
@@ -287,9 +287,9 @@ impl Store {
         &mut self,
         contexts: usize,
         negatives: usize,
-        seed: u64,
+        seed: Seed,
     ) -> Result<i64> {
-        let mut rng = Seed::new(seed).rng();
+        let mut rng = seed.rng();
         let tx = self.begin(TransactionBehavior::Deferred)?;
         let fx = Fixtures::on(&tx);
         let generation = fx.insert_generation("synthetic", "synthetic", seed)?;

@@ -187,7 +187,7 @@ mod tests {
             ..Config::default()
         };
         // Every weight random, biases and norms included.
-        let weights = crate::fixtures::random_bert_weights(&config, 1)
+        let weights = crate::fixtures::random_bert_weights(&config, crate::seed::Seed::new(1))
             .into_iter()
             .map(|(name, t)| (name, Tensor::randn(0f32, 0.5, t.shape(), &Device::Cpu)))
             .map(|(name, t)| (name, t.unwrap()))

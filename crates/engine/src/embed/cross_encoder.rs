@@ -664,7 +664,7 @@ mod tests {
         };
         CrossEncoder::from_weights(
             &config,
-            crate::fixtures::random_bert_weights(&config, 5),
+            crate::fixtures::random_bert_weights(&config, crate::seed::Seed::new(5)),
             tokenizer(),
             shape,
             Seed::new(1),
@@ -682,8 +682,8 @@ mod tests {
 
     /// `n` four-way questions of random words with gold labels drawn from `seed`; with
     /// `marked`, the real ending (only) carries the marker word.
-    fn questions(n: usize, marked: bool, seed: u64) -> (Vec<Question>, Vec<usize>) {
-        let mut rng = Seed::new(seed).rng();
+    fn questions(n: usize, marked: bool, seed: Seed) -> (Vec<Question>, Vec<usize>) {
+        let mut rng = seed.rng();
         (0..n)
             .map(|_| {
                 let gold = rng.random_range(0..4);
@@ -715,12 +715,12 @@ mod tests {
         right as f64 / gold.len() as f64
     }
 
-    fn fine_tuning(seed: u64) -> FineTuning {
+    fn fine_tuning(seed: Seed) -> FineTuning {
         FineTuning {
             epochs: 4,
             batch: 8,
             learning_rate: 3e-3,
-            seed: Seed::new(seed),
+            seed,
             ..Default::default()
         }
     }
@@ -743,12 +743,12 @@ mod tests {
 
     #[test]
     fn finds_a_planted_tell() {
-        let (train, train_gold) = questions(240, true, 1);
-        let (test, test_gold) = questions(200, true, 2);
+        let (train, train_gold) = questions(240, true, Seed::new(1));
+        let (test, test_gold) = questions(200, true, Seed::new(2));
         let mut model = tiny_model(1);
         let before = accuracy(&model, &test, &test_gold);
         let summary = model
-            .train(&train, &train_gold, &fine_tuning(3), &mut |_| {})
+            .train(&train, &train_gold, &fine_tuning(Seed::new(3)), &mut |_| {})
             .unwrap();
         let after = accuracy(&model, &test, &test_gold);
         assert!(
@@ -759,11 +759,11 @@ mod tests {
 
     #[test]
     fn stays_at_chance_on_shuffled_labels() {
-        let (train, train_gold) = questions(240, false, 4);
-        let (test, test_gold) = questions(400, false, 5);
+        let (train, train_gold) = questions(240, false, Seed::new(4));
+        let (test, test_gold) = questions(400, false, Seed::new(5));
         let mut model = tiny_model(0);
         model
-            .train(&train, &train_gold, &fine_tuning(6), &mut |_| {})
+            .train(&train, &train_gold, &fine_tuning(Seed::new(6)), &mut |_| {})
             .unwrap();
         let acc = accuracy(&model, &test, &test_gold);
         let se = (0.25f64 * 0.75 / test.len() as f64).sqrt();
@@ -772,8 +772,8 @@ mod tests {
 
     #[test]
     fn training_is_reproducible_from_the_seed_and_continues_from_the_weights() {
-        let (train, gold) = questions(48, true, 7);
-        let run = |seed: u64| {
+        let (train, gold) = questions(48, true, Seed::new(7));
+        let run = |seed: Seed| {
             let mut model = tiny_model(1);
             let mut losses = Vec::new();
             model
@@ -785,16 +785,16 @@ mod tests {
                 .unwrap();
             (model, losses)
         };
-        let (mut a, losses_a) = run(9);
-        let (b, losses_b) = run(9);
-        let (_, losses_c) = run(10);
+        let (mut a, losses_a) = run(Seed::new(9));
+        let (b, losses_b) = run(Seed::new(9));
+        let (_, losses_c) = run(Seed::new(10));
         assert_eq!(losses_a, losses_b);
         assert_eq!(a.score(&train).unwrap(), b.score(&train).unwrap());
         assert_ne!(losses_a, losses_c, "another seed shuffles another way");
         // A second call starts from the trained weights: its first batch (the same questions as
         // the first call's first batch, same seed) has a lower loss than under the fresh model.
         let mut again = Vec::new();
-        a.train(&train, &gold, &fine_tuning(9), &mut |p| {
+        a.train(&train, &gold, &fine_tuning(Seed::new(9)), &mut |p| {
             if let TrainingProgress::Step { loss, .. } = p {
                 again.push(loss)
             }
@@ -806,7 +806,7 @@ mod tests {
     #[test]
     fn gradients_reach_every_trained_layer_and_no_frozen_one() {
         let mut model = tiny_model(1);
-        let (train, gold) = questions(8, true, 11);
+        let (train, gold) = questions(8, true, Seed::new(11));
         let frozen_before = model.bert.layers[0]
             .attention
             .query
@@ -820,7 +820,7 @@ mod tests {
             .to_vec2::<f32>()
             .unwrap();
         model
-            .train(&train, &gold, &fine_tuning(1), &mut |_| {})
+            .train(&train, &gold, &fine_tuning(Seed::new(1)), &mut |_| {})
             .unwrap();
         assert_eq!(
             model.bert.layers[0]
@@ -850,8 +850,8 @@ mod tests {
             .expect("fetch MiniLM");
         let mut model =
             CrossEncoder::load(&dir, Shape::default(), Seed::new(1), &Compute::cpu()).unwrap();
-        let (train, train_gold) = questions(160, true, 12);
-        let (test, test_gold) = questions(100, true, 13);
+        let (train, train_gold) = questions(160, true, Seed::new(12));
+        let (test, test_gold) = questions(100, true, Seed::new(13));
         let config = FineTuning {
             epochs: 3,
             batch: 8,
@@ -877,7 +877,7 @@ mod tests {
             .train(
                 &[q(4, "runs"), q(3, "runs")],
                 &[0, 0],
-                &fine_tuning(1),
+                &fine_tuning(Seed::new(1)),
                 &mut |_| {},
             )
             .unwrap_err()

@@ -441,7 +441,7 @@ mod tests {
             rms_eps: 1e-5,
             arch: Default::default(),
         };
-        write_random_gguf(&path, &cfg, 5).unwrap();
+        write_random_gguf(&path, &cfg, Seed::new(5)).unwrap();
         path
     }
 

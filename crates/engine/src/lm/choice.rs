@@ -182,6 +182,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
     use crate::lm::config::LlamaConfig;
+    use crate::seed::Seed;
 
     fn tiny_model(dir: &std::path::Path) -> LanguageModel {
         let cfg = LlamaConfig {
@@ -196,7 +197,7 @@ mod tests {
             arch: Default::default(),
         };
         let path = dir.join("tiny.gguf");
-        write_random_gguf(&path, &cfg, 7).unwrap();
+        write_random_gguf(&path, &cfg, Seed::new(7)).unwrap();
         LanguageModel::load(&path).unwrap()
     }
 

@@ -16,6 +16,7 @@ use super::family::{Arch, Family, LocalLayers};
 use super::model::LanguageModel;
 use crate::device::Compute;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
+use crate::seed::Seed;
 
 /// Largest difference in a token's log-probability (nats) between afkit and the reference: f32
 /// sums taken in different orders over a few layers differ by about 1e-5; a wrong norm,
@@ -116,7 +117,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
 fn check_family(family: Family, edit: impl Fn(&Path)) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("random.gguf");
-    write_random_gguf(&path, &config(family), 3).unwrap();
+    write_random_gguf(&path, &config(family), Seed::new(3)).unwrap();
     edit(&path);
     let doc_start = LanguageModel::load(&path).unwrap().tokenizer.doc_start;
     let ids = tokens(doc_start);
@@ -209,7 +210,7 @@ fn every_quantisation_candle_reads_loads() {
         arch: Arch::default(),
         ..config(Family::Llama)
     };
-    write_random_gguf(&path, &cfg, 6).unwrap();
+    write_random_gguf(&path, &cfg, Seed::new(6)).unwrap();
     let ids = tokens(LanguageModel::load(&path).unwrap().tokenizer.doc_start);
     let (_, exact) = LanguageModel::load(&path)
         .unwrap()
@@ -261,7 +262,7 @@ fn gemma3_sliding_window_agrees_across_engines() {
     let path = dir.path().join("random.gguf");
     let mut cfg = config(Family::Gemma3);
     cfg.arch.local_layers.as_mut().unwrap().window = 5;
-    write_random_gguf(&path, &cfg, 4).unwrap();
+    write_random_gguf(&path, &cfg, Seed::new(4)).unwrap();
     let ids: Vec<u32> = (0..40).map(|i| 4 + (i * 37 % 280) as u32).collect();
     let mut results = Vec::new();
     for compute in [
@@ -287,7 +288,7 @@ fn gemma3_sliding_window_agrees_across_engines() {
     // The window matters: without it the log-probs differ.
     let mut wide = cfg.clone();
     wide.arch.local_layers.as_mut().unwrap().window = 1000;
-    write_random_gguf(&path, &wide, 4).unwrap();
+    write_random_gguf(&path, &wide, Seed::new(4)).unwrap();
     let (_, unwindowed) = LanguageModel::load(&path)
         .unwrap()
         .llama
@@ -305,7 +306,7 @@ fn gemma3_sliding_window_agrees_across_engines() {
 fn sentencepiece_vocabulary_round_trips_with_byte_fallback() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("random.gguf");
-    write_random_gguf(&path, &config(Family::Gemma3), 3).unwrap();
+    write_random_gguf(&path, &config(Family::Gemma3), Seed::new(3)).unwrap();
     let tok = LanguageModel::load(&path).unwrap().tokenizer;
     assert_eq!(tok.doc_start, 2, "Gemma documents start with <bos>");
     assert!(tok.is_end_of_generation(1));

@@ -539,47 +539,63 @@ impl EndingSampler for LocalLm {
     ) -> Result<Vec<SampledPool>> {
         let mut states: Vec<Sampling> = requests
             .iter()
-            .map(|request| {
-                Ok(Sampling {
-                    request,
-                    prompt: self.prefix(&request.prompt)?,
-                    rng: Seed::new(request.seed).rng(),
-                    seen: request.seen_endings(),
-                    pool: SampledPool::default(),
-                    max_draws: self.params.max_draws(request.n),
-                    admitted: 0,
-                    in_flight: 0,
-                    waiting_offer: BTreeMap::new(),
-                    offered: 0,
-                })
-            })
+            .map(|request| self.start_sampling(request))
             .collect::<Result<_>>()?;
         if self.model.llama.cpu_kernels() {
-            let prompts: Vec<Arc<PromptPrefix>> =
-                states.iter().map(|s| Arc::clone(&s.prompt)).collect();
-            let prefixes: Vec<&Prefix> = prompts.iter().map(|p| &p.prefix).collect();
-            self.decode_continuous(
-                &prefixes,
-                &mut Demand {
-                    lm: self,
-                    states: &mut states,
-                    kept,
-                },
-            )?;
-            // Rows that stopped after a row dropped unfinished were drawn for nothing too.
-            for state in &mut states {
-                for (_, decoded) in std::mem::take(&mut state.waiting_offer) {
-                    if self.offer_row(state, decoded)? {
-                        kept();
-                    }
+            self.sample_continuously(&mut states, kept)?;
+        } else {
+            self.sample_in_rounds(&mut states, kept)?;
+        }
+        Ok(states.into_iter().map(|s| s.pool).collect())
+    }
+}
+
+impl LocalLm {
+    fn start_sampling<'r>(&self, request: &'r SampleRequest) -> Result<Sampling<'r>> {
+        Ok(Sampling {
+            request,
+            prompt: self.prefix(&request.prompt)?,
+            rng: request.seed.rng(),
+            seen: request.seen_endings(),
+            pool: SampledPool::default(),
+            max_draws: self.params.max_draws(request.n),
+            admitted: 0,
+            in_flight: 0,
+            waiting_offer: BTreeMap::new(),
+            offered: 0,
+        })
+    }
+
+    /// One continuous batch over all contexts on afkit's CPU kernels.
+    fn sample_continuously(&self, states: &mut [Sampling], kept: &mut dyn FnMut()) -> Result<()> {
+        let prompts: Vec<Arc<PromptPrefix>> =
+            states.iter().map(|s| Arc::clone(&s.prompt)).collect();
+        let prefixes: Vec<&Prefix> = prompts.iter().map(|p| &p.prefix).collect();
+        self.decode_continuous(
+            &prefixes,
+            &mut Demand {
+                lm: self,
+                states,
+                kept,
+            },
+        )?;
+        // Rows that stopped after a row dropped unfinished were drawn for nothing too.
+        for state in states.iter_mut() {
+            for (_, decoded) in std::mem::take(&mut state.waiting_offer) {
+                if self.offer_row(state, decoded)? {
+                    kept();
                 }
             }
-            return Ok(states.into_iter().map(|s| s.pool).collect());
         }
+        Ok(())
+    }
+
+    /// Rounds on the generic engine: each decodes the rows every unfinished context still wants.
+    fn sample_in_rounds(&self, states: &mut [Sampling], kept: &mut dyn FnMut()) -> Result<()> {
         loop {
             let wanted: Vec<usize> = states.iter().map(Sampling::wanted).collect();
             if wanted.iter().all(|&w| w == 0) {
-                break;
+                return Ok(());
             }
             let mut groups: Vec<DecodeGroup> = states
                 .iter_mut()
@@ -602,11 +618,8 @@ impl EndingSampler for LocalLm {
                 }
             }
         }
-        Ok(states.into_iter().map(|s| s.pool).collect())
     }
-}
 
-impl LocalLm {
     /// Offers a context's next decoded row (in row order) to its pool, which keeps it if it is a
     /// whole sentence, not too long and unique, while the pool still wants endings. Whether the
     /// pool kept it.

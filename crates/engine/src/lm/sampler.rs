@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::seed::Seed;
+
 /// How tokens are drawn and when an ending stops.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SamplingParams {
@@ -65,7 +67,7 @@ pub struct SampleRequest {
     /// Unique endings wanted (N⁻).
     pub n: usize,
     /// The context's own seed (derived from the run's seed and the example id).
-    pub seed: u64,
+    pub seed: Seed,
     /// What else an ending must be to enter the pool (the corpus's rules for endings).
     pub rule: EndingRule,
 }
@@ -294,40 +296,51 @@ pub(crate) fn sample_token(
             .for_each(|w| *w = 0.0);
     }
     if let Some(k) = params.top_k.filter(|&k| k > 0 && k < scratch.len()) {
-        let mut sorted = scratch.clone();
-        let (_, kth, _) = sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
-        let kth = *kth;
-        let mut ties_left = sorted[..k].iter().filter(|&&w| w == kth).count();
-        for w in scratch.iter_mut() {
-            if *w < kth || (*w == kth && ties_left == 0) {
-                *w = 0.0;
-            } else if *w == kth {
-                ties_left -= 1;
-            }
-        }
+        keep_top_k(scratch, k);
     }
     if let Some(p) = params.top_p.filter(|&p| p < 1.0) {
-        let mut order: Vec<u32> = (0..scratch.len() as u32)
-            .filter(|&i| scratch[i as usize] > 0.0)
-            .collect();
-        order.sort_unstable_by(|&a, &b| scratch[b as usize].total_cmp(&scratch[a as usize]));
-        let total: f64 = order.iter().map(|&i| scratch[i as usize] as f64).sum();
-        let mut cumulative = 0f64;
-        let mut cut = order.len();
-        for (rank, &i) in order.iter().enumerate() {
-            cumulative += scratch[i as usize] as f64;
-            if cumulative >= p as f64 * total {
-                cut = rank + 1;
-                break;
-            }
-        }
-        for &i in &order[cut..] {
-            scratch[i as usize] = 0.0;
-        }
+        keep_top_p(scratch, p);
     }
     let total: f64 = scratch.iter().map(|&w| w as f64).sum();
     let token = inverse_cdf(scratch, u * total);
     (token, logits[token as usize] - max - log_z as f32)
+}
+
+/// Zeroes every weight but the `k` largest (ties at the k-th kept in index order).
+fn keep_top_k(weights: &mut [f32], k: usize) {
+    let mut sorted = weights.to_vec();
+    let (_, kth, _) = sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    let kth = *kth;
+    let mut ties_left = sorted[..k].iter().filter(|&&w| w == kth).count();
+    for w in weights.iter_mut() {
+        if *w < kth || (*w == kth && ties_left == 0) {
+            *w = 0.0;
+        } else if *w == kth {
+            ties_left -= 1;
+        }
+    }
+}
+
+/// Zeroes every weight outside the smallest set of the largest ones that holds a share `p` of
+/// the total (nucleus sampling).
+fn keep_top_p(weights: &mut [f32], p: f32) {
+    let mut order: Vec<u32> = (0..weights.len() as u32)
+        .filter(|&i| weights[i as usize] > 0.0)
+        .collect();
+    order.sort_unstable_by(|&a, &b| weights[b as usize].total_cmp(&weights[a as usize]));
+    let total: f64 = order.iter().map(|&i| weights[i as usize] as f64).sum();
+    let mut cumulative = 0f64;
+    let mut cut = order.len();
+    for (rank, &i) in order.iter().enumerate() {
+        cumulative += weights[i as usize] as f64;
+        if cumulative >= p as f64 * total {
+            cut = rank + 1;
+            break;
+        }
+    }
+    for &i in &order[cut..] {
+        weights[i as usize] = 0.0;
+    }
 }
 
 /// The first index whose cumulative weight exceeds `target` (the last non-zero one on rounding).

@@ -17,6 +17,7 @@ use super::sampler::{
 };
 use crate::device::Compute;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
+use crate::seed::Seed;
 
 fn tiny_config() -> LlamaConfig {
     LlamaConfig {
@@ -54,7 +55,7 @@ fn engines() -> Vec<Compute> {
 fn tiny_lm_on(params: SamplingParams, compute: &Compute) -> LocalLm {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
-    write_random_gguf(&path, &tiny_config(), 11).unwrap();
+    write_random_gguf(&path, &tiny_config(), Seed::new(11)).unwrap();
     LocalLm::new(
         LanguageModel::load_on(&path, compute).unwrap(),
         params,
@@ -77,7 +78,7 @@ fn decode(lm: &LocalLm, prefix: &Prefix, rows: usize, rng: &mut ChaCha8Rng) -> V
 }
 
 /// A request for `n` endings per prompt, seeded `first_seed`, `first_seed + 1`, ...
-fn requests(prompts: &[&str], n: usize, first_seed: u64) -> Vec<SampleRequest> {
+fn requests(prompts: &[&str], n: usize, first_seed: Seed) -> Vec<SampleRequest> {
     prompts
         .iter()
         .enumerate()
@@ -85,7 +86,7 @@ fn requests(prompts: &[&str], n: usize, first_seed: u64) -> Vec<SampleRequest> {
             prompt: p.to_string(),
             exclude: vec![],
             n,
-            seed: first_seed + i as u64,
+            seed: first_seed.plus(i as u64),
             rule: Default::default(),
         })
         .collect()
@@ -140,7 +141,7 @@ fn contexts_decoded_in_one_batch_sample_what_they_sample_alone() {
         }
         // The same through the sampler interface: pools of several contexts at once equal the
         // pools sampled one by one.
-        let requests = requests(&prompts, 6, 40);
+        let requests = requests(&prompts, 6, Seed::new(40));
         let many = lm.sample_many(&requests).unwrap();
         for (request, pool) in requests.iter().zip(&many) {
             let single = roomy.sample(request).unwrap();
@@ -168,17 +169,12 @@ fn pools_keep_the_first_acceptable_rows_in_row_order() {
         &Compute::cpu(),
     );
     let prompts = ["A man is seen speaking to the camera. He", "Two dogs"];
-    let requests = requests(&prompts, 7, 70);
+    let requests = requests(&prompts, 7, Seed::new(70));
     let pools = lm.sample_many(&requests).unwrap();
     for (request, pool) in requests.iter().zip(&pools) {
         let budget = lm.params.max_draws(request.n);
         let prefix = lm.prefix(&request.prompt).unwrap();
-        let rows = decode(
-            &lm,
-            &prefix.prefix,
-            budget,
-            &mut crate::seed::Seed::new(request.seed).rng(),
-        );
+        let rows = decode(&lm, &prefix.prefix, budget, &mut request.seed.rng());
         let mut every_row = SampledPool::default();
         let mut seen = request.seen_endings();
         for row in rows {
@@ -300,14 +296,14 @@ fn rows_stop_at_sentence_end_end_of_text_or_the_cap() {
 fn sampling_gives_unique_complete_endings_reproducibly() {
     for compute in engines() {
         let lm = tiny_lm_on(params(), &compute);
-        let request = |seed| SampleRequest {
+        let request = |seed: Seed| SampleRequest {
             prompt: "A woman is outside on a frozen lake. She".into(),
             exclude: vec![],
             n: 10,
             seed,
             rule: Default::default(),
         };
-        let a = lm.sample(&request(3)).unwrap();
+        let a = lm.sample(&request(Seed::new(3))).unwrap();
         let texts: Vec<&str> = a.endings.iter().map(|e| e.text.as_str()).collect();
         assert!(!texts.is_empty() && texts.len() <= 10);
         assert_eq!(
@@ -317,12 +313,12 @@ fn sampling_gives_unique_complete_endings_reproducibly() {
         );
         assert!(texts.iter().all(|t| acceptable_ending(t, 25)));
         assert!(a.draws <= 40, "retry cap ignored: {} draws", a.draws);
-        let b = lm.sample(&request(3)).unwrap();
+        let b = lm.sample(&request(Seed::new(3))).unwrap();
         assert_eq!(a.endings, b.endings, "same seed, different endings");
-        let c = lm.sample(&request(4)).unwrap();
+        let c = lm.sample(&request(Seed::new(4))).unwrap();
         assert_ne!(a.endings, c.endings, "different seeds, same endings");
         // Excluding an ending (the gold) keeps it out.
-        let mut excluding = request(3);
+        let mut excluding = request(Seed::new(3));
         excluding.exclude = vec![format!("  {} ", texts[0])];
         let d = lm.sample(&excluding).unwrap();
         assert!(d.endings.iter().all(|e| e.text != texts[0]));
@@ -339,7 +335,7 @@ fn features_reuse_sampled_logprobs_exactly() {
                 prompt: prompt.into(),
                 exclude: vec![],
                 n: 6,
-                seed: 9,
+                seed: Seed::new(9),
                 rule: Default::default(),
             })
             .unwrap();
@@ -418,7 +414,7 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
         prompt: prompt.into(),
         exclude: vec![],
         n: 8,
-        seed: 2,
+        seed: Seed::new(2),
         rule: Default::default(),
     };
     let pool = generic.sample(&request).unwrap();

@@ -19,7 +19,9 @@ const DEAD_PID: u32 = 4_000_000_000;
 fn project(contexts: usize, m: i64, r: i64) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::create(&dir.path().join("p.sqlite")).unwrap();
-    let run_id = store.synthetic_af_project(contexts, 6, 3).unwrap();
+    let run_id = store
+        .synthetic_af_project(contexts, 6, afkit_engine::seed::Seed::new(3))
+        .unwrap();
     for (index, context) in (0..).zip(store.untasked_contexts(run_id).unwrap()) {
         let mut endings = vec![context.gold_ending_id];
         endings.extend(&context.negatives[..ENDINGS_PER_TASK - 1]);

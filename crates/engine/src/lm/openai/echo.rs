@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::{FeatureSource, OpenAiSampler};
 use crate::lm::features::TokenScorer;
 use crate::lm::tokenizer::GgufTokenizer;
+use crate::seed::Seed;
 
 /// Prompts per scoring request: a context's pool is a few requests, spread over `--concurrency`.
 const PROMPTS_PER_REQUEST: usize = 16;
@@ -58,7 +59,7 @@ impl OpenAiSampler<'_> {
         let ids = self.with_doc_start(&[], PROBE)?;
         // An answer that is no echo is final (llama.cpp's server ignores `echo`), not retried.
         let body = self.echo_body(std::slice::from_ref(&ids)).to_string();
-        let answer = self.post(&body, 0, &|text| Ok(text.to_string()))?;
+        let answer = self.post(&body, Seed::default(), &|text| Ok(text.to_string()))?;
         let echo = parse_echo(&answer, &[ids.len()])?
             .pop()
             .ok_or_else(|| anyhow!("no answer to the probe"))?;
@@ -89,7 +90,9 @@ impl OpenAiSampler<'_> {
         let answers = self.in_parallel(chunks.len(), &|c| {
             let lengths: Vec<usize> = chunks[c].iter().map(Vec::len).collect();
             let body = self.echo_body(chunks[c]).to_string();
-            self.post(&body, c as u64, &|text| parse_echo(text, &lengths))
+            self.post(&body, Seed::new(c as u64), &|text| {
+                parse_echo(text, &lengths)
+            })
         })?;
         Ok(answers.into_iter().flatten().collect())
     }

@@ -379,7 +379,7 @@ impl<'a> OpenAiSampler<'a> {
         })
     }
 
-    fn body(&self, prompt: &str, seed: u64) -> Value {
+    fn body(&self, prompt: &str, seed: Seed) -> Value {
         let mut body = json!({
             "prompt": prompt,
             "max_tokens": self.params.max_tokens,
@@ -395,7 +395,7 @@ impl<'a> OpenAiSampler<'a> {
         }
         if !self.config.no_seed {
             // Servers take 32-bit seeds at most.
-            obj.insert("seed".into(), json!(seed & 0x7fff_ffff));
+            obj.insert("seed".into(), json!(seed.value() & 0x7fff_ffff));
         }
         for (k, v) in &self.extra {
             obj.insert(k.clone(), v.clone());
@@ -452,7 +452,7 @@ impl<'a> OpenAiSampler<'a> {
     }
 
     /// One sampling request with retries.
-    fn complete(&self, prompt: &str, seed: u64) -> Result<Vec<Completion>> {
+    fn complete(&self, prompt: &str, seed: Seed) -> Result<Vec<Completion>> {
         self.post(
             &self.body(prompt, seed).to_string(),
             seed,
@@ -462,8 +462,8 @@ impl<'a> OpenAiSampler<'a> {
 
     /// One request with retries (their jitter drawn from `seed`); the endpoint advances
     /// round-robin on every attempt, so a dead server's work moves to the others.
-    fn post<T>(&self, body: &str, seed: u64, parse: &dyn Fn(&str) -> Result<T>) -> Result<T> {
-        let mut jitter = Seed::new(seed).rng();
+    fn post<T>(&self, body: &str, seed: Seed, parse: &dyn Fn(&str) -> Result<T>) -> Result<T> {
+        let mut jitter = seed.rng();
         let mut attempt = 0;
         loop {
             let url =
@@ -491,7 +491,7 @@ impl<'a> OpenAiSampler<'a> {
     }
 
     /// Completions requests for `prompt`, one per seed, in parallel; results in seed order.
-    fn complete_many(&self, prompt: &str, seeds: &[u64]) -> Result<Vec<Vec<Completion>>> {
+    fn complete_many(&self, prompt: &str, seeds: &[Seed]) -> Result<Vec<Vec<Completion>>> {
         self.in_parallel(seeds.len(), &|i| self.complete(prompt, seeds[i]))
     }
 
@@ -547,11 +547,13 @@ impl EndingSampler for OpenAiSampler<'_> {
         let mut seen = request.seen_endings();
         let mut pool = SampledPool::default();
         let max_draws = self.params.max_draws(request.n);
-        let mut seed_rng = Seed::new(request.seed).rng();
+        let mut seed_rng = request.seed.rng();
         while pool.endings.len() < request.n && pool.draws < max_draws {
             let draws = pool.draws_to_cover(request.n, max_draws);
             let requests = draws.div_ceil(self.config.n_per_request).max(1);
-            let seeds: Vec<u64> = (0..requests).map(|_| seed_rng.random()).collect();
+            let seeds: Vec<Seed> = (0..requests)
+                .map(|_| Seed::new(seed_rng.random()))
+                .collect();
             for completion in self
                 .complete_many(&request.prompt, &seeds)?
                 .into_iter()
