@@ -94,7 +94,7 @@ impl LlamaConfig {
                 );
             }
         }
-        if self.n_head % self.n_kv_head != 0 {
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
             bail!(
                 "{} query heads cannot share {} key/value heads",
                 self.n_head,
