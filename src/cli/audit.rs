@@ -216,11 +216,11 @@ pub fn run(args: Args) -> Result<()> {
     match summary {
         audit::Summary::CrossValidated(audit) => {
             print_cv_table(&audit);
-            print_timings(&audit.timings);
+            print_timings(&audit.findings.timings);
         }
         audit::Summary::Holdout(report) => {
             print_holdout(&report, &config.dataset);
-            print_timings(&report.timings);
+            print_timings(&report.findings.timings);
         }
     }
     println!("report: {}", config.out.join("audit.md").display());
@@ -252,9 +252,9 @@ fn print_holdout(report: &audit::AuditReport, dataset: &std::path::Path) {
         "train {} -> val {} questions (chance 0.250; ± is the se of a proportion)",
         report.n_train, report.n_val
     );
-    print_rows(&report.summary, report.control.is_some());
-    print_verdicts(&report.verdicts);
-    print_could_be_right(report.could_be_right.as_ref());
+    print_rows(&report.findings.summary, report.control.is_some());
+    print_verdicts(&report.findings.verdicts);
+    print_could_be_right(report.findings.could_be_right.as_ref());
     println!(
         "a single train -> val split: `afkit audit {} --cv 5` gives the figure to trust",
         dataset.display()
@@ -267,7 +267,7 @@ fn print_cv_table(audit: &audit::CvAudit) {
         "{}-fold cross-validation by group: {} questions, {} groups, seed {} (chance 0.250)",
         cv.folds, cv.questions, cv.groups, cv.seed
     );
-    print_rows(&audit.summary, audit.control.is_some());
+    print_rows(&audit.findings.summary, audit.control.is_some());
     for (baseline, result) in &cv.baselines {
         if let cv::CvResult::Skipped { skipped } = result {
             println!("{:<22} skipped: {skipped}", baseline.name());
@@ -275,8 +275,8 @@ fn print_cv_table(audit: &audit::CvAudit) {
             println!("{:<22} {trained_on}", baseline.name());
         }
     }
-    print_verdicts(&audit.verdicts);
-    print_could_be_right(audit.could_be_right.as_ref());
+    print_verdicts(&audit.findings.verdicts);
+    print_could_be_right(audit.findings.could_be_right.as_ref());
 }
 
 fn print_could_be_right(flag: Option<&audit::CouldBeRight>) {

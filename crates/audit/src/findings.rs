@@ -55,6 +55,21 @@ impl CouldBeRight {
     }
 }
 
+/// What every audit reports beside its baselines, whichever way it measured them.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Findings {
+    /// Zero-shot accuracies of the `--lm` models, with the context and without.
+    pub lm: Vec<lm::LmResult>,
+    /// Every measured row, with the control's beside it.
+    pub summary: Vec<verdict::Row>,
+    pub verdicts: Vec<verdict::Verdict>,
+    /// Seconds per family and per `--lm` model (`lm:NAME`), in the order they ran.
+    pub timings: Vec<Timing>,
+    /// The flagged share of the questions, when the export carries the flag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub could_be_right: Option<CouldBeRight>,
+}
+
 /// The audit's findings; `--json` prints this (accuracies are fractions).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuditReport {
@@ -71,17 +86,11 @@ pub struct AuditReport {
     pub lambda: [f64; 3],
     pub ppmi: Vec<ppmi::Association>,
     pub knn: Knn,
-    /// Zero-shot accuracies on val of the `--lm` models.
-    pub lm: Vec<lm::LmResult>,
-    /// Every measured row (random excepted; se of a proportion), with the control's beside it.
-    pub summary: Vec<verdict::Row>,
-    pub verdicts: Vec<verdict::Verdict>,
-    /// Seconds per baseline family (`length`, `ngram_end`, ..., `knn`) and per `--lm` model
-    /// (`lm:NAME`), in the order they ran.
-    pub timings: Vec<Timing>,
-    /// The flagged share of the train and val questions, when the export carries the flag.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub could_be_right: Option<CouldBeRight>,
+    /// On val (the flagged share: on train and val; the timings: per baseline family —
+    /// `length`, `ngram_end`, ..., `knn` — and per `--lm` model). The summary's rows leave out
+    /// random and carry a proportion's standard error.
+    #[serde(flatten)]
+    pub findings: Findings,
     /// The control dataset's audit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<Box<AuditReport>>,
@@ -109,7 +118,7 @@ impl AuditReport {
             .filter(|(name, _)| *name != "random")
             .map(|(name, p)| verdict::Row::new(name, p, se(p)))
             .collect();
-        rows.extend(lm_rows(&self.lm));
+        rows.extend(lm_rows(&self.findings.lm));
         rows
     }
 }
@@ -153,17 +162,10 @@ pub struct CvAudit {
     pub files: Vec<dataset::PooledFile>,
     /// PPMI word-label associations over the pooled questions.
     pub ppmi: Vec<ppmi::Association>,
-    /// Zero-shot accuracies of the `--lm` models on every pooled question.
-    pub lm: Vec<lm::LmResult>,
-    /// Every measured row, with the control's beside it.
-    pub summary: Vec<verdict::Row>,
-    pub verdicts: Vec<verdict::Verdict>,
-    /// Seconds per baseline (its features, then its fits summed over the folds, which run in
-    /// parallel), then `ppmi` and each `--lm` model (`lm:NAME`).
-    pub timings: Vec<Timing>,
-    /// The flagged share of the pooled questions, when the export carries the flag.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub could_be_right: Option<CouldBeRight>,
+    /// On every pooled question (the timings: per baseline — its features, then its fits summed
+    /// over the folds, which run in parallel —, then `ppmi` and each `--lm` model).
+    #[serde(flatten)]
+    pub findings: Findings,
     /// The control dataset's audit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<Box<CvAudit>>,
@@ -187,7 +189,7 @@ impl CvAudit {
                 cv::CvResult::Skipped { .. } => None,
             })
             .collect();
-        rows.extend(lm_rows(&self.lm));
+        rows.extend(lm_rows(&self.findings.lm));
         rows
     }
 }

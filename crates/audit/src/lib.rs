@@ -38,7 +38,7 @@ use afkit_engine::seed::Seed;
 use afkit_store::dataset::Split;
 use afkit_store::vector_cache::VectorCache;
 use dataset::Question;
-pub use findings::{AuditReport, CouldBeRight, CvAudit, Knn, Summary};
+pub use findings::{AuditReport, CouldBeRight, CvAudit, Findings, Knn, Summary};
 pub use observer::{Observer, Silent};
 
 /// What an audit reads and writes, and its settings.
@@ -167,8 +167,9 @@ fn holdout(config: &Config, observer: &mut dyn Observer) -> Result<AuditReport> 
     };
     let knn_seconds = started.elapsed().as_secs_f64();
     let mut report = audit(&train, &val, config, knn, observer);
-    timing::add(&mut report.timings, "knn", knn_seconds);
-    report.lm = measure_lms(config, &val, observer, &mut report.timings)?;
+    let findings = &mut report.findings;
+    timing::add(&mut findings.timings, "knn", knn_seconds);
+    findings.lm = measure_lms(config, &val, observer, &mut findings.timings)?;
     let control = match &config.control {
         Some(dir) => Some(
             holdout(&config.for_control(dir), observer)
@@ -176,7 +177,7 @@ fn holdout(config: &Config, observer: &mut dyn Observer) -> Result<AuditReport> 
         ),
         None => None,
     };
-    (report.summary, report.verdicts) =
+    (report.findings.summary, report.findings.verdicts) =
         verdict::judge(report.rows(), control.as_ref().map(|c| c.rows()).as_deref());
     report.control = control.map(Box::new);
     report::write(&config.out, &report, &output)?;
@@ -212,11 +213,12 @@ fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Re
         cv,
         files,
         ppmi,
-        lm,
-        summary: Vec::new(),
-        verdicts: Vec::new(),
-        timings,
-        could_be_right: CouldBeRight::of(&questions),
+        findings: Findings {
+            lm,
+            timings,
+            could_be_right: CouldBeRight::of(&questions),
+            ..Findings::default()
+        },
         control: None,
     };
     let control = match &config.control {
@@ -226,7 +228,7 @@ fn cross_validated(config: &Config, k: usize, observer: &mut dyn Observer) -> Re
         ),
         None => None,
     };
-    (audit.summary, audit.verdicts) =
+    (audit.findings.summary, audit.findings.verdicts) =
         verdict::judge(audit.rows(), control.as_ref().map(|c| c.rows()).as_deref());
     audit.control = control.map(Box::new);
     report::write_cv(&config.out, &audit, &output)?;
@@ -336,11 +338,11 @@ fn audit(
         lambda,
         ppmi,
         knn,
-        lm: Vec::new(),
-        summary: Vec::new(),
-        verdicts: Vec::new(),
-        timings,
-        could_be_right: CouldBeRight::of(train.iter().chain(val)),
+        findings: Findings {
+            timings,
+            could_be_right: CouldBeRight::of(train.iter().chain(val)),
+            ..Findings::default()
+        },
         control: None,
     }
 }

@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::cv::{Baseline, CvReport, CvResult};
-use super::findings::{AuditReport, CouldBeRight, CvAudit, Knn};
+use super::findings::{AuditReport, CouldBeRight, CvAudit, Findings, Knn};
 use super::lm::LmResult;
 use super::ppmi::Association;
 use super::timing::Timing;
@@ -70,7 +70,7 @@ pub(crate) fn write(dir: &Path, r: &AuditReport, output: &Output) -> Result<()> 
     accuracy_chart(
         &files.chart("accuracy.png")?,
         "Val accuracy ± standard error, train -> val (4-way; dashed: chance)",
-        &r.summary,
+        &r.findings.summary,
     )?;
     ppmi_chart(&mut files, &r.ppmi)?;
     if let Knn::Measured(k) = &r.knn {
@@ -143,11 +143,11 @@ fn write_markdown(md: &mut String, r: &AuditReport) -> std::fmt::Result {
         r.lambda[0], r.lambda[1], r.lambda[2]
     )?;
     writeln!(md, "![accuracy](accuracy.png)\n")?;
-    write_could_be_right(md, r.could_be_right.as_ref())?;
-    write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
+    write_could_be_right(md, r.findings.could_be_right.as_ref())?;
+    write_findings(md, &r.findings, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)?;
     write_knn(md, &r.knn)?;
-    write_timings(md, &r.timings)
+    write_timings(md, &r.findings.timings)
 }
 
 /// The KNN section: the distances per k in a table under the chart, or why they were not
@@ -234,7 +234,7 @@ pub(crate) fn write_cv(dir: &Path, r: &CvAudit, output: &Output) -> Result<()> {
             "{}-fold cross-validated accuracy ± standard error (4-way; dashed: chance)",
             r.cv.folds
         ),
-        &r.summary,
+        &r.findings.summary,
     )?;
     ppmi_chart(&mut files, &r.ppmi)?;
     files.text("audit.json", &(serde_json::to_string_pretty(r)? + "\n"))?;
@@ -295,10 +295,10 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
         )?;
     }
     writeln!(md, "![accuracy](accuracy.png)\n")?;
-    write_could_be_right(md, r.could_be_right.as_ref())?;
-    write_findings(md, &r.lm, &r.summary, &r.verdicts, r.control.is_some())?;
+    write_could_be_right(md, r.findings.could_be_right.as_ref())?;
+    write_findings(md, &r.findings, r.control.is_some())?;
     write_ppmi(md, &r.ppmi)?;
-    write_timings(md, &r.timings)
+    write_timings(md, &r.findings.timings)
 }
 
 /// Seconds per baseline family and language model: where the audit's time went.
@@ -361,20 +361,14 @@ fn write_cv_table(md: &mut String, cv: &CvReport) -> std::fmt::Result {
 }
 
 /// The language models' table, the side-by-side table with the control, and the verdicts.
-fn write_findings(
-    md: &mut String,
-    lm: &[LmResult],
-    summary: &[Row],
-    verdicts: &[Verdict],
-    with_control: bool,
-) -> std::fmt::Result {
-    if !lm.is_empty() {
-        write_lm_table(md, lm)?;
+fn write_findings(md: &mut String, findings: &Findings, with_control: bool) -> std::fmt::Result {
+    if !findings.lm.is_empty() {
+        write_lm_table(md, &findings.lm)?;
     }
     if with_control {
-        write_control_table(md, summary)?;
+        write_control_table(md, &findings.summary)?;
     }
-    write_verdicts(md, verdicts)
+    write_verdicts(md, &findings.verdicts)
 }
 
 /// Each model's zero-shot accuracies, with the context and without.
