@@ -64,9 +64,10 @@ impl Adversary {
     /// Adds `model`'s scores of the held-out contexts `ids` as the `minilm` head, and the
     /// `adversary` head AF then acts on: the sum of the ensemble's and MiniLM's scores, each
     /// standardised over the context's gold and pool. Both heads are logits, but of different
-    /// confidence: summed raw, the stylistic ensemble's wider spread outvoted the cross-encoder,
-    /// which then still picked the real ending among ten 39% of the time after AF (against 19%
-    /// for the ensemble). Standardised, each member has the same say in which ending is easy.
+    /// confidence: summed raw, the stylistic ensemble's wider spread would outvote the
+    /// cross-encoder, leaving endings it finds easy in the pool (BENCHMARKS.md, "Standardised
+    /// join").
+    /// Standardised, each member has the same say in which ending is easy.
     pub(crate) fn join(
         &self,
         model: &Discriminator,

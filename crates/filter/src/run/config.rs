@@ -121,9 +121,9 @@ impl Config {
 /// contexts finds like real ones. Where those include contexts of the same video (ActivityNet's
 /// `sent1` is often the previous caption's real ending), the model has read that video's real
 /// endings when it scores the held-out one, as a model tested on the export's splits or in the
-/// audit's folds never has. Holding out whole groups removes that; on 120 ActivityNet contexts it
-/// did not cure the small-project overshoot it was tried against, and the models' rows rose
-/// within noise (BENCHMARKS.md, "Replacing towards the gold"), so it is not the default yet.
+/// audit's folds never has. Holding out whole groups removes that. It is not the default: it
+/// has not been measured to make the exports harder (BENCHMARKS.md, "Replacing towards the
+/// gold").
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HoldOut {
