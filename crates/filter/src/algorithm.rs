@@ -91,12 +91,9 @@ pub(crate) fn solved(gold: f32, assigned: &[f32]) -> bool {
 /// it. Taking the highest-scoring candidate every time pushes the assigned negatives past the
 /// gold, and on a small project, where the held-out models are noisy, the audit's classifiers
 /// then learn to avoid what AF favoured and pick the real ending *less* often than chance. Taking
-/// the candidate nearest the gold brought the word n-gram baselines of 120 fresh ActivityNet
-/// contexts from 0.16–0.20 back to 0.29–0.32 (chance 0.25), but the character n-grams stayed
-/// low and the language models and the fine-tuned cross-encoder found the real ending more often.
-/// At 1,000 contexts it kept every style row at 0.24–0.28 but let Gemma-3-270M find the real
-/// ending 2 points more often (BENCHMARKS.md, "Replacing towards the gold"), so it is not the
-/// default.
+/// the candidate nearest the gold brings the word n-gram baselines back to chance, but leaves
+/// the character n-grams low and lets the language models find the real ending more often
+/// (BENCHMARKS.md, "Replacing towards the gold"), so it is not the default.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Replacement {

@@ -12,10 +12,10 @@
 //!
 //! It is not carried from one iteration to the next: each iteration draws a new 80/20 split, so a
 //! carried model has already trained on the real endings of most contexts a later split holds out,
-//! and then recognises them. On 989 held-out ActivityNet contexts its held-out accuracy (one real
-//! ending among ten) climbed from 0.25 to 0.46 over five warm-started iterations while the
-//! stylistic heads fell: AF would chase the model's memory of the real endings, not what gives a
-//! negative away. A fresh model per iteration also makes a resumed run need no stored weights.
+//! and then recognises them: its held-out accuracy climbs while the stylistic heads fall, and AF
+//! would chase the model's memory of the real endings, not what gives a negative away
+//! (BENCHMARKS.md, "A fresh adversary in every iteration"). A fresh model per iteration also
+//! makes a resumed run need no stored weights.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

@@ -14,9 +14,9 @@
 //! assigned negative nearest to it. A style classifier then meets distractors that are, taken
 //! together, as real-looking as the found endings: no more, no less. The match is on two scores
 //! where the run has a sentence model: the ensemble's and the sentence model's own head. Matched
-//! on the ensemble's score alone, the distractors of a style-primed generator were still told
-//! apart by a classifier on sentence embeddings (0.38–0.40 against chance 0.25), because the
-//! ensemble's score weighs the word-level models most.
+//! on the ensemble's score alone, the distractors of a style-primed generator can still be told
+//! apart by a classifier on sentence embeddings, because the ensemble's score weighs the
+//! word-level models most.
 
 use std::collections::{BTreeMap, HashMap};
 

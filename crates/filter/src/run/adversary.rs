@@ -65,9 +65,9 @@ impl Adversary {
     /// `adversary` head AF then acts on: the sum of the ensemble's and MiniLM's scores, each
     /// standardised over the context's gold and pool. Both heads are logits, but of different
     /// confidence: summed raw, the stylistic ensemble's wider spread would outvote the
-    /// cross-encoder, leaving endings it finds easy in the pool (BENCHMARKS.md, "Standardised
-    /// join").
-    /// Standardised, each member has the same say in which ending is easy.
+    /// cross-encoder, leaving endings it finds easy in the pool (BENCHMARKS.md, "A fresh
+    /// adversary in every iteration"). Standardised, each member has the same say in which
+    /// ending is easy.
     pub(crate) fn join(
         &self,
         model: &Discriminator,
