@@ -10,7 +10,7 @@ use afkit_aflite::filter::{self, Observer, Params, Round, StopReason, Variant};
 use afkit_aflite::logreg::{FitOptions, LogReg};
 use afkit_aflite::warmup::{Warmup, WarmupOptions};
 use afkit_engine::seed::Seed;
-use common::afkit;
+use common::{afkit, assert_succeeded};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -292,11 +292,7 @@ fn run_aflite(input: &Path, npy: &Path, out: &Path) {
         "--seed",
         "11",
     ]);
-    assert!(
-        o.status.success(),
-        "afkit failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_succeeded(&o);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use afkit_store::Store;
 use common::tmux::Tmux;
-use common::{afkit, arg, command, query_i64, BIN};
+use common::{afkit, arg, assert_succeeded, command, query_i64, BIN};
 use rusqlite::Connection;
 
 fn project(dir: &Path, contexts: usize) -> PathBuf {
@@ -218,11 +218,7 @@ fn two_annotators_at_once_lose_no_label() {
     let (b, b_timings) = spawn("bob");
     for child in [a, b] {
         let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
     }
     let commits = |path: &Path| {
         std::fs::read_to_string(path)
@@ -301,17 +297,24 @@ struct Crowd {
     item: String,
 }
 
+/// The labels w1 (in afkit's columns) and m1 (in Mechanical Turk's) give the first item's six
+/// endings: the hand-computed agreement below reads them.
+const W1_AND_M1_LABELS: [&str; 6] = [
+    "likely",
+    "unlikely",
+    "likely",
+    "unlikely",
+    "gibberish",
+    "likely",
+];
+
 impl Crowd {
     fn export() -> Crowd {
         let dir = tempfile::tempdir().unwrap();
         let db = project(dir.path(), 5);
         let tasks = dir.path().join("tasks.csv");
         let out = afkit(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
         let item = csv_rows(&tasks).1[0][0].clone();
         Crowd {
             dir,
@@ -324,11 +327,7 @@ impl Crowd {
     /// `afkit crowd import` of `results`, which must succeed.
     fn import(&self, results: &Path) -> std::process::Output {
         let out = afkit(&["crowd", "import", arg(&self.db), arg(results)]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
         out
     }
 
@@ -340,14 +339,7 @@ impl Crowd {
         let head = [
             "label_1", "label_2", "label_3", "label_4", "label_5", "label_6",
         ];
-        let labels = [
-            "likely",
-            "unlikely",
-            "likely",
-            "unlikely",
-            "gibberish",
-            "likely",
-        ];
+        let labels = W1_AND_M1_LABELS;
         let row = |worker, item, labels: [&'static str; 6], best, second| {
             [vec![worker, item], labels.to_vec(), vec![best, second]].concat()
         };
@@ -397,14 +389,7 @@ impl Crowd {
         head.push("Answer.best");
         let second_cols: Vec<String> = (1..=6).map(|k| format!("Answer.second.{k}")).collect();
         head.extend(second_cols.iter().map(String::as_str));
-        let labels = [
-            "likely",
-            "unlikely",
-            "likely",
-            "unlikely",
-            "gibberish",
-            "likely",
-        ];
+        let labels = W1_AND_M1_LABELS;
         let second_is_1 = ["true", "false", "false", "false", "false", "false"];
         let assignment = |worker, status, seconds| {
             let head = vec!["H1", worker, status, seconds, self.item.as_str()];
@@ -508,11 +493,7 @@ fn agreement_of_imported_crowd_labels_matches_the_figures_computed_by_hand() {
     // ppa_rank = (1+1+0+3+3+3)/18; α_rank = 1 − 17·7/(18² − (3²+3²+12²)) = 43/162.
     // ppa_label = (3+1+3+3+3+1)/18; α_label = 1 − 17·4/(18² − (9²+6²+3²)) = 130/198.
     let out = afkit(&["agreement", arg(&crowd.db), "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let close = |key: &str, want: f64| {
         let got = json[key]
@@ -578,11 +559,7 @@ fn order_risk_hands_out_the_items_whose_negatives_could_be_right_first() {
             .args(order)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
     };
     annotate("ann", &["--order", "risk"]);
     let submitted = |who: &str| -> Vec<i64> {

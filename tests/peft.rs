@@ -12,6 +12,8 @@ use afkit_engine::lm::LanguageModel;
 use candle_core::{Device, Tensor};
 use rand_distr::{Distribution, Normal};
 
+use crate::common::assert_succeeded;
+
 /// The python that has torch, transformers, peft and gguf, from `AFKIT_PEFT_PYTHON`.
 fn peft_python() -> PathBuf {
     let python = std::env::var_os("AFKIT_PEFT_PYTHON")
@@ -69,11 +71,7 @@ fn peft_logprobs(
         .arg(serde_json::to_string(tokens).unwrap())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let values = |key: &str| -> Vec<f64> {
         theirs[key]

@@ -60,14 +60,19 @@ pub fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
-/// The standard output of a run that must have succeeded.
-pub fn succeeded(out: Output) -> String {
+/// Fails the test, showing both outputs, unless the run succeeded.
+pub fn assert_succeeded(out: &Output) {
     assert!(
         out.status.success(),
-        "afkit failed:\n{}\n{}",
-        stdout(&out),
-        stderr(&out)
+        "the run failed:\n{}\n{}",
+        stdout(out),
+        stderr(out)
     );
+}
+
+/// The standard output of a run that must have succeeded.
+pub fn succeeded(out: Output) -> String {
+    assert_succeeded(&out);
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
