@@ -176,7 +176,7 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
     let model = tiny_gguf(dir.path(), 32, 1);
     let m = model.to_str().unwrap();
     let (a, c) = (af.to_str().unwrap(), control.to_str().unwrap());
-    let json: Value = serde_json::from_str(&ok(&[
+    let audit = [
         "audit",
         a,
         "--cv",
@@ -186,9 +186,8 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
         m,
         "--control",
         c,
-        "--json",
-    ]))
-    .unwrap();
+    ];
+    let json: Value = serde_json::from_str(&ok(&[&audit[..], &["--json"]].concat())).unwrap();
     check_lm_row(&json["lm"][0], &model, &af);
     check_control_and_verdicts(&json);
     let md = std::fs::read_to_string(af.join("audit/audit.md")).unwrap();
@@ -203,17 +202,7 @@ fn cli_reports_zero_shot_rows_the_control_beside_them_and_verdicts() {
     }
     assert!(af.join("audit/control/audit.json").exists());
     // The printed table: both columns, the difference, the verdicts.
-    let text = ok(&[
-        "audit",
-        a,
-        "--cv",
-        "3",
-        "--no-embed",
-        "--lm",
-        m,
-        "--control",
-        c,
-    ]);
+    let text = ok(&audit);
     assert!(
         text.contains("control") && text.contains("lm:tiny:acc_norm"),
         "{text}"
