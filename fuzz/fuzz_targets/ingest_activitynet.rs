@@ -6,5 +6,5 @@ mod input_file;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let path = input_file::write("input.json", data);
-    let _ = afkit_ingest::input::read_activitynet(&path);
+    let _ = afkit_ingest::Format::Activitynet.read(&path);
 });

@@ -6,5 +6,5 @@ mod input_file;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let path = input_file::write("input.jsonl", data);
-    let _ = afkit_ingest::input::read_jsonl(&path);
+    let _ = afkit_ingest::Format::Jsonl.read(&path);
 });

@@ -6,5 +6,5 @@ mod input_file;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let path = input_file::write("input.csv", data);
-    let _ = afkit_ingest::input::read_swag_csv(&path);
+    let _ = afkit_ingest::Format::SwagCsv.read(&path);
 });

@@ -15,31 +15,32 @@ use afkit_store::dataset::{FULL_COLUMNS, FULL_TYPE_COLUMNS, REGULAR_COLUMNS};
 
 /// One input record: a first sentence and its (possibly unsplit) second sentence.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Record {
-    pub ext_id: String,
-    pub group: String,
-    pub sent1: String,
-    pub second: Second,
+pub(crate) struct Record {
+    pub(crate) ext_id: String,
+    pub(crate) group: String,
+    pub(crate) sent1: String,
+    pub(crate) second: Second,
     /// Provenance carried over from a SWAG CSV.
-    pub gold_source: Option<String>,
+    pub(crate) gold_source: Option<String>,
     /// Where the record is, for messages: "file:line" or "file: video ID".
-    pub origin: String,
+    pub(crate) origin: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Second {
+pub(crate) enum Second {
     /// The whole second sentence; afkit splits it.
     Unsplit(String),
     /// `sent2` and the ending as given by the input.
     Split { sent2: String, ending: String },
 }
 
-/// A file read whole: its raw bytes (for the source checksum) and its records.
+/// A file read whole: its raw bytes' checksum (for the source) and its records. Only ingest
+/// looks inside; [`crate::Format::read`] hands it out so that a reader can be run on its own.
 pub struct Parsed {
-    pub sha256: String,
-    pub records: Vec<Record>,
+    pub(crate) sha256: String,
+    pub(crate) records: Vec<Record>,
     /// Every sentence of the input once, for the rare-token counts.
-    pub sentences: Vec<String>,
+    pub(crate) sentences: Vec<String>,
 }
 
 /// Reads a file as UTF-8 text without the byte-order mark some editors put first (the hash is of
@@ -101,7 +102,7 @@ impl<'de> Deserialize<'de> for Videos {
 
 /// Every consecutive pair of a video's sentences is a record `"<video>#<i>"` (pair `i` =
 /// sentences `i` and `i + 1`, from 0), grouped by video.
-pub fn read_activitynet(path: &Path) -> Result<Parsed> {
+pub(crate) fn read_activitynet(path: &Path) -> Result<Parsed> {
     let (text, sha256) = read_text(path, ACTIVITYNET)?;
     let videos: Videos = serde_json::from_str(&text).map_err(|e| {
         anyhow!(
@@ -208,7 +209,7 @@ fn found_ending(line: &JsonlLine, at: &str) -> Result<String> {
 /// One record per non-blank line; without `sent2`, the ending is the whole second sentence.
 /// Questions whose gold is a generated ending (afkit's `gen-orig` training examples) are skipped:
 /// their context comes with its found ending on another line.
-pub fn read_jsonl(path: &Path) -> Result<Parsed> {
+pub(crate) fn read_jsonl(path: &Path) -> Result<Parsed> {
     let (text, sha256) = read_text(path, JSONL)?;
     let mut records = Vec::new();
     let mut sentences = Vec::new();
@@ -284,7 +285,7 @@ fn swag_full_required() -> Vec<&'static str> {
 /// first 12 hex digits of the SHA-256 of `sent1`, `sent2` and the gold ending (NUL-separated):
 /// stable across row order and across regular/full files, so re-ingesting (or ingesting an
 /// afkit export) never duplicates an example.
-pub fn read_swag_csv(path: &Path) -> Result<Parsed> {
+pub(crate) fn read_swag_csv(path: &Path) -> Result<Parsed> {
     let expected = format!(
         "a SWAG CSV with the regular columns ({}) or the full columns ({}, ...)",
         REGULAR_COLUMNS.join(", "),

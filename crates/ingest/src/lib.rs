@@ -1,8 +1,8 @@
 //! Ingest: load contexts with their found endings into the project.
 //!
 //! Three phases, so that bad input never half-writes a project:
-//! 1. read and validate every file whole ([`input`]): any error names the file, the line or
-//!    record and what was expected, before anything is written;
+//! 1. read and validate every file whole ([`Format::read`]): any error names the file, the line
+//!    or record and what was expected, before anything is written;
 //! 2. split second sentences before their main verb phrase and apply the filters
 //!    ([`filters`]), in parallel;
 //! 3. write everything in ONE transaction: a crash, a kill or Ctrl-C leaves the project as it
@@ -10,10 +10,10 @@
 //!    `ext_id`).
 
 mod filters;
-pub mod input;
+mod input;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -67,6 +67,16 @@ impl Format {
         inferred
             .map(|(format, _)| format)
             .context("no input file given")
+    }
+
+    /// Reads and validates one file of this format whole, before anything is written; an error
+    /// names the file, the line or record, and what was expected.
+    pub fn read(self, path: &Path) -> Result<Parsed> {
+        match self {
+            Format::Activitynet => input::read_activitynet(path),
+            Format::Jsonl => input::read_jsonl(path),
+            Format::SwagCsv => input::read_swag_csv(path),
+        }
     }
 
     fn name(self) -> &'static str {
@@ -166,12 +176,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
 fn read_files(format: Format, files: &[PathBuf]) -> Result<Vec<(PathBuf, Parsed)>> {
     let mut parsed: Vec<(PathBuf, Parsed)> = Vec::with_capacity(files.len());
     for path in files {
-        let p = match format {
-            Format::Activitynet => input::read_activitynet(path)?,
-            Format::Jsonl => input::read_jsonl(path)?,
-            Format::SwagCsv => input::read_swag_csv(path)?,
-        };
-        parsed.push((path.clone(), p));
+        parsed.push((path.clone(), format.read(path)?));
         afkit_engine::interrupt::check()?;
     }
     Ok(parsed)
