@@ -6,8 +6,7 @@ use anyhow::Result;
 
 use super::progress::Notes;
 use afkit_engine::seed::Seed;
-use afkit_export::layout::Layout;
-use afkit_export::{self as export, answers_path, parse_license, Negatives, Options};
+use afkit_export::{self as export, parse_license, Negatives, Options};
 use afkit_store::Store;
 
 /// Help heading after the common options.
@@ -75,7 +74,7 @@ pub fn run(args: Args) -> Result<()> {
     let options = Options {
         negatives: args.negatives,
         seed: args.seed,
-        layout: Layout::new(args.with_test_labels),
+        with_test_labels: args.with_test_labels,
         license: args.license,
         name: args.name,
     };
@@ -89,8 +88,7 @@ pub fn run(args: Args) -> Result<()> {
     for (name, (bytes, _)) in &summary.files {
         println!("  {name:<28} {bytes:>10} bytes");
     }
-    let answers = answers_path(&args.out)?;
-    if summary.files.contains_key(&answers.display().to_string()) {
+    if let Some(answers) = &summary.answers {
         println!(
             "the test answers are in {} (keep it private)",
             answers.display()

@@ -19,7 +19,7 @@ use afkit_engine::text::counted;
 use afkit_store::af::{AfRun, IterationRecord, Phase};
 use afkit_store::assemble::AssemblyInfo;
 use afkit_store::dataset::Split;
-use afkit_store::export::{GenerationInfo, LabelRow, LogProbGap, SourceInfo};
+use afkit_store::export::{LabelRow, Provenance};
 use afkit_store::Store;
 
 /// Everything the card reports, read from the project.
@@ -30,20 +30,23 @@ pub(crate) struct CardInputs {
     pub layout: Layout,
     pub license: String,
     pub assemble_params: Option<String>,
-    pub sources: Vec<SourceInfo>,
-    pub generations: Vec<GenerationInfo>,
-    pub gap: Option<LogProbGap>,
+    pub provenance: Provenance,
     /// The AF run the exported assembly was made from.
     pub af_run: Option<AfRun>,
     pub assembly: Option<AssemblyInfo>,
     pub iterations: Vec<IterationRecord>,
-    pub labels: Vec<LabelRow>,
-    pub rounds: BTreeMap<i64, i64>,
     pub left_out: Vec<String>,
 }
 
 impl CardInputs {
-    pub fn read(store: &Store, options: &Options, left_out: Vec<String>) -> Result<CardInputs> {
+    /// What the card reports of the project and the export's options, its files as `layout`
+    /// places them.
+    pub(crate) fn read(
+        store: &Store,
+        options: &Options,
+        layout: Layout,
+        left_out: Vec<String>,
+    ) -> Result<CardInputs> {
         let assembly = store.assembly_info()?;
         let af_run = match assembly {
             Some(a) => store.af_run_by_id(a.af_run)?,
@@ -63,17 +66,13 @@ impl CardInputs {
             }),
             negatives: options.negatives,
             seed: options.seed,
-            layout: options.layout,
+            layout,
             license: options.license.clone(),
             assemble_params: store.meta("assemble")?,
-            sources: store.sources()?,
-            generations: store.generations()?,
-            gap: store.logprob_gap()?,
+            provenance: store.provenance()?,
             af_run,
             assembly,
             iterations,
-            labels: store.label_rows()?,
-            rounds: store.tasks_per_round()?,
             left_out,
         })
     }
@@ -118,7 +117,7 @@ fn write_card(md: &mut String, c: &CardInputs, rows: &[Row]) -> std::fmt::Result
     write_generator(md, c)?;
     write_af(md, c)?;
     writeln!(md, "\n## Human verification\n")?;
-    write_agreement(md, &c.labels, &c.rounds)?;
+    write_agreement(md, &c.provenance.labels, &c.provenance.tasks_per_round)?;
     write_seeds_and_licence(md, c)
 }
 
@@ -208,7 +207,7 @@ fn write_sources(md: &mut String, c: &CardInputs) -> std::fmt::Result {
         "| file | format | SHA-256 | examples kept | licence |\n| --- | --- | --- | ---: | --- |"
     )?;
     // Inputs that contributed no example (such as this export ingested back) are not its sources.
-    for s in c.sources.iter().filter(|s| s.examples > 0) {
+    for s in c.provenance.sources.iter().filter(|s| s.examples > 0) {
         writeln!(
             md,
             "| {} | {} | `{}` | {} | {} |",
@@ -226,10 +225,10 @@ fn write_sources(md: &mut String, c: &CardInputs) -> std::fmt::Result {
 /// The generation runs, and how much likelier the LM finds the found endings than its own.
 fn write_generator(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     writeln!(md, "\n## Generator\n")?;
-    if c.generations.is_empty() {
+    if c.provenance.generations.is_empty() {
         writeln!(md, "No generation recorded.")?;
     }
-    for g in &c.generations {
+    for g in &c.provenance.generations {
         writeln!(
             md,
             "- `{}` via {} — SHA-256 `{}`; prompt `{}`; parameters `{}`; seed {}; {}, {}. Licence: {}",
@@ -244,7 +243,7 @@ fn write_generator(md: &mut String, c: &CardInputs) -> std::fmt::Result {
             model_licence(&g.model)
         )?;
     }
-    match &c.gap {
+    match &c.provenance.gap {
         Some(gap) => writeln!(
             md,
             "\nMean log-prob per token of the ending given its context (the LM may have seen the \

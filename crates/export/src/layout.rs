@@ -18,17 +18,17 @@ pub(crate) const HARNESS_DIR: &str = "lm_eval";
 
 /// The files of one export.
 #[derive(Debug, Clone, Copy)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// Keep the test split's labels in the folder (internal use) instead of withholding them.
-    pub with_test_labels: bool,
+    pub(crate) with_test_labels: bool,
     /// Which splits hold examples, indexed like [`Split::ALL`]: an empty split gets no files and
     /// no place in the card's configurations (a header-only file makes `load_dataset` fail).
-    pub present: [bool; 3],
+    pub(crate) present: [bool; 3],
 }
 
 impl Layout {
     /// Every split present; [`Layout::with_present`] narrows it to the splits with examples.
-    pub fn new(with_test_labels: bool) -> Layout {
+    pub(crate) fn new(with_test_labels: bool) -> Layout {
         Layout {
             with_test_labels,
             present: [true; 3],
@@ -36,7 +36,7 @@ impl Layout {
     }
 
     /// This layout with only the splits for which `has_examples` holds.
-    pub fn with_present(self, has_examples: impl Fn(Split) -> bool) -> Layout {
+    pub(crate) fn with_present(self, has_examples: impl Fn(Split) -> bool) -> Layout {
         Layout {
             present: Split::ALL.map(has_examples),
             ..self
@@ -56,12 +56,12 @@ impl Layout {
     }
 
     /// The regular SWAG CSV of `split` (named after afkit's split name).
-    pub fn regular(&self, split: Split) -> String {
+    pub(crate) fn regular(&self, split: Split) -> String {
         split.regular_csv()
     }
 
     /// The full SWAG CSV of `split`.
-    pub fn full(&self, split: Split) -> String {
+    pub(crate) fn full(&self, split: Split) -> String {
         split.full_csv()
     }
 

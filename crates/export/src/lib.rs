@@ -15,7 +15,7 @@
 mod card;
 mod harness;
 mod hub;
-pub mod layout;
+mod layout;
 mod options;
 mod rows;
 
@@ -32,7 +32,7 @@ use afkit_store::assemble::{AssembledExample, AssemblyInfo};
 use afkit_store::dataset::Split;
 use afkit_store::export::ExportInfo;
 use afkit_store::Store;
-use layout::CARD;
+use layout::{Layout, CARD};
 pub use options::{Negatives, Options};
 
 /// A licence id goes into the card's YAML header: lowercase letters, digits, `.` and `-`.
@@ -51,7 +51,7 @@ pub fn parse_license(text: &str) -> Result<String, String> {
 }
 
 /// Where a published export's test answers go: beside OUT, named after it.
-pub fn answers_path(out: &Path) -> Result<PathBuf> {
+fn answers_path(out: &Path) -> Result<PathBuf> {
     let name = out
         .file_name()
         .with_context(|| format!("{}: expected a directory name for --out", out.display()))?;
@@ -83,6 +83,8 @@ impl Observer for Silent {}
 pub struct Summary {
     /// File name → (size, SHA-256); the answers file under its own path.
     pub files: BTreeMap<String, (usize, String)>,
+    /// The test answers beside the folder, when they were withheld from it.
+    pub answers: Option<PathBuf>,
 }
 
 /// Writes the export (and, unless the test labels stay in it, the answers file beside it) and
@@ -104,23 +106,16 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     for (row, ex) in rows.iter_mut().zip(&examples) {
         row.could_be_right = could_be_right(store, ex)?;
     }
-    let options = &Options {
-        layout: options
-            .layout
-            .with_present(|split| rows.iter().any(|r| r.split == split)),
-        ..options.clone()
-    };
-    for split in Split::ALL
-        .into_iter()
-        .filter(|s| !options.layout.present(*s))
-    {
+    let layout = Layout::new(options.with_test_labels)
+        .with_present(|split| rows.iter().any(|r| r.split == split));
+    for split in Split::ALL.into_iter().filter(|s| !layout.present(*s)) {
         observer.note(&format!(
             "the {split} split has no examples: it gets no files and no place in the card"
         ));
     }
-    let card_inputs = card::CardInputs::read(store, options, left_out)?;
-    let files = folder_files(&rows, &card_inputs, options)?;
-    let answers = if options.layout.with_test_labels || !options.layout.present(Split::Test) {
+    let card_inputs = card::CardInputs::read(store, options, layout, left_out)?;
+    let files = folder_files(&rows, &card_inputs)?;
+    let answers = if layout.with_test_labels || !layout.present(Split::Test) {
         None
     } else {
         let test: Vec<&rows::Row> = rows.iter().filter(|r| r.split == Split::Test).collect();
@@ -131,7 +126,10 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     output.folder_and_beside(out, &files, WRITER, answers.as_slice())?;
     let written = written_files(&files, answers.as_ref());
     record(store, out, options, assembly, &written)?;
-    Ok(Summary { files: written })
+    Ok(Summary {
+        files: written,
+        answers: answers.map(|(path, _)| path),
+    })
 }
 
 /// Readies OUT and the answers file's place beside it: an earlier export killed while its files
@@ -149,7 +147,7 @@ fn prepare_destination(
             observer.note(&note);
         }
     }
-    if !options.layout.with_test_labels {
+    if !options.with_test_labels {
         output.check(answers_target)?;
     }
     Ok(())
@@ -263,9 +261,8 @@ const WRITER: &str = "export";
 fn folder_files(
     rows: &[rows::Row],
     card_inputs: &card::CardInputs,
-    options: &Options,
 ) -> Result<BTreeMap<String, Vec<u8>>> {
-    let layout = &options.layout;
+    let layout = &card_inputs.layout;
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     for split in Split::ALL.into_iter().filter(|s| layout.present(*s)) {
         let in_split: Vec<&rows::Row> = rows.iter().filter(|r| r.split == split).collect();
@@ -284,7 +281,7 @@ fn folder_files(
     }
     let meta = hub::HubMeta {
         pretty_name: &card_inputs.project_name,
-        license: &options.license,
+        license: &card_inputs.license,
         rows: rows.len(),
         examples: Split::ALL.map(|split| rows.iter().filter(|r| r.split == split).count()),
         files: &files,

@@ -1,6 +1,6 @@
-//! What an export writes: which negatives, the seed of its shuffles, its layout and licence.
+//! What an export writes: which negatives, the seed of its shuffles, whether the test answers
+//! stay in the folder, and its licence.
 
-use super::layout::Layout;
 use afkit_engine::seed::Seed;
 
 /// The export's settings, as recorded and as the card reports them.
@@ -8,7 +8,8 @@ use afkit_engine::seed::Seed;
 pub struct Options {
     pub negatives: Negatives,
     pub seed: Seed,
-    pub layout: Layout,
+    /// Keep the test split's labels in the folder (internal use) instead of withholding them.
+    pub with_test_labels: bool,
     pub license: String,
     /// The dataset's name in the card; absent, the project file's name without its extension.
     pub name: Option<String>,

@@ -44,6 +44,32 @@ impl Store {
     }
 }
 
+/// What the dataset card reports of the stages before export, read in one call: the ingested
+/// files, the generation jobs, the found-vs-generated log-prob gap, and the human verification.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Provenance {
+    pub sources: Vec<SourceInfo>,
+    pub generations: Vec<GenerationInfo>,
+    pub gap: Option<LogProbGap>,
+    /// Every label of every non-broken submission.
+    pub labels: Vec<LabelRow>,
+    /// Annotation tasks per round.
+    pub tasks_per_round: BTreeMap<i64, i64>,
+}
+
+impl Store {
+    /// The provenance the dataset card reports.
+    pub fn provenance(&self) -> Result<Provenance> {
+        Ok(Provenance {
+            sources: self.sources()?,
+            generations: self.generations()?,
+            gap: self.logprob_gap()?,
+            labels: self.label_rows()?,
+            tasks_per_round: self.tasks_per_round()?,
+        })
+    }
+}
+
 /// An ingested input file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceInfo {
@@ -54,7 +80,7 @@ pub struct SourceInfo {
 }
 
 impl Store {
-    pub fn sources(&self) -> Result<Vec<SourceInfo>> {
+    fn sources(&self) -> Result<Vec<SourceInfo>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
         "SELECT s.path, s.format, s.sha256, (SELECT COUNT(*) FROM examples x WHERE x.source_id = s.id)
@@ -86,7 +112,7 @@ pub struct GenerationInfo {
 }
 
 impl Store {
-    pub fn generations(&self) -> Result<Vec<GenerationInfo>> {
+    fn generations(&self) -> Result<Vec<GenerationInfo>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
             "SELECT g.backend, g.model, g.model_sha256, g.prompt, g.params, g.seed,
@@ -121,7 +147,7 @@ pub struct LogProbGap {
 }
 
 impl Store {
-    pub fn logprob_gap(&self) -> Result<Option<LogProbGap>> {
+    fn logprob_gap(&self) -> Result<Option<LogProbGap>> {
         let conn = &self.conn;
         let (found_mean, found_n, generated_mean, generated_n): (Option<f64>, i64, Option<f64>, i64) = conn.query_row(
         "SELECT AVG(CASE WHEN e.is_gold = 1 THEN e.lp_cond END), COUNT(CASE WHEN e.is_gold = 1 THEN e.lp_cond END),
@@ -154,7 +180,7 @@ pub struct LabelRow {
 }
 
 impl Store {
-    pub fn label_rows(&self) -> Result<Vec<LabelRow>> {
+    fn label_rows(&self) -> Result<Vec<LabelRow>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
         "SELECT s.task_id, s.annotator, l.ending_id, e.is_gold, l.judgement, l.rank
@@ -175,7 +201,7 @@ impl Store {
     }
 
     /// Number of annotation tasks per round.
-    pub fn tasks_per_round(&self) -> Result<BTreeMap<i64, i64>> {
+    fn tasks_per_round(&self) -> Result<BTreeMap<i64, i64>> {
         let conn = &self.conn;
         let mut stmt =
             conn.prepare("SELECT round, COUNT(*) FROM tasks GROUP BY round ORDER BY round")?;
