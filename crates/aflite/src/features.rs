@@ -21,7 +21,7 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Matrix {
+    pub(crate) fn new(rows: usize, cols: usize, data: Vec<f32>) -> Matrix {
         assert_eq!(
             data.len(),
             rows * cols,
@@ -30,12 +30,12 @@ impl Matrix {
         Matrix { rows, cols, data }
     }
 
-    pub fn row(&self, i: usize) -> &[f32] {
+    pub(crate) fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.cols..(i + 1) * self.cols]
     }
 
     /// The rows at `indices`, in that order.
-    pub fn select(&self, indices: &[usize]) -> Matrix {
+    pub(crate) fn select(&self, indices: &[usize]) -> Matrix {
         let mut data = Vec::with_capacity(indices.len() * self.cols);
         for &i in indices {
             data.extend_from_slice(self.row(i));
@@ -65,7 +65,7 @@ impl Matrix {
     /// Writes the matrix as a float32 `.npy` file (format 1.0, C order). Written here rather
     /// than by candle's `Tensor::write_npy`, which makes one system call per value: 7 s for
     /// 20k × 384.
-    pub fn write_npy(&self, path: &Path, output: &Output) -> Result<()> {
+    pub(crate) fn write_npy(&self, path: &Path, output: &Output) -> Result<()> {
         use std::io::Write;
         let mut staged = output.stage(path)?;
         let mut write = || -> std::io::Result<()> {

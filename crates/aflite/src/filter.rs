@@ -31,7 +31,7 @@ pub enum Variant {
 
 /// Resolved parameters (counts, not fractions).
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Params {
+pub(crate) struct Params {
     pub target_size: usize,
     pub partitions: usize,
     pub train_size: usize,
@@ -73,7 +73,7 @@ impl Params {
     }
 
     /// The slice actually used: greedy removes one example per round.
-    pub fn effective_slice(&self) -> usize {
+    pub(crate) fn effective_slice(&self) -> usize {
         match self.variant {
             Variant::Greedy => 1,
             _ => self.slice,
@@ -112,7 +112,7 @@ pub enum StopReason {
     AlreadyAtTargetSize,
 }
 
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Per example: the round in which it was removed (1-based), or `None` if retained.
     pub removed_round: Vec<Option<usize>>,
     /// Per example: its last predictability score, `None` if never predicted.
@@ -162,7 +162,7 @@ pub(crate) fn tiebreak_ranks(n: usize, seed: Seed) -> Vec<u32> {
 const ROUNDS_STREAM: u64 = 1;
 
 /// Runs AFLite on `features` (one row per example) with class ids `labels`.
-pub fn run(
+pub(crate) fn run(
     features: &Matrix,
     labels: &[u32],
     params: &Params,

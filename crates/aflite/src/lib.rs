@@ -8,7 +8,10 @@ mod data;
 pub mod features;
 pub mod filter;
 pub mod logreg;
-pub mod warmup;
+mod warmup;
+
+#[cfg(test)]
+mod tests;
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};

@@ -42,22 +42,20 @@ impl Default for FitOptions {
 
 /// A fitted model over the classes it saw in training.
 #[derive(Debug, Clone)]
-pub struct LogReg {
+pub(crate) struct LogReg {
     dim: usize,
     /// Original class ids of the model's outputs, ascending.
     classes: Vec<u32>,
     /// One row per output (1 for two classes, else one per class), over raw (uncentred) features.
     weights: Vec<f32>,
     bias: Vec<f32>,
-    /// L-BFGS iterations used.
-    pub iterations: usize,
     /// Whether the gradient tolerance was reached.
     pub converged: bool,
 }
 
 impl LogReg {
     /// Fits on `rows` rows of `x` (row-major, `dim` columns) with class ids `y`.
-    pub fn fit(x: &[f32], dim: usize, y: &[u32], opts: &FitOptions) -> LogReg {
+    pub(crate) fn fit(x: &[f32], dim: usize, y: &[u32], opts: &FitOptions) -> LogReg {
         let rows = y.len();
         assert_eq!(x.len(), rows * dim, "feature matrix does not match labels");
         assert!(rows > 0, "cannot fit on no rows");
@@ -71,7 +69,6 @@ impl LogReg {
                 classes,
                 weights: vec![0.0; dim],
                 bias: vec![0.0],
-                iterations: 0,
                 converged: true,
             };
         }
@@ -92,13 +89,12 @@ impl LogReg {
             classes,
             weights,
             bias,
-            iterations: minimum.iterations,
             converged: minimum.converged,
         }
     }
 
     /// The predicted class id of one feature row.
-    pub fn predict(&self, row: &[f32]) -> u32 {
+    pub(crate) fn predict(&self, row: &[f32]) -> u32 {
         debug_assert_eq!(row.len(), self.dim);
         if self.classes.len() == 1 {
             return self.classes[0];

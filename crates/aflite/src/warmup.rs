@@ -14,7 +14,7 @@ use super::features::Matrix;
 use afkit_engine::seed::Seed;
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct WarmupOptions {
+pub(crate) struct WarmupOptions {
     pub hidden: usize,
     pub epochs: usize,
     pub batch_size: usize,
@@ -24,8 +24,10 @@ pub struct WarmupOptions {
 }
 
 /// The trained encoder (input → ReLU hidden layer) with its final training accuracy.
-pub struct Warmup {
+pub(crate) struct Warmup {
     hidden: Linear,
+    /// The output layer, kept for the tests' predictions (Φ is the hidden layer alone).
+    #[cfg(test)]
     output: Linear,
     pub train_accuracy: f64,
     pub final_loss: f64,
@@ -33,7 +35,12 @@ pub struct Warmup {
 
 impl Warmup {
     /// Trains the MLP on `x` with class ids `y` (`classes` of them).
-    pub fn train(x: &Matrix, y: &[u32], classes: usize, opts: &WarmupOptions) -> Result<Warmup> {
+    pub(crate) fn train(
+        x: &Matrix,
+        y: &[u32],
+        classes: usize,
+        opts: &WarmupOptions,
+    ) -> Result<Warmup> {
         let device = Device::Cpu;
         let mut rng = opts.seed.rng();
         let (w1, b1) = init_linear(x.cols, opts.hidden, &mut rng)?;
@@ -77,6 +84,7 @@ impl Warmup {
             .to_scalar::<f32>()?;
         Ok(Warmup {
             hidden,
+            #[cfg(test)]
             output,
             train_accuracy: correct as f64 / x.rows as f64,
             final_loss,
@@ -84,7 +92,8 @@ impl Warmup {
     }
 
     /// The MLP's predicted class ids for `x` (e.g. to check a filtered set stays learnable).
-    pub fn predict(&self, x: &Matrix) -> Result<Vec<u32>> {
+    #[cfg(test)]
+    pub(crate) fn predict(&self, x: &Matrix) -> Result<Vec<u32>> {
         let xs = Tensor::from_slice(&x.data, (x.rows, x.cols), &Device::Cpu)?;
         let logits = self.output.forward(&self.hidden.forward(&xs)?.relu()?)?;
         Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
