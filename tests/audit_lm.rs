@@ -9,9 +9,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use afkit_audit::dataset::read_split;
-use afkit_audit::lm::{score_questions, Posed};
-use afkit_engine::lm::choice::OptionScores;
+use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer, OptionScores};
 use afkit_engine::lm::LanguageModel;
 use afkit_store::dataset::startphrase;
 use common::{command, ok, run_ok, tiny_gguf, unverified_project};
@@ -76,16 +74,42 @@ fn write_dataset(dir: &Path, n: usize, control: bool) {
     }
 }
 
-/// The engine's scores of a split's questions, posed as the audit (and, with their context,
-/// the harness) poses them.
+/// What a model reads before each ending.
+#[derive(Clone, Copy)]
+enum Posed {
+    /// The startphrase, as the harness poses the export's SWAG-style task.
+    WithContext,
+    /// Nothing: the zero-prompt check.
+    EndingsAlone,
+}
+
+/// The engine's own scores of a labelled split's questions (read from the CSV by column name),
+/// posed as the harness poses them or with the endings alone, and the labels.
 fn engine_scores(model: &Path, split: &Path, posed: Posed) -> (Vec<OptionScores>, Vec<usize>) {
-    let questions = read_split(split, true).unwrap();
+    let mut reader = csv::Reader::from_path(split).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let (mut contexts, mut endings, mut labels) = (Vec::new(), Vec::new(), Vec::new());
+    for record in reader.records() {
+        let record = record.unwrap();
+        let field = |name: &str| {
+            let column = headers.iter().position(|h| h == name).unwrap();
+            record[column].to_string()
+        };
+        contexts.push(match posed {
+            Posed::WithContext => startphrase(&field("sent1"), &field("sent2")),
+            Posed::EndingsAlone => String::new(),
+        });
+        endings.push(["ending0", "ending1", "ending2", "ending3"].map(field));
+        labels.push(field("label").parse().unwrap());
+    }
+    let questions: Vec<ChoiceQuestion> = contexts
+        .iter()
+        .zip(&endings)
+        .map(|(context, options)| ChoiceQuestion { context, options })
+        .collect();
     let model = LanguageModel::load(model).unwrap();
-    let labels = questions.iter().map(|q| q.label.unwrap()).collect();
-    (
-        score_questions(&model, &questions, posed, &|| ()).unwrap(),
-        labels,
-    )
+    let scorer = ChoiceScorer::new(&model).unwrap();
+    (scorer.score_all(&questions, &|| ()).unwrap(), labels)
 }
 
 /// The engine's `acc` and `acc_norm` over the train and val questions of `dir`.

@@ -7,7 +7,6 @@ use anyhow::{Context, Result};
 use super::progress::Lines;
 use afkit_audit::lm::LmSpec;
 use afkit_audit::predictions::Choice;
-use afkit_audit::verdict::{Row, Verdict};
 use afkit_audit::{self as audit, cv, score::score};
 use afkit_engine::device::{Compute, DeviceChoice};
 use afkit_engine::embed::cross_encoder::{FineTuning, Shape};
@@ -216,11 +215,11 @@ pub fn run(args: Args) -> Result<()> {
     match summary {
         audit::Summary::CrossValidated(audit) => {
             print_cv_table(&audit);
-            print_timings(&audit.findings.timings);
+            print_timings(&audit.findings);
         }
         audit::Summary::Holdout(report) => {
             print_holdout(&report, &config.dataset);
-            print_timings(&report.findings.timings);
+            print_timings(&report.findings);
         }
     }
     println!("report: {}", config.out.join("audit.md").display());
@@ -252,8 +251,8 @@ fn print_holdout(report: &audit::AuditReport, dataset: &std::path::Path) {
         "train {} -> val {} questions (chance 0.250; ± is the se of a proportion)",
         report.n_train, report.n_val
     );
-    print_rows(&report.findings.summary, report.control.is_some());
-    print_verdicts(&report.findings.verdicts);
+    print_rows(&report.findings, report.control.is_some());
+    print_verdicts(&report.findings);
     print_could_be_right(report.findings.could_be_right.as_ref());
     println!(
         "a single train -> val split: `afkit audit {} --cv 5` gives the figure to trust",
@@ -267,7 +266,7 @@ fn print_cv_table(audit: &audit::CvAudit) {
         "{}-fold cross-validation by group: {} questions, {} groups, seed {} (chance 0.250)",
         cv.folds, cv.questions, cv.groups, cv.seed
     );
-    print_rows(&audit.findings.summary, audit.control.is_some());
+    print_rows(&audit.findings, audit.control.is_some());
     for (baseline, result) in &cv.baselines {
         if let cv::CvResult::Skipped { skipped } = result {
             println!("{:<22} skipped: {skipped}", baseline.name());
@@ -275,7 +274,7 @@ fn print_cv_table(audit: &audit::CvAudit) {
             println!("{:<22} {trained_on}", baseline.name());
         }
     }
-    print_verdicts(&audit.findings.verdicts);
+    print_verdicts(&audit.findings);
     print_could_be_right(audit.findings.could_be_right.as_ref());
 }
 
@@ -287,7 +286,7 @@ fn print_could_be_right(flag: Option<&audit::CouldBeRight>) {
 
 /// One line per measured row, with where it stands against chance; with a control, its
 /// mean ± se and the difference in points.
-fn print_rows(rows: &[Row], with_control: bool) {
+fn print_rows(findings: &audit::Findings, with_control: bool) {
     if with_control {
         println!(
             "{:<22} {:>13} {:>13} {:>6}",
@@ -296,7 +295,7 @@ fn print_rows(rows: &[Row], with_control: bool) {
     } else {
         println!("{:<22} {:>13}", "baseline", "mean ± se");
     }
-    for row in rows {
+    for row in &findings.summary {
         let measured = format!("{:.3} ± {:.3}", row.mean, row.se);
         if !with_control {
             println!("{:<22} {measured:>13}  {}", row.name, row.standing.words());
@@ -312,9 +311,9 @@ fn print_rows(rows: &[Row], with_control: bool) {
     }
 }
 
-fn print_verdicts(verdicts: &[Verdict]) {
+fn print_verdicts(findings: &audit::Findings) {
     println!("verdicts:");
-    for v in verdicts {
+    for v in &findings.verdicts {
         println!("  {}: {}", v.family, v.text);
     }
 }
@@ -362,8 +361,9 @@ pub fn run_score(args: ScoreArgs) -> Result<()> {
 }
 
 /// `time: ngram_end 0.4 s, knn 2.1 s, lm:smollm2 30.2 s`: seconds per baseline and model.
-fn print_timings(timings: &[audit::timing::Timing]) {
-    let parts: Vec<String> = timings
+fn print_timings(findings: &audit::Findings) {
+    let parts: Vec<String> = findings
+        .timings
         .iter()
         .map(|t| format!("{} {:.1} s", t.name, t.seconds))
         .collect();

@@ -22,8 +22,8 @@ pub mod predictions;
 mod relational;
 mod report;
 pub mod score;
-pub mod timing;
-pub mod verdict;
+mod timing;
+mod verdict;
 
 use std::path::PathBuf;
 use std::sync::Mutex;

@@ -59,7 +59,7 @@ pub(crate) fn proportion_se(p: f64, n: usize) -> f64 {
 
 /// What a model reads before each ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Posed {
+pub(crate) enum Posed {
     /// The startphrase, as the harness poses the export's SWAG-style task.
     WithContext,
     /// Nothing: the zero-prompt check of whether the endings alone give the answer away.
@@ -68,7 +68,7 @@ pub enum Posed {
 
 /// The model's scores of each question's endings, posed as `posed` says; `done` hears each
 /// finished question.
-pub fn score_questions(
+pub(crate) fn score_questions(
     model: &LanguageModel,
     questions: &[Question],
     posed: Posed,

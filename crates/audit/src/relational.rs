@@ -13,7 +13,7 @@ use super::ngram::Features;
 use afkit_engine::text::overlap::{content_words, jaccard, share, ContextWords};
 
 /// The relational features of every option of every question (dense, in `FEATURES` order).
-pub fn featurise(questions: &[Question]) -> Vec<[Features; 4]> {
+pub(crate) fn featurise(questions: &[Question]) -> Vec<[Features; 4]> {
     questions.iter().map(question_features).collect()
 }
 
