@@ -8,9 +8,17 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use afkit_store::dataset::{
-    Split, COULD_BE_RIGHT_COLUMN, GROUP_COLUMN, LABEL_COLUMN, QUESTION_COLUMNS,
-};
+use afkit_store::dataset::{Split, COULD_BE_RIGHT_COLUMN};
+
+/// The regular CSV's columns that make a question: both halves of the context and the four
+/// endings. Found by name, so files with extra or reordered columns read too.
+const QUESTION_COLUMNS: [&str; 6] = ["sent1", "sent2", "ending0", "ending1", "ending2", "ending3"];
+
+/// The regular CSV's group column: questions from one source video share it.
+const GROUP_COLUMN: &str = "video-id";
+
+/// The regular CSV's answer column: the gold ending's position (0-3).
+const LABEL_COLUMN: &str = "label";
 
 /// One 4-way question.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,7 +38,7 @@ pub struct Question {
 }
 
 /// Reads a split; `need_labels` makes a missing or empty label an error.
-pub fn read_split(path: &Path, need_labels: bool) -> Result<Vec<Question>> {
+pub(crate) fn read_split(path: &Path, need_labels: bool) -> Result<Vec<Question>> {
     let is_jsonl = path.extension().is_some_and(|e| e == "jsonl");
     let questions = if is_jsonl {
         read_jsonl(path)?
@@ -123,7 +131,7 @@ pub struct PooledFile {
 /// The labelled questions of every split's regular CSV in `dir`, pooled in [`Split::ALL`] order. A file
 /// that is absent, has no label column or has only empty labels (an unlabelled test split) is
 /// skipped and reported as such; a file where some labels are empty and others not is an error.
-pub fn read_labelled_splits(dir: &Path) -> Result<(Vec<Question>, Vec<PooledFile>)> {
+pub(crate) fn read_labelled_splits(dir: &Path) -> Result<(Vec<Question>, Vec<PooledFile>)> {
     let mut pooled = Vec::new();
     let mut files = Vec::new();
     for split in Split::ALL {
@@ -218,6 +226,19 @@ pub(crate) fn id_text(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn named_columns_are_regular_columns() {
+        let named = QUESTION_COLUMNS
+            .iter()
+            .chain([&GROUP_COLUMN, &LABEL_COLUMN]);
+        for column in named {
+            assert!(
+                afkit_store::dataset::REGULAR_COLUMNS.contains(column),
+                "{column}"
+            );
+        }
+    }
 
     #[test]
     fn reads_swag_release_layout_and_reports_bad_labels() {

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use afkit_engine::csv_lines::RecordLines;
 use afkit_engine::json_errors::json_error_without_position;
-use afkit_store::dataset::{FULL_COLUMNS, FULL_TYPE_COLUMNS, REGULAR_COLUMNS};
+use afkit_store::dataset::{FULL_COLUMNS, REGULAR_COLUMNS};
 
 /// One input record: a first sentence and its (possibly unsplit) second sentence.
 #[derive(Debug, Clone, PartialEq)]
@@ -271,6 +271,16 @@ pub(crate) fn read_jsonl(path: &Path) -> Result<Parsed> {
 
 // ----- SWAG CSV -----
 
+/// The full CSV's annotation types (likely / unlikely) of the gold and each distractor; empty
+/// where nobody judged the ending.
+const FULL_TYPE_COLUMNS: [&str; 5] = [
+    "gold-type",
+    "distractor-0-type",
+    "distractor-1-type",
+    "distractor-2-type",
+    "distractor-3-type",
+];
+
 /// The full columns ingest requires: all but the type columns, which it does not read, so a full
 /// file without them is taken too.
 fn swag_full_required() -> Vec<&'static str> {
@@ -431,6 +441,13 @@ pub(crate) fn clean_sentence(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn type_columns_are_full_columns() {
+        for column in FULL_TYPE_COLUMNS {
+            assert!(FULL_COLUMNS.contains(&column), "{column}");
+        }
+    }
 
     fn write(dir: &tempfile::TempDir, name: &str, content: &[u8]) -> std::path::PathBuf {
         let p = dir.path().join(name);

@@ -30,17 +30,6 @@ pub const REGULAR_COLUMNS: [&str; 11] = [
 /// that go by position still find SWAG's fields where the release has them.
 pub const COULD_BE_RIGHT_COLUMN: &str = "could-be-right";
 
-/// The regular CSV's columns that make a question: both halves of the context and the four
-/// endings. Readers find them by name, so files with extra or reordered columns read too.
-pub const QUESTION_COLUMNS: [&str; 6] =
-    ["sent1", "sent2", "ending0", "ending1", "ending2", "ending3"];
-
-/// The regular CSV's group column: questions from one source video share it.
-pub const GROUP_COLUMN: &str = "video-id";
-
-/// The regular CSV's answer column: the gold ending's position (0-3).
-pub const LABEL_COLUMN: &str = "label";
-
 /// Column order of SWAG's full CSV, as in the release (no index column; `sent1` and `sent2` last).
 pub const FULL_COLUMNS: [&str; 16] = [
     "video-id",
@@ -59,16 +48,6 @@ pub const FULL_COLUMNS: [&str; 16] = [
     "distractor-3-type",
     "sent1",
     "sent2",
-];
-
-/// The full CSV's annotation types (likely / unlikely) of the gold and each distractor; empty
-/// where nobody judged the ending.
-pub const FULL_TYPE_COLUMNS: [&str; 5] = [
-    "gold-type",
-    "distractor-0-type",
-    "distractor-1-type",
-    "distractor-2-type",
-    "distractor-3-type",
 ];
 
 /// The split an example belongs to; every example of a group (video) is in the same one.
@@ -210,22 +189,9 @@ mod tests {
     }
 
     #[test]
-    fn named_columns_are_regular_columns() {
-        let named = QUESTION_COLUMNS
-            .iter()
-            .chain([&GROUP_COLUMN, &LABEL_COLUMN]);
-        for column in named {
-            assert!(REGULAR_COLUMNS.contains(column), "{column}");
-        }
+    fn split_files_are_named_after_their_split() {
         assert_eq!(Split::Val.regular_csv(), "val.csv");
         assert_eq!(Split::Test.full_csv(), "test_full.csv");
-    }
-
-    #[test]
-    fn type_columns_are_full_columns() {
-        for column in FULL_TYPE_COLUMNS {
-            assert!(FULL_COLUMNS.contains(&column), "{column}");
-        }
     }
 
     #[test]
