@@ -172,7 +172,7 @@ pub struct ImportSummary {
 
 /// The hash a bundle keys a context's text by: SHA-256 of its group, sent1, sent2 and found
 /// ending, NUL-separated.
-pub fn context_hash(ex: &Example) -> String {
+fn context_hash(ex: &Example) -> String {
     let mut h = Sha256::new();
     for part in [&ex.group, &ex.sent1, &ex.sent2, &ex.ending] {
         h.update(part.as_bytes());

@@ -20,7 +20,7 @@ pub(crate) struct StarvedContext {
 }
 
 /// What the latest finished AF run asks for.
-pub struct GrowthRequest {
+pub(crate) struct GrowthRequest {
     pub af_run_id: i64,
     pub contexts: Vec<StarvedContext>,
     /// Starved pools left as they are: at `--max-pool`, or already grown for this run.
@@ -55,7 +55,7 @@ impl GrowthRequest {
 
 /// The starved pools of the latest finished AF run that may still grow, in id order (at most
 /// `limit`).
-pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<GrowthRequest> {
+pub(crate) fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<GrowthRequest> {
     let Some(run) = store.latest_finished_af_run()? else {
         anyhow::bail!("--grow needs a finished AF run: run `afkit filter` first");
     };
