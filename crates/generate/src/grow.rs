@@ -55,7 +55,11 @@ impl GrowthRequest {
 
 /// The starved pools of the latest finished AF run that may still grow, in id order (at most
 /// `limit`).
-pub(crate) fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<GrowthRequest> {
+pub(crate) fn starved(
+    store: &Store,
+    max_pool: usize,
+    limit: Option<usize>,
+) -> Result<GrowthRequest> {
     let Some(run) = store.latest_finished_af_run()? else {
         anyhow::bail!("--grow needs a finished AF run: run `afkit filter` first");
     };
