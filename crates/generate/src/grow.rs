@@ -15,6 +15,8 @@ pub(crate) struct StarvedContext {
     pub ex: Example,
     /// The pool's primer, shown again.
     pub style_examples: Vec<i64>,
+    /// The pool's candidates, which its new endings must differ from.
+    pub candidate_texts: Vec<String>,
     /// GrowthRequest rounds this pool has had before, plus one: part of the round's seed.
     pub round: usize,
 }
@@ -80,6 +82,7 @@ pub(crate) fn starved(
                     .example(pool.example_id)?
                     .expect("a scored pool's example exists"),
                 style_examples: pool.style_examples,
+                candidate_texts: pool.candidate_texts,
                 round: pool.rounds + 1,
             });
         }

@@ -177,7 +177,10 @@ fn insert_candidates(conn: &Connection, pool: &NewPool) -> Result<usize> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StarvedPool {
     pub example_id: i64,
+    /// Candidates the run scored.
     pub candidates: usize,
+    /// The texts of every candidate the pool holds, which new endings must differ from.
+    pub candidate_texts: Vec<String>,
     pub style_examples: Vec<i64>,
     /// Growth rounds the pool has had so far.
     pub rounds: usize,
@@ -216,7 +219,7 @@ impl Store {
     }
 
     /// The pools whose found ending scored above every candidate in AF run `run_id`'s final
-    /// pass, in example id order.
+    /// pass, in example id order, with their candidates' texts.
     pub fn starved_pools(&self, run_id: i64) -> Result<Vec<StarvedPool>> {
         let mut stmt = self.conn.prepare(
             "SELECT e.example_id,
@@ -246,6 +249,7 @@ impl Store {
             Ok(StarvedPool {
                 example_id,
                 candidates: candidates as usize,
+                candidate_texts: self.candidate_texts(example_id)?,
                 style_examples: style
                     .map(|s| serde_json::from_str(&s))
                     .transpose()?
@@ -258,7 +262,7 @@ impl Store {
     }
 
     /// The texts of a context's candidate endings.
-    pub fn pool_texts(&self, example_id: i64) -> Result<Vec<String>> {
+    fn candidate_texts(&self, example_id: i64) -> Result<Vec<String>> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT text FROM endings WHERE example_id = ?1 AND is_gold = 0")?;
