@@ -56,7 +56,7 @@ pub(crate) struct AdapterSet {
 
 impl AdapterSet {
     /// The newest complete set for the model whose file has SHA-256 `model_sha`.
-    pub fn find(store: &Store, model_sha: &str) -> Result<Option<Self>> {
+    pub(crate) fn find(store: &Store, model_sha: &str) -> Result<Option<Self>> {
         let Some(records) = store.latest_adapter_set(model_sha)? else {
             return Ok(None);
         };
@@ -71,7 +71,7 @@ impl AdapterSet {
     }
 
     /// Reads fold `record`'s adapter, refusing a file that is not the one recorded.
-    pub fn load(store: &Store, record: &AdapterRecord) -> Result<Adapter> {
+    pub(crate) fn load(store: &Store, record: &AdapterRecord) -> Result<Adapter> {
         let path = store
             .path()
             .parent()

@@ -12,7 +12,8 @@
 //!    and found ending, so that a context whose text differs is refused), its `pool` row, its
 //!    `endings` (the found one first, without its text, then the candidates in the order they
 //!    were stored; each with its LM features and scorer scores), its growth rounds and the
-//!    generation jobs that could not use it;
+//!    generation jobs that could not use it (the header's jobs and a line's parts are the
+//!    store's `bundle` rows, which carry the bundle's keys);
 //! 3. `{"end": {"contexts": N, "endings": M}}`, so a cut-off file is refused.
 //!
 //! Floats are written in their shortest form that reads back to the same bits, timestamps as
@@ -36,7 +37,8 @@ use sha2::{Digest, Sha256};
 
 use afkit_engine::output::Output;
 use afkit_store::bundle::{
-    ContextRows, EndingRow, GenerationRow, GrowthRow, PoolRow, ScoreRow, UnusableRow,
+    BundleContents, BundleEnding, BundleGeneration, BundleGrowth, BundlePool, BundleUnusable,
+    ContextRows,
 };
 use afkit_store::examples::Example;
 use afkit_store::Store;
@@ -56,72 +58,8 @@ struct Header {
     format: String,
     version: u32,
     contexts: usize,
-    generations: Vec<Generation>,
+    generations: Vec<BundleGeneration>,
     scorers: Vec<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Generation {
-    backend: String,
-    model: String,
-    model_sha256: Option<String>,
-    prompt: String,
-    params: String,
-    seed: i64,
-    started_at: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Pool {
-    generation: usize,
-    requested: i64,
-    produced: i64,
-    ctx_logprob: Option<f64>,
-    n_tok_sent1: Option<i64>,
-    n_tok_sent2: Option<i64>,
-    seconds: f64,
-    finished_at: String,
-    /// The ids of the contexts shown before this one (style priming).
-    style_examples: Option<Vec<String>>,
-    draws: Option<i64>,
-    rejected: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Ending {
-    /// `None` for the found ending (its text is the corpus's).
-    text: Option<String>,
-    generation: Option<usize>,
-    lp_cond: Option<f64>,
-    lp_alone: Option<f64>,
-    lp_final_punct: Option<f64>,
-    n_tok: Option<i64>,
-    /// (scorer index, ll_cond, ll_alone, n_tok).
-    scores: Vec<(usize, f64, f64, i64)>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GrowthLine {
-    af_run: i64,
-    generation: usize,
-    requested: i64,
-    produced: i64,
-    draws: i64,
-    rejected: String,
-    seconds: f64,
-    finished_at: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Unusable {
-    generation: usize,
-    reason: String,
-    recorded_at: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -129,10 +67,10 @@ struct Unusable {
 struct BundleContext {
     id: String,
     hash: String,
-    pool: Option<Pool>,
-    endings: Vec<Ending>,
-    growth: Vec<GrowthLine>,
-    unusable: Vec<Unusable>,
+    pool: Option<BundlePool>,
+    endings: Vec<BundleEnding>,
+    growth: Vec<BundleGrowth>,
+    unusable: Vec<BundleUnusable>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -172,7 +110,7 @@ pub struct ImportSummary {
 
 /// The hash a bundle keys a context's text by: SHA-256 of its group, sent1, sent2 and found
 /// ending, NUL-separated.
-pub fn context_hash(ex: &Example) -> String {
+fn context_hash(ex: &Example) -> String {
     let mut h = Sha256::new();
     for part in [&ex.group, &ex.sent1, &ex.sent2, &ex.ending] {
         h.update(part.as_bytes());
@@ -186,20 +124,18 @@ pub fn context_hash(ex: &Example) -> String {
 pub fn export_bundle(store: &Store, file: &Path, output: &Output) -> Result<ExportSummary> {
     let output = output.clone().protect_project(store.path());
     output.check(file)?;
-    let ids = store.bundle_context_ids()?;
-    let generations = store.bundle_generations()?;
-    let scorers = store.bundle_scorer_models()?;
+    let contents = store.bundle_contents()?;
     let header = Header {
         format: FORMAT.into(),
         version: VERSION,
-        contexts: ids.len(),
-        generations: generations.iter().map(Generation::of).collect(),
-        scorers,
+        contexts: contents.contexts.len(),
+        generations: contents.generations.clone(),
+        scorers: contents.scorers.clone(),
     };
     let mut staged = output.stage(file)?;
     let mut summary = ExportSummary {
         file: file.to_path_buf(),
-        contexts: ids.len(),
+        contexts: contents.contexts.len(),
         pools: 0,
         endings: 0,
         bytes: 0,
@@ -213,18 +149,17 @@ pub fn export_bundle(store: &Store, file: &Path, output: &Output) -> Result<Expo
         zip.start_file(ENTRY, options)?;
         let mut out = std::io::BufWriter::new(&mut zip);
         write_line(&mut out, &header)?;
-        let gen_ids: Vec<i64> = generations.iter().map(|g| g.id).collect();
         let mut all_endings = 0;
-        for &id in &ids {
+        for &id in &contents.contexts {
             afkit_engine::interrupt::check()?;
-            let line = bundle_context(store, id, &gen_ids, &header.scorers)?;
+            let line = bundle_context(store, &contents, id)?;
             summary.pools += usize::from(line.pool.is_some());
             summary.endings += line.endings.len().saturating_sub(1);
             all_endings += line.endings.len();
             write_line(&mut out, &Line::Context(Box::new(line)))?;
         }
         let end = End {
-            contexts: ids.len(),
+            contexts: contents.contexts.len(),
             endings: all_endings,
         };
         write_line(&mut out, &Line::End(end))?;
@@ -243,141 +178,26 @@ fn write_line(out: &mut impl Write, value: &impl Serialize) -> Result<()> {
     Ok(())
 }
 
-impl Generation {
-    fn of(g: &GenerationRow) -> Generation {
-        Generation {
-            backend: g.backend.clone(),
-            model: g.model.clone(),
-            model_sha256: g.model_sha256.clone(),
-            prompt: g.prompt.clone(),
-            params: g.params.clone(),
-            seed: g.seed,
-            started_at: g.started_at.clone(),
-        }
-    }
-
-    fn row(&self) -> GenerationRow {
-        GenerationRow {
-            id: 0,
-            backend: self.backend.clone(),
-            model: self.model.clone(),
-            model_sha256: self.model_sha256.clone(),
-            prompt: self.prompt.clone(),
-            params: self.params.clone(),
-            seed: self.seed,
-            started_at: self.started_at.clone(),
-        }
-    }
-}
-
-/// Index of a stored id in the bundle's list.
-fn index_of<T: PartialEq + std::fmt::Debug>(list: &[T], item: &T) -> Result<usize> {
-    list.iter()
-        .position(|x| x == item)
-        .ok_or_else(|| anyhow!("{item:?} is not among the bundle's records"))
-}
-
 /// One context of the project as a bundle line.
 fn bundle_context(
     store: &Store,
+    contents: &BundleContents,
     example_id: i64,
-    gen_ids: &[i64],
-    scorers: &[String],
 ) -> Result<BundleContext> {
     let ex = store
         .example(example_id)?
         .with_context(|| format!("example {example_id} is gone"))?;
-    let rows = store.bundle_context(example_id)?;
-    let generation = |id: &i64| index_of(gen_ids, id);
-    let pool = rows
-        .pool
-        .map(|p| pool_line(store, p, gen_ids))
-        .transpose()?;
-    let endings = rows
-        .endings
-        .into_iter()
-        .map(|e| ending_line(e, gen_ids, scorers))
-        .collect::<Result<_>>()?;
-    let growth = rows
-        .growth
-        .into_iter()
-        .map(|g| {
-            Ok(GrowthLine {
-                af_run: g.af_run,
-                generation: generation(&g.generation_id)?,
-                requested: g.requested,
-                produced: g.produced,
-                draws: g.draws,
-                rejected: g.rejected,
-                seconds: g.seconds,
-                finished_at: g.finished_at,
-            })
-        })
-        .collect::<Result<_>>()?;
-    let unusable = rows
-        .unusable
-        .into_iter()
-        .map(|u| {
-            Ok(Unusable {
-                generation: generation(&u.generation_id)?,
-                reason: u.reason,
-                recorded_at: u.recorded_at,
-            })
-        })
-        .collect::<Result<_>>()?;
+    let rows = store.bundle_context(contents, example_id)?;
     let line = BundleContext {
         hash: context_hash(&ex),
         id: ex.ext_id,
-        pool,
-        endings,
-        growth,
-        unusable,
+        pool: rows.pool,
+        endings: rows.endings,
+        growth: rows.growth,
+        unusable: rows.unusable,
     };
     check_finite(&line)?;
     Ok(line)
-}
-
-/// A stored ending as a bundle line's ending: the found one without its text, its generation
-/// job and scorers by their index in the bundle's lists.
-fn ending_line(e: EndingRow, gen_ids: &[i64], scorers: &[String]) -> Result<Ending> {
-    let scores = e
-        .scores
-        .iter()
-        .map(|s| Ok((index_of(scorers, &s.model)?, s.ll_cond, s.ll_alone, s.n_tok)))
-        .collect::<Result<_>>()?;
-    Ok(Ending {
-        text: (!e.is_gold).then_some(e.text),
-        generation: e
-            .generation_id
-            .as_ref()
-            .map(|id| index_of(gen_ids, id))
-            .transpose()?,
-        lp_cond: e.lp_cond,
-        lp_alone: e.lp_alone,
-        lp_final_punct: e.lp_final_punct,
-        n_tok: e.n_tok_ending,
-        scores,
-    })
-}
-
-fn pool_line(store: &Store, p: PoolRow, gen_ids: &[i64]) -> Result<Pool> {
-    let style_examples = match &p.style_examples {
-        None => None,
-        Some(json) => Some(store.ext_ids_of(&serde_json::from_str::<Vec<i64>>(json)?)?),
-    };
-    Ok(Pool {
-        generation: index_of(gen_ids, &p.generation_id)?,
-        requested: p.requested,
-        produced: p.produced,
-        ctx_logprob: p.ctx_logprob,
-        n_tok_sent1: p.n_tok_sent1,
-        n_tok_sent2: p.n_tok_sent2,
-        seconds: p.seconds,
-        finished_at: p.finished_at,
-        style_examples,
-        draws: p.draws,
-        rejected: p.rejected,
-    })
 }
 
 /// JSON has no infinities or NaN: a stored one would come back as something else, so it is
@@ -624,12 +444,7 @@ fn write_all(store: &Store, file: &Path) -> Result<ImportSummary> {
     read_bundle(open(file)?, |header, c| {
         afkit_engine::interrupt::check()?;
         if gen_ids.is_none() {
-            let ids = header
-                .generations
-                .iter()
-                .map(|g| store.find_or_insert_bundle_generation(&g.row()))
-                .collect::<Result<_>>()?;
-            gen_ids = Some(ids);
+            gen_ids = Some(store.find_or_insert_bundle_generations(&header.generations)?);
             summary.generations = header.generations.len();
         }
         let ids = gen_ids.as_deref().expect("set above");
@@ -637,100 +452,15 @@ fn write_all(store: &Store, file: &Path) -> Result<ImportSummary> {
         summary.contexts += 1;
         summary.pools += usize::from(c.pool.is_some());
         summary.endings += c.endings.len().saturating_sub(1);
-        store.write_bundle_context(ex.id, &context_rows(store, c, ids, &header.scorers)?)
+        let rows = ContextRows {
+            pool: c.pool,
+            endings: c.endings,
+            growth: c.growth,
+            unusable: c.unusable,
+        };
+        store.write_bundle_context(ex.id, &rows, ids, &header.scorers)
     })?;
     Ok(summary)
-}
-
-/// A bundle line as the store's rows, with this project's ids.
-fn context_rows(
-    store: &Store,
-    c: BundleContext,
-    gen_ids: &[i64],
-    scorers: &[String],
-) -> Result<ContextRows> {
-    let pool = c.pool.map(|p| pool_row(store, p, gen_ids)).transpose()?;
-    Ok(ContextRows {
-        pool,
-        endings: c
-            .endings
-            .into_iter()
-            .map(|e| ending_row(e, gen_ids, scorers))
-            .collect(),
-        growth: c
-            .growth
-            .into_iter()
-            .map(|g| GrowthRow {
-                af_run: g.af_run,
-                generation_id: gen_ids[g.generation],
-                requested: g.requested,
-                produced: g.produced,
-                draws: g.draws,
-                rejected: g.rejected,
-                seconds: g.seconds,
-                finished_at: g.finished_at,
-            })
-            .collect(),
-        unusable: c
-            .unusable
-            .into_iter()
-            .map(|u| UnusableRow {
-                generation_id: gen_ids[u.generation],
-                reason: u.reason,
-                recorded_at: u.recorded_at,
-            })
-            .collect(),
-    })
-}
-
-/// A bundle line's pool as the store's row, its generation job and style examples by this
-/// project's ids.
-fn pool_row(store: &Store, p: Pool, gen_ids: &[i64]) -> Result<PoolRow> {
-    let style_examples = match p.style_examples {
-        None => None,
-        Some(ids) => {
-            let ids = ids
-                .iter()
-                .map(|id| store.example_id_by_ext_id(id)?.context("checked"))
-                .collect::<Result<Vec<i64>>>()?;
-            Some(serde_json::to_string(&ids)?)
-        }
-    };
-    Ok(PoolRow {
-        generation_id: gen_ids[p.generation],
-        requested: p.requested,
-        produced: p.produced,
-        ctx_logprob: p.ctx_logprob,
-        n_tok_sent1: p.n_tok_sent1,
-        n_tok_sent2: p.n_tok_sent2,
-        seconds: p.seconds,
-        finished_at: p.finished_at,
-        style_examples,
-        draws: p.draws,
-        rejected: p.rejected,
-    })
-}
-
-fn ending_row(e: Ending, gen_ids: &[i64], scorers: &[String]) -> EndingRow {
-    EndingRow {
-        is_gold: e.text.is_none(),
-        text: e.text.unwrap_or_default(),
-        generation_id: e.generation.map(|g| gen_ids[g]),
-        lp_cond: e.lp_cond,
-        lp_alone: e.lp_alone,
-        lp_final_punct: e.lp_final_punct,
-        n_tok_ending: e.n_tok,
-        scores: e
-            .scores
-            .into_iter()
-            .map(|(m, ll_cond, ll_alone, n_tok)| ScoreRow {
-                model: scorers[m].clone(),
-                ll_cond,
-                ll_alone,
-                n_tok,
-            })
-            .collect(),
-    }
 }
 
 #[cfg(test)]

@@ -15,12 +15,14 @@ pub(crate) struct StarvedContext {
     pub ex: Example,
     /// The pool's primer, shown again.
     pub style_examples: Vec<i64>,
+    /// The pool's candidates, which its new endings must differ from.
+    pub candidate_texts: Vec<String>,
     /// GrowthRequest rounds this pool has had before, plus one: part of the round's seed.
     pub round: usize,
 }
 
 /// What the latest finished AF run asks for.
-pub struct GrowthRequest {
+pub(crate) struct GrowthRequest {
     pub af_run_id: i64,
     pub contexts: Vec<StarvedContext>,
     /// Starved pools left as they are: at `--max-pool`, or already grown for this run.
@@ -55,7 +57,11 @@ impl GrowthRequest {
 
 /// The starved pools of the latest finished AF run that may still grow, in id order (at most
 /// `limit`).
-pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<GrowthRequest> {
+pub(crate) fn starved(
+    store: &Store,
+    max_pool: usize,
+    limit: Option<usize>,
+) -> Result<GrowthRequest> {
     let Some(run) = store.latest_finished_af_run()? else {
         anyhow::bail!("--grow needs a finished AF run: run `afkit filter` first");
     };
@@ -76,6 +82,7 @@ pub fn starved(store: &Store, max_pool: usize, limit: Option<usize>) -> Result<G
                     .example(pool.example_id)?
                     .expect("a scored pool's example exists"),
                 style_examples: pool.style_examples,
+                candidate_texts: pool.candidate_texts,
                 round: pool.rounds + 1,
             });
         }

@@ -300,14 +300,14 @@ impl Todo {
     }
 
     /// The jobs of the contexts in `range`.
-    fn jobs(&self, range: std::ops::Range<usize>, jobs: &Jobs, store: &Store) -> Result<Vec<Job>> {
+    fn jobs(&self, range: std::ops::Range<usize>, jobs: &Jobs) -> Result<Vec<Job>> {
         match self {
             Todo::NewPools(examples) => {
                 Ok(examples[range].iter().map(|ex| jobs.new_pool(ex)).collect())
             }
             Todo::Growth(growth) => growth.contexts[range]
                 .iter()
-                .map(|c| jobs.growth(c, growth.af_run_id, store))
+                .map(|c| jobs.growth(c, growth.af_run_id))
                 .collect(),
         }
     }
@@ -454,7 +454,7 @@ impl Jobs<'_> {
 
     /// A growth round reads the pool's own primer again, so that the new endings' conditional
     /// log-probs are comparable with the found ending's and the first endings'.
-    fn growth(&self, c: &grow::StarvedContext, af_run_id: i64, store: &Store) -> Result<Job> {
+    fn growth(&self, c: &grow::StarvedContext, af_run_id: i64) -> Result<Job> {
         let style = match self.style {
             Some(corpus) => Some(corpus),
             None if c.style_examples.is_empty() => None,
@@ -469,7 +469,7 @@ impl Jobs<'_> {
             style,
             c.style_examples.clone(),
         );
-        let mut exclude = store.pool_texts(c.ex.id)?;
+        let mut exclude = c.candidate_texts.clone();
         exclude.push(c.ex.ending.clone());
         let round_key = Key::Growth {
             round: c.round,
@@ -540,7 +540,7 @@ impl Stored<'_> {
         let per_call =
             sampler.contexts_per_call(config.grow.map_or(config.n_neg, |g| g.per_context));
         for first in (0..todo.len()).step_by(per_call.max(1)) {
-            let chunk = todo.jobs(first..(first + per_call).min(todo.len()), jobs, self.store)?;
+            let chunk = todo.jobs(first..(first + per_call).min(todo.len()), jobs)?;
             let chunk = fitting(
                 chunk,
                 lm,

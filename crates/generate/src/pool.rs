@@ -5,13 +5,13 @@ use std::path::Path;
 use anyhow::Result;
 
 use afkit_engine::device::Compute;
-use afkit_engine::lm::features::{ContextFeatures, EndingFeatures};
+use afkit_engine::lm::features::ContextFeatures;
 use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::LanguageModel;
 use afkit_engine::lm::sampler::{SampledEnding, SamplingParams};
 use afkit_engine::models::sha256_file;
 use afkit_store::examples::Example;
-use afkit_store::pool::{EndingLmFeatures, NewPool};
+use afkit_store::pool::NewPool;
 
 /// The local model on `compute`'s device.
 pub(super) fn load_local(
@@ -21,15 +21,6 @@ pub(super) fn load_local(
 ) -> Result<LocalLm> {
     let model = LanguageModel::load_on(path, compute)?;
     Ok(LocalLm::new(model, params, Some(sha256_file(path)?)))
-}
-
-fn stored(f: &EndingFeatures) -> EndingLmFeatures {
-    EndingLmFeatures {
-        lp_cond: f.lp_cond,
-        lp_alone: f.lp_alone,
-        lp_final_punct: f.lp_final_punct,
-        n_tok_ending: f.n_tok,
-    }
 }
 
 pub(super) fn new_pool(
@@ -48,11 +39,11 @@ pub(super) fn new_pool(
         n_tok_sent1: f.n_tok_sent1,
         n_tok_sent2: f.n_tok_sent2,
         seconds,
-        gold: stored(&f.gold),
+        gold: f.gold.clone(),
         candidates: endings
             .iter()
             .zip(&f.endings)
-            .map(|(e, f)| (e.text.clone(), stored(f)))
+            .map(|(e, f)| (e.text.clone(), f.clone()))
             .collect(),
         style_examples: Vec::new(),
         draws: None,

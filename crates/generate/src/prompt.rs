@@ -52,7 +52,7 @@ impl PromptTemplate {
         })
     }
 
-    pub fn render(&self, sent1: &str, sent2: &str) -> String {
+    pub(crate) fn render(&self, sent1: &str, sent2: &str) -> String {
         self.text
             .replace(
                 "{startphrase}",

@@ -39,7 +39,7 @@ impl StyleCorpus {
     /// Every example whose pair is no longer than a context and an ending may be (ingest drops
     /// longer ones, but a project built another way may hold them): one overlong pair in a
     /// primer would make every context it primes too long for the model.
-    pub fn load(store: &Store) -> Result<Self> {
+    pub(crate) fn load(store: &Store) -> Result<Self> {
         let pairs: Vec<StylePair> = store
             .all_examples()?
             .into_iter()

@@ -4,6 +4,7 @@
 //! written by [`Store::write_pool`] inside one transaction: a context either has a whole pool or none,
 //! so an interrupted `afkit generate` resumes at the first context without a `pools` row.
 
+use afkit_engine::lm::features::EndingFeatures;
 use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -22,15 +23,6 @@ pub struct NewGeneration {
     pub seed: afkit_engine::seed::Seed,
 }
 
-/// The LM features of one ending, the inputs of the AF perplexity MLP.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EndingLmFeatures {
-    pub lp_cond: f64,
-    pub lp_alone: f64,
-    pub lp_final_punct: Option<f64>,
-    pub n_tok_ending: usize,
-}
-
 /// Everything stored for one context's pool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewPool {
@@ -41,9 +33,11 @@ pub struct NewPool {
     pub n_tok_sent1: usize,
     pub n_tok_sent2: usize,
     pub seconds: f64,
-    pub gold: EndingLmFeatures,
+    /// The found ending's LM features (with the candidates', the inputs of the AF perplexity
+    /// MLP).
+    pub gold: EndingFeatures,
     /// Candidate endings (unique, normalised, gold excluded) with their features.
-    pub candidates: Vec<(String, EndingLmFeatures)>,
+    pub candidates: Vec<(String, EndingFeatures)>,
     /// Examples whose pairs were shown before the context (style priming).
     pub style_examples: Vec<i64>,
     /// Sequences sampled and why the ones not kept were rejected (`None` for imported pools).
@@ -100,7 +94,7 @@ impl Store {
                 pool.gold.lp_cond,
                 pool.gold.lp_alone,
                 pool.gold.lp_final_punct,
-                pool.gold.n_tok_ending as i64
+                pool.gold.n_tok as i64
             ],
         )?;
         if gold_updated != 1 {
@@ -173,7 +167,7 @@ fn insert_candidates(conn: &Connection, pool: &NewPool) -> Result<usize> {
             f.lp_cond,
             f.lp_alone,
             f.lp_final_punct,
-            f.n_tok_ending as i64
+            f.n_tok as i64
         ])?;
     }
     Ok(produced)
@@ -183,7 +177,10 @@ fn insert_candidates(conn: &Connection, pool: &NewPool) -> Result<usize> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StarvedPool {
     pub example_id: i64,
+    /// Candidates the run scored.
     pub candidates: usize,
+    /// The texts of every candidate the pool holds, which new endings must differ from.
+    pub candidate_texts: Vec<String>,
     pub style_examples: Vec<i64>,
     /// Growth rounds the pool has had so far.
     pub rounds: usize,
@@ -222,7 +219,7 @@ impl Store {
     }
 
     /// The pools whose found ending scored above every candidate in AF run `run_id`'s final
-    /// pass, in example id order.
+    /// pass, in example id order, with their candidates' texts.
     pub fn starved_pools(&self, run_id: i64) -> Result<Vec<StarvedPool>> {
         let mut stmt = self.conn.prepare(
             "SELECT e.example_id,
@@ -252,6 +249,7 @@ impl Store {
             Ok(StarvedPool {
                 example_id,
                 candidates: candidates as usize,
+                candidate_texts: self.candidate_texts(example_id)?,
                 style_examples: style
                     .map(|s| serde_json::from_str(&s))
                     .transpose()?
@@ -264,7 +262,7 @@ impl Store {
     }
 
     /// The texts of a context's candidate endings.
-    pub fn pool_texts(&self, example_id: i64) -> Result<Vec<String>> {
+    fn candidate_texts(&self, example_id: i64) -> Result<Vec<String>> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT text FROM endings WHERE example_id = ?1 AND is_gold = 0")?;
@@ -343,7 +341,7 @@ struct StoredEnding {
     id: i64,
     text: String,
     is_gold: bool,
-    features: Option<EndingLmFeatures>,
+    features: Option<EndingFeatures>,
 }
 
 /// What the tests read back of a written pool.
@@ -359,11 +357,11 @@ impl Store {
             let lp_cond: Option<f64> = r.get(3)?;
             let features = match lp_cond {
                 None => None,
-                Some(lp_cond) => Some(EndingLmFeatures {
+                Some(lp_cond) => Some(EndingFeatures {
                     lp_cond,
                     lp_alone: r.get(4)?,
                     lp_final_punct: r.get(5)?,
-                    n_tok_ending: r.get::<_, i64>(6)? as usize,
+                    n_tok: r.get::<_, i64>(6)? as usize,
                 }),
             };
             Ok(StoredEnding {
@@ -394,12 +392,12 @@ mod tests {
     use super::*;
     use crate::examples::NewExample;
 
-    fn features(x: f64) -> EndingLmFeatures {
-        EndingLmFeatures {
+    fn features(x: f64) -> EndingFeatures {
+        EndingFeatures {
             lp_cond: x,
             lp_alone: x - 1.0,
             lp_final_punct: Some(-0.5),
-            n_tok_ending: 4,
+            n_tok: 4,
         }
     }
 
