@@ -315,6 +315,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
         run_id,
         iterations,
         scored,
+        final_family,
         final_accuracy,
         timings,
     } = summary
@@ -322,7 +323,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
         println!(
             "final cross-fitted pass ({} folds, {}): {}",
             config.folds,
-            config.final_family().name(),
+            final_family.name(),
             accuracy_text(&final_accuracy)
         );
         println!(
@@ -346,7 +347,7 @@ fn hold_to_fluency_floor(
         return Ok(());
     };
     if args.fluency_reader == "none" {
-        return store.clear_fluency_floor(run.id);
+        return store.set_fluency_floor(run.id, None);
     }
     let fluency = filter::fluency::Fluency {
         reader: args.fluency_reader.clone(),

@@ -83,7 +83,7 @@ impl Texts {
             contexts: HashMap::new(),
             endings: HashMap::new(),
         };
-        store.for_each_pool_context(|c| {
+        store.for_each_pool_context(None, &[], |c| {
             if wanted.contains(&c.example_id) {
                 let startphrase = afkit_store::dataset::startphrase(&c.sent1, &c.sent2);
                 texts.contexts.insert(c.example_id, startphrase);

@@ -19,6 +19,8 @@ pub mod model;
 pub mod report;
 mod run;
 pub mod scorer;
+#[cfg(test)]
+mod tests;
 pub mod train;
 mod windows;
 

@@ -98,7 +98,7 @@ impl Config {
 
     /// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
     /// phase, when the MLP that did the filtering also scores.
-    pub fn final_family(&self) -> Phase {
+    pub(crate) fn final_family(&self) -> Phase {
         if self.ensemble_iterations > 0 {
             Phase::Ensemble
         } else {
