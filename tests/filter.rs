@@ -715,7 +715,7 @@ fn filter_in_process(project: &Path, k: usize, seed: Seed) {
     config.train.mlp_epochs = 2;
     config.train.ensemble_epochs = 1;
     config.train.batch_contexts = 8;
-    config.train.model = afkit_filter::model::ModelConfig {
+    config.train.model = afkit_filter::settings::ModelConfig {
         word_dim: 8,
         mlp_hidden: 8,
         ensemble_hidden: 8,

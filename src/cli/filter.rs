@@ -9,9 +9,9 @@ use super::device::DeviceArgs;
 use afkit_engine::device::Compute;
 use afkit_engine::seed::Seed;
 use afkit_engine::text::counted;
-use afkit_filter::data::EncodeConfig;
-use afkit_filter::model::ModelConfig;
-use afkit_filter::train::TrainConfig;
+use afkit_filter::settings::{
+    DiscriminatorConfig, EncodeConfig, ModelConfig, Replacement, TrainConfig,
+};
 use afkit_filter::{self as filter, Config};
 use afkit_store::af::{AfRun, HeadAccuracy, IterationRecord, Phase};
 use afkit_store::Store;
@@ -73,7 +73,7 @@ pub struct FilterArgs {
     /// that outscores the easy negative and scores nearest the real ending: it overshoots less on
     /// style but leaves more for language models to find (BENCHMARKS.md compares the two).
     #[arg(long, value_enum, default_value_t = DEFAULTS.replacement, help_heading = RUN, hide_short_help = true)]
-    pub replace_with: filter::algorithm::Replacement,
+    pub replace_with: Replacement,
     /// What held-out contexts and final folds keep together: single contexts or whole groups.
     ///
     /// `context` (the default) holds out single contexts; `group` whole groups (an ActivityNet
@@ -205,16 +205,14 @@ const ADVERSARY_ENSEMBLE_ITERATIONS: usize = 8;
 impl FilterArgs {
     /// The fine-tuned adversary of the run: MiniLM unless told otherwise or the run has no
     /// ensemble phase for it to join.
-    fn discriminator(&self) -> Option<filter::discriminator::DiscriminatorConfig> {
+    fn discriminator(&self) -> Option<DiscriminatorConfig> {
         match self.discriminator {
             Some(DiscriminatorArg::None) => None,
             None if self.ensemble_iterations == Some(0) => None,
-            Some(DiscriminatorArg::Minilm) | None => {
-                Some(filter::discriminator::DiscriminatorConfig {
-                    model: self.discriminator_model.clone(),
-                    ..Default::default()
-                })
-            }
+            Some(DiscriminatorArg::Minilm) | None => Some(DiscriminatorConfig {
+                model: self.discriminator_model.clone(),
+                ..Default::default()
+            }),
         }
     }
 

@@ -25,10 +25,10 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use rayon::prelude::*;
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::scorer::{scorer_features, SCORER_FEATURES};
+use super::settings::EncodeConfig;
 use afkit_engine::embed::{SentenceEncoder, VectorStore, ENCODER};
 use afkit_engine::text::overlap::{content_words, ContextWords, CONTEXT_RELATIONS};
 use afkit_engine::text::subwords::char_gram_hashes;
@@ -54,45 +54,6 @@ const LM_FEATURES: usize = 10;
 
 /// Contexts tokenised (and tagged) together, in parallel, while the pools stream in.
 const CHUNK_CONTEXTS: usize = 512;
-
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct EncodeConfig {
-    /// Tokens seen fewer times than this in the run's texts map to UNK.
-    pub min_count: usize,
-    /// Tokens seen in the texts of fewer contexts than this map to UNK: an embedding learnt from
-    /// a few contexts' real endings makes AF pick distractors that imitate those endings
-    /// (BENCHMARKS.md, "Words need twenty contexts"). Applied only to runs of at least three
-    /// times as many contexts.
-    #[serde(skip_serializing_if = "is_one")]
-    pub min_contexts: usize,
-    /// Words kept by the BiLSTM; the rest become their UPOS tag.
-    pub lstm_top_words: usize,
-    /// Longest token sequence (`sent2 + ending`) fed to the text models; the rest is cut.
-    pub max_tokens: usize,
-    /// Hash buckets of the subword model's character n-grams; 0 leaves the model out.
-    pub subword_buckets: usize,
-    /// Give the sentence model MiniLM embeddings of every `sent2 + ending`.
-    pub sentence_vectors: bool,
-}
-
-/// `min_contexts` of the vocabulary before the rule existed, left out of the recorded settings so
-/// that runs recorded then still match the settings they ran with.
-fn is_one(n: &usize) -> bool {
-    *n == 1
-}
-
-impl Default for EncodeConfig {
-    fn default() -> Self {
-        EncodeConfig {
-            min_count: 2,
-            min_contexts: 20,
-            lstm_top_words: 100,
-            max_tokens: 64,
-            subword_buckets: 1 << 14,
-            sentence_vectors: true,
-        }
-    }
-}
 
 /// One option, ready for the models.
 #[derive(Debug, Clone)]

@@ -9,7 +9,8 @@ use afkit_store::examples::NewExample;
 use afkit_store::pool::{EndingLmFeatures, NewGeneration, NewPool};
 use afkit_store::Store;
 
-use crate::data::{store_sentence_vectors, Dataset, EncodeConfig};
+use crate::data::{store_sentence_vectors, Dataset};
+use crate::settings::EncodeConfig;
 
 const VERBS: [&str; 6] = ["holds", "throws", "paints", "lifts", "cleans", "kicks"];
 const NOUNS: [&str; 5] = ["ball", "rope", "board", "brush", "bucket"];
@@ -37,7 +38,7 @@ fn features(i: usize, j: usize) -> EndingLmFeatures {
     EndingLmFeatures {
         lp_cond: -10.0 - x,
         lp_alone: -14.0 - x / 2.0,
-        lp_final_punct: (j % 3 != 0).then_some(-0.5 - x / 10.0),
+        lp_final_punct: (!j.is_multiple_of(3)).then_some(-0.5 - x / 10.0),
         n_tok_ending: 5 + j % 4,
     }
 }

@@ -6,11 +6,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::algorithm::{Convergence, Replacement};
-use crate::data::{Dataset, EncodeConfig};
-use crate::discriminator::DiscriminatorConfig;
+use crate::data::Dataset;
 use crate::scorer::Scorer;
-use crate::train::TrainConfig;
+use crate::settings::{Convergence, DiscriminatorConfig, EncodeConfig, Replacement, TrainConfig};
 use afkit_engine::seed::Seed;
 use afkit_store::af::Phase;
 
