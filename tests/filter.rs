@@ -646,15 +646,15 @@ fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
     assert_eq!(fold_of.len(), spec.contexts / 3);
 }
 
-/// With the shared embedding cache, a second project with the same texts reads its sentence
-/// vectors from the cache instead of embedding them.
+/// With the shared embedding cache (`--cache-dir`), a second project with the same texts reads
+/// its sentence vectors from the cache instead of embedding them; `--no-cache` embeds them again.
 #[test]
 fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
-    use afkit_filter::data::store_sentence_vectors;
     let dir = tempfile::tempdir().unwrap();
     let cache_dir = dir.path().join("cache");
+    let cache_flag = cache_dir.display().to_string();
     let spec = PoolSpec {
-        contexts: 6,
+        contexts: 10,
         candidates: 4,
         clean: 2,
         seed: Seed::new(5),
@@ -669,13 +669,24 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
             .map(Result::unwrap)
             .collect()
     };
-    let first = build_project(dir.path(), "first.sqlite", spec);
-    store_sentence_vectors(
-        &mut Store::open(&first).unwrap(),
-        Some(&cache_dir),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    // The shortest run there is: the vectors it stores first are what is looked at.
+    let filter = |name: &str, cache_flags: &[&str]| -> PathBuf {
+        let project = build_project(dir.path(), name, spec);
+        let mut flags = vec![
+            "--k",
+            "3",
+            "--mlp-iterations",
+            "1",
+            "--ensemble-iterations",
+            "1",
+            "--folds",
+            "2",
+        ];
+        flags.extend(cache_flags);
+        run_ok(command().args(filter_args(&project, &flags)));
+        project
+    };
+    let first = filter("first.sqlite", &["--cache-dir", &cache_flag]);
     let embedded = vectors(&first);
     assert_eq!(embedded.len(), spec.contexts * (spec.candidates + 1));
     // Mark every cached vector: a project that reads the cache stores the mark.
@@ -685,16 +696,9 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
         .execute("UPDATE embeddings SET vector = ?1", [&marked])
         .unwrap();
     assert!(cached > 0 && cached <= embedded.len(), "one row per text");
-    let second = build_project(dir.path(), "second.sqlite", spec);
-    store_sentence_vectors(
-        &mut Store::open(&second).unwrap(),
-        Some(&cache_dir),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let second = filter("second.sqlite", &["--cache-dir", &cache_flag]);
     assert!(vectors(&second).iter().all(|v| *v == marked));
-    let third = build_project(dir.path(), "third.sqlite", spec);
-    store_sentence_vectors(&mut Store::open(&third).unwrap(), None, &mut |_, _| {}).unwrap();
+    let third = filter("third.sqlite", &["--no-cache"]);
     assert_eq!(
         vectors(&third),
         embedded,

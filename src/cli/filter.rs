@@ -10,7 +10,8 @@ use afkit_engine::device::Compute;
 use afkit_engine::seed::Seed;
 use afkit_engine::text::counted;
 use afkit_filter::settings::{
-    DiscriminatorConfig, EncodeConfig, ModelConfig, Replacement, TrainConfig,
+    DiscriminatorConfig, EncodeConfig, ModelConfig, Replacement, Scorer, TrainConfig,
+    DEFAULT_SCORER,
 };
 use afkit_filter::{self as filter, Config};
 use afkit_store::af::{AfRun, HeadAccuracy, IterationRecord, Phase};
@@ -138,7 +139,7 @@ pub struct FilterArgs {
     #[arg(
         long = "scorer",
         value_name = "MODEL",
-        default_values_t = [filter::scorer::DEFAULT_SCORER.to_string()],
+        default_values_t = [DEFAULT_SCORER.to_string()],
         help_heading = MODELS
     )]
     pub scorers: Vec<String>,
@@ -287,13 +288,11 @@ impl FilterArgs {
     }
 
     /// The scorer models (`--scorer`), fetched where needed; none with `--no-scorer`.
-    fn scorer_models(&self) -> Result<Vec<filter::scorer::Scorer>> {
+    fn scorer_models(&self) -> Result<Vec<Scorer>> {
         self.scorers
             .iter()
             .filter(|_| !self.no_scorer)
-            .map(|name| {
-                filter::scorer::Scorer::open(name, afkit_engine::models::generator_gguf(name)?)
-            })
+            .map(|name| Scorer::open(name, afkit_engine::models::generator_gguf(name)?))
             .collect()
     }
 }
@@ -506,7 +505,7 @@ mod tests {
     #[test]
     fn the_default_recipe_reads_endings_with_the_generator_and_fine_tunes_minilm() {
         let args = parse(&[]).unwrap();
-        assert_eq!(args.scorers, [filter::scorer::DEFAULT_SCORER]);
+        assert_eq!(args.scorers, [DEFAULT_SCORER]);
         assert!(!args.no_scorer);
         let discriminator = args.discriminator().expect("on by default");
         assert_eq!(discriminator.model, None, "the shipped MiniLM");

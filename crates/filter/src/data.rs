@@ -507,7 +507,7 @@ impl Renumbering {
 /// batch at a time, each batch committed: an interrupted run keeps what it embedded. With
 /// `cache_dir`, the shared embedding cache there gives the vectors it holds and keeps the new
 /// ones. `progress` hears (embedded or read so far, total missing).
-pub fn store_sentence_vectors(
+pub(crate) fn store_sentence_vectors(
     store: &mut Store,
     cache_dir: Option<&Path>,
     progress: &mut dyn FnMut(usize, usize),

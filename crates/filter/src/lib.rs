@@ -11,14 +11,14 @@ mod adamw;
 mod algorithm;
 mod bags;
 mod bilstm;
-pub mod data;
+mod data;
 mod discriminator;
 pub mod fluency;
 mod gates;
 mod model;
 pub mod report;
 mod run;
-pub mod scorer;
+mod scorer;
 pub mod settings;
 #[cfg(test)]
 mod tests;

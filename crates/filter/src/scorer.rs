@@ -10,11 +10,11 @@
 //! (how much the context makes the ending likelier). Every ending is scored once per model and
 //! stored ([`afkit_store::scorer`]), so a resumed or repeated run reads the scores.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
 
+use crate::settings::Scorer;
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 use afkit_engine::lm::LanguageModel;
 use afkit_store::dataset::startphrase;
@@ -26,33 +26,6 @@ pub(crate) const SCORER_FEATURES: usize = 5;
 
 /// Contexts scored together and committed in one transaction.
 const BATCH_CONTEXTS: usize = 8;
-
-/// A scorer model of a run: the name the user gave and the SHA-256 of its GGUF file, which keys
-/// its stored scores (both recorded with the run).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Scorer {
-    pub name: String,
-    pub sha256: String,
-    /// Not recorded: the same file may live elsewhere when a run resumes.
-    #[serde(skip)]
-    pub path: PathBuf,
-}
-
-/// The scorer `filter` reads every ending with unless told otherwise: the default generator. On
-/// held-out captions it took a larger model's zero-shot accuracy on the AF export down by 6.6
-/// points and the generator's own to near chance, leaving every style baseline in its bounds.
-pub const DEFAULT_SCORER: &str = "smollm2";
-
-impl Scorer {
-    /// The scorer in the GGUF file at `path`, hashed once.
-    pub fn open(name: &str, path: PathBuf) -> Result<Scorer> {
-        Ok(Scorer {
-            name: name.to_string(),
-            sha256: afkit_engine::models::sha256_file(&path)?,
-            path,
-        })
-    }
-}
 
 /// The MLP's inputs from one scorer's reading of an ending: summed log-likelihood after the
 /// context, the same per character, and per token after the context, alone, and the difference.

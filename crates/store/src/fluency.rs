@@ -35,12 +35,21 @@ pub struct FluencyReadings {
 
 /// Every ending an AF run's floor reads: the found ending and the assigned negatives of each of
 /// its contexts (`?1` the run), without a score from the model named `?2`.
-pub(crate) const UNREAD_FOR_FLUENCY: &str =
-    "e.example_id IN (SELECT example_id FROM af_assignments WHERE run_id = ?1)
+const UNREAD: &str = "e.example_id IN (SELECT example_id FROM af_assignments WHERE run_id = ?1)
     AND (e.is_gold = 1 OR e.id IN (SELECT ending_id FROM af_assignments WHERE run_id = ?1))
     AND NOT EXISTS (SELECT 1 FROM fluency_scores f WHERE f.ending_id = e.id AND f.model = ?2)";
 
 impl Store {
+    /// How many of AF run `run_id`'s found endings and assigned negatives `model` has not read.
+    pub(crate) fn count_unread_for_fluency(&self, run_id: i64, model: &str) -> Result<usize> {
+        let n: i64 = self.conn.query_row(
+            &format!("SELECT COUNT(*) FROM endings e WHERE {UNREAD}"),
+            params![run_id, model],
+            |r| r.get(0),
+        )?;
+        Ok(n as usize)
+    }
+
     /// The first `limit` contexts (in example order) of AF run `run_id` with endings `model` has
     /// not read for the fluency floor, each with those endings.
     pub(crate) fn contexts_unread_for_fluency(
@@ -52,9 +61,9 @@ impl Store {
         let mut stmt = self.conn.prepare(&format!(
             "SELECT e.example_id, e.id, e.text FROM endings e
              WHERE e.example_id IN (
-                 SELECT DISTINCT e.example_id FROM endings e WHERE {UNREAD_FOR_FLUENCY}
+                 SELECT DISTINCT e.example_id FROM endings e WHERE {UNREAD}
                  ORDER BY e.example_id LIMIT ?3)
-               AND {UNREAD_FOR_FLUENCY}
+               AND {UNREAD}
              ORDER BY e.example_id, e.id"
         ))?;
         let rows = stmt.query_map(params![run_id, model, limit as i64], |r| {

@@ -5,7 +5,6 @@
 use anyhow::Result;
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
-use super::fluency::UNREAD_FOR_FLUENCY;
 use super::Store;
 
 /// One ending as a scorer model reads it: summed log-likelihood of its tokens after the context
@@ -18,7 +17,7 @@ pub struct ScorerScore {
 }
 
 /// Endings a language model has yet to read, each read once per model and stored: by a scorer
-/// model (here) or by the fluency reader for an AF run's floor ([`super::fluency`]).
+/// model (here) or by the fluency reader for an AF run's floor (`fluency_scores`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Unread<'a> {
     /// Every pool ending (found or generated) without a score from the scorer model keyed
@@ -46,19 +45,10 @@ const UNSCORED: &str = "e.example_id IN (SELECT example_id FROM pools)
 impl Store {
     /// How many endings `unread` names.
     pub fn count_unread(&self, unread: Unread<'_>) -> Result<usize> {
-        let n: i64 = match unread {
-            Unread::Scorer { model } => self.conn.query_row(
-                &format!("SELECT COUNT(*) FROM endings e WHERE {UNSCORED}"),
-                [model],
-                |r| r.get(0),
-            )?,
-            Unread::Fluency { run_id, model } => self.conn.query_row(
-                &format!("SELECT COUNT(*) FROM endings e WHERE {UNREAD_FOR_FLUENCY}"),
-                params![run_id, model],
-                |r| r.get(0),
-            )?,
-        };
-        Ok(n as usize)
+        match unread {
+            Unread::Scorer { model } => self.count_unscored(model),
+            Unread::Fluency { run_id, model } => self.count_unread_for_fluency(run_id, model),
+        }
     }
 
     /// The first `limit` contexts (in example order) with endings `unread` names, each with
@@ -70,6 +60,16 @@ impl Store {
                 self.contexts_unread_for_fluency(run_id, model, limit)
             }
         }
+    }
+
+    /// How many pool endings have no score from `model` yet.
+    fn count_unscored(&self, model: &str) -> Result<usize> {
+        let n: i64 = self.conn.query_row(
+            &format!("SELECT COUNT(*) FROM endings e WHERE {UNSCORED}"),
+            [model],
+            |r| r.get(0),
+        )?;
+        Ok(n as usize)
     }
 
     /// The first `limit` contexts (in example order) with pool endings `model` has not scored,

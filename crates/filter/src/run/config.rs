@@ -7,8 +7,9 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::data::Dataset;
-use crate::scorer::Scorer;
-use crate::settings::{Convergence, DiscriminatorConfig, EncodeConfig, Replacement, TrainConfig};
+use crate::settings::{
+    Convergence, DiscriminatorConfig, EncodeConfig, Replacement, Scorer, TrainConfig,
+};
 use afkit_engine::seed::Seed;
 use afkit_store::af::Phase;
 
