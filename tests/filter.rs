@@ -266,12 +266,37 @@ fn run_state(project: &Path) -> RunState {
             .into_iter()
             .map(|r| (r.iteration, r.phase, r.swaps, r.n_test, r.accuracy))
             .collect(),
-        swaps: store.af_swaps(run.id).unwrap(),
+        swaps: swaps_of(project, run.id),
         assignment: store.af_assignment(run.id).unwrap(),
         scores: store.af_scores(run.id).unwrap(),
         folds: store.af_folds(run.id).unwrap(),
         finished: run.finished_at.is_some(),
     }
+}
+
+/// Every swap of AF run `run_id`, with the iteration that made it, in order.
+fn swaps_of(project: &Path, run_id: i64) -> Vec<(usize, afkit_store::af::Swap)> {
+    Connection::open(project)
+        .unwrap()
+        .prepare(
+            "SELECT iteration, example_id, slot, old_ending_id, new_ending_id FROM af_swaps
+             WHERE run_id = ?1 ORDER BY rowid",
+        )
+        .unwrap()
+        .query_map([run_id], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as usize,
+                afkit_store::af::Swap {
+                    example_id: r.get(1)?,
+                    slot: r.get::<_, i64>(2)? as usize,
+                    old_ending_id: r.get(3)?,
+                    new_ending_id: r.get(4)?,
+                },
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
 }
 
 /// (final scores, of which with a sentence model score) of the latest run.
@@ -621,144 +646,15 @@ fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
     assert_eq!(fold_of.len(), spec.contexts / 3);
 }
 
-/// The pools stream in chunks: loaded with or without the texts, the dataset holds every context
-/// with its endings in id order and the same standardised LM features.
-#[test]
-fn dataset_streams_every_pool_whole_with_or_without_text() {
-    use afkit_filter::data::{Dataset, EncodeConfig};
-    let dir = tempfile::tempdir().unwrap();
-    let spec = PoolSpec {
-        contexts: 1100,
-        candidates: 5,
-        clean: 2,
-        seed: Seed::new(4),
-    };
-    let project = build_project(dir.path(), "d.sqlite", spec);
-    let store = Store::open(&project).unwrap();
-    // The sentence vectors have their own test (embedding 6,600 endings here would be slow).
-    let cfg = EncodeConfig {
-        sentence_vectors: false,
-        ..EncodeConfig::default()
-    };
-    let lean = Dataset::load(&store, 3, &cfg, false).unwrap();
-    let full = Dataset::load(&store, 3, &cfg, true).unwrap();
-    assert_eq!(lean.contexts.len(), spec.contexts);
-    assert_eq!(lean.fingerprint(), full.fingerprint());
-    let conn = Connection::open(&project).unwrap();
-    let stored: Vec<(i64, i64)> = conn
-        .prepare("SELECT example_id, id FROM endings WHERE is_gold = 0 ORDER BY example_id, id")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let loaded: Vec<(i64, i64)> = lean
-        .contexts
-        .iter()
-        .flat_map(|c| {
-            c.candidates
-                .iter()
-                .map(move |e| (c.example_id, e.ending_id))
-        })
-        .collect();
-    assert_eq!(loaded, stored);
-    for (a, b) in lean.contexts.iter().zip(&full.contexts) {
-        assert_eq!(a.gold.mlp, b.gold.mlp);
-        assert!(a.gold.words.is_empty() && !b.gold.words.is_empty());
-        assert_eq!(b.gold.words.len(), b.gold.lstm.len());
-        for (x, y) in a.candidates.iter().zip(&b.candidates) {
-            assert_eq!(x.mlp, y.mlp);
-        }
-    }
-    assert!(full.vocab_size > 2 && full.with_text && !lean.with_text);
-    // Too few candidates for k: every context is left out, and counted.
-    let none = Dataset::load(&store, 6, &cfg, false).unwrap();
-    assert_eq!((none.contexts.len(), none.excluded), (0, spec.contexts));
-}
-
-/// The sentence model's vectors: a load that needs them and finds none says so; once stored,
-/// every ending of every pool has one MiniLM vector, and storing again embeds nothing. A vector
-/// another encoder made (an older afkit's f32 build) is not used: it is made again.
-#[test]
-fn sentence_vectors_are_stored_once_for_every_pool_ending() {
-    use afkit_engine::embed::ENCODER;
-    use afkit_filter::data::{store_sentence_vectors, Dataset, EncodeConfig};
-    let dir = tempfile::tempdir().unwrap();
-    let spec = PoolSpec {
-        contexts: 12,
-        candidates: 5,
-        clean: 2,
-        seed: Seed::new(4),
-    };
-    let project = build_project(dir.path(), "v.sqlite", spec);
-    let mut store = Store::open(&project).unwrap();
-    let cfg = EncodeConfig::default();
-    let err = Dataset::load(&store, 3, &cfg, true).unwrap_err();
-    assert!(err.to_string().contains("no sentence vector"), "{err:#}");
-    store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
-    assert_eq!(
-        store
-            .count_endings_without_sentence_vector(ENCODER)
-            .unwrap(),
-        0
-    );
-    let data = Dataset::load(&store, 3, &cfg, true).unwrap();
-    assert_eq!(data.sentence_dim, 384);
-    for c in &data.contexts {
-        for e in std::iter::once(&c.gold).chain(&c.candidates) {
-            assert_eq!(e.sentence.len(), 384);
-            let norm: f32 = e.sentence.iter().map(|v| v * v).sum();
-            assert!((norm - 1.0).abs() < 1e-3, "unit vectors");
-        }
-    }
-    let conn = Connection::open(&project).unwrap();
-    let stored: i64 = conn
-        .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(stored as usize, spec.contexts * (spec.candidates + 1));
-    store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
-    let again: i64 = conn
-        .query_row("SELECT COUNT(*) FROM sentence_vectors", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(again, stored);
-
-    let older = conn
-        .execute(
-            "UPDATE sentence_vectors SET model = 'all-MiniLM-L6-v2', vector = zeroblob(1536)
-             WHERE ending_id = (SELECT MIN(ending_id) FROM sentence_vectors)",
-            [],
-        )
-        .unwrap();
-    assert_eq!(older, 1);
-    let count = |store: &Store| {
-        store
-            .count_endings_without_sentence_vector(ENCODER)
-            .unwrap()
-    };
-    assert_eq!(
-        count(&store),
-        1,
-        "the older encoder's vector does not count"
-    );
-    store_sentence_vectors(&mut store, None, &mut |_, _| {}).unwrap();
-    assert_eq!(count(&store), 0);
-    let data = Dataset::load(&store, 3, &cfg, true).unwrap();
-    let first = &data.contexts[0].gold.sentence;
-    assert!(
-        first.iter().any(|&v| v != 0.0),
-        "made again, not the stored zeros"
-    );
-}
-
-/// With the shared embedding cache, a second project with the same texts reads its sentence
-/// vectors from the cache instead of embedding them.
+/// With the shared embedding cache (`--cache-dir`), a second project with the same texts reads
+/// its sentence vectors from the cache instead of embedding them; `--no-cache` embeds them again.
 #[test]
 fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
-    use afkit_filter::data::store_sentence_vectors;
     let dir = tempfile::tempdir().unwrap();
     let cache_dir = dir.path().join("cache");
+    let cache_flag = cache_dir.display().to_string();
     let spec = PoolSpec {
-        contexts: 6,
+        contexts: 10,
         candidates: 4,
         clean: 2,
         seed: Seed::new(5),
@@ -773,13 +669,24 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
             .map(Result::unwrap)
             .collect()
     };
-    let first = build_project(dir.path(), "first.sqlite", spec);
-    store_sentence_vectors(
-        &mut Store::open(&first).unwrap(),
-        Some(&cache_dir),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    // The shortest run there is: the vectors it stores first are what is looked at.
+    let filter = |name: &str, cache_flags: &[&str]| -> PathBuf {
+        let project = build_project(dir.path(), name, spec);
+        let mut flags = vec![
+            "--k",
+            "3",
+            "--mlp-iterations",
+            "1",
+            "--ensemble-iterations",
+            "1",
+            "--folds",
+            "2",
+        ];
+        flags.extend(cache_flags);
+        run_ok(command().args(filter_args(&project, &flags)));
+        project
+    };
+    let first = filter("first.sqlite", &["--cache-dir", &cache_flag]);
     let embedded = vectors(&first);
     assert_eq!(embedded.len(), spec.contexts * (spec.candidates + 1));
     // Mark every cached vector: a project that reads the cache stores the mark.
@@ -789,16 +696,9 @@ fn sentence_vectors_come_from_the_shared_cache_when_it_has_them() {
         .execute("UPDATE embeddings SET vector = ?1", [&marked])
         .unwrap();
     assert!(cached > 0 && cached <= embedded.len(), "one row per text");
-    let second = build_project(dir.path(), "second.sqlite", spec);
-    store_sentence_vectors(
-        &mut Store::open(&second).unwrap(),
-        Some(&cache_dir),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let second = filter("second.sqlite", &["--cache-dir", &cache_flag]);
     assert!(vectors(&second).iter().all(|v| *v == marked));
-    let third = build_project(dir.path(), "third.sqlite", spec);
-    store_sentence_vectors(&mut Store::open(&third).unwrap(), None, &mut |_, _| {}).unwrap();
+    let third = filter("third.sqlite", &["--no-cache"]);
     assert_eq!(
         vectors(&third),
         embedded,
@@ -819,7 +719,7 @@ fn filter_in_process(project: &Path, k: usize, seed: Seed) {
     config.train.mlp_epochs = 2;
     config.train.ensemble_epochs = 1;
     config.train.batch_contexts = 8;
-    config.train.model = afkit_filter::model::ModelConfig {
+    config.train.model = afkit_filter::settings::ModelConfig {
         word_dim: 8,
         mlp_hidden: 8,
         ensemble_hidden: 8,

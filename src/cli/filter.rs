@@ -9,9 +9,10 @@ use super::device::DeviceArgs;
 use afkit_engine::device::Compute;
 use afkit_engine::seed::Seed;
 use afkit_engine::text::counted;
-use afkit_filter::data::EncodeConfig;
-use afkit_filter::model::ModelConfig;
-use afkit_filter::train::TrainConfig;
+use afkit_filter::settings::{
+    DiscriminatorConfig, EncodeConfig, ModelConfig, Replacement, Scorer, TrainConfig,
+    DEFAULT_SCORER,
+};
 use afkit_filter::{self as filter, Config};
 use afkit_store::af::{AfRun, HeadAccuracy, IterationRecord, Phase};
 use afkit_store::Store;
@@ -73,7 +74,7 @@ pub struct FilterArgs {
     /// that outscores the easy negative and scores nearest the real ending: it overshoots less on
     /// style but leaves more for language models to find (BENCHMARKS.md compares the two).
     #[arg(long, value_enum, default_value_t = DEFAULTS.replacement, help_heading = RUN, hide_short_help = true)]
-    pub replace_with: filter::algorithm::Replacement,
+    pub replace_with: Replacement,
     /// What held-out contexts and final folds keep together: single contexts or whole groups.
     ///
     /// `context` (the default) holds out single contexts; `group` whole groups (an ActivityNet
@@ -138,7 +139,7 @@ pub struct FilterArgs {
     #[arg(
         long = "scorer",
         value_name = "MODEL",
-        default_values_t = [filter::scorer::DEFAULT_SCORER.to_string()],
+        default_values_t = [DEFAULT_SCORER.to_string()],
         help_heading = MODELS
     )]
     pub scorers: Vec<String>,
@@ -205,16 +206,14 @@ const ADVERSARY_ENSEMBLE_ITERATIONS: usize = 8;
 impl FilterArgs {
     /// The fine-tuned adversary of the run: MiniLM unless told otherwise or the run has no
     /// ensemble phase for it to join.
-    fn discriminator(&self) -> Option<filter::discriminator::DiscriminatorConfig> {
+    fn discriminator(&self) -> Option<DiscriminatorConfig> {
         match self.discriminator {
             Some(DiscriminatorArg::None) => None,
             None if self.ensemble_iterations == Some(0) => None,
-            Some(DiscriminatorArg::Minilm) | None => {
-                Some(filter::discriminator::DiscriminatorConfig {
-                    model: self.discriminator_model.clone(),
-                    ..Default::default()
-                })
-            }
+            Some(DiscriminatorArg::Minilm) | None => Some(DiscriminatorConfig {
+                model: self.discriminator_model.clone(),
+                ..Default::default()
+            }),
         }
     }
 
@@ -289,13 +288,11 @@ impl FilterArgs {
     }
 
     /// The scorer models (`--scorer`), fetched where needed; none with `--no-scorer`.
-    fn scorer_models(&self) -> Result<Vec<filter::scorer::Scorer>> {
+    fn scorer_models(&self) -> Result<Vec<Scorer>> {
         self.scorers
             .iter()
             .filter(|_| !self.no_scorer)
-            .map(|name| {
-                filter::scorer::Scorer::open(name, afkit_engine::models::generator_gguf(name)?)
-            })
+            .map(|name| Scorer::open(name, afkit_engine::models::generator_gguf(name)?))
             .collect()
     }
 }
@@ -315,6 +312,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
         run_id,
         iterations,
         scored,
+        final_family,
         final_accuracy,
         timings,
     } = summary
@@ -322,7 +320,7 @@ pub fn run(args: FilterArgs) -> Result<()> {
         println!(
             "final cross-fitted pass ({} folds, {}): {}",
             config.folds,
-            config.final_family().name(),
+            final_family.name(),
             accuracy_text(&final_accuracy)
         );
         println!(
@@ -346,7 +344,7 @@ fn hold_to_fluency_floor(
         return Ok(());
     };
     if args.fluency_reader == "none" {
-        return store.clear_fluency_floor(run.id);
+        return store.set_fluency_floor(run.id, None);
     }
     let fluency = filter::fluency::Fluency {
         reader: args.fluency_reader.clone(),
@@ -507,7 +505,7 @@ mod tests {
     #[test]
     fn the_default_recipe_reads_endings_with_the_generator_and_fine_tunes_minilm() {
         let args = parse(&[]).unwrap();
-        assert_eq!(args.scorers, [filter::scorer::DEFAULT_SCORER]);
+        assert_eq!(args.scorers, [DEFAULT_SCORER]);
         assert!(!args.no_scorer);
         let discriminator = args.discriminator().expect("on by default");
         assert_eq!(discriminator.model, None, "the shipped MiniLM");

@@ -16,6 +16,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::RngCore;
 use rand_chacha::ChaCha8Rng;
 
+use crate::settings::{Convergence, Replacement};
 use afkit_engine::seed::Seed;
 
 // Each step of a run draws from its own stream of the run's seed (`Seed::stream`), so that any
@@ -87,24 +88,6 @@ pub(crate) fn solved(gold: f32, assigned: &[f32]) -> bool {
 
 /// Which adversarial candidate replaces an easy negative.
 ///
-/// AF wants negatives its models cannot tell from the real ending, not negatives they prefer to
-/// it. Taking the highest-scoring candidate every time pushes the assigned negatives past the
-/// gold, and on a small project, where the held-out models are noisy, the audit's classifiers
-/// then learn to avoid what AF favoured and pick the real ending *less* often than chance. Taking
-/// the candidate nearest the gold brings the word n-gram baselines back to chance, but leaves
-/// the character n-grams low and lets the language models find the real ending more often
-/// (BENCHMARKS.md, "Replacing towards the gold"), so it is not the default.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Replacement {
-    /// The highest-scoring candidate (SWAG's rule; the default).
-    #[default]
-    Highest,
-    /// The candidate whose score is nearest the gold's: negatives as likely as the real ending
-    /// to the models, no more.
-    NearestGold,
-}
-
 /// The swaps for one held-out context: pairs (slot of the replaced easy negative, ending id that
 /// replaces it). `assigned`: (ending id, score) per slot; `unassigned`: (ending id, score) of the
 /// pool endings not assigned (the gold excluded).
@@ -138,32 +121,6 @@ pub(crate) fn choose_swaps(
         }
     }
     swaps
-}
-
-/// The convergence rule of a phase: it stops once its last `patience` iterations were each
-/// *quiet* — fewer swaps than 1% of the held-out contexts, or the deciding model's held-out
-/// accuracy within two standard errors of chance, 1/(k+1) + 2·sqrt(c(1−c)/n_test) — but never
-/// before `min_iterations`. Each iteration holds out a fifth of the contexts, so five
-/// iterations give every context one turn on average; on a small project the held-out accuracy
-/// is near chance from the start (its models train on a few dozen contexts), and without the
-/// floor AF stopped after two iterations having filtered a third of the contexts.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Convergence {
-    pub patience: usize,
-    pub min_iterations: usize,
-    pub min_swap_fraction: f64,
-    pub chance_standard_errors: f64,
-}
-
-impl Default for Convergence {
-    fn default() -> Self {
-        Convergence {
-            patience: 2,
-            min_iterations: 5,
-            min_swap_fraction: 0.01,
-            chance_standard_errors: 2.0,
-        }
-    }
 }
 
 impl Convergence {

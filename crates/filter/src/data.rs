@@ -25,14 +25,14 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use rayon::prelude::*;
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::scorer::{scorer_features, SCORER_FEATURES};
+use super::settings::EncodeConfig;
 use afkit_engine::embed::{SentenceEncoder, VectorStore, ENCODER};
 use afkit_engine::text::overlap::{content_words, ContextWords, CONTEXT_RELATIONS};
 use afkit_engine::text::subwords::char_gram_hashes;
-use afkit_store::af::{EndingLm, PoolContext};
+use afkit_store::af::{PoolContext, PoolEnding};
 use afkit_store::vector_cache::VectorCache;
 use afkit_store::Store;
 
@@ -55,48 +55,9 @@ const LM_FEATURES: usize = 10;
 /// Contexts tokenised (and tagged) together, in parallel, while the pools stream in.
 const CHUNK_CONTEXTS: usize = 512;
 
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct EncodeConfig {
-    /// Tokens seen fewer times than this in the run's texts map to UNK.
-    pub min_count: usize,
-    /// Tokens seen in the texts of fewer contexts than this map to UNK: an embedding learnt from
-    /// a few contexts' real endings makes AF pick distractors that imitate those endings
-    /// (BENCHMARKS.md, "Words need twenty contexts"). Applied only to runs of at least three
-    /// times as many contexts.
-    #[serde(skip_serializing_if = "is_one")]
-    pub min_contexts: usize,
-    /// Words kept by the BiLSTM; the rest become their UPOS tag.
-    pub lstm_top_words: usize,
-    /// Longest token sequence (`sent2 + ending`) fed to the text models; the rest is cut.
-    pub max_tokens: usize,
-    /// Hash buckets of the subword model's character n-grams; 0 leaves the model out.
-    pub subword_buckets: usize,
-    /// Give the sentence model MiniLM embeddings of every `sent2 + ending`.
-    pub sentence_vectors: bool,
-}
-
-/// `min_contexts` of the vocabulary before the rule existed, left out of the recorded settings so
-/// that runs recorded then still match the settings they ran with.
-fn is_one(n: &usize) -> bool {
-    *n == 1
-}
-
-impl Default for EncodeConfig {
-    fn default() -> Self {
-        EncodeConfig {
-            min_count: 2,
-            min_contexts: 20,
-            lstm_top_words: 100,
-            max_tokens: 64,
-            subword_buckets: 1 << 14,
-            sentence_vectors: true,
-        }
-    }
-}
-
 /// One option, ready for the models.
 #[derive(Debug, Clone)]
-pub struct EncodedEnding {
+pub(crate) struct EncodedEnding {
     pub ending_id: i64,
     /// Standardised LM features, lengths and context relations.
     pub mlp: [f32; MLP_FEATURES],
@@ -116,7 +77,7 @@ pub struct EncodedEnding {
 }
 
 #[derive(Debug, Clone)]
-pub struct EncodedContext {
+pub(crate) struct EncodedContext {
     pub example_id: i64,
     /// The group (video) it was ingested with: AF holds out whole groups.
     pub group: String,
@@ -135,7 +96,7 @@ impl EncodedContext {
 
 /// A run's encoded contexts and vocabulary sizes.
 #[derive(Debug, Clone)]
-pub struct Dataset {
+pub(crate) struct Dataset {
     pub contexts: Vec<EncodedContext>,
     pub vocab_size: usize,
     pub lstm_vocab_size: usize,
@@ -157,14 +118,10 @@ impl Dataset {
     /// vocabularies and standardises the LM features.
     ///
     /// With the sentence model, every pool ending must have its stored sentence vector
-    /// ([`store_sentence_vectors`] first).
-    pub fn load(store: &Store, k: usize, cfg: &EncodeConfig, with_text: bool) -> Result<Dataset> {
-        Self::load_scored(store, k, cfg, with_text, &[])
-    }
-
-    /// [`Dataset::load`] with the features of scorer models, each named by the key its scores
-    /// are stored under (every pool ending must have a stored score from each).
-    pub(crate) fn load_scored(
+    /// ([`store_sentence_vectors`] first). `scorers` names the scorer models whose features the
+    /// options get, each by the key its scores are stored under (every pool ending must have a
+    /// stored score from each).
+    pub(crate) fn load(
         store: &Store,
         k: usize,
         cfg: &EncodeConfig,
@@ -173,24 +130,25 @@ impl Dataset {
     ) -> Result<Dataset> {
         let mut builder = Builder::new(*cfg, with_text, scorers);
         let mut chunk: Vec<PoolContext> = Vec::with_capacity(CHUNK_CONTEXTS);
-        store.for_each_pool_context(|context| {
+        let sentence_model = builder.reads_sentence_vectors().then_some(ENCODER);
+        store.for_each_pool_context(sentence_model, scorers, |context| {
             if context.candidates.len() < k {
                 builder.excluded += 1;
                 return Ok(());
             }
             chunk.push(context);
             if chunk.len() == CHUNK_CONTEXTS {
-                builder.add(std::mem::take(&mut chunk), store)?;
+                builder.add(std::mem::take(&mut chunk))?;
             }
             Ok(())
         })?;
-        builder.add(chunk, store)?;
+        builder.add(chunk)?;
         Ok(builder.finish())
     }
 
     /// SHA-256 over the ids of every context and ending that takes part: any change to the pools
     /// (a new context, a regenerated ending) changes it.
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         let mut hasher = Sha256::new();
         for c in &self.contexts {
             hasher.update(format!("{}:{}", c.example_id, c.gold.ending_id));
@@ -298,7 +256,7 @@ impl Builder {
         }
     }
 
-    fn add(&mut self, chunk: Vec<PoolContext>, store: &Store) -> Result<()> {
+    fn add(&mut self, mut chunk: Vec<PoolContext>) -> Result<()> {
         let (cfg, with_text, tagger) = (self.cfg, self.with_text, self.tagger);
         let tokenised: Vec<(Vec<String>, Vec<Tokenised>)> = chunk
             .par_iter()
@@ -314,8 +272,8 @@ impl Builder {
                 (sent2, options)
             })
             .collect();
-        let mut sentences = self.sentence_vectors(&chunk, store)?.into_iter();
-        let mut scored = self.scorer_features(&chunk, store)?.into_iter();
+        let mut sentences = self.sentence_vectors(&mut chunk)?.into_iter();
+        let mut scored = self.scorer_features(&chunk)?.into_iter();
         for (c, (sent2, options)) in chunk.iter().zip(tokenised) {
             if with_text {
                 for t in &sent2 {
@@ -338,7 +296,7 @@ impl Builder {
                     };
                     EncodedEnding {
                         ending_id: ending.id,
-                        mlp: raw_features(mlp_inputs(c, &ending.lm, &option)),
+                        mlp: raw_features(mlp_inputs(c, ending, &option)),
                         scorer: scored.next().unwrap_or_default(),
                         words,
                         lstm: option.tags.into(),
@@ -359,18 +317,23 @@ impl Builder {
         Ok(())
     }
 
+    /// Whether the options get sentence vectors: with text and the sentence model on.
+    fn reads_sentence_vectors(&self) -> bool {
+        self.with_text && self.cfg.sentence_vectors
+    }
+
     /// The stored sentence vectors of every option of the chunk, in option order (none without
     /// the sentence model).
-    fn sentence_vectors(&mut self, chunk: &[PoolContext], store: &Store) -> Result<Vec<Vec<f32>>> {
-        if !(self.with_text && self.cfg.sentence_vectors) {
+    fn sentence_vectors(&mut self, chunk: &mut [PoolContext]) -> Result<Vec<Vec<f32>>> {
+        if !self.reads_sentence_vectors() {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
         for e in chunk
-            .iter()
-            .flat_map(|c| std::iter::once(&c.gold).chain(&c.candidates))
+            .iter_mut()
+            .flat_map(|c| std::iter::once(&mut c.gold).chain(&mut c.candidates))
         {
-            let Some(v) = store.sentence_vector(ENCODER, e.id)? else {
+            let Some(v) = e.sentence.take() else {
                 bail!(
                     "ending {} has no sentence vector (embed the pools first)",
                     e.id
@@ -393,7 +356,7 @@ impl Builder {
 
     /// The scorer features of every option of the chunk, in option order (none without
     /// scorers).
-    fn scorer_features(&self, chunk: &[PoolContext], store: &Store) -> Result<Vec<Box<[f32]>>> {
+    fn scorer_features(&self, chunk: &[PoolContext]) -> Result<Vec<Box<[f32]>>> {
         if self.scorers.is_empty() {
             return Ok(Vec::new());
         }
@@ -403,14 +366,14 @@ impl Builder {
             .flat_map(|c| std::iter::once(&c.gold).chain(&c.candidates))
         {
             let mut features = Vec::with_capacity(SCORER_FEATURES * self.scorers.len());
-            for key in &self.scorers {
-                let Some(score) = store.scorer_score(key, e.id)? else {
+            for (key, score) in self.scorers.iter().zip(&e.scores) {
+                let Some(score) = score else {
                     bail!(
                         "ending {} has no score from scorer model {key} (score the pools first)",
                         e.id
                     );
                 };
-                features.extend(scorer_features(&score, &e.text).map(|v| v as f32));
+                features.extend(scorer_features(score, &e.text).map(|v| v as f32));
             }
             out.push(features.into());
         }
@@ -544,7 +507,7 @@ impl Renumbering {
 /// batch at a time, each batch committed: an interrupted run keeps what it embedded. With
 /// `cache_dir`, the shared embedding cache there gives the vectors it holds and keeps the new
 /// ones. `progress` hears (embedded or read so far, total missing).
-pub fn store_sentence_vectors(
+pub(crate) fn store_sentence_vectors(
     store: &mut Store,
     cache_dir: Option<&Path>,
     progress: &mut dyn FnMut(usize, usize),
@@ -600,8 +563,12 @@ fn upos_index(tag: &str) -> u32 {
 }
 
 /// An option's raw MLP inputs: its [`lm_features`], then its context relations.
-fn mlp_inputs(ctx: &PoolContext, lm: &EndingLm, option: &Tokenised) -> [Option<f64>; MLP_FEATURES] {
-    let lm = lm_features(ctx, lm, option.n_words);
+fn mlp_inputs(
+    ctx: &PoolContext,
+    ending: &PoolEnding,
+    option: &Tokenised,
+) -> [Option<f64>; MLP_FEATURES] {
+    let lm = lm_features(ctx, ending, option.n_words);
     std::array::from_fn(|i| match i.checked_sub(LM_FEATURES) {
         None => lm[i],
         Some(r) => Some(option.relations[r]),
@@ -617,18 +584,22 @@ fn raw_features(raw: [Option<f64>; MLP_FEATURES]) -> [f32; MLP_FEATURES] {
 /// lengths"): ending log-prob given the context, alone, their difference, final punctuation
 /// log-prob, whether that is missing, ending length in LM tokens and in words, context log-prob,
 /// `sent1` and `sent2` lengths in LM tokens.
-fn lm_features(ctx: &PoolContext, lm: &EndingLm, n_words: usize) -> [Option<f64>; LM_FEATURES] {
-    let diff = match (lm.lp_cond, lm.lp_alone) {
+fn lm_features(
+    ctx: &PoolContext,
+    ending: &PoolEnding,
+    n_words: usize,
+) -> [Option<f64>; LM_FEATURES] {
+    let diff = match (ending.lp_cond, ending.lp_alone) {
         (Some(c), Some(a)) => Some(c - a),
         _ => None,
     };
     [
-        lm.lp_cond,
-        lm.lp_alone,
+        ending.lp_cond,
+        ending.lp_alone,
         diff,
-        lm.lp_final_punct,
-        Some(f64::from(u8::from(lm.lp_final_punct.is_none()))),
-        lm.n_tok_ending.map(|n| n as f64),
+        ending.lp_final_punct,
+        Some(f64::from(u8::from(ending.lp_final_punct.is_none()))),
+        ending.n_tok_ending.map(|n| n as f64),
         Some(n_words as f64),
         ctx.ctx_logprob,
         ctx.n_tok_sent1.map(|n| n as f64),
@@ -724,7 +695,6 @@ fn for_each_option(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use afkit_store::af::PoolEnding;
 
     fn option(mlp: [f32; MLP_FEATURES]) -> EncodedEnding {
         EncodedEnding {
@@ -743,7 +713,7 @@ mod tests {
         let ending = |id, text: &str| PoolEnding {
             id,
             text: text.into(),
-            lm: EndingLm::default(),
+            ..PoolEnding::default()
         };
         let context = PoolContext {
             example_id: 1,
@@ -763,7 +733,7 @@ mod tests {
             .iter()
             .map(|e| {
                 let option = tokenise_option(&[], &words, &e.text, &cfg, false, tagger);
-                mlp_inputs(&context, &e.lm, &option)
+                mlp_inputs(&context, e, &option)
             })
             .collect();
         let sent1_share = LM_FEATURES;
@@ -780,7 +750,7 @@ mod tests {
         let ending = |id, text: &str| PoolEnding {
             id,
             text: text.into(),
-            lm: EndingLm::default(),
+            ..PoolEnding::default()
         };
         // "zebra" fills one context's pool; "walks" appears once in each of two contexts.
         let context = |id: i64, endings: [&str; 3]| PoolContext {
@@ -803,8 +773,6 @@ mod tests {
             context(2, ["walks.", "runs.", "runs."]),
         ];
         chunk.extend((3..=6).map(|id| context(id, ["sits.", "sits.", "sits."])));
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::create(&dir.path().join("p.sqlite")).unwrap();
         let vocabulary = |min_contexts| {
             let cfg = EncodeConfig {
                 min_contexts,
@@ -812,7 +780,7 @@ mod tests {
                 ..EncodeConfig::default()
             };
             let mut builder = Builder::new(cfg, true, &[]);
-            builder.add(chunk.clone(), &store).unwrap();
+            builder.add(chunk.clone()).unwrap();
             let data = builder.finish();
             // The id of the ending's first word (after "It").
             let first_word = |c: usize, option: usize| {

@@ -18,55 +18,17 @@
 //! makes a resumed run need no stored weights.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use rand::seq::IndexedRandom;
-use serde::Serialize;
 
 use super::data::Dataset;
+use super::settings::DiscriminatorConfig;
 use afkit_engine::device::Compute;
 use afkit_engine::embed::cross_encoder::{self, CrossEncoder, Question, Shape};
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::af::Assignment;
 use afkit_store::Store;
-
-/// The fine-tuned adversary's settings (recorded with the run).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct DiscriminatorConfig {
-    /// A BERT-style model folder (`config.json`, `tokenizer.json`, `model.safetensors`) to
-    /// fine-tune instead of the shipped MiniLM sentence encoder.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<PathBuf>,
-    /// Word pieces per option (context and ending), as in the audit's `finetune_minilm`.
-    pub max_len: usize,
-    /// The lowest encoder layers kept as the sentence model trained them.
-    pub frozen_layers: usize,
-    /// Passes over the training contexts each time it trains.
-    pub epochs: usize,
-    /// Negatives beside the real ending in a training question, drawn from the context's
-    /// assigned ones: 3 poses the four-way question the benchmark asks.
-    pub negatives: usize,
-    /// Questions per optimiser step.
-    pub batch: usize,
-    pub learning_rate: f64,
-}
-
-impl Default for DiscriminatorConfig {
-    fn default() -> Self {
-        let shape = Shape::default();
-        let train = cross_encoder::FineTuning::default();
-        DiscriminatorConfig {
-            model: None,
-            max_len: shape.max_len,
-            frozen_layers: shape.frozen_layers,
-            epochs: 1,
-            negatives: 3,
-            batch: train.batch,
-            learning_rate: train.learning_rate,
-        }
-    }
-}
 
 /// What the cross-encoder reads and the stylistic dataset does not keep: each context's
 /// startphrase (`sent1 + " " + sent2`) and every pool ending's text.
@@ -83,7 +45,7 @@ impl Texts {
             contexts: HashMap::new(),
             endings: HashMap::new(),
         };
-        store.for_each_pool_context(|c| {
+        store.for_each_pool_context(None, &[], |c| {
             if wanted.contains(&c.example_id) {
                 let startphrase = afkit_store::dataset::startphrase(&c.sent1, &c.sent2);
                 texts.contexts.insert(c.example_id, startphrase);

@@ -27,7 +27,7 @@ use super::scorer::{contexts_and_endings, read_in_batches};
 
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 use afkit_store::fluency::{FluencyFloor, FluencyReadings};
-use afkit_store::scorer::UnscoredContext;
+use afkit_store::scorer::{Unread, UnreadContext};
 use afkit_store::Store;
 
 /// Share of the found endings allowed under the floor by default.
@@ -82,7 +82,7 @@ pub fn hold_to_floor(
         quantile: fluency.quantile,
         threshold: quantile(found, fluency.quantile),
     };
-    store.set_fluency_floor(run_id, &floor)?;
+    store.set_fluency_floor(run_id, Some(&floor))?;
     let refused = negatives
         .iter()
         .filter(|&&(_, v)| v < floor.threshold)
@@ -110,24 +110,23 @@ fn read_missing(
     sha256: &str,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    let missing = store.count_unread_for_fluency(run_id, sha256)?;
     let name = format!("the fluency reader {}", fluency.reader);
     read_in_batches(
         store,
         &fluency.path,
         &name,
-        missing,
+        Unread::Fluency {
+            run_id,
+            model: sha256,
+        },
+        BATCH_CONTEXTS,
         progress,
-        &|store| store.contexts_unread_for_fluency(run_id, sha256, BATCH_CONTEXTS),
         &|choice, batch, store| store.put_fluency_scores(sha256, &read_contexts(choice, batch)?),
     )
 }
 
 /// Each context's endings read after its startphrase (the contexts run in parallel).
-fn read_contexts(
-    choice: &ChoiceScorer,
-    batch: &[UnscoredContext],
-) -> Result<Vec<(i64, f64, usize)>> {
+fn read_contexts(choice: &ChoiceScorer, batch: &[UnreadContext]) -> Result<Vec<(i64, f64, usize)>> {
     let (contexts, texts) = contexts_and_endings(batch);
     let questions: Vec<ChoiceQuestion> = contexts
         .iter()

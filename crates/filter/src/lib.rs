@@ -8,18 +8,21 @@
 //! [`report`] reads the stored iterations back for the plot, the markdown and the JSON.
 
 mod adamw;
-pub mod algorithm;
+mod algorithm;
 mod bags;
 mod bilstm;
-pub mod data;
-pub mod discriminator;
+mod data;
+mod discriminator;
 pub mod fluency;
 mod gates;
-pub mod model;
+mod model;
 pub mod report;
 mod run;
-pub mod scorer;
-pub mod train;
+mod scorer;
+pub mod settings;
+#[cfg(test)]
+mod tests;
+mod train;
 mod windows;
 
 pub use run::{

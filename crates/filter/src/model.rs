@@ -28,7 +28,8 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{embedding, linear, Embedding, Linear, VarBuilder};
-use serde::Serialize;
+
+use super::settings::ModelConfig;
 
 use afkit_store::af::Phase;
 
@@ -67,30 +68,6 @@ impl Inputs {
             subword_buckets: data.subword_buckets,
             sentence_dim: data.sentence_dim,
             scorer_features: data.scorer_features,
-        }
-    }
-}
-
-/// Layer sizes.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct ModelConfig {
-    pub word_dim: usize,
-    pub indicator_dim: usize,
-    pub mlp_hidden: usize,
-    pub cnn_filters: usize,
-    pub lstm_hidden: usize,
-    pub ensemble_hidden: usize,
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        ModelConfig {
-            word_dim: 64,
-            indicator_dim: 8,
-            mlp_hidden: 64,
-            cnn_filters: 32,
-            lstm_hidden: 32,
-            ensemble_hidden: 64,
         }
     }
 }

@@ -10,15 +10,15 @@
 //! (how much the context makes the ending likelier). Every ending is scored once per model and
 //! stored ([`afkit_store::scorer`]), so a resumed or repeated run reads the scores.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
 
+use crate::settings::Scorer;
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 use afkit_engine::lm::LanguageModel;
 use afkit_store::dataset::startphrase;
-use afkit_store::scorer::{ScorerScore, UnscoredContext};
+use afkit_store::scorer::{ScorerScore, Unread, UnreadContext};
 use afkit_store::Store;
 
 /// Features per scorer model and option; see [`scorer_features`].
@@ -26,33 +26,6 @@ pub(crate) const SCORER_FEATURES: usize = 5;
 
 /// Contexts scored together and committed in one transaction.
 const BATCH_CONTEXTS: usize = 8;
-
-/// A scorer model of a run: the name the user gave and the SHA-256 of its GGUF file, which keys
-/// its stored scores (both recorded with the run).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Scorer {
-    pub name: String,
-    pub sha256: String,
-    /// Not recorded: the same file may live elsewhere when a run resumes.
-    #[serde(skip)]
-    pub path: PathBuf,
-}
-
-/// The scorer `filter` reads every ending with unless told otherwise: the default generator. On
-/// held-out captions it took a larger model's zero-shot accuracy on the AF export down by 6.6
-/// points and the generator's own to near chance, leaving every style baseline in its bounds.
-pub const DEFAULT_SCORER: &str = "smollm2";
-
-impl Scorer {
-    /// The scorer in the GGUF file at `path`, hashed once.
-    pub fn open(name: &str, path: PathBuf) -> Result<Scorer> {
-        Ok(Scorer {
-            name: name.to_string(),
-            sha256: afkit_engine::models::sha256_file(&path)?,
-            path,
-        })
-    }
-}
 
 /// The MLP's inputs from one scorer's reading of an ending: summed log-likelihood after the
 /// context, the same per character, and per token after the context, alone, and the difference.
@@ -76,15 +49,16 @@ pub(crate) fn store_scorer_scores(
     scorer: &Scorer,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    let missing = store.count_endings_without_scorer_score(&scorer.sha256)?;
     let name = format!("scorer model {}", scorer.name);
     read_in_batches(
         store,
         &scorer.path,
         &name,
-        missing,
+        Unread::Scorer {
+            model: &scorer.sha256,
+        },
+        BATCH_CONTEXTS,
         progress,
-        &|store| store.contexts_without_scorer_scores(&scorer.sha256, BATCH_CONTEXTS),
         &|choice, batch, store| {
             store.put_scorer_scores(&scorer.sha256, &score_contexts(choice, batch)?)
         },
@@ -93,21 +67,23 @@ pub(crate) fn store_scorer_scores(
 
 /// Reads a batch of contexts with the model and stores what it read.
 pub(super) type ReadAndPut<'a> =
-    dyn Fn(&ChoiceScorer, &[UnscoredContext], &mut Store) -> Result<()> + 'a;
+    dyn Fn(&ChoiceScorer, &[UnreadContext], &mut Store) -> Result<()> + 'a;
 
-/// Reads `missing` endings with the model at `path` (named `name` in errors), a batch of
-/// contexts from `next` at a time until it returns none, each batch read and committed by
+/// Reads the endings `unread` names with the model at `path` (named `name` in errors),
+/// `batch_contexts` contexts at a time until none is left, each batch read and committed by
 /// `read_and_put` (which returns nothing: the batch's endings count as done). The model is
-/// loaded only when something is missing; `progress` hears endings done and `missing`.
+/// loaded only when something is missing; `progress` hears endings done and endings missing
+/// at the start.
 pub(super) fn read_in_batches(
     store: &mut Store,
     path: &Path,
     name: &str,
-    missing: usize,
+    unread: Unread<'_>,
+    batch_contexts: usize,
     progress: &mut dyn FnMut(usize, usize),
-    next: &dyn Fn(&Store) -> Result<Vec<UnscoredContext>>,
     read_and_put: &ReadAndPut<'_>,
 ) -> Result<()> {
+    let missing = store.count_unread(unread)?;
     if missing == 0 {
         return Ok(());
     }
@@ -117,7 +93,7 @@ pub(super) fn read_in_batches(
     progress(done, missing);
     loop {
         afkit_engine::interrupt::check()?;
-        let batch = next(store)?;
+        let batch = store.unread_contexts(unread, batch_contexts)?;
         if batch.is_empty() {
             return Ok(());
         }
@@ -129,7 +105,7 @@ pub(super) fn read_in_batches(
 
 /// Each context of `batch` as a language model reads it (`sent1 + " " + sent2`), and its endings'
 /// texts in the batch's order: what the scorer and the fluency reader both ask the model about.
-pub(crate) fn contexts_and_endings(batch: &[UnscoredContext]) -> (Vec<String>, Vec<Vec<String>>) {
+pub(crate) fn contexts_and_endings(batch: &[UnreadContext]) -> (Vec<String>, Vec<Vec<String>>) {
     let contexts = batch
         .iter()
         .map(|c| startphrase(&c.sent1, &c.sent2))
@@ -145,7 +121,7 @@ pub(crate) fn contexts_and_endings(batch: &[UnscoredContext]) -> (Vec<String>, V
 /// contexts' questions run in parallel).
 fn score_contexts(
     choice: &ChoiceScorer,
-    batch: &[UnscoredContext],
+    batch: &[UnreadContext],
 ) -> Result<Vec<(i64, ScorerScore)>> {
     let (contexts, texts) = contexts_and_endings(batch);
     let questions: Vec<ChoiceQuestion> = contexts

@@ -19,49 +19,13 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use serde::Serialize;
 
 use super::adamw::Optimiser;
 use super::data::{Dataset, EncodedEnding};
-use super::model::{make_batch, Inputs, ModelConfig, StylisticModel, DTYPE};
-use afkit_engine::device::Compute;
+use super::model::{make_batch, Inputs, StylisticModel, DTYPE};
+use super::settings::TrainConfig;
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::af::Phase;
-
-/// Optimisation settings of one training run.
-#[derive(Debug, Clone, Serialize)]
-pub struct TrainConfig {
-    /// Passes over the training contexts in MLP-only iterations.
-    pub mlp_epochs: usize,
-    /// Passes over the training contexts in ensemble iterations and the final pass.
-    pub ensemble_epochs: usize,
-    /// Contexts per optimisation step (each brings k+1 rows).
-    pub batch_contexts: usize,
-    pub learning_rate: f64,
-    pub weight_decay: f64,
-    /// Gradients are rescaled when their global L2 norm exceeds this.
-    pub clip_norm: f64,
-    pub model: ModelConfig,
-    /// Where training and scoring run. Not a setting of the run's results (they agree across
-    /// devices up to rounding), so it is not stored with them and a run may resume elsewhere.
-    #[serde(skip)]
-    pub compute: Compute,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            mlp_epochs: 10,
-            ensemble_epochs: 4,
-            batch_contexts: 32,
-            learning_rate: 3e-3,
-            weight_decay: 0.01,
-            clip_norm: 5.0,
-            model: ModelConfig::default(),
-            compute: Compute::cpu(),
-        }
-    }
-}
 
 /// One training choice: the gold ending followed by its negatives, with the `sent2` length.
 pub(crate) struct Choice<'a> {
@@ -393,6 +357,7 @@ impl SimpleBackend for SeededInit {
 mod tests {
     use super::*;
     use crate::data::EncodedContext;
+    use afkit_engine::device::Compute;
 
     /// Contexts of a gold ending and three negatives with random words, tags and LM features.
     fn synthetic_dataset(contexts: usize) -> Dataset {

@@ -14,17 +14,9 @@ use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRe
 use rusqlite::{params, Connection, OptionalExtension, Row, ToSql, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
+use super::scorer::ScorerScore;
 use super::{now, SqlSeed, Store};
 use afkit_engine::seed::Seed;
-
-/// The LM features of one ending; `None` where the generate stage stored NULL.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EndingLm {
-    pub lp_cond: Option<f64>,
-    pub lp_alone: Option<f64>,
-    pub lp_final_punct: Option<f64>,
-    pub n_tok_ending: Option<i64>,
-}
 
 /// One ending's scores from the final cross-fitted pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,11 +28,21 @@ pub struct FinalScore {
     pub sentence: Option<f32>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// One ending of a pool with the generate stage's LM features of it (`None` where it stored
+/// NULL) and the readings of it a visit asked for.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PoolEnding {
     pub id: i64,
     pub text: String,
-    pub lm: EndingLm,
+    pub lp_cond: Option<f64>,
+    pub lp_alone: Option<f64>,
+    pub lp_final_punct: Option<f64>,
+    pub n_tok_ending: Option<i64>,
+    /// Its stored sentence vector from the encoder asked for (`None`: none asked for or none
+    /// stored).
+    pub sentence: Option<Vec<f32>>,
+    /// Its stored score from each scorer model asked for, in their order (`None`: not scored).
+    pub scores: Vec<Option<ScorerScore>>,
 }
 
 /// A context whose pool is complete: its gold ending and its generated candidates.
@@ -175,10 +177,14 @@ pub type Assignment = BTreeMap<i64, Vec<i64>>;
 
 impl Store {
     /// Visits every context with a complete pool, in example order, with its gold ending and its
-    /// candidates (in id order). One context is in memory at a time, so a pool far larger than
-    /// memory can be read: the endings come from one scan of the `endings_example` index.
+    /// candidates (in id order), each with its stored vector from the sentence encoder
+    /// `sentence_model` and its stored scores from the scorer models keyed `scorers`. One context
+    /// is in memory at a time, so a pool far larger than memory can be read: the endings come
+    /// from one scan of the `endings_example` index.
     pub fn for_each_pool_context(
         &self,
+        sentence_model: Option<&str>,
+        scorers: &[String],
         mut visit: impl FnMut(PoolContext) -> Result<()>,
     ) -> Result<()> {
         let mut contexts_stmt = self.conn.prepare(
@@ -216,6 +222,15 @@ impl Store {
                     self.path().display(),
                     context.example_id
                 );
+            }
+            for ending in std::iter::once(&mut context.gold).chain(&mut context.candidates) {
+                if let Some(model) = sentence_model {
+                    ending.sentence = self.sentence_vector(model, ending.id)?;
+                }
+                ending.scores = scorers
+                    .iter()
+                    .map(|key| self.scorer_score(key, ending.id))
+                    .collect::<Result<_>>()?;
             }
             visit(context)?;
         }
@@ -395,26 +410,6 @@ impl Store {
         Ok(())
     }
 
-    /// Every swap of a run, with the iteration that made it, in order.
-    pub fn af_swaps(&self, run_id: i64) -> Result<Vec<(usize, Swap)>> {
-        let mut stmt = self.conn.prepare(
-            "SELECT iteration, example_id, slot, old_ending_id, new_ending_id FROM af_swaps
-             WHERE run_id = ?1 ORDER BY rowid",
-        )?;
-        let rows = stmt.query_map([run_id], |r| {
-            Ok((
-                r.get::<_, i64>(0)? as usize,
-                Swap {
-                    example_id: r.get(1)?,
-                    slot: r.get::<_, i64>(2)? as usize,
-                    old_ending_id: r.get(3)?,
-                    new_ending_id: r.get(4)?,
-                },
-            ))
-        })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    }
-
     /// Stores the final cross-fitted pass and marks the run finished, atomically.
     /// `folds`: (example id, fold); `scores`: (ending id, final ensemble score).
     pub fn finish_af_run(
@@ -560,8 +555,7 @@ fn pool_context_from_row(r: &Row<'_>) -> rusqlite::Result<PoolContext> {
         n_tok_sent2: r.get(5)?,
         gold: PoolEnding {
             id: -1,
-            text: String::new(),
-            lm: EndingLm::default(),
+            ..PoolEnding::default()
         },
         candidates: Vec::new(),
     })
@@ -572,12 +566,11 @@ fn pool_ending_from_row(r: &Row<'_>) -> rusqlite::Result<(i64, bool, PoolEnding)
     let ending = PoolEnding {
         id: r.get(1)?,
         text: r.get(2)?,
-        lm: EndingLm {
-            lp_cond: r.get(4)?,
-            lp_alone: r.get(5)?,
-            lp_final_punct: r.get(6)?,
-            n_tok_ending: r.get(7)?,
-        },
+        lp_cond: r.get(4)?,
+        lp_alone: r.get(5)?,
+        lp_final_punct: r.get(6)?,
+        n_tok_ending: r.get(7)?,
+        ..PoolEnding::default()
     };
     Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(3)? != 0, ending))
 }
@@ -651,7 +644,7 @@ impl Store {
     }
 
     /// The stored vector of an ending from `model`, if any.
-    pub fn sentence_vector(&self, model: &str, ending_id: i64) -> Result<Option<Vec<f32>>> {
+    fn sentence_vector(&self, model: &str, ending_id: i64) -> Result<Option<Vec<f32>>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT vector FROM sentence_vectors WHERE ending_id = ?1 AND model = ?2",
         )?;

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use anyhow::Result;
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
-use super::scorer::UnscoredContext;
+use super::scorer::UnreadContext;
 use super::Store;
 
 /// The floor an AF run's negatives were held to.
@@ -41,7 +41,7 @@ const UNREAD: &str = "e.example_id IN (SELECT example_id FROM af_assignments WHE
 
 impl Store {
     /// How many of AF run `run_id`'s found endings and assigned negatives `model` has not read.
-    pub fn count_unread_for_fluency(&self, run_id: i64, model: &str) -> Result<usize> {
+    pub(crate) fn count_unread_for_fluency(&self, run_id: i64, model: &str) -> Result<usize> {
         let n: i64 = self.conn.query_row(
             &format!("SELECT COUNT(*) FROM endings e WHERE {UNREAD}"),
             params![run_id, model],
@@ -52,12 +52,12 @@ impl Store {
 
     /// The first `limit` contexts (in example order) of AF run `run_id` with endings `model` has
     /// not read for the fluency floor, each with those endings.
-    pub fn contexts_unread_for_fluency(
+    pub(crate) fn contexts_unread_for_fluency(
         &self,
         run_id: i64,
         model: &str,
         limit: usize,
-    ) -> Result<Vec<UnscoredContext>> {
+    ) -> Result<Vec<UnreadContext>> {
         let mut stmt = self.conn.prepare(&format!(
             "SELECT e.example_id, e.id, e.text FROM endings e
              WHERE e.example_id IN (
@@ -73,7 +73,7 @@ impl Store {
                 r.get::<_, String>(2)?,
             ))
         })?;
-        let mut contexts: Vec<UnscoredContext> = Vec::new();
+        let mut contexts: Vec<UnreadContext> = Vec::new();
         for row in rows {
             let (example_id, ending_id, text) = row?;
             if contexts.last().map(|c| c.example_id) != Some(example_id) {
@@ -82,7 +82,7 @@ impl Store {
                     [example_id],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )?;
-                contexts.push(UnscoredContext {
+                contexts.push(UnreadContext {
                     example_id,
                     sent1,
                     sent2,
@@ -143,26 +143,25 @@ impl Store {
         Ok(readings)
     }
 
-    /// Records (or replaces) the floor of AF run `run_id`.
-    pub fn set_fluency_floor(&mut self, run_id: i64, floor: &FluencyFloor) -> Result<()> {
-        self.conn.execute(
-            "INSERT OR REPLACE INTO af_fluency(run_id, reader, model, quantile, threshold)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![
-                run_id,
-                floor.reader,
-                floor.model,
-                floor.quantile,
-                floor.threshold
-            ],
-        )?;
-        Ok(())
-    }
-
-    /// Forgets AF run `run_id`'s floor: its negatives are all taken as they are.
-    pub fn clear_fluency_floor(&mut self, run_id: i64) -> Result<()> {
-        self.conn
-            .execute("DELETE FROM af_fluency WHERE run_id = ?1", [run_id])?;
+    /// Records (or replaces) the floor of AF run `run_id`; `None` forgets it, so that its
+    /// negatives are all taken as they are.
+    pub fn set_fluency_floor(&mut self, run_id: i64, floor: Option<&FluencyFloor>) -> Result<()> {
+        match floor {
+            Some(floor) => self.conn.execute(
+                "INSERT OR REPLACE INTO af_fluency(run_id, reader, model, quantile, threshold)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    run_id,
+                    floor.reader,
+                    floor.model,
+                    floor.quantile,
+                    floor.threshold
+                ],
+            )?,
+            None => self
+                .conn
+                .execute("DELETE FROM af_fluency WHERE run_id = ?1", [run_id])?,
+        };
         Ok(())
     }
 

@@ -16,9 +16,21 @@ pub struct ScorerScore {
     pub n_tok: usize,
 }
 
-/// A context with the pool endings (found or generated) a scorer model has not scored yet.
+/// Endings a language model has yet to read, each read once per model and stored: by a scorer
+/// model (here) or by the fluency reader for an AF run's floor (`fluency_scores`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unread<'a> {
+    /// Every pool ending (found or generated) without a score from the scorer model keyed
+    /// `model`.
+    Scorer { model: &'a str },
+    /// AF run `run_id`'s found endings and assigned negatives the fluency reader keyed `model`
+    /// has not read.
+    Fluency { run_id: i64, model: &'a str },
+}
+
+/// A context with the endings a model has yet to read.
 #[derive(Debug, Clone, PartialEq)]
-pub struct UnscoredContext {
+pub struct UnreadContext {
     pub example_id: i64,
     pub sent1: String,
     pub sent2: String,
@@ -31,8 +43,27 @@ const UNSCORED: &str = "e.example_id IN (SELECT example_id FROM pools)
     AND NOT EXISTS (SELECT 1 FROM scorer_scores s WHERE s.ending_id = e.id AND s.model = ?1)";
 
 impl Store {
+    /// How many endings `unread` names.
+    pub fn count_unread(&self, unread: Unread<'_>) -> Result<usize> {
+        match unread {
+            Unread::Scorer { model } => self.count_unscored(model),
+            Unread::Fluency { run_id, model } => self.count_unread_for_fluency(run_id, model),
+        }
+    }
+
+    /// The first `limit` contexts (in example order) with endings `unread` names, each with
+    /// those endings.
+    pub fn unread_contexts(&self, unread: Unread<'_>, limit: usize) -> Result<Vec<UnreadContext>> {
+        match unread {
+            Unread::Scorer { model } => self.contexts_without_scorer_scores(model, limit),
+            Unread::Fluency { run_id, model } => {
+                self.contexts_unread_for_fluency(run_id, model, limit)
+            }
+        }
+    }
+
     /// How many pool endings have no score from `model` yet.
-    pub fn count_endings_without_scorer_score(&self, model: &str) -> Result<usize> {
+    fn count_unscored(&self, model: &str) -> Result<usize> {
         let n: i64 = self.conn.query_row(
             &format!("SELECT COUNT(*) FROM endings e WHERE {UNSCORED}"),
             [model],
@@ -43,11 +74,11 @@ impl Store {
 
     /// The first `limit` contexts (in example order) with pool endings `model` has not scored,
     /// each with those endings.
-    pub fn contexts_without_scorer_scores(
+    fn contexts_without_scorer_scores(
         &self,
         model: &str,
         limit: usize,
-    ) -> Result<Vec<UnscoredContext>> {
+    ) -> Result<Vec<UnreadContext>> {
         let mut ids_stmt = self.conn.prepare(&format!(
             "SELECT DISTINCT e.example_id FROM endings e WHERE {UNSCORED}
              ORDER BY e.example_id LIMIT ?2"
@@ -69,7 +100,7 @@ impl Store {
             let endings = endings_stmt
                 .query_map(params![model, example_id], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<rusqlite::Result<_>>()?;
-            contexts.push(UnscoredContext {
+            contexts.push(UnreadContext {
                 example_id,
                 sent1,
                 sent2,
@@ -96,7 +127,7 @@ impl Store {
     }
 
     /// The stored score of an ending from `model`, if any.
-    pub fn scorer_score(&self, model: &str, ending_id: i64) -> Result<Option<ScorerScore>> {
+    pub(crate) fn scorer_score(&self, model: &str, ending_id: i64) -> Result<Option<ScorerScore>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT ll_cond, ll_alone, n_tok FROM scorer_scores WHERE ending_id = ?1 AND model = ?2",
         )?;

@@ -6,11 +6,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::algorithm::{Convergence, Replacement};
-use crate::data::{Dataset, EncodeConfig};
-use crate::discriminator::DiscriminatorConfig;
-use crate::scorer::Scorer;
-use crate::train::TrainConfig;
+use crate::data::Dataset;
+use crate::settings::{
+    Convergence, DiscriminatorConfig, EncodeConfig, Replacement, Scorer, TrainConfig,
+};
 use afkit_engine::seed::Seed;
 use afkit_store::af::Phase;
 
@@ -98,7 +97,7 @@ impl Config {
 
     /// The family of the final cross-fitted pass: the ensemble, unless the run has no ensemble
     /// phase, when the MLP that did the filtering also scores.
-    pub fn final_family(&self) -> Phase {
+    pub(crate) fn final_family(&self) -> Phase {
         if self.ensemble_iterations > 0 {
             Phase::Ensemble
         } else {

@@ -51,8 +51,10 @@ pub enum Summary {
         iterations: usize,
         /// Endings given a final cross-fitted score.
         scored: usize,
-        /// Every head's held-out accuracy in the final pass (whose family is the config's
-        /// `final_family()`).
+        /// The models that scored the final pass: the ensemble, or the MLP in a run without an
+        /// ensemble phase.
+        final_family: Phase,
+        /// Every head's held-out accuracy in the final pass.
         final_accuracy: HeadAccuracy,
         /// Where this call's time went.
         timings: Box<Timings>,
@@ -106,6 +108,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         run_id: run.id,
         iterations,
         scored,
+        final_family: config.final_family(),
         final_accuracy,
         timings: Box::new(timings),
     })
@@ -183,7 +186,7 @@ fn load_pools(
     store_missing_features(store, config, with_text, observer, timings)?;
     let started = Instant::now();
     let keys: Vec<String> = config.scorers.iter().map(|s| s.sha256.clone()).collect();
-    let data = Dataset::load_scored(store, config.k, &config.encode, with_text, &keys)?;
+    let data = Dataset::load(store, config.k, &config.encode, with_text, &keys)?;
     timings.reading = started.elapsed().as_secs_f64();
     if data.excluded > 0 {
         let (has, is) = if data.excluded == 1 {
