@@ -24,7 +24,6 @@ mod ingest;
 mod interop;
 mod layering;
 mod openai_backend;
-mod peft;
 mod pool_bundle;
 mod progress_lines;
 mod safety;

@@ -39,6 +39,7 @@ use super::llama::Llama;
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
+use crate::models::{DefaultModel, SMOLLM2_HUB_ID};
 use crate::seed::Seed;
 
 pub(crate) use super::tensor_ops::Pass;
@@ -47,7 +48,7 @@ pub(crate) use super::tensor_ops::Pass;
 const FROZEN_BATCH: usize = 8;
 
 /// The weight matrices of a block that LoRA adapts, by their GGUF names.
-pub const ADAPTED: [&str; 7] = [
+pub(crate) const ADAPTED: [&str; 7] = [
     "attn_q",
     "attn_k",
     "attn_v",
@@ -95,6 +96,8 @@ pub struct AdaptModel {
     llama: Llama,
     lora: Lora,
     shape: LoraShape,
+    /// What PEFT's config names as the base model.
+    peft_name: String,
 }
 
 /// A step of training, for progress reports.
@@ -119,8 +122,7 @@ pub struct TrainReport {
 }
 
 impl AdaptModel {
-    /// Reads a llama-family GGUF file, to adapt its top `shape.top_layers` blocks. Call
-    /// [`AdaptModel::fresh_adapter`] before training.
+    /// Reads a llama-family GGUF file, to adapt its top `shape.top_layers` blocks.
     pub fn load(path: &Path, shape: LoraShape) -> Result<(Self, GgufTokenizer)> {
         let (content, tokenizer, mut file) = read_header(path)?;
         let cfg = LlamaConfig::from_gguf(&content)
@@ -150,14 +152,19 @@ impl AdaptModel {
             blocks: Vec::new(),
             scale: shape.alpha / shape.rank as f32,
         };
-        let mut model = AdaptModel { llama, lora, shape };
+        let mut model = AdaptModel {
+            llama,
+            lora,
+            shape,
+            peft_name: peft_base_name(path),
+        };
         model.fresh_adapter(Seed::default())?;
         Ok((model, tokenizer))
     }
 
     /// Starts a new adapter: A random (from `seed`), B zero, so that the adapted model starts as
     /// the base model.
-    pub fn fresh_adapter(&mut self, seed: Seed) -> Result<()> {
+    pub(crate) fn fresh_adapter(&mut self, seed: Seed) -> Result<()> {
         let mut rng = seed.rng();
         let cfg = &self.llama.cfg;
         self.lora.blocks = (0..self.shape.top_layers)
@@ -176,7 +183,7 @@ impl AdaptModel {
     }
 
     /// The adapter as trained so far, under the GGUF names of the matrices it changes.
-    pub fn adapter(&self) -> Adapter {
+    pub(crate) fn adapter(&self) -> Adapter {
         let first = self.first_adapted();
         let mut updates = BTreeMap::new();
         for (i, pairs) in self.lora.blocks.iter().enumerate() {
@@ -193,15 +200,46 @@ impl AdaptModel {
         }
     }
 
-    /// What engines loading this model's adapters need to know of it; `name` goes into PEFT's
-    /// config.
-    pub fn base_model(&self, name: &str) -> BaseModel {
+    /// What engines loading this model's adapters need to know of it.
+    fn base_model(&self) -> BaseModel {
         BaseModel {
             architecture: self.llama.cfg.arch.family.architecture().to_string(),
             n_head: self.llama.cfg.n_head,
             n_kv_head: self.llama.cfg.n_kv_head,
-            name: name.to_string(),
+            name: self.peft_name.clone(),
         }
+    }
+
+    /// Writes the adapter as trained so far into `folder`: afkit's own file `name` (what
+    /// `generate` reads) and, before it, the formats inference engines load beside it:
+    /// `STEM.peft/` (PEFT: transformers, vLLM's `--lora-modules`) and `STEM.lora.gguf`
+    /// (llama.cpp's `--lora`). Each is written under a temporary name and then renamed, so a
+    /// fold whose own file is there has all three.
+    pub fn write_adapter(&self, folder: &Path, name: &str) -> Result<()> {
+        let adapter = self.adapter();
+        let base = self.base_model();
+        let stem = name.trim_end_matches(".safetensors");
+        let peft = folder.join(format!("{stem}.peft"));
+        let partial = folder.join(format!("{stem}.peft.partial"));
+        if partial.exists() {
+            std::fs::remove_dir_all(&partial)?;
+        }
+        adapter.save_peft(&partial, &base)?;
+        if peft.exists() {
+            std::fs::remove_dir_all(&peft)?;
+        }
+        std::fs::rename(&partial, &peft)
+            .with_context(|| format!("cannot move the PEFT adapter into {}", peft.display()))?;
+        let gguf = folder.join(format!("{stem}.lora.gguf"));
+        let partial = folder.join(format!("{stem}.lora.gguf.partial"));
+        adapter.save_gguf(&partial, &base)?;
+        std::fs::rename(&partial, &gguf)
+            .with_context(|| format!("cannot move the GGUF adapter into {}", gguf.display()))?;
+        let path = folder.join(name);
+        let partial = folder.join(format!("{name}.partial"));
+        adapter.save(&partial)?;
+        std::fs::rename(&partial, &path)
+            .with_context(|| format!("cannot move the adapter into {}", path.display()))
     }
 
     /// The frozen blocks' output for each sequence (all but its last token, which is only a
@@ -261,16 +299,19 @@ impl AdaptModel {
         Ok(picked.mean_all()?.neg()?)
     }
 
-    /// Trains the LoRA pairs on `sequences` (each `seq_len` tokens, starting with the
-    /// document-start token) by next-token prediction. `progress` hears of every step.
+    /// Trains a fresh adapter (its A drawn from `init`) on `sequences` (each `seq_len` tokens,
+    /// starting with the document-start token) by next-token prediction. `progress` hears of
+    /// every step.
     pub fn train(
         &mut self,
+        init: Seed,
         sequences: &[&Vec<u32>],
         states: &[&Tensor],
         settings: &TrainSettings,
         progress: &mut dyn FnMut(&StepReport),
     ) -> Result<TrainReport> {
         let started = Instant::now();
+        self.fresh_adapter(init)?;
         if sequences.is_empty() {
             bail!(
                 "nothing to train on: the corpus has no sequence of {} tokens",
@@ -388,6 +429,16 @@ pub fn pack_sequences(
         .collect())
 }
 
+/// What PEFT's config names as the base model: the Hub id of the default generator, else the
+/// GGUF file the adapters are trained on.
+fn peft_base_name(model: &Path) -> String {
+    if model == DefaultModel::smollm2_gguf() {
+        SMOLLM2_HUB_ID.to_string()
+    } else {
+        model.display().to_string()
+    }
+}
+
 /// The (out × in) shape of block matrix `part` (a GGUF name).
 fn matrix_shape(cfg: &LlamaConfig, part: &str) -> (usize, usize) {
     let (d, hd) = (cfg.d_model, cfg.head_dim());
@@ -478,9 +529,13 @@ mod tests {
         let (refs, state_refs): (Vec<_>, Vec<_>) = seqs.iter().zip(&states).unzip();
         let mut reported = Vec::new();
         let report = model
-            .train(&refs, &state_refs, &settings, &mut |step| {
-                reported.push((step.epoch, step.epochs))
-            })
+            .train(
+                Seed::default(),
+                &refs,
+                &state_refs,
+                &settings,
+                &mut |step| reported.push((step.epoch, step.epochs)),
+            )
             .unwrap();
         assert_eq!(reported.len(), report.steps);
         let per_epoch = seqs.len().div_ceil(settings.batch);

@@ -36,7 +36,11 @@ impl LanguageModel {
     }
 
     /// Loads a GGUF file with an adapter's updates merged into its weights.
-    pub fn load_adapted(path: &Path, compute: &Compute, adapter: Option<&Adapter>) -> Result<Self> {
+    pub(crate) fn load_adapted(
+        path: &Path,
+        compute: &Compute,
+        adapter: Option<&Adapter>,
+    ) -> Result<Self> {
         let (content, tokenizer, mut reader) = read_header(path)?;
         Self::from_parts(content, tokenizer, &mut reader, path, (compute, adapter))
     }
