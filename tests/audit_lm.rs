@@ -12,7 +12,7 @@ use std::process::Command;
 use afkit_audit::dataset::read_split;
 use afkit_audit::lm::{score_questions, Posed};
 use afkit_engine::lm::choice::OptionScores;
-use afkit_engine::lm::LanguageModel;
+use afkit_engine::lm::model::LanguageModel;
 use afkit_store::dataset::startphrase;
 use common::{command, ok, run_ok, tiny_gguf, unverified_project};
 use serde_json::Value;

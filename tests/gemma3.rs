@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 
-use afkit_engine::lm::LanguageModel;
+use afkit_engine::lm::model::LanguageModel;
 use afkit_engine::models::{sha256_file, DefaultModel};
 use serde_json::Value;
 

@@ -10,9 +10,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use afkit_engine::device::Compute;
+use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::LanguageModel;
-use afkit_engine::lm::sampler::{acceptable_ending, SampledEnding};
-use afkit_engine::lm::{EndingSampler, LocalLm, SampleRequest, SamplingParams};
+use afkit_engine::lm::sampler::{
+    acceptable_ending, EndingSampler, SampleRequest, SampledEnding, SamplingParams,
+};
 use afkit_engine::models::DefaultModel;
 use afkit_engine::seed::Seed;
 use afkit_store::Store;
@@ -1054,7 +1056,14 @@ fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels(
             );
             assert!(seen.insert(&e.text), "duplicate {:?}", e.text);
         }
-        let plain: Vec<SampledEnding> = ours.endings.iter().map(|e| e.text_only()).collect();
+        let plain: Vec<SampledEnding> = ours
+            .endings
+            .iter()
+            .map(|e| SampledEnding {
+                text: e.text.clone(),
+                tokens: None,
+            })
+            .collect();
         let f = generic
             .features(&request.prompt, sent1, sent2, gold, &ours.endings)
             .unwrap();

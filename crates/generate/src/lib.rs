@@ -21,7 +21,6 @@ use adapters::AdapterSet;
 use afkit_engine::lm::features::{features, prompt_logprob, TokenScorer};
 use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::{LanguageModel, ModelFile};
-use afkit_engine::lm::openai::echo::FeatureScoring;
 use afkit_engine::lm::openai::OpenAiSampler;
 use afkit_engine::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
 use afkit_engine::seed::{Key, Seed};
@@ -213,18 +212,11 @@ fn server_scores(remote: &Option<OpenAiSampler>, observer: &mut dyn Observer) ->
     let Some(server) = remote else {
         return Ok(false);
     };
-    match server.feature_scoring()? {
-        FeatureScoring::Server => Ok(true),
-        FeatureScoring::Local { why } => {
-            if server.asks_for_features() {
-                observer.note(&format!(
-                    "note: the server does not give the LM features ({why}); they are scored \
-                     locally"
-                ));
-            }
-            Ok(false)
-        }
-    }
+    server.scores_features(&mut |why| {
+        observer.note(&format!(
+            "note: the server does not give the LM features ({why}); they are scored locally"
+        ))
+    })
 }
 
 /// The local model, with the adapter of `fold` merged in (if any), from `file`: the model file

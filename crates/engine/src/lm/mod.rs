@@ -19,12 +19,10 @@ pub mod local;
 pub mod model;
 pub mod openai;
 mod packed;
+#[cfg(test)]
+mod peft_tests;
 pub mod sampler;
 mod tensor_ops;
 #[cfg(test)]
 mod tests;
 pub mod tokenizer;
-
-pub use local::LocalLm;
-pub use model::LanguageModel;
-pub use sampler::{EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams};

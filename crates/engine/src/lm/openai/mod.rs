@@ -350,13 +350,8 @@ impl<'a> OpenAiSampler<'a> {
         })
     }
 
-    /// Whether the LM features were asked of the server (`--features auto` or `server`).
-    pub fn asks_for_features(&self) -> bool {
-        self.config.features != FeatureSource::Local
-    }
-
     /// What is recorded with the generation (no key); `server_features`: whether the server
-    /// gives the LM features ([`Self::feature_scoring`]).
+    /// gives the LM features ([`Self::scores_features`]).
     pub fn record(&self, server_features: bool) -> Value {
         let features = if server_features {
             "every LM feature from the server's echoed prompt log-probs, over the scoring \
