@@ -93,7 +93,7 @@ fn bench(name: &str, lm: &LocalLm) {
         inputs.len(),
         tokens as f64 / secs,
         inputs.len() as f64 / secs,
-        lm.model.llama.cfg.flops_per_token() / 1e9
+        lm.model.flops_per_token() / 1e9
     );
 }
 

@@ -16,7 +16,6 @@ mod audit_lm;
 mod blind_reading;
 mod faults;
 mod filter;
-mod gemma3;
 mod generate;
 mod group_counts;
 mod help_sections;

@@ -634,9 +634,8 @@ impl Summary {
         self.sampling_endings_per_second = self.endings as f64 / self.sampling_seconds;
         self.sampling_tokens_per_second = self.tokens_generated as f64 / self.sampling_seconds;
         self.endings_per_second = self.endings as f64 / self.total_seconds;
-        self.decode_gflops = self.tokens_generated as f64 * lm.model.llama.cfg.flops_per_token()
-            / self.sampling_seconds
-            / 1e9;
+        self.decode_gflops =
+            self.tokens_generated as f64 * lm.model.flops_per_token() / self.sampling_seconds / 1e9;
         self.server_retries = remote
             .as_ref()
             .map(|r| r.retries_used.load(std::sync::atomic::Ordering::Relaxed));

@@ -8,13 +8,17 @@ pub mod adapter;
 mod block;
 pub(crate) mod cache;
 pub mod choice;
-pub mod config;
+pub(crate) mod config;
 pub(crate) mod family;
 #[cfg(test)]
 mod family_tests;
 pub mod features;
+#[cfg(test)]
+mod gemma3_tests;
 pub mod linear;
 pub(crate) mod llama;
+#[cfg(test)]
+mod llama_cpp_tests;
 pub mod local;
 pub mod model;
 pub mod openai;
