@@ -247,12 +247,11 @@ fn train_fold(
     observer.fold_started(fold, train.epochs * train_seqs.len().div_ceil(train.batch));
     let report = model.train(
         seed.key(Key::AdaptInit(fold)),
-        &train_seqs,
-        &train_states,
+        (&train_seqs, &train_states),
+        (&sequences[fold], &states[fold]),
         &train,
         &mut |r| observer.step(r),
     )?;
-    let (base, adapted) = model.evaluate(&sequences[fold], &states[fold], train.batch)?;
     let tag = set_tag(model_sha, settings_json);
     let name = format!("{tag}-fold{fold}-of-{}.safetensors", settings.folds);
     model.write_adapter(folder, &name)?;
@@ -267,8 +266,8 @@ fn train_fold(
         ),
         sha256: sha256_file(&folder.join(&name))?,
         train_tokens: report.tokens,
-        heldout_loss_base: base,
-        heldout_loss_adapted: adapted,
+        heldout_loss_base: report.heldout_loss_base,
+        heldout_loss_adapted: report.heldout_loss_adapted,
         seconds: report.seconds,
     })
 }

@@ -195,12 +195,9 @@ fn server_sampler<'a>(
     let Some(server) = &config.server else {
         return Ok(None);
     };
-    let server = match adapter {
-        Some(record) => server.for_fold(record.fold)?,
-        None => server.clone(),
-    };
     Ok(Some(OpenAiSampler::new(
         server,
+        adapter.map(|record| record.fold),
         config.sampling.clone(),
         &lm.model.tokenizer,
     )?))

@@ -118,7 +118,11 @@ pub struct TrainReport {
     pub steps: usize,
     pub first_loss: f32,
     pub last_loss: f32,
+    /// Seconds the training took (the held-out measure not included).
     pub seconds: f64,
+    /// Mean next-token loss of the held-out sequences without the adapter, and with it.
+    pub heldout_loss_base: f64,
+    pub heldout_loss_adapted: f64,
 }
 
 impl AdaptModel {
@@ -299,19 +303,45 @@ impl AdaptModel {
         Ok(picked.mean_all()?.neg()?)
     }
 
-    /// Trains a fresh adapter (its A drawn from `init`) on `sequences` (each `seq_len` tokens,
-    /// starting with the document-start token) by next-token prediction. `progress` hears of
-    /// every step.
+    /// Trains a fresh adapter (its A drawn from `init`) on the `training` sequences (each
+    /// `seq_len` tokens, starting with the document-start token) with their frozen states, by
+    /// next-token prediction, then measures it on the `heldout` ones. `progress` hears of every
+    /// step.
     pub fn train(
         &mut self,
         init: Seed,
+        (sequences, states): (&[&Vec<u32>], &[&Tensor]),
+        heldout: (&[Vec<u32>], &[Tensor]),
+        settings: &TrainSettings,
+        progress: &mut dyn FnMut(&StepReport),
+    ) -> Result<TrainReport> {
+        self.fresh_adapter(init)?;
+        let started = Instant::now();
+        let (steps, first_loss, last_loss) = self.fit(sequences, states, settings, progress)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let (heldout_loss_base, heldout_loss_adapted) =
+            self.evaluate(heldout.0, heldout.1, settings.batch)?;
+        Ok(TrainReport {
+            sequences: sequences.len(),
+            tokens: sequences.iter().map(|s| s.len()).sum(),
+            steps,
+            first_loss,
+            last_loss,
+            seconds,
+            heldout_loss_base,
+            heldout_loss_adapted,
+        })
+    }
+
+    /// Trains the LoRA pairs on `sequences`; returns the steps taken and the first and the last
+    /// step's loss.
+    fn fit(
+        &mut self,
         sequences: &[&Vec<u32>],
         states: &[&Tensor],
         settings: &TrainSettings,
         progress: &mut dyn FnMut(&StepReport),
-    ) -> Result<TrainReport> {
-        let started = Instant::now();
-        self.fresh_adapter(init)?;
+    ) -> Result<(usize, f32, f32)> {
         if sequences.is_empty() {
             bail!(
                 "nothing to train on: the corpus has no sequence of {} tokens",
@@ -346,14 +376,7 @@ impl AdaptModel {
                 });
             }
         }
-        Ok(TrainReport {
-            sequences: sequences.len(),
-            tokens: sequences.iter().map(|s| s.len()).sum(),
-            steps,
-            first_loss,
-            last_loss,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok((steps, first_loss, last_loss))
     }
 
     /// AdamW without weight decay over every LoRA pair.
@@ -376,7 +399,7 @@ impl AdaptModel {
     }
 
     /// Mean next-token loss over `sequences`, with and without the adapter: (base, adapted).
-    pub fn evaluate(
+    pub(crate) fn evaluate(
         &self,
         sequences: &[Vec<u32>],
         states: &[Tensor],
@@ -531,8 +554,8 @@ mod tests {
         let report = model
             .train(
                 Seed::default(),
-                &refs,
-                &state_refs,
+                (&refs, &state_refs),
+                (&seqs, &states),
                 &settings,
                 &mut |step| reported.push((step.epoch, step.epochs)),
             )
@@ -544,7 +567,7 @@ mod tests {
             .collect();
         assert_eq!(reported, expected, "each step reports its epoch");
         assert!(report.last_loss < 0.8 * report.first_loss, "{report:?}");
-        let (base, adapted) = model.evaluate(&seqs, &states, 4).unwrap();
+        let (base, adapted) = (report.heldout_loss_base, report.heldout_loss_adapted);
         assert!(adapted < base - 0.5, "base {base}, adapted {adapted}");
 
         // The adapter, saved and merged into the weights at load time, gives the decoding
