@@ -1,6 +1,6 @@
 //! Scoring speed of the default models: each context's prompt is run once, then its gold ending
 //! and four others are scored after it and after the document-start token alone — the work of
-//! AF's LM features ([`afkit_engine::lm::LocalLm::features`]) — on afkit's CPU kernels. The same 40
+//! AF's LM features ([`afkit_engine::lm::local::LocalLm::features`]) — on afkit's CPU kernels. The same 40
 //! contexts go to every model fetched into `$AFKIT_HOME` (SmolLM2-135M, Gemma-3-270M); models
 //! not fetched are skipped with a note. Tokens are counted with each model's own tokenizer
 //! (prompt tokens plus ending tokens scored twice), so contexts per second compare the models
@@ -10,7 +10,9 @@
 
 use std::time::Instant;
 
-use afkit_engine::lm::{LanguageModel, LocalLm, SampledEnding, SamplingParams};
+use afkit_engine::lm::local::LocalLm;
+use afkit_engine::lm::model::LanguageModel;
+use afkit_engine::lm::sampler::{SampledEnding, SamplingParams};
 use afkit_engine::models::DefaultModel;
 
 const SUBJECTS: [&str; 5] = [
@@ -91,7 +93,7 @@ fn bench(name: &str, lm: &LocalLm) {
         inputs.len(),
         tokens as f64 / secs,
         inputs.len() as f64 / secs,
-        lm.model.llama.cfg.flops_per_token() / 1e9
+        lm.model.flops_per_token() / 1e9
     );
 }
 

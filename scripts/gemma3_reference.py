@@ -9,7 +9,7 @@ token given <bos> and the tokens before it.
 
     python3 -m pip install torch transformers gguf sentencepiece
     python3 scripts/gemma3_reference.py "$AFKIT_HOME/models/gemma3/gemma-3-270m-q4_k_m.gguf" \
-        tests/data/gemma3_270m_reference.json
+        crates/engine/testdata/gemma3_270m_reference.json
 """
 
 import hashlib

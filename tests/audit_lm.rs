@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer, OptionScores};
-use afkit_engine::lm::LanguageModel;
+use afkit_engine::lm::model::LanguageModel;
 use afkit_store::dataset::startphrase;
 use common::{command, ok, run_ok, tiny_gguf, unverified_project};
 use serde_json::Value;

@@ -905,7 +905,7 @@ struct LikeliestGold {
 fn likeliest_gold_project(dir: &Path, gguf: &Path, spec: PoolSpec) -> LikeliestGold {
     use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 
-    let model = afkit_engine::lm::LanguageModel::load(gguf).unwrap();
+    let model = afkit_engine::lm::model::LanguageModel::load(gguf).unwrap();
     let scorer = ChoiceScorer::new(&model).unwrap();
     let mut per_char = PerChar::new();
     let mut gold_ll = HashMap::new();
@@ -919,11 +919,15 @@ fn likeliest_gold_project(dir: &Path, gguf: &Path, spec: PoolSpec) -> LikeliestG
         let texts: Vec<String> = texts.into_iter().collect();
         let context = afkit_store::dataset::startphrase(&sent1, &sent2);
         let scores = scorer
-            .score(&ChoiceQuestion {
-                context: &context,
-                options: &texts,
-            })
-            .unwrap();
+            .score_all(
+                &[ChoiceQuestion {
+                    context: &context,
+                    options: &texts,
+                }],
+                &|| {},
+            )
+            .unwrap()
+            .remove(0);
         let gold = scores.pick_per_char();
         for (j, text) in texts.iter().enumerate() {
             let pc = scores.loglikelihood[j] / scores.chars[j] as f64;
@@ -1255,16 +1259,20 @@ fn assert_read_as_a_harness_question(
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap();
-    let model = afkit_engine::lm::LanguageModel::load(gguf).unwrap();
+    let model = afkit_engine::lm::model::LanguageModel::load(gguf).unwrap();
     let context = afkit_store::dataset::startphrase(&sent1, &sent2);
     let options = [text];
     let expected = ChoiceScorer::new(&model)
         .unwrap()
-        .score(&ChoiceQuestion {
-            context: &context,
-            options: &options,
-        })
-        .unwrap();
+        .score_all(
+            &[ChoiceQuestion {
+                context: &context,
+                options: &options,
+            }],
+            &|| {},
+        )
+        .unwrap()
+        .remove(0);
     assert!((expected.loglikelihood[0] - ll).abs() < 1e-4);
 }
 

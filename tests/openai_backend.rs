@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use afkit_engine::lm::features::TokenScorer;
+use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::LanguageModel;
+use afkit_engine::lm::sampler::SamplingParams;
 use common::{command, examples_project, query_i64, succeeded, tiny_gguf};
 use serde_json::{json, Value};
 
@@ -73,9 +76,10 @@ fn completion(tok: &afkit_engine::lm::tokenizer::GgufTokenizer, variant: u64) ->
     })
 }
 
-/// An echo request's answer as vLLM gives it: each prompt (token ids) with the log-prob of every
-/// token but the first, computed by the scoring model itself, then one generated token.
-fn echo(model: &LanguageModel, body: &Value) -> Value {
+/// An echo request's answer as vLLM gives it: each prompt (token ids, the first the
+/// document-start token) with the log-prob of every token but the first, computed by the scoring
+/// model itself, then one generated token.
+fn echo(lm: &LocalLm, body: &Value) -> Value {
     let choices: Vec<Value> = body["prompt"]
         .as_array()
         .unwrap()
@@ -88,10 +92,11 @@ fn echo(model: &LanguageModel, body: &Value) -> Value {
                 .iter()
                 .map(|t| t.as_u64().unwrap() as u32)
                 .collect();
-            let (_, logprobs) = model.llama.prefill(&ids).unwrap();
+            assert_eq!(ids[0], lm.model.tokenizer.doc_start, "a prompt starts a document");
+            let logprobs = lm.alone(&[&ids[1..]]).unwrap().remove(0);
             let mut tokens: Vec<String> = ids
                 .iter()
-                .map(|&i| model.tokenizer.decode(&[i]).unwrap())
+                .map(|&i| lm.model.tokenizer.decode(&[i]).unwrap())
                 .collect();
             tokens.push(" x".into());
             let mut values = vec![Value::Null];
@@ -143,7 +148,11 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let requests = Arc::new(Mutex::new(Vec::new()));
-    let model = Arc::new(LanguageModel::load(scorer).unwrap());
+    let model = Arc::new(LocalLm::new(
+        LanguageModel::load(scorer).unwrap(),
+        SamplingParams::default(),
+        None,
+    ));
     let count = Arc::new(AtomicUsize::new(0));
     let (stop2, requests2) = (stop.clone(), requests.clone());
     std::thread::spawn(move || {
@@ -171,7 +180,7 @@ fn serve(scorer: &Path, behaviour: Arc<Behaviour>) -> FakeServer {
                         respond(&mut stream, 200, "", &echo(&model, &body).to_string());
                     }
                     Reply::Complete => {
-                        let tokenizer = &model.tokenizer;
+                        let tokenizer = &model.model.tokenizer;
                         let seed = body["seed"].as_u64().unwrap_or(i as u64);
                         let n = body["n"].as_u64().unwrap_or(1);
                         let choices: Vec<Value> = (0..n)

@@ -16,7 +16,6 @@ mod audit_lm;
 mod blind_reading;
 mod faults;
 mod filter;
-mod gemma3;
 mod generate;
 mod group_counts;
 mod help_sections;
@@ -24,7 +23,6 @@ mod ingest;
 mod interop;
 mod layering;
 mod openai_backend;
-mod peft;
 mod pool_bundle;
 mod progress_lines;
 mod safety;
@@ -107,9 +105,9 @@ fn the_skipped_tests_are_listed_with_their_reasons() {
     assert_eq!(summary("test a ... ok\n"), "skipped no tests\n");
 }
 
-/// `scripts/reprobe` makes build.rs probe again exactly when the build's view of the machine may
-/// be stale: never on a fresh checkout, never twice for the same machine, always for a build no
-/// stamp describes.
+/// `scripts/reprobe` makes the build scripts (the workspace's and the engine's) probe again
+/// exactly when the build's view of the machine may be stale: never on a fresh checkout, never
+/// twice for the same machine, always for a build no stamp describes.
 #[test]
 fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
     let root = tempfile::tempdir().unwrap();
@@ -120,26 +118,37 @@ fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
         repo.join("scripts/reprobe"),
     )
     .unwrap();
-    std::fs::write(repo.join("build.rs"), "").unwrap();
+    std::fs::create_dir_all(repo.join("crates/engine")).unwrap();
+    let build_scripts = [repo.join("build.rs"), repo.join("crates/engine/build.rs")];
+    for script in &build_scripts {
+        std::fs::write(script, "").unwrap();
+    }
     let stamp = repo.join("target/test-environment");
-    // Marks build.rs old, runs the script, and says whether it touched build.rs.
+    // Marks the build scripts old, runs the script, and says whether it touched them (it
+    // touches both or neither).
     let touches = || {
-        std::fs::File::options()
-            .write(true)
-            .open(repo.join("build.rs"))
-            .unwrap()
-            .set_modified(std::time::UNIX_EPOCH)
-            .unwrap();
+        for script in &build_scripts {
+            std::fs::File::options()
+                .write(true)
+                .open(script)
+                .unwrap()
+                .set_modified(std::time::UNIX_EPOCH)
+                .unwrap();
+        }
         let run = std::process::Command::new("bash")
             .arg(repo.join("scripts/reprobe"))
             .status()
             .unwrap();
         assert!(run.success());
-        let modified = std::fs::metadata(repo.join("build.rs"))
-            .unwrap()
-            .modified()
-            .unwrap();
-        modified > std::time::UNIX_EPOCH + std::time::Duration::from_secs(1)
+        let touched: Vec<bool> = build_scripts
+            .iter()
+            .map(|script| {
+                let modified = std::fs::metadata(script).unwrap().modified().unwrap();
+                modified > std::time::UNIX_EPOCH + std::time::Duration::from_secs(1)
+            })
+            .collect();
+        assert_eq!(touched[0], touched[1], "both build scripts or neither");
+        touched[0]
     };
     assert!(!touches(), "a fresh checkout has nothing to re-probe");
     assert!(stamp.is_file(), "the first run records what it saw");

@@ -231,7 +231,7 @@ pub struct OpenAiArgs {
 }
 
 fn parse_adapter_names(text: &str) -> std::result::Result<AdapterNames, String> {
-    AdapterNames::parse(text).map_err(|e| e.to_string())
+    text.parse::<AdapterNames>().map_err(|e| e.to_string())
 }
 
 impl From<OpenAiArgs> for OpenAiConfig {

@@ -9,8 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use afkit_engine::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
-use afkit_engine::lm::config::LlamaConfig;
+use afkit_engine::fixtures::write_tiny_llama;
 use afkit_engine::seed::Seed;
 use afkit_store::examples::NewExample;
 use afkit_store::fixtures::Fixtures;
@@ -306,18 +305,7 @@ pub fn query_i64(path: &Path, sql: &str) -> i64 {
 /// Its endings are gibberish; the tests that use it check the pipeline, not the text.
 pub fn tiny_gguf(dir: &Path, d_model: usize, n_layer: usize) -> PathBuf {
     let path = dir.join("tiny.gguf");
-    let cfg = LlamaConfig {
-        vocab: RANDOM_GGUF_VOCAB,
-        d_model,
-        n_layer,
-        n_head: 4,
-        n_kv_head: 2,
-        d_ff: 2 * d_model,
-        rope_theta: 10_000.0,
-        rms_eps: 1e-5,
-        arch: Default::default(),
-    };
-    write_random_gguf(&path, &cfg, Seed::new(1)).unwrap();
+    write_tiny_llama(&path, d_model, n_layer, Seed::new(1)).unwrap();
     path
 }
 

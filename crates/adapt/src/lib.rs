@@ -20,7 +20,6 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use afkit_engine::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, StepReport};
-use afkit_engine::lm::adapter::{Adapter, BaseModel};
 use afkit_engine::models::{hex, sha256_file};
 use afkit_engine::seed::Key;
 use afkit_store::adapters::AdapterRecord;
@@ -127,14 +126,13 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         let folder = adapter_folder(store.path());
         std::fs::create_dir_all(&folder)
             .with_context(|| format!("cannot create {}", folder.display()))?;
-        let base = model.base_model(&peft_base_name(&config.model));
         for fold in todo {
             let record = train_fold(
                 &mut model,
                 (&sequences, &states),
                 fold,
                 (&config.settings, &settings_json, &model_sha),
-                (&folder, &base),
+                &folder,
                 observer,
             )?;
             store.record_adapter(&record)?;
@@ -226,51 +224,13 @@ pub(crate) fn adapter_folder(project: &Path) -> PathBuf {
     project.with_file_name(format!("{stem}.adapters"))
 }
 
-/// What PEFT's config names as the base model: the Hub id of the default generator, else the
-/// GGUF file the adapters were trained on.
-fn peft_base_name(model: &Path) -> String {
-    if model == afkit_engine::models::DefaultModel::smollm2_gguf() {
-        afkit_engine::models::SMOLLM2_HUB_ID.to_string()
-    } else {
-        model.display().to_string()
-    }
-}
-
-/// The adapter in the formats inference engines load, beside afkit's own file `name`:
-/// `STEM.peft/` (PEFT: transformers, vLLM's `--lora-modules`) and `STEM.lora.gguf`
-/// (llama.cpp's `--lora`). Written before afkit's file, so a fold that is recorded has all three.
-fn write_for_other_engines(
-    adapter: &Adapter,
-    folder: &Path,
-    name: &str,
-    base: &BaseModel,
-) -> Result<()> {
-    let stem = name.trim_end_matches(".safetensors");
-    let peft = folder.join(format!("{stem}.peft"));
-    let partial = folder.join(format!("{stem}.peft.partial"));
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial)?;
-    }
-    adapter.save_peft(&partial, base)?;
-    if peft.exists() {
-        std::fs::remove_dir_all(&peft)?;
-    }
-    std::fs::rename(&partial, &peft)
-        .with_context(|| format!("cannot move the PEFT adapter into {}", peft.display()))?;
-    let gguf = folder.join(format!("{stem}.lora.gguf"));
-    let partial = folder.join(format!("{stem}.lora.gguf.partial"));
-    adapter.save_gguf(&partial, base)?;
-    std::fs::rename(&partial, &gguf)
-        .with_context(|| format!("cannot move the GGUF adapter into {}", gguf.display()))
-}
-
 /// Trains, evaluates and writes fold `fold`'s adapter; returns its record (not yet stored).
 fn train_fold(
     model: &mut AdaptModel,
     (sequences, states): (&[Vec<Vec<u32>>], &[Vec<Tensor>]),
     fold: usize,
     (settings, settings_json, model_sha): (&AdapterSettings, &str, &str),
-    (folder, base_model): (&Path, &BaseModel),
+    folder: &Path,
     observer: &mut dyn Observer,
 ) -> Result<AdapterRecord> {
     let train_seqs: Vec<&Vec<u32>> = (0..settings.folds)
@@ -282,23 +242,19 @@ fn train_fold(
         .flat_map(|k| &states[k])
         .collect();
     let seed = settings.train.seed;
-    model.fresh_adapter(seed.key(Key::AdaptInit(fold)))?;
     let mut train = settings.train;
     train.seed = seed.key(Key::AdaptOrder(fold));
     observer.fold_started(fold, train.epochs * train_seqs.len().div_ceil(train.batch));
-    let report = model.train(&train_seqs, &train_states, &train, &mut |r| {
-        observer.step(r)
-    })?;
-    let (base, adapted) = model.evaluate(&sequences[fold], &states[fold], train.batch)?;
+    let report = model.train(
+        seed.key(Key::AdaptInit(fold)),
+        (&train_seqs, &train_states),
+        (&sequences[fold], &states[fold]),
+        &train,
+        &mut |r| observer.step(r),
+    )?;
     let tag = set_tag(model_sha, settings_json);
     let name = format!("{tag}-fold{fold}-of-{}.safetensors", settings.folds);
-    let path = folder.join(&name);
-    let partial = folder.join(format!("{name}.partial"));
-    let adapter = model.adapter();
-    write_for_other_engines(&adapter, folder, &name, base_model)?;
-    adapter.save(&partial)?;
-    std::fs::rename(&partial, &path)
-        .with_context(|| format!("cannot move the adapter into {}", path.display()))?;
+    model.write_adapter(folder, &name)?;
     Ok(AdapterRecord {
         model_sha256: model_sha.to_string(),
         settings_json: settings_json.to_string(),
@@ -308,10 +264,10 @@ fn train_fold(
             "{}/{name}",
             folder.file_name().unwrap_or_default().to_string_lossy()
         ),
-        sha256: sha256_file(&path)?,
+        sha256: sha256_file(&folder.join(&name))?,
         train_tokens: report.tokens,
-        heldout_loss_base: base,
-        heldout_loss_adapted: adapted,
+        heldout_loss_base: report.heldout_loss_base,
+        heldout_loss_adapted: report.heldout_loss_adapted,
         seconds: report.seconds,
     })
 }

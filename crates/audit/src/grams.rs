@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::dataset::Question;
 use super::ngram::{words, Choice, Features};
-use afkit_engine::text::subwords::{char_gram_hashes, fnv1a, FNV_OFFSET};
+use afkit_engine::text::subwords::{char_gram_hashes, word_gram_hashes};
 
 /// Which part of the question an option's text includes besides its ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,17 +44,6 @@ pub(crate) enum Grams {
     Chars,
 }
 
-/// Hashes of the word unigrams and bigrams of `text` (a bigram hashes "first second").
-fn word_gram_hashes(text: &str) -> Vec<u64> {
-    let w = words(text);
-    let mut out: Vec<u64> = w.iter().map(|t| fnv1a(t.bytes(), FNV_OFFSET)).collect();
-    out.extend(w.windows(2).map(|p| {
-        let first = fnv1a(p[0].bytes().chain([b' ']), FNV_OFFSET);
-        fnv1a(p[1].bytes(), first)
-    }));
-    out
-}
-
 /// Every question's four options as averaged bags of grams (each gram weighs 1 / the number of
 /// grams in the option's text, as fastText averages), over ids shared by the whole pool.
 pub(crate) fn featurise(questions: &[Question], view: View, grams: Grams) -> Vec<[Features; 4]> {
@@ -64,7 +53,7 @@ pub(crate) fn featurise(questions: &[Question], view: View, grams: Grams) -> Vec
             std::array::from_fn(|o| {
                 let text = view.text(q, o);
                 match grams {
-                    Grams::Words => word_gram_hashes(&text),
+                    Grams::Words => word_gram_hashes(&words(&text)),
                     Grams::Chars => char_gram_hashes(&text),
                 }
             })

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::dataset::Question;
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer, OptionScores};
-use afkit_engine::lm::LanguageModel;
+use afkit_engine::lm::model::LanguageModel;
 use afkit_store::dataset::startphrase;
 
 /// A model to audit with: the name the user gave and the GGUF file it resolves to.

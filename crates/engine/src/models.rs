@@ -328,7 +328,7 @@ fn remove_stale_downloads(dir: &Path) -> Result<()> {
 
 /// SmolLM2-135M-Instruct on the Hugging Face Hub: the base model that servers such as vLLM load
 /// (with `lm adapt`'s PEFT adapters) for the default generator.
-pub const SMOLLM2_HUB_ID: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+pub(crate) const SMOLLM2_HUB_ID: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 
 /// The GGUF file a model value names: `smollm2` or `gemma3` (fetched into the cache if they are
 /// not there yet) or the path of a GGUF file (llama, qwen2, qwen3 or gemma3).

@@ -40,7 +40,7 @@ use sha2::{Digest, Sha256};
 use crate::models::hex;
 
 /// The ledger's file name in every folder afkit writes into.
-pub const LEDGER: &str = ".afkit-written.json";
+pub(crate) const LEDGER: &str = ".afkit-written.json";
 
 /// The journal of a unit of files whose renames were under way, in each folder it touches.
 pub(crate) const JOURNAL: &str = ".afkit-unfinished.json";

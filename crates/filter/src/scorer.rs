@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 
 use crate::settings::Scorer;
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
-use afkit_engine::lm::LanguageModel;
+use afkit_engine::lm::model::LanguageModel;
 use afkit_store::dataset::startphrase;
 use afkit_store::scorer::{ScorerScore, Unread, UnreadContext};
 use afkit_store::Store;

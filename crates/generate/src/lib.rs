@@ -21,7 +21,6 @@ use adapters::AdapterSet;
 use afkit_engine::lm::features::{features, prompt_logprob, TokenScorer};
 use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::{LanguageModel, ModelFile};
-use afkit_engine::lm::openai::echo::FeatureScoring;
 use afkit_engine::lm::openai::OpenAiSampler;
 use afkit_engine::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
 use afkit_engine::seed::{Key, Seed};
@@ -196,12 +195,9 @@ fn server_sampler<'a>(
     let Some(server) = &config.server else {
         return Ok(None);
     };
-    let server = match adapter {
-        Some(record) => server.for_fold(record.fold)?,
-        None => server.clone(),
-    };
     Ok(Some(OpenAiSampler::new(
         server,
+        adapter.map(|record| record.fold),
         config.sampling.clone(),
         &lm.model.tokenizer,
     )?))
@@ -213,18 +209,11 @@ fn server_scores(remote: &Option<OpenAiSampler>, observer: &mut dyn Observer) ->
     let Some(server) = remote else {
         return Ok(false);
     };
-    match server.feature_scoring()? {
-        FeatureScoring::Server => Ok(true),
-        FeatureScoring::Local { why } => {
-            if server.asks_for_features() {
-                observer.note(&format!(
-                    "note: the server does not give the LM features ({why}); they are scored \
-                     locally"
-                ));
-            }
-            Ok(false)
-        }
-    }
+    server.scores_features(&mut |why| {
+        observer.note(&format!(
+            "note: the server does not give the LM features ({why}); they are scored locally"
+        ))
+    })
 }
 
 /// The local model, with the adapter of `fold` merged in (if any), from `file`: the model file
@@ -642,9 +631,8 @@ impl Summary {
         self.sampling_endings_per_second = self.endings as f64 / self.sampling_seconds;
         self.sampling_tokens_per_second = self.tokens_generated as f64 / self.sampling_seconds;
         self.endings_per_second = self.endings as f64 / self.total_seconds;
-        self.decode_gflops = self.tokens_generated as f64 * lm.model.llama.cfg.flops_per_token()
-            / self.sampling_seconds
-            / 1e9;
+        self.decode_gflops =
+            self.tokens_generated as f64 * lm.model.flops_per_token() / self.sampling_seconds / 1e9;
         self.server_retries = remote
             .as_ref()
             .map(|r| r.retries_used.load(std::sync::atomic::Ordering::Relaxed));

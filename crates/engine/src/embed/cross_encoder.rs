@@ -199,10 +199,6 @@ impl CrossEncoder {
         })
     }
 
-    pub fn shape(&self) -> Shape {
-        self.shape
-    }
-
     /// Trains the model further on `questions`, whose real endings are `gold` (indices into
     /// each question's options). `progress` hears the frozen layers' pass and every step.
     pub fn train(

@@ -39,6 +39,7 @@ use super::llama::Llama;
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
+use crate::models::{DefaultModel, SMOLLM2_HUB_ID};
 use crate::seed::Seed;
 
 pub(crate) use super::tensor_ops::Pass;
@@ -47,7 +48,7 @@ pub(crate) use super::tensor_ops::Pass;
 const FROZEN_BATCH: usize = 8;
 
 /// The weight matrices of a block that LoRA adapts, by their GGUF names.
-pub const ADAPTED: [&str; 7] = [
+pub(crate) const ADAPTED: [&str; 7] = [
     "attn_q",
     "attn_k",
     "attn_v",
@@ -95,6 +96,8 @@ pub struct AdaptModel {
     llama: Llama,
     lora: Lora,
     shape: LoraShape,
+    /// What PEFT's config names as the base model.
+    peft_name: String,
 }
 
 /// A step of training, for progress reports.
@@ -115,12 +118,15 @@ pub struct TrainReport {
     pub steps: usize,
     pub first_loss: f32,
     pub last_loss: f32,
+    /// Seconds the training took (the held-out measure not included).
     pub seconds: f64,
+    /// Mean next-token loss of the held-out sequences without the adapter, and with it.
+    pub heldout_loss_base: f64,
+    pub heldout_loss_adapted: f64,
 }
 
 impl AdaptModel {
-    /// Reads a llama-family GGUF file, to adapt its top `shape.top_layers` blocks. Call
-    /// [`AdaptModel::fresh_adapter`] before training.
+    /// Reads a llama-family GGUF file, to adapt its top `shape.top_layers` blocks.
     pub fn load(path: &Path, shape: LoraShape) -> Result<(Self, GgufTokenizer)> {
         let (content, tokenizer, mut file) = read_header(path)?;
         let cfg = LlamaConfig::from_gguf(&content)
@@ -150,14 +156,19 @@ impl AdaptModel {
             blocks: Vec::new(),
             scale: shape.alpha / shape.rank as f32,
         };
-        let mut model = AdaptModel { llama, lora, shape };
+        let mut model = AdaptModel {
+            llama,
+            lora,
+            shape,
+            peft_name: peft_base_name(path),
+        };
         model.fresh_adapter(Seed::default())?;
         Ok((model, tokenizer))
     }
 
     /// Starts a new adapter: A random (from `seed`), B zero, so that the adapted model starts as
     /// the base model.
-    pub fn fresh_adapter(&mut self, seed: Seed) -> Result<()> {
+    pub(crate) fn fresh_adapter(&mut self, seed: Seed) -> Result<()> {
         let mut rng = seed.rng();
         let cfg = &self.llama.cfg;
         self.lora.blocks = (0..self.shape.top_layers)
@@ -176,7 +187,7 @@ impl AdaptModel {
     }
 
     /// The adapter as trained so far, under the GGUF names of the matrices it changes.
-    pub fn adapter(&self) -> Adapter {
+    pub(crate) fn adapter(&self) -> Adapter {
         let first = self.first_adapted();
         let mut updates = BTreeMap::new();
         for (i, pairs) in self.lora.blocks.iter().enumerate() {
@@ -193,15 +204,46 @@ impl AdaptModel {
         }
     }
 
-    /// What engines loading this model's adapters need to know of it; `name` goes into PEFT's
-    /// config.
-    pub fn base_model(&self, name: &str) -> BaseModel {
+    /// What engines loading this model's adapters need to know of it.
+    fn base_model(&self) -> BaseModel {
         BaseModel {
             architecture: self.llama.cfg.arch.family.architecture().to_string(),
             n_head: self.llama.cfg.n_head,
             n_kv_head: self.llama.cfg.n_kv_head,
-            name: name.to_string(),
+            name: self.peft_name.clone(),
         }
+    }
+
+    /// Writes the adapter as trained so far into `folder`: afkit's own file `name` (what
+    /// `generate` reads) and, before it, the formats inference engines load beside it:
+    /// `STEM.peft/` (PEFT: transformers, vLLM's `--lora-modules`) and `STEM.lora.gguf`
+    /// (llama.cpp's `--lora`). Each is written under a temporary name and then renamed, so a
+    /// fold whose own file is there has all three.
+    pub fn write_adapter(&self, folder: &Path, name: &str) -> Result<()> {
+        let adapter = self.adapter();
+        let base = self.base_model();
+        let stem = name.trim_end_matches(".safetensors");
+        let peft = folder.join(format!("{stem}.peft"));
+        let partial = folder.join(format!("{stem}.peft.partial"));
+        if partial.exists() {
+            std::fs::remove_dir_all(&partial)?;
+        }
+        adapter.save_peft(&partial, &base)?;
+        if peft.exists() {
+            std::fs::remove_dir_all(&peft)?;
+        }
+        std::fs::rename(&partial, &peft)
+            .with_context(|| format!("cannot move the PEFT adapter into {}", peft.display()))?;
+        let gguf = folder.join(format!("{stem}.lora.gguf"));
+        let partial = folder.join(format!("{stem}.lora.gguf.partial"));
+        adapter.save_gguf(&partial, &base)?;
+        std::fs::rename(&partial, &gguf)
+            .with_context(|| format!("cannot move the GGUF adapter into {}", gguf.display()))?;
+        let path = folder.join(name);
+        let partial = folder.join(format!("{name}.partial"));
+        adapter.save(&partial)?;
+        std::fs::rename(&partial, &path)
+            .with_context(|| format!("cannot move the adapter into {}", path.display()))
     }
 
     /// The frozen blocks' output for each sequence (all but its last token, which is only a
@@ -261,16 +303,45 @@ impl AdaptModel {
         Ok(picked.mean_all()?.neg()?)
     }
 
-    /// Trains the LoRA pairs on `sequences` (each `seq_len` tokens, starting with the
-    /// document-start token) by next-token prediction. `progress` hears of every step.
+    /// Trains a fresh adapter (its A drawn from `init`) on the `training` sequences (each
+    /// `seq_len` tokens, starting with the document-start token) with their frozen states, by
+    /// next-token prediction, then measures it on the `heldout` ones. `progress` hears of every
+    /// step.
     pub fn train(
+        &mut self,
+        init: Seed,
+        (sequences, states): (&[&Vec<u32>], &[&Tensor]),
+        heldout: (&[Vec<u32>], &[Tensor]),
+        settings: &TrainSettings,
+        progress: &mut dyn FnMut(&StepReport),
+    ) -> Result<TrainReport> {
+        self.fresh_adapter(init)?;
+        let started = Instant::now();
+        let (steps, first_loss, last_loss) = self.fit(sequences, states, settings, progress)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let (heldout_loss_base, heldout_loss_adapted) =
+            self.evaluate(heldout.0, heldout.1, settings.batch)?;
+        Ok(TrainReport {
+            sequences: sequences.len(),
+            tokens: sequences.iter().map(|s| s.len()).sum(),
+            steps,
+            first_loss,
+            last_loss,
+            seconds,
+            heldout_loss_base,
+            heldout_loss_adapted,
+        })
+    }
+
+    /// Trains the LoRA pairs on `sequences`; returns the steps taken and the first and the last
+    /// step's loss.
+    fn fit(
         &mut self,
         sequences: &[&Vec<u32>],
         states: &[&Tensor],
         settings: &TrainSettings,
         progress: &mut dyn FnMut(&StepReport),
-    ) -> Result<TrainReport> {
-        let started = Instant::now();
+    ) -> Result<(usize, f32, f32)> {
         if sequences.is_empty() {
             bail!(
                 "nothing to train on: the corpus has no sequence of {} tokens",
@@ -305,14 +376,7 @@ impl AdaptModel {
                 });
             }
         }
-        Ok(TrainReport {
-            sequences: sequences.len(),
-            tokens: sequences.iter().map(|s| s.len()).sum(),
-            steps,
-            first_loss,
-            last_loss,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Ok((steps, first_loss, last_loss))
     }
 
     /// AdamW without weight decay over every LoRA pair.
@@ -335,7 +399,7 @@ impl AdaptModel {
     }
 
     /// Mean next-token loss over `sequences`, with and without the adapter: (base, adapted).
-    pub fn evaluate(
+    pub(crate) fn evaluate(
         &self,
         sequences: &[Vec<u32>],
         states: &[Tensor],
@@ -386,6 +450,16 @@ pub fn pack_sequences(
             seq
         })
         .collect())
+}
+
+/// What PEFT's config names as the base model: the Hub id of the default generator, else the
+/// GGUF file the adapters are trained on.
+fn peft_base_name(model: &Path) -> String {
+    if model == DefaultModel::smollm2_gguf() {
+        SMOLLM2_HUB_ID.to_string()
+    } else {
+        model.display().to_string()
+    }
 }
 
 /// The (out × in) shape of block matrix `part` (a GGUF name).
@@ -478,9 +552,13 @@ mod tests {
         let (refs, state_refs): (Vec<_>, Vec<_>) = seqs.iter().zip(&states).unzip();
         let mut reported = Vec::new();
         let report = model
-            .train(&refs, &state_refs, &settings, &mut |step| {
-                reported.push((step.epoch, step.epochs))
-            })
+            .train(
+                Seed::default(),
+                (&refs, &state_refs),
+                (&seqs, &states),
+                &settings,
+                &mut |step| reported.push((step.epoch, step.epochs)),
+            )
             .unwrap();
         assert_eq!(reported.len(), report.steps);
         let per_epoch = seqs.len().div_ceil(settings.batch);
@@ -489,7 +567,7 @@ mod tests {
             .collect();
         assert_eq!(reported, expected, "each step reports its epoch");
         assert!(report.last_loss < 0.8 * report.first_loss, "{report:?}");
-        let (base, adapted) = model.evaluate(&seqs, &states, 4).unwrap();
+        let (base, adapted) = (report.heldout_loss_base, report.heldout_loss_adapted);
         assert!(adapted < base - 0.5, "base {base}, adapted {adapted}");
 
         // The adapter, saved and merged into the weights at load time, gives the decoding

@@ -24,7 +24,7 @@ impl Adapter {
     }
 
     /// Writes the adapter as a safetensors file (`NAME.lora_a`, `NAME.lora_b`, `scale`).
-    pub fn save(&self, path: &Path) -> Result<()> {
+    pub(crate) fn save(&self, path: &Path) -> Result<()> {
         let mut tensors: std::collections::HashMap<String, Tensor> = Default::default();
         for (name, (a, b)) in &self.updates {
             tensors.insert(format!("{name}.lora_a"), a.clone());
@@ -62,7 +62,7 @@ impl Adapter {
 /// architecture, its attention heads (llama.cpp's converter reorders the query and key rows of
 /// every head, which Hugging Face's layout must undo) and its name for PEFT's config.
 #[derive(Debug, Clone)]
-pub struct BaseModel {
+pub(crate) struct BaseModel {
     pub architecture: String,
     pub n_head: usize,
     pub n_kv_head: usize,
@@ -113,7 +113,7 @@ impl Adapter {
     /// Writes the adapter as a PEFT LoRA adapter in `dir` (`adapter_config.json` and
     /// `adapter_model.safetensors`, Hugging Face's module names and row order): what
     /// transformers' `PeftModel` and vLLM's `--lora-modules` load.
-    pub fn save_peft(&self, dir: &Path, base: &BaseModel) -> Result<()> {
+    pub(crate) fn save_peft(&self, dir: &Path, base: &BaseModel) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let mut tensors: std::collections::HashMap<String, Tensor> = Default::default();
         let mut modules = std::collections::BTreeSet::new();
@@ -161,7 +161,7 @@ impl Adapter {
 
     /// Writes the adapter as a GGUF LoRA adapter (llama.cpp's `--lora`): every update's A and B
     /// under the base matrix's name with `.lora_a` / `.lora_b`, in f32, and its alpha.
-    pub fn save_gguf(&self, path: &Path, base: &BaseModel) -> Result<()> {
+    pub(crate) fn save_gguf(&self, path: &Path, base: &BaseModel) -> Result<()> {
         use candle_core::quantized::gguf_file::{self, Value};
         use candle_core::quantized::{GgmlDType, QTensor};
         let rank = self

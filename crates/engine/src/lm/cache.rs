@@ -8,7 +8,7 @@ use super::config::LlamaConfig;
 
 /// Keys and values of a context, shared by every row decoded after it: per layer
 /// (kv_heads × len × head_dim).
-pub struct Prefix {
+pub(crate) struct Prefix {
     pub(super) kv: Vec<(Tensor, Tensor)>,
     /// The same keys, transposed (kv_heads × head_dim × len), and values (kv_heads × len ×
     /// head_dim) as plain rows, for the packed pass: with keys transposed, a query's scores

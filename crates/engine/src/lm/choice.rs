@@ -127,7 +127,7 @@ impl<'m> ChoiceScorer<'m> {
 
     /// Every option's log-likelihood after `context`: the context runs once, its keys and
     /// values shared by the options, which run as one batch.
-    pub fn score(&self, question: &ChoiceQuestion) -> Result<OptionScores> {
+    pub(crate) fn score(&self, question: &ChoiceQuestion) -> Result<OptionScores> {
         let mut context_ids = None;
         let mut continuations = Vec::with_capacity(question.options.len());
         for option in question.options {
@@ -157,8 +157,8 @@ impl<'m> ChoiceScorer<'m> {
         })
     }
 
-    /// [`ChoiceScorer::score`] for every question, several questions at once; `done` hears each
-    /// finished question. Results are in the questions' order.
+    /// Every question's option scores (each question as `score` does it), several questions at
+    /// once; `done` hears each finished question. Results are in the questions' order.
     pub fn score_all(
         &self,
         questions: &[ChoiceQuestion],

@@ -10,7 +10,7 @@ use super::family::{Arch, Family, LocalLayers};
 pub(crate) const MAX_POSITIONS: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlamaConfig {
+pub(crate) struct LlamaConfig {
     pub vocab: usize,
     pub d_model: usize,
     pub n_layer: usize,
@@ -30,7 +30,7 @@ impl LlamaConfig {
 
     /// Multiply-adds ×2 of one token's forward pass through the weight matrices (attention
     /// scores excluded): the yardstick for GFLOP/s figures.
-    pub fn flops_per_token(&self) -> f64 {
+    pub(crate) fn flops_per_token(&self) -> f64 {
         let hd = self.head_dim();
         let qkv = self.d_model * (self.n_head + 2 * self.n_kv_head) * hd;
         let per_layer = qkv + self.n_head * hd * self.d_model + 3 * self.d_model * self.d_ff;

@@ -16,7 +16,7 @@ use anyhow::{bail, Result};
 
 /// A model family, as `general.architecture` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Family {
+pub(crate) enum Family {
     #[default]
     Llama,
     Qwen2,
@@ -78,7 +78,7 @@ pub(crate) enum Activation {
 /// and rotates with its own base. Every `period`-th layer (1-based) is global; the others are
 /// local.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LocalLayers {
+pub(crate) struct LocalLayers {
     pub window: usize,
     pub period: usize,
     pub rope_theta: f32,
@@ -86,7 +86,7 @@ pub struct LocalLayers {
 
 /// A model's family and the facts of its shape that llama's keys do not give.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Arch {
+pub(crate) struct Arch {
     pub family: Family,
     /// Width of one attention head when it is not `d_model / n_head` (`*.attention.key_length`).
     pub head_dim: Option<usize>,

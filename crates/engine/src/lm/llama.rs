@@ -44,7 +44,7 @@ use crate::device::Compute;
 /// Rows whose output-head logits are held at once when scoring (256 × 49k vocabulary: 50 MB).
 const HEAD_CHUNK: usize = 256;
 
-pub struct Llama {
+pub(crate) struct Llama {
     pub cfg: LlamaConfig,
     /// Where every tensor of the model lives.
     device: Device,
@@ -130,7 +130,7 @@ impl Llama {
 
     /// Runs a whole token sequence from position 0 and keeps its keys and values as a prefix.
     /// Also returns the log-probability of each token after the first, given those before it.
-    pub fn prefill(&self, ids: &[u32]) -> Result<(Prefix, Vec<f32>)> {
+    pub(crate) fn prefill(&self, ids: &[u32]) -> Result<(Prefix, Vec<f32>)> {
         if ids.is_empty() {
             bail!("cannot run the model on an empty token sequence");
         }
@@ -396,7 +396,11 @@ impl Llama {
     /// Per-token log-probabilities of each sequence in `seqs` as a continuation of `prefix`:
     /// `result[r][j] = log p(seqs[r][j] | prefix, seqs[r][..j])`. Rows run as one batch: packed
     /// end to end with afkit's CPU kernels, else right-padded to the longest.
-    pub fn score_continuations(&self, prefix: &Prefix, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    pub(crate) fn score_continuations(
+        &self,
+        prefix: &Prefix,
+        seqs: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>> {
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
         let mut out: Vec<Vec<f32>> = seqs
             .iter()

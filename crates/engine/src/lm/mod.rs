@@ -8,23 +8,25 @@ pub mod adapter;
 mod block;
 pub(crate) mod cache;
 pub mod choice;
-pub mod config;
+pub(crate) mod config;
 pub(crate) mod family;
 #[cfg(test)]
 mod family_tests;
 pub mod features;
+#[cfg(test)]
+mod gemma3_tests;
 pub mod linear;
 pub(crate) mod llama;
+#[cfg(test)]
+mod llama_cpp_tests;
 pub mod local;
 pub mod model;
 pub mod openai;
 mod packed;
+#[cfg(test)]
+mod peft_tests;
 pub mod sampler;
 mod tensor_ops;
 #[cfg(test)]
 mod tests;
 pub mod tokenizer;
-
-pub use local::LocalLm;
-pub use model::LanguageModel;
-pub use sampler::{EndingSampler, SampleRequest, SampledEnding, SampledPool, SamplingParams};

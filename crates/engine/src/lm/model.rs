@@ -15,12 +15,12 @@ use super::tokenizer::GgufTokenizer;
 use crate::device::Compute;
 
 pub struct LanguageModel {
-    pub llama: Llama,
+    pub(crate) llama: Llama,
     pub tokenizer: GgufTokenizer,
     pub path: PathBuf,
     /// Keys and values of the document-start token alone: the prefix for scoring endings
     /// without their context.
-    pub doc_prefix: Prefix,
+    pub(crate) doc_prefix: Prefix,
 }
 
 impl LanguageModel {
@@ -36,7 +36,11 @@ impl LanguageModel {
     }
 
     /// Loads a GGUF file with an adapter's updates merged into its weights.
-    pub fn load_adapted(path: &Path, compute: &Compute, adapter: Option<&Adapter>) -> Result<Self> {
+    pub(crate) fn load_adapted(
+        path: &Path,
+        compute: &Compute,
+        adapter: Option<&Adapter>,
+    ) -> Result<Self> {
         let (content, tokenizer, mut reader) = read_header(path)?;
         Self::from_parts(content, tokenizer, &mut reader, path, (compute, adapter))
     }
@@ -57,6 +61,12 @@ impl LanguageModel {
             &file.path,
             (compute, adapter),
         )
+    }
+
+    /// Multiply-adds ×2 of one token's forward pass through the weight matrices (attention
+    /// scores excluded): the yardstick for GFLOP/s figures.
+    pub fn flops_per_token(&self) -> f64 {
+        self.llama.cfg.flops_per_token()
     }
 
     /// The model from a parsed header and a reader of its file's weights.

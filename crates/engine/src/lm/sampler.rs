@@ -115,17 +115,6 @@ pub struct SampledEnding {
     pub tokens: Option<(Vec<u32>, Vec<f32>)>,
 }
 
-impl SampledEnding {
-    /// The same text without the sampled tokens, so that its LM features are computed from
-    /// scratch (an imported ending, or a check of the recorded log-probs).
-    pub fn text_only(&self) -> SampledEnding {
-        SampledEnding {
-            text: self.text.clone(),
-            tokens: None,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct SampledPool {
     /// Unique endings in the order they were drawn (at most `n`).

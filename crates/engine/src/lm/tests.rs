@@ -19,6 +19,14 @@ use crate::device::Compute;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
 use crate::seed::Seed;
 
+/// The same text without the sampled tokens, so that its LM features are computed from scratch.
+fn text_only(ending: &SampledEnding) -> SampledEnding {
+    SampledEnding {
+        text: ending.text.clone(),
+        tokens: None,
+    }
+}
+
 fn tiny_config() -> LlamaConfig {
     LlamaConfig {
         vocab: RANDOM_GGUF_VOCAB,
@@ -351,7 +359,7 @@ fn features_reuse_sampled_logprobs_exactly() {
             .unwrap();
         assert_eq!(f.endings.len(), pool.endings.len());
         // Re-scoring the endings from scratch (no sampled log-probs) gives the same features.
-        let plain: Vec<_> = pool.endings.iter().map(|e| e.text_only()).collect();
+        let plain: Vec<_> = pool.endings.iter().map(text_only).collect();
         let g = lm
             .features(
                 prompt,
@@ -419,7 +427,7 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
     };
     let pool = generic.sample(&request).unwrap();
     assert!(!pool.endings.is_empty());
-    let plain: Vec<_> = pool.endings.iter().map(|e| e.text_only()).collect();
+    let plain: Vec<_> = pool.endings.iter().map(text_only).collect();
     let (sent1, gold) = ("A man is kneeling on a frozen lake.", "drills a hole.");
     let f = generic
         .features(prompt, sent1, "He", gold, &pool.endings)

@@ -8,7 +8,7 @@ pub mod rules;
 mod split;
 pub mod subwords;
 mod tagger;
-pub mod tokenize;
+mod tokenize;
 
 pub use conllu::read_conllu;
 pub use split::{split_second_sentence, split_with};

@@ -6,15 +6,30 @@
 //! ("home ." vs "home."). Both the audit's character baselines and AF's subword model read
 //! them, so AF filters against exactly the signal the audit measures. A collision between two of
 //! the few hundred thousand grams of a dataset is vanishingly unlikely (about n² / 2⁶⁵).
+//!
+//! Word unigrams and bigrams are hashed the same way, for the audit's word baselines.
 
-pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// FNV-1a over `bytes`, continuing from `start` (pass [`FNV_OFFSET`] to begin a new hash).
-pub fn fnv1a(bytes: impl IntoIterator<Item = u8>, start: u64) -> u64 {
+fn fnv1a(bytes: impl IntoIterator<Item = u8>, start: u64) -> u64 {
     bytes
         .into_iter()
         .fold(start, |h, b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME))
+}
+
+/// Hashes of the unigrams and bigrams of `words` (a bigram hashes "first second").
+pub fn word_gram_hashes<S: AsRef<str>>(words: &[S]) -> Vec<u64> {
+    let mut out: Vec<u64> = words
+        .iter()
+        .map(|t| fnv1a(t.as_ref().bytes(), FNV_OFFSET))
+        .collect();
+    out.extend(words.windows(2).map(|p| {
+        let first = fnv1a(p[0].as_ref().bytes().chain([b' ']), FNV_OFFSET);
+        fnv1a(p[1].as_ref().bytes(), first)
+    }));
+    out
 }
 
 /// Hashes of the character 2–5-grams of every whitespace-separated `<word>` of `text`.

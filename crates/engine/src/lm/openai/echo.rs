@@ -27,30 +27,24 @@ pub struct Echo {
     pub logprobs: Vec<f32>,
 }
 
-/// Where a run's LM features are scored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FeatureScoring {
-    /// By the server, which echoes prompt log-probs in the scoring model's vocabulary.
-    Server,
-    /// By the local model, for the reason given (`--features local`, or the server's refusal).
-    Local { why: String },
-}
-
 impl OpenAiSampler<'_> {
-    /// Where the LM features are scored: by the server where it is asked to give them and
-    /// passes the probe, else locally. `--features server` with a refusal is an error.
-    pub fn feature_scoring(&self) -> Result<FeatureScoring> {
-        let why = match self.config.features {
-            FeatureSource::Local => "--features local".to_string(),
-            FeatureSource::Auto | FeatureSource::Server => match self.probe_echo() {
-                Ok(()) => return Ok(FeatureScoring::Server),
-                Err(e) => format!("{e:#}"),
-            },
+    /// Whether the server scores the LM features (echoing prompt log-probs in the scoring
+    /// model's vocabulary): where it is asked to give them (`--features auto` or `server`) and
+    /// passes the probe; otherwise the local model does. A refusal of `--features server` is an
+    /// error; a refusal of `--features auto` is told to `refused`, with why.
+    pub fn scores_features(&self, refused: &mut dyn FnMut(&str)) -> Result<bool> {
+        if self.config.features == FeatureSource::Local {
+            return Ok(false);
+        }
+        let why = match self.probe_echo() {
+            Ok(()) => return Ok(true),
+            Err(e) => format!("{e:#}"),
         };
         if self.config.features == FeatureSource::Server {
             anyhow::bail!("--features server: the server cannot give the LM features: {why}");
         }
-        Ok(FeatureScoring::Local { why })
+        refused(&why);
+        Ok(false)
     }
 
     /// Asks for the probe's prompt log-probs and checks that they come back for every token,

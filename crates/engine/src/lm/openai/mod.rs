@@ -107,9 +107,11 @@ pub enum AdapterNames {
     Listed(std::collections::BTreeMap<usize, String>),
 }
 
-impl AdapterNames {
+impl std::str::FromStr for AdapterNames {
+    type Err = anyhow::Error;
+
     /// Reads `--adapter-names`: a template with `{fold}`, or `fold0=NAME,fold1=NAME,...`.
-    pub fn parse(text: &str) -> Result<AdapterNames> {
+    fn from_str(text: &str) -> Result<AdapterNames> {
         if text.contains("{fold}") {
             return Ok(AdapterNames::Template(text.to_string()));
         }
@@ -129,7 +131,9 @@ impl AdapterNames {
         }
         Ok(AdapterNames::Listed(listed))
     }
+}
 
+impl AdapterNames {
     fn name(&self, fold: usize) -> Result<String> {
         match self {
             AdapterNames::Template(t) => Ok(t.replace("{fold}", &fold.to_string())),
@@ -144,7 +148,7 @@ impl AdapterNames {
 impl OpenAiConfig {
     /// The configuration for the contexts of `fold`: its adapter's name as the model, or its
     /// adapter applied alone. Unchanged without fold adapters.
-    pub fn for_fold(&self, fold: usize) -> Result<OpenAiConfig> {
+    fn for_fold(&self, fold: usize) -> Result<OpenAiConfig> {
         let mut config = self.clone();
         match &self.fold_adapters {
             None => {}
@@ -308,11 +312,18 @@ struct AttemptError {
 }
 
 impl<'a> OpenAiSampler<'a> {
+    /// A sampler for the contexts of `fold` (asking for that fold's adapter as `config`'s
+    /// `fold_adapters` say), or for any context with `None`.
     pub fn new(
-        config: OpenAiConfig,
+        config: &OpenAiConfig,
+        fold: Option<usize>,
         params: SamplingParams,
         tokenizer: &'a GgufTokenizer,
     ) -> Result<Self> {
+        let config = match fold {
+            Some(fold) => config.for_fold(fold)?,
+            None => config.clone(),
+        };
         if config.endpoints.is_empty() {
             bail!("--backend openai needs at least one --endpoint URL");
         }
@@ -350,13 +361,8 @@ impl<'a> OpenAiSampler<'a> {
         })
     }
 
-    /// Whether the LM features were asked of the server (`--features auto` or `server`).
-    pub fn asks_for_features(&self) -> bool {
-        self.config.features != FeatureSource::Local
-    }
-
     /// What is recorded with the generation (no key); `server_features`: whether the server
-    /// gives the LM features ([`Self::feature_scoring`]).
+    /// gives the LM features ([`Self::scores_features`]).
     pub fn record(&self, server_features: bool) -> Value {
         let features = if server_features {
             "every LM feature from the server's echoed prompt log-probs, over the scoring \

@@ -1,22 +1,23 @@
 //! Gemma-3-270M (the Q4_K_M GGUF of `afkit models fetch gemma3`) against Hugging Face
 //! transformers reading the same file: the tokenizer's ids and the forward pass's log-probs on
 //! fixed texts, whole and as scored continuations. The reference is
-//! `tests/data/gemma3_270m_reference.json`, written by `scripts/gemma3_reference.py`. The model is
-//! fetched into `$AFKIT_HOME` once, as the SmolLM2 tests fetch theirs; with AFKIT_TEST_OFFLINE
-//! set the tests are ignored with that reason.
+//! `crates/engine/testdata/gemma3_270m_reference.json`, written by `scripts/gemma3_reference.py`.
+//! The model is fetched into `$AFKIT_HOME` once, as the SmolLM2 tests fetch theirs; with
+//! AFKIT_TEST_OFFLINE set the tests are ignored with that reason.
 
 use std::sync::OnceLock;
 
-use afkit_engine::lm::LanguageModel;
-use afkit_engine::models::{sha256_file, DefaultModel};
 use serde_json::Value;
+
+use super::model::LanguageModel;
+use crate::models::{sha256_file, DefaultModel};
 
 /// Largest difference in one token's log-probability (nats): both sides dequantise the same
 /// weights and run in f32, so they differ only by summation order.
 const TOLERANCE: f64 = 2e-3;
 
 fn reference() -> Value {
-    let text = include_str!("data/gemma3_270m_reference.json");
+    let text = include_str!("../../testdata/gemma3_270m_reference.json");
     serde_json::from_str(text).unwrap()
 }
 

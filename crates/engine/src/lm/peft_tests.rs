@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use afkit_engine::device::Compute;
-use afkit_engine::lm::adapter::{Adapter, BaseModel};
-use afkit_engine::lm::LanguageModel;
 use candle_core::{Device, Tensor};
 use rand_distr::{Distribution, Normal};
 
-use crate::common::assert_succeeded;
+use super::adapt::ADAPTED;
+use super::adapter::{Adapter, BaseModel};
+use super::model::{read_header, LanguageModel};
+use crate::device::Compute;
+use crate::models::DefaultModel;
+use crate::seed::Seed;
 
 /// The python that has torch, transformers, peft and gguf, from `AFKIT_PEFT_PYTHON`.
 fn peft_python() -> PathBuf {
@@ -31,12 +33,12 @@ fn peft_python() -> PathBuf {
 /// An adapter of every matrix of the top layer with random A and B (a trained adapter would do
 /// as well; random ones change every output, so the check is not helped by a small update).
 fn random_adapter(model: &std::path::Path, layer: usize) -> Adapter {
-    let (content, _, _) = afkit_engine::lm::model::read_header(model).unwrap();
+    let (content, _, _) = read_header(model).unwrap();
     let normal = Normal::new(0.0f32, 0.1).unwrap();
-    let mut rng = afkit_engine::seed::Seed::new(3).rng();
+    let mut rng = Seed::new(3).rng();
     let rank = 4;
     let mut updates = BTreeMap::new();
-    for matrix in afkit_engine::lm::adapt::ADAPTED {
+    for matrix in ADAPTED {
         let name = format!("blk.{layer}.{matrix}.weight");
         // GGUF dimensions run fastest first: (in, out).
         let dims = content.tensor_infos[&name].shape.dims().to_vec();
@@ -64,14 +66,18 @@ fn peft_logprobs(
     let out = Command::new(python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/scripts/peft_logprobs.py"
+            "/../../scripts/peft_logprobs.py"
         ))
         .arg(gguf)
         .arg(peft_dir)
         .arg(serde_json::to_string(tokens).unwrap())
         .output()
         .unwrap();
-    assert_succeeded(&out);
+    assert!(
+        out.status.success(),
+        "peft_logprobs.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let values = |key: &str| -> Vec<f64> {
         theirs[key]
@@ -88,13 +94,11 @@ fn peft_logprobs(
 /// afkit's engine (adapter merged into the weights) and under transformers + peft (the
 /// exported PEFT adapter) agree within 2e-3 nats a token, and the adapter moves them.
 #[test]
-#[ignore = "needs python with torch, transformers, peft and gguf: AFKIT_PEFT_PYTHON=PYTHON cargo test --release -- --ignored peft_adapter"]
+#[ignore = "needs python with torch, transformers, peft and gguf: AFKIT_PEFT_PYTHON=PYTHON cargo test --release -p afkit-engine -- --ignored peft_adapter"]
 fn peft_adapter_gives_afkits_adapted_log_probabilities() {
     let python = peft_python();
-    afkit_engine::models::DefaultModel::SmolLm2
-        .ensure()
-        .expect("fetch SmolLM2");
-    let gguf = afkit_engine::models::DefaultModel::smollm2_gguf();
+    DefaultModel::SmolLm2.ensure().expect("fetch SmolLM2");
+    let gguf = DefaultModel::smollm2_gguf();
     let base = LanguageModel::load(&gguf).unwrap();
     let top = 29;
     let adapter = random_adapter(&gguf, top);
