@@ -80,7 +80,7 @@ impl<'a> Session<'a> {
 
     /// Runs the session until the annotator quits, a signal arrives or the terminal goes away;
     /// on every way out the claim on the item on screen is released.
-    pub fn run<B: Backend>(
+    pub(crate) fn run<B: Backend>(
         &mut self,
         terminal: &mut Terminal<B>,
         keys: &mut dyn Keys,
