@@ -80,7 +80,7 @@ pub(crate) fn item_id(fingerprint: &str, task_id: i64) -> String {
 /// return would be run as a formula there (CSV injection), so it gets a leading `'`, which
 /// spreadsheets take as "this is text" and do not show. Invisible characters in front (a byte
 /// order mark, zero-width spaces) do not hide the prefix.
-pub fn spreadsheet_safe(text: &str) -> String {
+pub(crate) fn spreadsheet_safe(text: &str) -> String {
     let visible =
         text.trim_start_matches(['\u{feff}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}']);
     let formula = [
@@ -590,4 +590,28 @@ fn timing(
         }
     };
     Ok((seconds, submitted_at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formula_prefixes_behind_invisible_characters_or_fullwidth_are_neutralised() {
+        for text in [
+            "\u{feff}=SUM(A1)",
+            "\u{200b}+1",
+            "＝HYPERLINK(\"x\")",
+            "＋1",
+            "－1",
+            "＠A1",
+        ] {
+            assert_eq!(spreadsheet_safe(text), format!("'{text}"), "{text:?}");
+        }
+        assert_eq!(
+            spreadsheet_safe("\u{200b}walks away."),
+            "\u{200b}walks away."
+        );
+        assert_eq!(spreadsheet_safe("walks away."), "walks away.");
+    }
 }
