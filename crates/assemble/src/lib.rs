@@ -19,7 +19,7 @@
 //! refilled to its task's size stays out and is reported.
 
 mod rules;
-pub mod split;
+mod split;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -28,13 +28,12 @@ use serde::Serialize;
 
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::af::AfRun;
-use afkit_store::assemble::{AssembledDistractor, Assembly, CurrentTask, FinalPoint, NewAssembled};
+use afkit_store::assemble::{Assembly, CurrentTask, FinalPoint, NewAssembled};
 use afkit_store::dataset::{Judgement, Rank, Split};
 use afkit_store::distractors::{DistractorChoice, Matching};
 use afkit_store::examples::Example;
 use afkit_store::Store;
 use rules::{Built, Decision};
-use split::Fractions;
 
 /// What one assembly produced; printed by `afkit assemble`.
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -95,6 +94,41 @@ pub struct Config {
     pub could_be_right: CouldBeRight,
 }
 
+/// Train / val / test fractions, in the order of [`Split::ALL`]; parsed (`str::parse`) from
+/// `--split 0.8,0.1,0.1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fractions(pub(crate) [f64; 3]);
+
+impl std::str::FromStr for Fractions {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> Result<Fractions> {
+        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        if parts.len() != 3 {
+            bail!("--split {text:?}: expected three fractions train,val,test such as 0.8,0.1,0.1");
+        }
+        let mut out = [0.0; 3];
+        for (slot, part) in out.iter_mut().zip(&parts) {
+            *slot = match part.parse::<f64>() {
+                Ok(v) if v.is_finite() && v >= 0.0 => v,
+                _ => bail!("--split {text:?}: {part:?} is not a fraction in [0, 1]"),
+            };
+        }
+        let sum: f64 = out.iter().sum();
+        if (sum - 1.0).abs() > 1e-6 {
+            bail!("--split {text:?}: the fractions add up to {sum}, expected 1");
+        }
+        Ok(Fractions(out))
+    }
+}
+
+impl Fractions {
+    /// Canonical text form, as recorded in the project.
+    pub(crate) fn to_text(self) -> String {
+        format!("{},{},{}", self.0[0], self.0[1], self.0[2])
+    }
+}
+
 /// What unverified assembly does with assigned negatives that could be right.
 #[derive(
     clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize,
@@ -115,11 +149,6 @@ pub enum CouldBeRight {
 pub trait Observer {
     fn note(&mut self, _message: &str) {}
 }
-
-/// An observer that ignores everything.
-pub struct Silent;
-
-impl Observer for Silent {}
 
 /// The recorded parameters of the last assembly (`meta` key `assemble`).
 #[derive(Debug, Serialize, serde::Deserialize, PartialEq)]
@@ -490,10 +519,7 @@ fn assemble_unverified(
             distractors: chosen
                 .into_iter()
                 .take(4)
-                .map(|ending_id| AssembledDistractor {
-                    ending_id,
-                    kind: None,
-                })
+                .map(|ending_id| (ending_id, None))
                 .collect(),
         });
     }
@@ -517,7 +543,6 @@ fn assemble_verified(
         run_id,
         run,
         order,
-        shown: store.shown_endings()?,
         built: Vec::new(),
         summary,
         reannotations,
@@ -544,8 +569,6 @@ struct Verifier<'a> {
     run_id: i64,
     run: &'a RunData<'a>,
     order: &'a DistractorOrder,
-    /// Every ending ever shown to annotators, by context.
-    shown: HashMap<i64, BTreeSet<i64>>,
     built: Vec<NewAssembled>,
     summary: &'a mut Summary,
     reannotations: &'a mut Vec<(i64, Vec<i64>)>,
@@ -634,7 +657,7 @@ impl Verifier<'_> {
         (reason, keep): (rules::ReannotateReason, &[i64]),
         pool: &HashMap<i64, FinalPoint>,
     ) {
-        let fresh = unshown(pool, self.shown.get(&ex.id), keep);
+        let fresh = unshown(pool, &task.ever_shown, keep);
         let draw = format!("refill\u{0}{}", task.round + 1);
         let fresh = self.order.order(ex, self.run, &fresh, pool, &draw);
         match refill(task, keep, fresh) {
@@ -711,7 +734,8 @@ fn consensus_labels(
             .filter_map(|&e| {
                 let votes: Vec<(Judgement, Option<Rank>)> = submissions
                     .iter()
-                    .filter_map(|s| s.labels.get(&e).copied())
+                    .filter_map(|s| s.labels.iter().find(|(l, _)| l.ending_id == e))
+                    .map(|(l, _)| (l.judgement, l.rank))
                     .collect();
                 rules::consensus(&votes).map(|c| (e, c))
             })
@@ -737,33 +761,26 @@ fn verified(
         distractors: b
             .distractors
             .iter()
-            .map(|&(ending_id, kind)| AssembledDistractor {
-                ending_id,
-                kind: Some(kind),
-            })
+            .map(|&(ending_id, kind)| (ending_id, Some(kind)))
             .collect(),
     }
 }
 
-/// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
-/// pool endings never shown before, in the order they become distractors), up to the old task's
-/// size; `None` when the pool cannot fill it.
-/// The pool endings never shown to annotators for this context and not kept, in id order: what
-/// a re-annotation may bring in.
-fn unshown(
-    pool: &HashMap<i64, FinalPoint>,
-    shown: Option<&BTreeSet<i64>>,
-    keep: &[i64],
-) -> Vec<i64> {
+/// The pool endings never shown to annotators for this context (`shown`) and not kept, in id
+/// order: what a re-annotation may bring in.
+fn unshown(pool: &HashMap<i64, FinalPoint>, shown: &BTreeSet<i64>, keep: &[i64]) -> Vec<i64> {
     let mut fresh: Vec<i64> = pool
         .keys()
         .copied()
-        .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e))
+        .filter(|e| !shown.contains(e) && !keep.contains(e))
         .collect();
     fresh.sort_unstable();
     fresh
 }
 
+/// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
+/// pool endings never shown before, in the order they become distractors), up to the old task's
+/// size; `None` when the pool cannot fill it.
 fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>> {
     let need = task.endings.len().saturating_sub(keep.len());
     if fresh.len() < need {

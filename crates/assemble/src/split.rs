@@ -11,41 +11,12 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 
 use afkit_engine::seed::Seed;
 use afkit_store::dataset::Split;
 
-/// Train / val / test fractions, in the order of [`Split::ALL`]; parsed from `--split 0.8,0.1,0.1`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Fractions(pub [f64; 3]);
-
-impl Fractions {
-    pub fn parse(text: &str) -> Result<Fractions> {
-        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-        if parts.len() != 3 {
-            bail!("--split {text:?}: expected three fractions train,val,test such as 0.8,0.1,0.1");
-        }
-        let mut out = [0.0; 3];
-        for (slot, part) in out.iter_mut().zip(&parts) {
-            *slot = match part.parse::<f64>() {
-                Ok(v) if v.is_finite() && v >= 0.0 => v,
-                _ => bail!("--split {text:?}: {part:?} is not a fraction in [0, 1]"),
-            };
-        }
-        let sum: f64 = out.iter().sum();
-        if (sum - 1.0).abs() > 1e-6 {
-            bail!("--split {text:?}: the fractions add up to {sum}, expected 1");
-        }
-        Ok(Fractions(out))
-    }
-
-    /// Canonical text form, as recorded in the project.
-    pub(crate) fn to_text(self) -> String {
-        format!("{},{},{}", self.0[0], self.0[1], self.0[2])
-    }
-}
+use crate::Fractions;
 
 /// Assigns every group in `sizes` (group → number of examples) to a split. `previous` holds the
 /// recorded assignment when it was made with the same seed and fractions (else pass an empty map).
@@ -88,25 +59,29 @@ pub(crate) fn assign(
 mod tests {
     use super::*;
 
+    fn fractions(text: &str) -> Fractions {
+        text.parse().unwrap()
+    }
+
     fn sizes(n: usize) -> BTreeMap<String, usize> {
         (0..n).map(|i| (format!("v{i:03}"), 1 + i % 7)).collect()
     }
 
     #[test]
     fn parses_and_rejects_fractions() {
-        assert_eq!(Fractions::parse("0.8,0.1,0.1").unwrap().0, [0.8, 0.1, 0.1]);
-        assert_eq!(Fractions::parse("1, 0, 0").unwrap().0, [1.0, 0.0, 0.0]);
-        assert!(Fractions::parse("0.8,0.1").is_err());
-        assert!(Fractions::parse("0.8,0.3,0.1").is_err());
-        assert!(Fractions::parse("0.8,-0.1,0.3").is_err());
-        assert!(Fractions::parse("a,b,c").is_err());
+        assert_eq!(fractions("0.8,0.1,0.1").0, [0.8, 0.1, 0.1]);
+        assert_eq!(fractions("1, 0, 0").0, [1.0, 0.0, 0.0]);
+        assert!("0.8,0.1".parse::<Fractions>().is_err());
+        assert!("0.8,0.3,0.1".parse::<Fractions>().is_err());
+        assert!("0.8,-0.1,0.3".parse::<Fractions>().is_err());
+        assert!("a,b,c".parse::<Fractions>().is_err());
     }
 
     #[test]
     fn hits_the_fractions_and_is_reproducible() {
         let sizes = sizes(300);
         let total: usize = sizes.values().sum();
-        let f = Fractions::parse("0.8,0.1,0.1").unwrap();
+        let f = fractions("0.8,0.1,0.1");
         let a = assign(&sizes, f, Seed::new(7), &BTreeMap::new());
         assert_eq!(a, assign(&sizes, f, Seed::new(7), &BTreeMap::new()));
         assert_ne!(
@@ -127,7 +102,7 @@ mod tests {
 
     #[test]
     fn keeps_recorded_groups_when_groups_are_added() {
-        let f = Fractions::parse("0.6,0.2,0.2").unwrap();
+        let f = fractions("0.6,0.2,0.2");
         let before = assign(&sizes(50), f, Seed::new(1), &BTreeMap::new());
         let after = assign(&sizes(80), f, Seed::new(1), &before);
         for (group, split) in &before {
@@ -140,7 +115,7 @@ mod tests {
     fn zero_fraction_splits_stay_empty() {
         let a = assign(
             &sizes(20),
-            Fractions::parse("1,0,0").unwrap(),
+            fractions("1,0,0"),
             Seed::new(0),
             &BTreeMap::new(),
         );

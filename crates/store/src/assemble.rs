@@ -4,12 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, ToSql, TransactionBehavior};
 
 use super::Store;
-use crate::dataset::{Judgement, Rank, Split};
+use crate::annotate::labels::SubmissionRecord;
+use crate::dataset::{Judgement, Split};
 
 impl Store {
     /// The assigned negatives of every context in a run, in slot order.
@@ -113,14 +114,6 @@ pub(crate) struct MatchingScores {
     pub assigned: HashMap<i64, FinalPoint>,
 }
 
-/// One submission of a task: the labels an annotator gave, per ending id.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Submission {
-    pub annotator: String,
-    pub broken: bool,
-    pub labels: HashMap<i64, (Judgement, Option<Rank>)>,
-}
-
 /// The current (highest-round, open) annotation task of a context with its submissions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CurrentTask {
@@ -129,29 +122,14 @@ pub struct CurrentTask {
     pub round: i64,
     /// Ending ids in the shown order.
     pub endings: Vec<i64>,
-    pub submissions: Vec<Submission>,
+    pub submissions: Vec<SubmissionRecord>,
+    /// Every ending ever shown to annotators for the context (all rounds), so that a
+    /// re-annotation never brings back an ending people already judged.
+    pub ever_shown: BTreeSet<i64>,
 }
 
-/// A stored label: the judgement and the rank as the `labels` table holds them.
-fn parse_label(
-    judgement: &str,
-    rank: Option<String>,
-    submission_id: i64,
-) -> Result<(Judgement, Option<Rank>)> {
-    let Some(judgement) = Judgement::parse(judgement) else {
-        bail!("unknown judgement {judgement:?} in labels of submission {submission_id}");
-    };
-    let rank = match rank {
-        None => None,
-        Some(r) => Some(Rank::parse(&r).with_context(|| {
-            format!("unknown rank {r:?} in labels of submission {submission_id}")
-        })?),
-    };
-    Ok((judgement, rank))
-}
-
-/// The open task of every context that has one (the latest round), without endings or
-/// submissions, by context; and the context of each task.
+/// The open task of every context that has one (the latest round), without endings,
+/// submissions or shown endings, by context; and the context of each task.
 fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<i64, i64>)> {
     let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
     let mut stmt = conn.prepare(
@@ -168,6 +146,7 @@ fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<
             round: r.get(2)?,
             endings: Vec::new(),
             submissions: Vec::new(),
+            ever_shown: BTreeSet::new(),
         })
     })? {
         let task = row?;
@@ -177,42 +156,28 @@ fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<
     Ok((tasks, by_task))
 }
 
-/// Adds to each task of `tasks` (by context; `by_task`: each task's context) its submissions,
-/// each with its labels.
-fn add_submissions(
+/// Adds to each task of `tasks` (by context; `by_task`: each task's context) its endings in
+/// the shown order, and every ending any task of its context showed.
+fn add_endings(
     conn: &Connection,
     tasks: &mut BTreeMap<i64, CurrentTask>,
     by_task: &HashMap<i64, i64>,
 ) -> Result<()> {
     let mut stmt = conn.prepare(
-        "SELECT s.id, s.task_id, s.annotator, s.broken, l.ending_id, l.judgement, l.rank
-         FROM submissions s LEFT JOIN labels l ON l.submission_id = s.id
-         ORDER BY s.task_id, s.id, l.ending_id",
+        "SELECT te.task_id, t.example_id, te.ending_id FROM task_endings te
+         JOIN tasks t ON t.id = te.task_id ORDER BY te.task_id, te.position",
     )?;
-    let mut rows = stmt.query([])?;
-    let mut last_submission = None;
-    while let Some(r) = rows.next()? {
-        let submission_id: i64 = r.get(0)?;
-        let task_id: i64 = r.get(1)?;
-        let Some(example) = by_task.get(&task_id) else {
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get(2)?))
+    })?;
+    for row in rows {
+        let (task, example, ending) = row?;
+        let Some(current) = tasks.get_mut(&example) else {
             continue;
         };
-        let task = tasks.get_mut(example).expect("task indexed");
-        if last_submission != Some(submission_id) {
-            last_submission = Some(submission_id);
-            task.submissions.push(Submission {
-                annotator: r.get(2)?,
-                broken: r.get::<_, i64>(3)? != 0,
-                labels: HashMap::new(),
-            });
-        }
-        if let Some(ending) = r.get::<_, Option<i64>>(4)? {
-            let label = parse_label(&r.get::<_, String>(5)?, r.get(6)?, submission_id)?;
-            task.submissions
-                .last_mut()
-                .expect("pushed above")
-                .labels
-                .insert(ending, label);
+        current.ever_shown.insert(ending);
+        if by_task.contains_key(&task) {
+            current.endings.push(ending);
         }
     }
     Ok(())
@@ -221,37 +186,15 @@ fn add_submissions(
 impl Store {
     /// The open task of every context that has one (the latest round), with all its submissions.
     pub fn current_tasks(&self) -> Result<BTreeMap<i64, CurrentTask>> {
-        let conn = &self.conn;
-        let (mut tasks, by_task) = open_tasks(conn)?;
-        let mut stmt =
-            conn.prepare("SELECT task_id, ending_id FROM task_endings ORDER BY task_id, position")?;
-        for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
-            let (task, ending) = row?;
-            if let Some(example) = by_task.get(&task) {
-                tasks
-                    .get_mut(example)
-                    .expect("task indexed")
-                    .endings
-                    .push(ending);
+        let (mut tasks, by_task) = open_tasks(&self.conn)?;
+        add_endings(&self.conn, &mut tasks, &by_task)?;
+        for submission in self.all_submissions()? {
+            if let Some(example) = by_task.get(&submission.task_id) {
+                let task = tasks.get_mut(example).expect("task indexed");
+                task.submissions.push(submission);
             }
         }
-        add_submissions(conn, &mut tasks, &by_task)?;
         Ok(tasks)
-    }
-
-    /// Every ending ever shown to annotators for each context (all rounds), so that a re-annotation
-    /// never brings back an ending people already judged.
-    pub fn shown_endings(&self) -> Result<HashMap<i64, BTreeSet<i64>>> {
-        let conn = &self.conn;
-        let mut stmt = conn.prepare(
-        "SELECT t.example_id, te.ending_id FROM task_endings te JOIN tasks t ON t.id = te.task_id",
-    )?;
-        let mut out: HashMap<i64, BTreeSet<i64>> = HashMap::new();
-        for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
-            let (example, ending) = row?;
-            out.entry(example).or_default().insert(ending);
-        }
-        Ok(out)
     }
 }
 
@@ -292,14 +235,6 @@ impl Store {
     }
 }
 
-/// One distractor of an assembled example.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AssembledDistractor {
-    pub ending_id: i64,
-    /// `likely` / `unlikely`; `None` when unverified.
-    pub kind: Option<Judgement>,
-}
-
 /// A final example as assemble writes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewAssembled {
@@ -310,8 +245,9 @@ pub struct NewAssembled {
     pub gold_type: Option<Judgement>,
     pub verified: bool,
     pub fold: Option<i64>,
-    /// Hardest first; up to four (`ending1..3` take three, `distractor-3` the fourth).
-    pub distractors: Vec<AssembledDistractor>,
+    /// `(ending id, likely or unlikely; None when unverified)`, hardest first; up to four
+    /// (`ending1..3` take three, `distractor-3` the fourth).
+    pub distractors: Vec<(i64, Option<Judgement>)>,
 }
 
 impl Store {
@@ -340,12 +276,12 @@ impl Store {
                 ex.fold
             ])?;
             let id = conn.last_insert_rowid();
-            for (position, d) in ex.distractors.iter().enumerate() {
+            for (position, (ending_id, kind)) in ex.distractors.iter().enumerate() {
                 insert_distractor.execute(params![
                     id,
                     position as i64,
-                    d.ending_id,
-                    d.kind.map(Judgement::as_str)
+                    ending_id,
+                    kind.map(Judgement::as_str)
                 ])?;
             }
         }

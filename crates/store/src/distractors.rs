@@ -49,12 +49,13 @@ pub enum DistractorChoice {
     Hardest,
 }
 
-impl DistractorChoice {
-    pub fn as_str(self) -> &'static str {
-        match self {
+/// Its name on the command line (`--distractors matched`).
+impl std::fmt::Display for DistractorChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
             DistractorChoice::Matched => "matched",
             DistractorChoice::Hardest => "hardest",
-        }
+        })
     }
 }
 
