@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::af::AfRun;
-use afkit_store::assemble::{Assembly, CurrentTask, FinalPoint, NewAssembled};
+use afkit_store::assemble::{CurrentTask, FinalPoint, NewAssembled};
 use afkit_store::dataset::{Judgement, Rank, Split};
 use afkit_store::distractors::{DistractorChoice, Matching};
 use afkit_store::examples::Example;
@@ -254,13 +254,8 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     check_no_empty_split(&splits, &summary, fractions, unverified)?;
     // Train first, then val, then test; assembly order within a split follows the examples.
     built.sort_by_key(|ex| ex.split);
-    let record = Recorded::of(config, run.id);
-    store.commit_assembly(&Assembly {
-        splits: &splits,
-        examples: &built,
-        reannotations: &reannotations,
-        record_json: &serde_json::to_string(&record)?,
-    })?;
+    let record = serde_json::to_string(&Recorded::of(config, run.id))?;
+    store.commit_assembly(&splits, &built, &reannotations, &record)?;
     Ok(summary)
 }
 

@@ -367,31 +367,28 @@ impl Store {
     }
 }
 
-/// One assembly, as [`Store::commit_assembly`] writes it.
-pub struct Assembly<'a> {
-    pub splits: &'a BTreeMap<String, Split>,
-    /// The final examples, in the order they are stored.
-    pub examples: &'a [NewAssembled],
-    /// Contexts sent back to annotation, with the endings their new task shows.
-    pub reannotations: &'a [(i64, Vec<i64>)],
-    /// The assembly's parameters, recorded under the `meta` key `assemble`.
-    pub record_json: &'a str,
-}
-
 impl Store {
-    /// Replaces the splits and the previous assembly, queues the re-annotation tasks (the
-    /// hand-off to annotate, [`Store::create_reannotation_task`]) and records the parameters, in
-    /// one transaction: a re-run swaps the whole assembly at once, and the tasks it queues are
-    /// committed with it or not at all.
-    pub fn commit_assembly(&mut self, assembly: &Assembly) -> Result<()> {
+    /// Replaces the splits (each group's) and the previous assembly with `examples` (stored in
+    /// that order), queues the `reannotations` (contexts sent back to annotation, with the
+    /// endings their new task shows: the hand-off to annotate,
+    /// [`Store::create_reannotation_task`]) and records the assembly's parameters under the
+    /// `meta` key `assemble`, in one transaction: a re-run swaps the whole assembly at once, and
+    /// the tasks it queues are committed with it or not at all.
+    pub fn commit_assembly(
+        &mut self,
+        splits: &BTreeMap<String, Split>,
+        examples: &[NewAssembled],
+        reannotations: &[(i64, Vec<i64>)],
+        record_json: &str,
+    ) -> Result<()> {
         let tx = self.begin(TransactionBehavior::Deferred)?;
-        self.replace_splits(assembly.splits)?;
-        self.replace_assembly(assembly.examples)?;
-        for (example_id, endings) in assembly.reannotations {
+        self.replace_splits(splits)?;
+        self.replace_assembly(examples)?;
+        for (example_id, endings) in reannotations {
             self.create_reannotation_task(*example_id, endings)
                 .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
         }
-        self.set_meta("assemble", assembly.record_json)?;
+        self.set_meta("assemble", record_json)?;
         let number = self.meta(ASSEMBLIES)?.and_then(|n| n.parse::<i64>().ok());
         self.set_meta(ASSEMBLIES, &(number.unwrap_or(0) + 1).to_string())?;
         tx.commit()?;
