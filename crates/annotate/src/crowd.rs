@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use afkit_engine::csv_lines::RecordLines;
 use afkit_engine::output::Output;
-use afkit_store::annotate::labels::{NewSubmission, Origin};
+use afkit_store::annotate::labels::NewSubmission;
 use afkit_store::annotate::tasks::{TaskView, ENDINGS_PER_TASK};
 use afkit_store::dataset::Judgement;
 use afkit_store::Store;
@@ -188,41 +188,34 @@ pub struct Rejected {
     pub already_in_project: bool,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ImportOutcome {
-    pub imported: usize,
-    pub rejected: Vec<Rejected>,
-    pub mturk_layout: bool,
-}
-
 /// Validates every row of `file` and imports the valid ones in one transaction (none at all with
 /// `strict` when any row is invalid). The rows are checked inside the write transaction, so two
 /// imports of one file at the same time do not both pass the duplicate check: the second finds
 /// the first's submissions and reports its rows as duplicates.
-pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<ImportOutcome> {
+pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<CheckedResults> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     store.write_transaction(|store| {
-        let checked = check_results(store, file, &bytes)?;
-        let mut outcome = ImportOutcome {
-            imported: 0,
-            rejected: checked.rejected,
-            mturk_layout: checked.mturk_layout,
-        };
+        let mut checked = check_results(store, file, &bytes)?;
         // With `strict` and a rejected row nothing is written: the transaction commits empty.
-        if strict && !outcome.rejected.is_empty() {
-            return Ok(outcome);
+        if strict && !checked.rejected.is_empty() {
+            return Ok(checked);
         }
         for sub in &checked.valid {
-            store.insert_submission(sub)?;
+            store.import_submission(sub)?;
         }
-        outcome.imported = checked.valid.len();
-        Ok(outcome)
+        checked.imported = checked.valid.len();
+        Ok(checked)
     })
 }
 
-/// The rows of a results file, validated against the project; nothing written yet.
+/// The rows of a results file, validated against the project, and how many of them [`import`]
+/// wrote.
+#[derive(Debug, Clone, PartialEq)]
 pub struct CheckedResults {
     pub valid: Vec<NewSubmission>,
+    /// The valid rows written to the project: none before [`import`], none with `strict` when
+    /// a row is invalid.
+    pub imported: usize,
     pub rejected: Vec<Rejected>,
     pub mturk_layout: bool,
 }
@@ -282,6 +275,7 @@ pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<Checked
     }
     Ok(CheckedResults {
         valid: rows.valid,
+        imported: 0,
         rejected: rows.rejected,
         mturk_layout: columns.layout == Layout::MTurk,
     })
@@ -412,7 +406,6 @@ fn parse_row(
     Ok(NewSubmission {
         task_id,
         annotator: worker,
-        origin: Origin::Crowd,
         broken: false,
         seconds,
         submitted_at,
