@@ -531,7 +531,13 @@ fn num(v: Option<f64>, digits: usize) -> String {
 }
 
 /// The human-readable report, laid out like SWAG Table 2 plus the annotator table.
-pub fn render(r: &Report) -> String {
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&render(self))
+    }
+}
+
+fn render(r: &Report) -> String {
     let mut out = String::new();
     let annotators = r.annotators.len();
     out.push_str(&format!(

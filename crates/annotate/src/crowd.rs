@@ -11,7 +11,7 @@ use afkit_engine::csv_lines::RecordLines;
 use afkit_engine::output::Output;
 use afkit_store::annotate::labels::NewSubmission;
 use afkit_store::annotate::tasks::{TaskView, ENDINGS_PER_TASK};
-use afkit_store::dataset::Judgement;
+use afkit_store::dataset::{startphrase, Judgement};
 use afkit_store::Store;
 
 use super::verdict;
@@ -43,7 +43,11 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
         w.write_record(&header)?;
         for task in &tasks {
             let done = task.submitted;
-            let mut texts = vec![task.startphrase(), task.sent1.clone(), task.sent2.clone()];
+            let mut texts = vec![
+                startphrase(&task.sent1, &task.sent2),
+                task.sent1.clone(),
+                task.sent2.clone(),
+            ];
             texts.extend((0..ENDINGS_PER_TASK).map(|i| {
                 task.endings
                     .get(i)
@@ -475,7 +479,7 @@ fn same_texts(
         Layout::MTurk => "Input.",
     };
     let mut expected = vec![
-        ("context".to_string(), task.startphrase()),
+        ("context".to_string(), startphrase(&task.sent1, &task.sent2)),
         ("sent1".to_string(), task.sent1.clone()),
         ("sent2".to_string(), task.sent2.clone()),
     ];

@@ -373,12 +373,6 @@ pub struct TaskView {
     pub endings: Vec<TaskEnding>,
 }
 
-impl TaskView {
-    pub fn startphrase(&self) -> String {
-        crate::dataset::startphrase(&self.sent1, &self.sent2)
-    }
-}
-
 impl Store {
     pub fn task_view(&self, task_id: i64) -> Result<Option<TaskView>> {
         let conn = &self.conn;
