@@ -104,8 +104,7 @@ fn print_summary(s: &Summary) {
     };
     println!(
         "assembled {kind} questions from AF run {} (distractors: {})",
-        s.af_run,
-        s.distractors
+        s.af_run, s.distractors
     );
     for split in Split::ALL {
         let name = split.as_str();

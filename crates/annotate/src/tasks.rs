@@ -90,7 +90,7 @@ fn insert_round0_tasks(
     let matching = if contexts.is_empty() {
         None
     } else {
-        Matching::load(store, run_id, &store.folds(run_id)?)?
+        Matching::load(store, run_id)?
     };
     let mut hardest_shown = 0;
     let mut tasks = Vec::with_capacity(contexts.len());
@@ -196,7 +196,7 @@ mod tests {
         for (i, ex) in store.examples().unwrap().iter().enumerate() {
             scores.push((ex.gold_ending_id, Some(0.5 + 0.01 * i as f64)));
         }
-        for negatives in store.assignments(run).unwrap().values() {
+        for negatives in store.af_decisions(run).unwrap().assignments.values() {
             for (slot, &ending) in negatives.iter().enumerate() {
                 scores.push((ending, Some(slot as f64 / 8.0)));
             }
@@ -207,7 +207,7 @@ mod tests {
     /// Every open task's example and the slots (in the AF assignment) of the five negatives it
     /// shows, sorted; each task shows the found ending once, beside them.
     fn shown_slots(store: &Store, run: i64) -> Vec<(i64, Vec<usize>)> {
-        let assigned = store.assignments(run).unwrap();
+        let assigned = store.af_decisions(run).unwrap().assignments;
         let tasks = store.open_tasks(false).unwrap();
         tasks
             .iter()

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::af::AfRun;
-use afkit_store::assemble::{CurrentTask, FinalPoint, NewAssembled};
+use afkit_store::assemble::{AfDecisions, CurrentTask, FinalPoint, NewAssembled};
 use afkit_store::dataset::{Judgement, Rank, Split};
 use afkit_store::distractors::{DistractorChoice, Matching};
 use afkit_store::examples::Example;
@@ -218,10 +218,15 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let run = latest_run(store, unverified, observer)?;
     let examples = store.examples()?;
     let splits = group_splits(store, &examples, fractions, seed)?;
+    let AfDecisions {
+        assignments,
+        scores,
+        folds,
+    } = store.af_decisions(run.id)?;
     let run_data = RunData {
-        assignments: store.assignments(run.id)?,
-        scores: store.decision_scores(run.id)?,
-        folds: store.folds(run.id)?,
+        assignments,
+        scores,
+        folds,
         refused: store.refused_by_fluency_floor(run.id)?,
         splits: &splits,
     };
@@ -232,7 +237,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         ..Summary::default()
     };
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
-    let order = distractor_order(store, run.id, &run_data, distractors, seed)?;
+    let order = distractor_order(store, run.id, distractors, seed)?;
     let mut built = if unverified {
         let guard = Guard {
             store,
@@ -301,13 +306,12 @@ fn check_no_empty_split(
 fn distractor_order(
     store: &Store,
     run_id: i64,
-    run_data: &RunData,
     distractors: DistractorChoice,
     seed: Seed,
 ) -> Result<DistractorOrder> {
     Ok(match distractors {
         DistractorChoice::Matched => {
-            let Some(matching) = Matching::load(store, run_id, &run_data.folds)? else {
+            let Some(matching) = Matching::load(store, run_id)? else {
                 bail!(
                     "AF run {run_id} in {} scored no found ending, so there is nothing to match \
                      the distractors to: run `afkit filter --new-run`, or assemble with \

@@ -12,9 +12,32 @@ use super::Store;
 use crate::annotate::labels::SubmissionRecord;
 use crate::dataset::{Judgement, Split};
 
+/// What an AF run decided, as assembly reads it for every context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AfDecisions {
+    /// The assigned negatives of every context, in slot order.
+    pub assignments: BTreeMap<i64, Vec<i64>>,
+    /// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
+    /// assigned negatives and every ending shown in a task. The rest of the pool (most of the
+    /// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
+    /// ([`Store::scored_pool`]).
+    pub scores: HashMap<i64, f64>,
+    /// The cross-fitting fold (SWAG's `fold-ind`) of every context.
+    pub folds: HashMap<i64, i64>,
+}
+
 impl Store {
+    /// What AF run `run_id` decided: see [`AfDecisions`].
+    pub fn af_decisions(&self, run_id: i64) -> Result<AfDecisions> {
+        Ok(AfDecisions {
+            assignments: self.assignments(run_id)?,
+            scores: self.decision_scores(run_id)?,
+            folds: self.folds(run_id)?,
+        })
+    }
+
     /// The assigned negatives of every context in a run, in slot order.
-    pub fn assignments(&self, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
+    fn assignments(&self, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
             "SELECT example_id, ending_id FROM af_assignments WHERE run_id = ?1
@@ -28,11 +51,8 @@ impl Store {
         Ok(out)
     }
 
-    /// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
-    /// assigned negatives and every ending shown in a task. The rest of the pool (most of the
-    /// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
-    /// ([`scored_pool`]).
-    pub fn decision_scores(&self, run_id: i64) -> Result<HashMap<i64, f64>> {
+    /// See [`AfDecisions::scores`].
+    fn decision_scores(&self, run_id: i64) -> Result<HashMap<i64, f64>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
             "SELECT s.ending_id, s.score FROM af_scores s
@@ -84,7 +104,7 @@ impl Store {
     }
 
     /// The cross-fitting fold (SWAG's `fold-ind`) of every context of a run.
-    pub fn folds(&self, run_id: i64) -> Result<HashMap<i64, i64>> {
+    pub(crate) fn folds(&self, run_id: i64) -> Result<HashMap<i64, i64>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
         let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;

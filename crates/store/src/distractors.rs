@@ -144,9 +144,10 @@ pub struct Matching {
 }
 
 impl Matching {
-    /// The matching of AF run `run_id` (`folds`: each context's fold); `None` when the run
-    /// scored no found ending (runs finished before afkit kept those scores).
-    pub fn load(store: &Store, run_id: i64, folds: &HashMap<i64, i64>) -> Result<Option<Matching>> {
+    /// The matching of AF run `run_id`; `None` when the run scored no found ending (runs
+    /// finished before afkit kept those scores).
+    pub fn load(store: &Store, run_id: i64) -> Result<Option<Matching>> {
+        let folds = store.folds(run_id)?;
         let scores = store.matching_scores(run_id)?;
         let both_axes = scores
             .found
@@ -173,7 +174,7 @@ impl Matching {
             .collect();
         Ok(Some(Matching {
             spaces,
-            folds: folds.clone(),
+            folds,
             assigned: scores.assigned,
             both_axes,
         }))
