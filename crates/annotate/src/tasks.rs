@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use anyhow::{bail, Result};
 
 use afkit_engine::seed::{Key, Seed};
-use afkit_store::annotate::tasks::{task_seed, Policy, UntaskedContext, ENDINGS_PER_TASK};
+use afkit_store::annotate::tasks::{Policy, UntaskedContext, ENDINGS_PER_TASK};
 use afkit_store::distractors::Matching;
 use afkit_store::Store;
 
@@ -79,8 +79,8 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
 }
 
 /// Stores a round-0 task for each of `contexts`, in their order after the tasks already made,
-/// showing its found ending and the negatives [`shown_negatives`] picks, and records the
-/// policy. Returns how many show the five hardest negatives.
+/// showing its found ending and the negatives [`shown_negatives`] picks with the task's seed,
+/// and records the policy. Returns how many show the five hardest negatives.
 fn insert_round0_tasks(
     store: &Store,
     run_id: i64,
@@ -93,17 +93,11 @@ fn insert_round0_tasks(
         Matching::load(store, run_id)?
     };
     let mut hardest_shown = 0;
-    let mut tasks = Vec::with_capacity(contexts.len());
-    for context in contexts {
-        let seed = task_seed(policy.seed, context.example_id, 0);
+    store.add_round0_tasks(run_id, policy, contexts, |context, seed| {
         let (negatives, matched) = shown_negatives(context, matching.as_ref(), seed);
         hardest_shown += usize::from(!matched);
-        tasks.push((
-            context.example_id,
-            [vec![context.gold_ending_id], negatives].concat(),
-        ));
-    }
-    store.add_round0_tasks(run_id, policy, &tasks)?;
+        [vec![context.gold_ending_id], negatives].concat()
+    })?;
     Ok(hardest_shown)
 }
 

@@ -152,22 +152,24 @@ pub(crate) struct NewTask {
 }
 
 impl Store {
-    /// Stores a round-0 task of AF run `run_id` for each of `tasks` (a context and the endings
-    /// its task shows), in their order after the tasks already made: for the policy's
-    /// `replicas` annotators while within its first `agreement_items`, else for one; each
-    /// shows its endings in the order of its seed ([`task_seed`] of the policy's seed). Then
-    /// records `policy` if the project holds another (which re-targets the replicas of every
-    /// round-0 task).
+    /// Stores a round-0 task of AF run `run_id` for each of `contexts`, in their order after the
+    /// tasks already made: for the policy's `replicas` annotators while within its first
+    /// `agreement_items`, else for one. Each task gets its seed (derived from the policy's seed
+    /// and the context, recorded with it) and shows the endings `shown` chooses for the context
+    /// with that seed, in the seed's order. Then records `policy` if the project holds another (which
+    /// re-targets the replicas of every round-0 task).
     pub fn add_round0_tasks(
         &self,
         run_id: i64,
         policy: &Policy,
-        tasks: &[(i64, Vec<i64>)],
+        contexts: &[UntaskedContext],
+        mut shown: impl FnMut(&UntaskedContext, Seed) -> Vec<i64>,
     ) -> Result<()> {
         let first_index = self.count_round0_tasks()?;
-        for (index, (example_id, endings)) in (first_index..).zip(tasks) {
+        for (index, context) in (first_index..).zip(contexts) {
+            let seed = task_seed(policy.seed, context.example_id, 0);
             self.insert_task(&NewTask {
-                example_id: *example_id,
+                example_id: context.example_id,
                 run_id,
                 round: 0,
                 replicas: if index < policy.agreement_items {
@@ -175,8 +177,8 @@ impl Store {
                 } else {
                     1
                 },
-                seed: task_seed(policy.seed, *example_id, 0),
-                endings: endings.clone(),
+                seed,
+                endings: shown(context, seed),
             })?;
         }
         if self.stored_policy()? != Some(*policy) {
@@ -336,7 +338,7 @@ impl Store {
 
 /// The shuffle seed of one task, recorded in `tasks.seed`: derived from the annotation policy's
 /// seed with the context and the round as the key.
-pub fn task_seed(policy_seed: Seed, example_id: i64, round: i64) -> Seed {
+fn task_seed(policy_seed: Seed, example_id: i64, round: i64) -> Seed {
     policy_seed.key(Key::Task {
         example: example_id,
         round,
