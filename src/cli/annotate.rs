@@ -157,7 +157,7 @@ pub fn run(args: Args) -> Result<()> {
         timings: args.timings,
         order: args.order,
     };
-    let (summary, setup) = annotate::annotate(&mut store, &config)?;
+    let annotate::Outcome { summary, setup } = annotate::annotate(&mut store, &config)?;
     // After a hang-up there is no terminal left to print to; the work is saved either way.
     if setup.without_negatives > 0 {
         let _ = writeln!(

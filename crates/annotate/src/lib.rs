@@ -55,10 +55,15 @@ pub enum Order {
     Risk,
 }
 
+/// What a session did, and the task setup it found or made.
+pub struct Outcome {
+    pub summary: Summary,
+    pub setup: Setup,
+}
+
 /// Runs one annotator's session on the terminal (or a replayed script), committing each
-/// submission before the next item shows. Returns what the session did and the task setup it
-/// found or made.
-pub fn annotate(store: &mut Store, config: &Config) -> Result<(Summary, Setup)> {
+/// submission before the next item shows.
+pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
     let name = config.annotator.trim();
     if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
         bail!("--annotator must be a name of 1 to 64 printable characters");
@@ -91,7 +96,7 @@ pub fn annotate(store: &mut Store, config: &Config) -> Result<(Summary, Setup)> 
     if let Some(path) = &config.timings {
         session.timings.write(path)?;
     }
-    Ok((summary, setup))
+    Ok(Outcome { summary, setup })
 }
 
 /// Runs the session in the real terminal (raw mode, alternate screen, bracketed paste so that
