@@ -384,7 +384,7 @@ fn group_splits(
     } else {
         BTreeMap::new()
     };
-    Ok(split::assign(&sizes, fractions, seed, &recorded))
+    Ok(split::assign(&sizes, fractions.0, seed, &recorded))
 }
 
 /// The order in which a context's candidates become its distractors (see [`DistractorChoice`]).
@@ -791,4 +791,20 @@ fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>>
             .chain(fresh.into_iter().take(need))
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_fractions() {
+        let parsed = |text: &str| text.parse::<Fractions>().map(|f| f.0).ok();
+        assert_eq!(parsed("0.8,0.1,0.1"), Some([0.8, 0.1, 0.1]));
+        assert_eq!(parsed("1, 0, 0"), Some([1.0, 0.0, 0.0]));
+        assert_eq!(parsed("0.8,0.1"), None);
+        assert_eq!(parsed("0.8,0.3,0.1"), None);
+        assert_eq!(parsed("0.8,-0.1,0.3"), None);
+        assert_eq!(parsed("a,b,c"), None);
+    }
 }

@@ -16,13 +16,12 @@ use rand::seq::SliceRandom;
 use afkit_engine::seed::Seed;
 use afkit_store::dataset::Split;
 
-use crate::Fractions;
-
-/// Assigns every group in `sizes` (group → number of examples) to a split. `previous` holds the
+/// Assigns every group in `sizes` (group → number of examples) to a split, given the train, val
+/// and test `fractions` (in the order of [`Split::ALL`], adding up to 1). `previous` holds the
 /// recorded assignment when it was made with the same seed and fractions (else pass an empty map).
 pub(crate) fn assign(
     sizes: &BTreeMap<String, usize>,
-    fractions: Fractions,
+    fractions: [f64; 3],
     seed: Seed,
     previous: &BTreeMap<String, Split>,
 ) -> BTreeMap<String, Split> {
@@ -43,9 +42,9 @@ pub(crate) fn assign(
     new_groups.shuffle(&mut seed.rng());
     for group in new_groups {
         let index = (0..3)
-            .filter(|&i| fractions.0[i] > 0.0)
+            .filter(|&i| fractions[i] > 0.0)
             .min_by(|&a, &b| {
-                let fill = |i: usize| counts[i] as f64 / fractions.0[i];
+                let fill = |i: usize| counts[i] as f64 / fractions[i];
                 fill(a).total_cmp(&fill(b)).then(a.cmp(&b))
             })
             .expect("fractions sum to 1, so one is positive");
@@ -59,29 +58,15 @@ pub(crate) fn assign(
 mod tests {
     use super::*;
 
-    fn fractions(text: &str) -> Fractions {
-        text.parse().unwrap()
-    }
-
     fn sizes(n: usize) -> BTreeMap<String, usize> {
         (0..n).map(|i| (format!("v{i:03}"), 1 + i % 7)).collect()
-    }
-
-    #[test]
-    fn parses_and_rejects_fractions() {
-        assert_eq!(fractions("0.8,0.1,0.1").0, [0.8, 0.1, 0.1]);
-        assert_eq!(fractions("1, 0, 0").0, [1.0, 0.0, 0.0]);
-        assert!("0.8,0.1".parse::<Fractions>().is_err());
-        assert!("0.8,0.3,0.1".parse::<Fractions>().is_err());
-        assert!("0.8,-0.1,0.3".parse::<Fractions>().is_err());
-        assert!("a,b,c".parse::<Fractions>().is_err());
     }
 
     #[test]
     fn hits_the_fractions_and_is_reproducible() {
         let sizes = sizes(300);
         let total: usize = sizes.values().sum();
-        let f = fractions("0.8,0.1,0.1");
+        let f = [0.8, 0.1, 0.1];
         let a = assign(&sizes, f, Seed::new(7), &BTreeMap::new());
         assert_eq!(a, assign(&sizes, f, Seed::new(7), &BTreeMap::new()));
         assert_ne!(
@@ -96,13 +81,13 @@ mod tests {
                 .map(|(g, _)| sizes[g])
                 .sum();
             let share = n as f64 / total as f64;
-            assert!((share - f.0[i]).abs() < 0.02, "{split}: {share}");
+            assert!((share - f[i]).abs() < 0.02, "{split}: {share}");
         }
     }
 
     #[test]
     fn keeps_recorded_groups_when_groups_are_added() {
-        let f = fractions("0.6,0.2,0.2");
+        let f = [0.6, 0.2, 0.2];
         let before = assign(&sizes(50), f, Seed::new(1), &BTreeMap::new());
         let after = assign(&sizes(80), f, Seed::new(1), &before);
         for (group, split) in &before {
@@ -113,12 +98,7 @@ mod tests {
 
     #[test]
     fn zero_fraction_splits_stay_empty() {
-        let a = assign(
-            &sizes(20),
-            fractions("1,0,0"),
-            Seed::new(0),
-            &BTreeMap::new(),
-        );
+        let a = assign(&sizes(20), [1.0, 0.0, 0.0], Seed::new(0), &BTreeMap::new());
         assert!(a.values().all(|&s| s == Split::Train));
     }
 }
