@@ -646,26 +646,6 @@ fn a_crowd_row_with_the_wrong_number_of_fields_is_rejected_alone() {
     assert_eq!(submissions(&db), 2);
 }
 
-#[test]
-fn formula_prefixes_behind_invisible_characters_or_fullwidth_are_neutralised() {
-    use afkit_annotate::crowd::spreadsheet_safe;
-    for text in [
-        "\u{feff}=SUM(A1)",
-        "\u{200b}+1",
-        "＝HYPERLINK(\"x\")",
-        "＋1",
-        "－1",
-        "＠A1",
-    ] {
-        assert_eq!(spreadsheet_safe(text), format!("'{text}"), "{text:?}");
-    }
-    assert_eq!(
-        spreadsheet_safe("\u{200b}walks away."),
-        "\u{200b}walks away."
-    );
-    assert_eq!(spreadsheet_safe("walks away."), "walks away.");
-}
-
 // ----- an export is one unit -----
 
 /// Every file of the export `ds` (temporary files, the ledger and a journal aside) and the

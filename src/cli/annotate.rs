@@ -194,7 +194,7 @@ pub fn run_agreement(args: AgreementArgs) -> Result<()> {
             args.project.display()
         );
     } else {
-        print!("{}", agreement::render(&report));
+        print!("{report}");
     }
     Ok(())
 }

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::progress::Notes;
-use afkit_assemble::split::Fractions;
 use afkit_assemble::{self as assemble, Summary};
 use afkit_engine::seed::Seed;
 use afkit_store::dataset::Split;
@@ -79,7 +78,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let fractions = Fractions::parse(&args.split)?;
+    let fractions = args.split.parse()?;
     let mut store = Store::open(&args.project)?;
     let config = assemble::Config {
         fractions,
@@ -105,8 +104,7 @@ fn print_summary(s: &Summary) {
     };
     println!(
         "assembled {kind} questions from AF run {} (distractors: {})",
-        s.af_run,
-        s.distractors.as_str()
+        s.af_run, s.distractors
     );
     for split in Split::ALL {
         let name = split.as_str();

@@ -81,61 +81,61 @@ fn rank_category(rank: Option<Rank>) -> RankCategory {
 
 /// Fractions of labels per category (SWAG Table 2, one column).
 #[derive(Debug, Clone, Serialize, PartialEq, Default)]
-pub struct Distribution {
+pub(crate) struct Distribution {
     /// Labels counted (one per ending per non-broken submission).
-    pub n: usize,
-    pub best: f64,
-    pub second: f64,
-    pub neither: f64,
-    pub likely: f64,
-    pub unlikely: f64,
-    pub gibberish: f64,
+    pub(crate) n: usize,
+    pub(crate) best: f64,
+    pub(crate) second: f64,
+    pub(crate) neither: f64,
+    pub(crate) likely: f64,
+    pub(crate) unlikely: f64,
+    pub(crate) gibberish: f64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Distributions {
-    pub found: Distribution,
-    pub generated: Distribution,
+pub(crate) struct Distributions {
+    pub(crate) found: Distribution,
+    pub(crate) generated: Distribution,
 }
 
 /// One annotator's progress and quality.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct AnnotatorStats {
-    pub annotator: String,
+pub(crate) struct AnnotatorStats {
+    pub(crate) annotator: String,
     /// Submissions, broken flags included.
-    pub items: usize,
-    pub broken: usize,
-    pub items_per_hour: Option<f64>,
+    pub(crate) items: usize,
+    pub(crate) broken: usize,
+    pub(crate) items_per_hour: Option<f64>,
     /// Fraction of their labelled items where the found ending is best or second best.
-    pub found_top2_rate: Option<f64>,
+    pub(crate) found_top2_rate: Option<f64>,
     /// Fraction of their labelled items where they ranked the found ending best.
-    pub accuracy: Option<f64>,
+    pub(crate) accuracy: Option<f64>,
     /// Items they share with at least one other annotator.
-    pub shared_items: usize,
+    pub(crate) shared_items: usize,
     /// Agreement with the others on shared items (pairs of this annotator with another).
-    pub ppa_rank_with_others: Option<f64>,
-    pub ppa_label_with_others: Option<f64>,
-    pub flagged: bool,
-    pub flag_reasons: Vec<String>,
+    pub(crate) ppa_rank_with_others: Option<f64>,
+    pub(crate) ppa_label_with_others: Option<f64>,
+    pub(crate) flagged: bool,
+    pub(crate) flag_reasons: Vec<String>,
 }
 
 /// Everything `afkit agreement` reports; the JSON keys are a stable interface that scripts read.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
-    pub alpha_rank: Option<f64>,
-    pub ppa_rank: Option<f64>,
-    pub alpha_label: Option<f64>,
-    pub ppa_label: Option<f64>,
+    pub(crate) alpha_rank: Option<f64>,
+    pub(crate) ppa_rank: Option<f64>,
+    pub(crate) alpha_label: Option<f64>,
+    pub(crate) ppa_label: Option<f64>,
     /// Items (tasks) with at least two labelled submissions: the agreement sample.
-    pub items: usize,
-    pub submissions: usize,
-    pub broken: usize,
-    pub found_top2_rate: Option<f64>,
+    pub(crate) items: usize,
+    pub(crate) submissions: usize,
+    pub(crate) broken: usize,
+    pub(crate) found_top2_rate: Option<f64>,
     /// How often an annotator ranked the found ending best; `None` without labelled submissions.
-    pub human_accuracy: Option<HumanAccuracy>,
-    pub distribution: Distributions,
-    pub annotators: Vec<AnnotatorStats>,
-    pub flag_rule: String,
+    pub(crate) human_accuracy: Option<HumanAccuracy>,
+    pub(crate) distribution: Distributions,
+    pub(crate) annotators: Vec<AnnotatorStats>,
+    pub(crate) flag_rule: String,
 }
 
 /// The annotators' accuracy: a labelled submission answers its question correctly when it ranks
@@ -143,14 +143,14 @@ pub struct Report {
 /// three annotators counts three times), with a 95% Wilson score interval, which stays inside
 /// [0, 1] and honest for small counts and accuracies near 1, where the normal interval is not.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct HumanAccuracy {
-    pub correct: usize,
-    pub submissions: usize,
-    pub accuracy: f64,
-    pub low: f64,
-    pub high: f64,
+pub(crate) struct HumanAccuracy {
+    pub(crate) correct: usize,
+    pub(crate) submissions: usize,
+    pub(crate) accuracy: f64,
+    pub(crate) low: f64,
+    pub(crate) high: f64,
     /// The fewest and most endings a counted submission ranked (chance is one over these).
-    pub endings_shown: (usize, usize),
+    pub(crate) endings_shown: (usize, usize),
 }
 
 impl HumanAccuracy {
@@ -531,7 +531,13 @@ fn num(v: Option<f64>, digits: usize) -> String {
 }
 
 /// The human-readable report, laid out like SWAG Table 2 plus the annotator table.
-pub fn render(r: &Report) -> String {
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&render(self))
+    }
+}
+
+fn render(r: &Report) -> String {
     let mut out = String::new();
     let annotators = r.annotators.len();
     out.push_str(&format!(

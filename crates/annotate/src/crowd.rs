@@ -9,9 +9,9 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use afkit_engine::csv_lines::RecordLines;
 use afkit_engine::output::Output;
-use afkit_store::annotate::labels::{NewSubmission, Origin};
+use afkit_store::annotate::labels::NewSubmission;
 use afkit_store::annotate::tasks::{TaskView, ENDINGS_PER_TASK};
-use afkit_store::dataset::Judgement;
+use afkit_store::dataset::{startphrase, Judgement};
 use afkit_store::Store;
 
 use super::verdict;
@@ -43,7 +43,11 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
         w.write_record(&header)?;
         for task in &tasks {
             let done = task.submitted;
-            let mut texts = vec![task.startphrase(), task.sent1.clone(), task.sent2.clone()];
+            let mut texts = vec![
+                startphrase(&task.sent1, &task.sent2),
+                task.sent1.clone(),
+                task.sent2.clone(),
+            ];
             texts.extend((0..ENDINGS_PER_TASK).map(|i| {
                 task.endings
                     .get(i)
@@ -80,7 +84,7 @@ pub(crate) fn item_id(fingerprint: &str, task_id: i64) -> String {
 /// return would be run as a formula there (CSV injection), so it gets a leading `'`, which
 /// spreadsheets take as "this is text" and do not show. Invisible characters in front (a byte
 /// order mark, zero-width spaces) do not hide the prefix.
-pub fn spreadsheet_safe(text: &str) -> String {
+pub(crate) fn spreadsheet_safe(text: &str) -> String {
     let visible =
         text.trim_start_matches(['\u{feff}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}']);
     let formula = [
@@ -188,41 +192,34 @@ pub struct Rejected {
     pub already_in_project: bool,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ImportOutcome {
-    pub imported: usize,
-    pub rejected: Vec<Rejected>,
-    pub mturk_layout: bool,
-}
-
 /// Validates every row of `file` and imports the valid ones in one transaction (none at all with
 /// `strict` when any row is invalid). The rows are checked inside the write transaction, so two
 /// imports of one file at the same time do not both pass the duplicate check: the second finds
 /// the first's submissions and reports its rows as duplicates.
-pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<ImportOutcome> {
+pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<CheckedResults> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     store.write_transaction(|store| {
-        let checked = check_results(store, file, &bytes)?;
-        let mut outcome = ImportOutcome {
-            imported: 0,
-            rejected: checked.rejected,
-            mturk_layout: checked.mturk_layout,
-        };
+        let mut checked = check_results(store, file, &bytes)?;
         // With `strict` and a rejected row nothing is written: the transaction commits empty.
-        if strict && !outcome.rejected.is_empty() {
-            return Ok(outcome);
+        if strict && !checked.rejected.is_empty() {
+            return Ok(checked);
         }
         for sub in &checked.valid {
-            store.insert_submission(sub)?;
+            store.import_submission(sub)?;
         }
-        outcome.imported = checked.valid.len();
-        Ok(outcome)
+        checked.imported = checked.valid.len();
+        Ok(checked)
     })
 }
 
-/// The rows of a results file, validated against the project; nothing written yet.
+/// The rows of a results file, validated against the project, and how many of them [`import`]
+/// wrote.
+#[derive(Debug, Clone, PartialEq)]
 pub struct CheckedResults {
     pub valid: Vec<NewSubmission>,
+    /// The valid rows written to the project: none before [`import`], none with `strict` when
+    /// a row is invalid.
+    pub imported: usize,
     pub rejected: Vec<Rejected>,
     pub mturk_layout: bool,
 }
@@ -282,6 +279,7 @@ pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<Checked
     }
     Ok(CheckedResults {
         valid: rows.valid,
+        imported: 0,
         rejected: rows.rejected,
         mturk_layout: columns.layout == Layout::MTurk,
     })
@@ -412,7 +410,6 @@ fn parse_row(
     Ok(NewSubmission {
         task_id,
         annotator: worker,
-        origin: Origin::Crowd,
         broken: false,
         seconds,
         submitted_at,
@@ -482,7 +479,7 @@ fn same_texts(
         Layout::MTurk => "Input.",
     };
     let mut expected = vec![
-        ("context".to_string(), task.startphrase()),
+        ("context".to_string(), startphrase(&task.sent1, &task.sent2)),
         ("sent1".to_string(), task.sent1.clone()),
         ("sent2".to_string(), task.sent2.clone()),
     ];
@@ -590,4 +587,28 @@ fn timing(
         }
     };
     Ok((seconds, submitted_at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formula_prefixes_behind_invisible_characters_or_fullwidth_are_neutralised() {
+        for text in [
+            "\u{feff}=SUM(A1)",
+            "\u{200b}+1",
+            "＝HYPERLINK(\"x\")",
+            "＋1",
+            "－1",
+            "＠A1",
+        ] {
+            assert_eq!(spreadsheet_safe(text), format!("'{text}"), "{text:?}");
+        }
+        assert_eq!(
+            spreadsheet_safe("\u{200b}walks away."),
+            "\u{200b}walks away."
+        );
+        assert_eq!(spreadsheet_safe("walks away."), "walks away.");
+    }
 }

@@ -1,24 +1,16 @@
-//! Which item an annotator is handed next: the item it held when its session stopped, if it may
-//! still take it; else the first it may take in the session's order, which puts the tasks it
-//! prefers first (`annotate --order risk`: [`riskiest_first`]) and then follows the project's
-//! seeded order, the order in which [`crate::tasks::ensure_tasks`] made the tasks
+//! The orders items are handed out in. An annotator gets the item it held when its session
+//! stopped, if it may still take it; else the first it may take in the session's order, which
+//! puts the tasks it prefers first (`annotate --order risk`: [`riskiest_first`]) and then follows
+//! the project's seeded order, the order in which [`crate::tasks::ensure_tasks`] made the tasks
 //! ([`shuffle_contexts`]). What an annotator may take (not items others hold, nor items it
-//! submitted or skipped, nor tasks whose replicas are filled) is the store's answer
-//! ([`afkit_store::annotate::claims::Claimable`]).
+//! submitted or skipped, nor tasks whose replicas are filled) and the claim itself are the
+//! store's ([`Store::claim_next`]).
 
 use anyhow::Result;
 use rand::seq::SliceRandom;
 
 use afkit_engine::seed::{Key, Seed};
-use afkit_store::annotate::claims::Holder;
-use afkit_store::annotate::tasks::TaskView;
 use afkit_store::Store;
-
-/// Claims `holder`'s next item, atomically (see the module's doc); `None` when nothing is left
-/// for this annotator.
-pub(crate) fn claim_next(store: &mut Store, holder: &Holder) -> Result<Option<TaskView>> {
-    store.claim(holder, |tasks| tasks.held.or(tasks.first))
-}
 
 /// Puts a run's new contexts in the order they are handed out: a permutation drawn from the
 /// annotation policy's seed, with the AF run as the key.

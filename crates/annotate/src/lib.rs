@@ -24,7 +24,6 @@ use anyhow::{bail, Context, Result};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
-use afkit_store::annotate::claims::Holder;
 use afkit_store::Store;
 
 use event::{Keys, ScriptKeys, TerminalKeys};
@@ -69,13 +68,13 @@ pub fn annotate(store: &mut Store, config: &Config) -> Result<Outcome> {
     if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
         bail!("--annotator must be a name of 1 to 64 printable characters");
     }
-    store.sync_every_label();
     let setup = tasks::ensure_tasks(store, config.policy)?;
-    if config.order == Order::Risk {
-        store.set_handout_priority(&handout::riskiest_first(store)?)?;
-    }
+    let preferred = match config.order {
+        Order::Seeded => Vec::new(),
+        Order::Risk => handout::riskiest_first(store)?,
+    };
+    let holder = store.start_annotation(name, &preferred)?;
     let stop = event::stop_flag()?;
-    let holder = Holder::this_process(name);
     let mut session = Session::new(store, holder);
     let summary = match &config.script {
         Some((script, delay)) => {

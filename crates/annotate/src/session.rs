@@ -11,13 +11,12 @@ use ratatui::backend::Backend;
 use ratatui::Terminal;
 
 use afkit_store::annotate::claims::{Holder, HEARTBEAT};
-use afkit_store::annotate::labels::{EndingLabel, NewSubmission, Origin, UndoneKind};
+use afkit_store::annotate::labels::{EndingLabel, NewSubmission, UndoneKind};
 use afkit_store::Store;
 
 use super::agreement::items_per_hour;
 use super::app::{Action, App, Item, Tone};
 use super::event::{Input, Keys};
-use super::handout;
 use super::ui;
 
 /// What a session did, for the line printed after the terminal is restored.
@@ -80,7 +79,7 @@ impl<'a> Session<'a> {
 
     /// Runs the session until the annotator quits, a signal arrives or the terminal goes away;
     /// on every way out the claim on the item on screen is released.
-    pub fn run<B: Backend>(
+    pub(crate) fn run<B: Backend>(
         &mut self,
         terminal: &mut Terminal<B>,
         keys: &mut dyn Keys,
@@ -153,7 +152,6 @@ impl<'a> Session<'a> {
         let sub = NewSubmission {
             task_id,
             annotator: self.holder.annotator.clone(),
-            origin: Origin::Tui,
             broken,
             seconds: Some(self.shown_at.elapsed().as_secs_f64()),
             submitted_at: None,
@@ -203,7 +201,7 @@ impl<'a> Session<'a> {
 
     fn next_item(&mut self) -> Result<()> {
         let started = Instant::now();
-        let task = handout::claim_next(self.store, &self.holder)?;
+        let task = self.store.claim_next(&self.holder)?;
         self.timings.record("claim", started.elapsed());
         self.app.show(task.map(Item::new));
         self.app.message = None;

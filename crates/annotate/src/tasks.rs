@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use anyhow::{bail, Result};
 
 use afkit_engine::seed::{Key, Seed};
-use afkit_store::annotate::tasks::{task_seed, NewTask, Policy, UntaskedContext, ENDINGS_PER_TASK};
+use afkit_store::annotate::tasks::{Policy, UntaskedContext, ENDINGS_PER_TASK};
 use afkit_store::distractors::Matching;
 use afkit_store::Store;
 
@@ -60,7 +60,7 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
         return Ok(setup);
     }
     store.write_transaction(|store| {
-        let (run_id, stored, policy) = run_and_policy(store, request)?;
+        let (run_id, _, policy) = run_and_policy(store, request)?;
         let mut contexts = store.untasked_contexts(run_id)?;
         let without_negatives = contexts.iter().filter(|c| c.negatives.is_empty()).count();
         contexts.retain(|c| !c.negatives.is_empty());
@@ -68,9 +68,6 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
         // tasks.
         handout::shuffle_contexts(&mut contexts, policy.seed, run_id);
         let hardest_shown = insert_round0_tasks(store, run_id, &policy, &contexts)?;
-        if stored != Some(policy) {
-            store.record_policy(&policy)?;
-        }
         Ok(Setup {
             run_id,
             policy,
@@ -81,10 +78,9 @@ pub fn ensure_tasks(store: &mut Store, request: PolicyRequest) -> Result<Setup> 
     })
 }
 
-/// Stores a round-0 task for each of `contexts`, in their order after the tasks already made:
-/// its found ending and the negatives it shows ([`shown_negatives`]), for `replicas` annotators
-/// while within the policy's first `agreement_items`, else for one. Returns how many show the
-/// five hardest negatives.
+/// Stores a round-0 task for each of `contexts`, in their order after the tasks already made,
+/// showing its found ending and the negatives [`shown_negatives`] picks with the task's seed,
+/// and records the policy. Returns how many show the five hardest negatives.
 fn insert_round0_tasks(
     store: &Store,
     run_id: i64,
@@ -94,27 +90,14 @@ fn insert_round0_tasks(
     let matching = if contexts.is_empty() {
         None
     } else {
-        Matching::load(store, run_id, &store.folds(run_id)?)?
+        Matching::load(store, run_id)?
     };
-    let first_index = store.count_round0_tasks()?;
     let mut hardest_shown = 0;
-    for (index, context) in (first_index..).zip(contexts) {
-        let seed = task_seed(policy.seed, context.example_id, 0);
+    store.add_round0_tasks(run_id, policy, contexts, |context, seed| {
         let (negatives, matched) = shown_negatives(context, matching.as_ref(), seed);
         hardest_shown += usize::from(!matched);
-        store.insert_task(&NewTask {
-            example_id: context.example_id,
-            run_id,
-            round: 0,
-            replicas: if index < policy.agreement_items {
-                policy.replicas
-            } else {
-                1
-            },
-            seed,
-            endings: [vec![context.gold_ending_id], negatives].concat(),
-        })?;
-    }
+        [vec![context.gold_ending_id], negatives].concat()
+    })?;
     Ok(hardest_shown)
 }
 
@@ -207,7 +190,7 @@ mod tests {
         for (i, ex) in store.examples().unwrap().iter().enumerate() {
             scores.push((ex.gold_ending_id, Some(0.5 + 0.01 * i as f64)));
         }
-        for negatives in store.assignments(run).unwrap().values() {
+        for negatives in store.af_decisions(run).unwrap().assignments.values() {
             for (slot, &ending) in negatives.iter().enumerate() {
                 scores.push((ending, Some(slot as f64 / 8.0)));
             }
@@ -218,7 +201,7 @@ mod tests {
     /// Every open task's example and the slots (in the AF assignment) of the five negatives it
     /// shows, sorted; each task shows the found ending once, beside them.
     fn shown_slots(store: &Store, run: i64) -> Vec<(i64, Vec<usize>)> {
-        let assigned = store.assignments(run).unwrap();
+        let assigned = store.af_decisions(run).unwrap().assignments;
         let tasks = store.open_tasks(false).unwrap();
         tasks
             .iter()

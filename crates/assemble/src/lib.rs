@@ -19,7 +19,7 @@
 //! refilled to its task's size stays out and is reported.
 
 mod rules;
-pub mod split;
+mod split;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -28,13 +28,12 @@ use serde::Serialize;
 
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::af::AfRun;
-use afkit_store::assemble::{AssembledDistractor, Assembly, CurrentTask, FinalPoint, NewAssembled};
+use afkit_store::assemble::{AfDecisions, CurrentTask, FinalPoint, NewAssembled};
 use afkit_store::dataset::{Judgement, Rank, Split};
 use afkit_store::distractors::{DistractorChoice, Matching};
 use afkit_store::examples::Example;
 use afkit_store::Store;
 use rules::{Built, Decision};
-use split::Fractions;
 
 /// What one assembly produced; printed by `afkit assemble`.
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -95,6 +94,41 @@ pub struct Config {
     pub could_be_right: CouldBeRight,
 }
 
+/// Train / val / test fractions, in the order of [`Split::ALL`]; parsed (`str::parse`) from
+/// `--split 0.8,0.1,0.1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fractions(pub(crate) [f64; 3]);
+
+impl std::str::FromStr for Fractions {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> Result<Fractions> {
+        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        if parts.len() != 3 {
+            bail!("--split {text:?}: expected three fractions train,val,test such as 0.8,0.1,0.1");
+        }
+        let mut out = [0.0; 3];
+        for (slot, part) in out.iter_mut().zip(&parts) {
+            *slot = match part.parse::<f64>() {
+                Ok(v) if v.is_finite() && v >= 0.0 => v,
+                _ => bail!("--split {text:?}: {part:?} is not a fraction in [0, 1]"),
+            };
+        }
+        let sum: f64 = out.iter().sum();
+        if (sum - 1.0).abs() > 1e-6 {
+            bail!("--split {text:?}: the fractions add up to {sum}, expected 1");
+        }
+        Ok(Fractions(out))
+    }
+}
+
+impl Fractions {
+    /// Canonical text form, as recorded in the project.
+    pub(crate) fn to_text(self) -> String {
+        format!("{},{},{}", self.0[0], self.0[1], self.0[2])
+    }
+}
+
 /// What unverified assembly does with assigned negatives that could be right.
 #[derive(
     clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize,
@@ -115,11 +149,6 @@ pub enum CouldBeRight {
 pub trait Observer {
     fn note(&mut self, _message: &str) {}
 }
-
-/// An observer that ignores everything.
-pub struct Silent;
-
-impl Observer for Silent {}
 
 /// The recorded parameters of the last assembly (`meta` key `assemble`).
 #[derive(Debug, Serialize, serde::Deserialize, PartialEq)]
@@ -189,10 +218,15 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let run = latest_run(store, unverified, observer)?;
     let examples = store.examples()?;
     let splits = group_splits(store, &examples, fractions, seed)?;
+    let AfDecisions {
+        assignments,
+        scores,
+        folds,
+    } = store.af_decisions(run.id)?;
     let run_data = RunData {
-        assignments: store.assignments(run.id)?,
-        scores: store.decision_scores(run.id)?,
-        folds: store.folds(run.id)?,
+        assignments,
+        scores,
+        folds,
         refused: store.refused_by_fluency_floor(run.id)?,
         splits: &splits,
     };
@@ -203,7 +237,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         ..Summary::default()
     };
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
-    let order = distractor_order(store, run.id, &run_data, distractors, seed)?;
+    let order = distractor_order(store, run.id, distractors, seed)?;
     let mut built = if unverified {
         let guard = Guard {
             store,
@@ -225,13 +259,8 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     check_no_empty_split(&splits, &summary, fractions, unverified)?;
     // Train first, then val, then test; assembly order within a split follows the examples.
     built.sort_by_key(|ex| ex.split);
-    let record = Recorded::of(config, run.id);
-    store.commit_assembly(&Assembly {
-        splits: &splits,
-        examples: &built,
-        reannotations: &reannotations,
-        record_json: &serde_json::to_string(&record)?,
-    })?;
+    let record = serde_json::to_string(&Recorded::of(config, run.id))?;
+    store.commit_assembly(&splits, &built, &reannotations, &record)?;
     Ok(summary)
 }
 
@@ -277,13 +306,12 @@ fn check_no_empty_split(
 fn distractor_order(
     store: &Store,
     run_id: i64,
-    run_data: &RunData,
     distractors: DistractorChoice,
     seed: Seed,
 ) -> Result<DistractorOrder> {
     Ok(match distractors {
         DistractorChoice::Matched => {
-            let Some(matching) = Matching::load(store, run_id, &run_data.folds)? else {
+            let Some(matching) = Matching::load(store, run_id)? else {
                 bail!(
                     "AF run {run_id} in {} scored no found ending, so there is nothing to match \
                      the distractors to: run `afkit filter --new-run`, or assemble with \
@@ -356,7 +384,7 @@ fn group_splits(
     } else {
         BTreeMap::new()
     };
-    Ok(split::assign(&sizes, fractions, seed, &recorded))
+    Ok(split::assign(&sizes, fractions.0, seed, &recorded))
 }
 
 /// The order in which a context's candidates become its distractors (see [`DistractorChoice`]).
@@ -490,10 +518,7 @@ fn assemble_unverified(
             distractors: chosen
                 .into_iter()
                 .take(4)
-                .map(|ending_id| AssembledDistractor {
-                    ending_id,
-                    kind: None,
-                })
+                .map(|ending_id| (ending_id, None))
                 .collect(),
         });
     }
@@ -517,7 +542,6 @@ fn assemble_verified(
         run_id,
         run,
         order,
-        shown: store.shown_endings()?,
         built: Vec::new(),
         summary,
         reannotations,
@@ -544,8 +568,6 @@ struct Verifier<'a> {
     run_id: i64,
     run: &'a RunData<'a>,
     order: &'a DistractorOrder,
-    /// Every ending ever shown to annotators, by context.
-    shown: HashMap<i64, BTreeSet<i64>>,
     built: Vec<NewAssembled>,
     summary: &'a mut Summary,
     reannotations: &'a mut Vec<(i64, Vec<i64>)>,
@@ -634,7 +656,7 @@ impl Verifier<'_> {
         (reason, keep): (rules::ReannotateReason, &[i64]),
         pool: &HashMap<i64, FinalPoint>,
     ) {
-        let fresh = unshown(pool, self.shown.get(&ex.id), keep);
+        let fresh = unshown(pool, &task.ever_shown, keep);
         let draw = format!("refill\u{0}{}", task.round + 1);
         let fresh = self.order.order(ex, self.run, &fresh, pool, &draw);
         match refill(task, keep, fresh) {
@@ -711,7 +733,8 @@ fn consensus_labels(
             .filter_map(|&e| {
                 let votes: Vec<(Judgement, Option<Rank>)> = submissions
                     .iter()
-                    .filter_map(|s| s.labels.get(&e).copied())
+                    .filter_map(|s| s.labels.iter().find(|(l, _)| l.ending_id == e))
+                    .map(|(l, _)| (l.judgement, l.rank))
                     .collect();
                 rules::consensus(&votes).map(|c| (e, c))
             })
@@ -737,33 +760,26 @@ fn verified(
         distractors: b
             .distractors
             .iter()
-            .map(|&(ending_id, kind)| AssembledDistractor {
-                ending_id,
-                kind: Some(kind),
-            })
+            .map(|&(ending_id, kind)| (ending_id, Some(kind)))
             .collect(),
     }
 }
 
-/// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
-/// pool endings never shown before, in the order they become distractors), up to the old task's
-/// size; `None` when the pool cannot fill it.
-/// The pool endings never shown to annotators for this context and not kept, in id order: what
-/// a re-annotation may bring in.
-fn unshown(
-    pool: &HashMap<i64, FinalPoint>,
-    shown: Option<&BTreeSet<i64>>,
-    keep: &[i64],
-) -> Vec<i64> {
+/// The pool endings never shown to annotators for this context (`shown`) and not kept, in id
+/// order: what a re-annotation may bring in.
+fn unshown(pool: &HashMap<i64, FinalPoint>, shown: &BTreeSet<i64>, keep: &[i64]) -> Vec<i64> {
     let mut fresh: Vec<i64> = pool
         .keys()
         .copied()
-        .filter(|e| !shown.is_some_and(|s| s.contains(e)) && !keep.contains(e))
+        .filter(|e| !shown.contains(e) && !keep.contains(e))
         .collect();
     fresh.sort_unstable();
     fresh
 }
 
+/// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
+/// pool endings never shown before, in the order they become distractors), up to the old task's
+/// size; `None` when the pool cannot fill it.
 fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>> {
     let need = task.endings.len().saturating_sub(keep.len());
     if fresh.len() < need {
@@ -775,4 +791,20 @@ fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>>
             .chain(fresh.into_iter().take(need))
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_fractions() {
+        let parsed = |text: &str| text.parse::<Fractions>().map(|f| f.0).ok();
+        assert_eq!(parsed("0.8,0.1,0.1"), Some([0.8, 0.1, 0.1]));
+        assert_eq!(parsed("1, 0, 0"), Some([1.0, 0.0, 0.0]));
+        assert_eq!(parsed("0.8,0.1"), None);
+        assert_eq!(parsed("0.8,0.3,0.1"), None);
+        assert_eq!(parsed("0.8,-0.1,0.3"), None);
+        assert_eq!(parsed("a,b,c"), None);
+    }
 }

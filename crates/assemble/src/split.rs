@@ -11,47 +11,17 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 
 use afkit_engine::seed::Seed;
 use afkit_store::dataset::Split;
 
-/// Train / val / test fractions, in the order of [`Split::ALL`]; parsed from `--split 0.8,0.1,0.1`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Fractions(pub [f64; 3]);
-
-impl Fractions {
-    pub fn parse(text: &str) -> Result<Fractions> {
-        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-        if parts.len() != 3 {
-            bail!("--split {text:?}: expected three fractions train,val,test such as 0.8,0.1,0.1");
-        }
-        let mut out = [0.0; 3];
-        for (slot, part) in out.iter_mut().zip(&parts) {
-            *slot = match part.parse::<f64>() {
-                Ok(v) if v.is_finite() && v >= 0.0 => v,
-                _ => bail!("--split {text:?}: {part:?} is not a fraction in [0, 1]"),
-            };
-        }
-        let sum: f64 = out.iter().sum();
-        if (sum - 1.0).abs() > 1e-6 {
-            bail!("--split {text:?}: the fractions add up to {sum}, expected 1");
-        }
-        Ok(Fractions(out))
-    }
-
-    /// Canonical text form, as recorded in the project.
-    pub(crate) fn to_text(self) -> String {
-        format!("{},{},{}", self.0[0], self.0[1], self.0[2])
-    }
-}
-
-/// Assigns every group in `sizes` (group → number of examples) to a split. `previous` holds the
+/// Assigns every group in `sizes` (group → number of examples) to a split, given the train, val
+/// and test `fractions` (in the order of [`Split::ALL`], adding up to 1). `previous` holds the
 /// recorded assignment when it was made with the same seed and fractions (else pass an empty map).
 pub(crate) fn assign(
     sizes: &BTreeMap<String, usize>,
-    fractions: Fractions,
+    fractions: [f64; 3],
     seed: Seed,
     previous: &BTreeMap<String, Split>,
 ) -> BTreeMap<String, Split> {
@@ -72,9 +42,9 @@ pub(crate) fn assign(
     new_groups.shuffle(&mut seed.rng());
     for group in new_groups {
         let index = (0..3)
-            .filter(|&i| fractions.0[i] > 0.0)
+            .filter(|&i| fractions[i] > 0.0)
             .min_by(|&a, &b| {
-                let fill = |i: usize| counts[i] as f64 / fractions.0[i];
+                let fill = |i: usize| counts[i] as f64 / fractions[i];
                 fill(a).total_cmp(&fill(b)).then(a.cmp(&b))
             })
             .expect("fractions sum to 1, so one is positive");
@@ -93,20 +63,10 @@ mod tests {
     }
 
     #[test]
-    fn parses_and_rejects_fractions() {
-        assert_eq!(Fractions::parse("0.8,0.1,0.1").unwrap().0, [0.8, 0.1, 0.1]);
-        assert_eq!(Fractions::parse("1, 0, 0").unwrap().0, [1.0, 0.0, 0.0]);
-        assert!(Fractions::parse("0.8,0.1").is_err());
-        assert!(Fractions::parse("0.8,0.3,0.1").is_err());
-        assert!(Fractions::parse("0.8,-0.1,0.3").is_err());
-        assert!(Fractions::parse("a,b,c").is_err());
-    }
-
-    #[test]
     fn hits_the_fractions_and_is_reproducible() {
         let sizes = sizes(300);
         let total: usize = sizes.values().sum();
-        let f = Fractions::parse("0.8,0.1,0.1").unwrap();
+        let f = [0.8, 0.1, 0.1];
         let a = assign(&sizes, f, Seed::new(7), &BTreeMap::new());
         assert_eq!(a, assign(&sizes, f, Seed::new(7), &BTreeMap::new()));
         assert_ne!(
@@ -121,13 +81,13 @@ mod tests {
                 .map(|(g, _)| sizes[g])
                 .sum();
             let share = n as f64 / total as f64;
-            assert!((share - f.0[i]).abs() < 0.02, "{split}: {share}");
+            assert!((share - f[i]).abs() < 0.02, "{split}: {share}");
         }
     }
 
     #[test]
     fn keeps_recorded_groups_when_groups_are_added() {
-        let f = Fractions::parse("0.6,0.2,0.2").unwrap();
+        let f = [0.6, 0.2, 0.2];
         let before = assign(&sizes(50), f, Seed::new(1), &BTreeMap::new());
         let after = assign(&sizes(80), f, Seed::new(1), &before);
         for (group, split) in &before {
@@ -138,12 +98,7 @@ mod tests {
 
     #[test]
     fn zero_fraction_splits_stay_empty() {
-        let a = assign(
-            &sizes(20),
-            Fractions::parse("1,0,0").unwrap(),
-            Seed::new(0),
-            &BTreeMap::new(),
-        );
+        let a = assign(&sizes(20), [1.0, 0.0, 0.0], Seed::new(0), &BTreeMap::new());
         assert!(a.values().all(|&s| s == Split::Train));
     }
 }

@@ -4,16 +4,40 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, ToSql, TransactionBehavior};
 
 use super::Store;
-use crate::dataset::{Judgement, Rank, Split};
+use crate::annotate::labels::SubmissionRecord;
+use crate::dataset::{Judgement, Split};
+
+/// What an AF run decided, as assembly reads it for every context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AfDecisions {
+    /// The assigned negatives of every context, in slot order.
+    pub assignments: BTreeMap<i64, Vec<i64>>,
+    /// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
+    /// assigned negatives and every ending shown in a task. The rest of the pool (most of the
+    /// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
+    /// ([`Store::scored_pool`]).
+    pub scores: HashMap<i64, f64>,
+    /// The cross-fitting fold (SWAG's `fold-ind`) of every context.
+    pub folds: HashMap<i64, i64>,
+}
 
 impl Store {
+    /// What AF run `run_id` decided: see [`AfDecisions`].
+    pub fn af_decisions(&self, run_id: i64) -> Result<AfDecisions> {
+        Ok(AfDecisions {
+            assignments: self.assignments(run_id)?,
+            scores: self.decision_scores(run_id)?,
+            folds: self.folds(run_id)?,
+        })
+    }
+
     /// The assigned negatives of every context in a run, in slot order.
-    pub fn assignments(&self, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
+    fn assignments(&self, run_id: i64) -> Result<BTreeMap<i64, Vec<i64>>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
             "SELECT example_id, ending_id FROM af_assignments WHERE run_id = ?1
@@ -27,11 +51,8 @@ impl Store {
         Ok(out)
     }
 
-    /// Final cross-fitted score (higher = harder) of the endings assembly decides between: the
-    /// assigned negatives and every ending shown in a task. The rest of the pool (most of the
-    /// `af_scores` rows in a big project) is read per context, when a re-annotation needs it
-    /// ([`scored_pool`]).
-    pub fn decision_scores(&self, run_id: i64) -> Result<HashMap<i64, f64>> {
+    /// See [`AfDecisions::scores`].
+    fn decision_scores(&self, run_id: i64) -> Result<HashMap<i64, f64>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
             "SELECT s.ending_id, s.score FROM af_scores s
@@ -83,7 +104,7 @@ impl Store {
     }
 
     /// The cross-fitting fold (SWAG's `fold-ind`) of every context of a run.
-    pub fn folds(&self, run_id: i64) -> Result<HashMap<i64, i64>> {
+    pub(crate) fn folds(&self, run_id: i64) -> Result<HashMap<i64, i64>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare("SELECT example_id, fold FROM af_folds WHERE run_id = ?1")?;
         let rows = stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -113,14 +134,6 @@ pub(crate) struct MatchingScores {
     pub assigned: HashMap<i64, FinalPoint>,
 }
 
-/// One submission of a task: the labels an annotator gave, per ending id.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Submission {
-    pub annotator: String,
-    pub broken: bool,
-    pub labels: HashMap<i64, (Judgement, Option<Rank>)>,
-}
-
 /// The current (highest-round, open) annotation task of a context with its submissions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CurrentTask {
@@ -129,29 +142,14 @@ pub struct CurrentTask {
     pub round: i64,
     /// Ending ids in the shown order.
     pub endings: Vec<i64>,
-    pub submissions: Vec<Submission>,
+    pub submissions: Vec<SubmissionRecord>,
+    /// Every ending ever shown to annotators for the context (all rounds), so that a
+    /// re-annotation never brings back an ending people already judged.
+    pub ever_shown: BTreeSet<i64>,
 }
 
-/// A stored label: the judgement and the rank as the `labels` table holds them.
-fn parse_label(
-    judgement: &str,
-    rank: Option<String>,
-    submission_id: i64,
-) -> Result<(Judgement, Option<Rank>)> {
-    let Some(judgement) = Judgement::parse(judgement) else {
-        bail!("unknown judgement {judgement:?} in labels of submission {submission_id}");
-    };
-    let rank = match rank {
-        None => None,
-        Some(r) => Some(Rank::parse(&r).with_context(|| {
-            format!("unknown rank {r:?} in labels of submission {submission_id}")
-        })?),
-    };
-    Ok((judgement, rank))
-}
-
-/// The open task of every context that has one (the latest round), without endings or
-/// submissions, by context; and the context of each task.
+/// The open task of every context that has one (the latest round), without endings,
+/// submissions or shown endings, by context; and the context of each task.
 fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<i64, i64>)> {
     let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
     let mut stmt = conn.prepare(
@@ -168,6 +166,7 @@ fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<
             round: r.get(2)?,
             endings: Vec::new(),
             submissions: Vec::new(),
+            ever_shown: BTreeSet::new(),
         })
     })? {
         let task = row?;
@@ -177,42 +176,28 @@ fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<
     Ok((tasks, by_task))
 }
 
-/// Adds to each task of `tasks` (by context; `by_task`: each task's context) its submissions,
-/// each with its labels.
-fn add_submissions(
+/// Adds to each task of `tasks` (by context; `by_task`: each task's context) its endings in
+/// the shown order, and every ending any task of its context showed.
+fn add_endings(
     conn: &Connection,
     tasks: &mut BTreeMap<i64, CurrentTask>,
     by_task: &HashMap<i64, i64>,
 ) -> Result<()> {
     let mut stmt = conn.prepare(
-        "SELECT s.id, s.task_id, s.annotator, s.broken, l.ending_id, l.judgement, l.rank
-         FROM submissions s LEFT JOIN labels l ON l.submission_id = s.id
-         ORDER BY s.task_id, s.id, l.ending_id",
+        "SELECT te.task_id, t.example_id, te.ending_id FROM task_endings te
+         JOIN tasks t ON t.id = te.task_id ORDER BY te.task_id, te.position",
     )?;
-    let mut rows = stmt.query([])?;
-    let mut last_submission = None;
-    while let Some(r) = rows.next()? {
-        let submission_id: i64 = r.get(0)?;
-        let task_id: i64 = r.get(1)?;
-        let Some(example) = by_task.get(&task_id) else {
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get(2)?))
+    })?;
+    for row in rows {
+        let (task, example, ending) = row?;
+        let Some(current) = tasks.get_mut(&example) else {
             continue;
         };
-        let task = tasks.get_mut(example).expect("task indexed");
-        if last_submission != Some(submission_id) {
-            last_submission = Some(submission_id);
-            task.submissions.push(Submission {
-                annotator: r.get(2)?,
-                broken: r.get::<_, i64>(3)? != 0,
-                labels: HashMap::new(),
-            });
-        }
-        if let Some(ending) = r.get::<_, Option<i64>>(4)? {
-            let label = parse_label(&r.get::<_, String>(5)?, r.get(6)?, submission_id)?;
-            task.submissions
-                .last_mut()
-                .expect("pushed above")
-                .labels
-                .insert(ending, label);
+        current.ever_shown.insert(ending);
+        if by_task.contains_key(&task) {
+            current.endings.push(ending);
         }
     }
     Ok(())
@@ -221,37 +206,15 @@ fn add_submissions(
 impl Store {
     /// The open task of every context that has one (the latest round), with all its submissions.
     pub fn current_tasks(&self) -> Result<BTreeMap<i64, CurrentTask>> {
-        let conn = &self.conn;
-        let (mut tasks, by_task) = open_tasks(conn)?;
-        let mut stmt =
-            conn.prepare("SELECT task_id, ending_id FROM task_endings ORDER BY task_id, position")?;
-        for row in stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
-            let (task, ending) = row?;
-            if let Some(example) = by_task.get(&task) {
-                tasks
-                    .get_mut(example)
-                    .expect("task indexed")
-                    .endings
-                    .push(ending);
+        let (mut tasks, by_task) = open_tasks(&self.conn)?;
+        add_endings(&self.conn, &mut tasks, &by_task)?;
+        for submission in self.all_submissions()? {
+            if let Some(example) = by_task.get(&submission.task_id) {
+                let task = tasks.get_mut(example).expect("task indexed");
+                task.submissions.push(submission);
             }
         }
-        add_submissions(conn, &mut tasks, &by_task)?;
         Ok(tasks)
-    }
-
-    /// Every ending ever shown to annotators for each context (all rounds), so that a re-annotation
-    /// never brings back an ending people already judged.
-    pub fn shown_endings(&self) -> Result<HashMap<i64, BTreeSet<i64>>> {
-        let conn = &self.conn;
-        let mut stmt = conn.prepare(
-        "SELECT t.example_id, te.ending_id FROM task_endings te JOIN tasks t ON t.id = te.task_id",
-    )?;
-        let mut out: HashMap<i64, BTreeSet<i64>> = HashMap::new();
-        for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
-            let (example, ending) = row?;
-            out.entry(example).or_default().insert(ending);
-        }
-        Ok(out)
     }
 }
 
@@ -292,14 +255,6 @@ impl Store {
     }
 }
 
-/// One distractor of an assembled example.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AssembledDistractor {
-    pub ending_id: i64,
-    /// `likely` / `unlikely`; `None` when unverified.
-    pub kind: Option<Judgement>,
-}
-
 /// A final example as assemble writes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewAssembled {
@@ -310,8 +265,9 @@ pub struct NewAssembled {
     pub gold_type: Option<Judgement>,
     pub verified: bool,
     pub fold: Option<i64>,
-    /// Hardest first; up to four (`ending1..3` take three, `distractor-3` the fourth).
-    pub distractors: Vec<AssembledDistractor>,
+    /// `(ending id, likely or unlikely; None when unverified)`, hardest first; up to four
+    /// (`ending1..3` take three, `distractor-3` the fourth).
+    pub distractors: Vec<(i64, Option<Judgement>)>,
 }
 
 impl Store {
@@ -340,12 +296,12 @@ impl Store {
                 ex.fold
             ])?;
             let id = conn.last_insert_rowid();
-            for (position, d) in ex.distractors.iter().enumerate() {
+            for (position, (ending_id, kind)) in ex.distractors.iter().enumerate() {
                 insert_distractor.execute(params![
                     id,
                     position as i64,
-                    d.ending_id,
-                    d.kind.map(Judgement::as_str)
+                    ending_id,
+                    kind.map(Judgement::as_str)
                 ])?;
             }
         }
@@ -431,31 +387,28 @@ impl Store {
     }
 }
 
-/// One assembly, as [`Store::commit_assembly`] writes it.
-pub struct Assembly<'a> {
-    pub splits: &'a BTreeMap<String, Split>,
-    /// The final examples, in the order they are stored.
-    pub examples: &'a [NewAssembled],
-    /// Contexts sent back to annotation, with the endings their new task shows.
-    pub reannotations: &'a [(i64, Vec<i64>)],
-    /// The assembly's parameters, recorded under the `meta` key `assemble`.
-    pub record_json: &'a str,
-}
-
 impl Store {
-    /// Replaces the splits and the previous assembly, queues the re-annotation tasks (the
-    /// hand-off to annotate, [`Store::create_reannotation_task`]) and records the parameters, in
-    /// one transaction: a re-run swaps the whole assembly at once, and the tasks it queues are
-    /// committed with it or not at all.
-    pub fn commit_assembly(&mut self, assembly: &Assembly) -> Result<()> {
+    /// Replaces the splits (each group's) and the previous assembly with `examples` (stored in
+    /// that order), queues the `reannotations` (contexts sent back to annotation, with the
+    /// endings their new task shows: the hand-off to annotate,
+    /// [`Store::create_reannotation_task`]) and records the assembly's parameters under the
+    /// `meta` key `assemble`, in one transaction: a re-run swaps the whole assembly at once, and
+    /// the tasks it queues are committed with it or not at all.
+    pub fn commit_assembly(
+        &mut self,
+        splits: &BTreeMap<String, Split>,
+        examples: &[NewAssembled],
+        reannotations: &[(i64, Vec<i64>)],
+        record_json: &str,
+    ) -> Result<()> {
         let tx = self.begin(TransactionBehavior::Deferred)?;
-        self.replace_splits(assembly.splits)?;
-        self.replace_assembly(assembly.examples)?;
-        for (example_id, endings) in assembly.reannotations {
+        self.replace_splits(splits)?;
+        self.replace_assembly(examples)?;
+        for (example_id, endings) in reannotations {
             self.create_reannotation_task(*example_id, endings)
                 .with_context(|| format!("queueing re-annotation of example {example_id}"))?;
         }
-        self.set_meta("assemble", assembly.record_json)?;
+        self.set_meta("assemble", record_json)?;
         let number = self.meta(ASSEMBLIES)?.and_then(|n| n.parse::<i64>().ok());
         self.set_meta(ASSEMBLIES, &(number.unwrap_or(0) + 1).to_string())?;
         tx.commit()?;

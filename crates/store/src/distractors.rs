@@ -49,12 +49,13 @@ pub enum DistractorChoice {
     Hardest,
 }
 
-impl DistractorChoice {
-    pub fn as_str(self) -> &'static str {
-        match self {
+/// Its name on the command line (`--distractors matched`).
+impl std::fmt::Display for DistractorChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
             DistractorChoice::Matched => "matched",
             DistractorChoice::Hardest => "hardest",
-        }
+        })
     }
 }
 
@@ -143,9 +144,10 @@ pub struct Matching {
 }
 
 impl Matching {
-    /// The matching of AF run `run_id` (`folds`: each context's fold); `None` when the run
-    /// scored no found ending (runs finished before afkit kept those scores).
-    pub fn load(store: &Store, run_id: i64, folds: &HashMap<i64, i64>) -> Result<Option<Matching>> {
+    /// The matching of AF run `run_id`; `None` when the run scored no found ending (runs
+    /// finished before afkit kept those scores).
+    pub fn load(store: &Store, run_id: i64) -> Result<Option<Matching>> {
+        let folds = store.folds(run_id)?;
         let scores = store.matching_scores(run_id)?;
         let both_axes = scores
             .found
@@ -172,7 +174,7 @@ impl Matching {
             .collect();
         Ok(Some(Matching {
             spaces,
-            folds: folds.clone(),
+            folds,
             assigned: scores.assigned,
             both_axes,
         }))

@@ -66,9 +66,9 @@ pub enum Verdict {
     Unjudged,
 }
 
-/// One negative judged against its context's found ending.
+/// What the rule finds of one negative, assessed against its context's found ending.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Judgement {
+pub struct Assessment {
     pub verdict: Verdict,
     /// The negative's per-token log-likelihood minus the found ending's: the largest over the
     /// scorer models that scored both, else the generator's; `None` without either.
@@ -77,7 +77,7 @@ pub struct Judgement {
     pub cosine: Option<f32>,
 }
 
-impl Judgement {
+impl Assessment {
     pub fn could_be_right(&self) -> bool {
         self.verdict == Verdict::CouldBeRight
     }
@@ -94,7 +94,7 @@ impl Judgement {
 }
 
 /// Judges a negative against the found ending of its context.
-pub(crate) fn judge(found: &Evidence, negative: &Evidence) -> Judgement {
+pub(crate) fn judge(found: &Evidence, negative: &Evidence) -> Assessment {
     let scorer_margin = negative
         .scorers
         .iter()
@@ -114,7 +114,7 @@ pub(crate) fn judge(found: &Evidence, negative: &Evidence) -> Judgement {
     } else {
         Verdict::Safe
     };
-    Judgement {
+    Assessment {
         verdict,
         margin,
         cosine,
@@ -137,7 +137,7 @@ pub fn judge_context(
     store: &Store,
     found: i64,
     negatives: &[i64],
-) -> Result<HashMap<i64, Judgement>> {
+) -> Result<HashMap<i64, Assessment>> {
     let ids: Vec<i64> = std::iter::once(found)
         .chain(negatives.iter().copied())
         .collect();
@@ -155,7 +155,7 @@ pub fn judge_context(
 pub fn question_could_be_right(store: &Store, found: i64, shown: &[i64]) -> Result<bool> {
     Ok(judge_context(store, found, shown)?
         .values()
-        .any(Judgement::could_be_right))
+        .any(Assessment::could_be_right))
 }
 
 #[cfg(test)]

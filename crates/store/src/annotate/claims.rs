@@ -1,8 +1,7 @@
 //! Who holds which item: claims with their holder's process (pid and host) and heartbeat, so
 //! that an item on an annotator's screen is not handed to another, and an item whose process has
-//! exited or gone quiet is; the tasks an annotator may take, for the annotate stage's hand-out
-//! policy to choose from; and a session's preferred order, kept where only its own connection
-//! sees it.
+//! exited or gone quiet is; which item an annotator is handed next; and a session's preferred
+//! order, kept where only its own connection sees it.
 
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ pub struct Holder {
 
 impl Holder {
     /// This process, on this machine.
-    pub fn this_process(annotator: &str) -> Holder {
+    fn this_process(annotator: &str) -> Holder {
         Holder {
             annotator: annotator.to_string(),
             pid: std::process::id(),
@@ -91,38 +90,41 @@ const RULED_OUT_CANDIDATES: &str = "SELECT task_id FROM submissions WHERE annota
     UNION SELECT task_id FROM claims WHERE annotator <> ?1 AND pid IS NOT NULL AND seen_at > ?2";
 
 impl Store {
-    /// Makes this connection hand out the tasks `task_ids` first, in that order (then the rest in
-    /// id order, [`Claimable::first`]): a session's own order (`annotate --order risk`), kept in a
-    /// temporary table that other processes never see.
-    pub fn set_handout_priority(&self, task_ids: &[i64]) -> Result<()> {
+    /// Starts `annotator`'s session in this process: every submission, skip and undo it makes
+    /// reaches the disk before it returns ([`Store::sync_every_label`]), and it is handed the
+    /// tasks `preferred` first, in that order (`annotate --order risk`; then the rest in id
+    /// order), an order kept in a temporary table that other processes never see. Returns the
+    /// holder of the session's claims.
+    pub fn start_annotation(&mut self, annotator: &str, preferred: &[i64]) -> Result<Holder> {
+        self.sync_every_label();
         self.conn
             .execute_batch(&format!("{HANDOUT_PRIORITY} DELETE FROM handout_priority;"))?;
         let mut stmt = self
             .conn
             .prepare("INSERT OR IGNORE INTO handout_priority(task_id, rank) VALUES (?1, ?2)")?;
-        for (rank, id) in task_ids.iter().enumerate() {
+        for (rank, id) in preferred.iter().enumerate() {
             stmt.execute(params![id, rank as i64])?;
         }
-        Ok(())
+        Ok(Holder::this_process(annotator))
     }
 
-    /// Hands `holder` the task that `pick` chooses of what it may take, atomically: in one
-    /// write transaction the claims of this machine's exited processes are freed, `pick` is
-    /// shown the [`Claimable`] tasks and answers, the holder's other claims are dropped and its
-    /// pick claimed (or its claim refreshed). `None` when `pick` chooses nothing.
-    pub fn claim(
-        &mut self,
-        holder: &Holder,
-        pick: impl FnOnce(&Claimable) -> Option<i64>,
-    ) -> Result<Option<TaskView>> {
+    /// Hands `holder` its next item, atomically: in one write transaction the claims of this
+    /// machine's exited processes are freed; the holder gets the item it claimed last (the one
+    /// on its screen when its session stopped) if it may still take it, else the first it may
+    /// take in this connection's hand-out order (the session's preferred tasks, then the rest
+    /// by id: the order tasks were made in); its other claims are dropped and that one claimed
+    /// (or its claim refreshed). It may take a task that still wants a submission, that it has
+    /// neither submitted nor skipped, and on which the live claims of others leave room. `None`
+    /// when nothing is left for it.
+    pub fn claim_next(&mut self, holder: &Holder) -> Result<Option<TaskView>> {
         self.conn.execute_batch(HANDOUT_PRIORITY)?;
         let tx = self.begin(TransactionBehavior::Immediate)?;
         forget_dead_holders(&tx, holder)?;
         let stale = cutoff(STALE_AFTER);
-        let task = pick(&Claimable {
-            held: held_task(&tx, &holder.annotator, &stale)?,
-            first: first_task(&tx, &holder.annotator, &stale)?,
-        });
+        let task = match held_task(&tx, &holder.annotator, &stale)? {
+            Some(task) => Some(task),
+            None => first_task(&tx, &holder.annotator, &stale)?,
+        };
         tx.execute(
             "DELETE FROM claims WHERE annotator = ?1 AND task_id IS NOT ?2",
             params![holder.annotator, task],
@@ -142,20 +144,6 @@ impl Store {
         tx.commit()?;
         Ok(Some(view))
     }
-}
-
-/// The tasks an annotator may take, as [`Store::claim`] finds them: tasks that still want a
-/// submission, that the annotator has neither submitted nor skipped, and on which the live
-/// claims of others leave room.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claimable {
-    /// The annotator's latest claim (the item it had on screen when it stopped), if it may
-    /// still take that task.
-    pub held: Option<i64>,
-    /// The first in this connection's hand-out order: the tasks given to
-    /// [`Store::set_handout_priority`] in that order, then the rest by id (the order tasks were
-    /// made in).
-    pub first: Option<i64>,
 }
 
 /// The annotator's latest claim, if [`TAKES_ANNOTATOR`] still holds for its task.

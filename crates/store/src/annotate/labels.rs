@@ -13,14 +13,15 @@ use crate::{now, Store};
 impl Store {
     /// Makes every submission, skip and undo reach the disk before it returns: a label, once
     /// the next item shows, survives even a power cut, not only a killed process.
-    pub fn sync_every_label(&mut self) {
+    pub(crate) fn sync_every_label(&mut self) {
         self.sync_labels = true;
     }
 }
 
-/// Where a submission came from.
+/// Where a submission came from: the terminal UI ([`Store::submit`]) or a crowd results file
+/// ([`Store::import_submission`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
+enum Origin {
     Tui,
     Crowd,
 }
@@ -47,7 +48,6 @@ pub struct EndingLabel {
 pub struct NewSubmission {
     pub task_id: i64,
     pub annotator: String,
-    pub origin: Origin,
     pub broken: bool,
     /// Time the annotator spent on the item.
     pub seconds: Option<f64>,
@@ -57,8 +57,13 @@ pub struct NewSubmission {
 }
 
 impl Store {
-    /// Inserts a submission and its labels (the caller provides the transaction).
-    pub fn insert_submission(&self, sub: &NewSubmission) -> Result<i64> {
+    /// Inserts a submission from a crowd results file and its labels (the caller provides the
+    /// transaction).
+    pub fn import_submission(&self, sub: &NewSubmission) -> Result<i64> {
+        self.insert_submission(sub, Origin::Crowd)
+    }
+
+    fn insert_submission(&self, sub: &NewSubmission, origin: Origin) -> Result<i64> {
         let conn = &self.conn;
         let at = sub.submitted_at.clone().unwrap_or_else(now);
         conn.prepare_cached(
@@ -68,7 +73,7 @@ impl Store {
         .execute(params![
             sub.task_id,
             sub.annotator,
-            sub.origin.as_str(),
+            origin.as_str(),
             sub.broken,
             sub.seconds,
             at
@@ -99,7 +104,7 @@ impl Store {
     /// Stores a submission from the UI and releases the claim, in one durable transaction.
     pub fn submit(&mut self, sub: &NewSubmission) -> Result<i64> {
         let tx = self.begin(TransactionBehavior::Immediate)?;
-        let id = self.insert_submission(sub)?;
+        let id = self.insert_submission(sub, Origin::Tui)?;
         tx.prepare_cached("DELETE FROM claims WHERE task_id = ?1 AND annotator = ?2")?
             .execute(params![sub.task_id, sub.annotator])?;
         tx.commit()?;

@@ -4,8 +4,9 @@
 //! imports the other), [`claims`] (who holds which item, and whether its process still runs) and
 //! [`labels`] (submissions, skips, their labels and undo).
 //!
-//! Which item an annotator gets next is the annotate stage's decision; the store answers its
-//! questions and records the claim. Every write that decides who gets what runs in a
+//! The orders items are handed out in are the annotate stage's (it makes the tasks in its seeded
+//! order and gives a session its preferred tasks); which item an annotator gets next in them is
+//! decided where it is claimed. Every write that decides who gets what runs in a
 //! `BEGIN IMMEDIATE` transaction: it takes the file's write lock before reading, so two
 //! annotator processes never both see an item as free.
 

@@ -67,7 +67,7 @@ impl Store {
 
     /// Records the policy and sets `replicas` of every round-0 task from it: R for the first M
     /// by id, else 1.
-    pub fn record_policy(&self, policy: &Policy) -> Result<()> {
+    fn record_policy(&self, policy: &Policy) -> Result<()> {
         let conn = &self.conn;
         set_meta(conn, Policy::KEYS[0], &policy.agreement_items.to_string())?;
         set_meta(conn, Policy::KEYS[1], &policy.replicas.to_string())?;
@@ -142,7 +142,7 @@ pub const ENDINGS_PER_TASK: usize = 6;
 /// A task to store. Its `endings` are shown in the order its `seed` fixes, whatever their order
 /// here, so that the order can be reproduced from the recorded seed.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NewTask {
+pub(crate) struct NewTask {
     pub example_id: i64,
     pub run_id: i64,
     pub round: i64,
@@ -152,7 +152,42 @@ pub struct NewTask {
 }
 
 impl Store {
-    pub fn insert_task(&self, task: &NewTask) -> Result<i64> {
+    /// Stores a round-0 task of AF run `run_id` for each of `contexts`, in their order after the
+    /// tasks already made: for the policy's `replicas` annotators while within its first
+    /// `agreement_items`, else for one. Each task gets its seed (derived from the policy's seed
+    /// and the context, recorded with it) and shows the endings `shown` chooses for the context
+    /// with that seed, in the seed's order. Then records `policy` if the project holds another (which
+    /// re-targets the replicas of every round-0 task).
+    pub fn add_round0_tasks(
+        &self,
+        run_id: i64,
+        policy: &Policy,
+        contexts: &[UntaskedContext],
+        mut shown: impl FnMut(&UntaskedContext, Seed) -> Vec<i64>,
+    ) -> Result<()> {
+        let first_index = self.count_round0_tasks()?;
+        for (index, context) in (first_index..).zip(contexts) {
+            let seed = task_seed(policy.seed, context.example_id, 0);
+            self.insert_task(&NewTask {
+                example_id: context.example_id,
+                run_id,
+                round: 0,
+                replicas: if index < policy.agreement_items {
+                    policy.replicas
+                } else {
+                    1
+                },
+                seed,
+                endings: shown(context, seed),
+            })?;
+        }
+        if self.stored_policy()? != Some(*policy) {
+            self.record_policy(policy)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn insert_task(&self, task: &NewTask) -> Result<i64> {
         let conn = &self.conn;
         let mut endings = task.endings.clone();
         shuffle_endings(&mut endings, task.seed);
@@ -178,7 +213,7 @@ impl Store {
         Ok(task_id)
     }
 
-    pub fn count_round0_tasks(&self) -> Result<i64> {
+    fn count_round0_tasks(&self) -> Result<i64> {
         let conn = &self.conn;
         Ok(
             conn.query_row("SELECT COUNT(*) FROM tasks WHERE round = 0", [], |r| {
@@ -303,7 +338,7 @@ impl Store {
 
 /// The shuffle seed of one task, recorded in `tasks.seed`: derived from the annotation policy's
 /// seed with the context and the round as the key.
-pub fn task_seed(policy_seed: Seed, example_id: i64, round: i64) -> Seed {
+fn task_seed(policy_seed: Seed, example_id: i64, round: i64) -> Seed {
     policy_seed.key(Key::Task {
         example: example_id,
         round,
@@ -338,12 +373,6 @@ pub struct TaskView {
     pub sent2: String,
     /// In display order (position 0 is "1" on screen).
     pub endings: Vec<TaskEnding>,
-}
-
-impl TaskView {
-    pub fn startphrase(&self) -> String {
-        crate::dataset::startphrase(&self.sent1, &self.sent2)
-    }
 }
 
 impl Store {

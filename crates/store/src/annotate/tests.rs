@@ -4,7 +4,7 @@
 use rusqlite::{params, Connection};
 
 use super::claims::{cutoff, Holder, STALE_AFTER, TAKES_ANNOTATOR, WANTING};
-use super::labels::{EndingLabel, NewSubmission, Origin, UndoneKind};
+use super::labels::{EndingLabel, NewSubmission, UndoneKind};
 use super::tasks::{NewTask, TaskView, ENDINGS_PER_TASK};
 use crate::dataset::{Judgement, Rank};
 use crate::Store;
@@ -38,12 +38,9 @@ fn project(contexts: usize, m: i64, r: i64) -> (tempfile::TempDir, Store) {
     (dir, store)
 }
 
-/// The holder's next item, picked as the annotate stage picks it: its own claim if it may still
-/// take it, else the first it may take.
+/// The holder's next item: its own claim if it may still take it, else the first it may take.
 fn claim_next(store: &mut Store, holder: &Holder) -> Option<TaskView> {
-    store
-        .claim(holder, |tasks| tasks.held.or(tasks.first))
-        .unwrap()
+    store.claim_next(holder).unwrap()
 }
 
 fn holder(name: &str, pid: u32) -> Holder {
@@ -58,7 +55,6 @@ fn complete(task: &TaskView, who: &str) -> NewSubmission {
     NewSubmission {
         task_id: task.task_id,
         annotator: who.into(),
-        origin: Origin::Tui,
         broken: false,
         seconds: Some(1.0),
         submitted_at: None,
