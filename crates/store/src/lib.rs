@@ -376,7 +376,7 @@ fn format_millis(unix_millis: i64) -> String {
 /// A seed as an SQLite integer: its 64 bits read as a signed number (SQLite has no unsigned
 /// type), so every seed round-trips.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SqlSeed(pub(crate) Seed);
+pub(crate) struct SqlSeed(pub(crate) Seed);
 
 impl rusqlite::ToSql for SqlSeed {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
