@@ -16,7 +16,7 @@ use super::ppmi::Association;
 use super::timing::Timing;
 use super::verdict::{Row, Verdict};
 use afkit_engine::output::{Output, Staged};
-use afkit_engine::plot::{font, register_font};
+use afkit_engine::plot::font;
 
 /// Every file an audit may write into its folder.
 pub(crate) const FILES: [&str; 5] = [
@@ -474,7 +474,6 @@ fn bar_chart(
     y_max: f64,
     hline: Option<f64>,
 ) -> Result<()> {
-    register_font();
     let root = BitMapBackend::new(path, (chart_width(labels), 480)).into_drawing_area();
     let draw = || -> Result<(), DrawError> {
         root.fill(&WHITE)?;
@@ -576,7 +575,6 @@ fn chance_passes(rows: &[Row], y_max: f64) -> Vec<bool> {
 /// Every measured row (style, relational, language models, fine-tuned) as a bar with its mean,
 /// ± one standard error as a whisker, the value above the whisker, and chance dashed behind.
 fn accuracy_chart(path: &Path, title: &str, rows: &[Row]) -> Result<()> {
-    register_font();
     let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
     let root = BitMapBackend::new(path, (chart_width(&names), 480)).into_drawing_area();
     let y_max = accuracy_axis_top(rows);

@@ -3,21 +3,23 @@
 
 use std::sync::Once;
 
-/// The font family name to use in `plotters` text styles once [`register_font`] has run.
-pub(crate) const FONT: &str = "sans-serif";
+/// The font family name of the embedded font in `plotters` text styles.
+const FONT: &str = "sans-serif";
 
 /// The chart font at `px` pixels, made even: plotters places each glyph half a text height from
 /// its anchor and truncates that to whole pixels, so at odd sizes small glyphs drift up from the
-/// baseline against the digits and "0.35" reads "0·35".
+/// baseline against the digits and "0.35" reads "0·35". Registers the embedded font first, so
+/// any text style a chart builds from it draws with that font.
 pub fn font(px: u32) -> (&'static str, f64) {
+    register_font();
     (FONT, f64::from(px + px % 2))
 }
 
 static REGISTER: Once = Once::new();
 
 /// Registers the embedded DejaVu Sans Mono as the `sans-serif` family for every style plotters
-/// knows. Call before drawing any text; repeated calls are free.
-pub fn register_font() {
+/// knows; repeated calls are free.
+fn register_font() {
     REGISTER.call_once(|| {
         let bytes: &'static [u8] = include_bytes!("../../../data/fonts/DejaVuSansMono.ttf");
         for style in [
@@ -69,7 +71,6 @@ mod tests {
 
     #[test]
     fn the_decimal_point_sits_on_the_baseline_at_every_size() {
-        register_font();
         for px in 12..=24 {
             let bottoms = glyph_bottoms("0 . 5", font(px));
             assert_eq!(bottoms.len(), 3, "three glyphs at {px} px: {bottoms:?}");

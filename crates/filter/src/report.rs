@@ -87,7 +87,6 @@ const FEW_HELD_OUT: usize = 200;
 /// own marker, so that equal accuracies do not hide a line), the MLP-only phase shaded, chance
 /// dashed; the legend beside the plot, where it covers nothing.
 fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> {
-    afkit_engine::plot::register_font();
     let chance = 1.0 / (run.k as f64 + 1.0);
     let last = iterations.last().map_or(1, |r| r.iteration.max(1));
     let top = iterations
