@@ -61,9 +61,6 @@ impl Compute {
     }
 }
 
-/// Whether this build can run models on NVIDIA GPUs (the `cuda` feature).
-pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
-
 impl Compute {
     /// Opens the device, or fails at once with what to do: before any work, so that a wrong
     /// `--device` costs nothing. `engine`: `None` picks afkit's kernels on the CPU and candle
@@ -72,7 +69,8 @@ impl Compute {
         let device = match choice {
             DeviceChoice::Cpu => Device::Cpu,
             DeviceChoice::Cuda(ordinal) => {
-                if !CUDA_BUILT {
+                // Whether candle, and so this build, has the `cuda` feature.
+                if !candle_core::utils::cuda_is_available() {
                     bail!(
                         "--device cuda: this afkit was built without CUDA support. Build it with \
                          `cargo build --release --features cuda` (needs a CUDA toolkit; \

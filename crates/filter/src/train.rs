@@ -517,7 +517,7 @@ mod tests {
                 .collect())
         };
         let mut devices = vec![Device::Cpu];
-        if afkit_engine::device::CUDA_BUILT {
+        if candle_core::utils::cuda_is_available() {
             devices.push(Device::new_cuda(0)?);
         }
         for (epochs, tolerance) in [(0, 1e-5), (3, 1e-2)] {
