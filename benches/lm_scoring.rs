@@ -1,15 +1,16 @@
 //! Scoring speed of the default models: each context's prompt is run once, then its gold ending
 //! and four others are scored after it and after the document-start token alone — the work of
-//! AF's LM features ([`afkit_engine::lm::local::LocalLm::features`]) — on afkit's CPU kernels. The same 40
-//! contexts go to every model fetched into `$AFKIT_HOME` (SmolLM2-135M, Gemma-3-270M); models
-//! not fetched are skipped with a note. Tokens are counted with each model's own tokenizer
-//! (prompt tokens plus ending tokens scored twice), so contexts per second compare the models
-//! on the same text.
+//! AF's LM features ([`afkit_engine::lm::features::features`]) — on afkit's CPU kernels. The
+//! same 40 contexts go to every model fetched into `$AFKIT_HOME` (SmolLM2-135M, Gemma-3-270M);
+//! models not fetched are skipped with a note. Tokens are counted with each model's own
+//! tokenizer (prompt tokens plus ending tokens scored twice), so contexts per second compare the
+//! models on the same text.
 //!
 //! `cargo bench --bench lm_scoring` (set `RAYON_NUM_THREADS` to fix the thread count).
 
 use std::time::Instant;
 
+use afkit_engine::lm::features::features;
 use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::LanguageModel;
 use afkit_engine::lm::sampler::{SampledEnding, SamplingParams};
@@ -77,7 +78,7 @@ fn bench(name: &str, lm: &LocalLm) {
                     tokens: None,
                 })
                 .collect();
-            lm.features(prompt, "", "", gold, &others).unwrap();
+            features(lm, prompt, "", "", gold, &others).unwrap();
         }
     };
     run();

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use afkit_engine::device::Compute;
+use afkit_engine::lm::features::features;
 use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::LanguageModel;
 use afkit_engine::lm::sampler::{
@@ -663,12 +664,8 @@ fn smollm2_found_ending_is_likelier_after_its_own_context() {
         // sent2 = the first word of the second sentence; the ending is the rest.
         let (sent2, ending) = second.split_once(' ').unwrap();
         let other = &pairs[(i + 7) % pairs.len()].0;
-        let real = lm
-            .features(&format!("{sent1} {sent2}"), sent1, sent2, ending, &[])
-            .unwrap();
-        let fake = lm
-            .features(&format!("{other} {sent2}"), other, sent2, ending, &[])
-            .unwrap();
+        let real = features(lm, &format!("{sent1} {sent2}"), sent1, sent2, ending, &[]).unwrap();
+        let fake = features(lm, &format!("{other} {sent2}"), other, sent2, ending, &[]).unwrap();
         assert_eq!(
             real.gold.lp_alone, fake.gold.lp_alone,
             "context-free score depends on the context"
@@ -967,12 +964,8 @@ fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels(
                 tokens: None,
             })
             .collect();
-        let f = generic
-            .features(&request.prompt, sent1, sent2, gold, &ours.endings)
-            .unwrap();
-        let g = kernels
-            .features(&request.prompt, sent1, sent2, gold, &plain)
-            .unwrap();
+        let f = features(&generic, &request.prompt, sent1, sent2, gold, &ours.endings).unwrap();
+        let g = features(kernels, &request.prompt, sent1, sent2, gold, &plain).unwrap();
         assert!((f.ctx_logprob - g.ctx_logprob).abs() < 1e-3);
         assert_eq!(
             (f.n_tok_sent1, f.n_tok_sent2),

@@ -14,7 +14,7 @@ use super::pool::{load_local, new_pool};
 use super::prompt::PromptTemplate;
 use afkit_engine::device::Compute;
 use afkit_engine::json_errors::json_error_without_position;
-use afkit_engine::lm::features::{ContextFeatures, EndingFeatures};
+use afkit_engine::lm::features::{features, ContextFeatures, EndingFeatures};
 use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::sampler::{
     acceptable_ending, normalise_ending, EndingSampler, SampledEnding, SamplingParams,
@@ -590,7 +590,7 @@ fn pool_of_record(
         _ => {
             let lm = lm.expect("loaded when a line has no features");
             let prompt = template.render(&ex.sent1, &ex.sent2);
-            lm.features(&prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?
+            features(lm, &prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?
         }
     };
     Ok(Some((kept, features)))

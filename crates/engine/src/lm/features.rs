@@ -169,18 +169,6 @@ impl LocalLm {
     pub fn ending_tokens(&self, ending: &str) -> Result<Vec<u32>> {
         ending_tokens(&self.model.tokenizer, ending)
     }
-
-    /// [`features`] from this model.
-    pub fn features(
-        &self,
-        prompt: &str,
-        sent1: &str,
-        sent2: &str,
-        gold: &str,
-        endings: &[SampledEnding],
-    ) -> Result<ContextFeatures> {
-        features(self, prompt, sent1, sent2, gold, endings)
-    }
 }
 
 /// Tokens of an ending as it follows the context.

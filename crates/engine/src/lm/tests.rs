@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::cache::Prefix;
 use super::config::LlamaConfig;
+use super::features::features;
 use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::LanguageModel;
 use super::sampler::{
@@ -348,27 +349,27 @@ fn features_reuse_sampled_logprobs_exactly() {
             })
             .unwrap();
         let gold = "is using a tool to drill a hole.";
-        let f = lm
-            .features(
-                prompt,
-                "A man is kneeling on a frozen lake.",
-                "He",
-                gold,
-                &pool.endings,
-            )
-            .unwrap();
+        let f = features(
+            &lm,
+            prompt,
+            "A man is kneeling on a frozen lake.",
+            "He",
+            gold,
+            &pool.endings,
+        )
+        .unwrap();
         assert_eq!(f.endings.len(), pool.endings.len());
         // Re-scoring the endings from scratch (no sampled log-probs) gives the same features.
         let plain: Vec<_> = pool.endings.iter().map(text_only).collect();
-        let g = lm
-            .features(
-                prompt,
-                "A man is kneeling on a frozen lake.",
-                "He",
-                gold,
-                &plain,
-            )
-            .unwrap();
+        let g = features(
+            &lm,
+            prompt,
+            "A man is kneeling on a frozen lake.",
+            "He",
+            gold,
+            &plain,
+        )
+        .unwrap();
         for (x, y) in f.endings.iter().zip(&g.endings) {
             assert!((x.lp_cond - y.lp_cond).abs() < 1e-3);
             assert!((x.lp_alone - y.lp_alone).abs() < 1e-6);
@@ -429,10 +430,8 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
     assert!(!pool.endings.is_empty());
     let plain: Vec<_> = pool.endings.iter().map(text_only).collect();
     let (sent1, gold) = ("A man is kneeling on a frozen lake.", "drills a hole.");
-    let f = generic
-        .features(prompt, sent1, "He", gold, &pool.endings)
-        .unwrap();
-    let g = kernels.features(prompt, sent1, "He", gold, &plain).unwrap();
+    let f = features(generic, prompt, sent1, "He", gold, &pool.endings).unwrap();
+    let g = features(kernels, prompt, sent1, "He", gold, &plain).unwrap();
     assert!((f.ctx_logprob - g.ctx_logprob).abs() < 1e-4);
     for (x, y) in std::iter::once((&f.gold, &g.gold)).chain(f.endings.iter().zip(&g.endings)) {
         assert!((x.lp_cond - y.lp_cond).abs() < 1e-3, "{x:?} vs {y:?}");
