@@ -1,15 +1,11 @@
-//! The cross-validated audit (`afkit audit DIR --cv K`): it finds planted artifacts, stays at
-//! chance where there are none, keeps every video in one fold, and reads a dataset directory the
-//! way an export writes it (an unlabelled test.csv is skipped with a note).
+//! The cross-validated audit (`afkit audit DIR --cv K`) end to end: it finds planted artifacts,
+//! keeps every video in one fold, and reads a dataset directory the way an export writes it (an
+//! unlabelled test.csv is skipped with a note). `cross_validate` itself is tested in its module.
 
 use crate::common;
 
 use std::path::Path;
 
-use afkit_audit::cv::{cross_validate, Baseline, CvReport, CvResult, Embedder};
-use afkit_audit::dataset::Question;
-use afkit_audit::grams::View;
-use afkit_audit::Silent;
 use afkit_engine::seed::Seed;
 use afkit_store::dataset::REGULAR_COLUMNS;
 use common::afkit;
@@ -31,6 +27,15 @@ const PLACES: [&str; 5] = [
     "on stage",
     "by the lake",
 ];
+
+/// One question as the tests write it to a split file.
+struct Question {
+    group: String,
+    sent1: String,
+    sent2: String,
+    endings: [String; 4],
+    label: usize,
+}
 
 /// A random ending; every part drawn from the same lists, so endings carry no signal of their own.
 fn ending(rng: &mut ChaCha8Rng) -> String {
@@ -55,120 +60,14 @@ fn questions(n: usize, per_video: usize, tell: bool, seed: Seed) -> Vec<Question
                 endings[label] = endings[label].replace('.', " happily!");
             }
             Question {
-                id: i.to_string(),
-                group: Some(format!("v{}", i / per_video)),
+                group: format!("v{}", i / per_video),
                 sent1: format!("Someone is seen in clip {}.", i / per_video),
                 sent2: ["They", "The man", "A girl"][i % 3].to_string(),
                 endings,
-                label: Some(label),
-                could_be_right: None,
+                label,
             }
         })
         .collect()
-}
-
-fn mean(report: &CvReport, name: &str) -> f64 {
-    match report.baselines.iter().find(|(b, _)| b.name() == name) {
-        Some((_, CvResult::Measured { mean, .. })) => *mean,
-        other => panic!("{name}: {other:?}"),
-    }
-}
-
-#[test]
-fn cv_finds_a_planted_tell_with_words_and_characters() {
-    let qs = questions(120, 3, true, Seed::new(1));
-    let baselines = [
-        Baseline::Words(View::Ending),
-        Baseline::Chars(View::Ending),
-        Baseline::Chars(View::Context),
-    ];
-    let r = cross_validate(
-        &qs,
-        5,
-        Seed::new(7),
-        &baselines,
-        &Embedder::Unavailable("test".into()),
-        &mut Silent,
-    )
-    .unwrap();
-    for name in ["ngram_end", "char_end", "char_ctx"] {
-        assert_eq!(mean(&r, name), 1.0, "{name}: {r:?}");
-    }
-}
-
-/// Without a signal every held-out label is uniform and independent of everything a model saw,
-/// so each of the N pooled test answers is right with probability exactly 1/4 (a tie among m
-/// options earns 1/m: same mean, smaller variance) and the mean of equal folds is within
-/// sd = sqrt(3/16 / N) of 0.25. N = 1200 gives sd = 0.0125, so ±0.05 is 4 sd: a seed that fails
-/// one of these four baselines by chance turns up about once in 4,000 seeds.
-#[test]
-fn cv_stays_at_chance_without_a_signal() {
-    let qs = questions(1200, 4, false, Seed::new(2));
-    let baselines = [
-        Baseline::Shortest,
-        Baseline::Longest,
-        Baseline::Words(View::Ending),
-        Baseline::Chars(View::Ending),
-    ];
-    let r = cross_validate(
-        &qs,
-        5,
-        Seed::new(3),
-        &baselines,
-        &Embedder::Unavailable("test".into()),
-        &mut Silent,
-    )
-    .unwrap();
-    assert_eq!(r.questions, 1200);
-    assert_eq!(r.groups, 300);
-    assert_eq!(r.fold_sizes, vec![240; 5], "300 groups of 4 deal evenly");
-    for b in baselines {
-        let acc = mean(&r, b.name());
-        assert!((acc - 0.25).abs() < 0.05, "{}: {acc}", b.name());
-    }
-}
-
-#[test]
-fn the_minilm_baseline_learns_from_the_embeddings() {
-    // A fake encoder: the first coordinate says whether the text has the tell, so a linear model
-    // on it is perfect; the texts must be sent2 + ending.
-    let encode =
-        |texts: &[&str], progress: &mut dyn FnMut(usize)| -> anyhow::Result<Vec<Vec<f32>>> {
-            progress(texts.len());
-            assert!(texts.iter().all(|t| ["They ", "The man ", "A girl "]
-                .iter()
-                .any(|s| t.starts_with(s))));
-            Ok(texts
-                .iter()
-                .map(|t| vec![if t.contains('!') { 1.0 } else { 0.0 }, 0.5])
-                .collect())
-        };
-    let qs = questions(60, 2, true, Seed::new(4));
-    let r = cross_validate(
-        &qs,
-        3,
-        Seed::new(0),
-        &[Baseline::MiniLm],
-        &Embedder::Encoder(&encode),
-        &mut Silent,
-    )
-    .unwrap();
-    assert_eq!(mean(&r, "minilm_s2"), 1.0);
-    let skipped = cross_validate(
-        &qs,
-        3,
-        Seed::new(0),
-        &[Baseline::MiniLm],
-        &Embedder::Unavailable("why".into()),
-        &mut Silent,
-    )
-    .unwrap();
-    assert_eq!(
-        skipped.baselines[0].1,
-        CvResult::Skipped {
-            skipped: "why".into()
-        }
-    );
 }
 
 /// Writes `qs` as a SWAG regular CSV; `labelled: false` leaves the label column empty, as an
@@ -178,17 +77,12 @@ fn write_split(path: &Path, qs: &[Question], labelled: bool) {
     w.write_record(REGULAR_COLUMNS).unwrap();
     for q in qs {
         let label = if labelled {
-            q.label.unwrap().to_string()
+            q.label.to_string()
         } else {
             String::new()
         };
         let startphrase = format!("{} {}", q.sent1, q.sent2);
-        let mut rec = vec![
-            q.group.clone().unwrap(),
-            "0".into(),
-            startphrase,
-            q.sent1.clone(),
-        ];
+        let mut rec = vec![q.group.clone(), "0".into(), startphrase, q.sent1.clone()];
         rec.extend([q.sent2.clone(), "gold0-orig".into()]);
         rec.extend(q.endings.iter().cloned());
         rec.push(label);
@@ -346,7 +240,7 @@ fn a_fixed_rule_far_below_chance_is_flagged_and_never_said_to_learn() {
     // The real ending is never the shortest: it carries one more word than it would.
     let mut qs = questions(120, 3, false, Seed::new(4));
     for q in &mut qs {
-        let label = q.label.unwrap();
+        let label = q.label;
         let longest = q.endings.iter().map(String::len).max().unwrap();
         while q.endings[label].len() <= longest {
             q.endings[label] = q.endings[label].replace('.', " again.");

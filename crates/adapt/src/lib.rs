@@ -194,7 +194,7 @@ fn set_tag(model_sha: &str, settings_json: &str) -> String {
 fn fold_lines(store: &Store, s: &AdapterSettings) -> Result<Vec<Vec<String>>> {
     let mut lines = vec![Vec::new(); s.folds];
     let mut groups = BTreeMap::new();
-    for ex in store.all_examples()? {
+    for ex in store.examples()? {
         let fold = *groups
             .entry(ex.group.clone())
             .or_insert_with(|| group_fold(s.train.seed, &ex.group, s.folds));

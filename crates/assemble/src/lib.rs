@@ -222,12 +222,13 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         assignments,
         scores,
         folds,
+        refused,
     } = store.af_decisions(run.id)?;
     let run_data = RunData {
         assignments,
         scores,
         folds,
-        refused: store.refused_by_fluency_floor(run.id)?,
+        refused,
         splits: &splits,
     };
     let mut summary = Summary {

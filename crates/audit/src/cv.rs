@@ -176,7 +176,7 @@ fn ordered_map<S: Serializer>(rows: &[(Baseline, CvResult)], s: S) -> Result<S::
 }
 
 /// Where the MiniLM baseline gets its embeddings.
-pub enum Embedder<'a> {
+pub(crate) enum Embedder<'a> {
     Encoder(&'a Encode<'a>),
     /// Not available; the reason goes into the report.
     Unavailable(String),
@@ -194,7 +194,7 @@ enum Prepared {
 /// Cross-validates `baselines` over `questions` (all labelled) in `k` folds assigned by group
 /// with `seed`; the same input and seed give the same report. Fewer than `k` groups is an error
 /// (a fold would be empty).
-pub fn cross_validate(
+pub(crate) fn cross_validate(
     questions: &[Question],
     k: usize,
     seed: Seed,
@@ -474,4 +474,166 @@ pub(crate) fn fine_tune(
         *trained_on = train_questions;
     }
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Silent;
+    use rand::seq::IndexedRandom;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    const VERBS: [&str; 8] = [
+        "walks", "jumps", "talks", "waves", "sits", "runs", "laughs", "turns",
+    ];
+    const THINGS: [&str; 6] = [
+        "a ball", "the rope", "a bike", "the dog", "a cup", "the kite",
+    ];
+    const PLACES: [&str; 5] = [
+        "outside",
+        "in the park",
+        "at home",
+        "on stage",
+        "by the lake",
+    ];
+
+    /// A random ending; every part drawn from the same lists, so endings carry no signal of their own.
+    fn ending(rng: &mut ChaCha8Rng) -> String {
+        format!(
+            "{} with {} {}.",
+            VERBS.choose(rng).unwrap(),
+            THINGS.choose(rng).unwrap(),
+            PLACES.choose(rng).unwrap()
+        )
+    }
+
+    /// `n` questions, `per_video` to a video. With `tell`, the gold ending ends in "!" after the word
+    /// "happily" (a marker word for word n-grams, a punctuation habit for character n-grams) and the
+    /// label is where the gold is; without it the four endings are exchangeable and the label random.
+    fn questions(n: usize, per_video: usize, tell: bool, seed: Seed) -> Vec<Question> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
+        (0..n)
+            .map(|i| {
+                let mut endings: [String; 4] = std::array::from_fn(|_| ending(&mut rng));
+                let label = rng.random_range(0..4);
+                if tell {
+                    endings[label] = endings[label].replace('.', " happily!");
+                }
+                Question {
+                    id: i.to_string(),
+                    group: Some(format!("v{}", i / per_video)),
+                    sent1: format!("Someone is seen in clip {}.", i / per_video),
+                    sent2: ["They", "The man", "A girl"][i % 3].to_string(),
+                    endings,
+                    label: Some(label),
+                    could_be_right: None,
+                }
+            })
+            .collect()
+    }
+
+    fn mean(report: &CvReport, name: &str) -> f64 {
+        match report.baselines.iter().find(|(b, _)| b.name() == name) {
+            Some((_, CvResult::Measured { mean, .. })) => *mean,
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cv_finds_a_planted_tell_with_words_and_characters() {
+        let qs = questions(120, 3, true, Seed::new(1));
+        let baselines = [
+            Baseline::Words(View::Ending),
+            Baseline::Chars(View::Ending),
+            Baseline::Chars(View::Context),
+        ];
+        let r = cross_validate(
+            &qs,
+            5,
+            Seed::new(7),
+            &baselines,
+            &Embedder::Unavailable("test".into()),
+            &mut Silent,
+        )
+        .unwrap();
+        for name in ["ngram_end", "char_end", "char_ctx"] {
+            assert_eq!(mean(&r, name), 1.0, "{name}: {r:?}");
+        }
+    }
+
+    /// Without a signal every held-out label is uniform and independent of everything a model saw,
+    /// so each of the N pooled test answers is right with probability exactly 1/4 (a tie among m
+    /// options earns 1/m: same mean, smaller variance) and the mean of equal folds is within
+    /// sd = sqrt(3/16 / N) of 0.25. N = 1200 gives sd = 0.0125, so ±0.05 is 4 sd: a seed that fails
+    /// one of these four baselines by chance turns up about once in 4,000 seeds.
+    #[test]
+    fn cv_stays_at_chance_without_a_signal() {
+        let qs = questions(1200, 4, false, Seed::new(2));
+        let baselines = [
+            Baseline::Shortest,
+            Baseline::Longest,
+            Baseline::Words(View::Ending),
+            Baseline::Chars(View::Ending),
+        ];
+        let r = cross_validate(
+            &qs,
+            5,
+            Seed::new(3),
+            &baselines,
+            &Embedder::Unavailable("test".into()),
+            &mut Silent,
+        )
+        .unwrap();
+        assert_eq!(r.questions, 1200);
+        assert_eq!(r.groups, 300);
+        assert_eq!(r.fold_sizes, vec![240; 5], "300 groups of 4 deal evenly");
+        for b in baselines {
+            let acc = mean(&r, b.name());
+            assert!((acc - 0.25).abs() < 0.05, "{}: {acc}", b.name());
+        }
+    }
+
+    #[test]
+    fn the_minilm_baseline_learns_from_the_embeddings() {
+        // A fake encoder: the first coordinate says whether the text has the tell, so a linear model
+        // on it is perfect; the texts must be sent2 + ending.
+        let encode =
+            |texts: &[&str], progress: &mut dyn FnMut(usize)| -> anyhow::Result<Vec<Vec<f32>>> {
+                progress(texts.len());
+                assert!(texts.iter().all(|t| ["They ", "The man ", "A girl "]
+                    .iter()
+                    .any(|s| t.starts_with(s))));
+                Ok(texts
+                    .iter()
+                    .map(|t| vec![if t.contains('!') { 1.0 } else { 0.0 }, 0.5])
+                    .collect())
+            };
+        let qs = questions(60, 2, true, Seed::new(4));
+        let r = cross_validate(
+            &qs,
+            3,
+            Seed::new(0),
+            &[Baseline::MiniLm],
+            &Embedder::Encoder(&encode),
+            &mut Silent,
+        )
+        .unwrap();
+        assert_eq!(mean(&r, "minilm_s2"), 1.0);
+        let skipped = cross_validate(
+            &qs,
+            3,
+            Seed::new(0),
+            &[Baseline::MiniLm],
+            &Embedder::Unavailable("why".into()),
+            &mut Silent,
+        )
+        .unwrap();
+        assert_eq!(
+            skipped.baselines[0].1,
+            CvResult::Skipped {
+                skipped: "why".into()
+            }
+        );
+    }
 }

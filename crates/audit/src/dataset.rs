@@ -22,7 +22,7 @@ const LABEL_COLUMN: &str = "label";
 
 /// One 4-way question.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Question {
+pub(crate) struct Question {
     /// The id column (`id` or the release's unnamed index), else the 0-based row number.
     pub id: String,
     /// The `video-id` column (JSONL: `group`), when present and not empty: questions of one group

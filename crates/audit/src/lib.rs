@@ -10,9 +10,9 @@
 //! directories, so it works on afkit's exports, the SWAG release, or anyone's SWAG-format data.
 
 pub mod cv;
-pub mod dataset;
+mod dataset;
 mod findings;
-pub mod grams;
+mod grams;
 mod knn;
 pub mod lm;
 mod ngram;

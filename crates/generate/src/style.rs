@@ -41,7 +41,7 @@ impl StyleCorpus {
     /// primer would make every context it primes too long for the model.
     pub(crate) fn load(store: &Store) -> Result<Self> {
         let pairs: Vec<StylePair> = store
-            .all_examples()?
+            .examples()?
             .into_iter()
             .filter(|ex| {
                 let words = [&ex.sent1, &ex.sent2, &ex.ending]

@@ -2,7 +2,7 @@
 //! of the filter and annotate stages' tables (assignments and scores of the latest finished AF
 //! run, current tasks and labels).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use anyhow::{Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSqlOutput, ValueRef};
@@ -24,6 +24,8 @@ pub struct AfDecisions {
     pub scores: HashMap<i64, f64>,
     /// The cross-fitting fold (SWAG's `fold-ind`) of every context.
     pub folds: HashMap<i64, i64>,
+    /// The assigned negatives under the run's fluency floor (none without a floor).
+    pub refused: HashSet<i64>,
 }
 
 impl Store {
@@ -33,6 +35,7 @@ impl Store {
             assignments: self.assignments(run_id)?,
             scores: self.decision_scores(run_id)?,
             folds: self.folds(run_id)?,
+            refused: self.refused_by_fluency_floor(run_id)?,
         })
     }
 

@@ -86,7 +86,7 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// All examples in insertion order.
+    /// Every example, in id order (the order of insertion), in one query.
     pub fn examples(&self) -> Result<Vec<Example>> {
         let mut stmt = self.conn.prepare(
             "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
@@ -108,19 +108,6 @@ impl Store {
                 example_from_row,
             )
             .optional()?)
-    }
-
-    /// Every example, in id order (one query: the style primer reads the whole corpus).
-    pub fn all_examples(&self) -> Result<Vec<Example>> {
-        let mut stmt = self.conn.prepare(
-            "SELECT x.id, x.ext_id, x.grp, x.sent1, x.sent2, x.ending, e.id
-             FROM examples x JOIN endings e ON e.example_id = x.id AND e.is_gold = 1
-             ORDER BY x.id",
-        )?;
-        let examples = stmt
-            .query_map([], example_from_row)?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(examples)
     }
 }
 

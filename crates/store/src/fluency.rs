@@ -185,7 +185,7 @@ impl Store {
     }
 
     /// The assigned negatives of AF run `run_id` under its floor (none without a floor).
-    pub fn refused_by_fluency_floor(&self, run_id: i64) -> Result<HashSet<i64>> {
+    pub(crate) fn refused_by_fluency_floor(&self, run_id: i64) -> Result<HashSet<i64>> {
         let Some(floor) = self.fluency_floor(run_id)? else {
             return Ok(HashSet::new());
         };
