@@ -6,73 +6,18 @@ use crate::common;
 
 use std::path::Path;
 
+use afkit_audit::fixtures::{planted_questions, PlantedQuestion};
 use afkit_engine::seed::Seed;
 use afkit_store::dataset::REGULAR_COLUMNS;
 use common::afkit;
-use rand::seq::{IndexedRandom, SliceRandom};
-use rand::{Rng, SeedableRng};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-const VERBS: [&str; 8] = [
-    "walks", "jumps", "talks", "waves", "sits", "runs", "laughs", "turns",
-];
-const THINGS: [&str; 6] = [
-    "a ball", "the rope", "a bike", "the dog", "a cup", "the kite",
-];
-const PLACES: [&str; 5] = [
-    "outside",
-    "in the park",
-    "at home",
-    "on stage",
-    "by the lake",
-];
-
-/// One question as the tests write it to a split file.
-struct Question {
-    group: String,
-    sent1: String,
-    sent2: String,
-    endings: [String; 4],
-    label: usize,
-}
-
-/// A random ending; every part drawn from the same lists, so endings carry no signal of their own.
-fn ending(rng: &mut ChaCha8Rng) -> String {
-    format!(
-        "{} with {} {}.",
-        VERBS.choose(rng).unwrap(),
-        THINGS.choose(rng).unwrap(),
-        PLACES.choose(rng).unwrap()
-    )
-}
-
-/// `n` questions, `per_video` to a video. With `tell`, the gold ending ends in "!" after the word
-/// "happily" (a marker word for word n-grams, a punctuation habit for character n-grams) and the
-/// label is where the gold is; without it the four endings are exchangeable and the label random.
-fn questions(n: usize, per_video: usize, tell: bool, seed: Seed) -> Vec<Question> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
-    (0..n)
-        .map(|i| {
-            let mut endings: [String; 4] = std::array::from_fn(|_| ending(&mut rng));
-            let label = rng.random_range(0..4);
-            if tell {
-                endings[label] = endings[label].replace('.', " happily!");
-            }
-            Question {
-                group: format!("v{}", i / per_video),
-                sent1: format!("Someone is seen in clip {}.", i / per_video),
-                sent2: ["They", "The man", "A girl"][i % 3].to_string(),
-                endings,
-                label,
-            }
-        })
-        .collect()
-}
-
 /// Writes `qs` as a SWAG regular CSV; `labelled: false` leaves the label column empty, as an
 /// export with a hidden test split does.
-fn write_split(path: &Path, qs: &[Question], labelled: bool) {
+fn write_split(path: &Path, qs: &[PlantedQuestion], labelled: bool) {
     let mut w = csv::Writer::from_path(path).unwrap();
     w.write_record(REGULAR_COLUMNS).unwrap();
     for q in qs {
@@ -94,7 +39,7 @@ fn write_split(path: &Path, qs: &[Question], labelled: bool) {
 #[test]
 fn cli_cross_validates_the_labelled_splits_and_skips_an_unlabelled_test() {
     let dir = tempfile::tempdir().unwrap();
-    let mut qs = questions(90, 3, true, Seed::new(5));
+    let mut qs = planted_questions(90, 3, true, Seed::new(5));
     qs.shuffle(&mut ChaCha8Rng::seed_from_u64(6));
     write_split(&dir.path().join("train.csv"), &qs[..60], true);
     write_split(&dir.path().join("val.csv"), &qs[60..75], true);
@@ -176,7 +121,7 @@ fn cli_refuses_fewer_groups_than_folds() {
     let dir = tempfile::tempdir().unwrap();
     write_split(
         &dir.path().join("train.csv"),
-        &questions(6, 3, true, Seed::new(8)),
+        &planted_questions(6, 3, true, Seed::new(8)),
         true,
     );
     let out = afkit(&[
@@ -200,7 +145,7 @@ fn cli_refuses_fewer_groups_than_folds() {
 }
 
 /// Audits `qs` as one labelled train split with `audit --cv 2`; returns the JSON report.
-fn cv_audit(qs: &[Question]) -> Value {
+fn cv_audit(qs: &[PlantedQuestion]) -> Value {
     let dir = tempfile::tempdir().unwrap();
     write_split(&dir.path().join("train.csv"), qs, true);
     let d = dir.path().to_str().unwrap();
@@ -221,7 +166,7 @@ fn verdict(report: &Value, family: &str) -> String {
 
 #[test]
 fn sixteen_questions_are_too_few_to_tell_not_at_chance() {
-    let report = cv_audit(&questions(16, 2, false, Seed::new(3)));
+    let report = cv_audit(&planted_questions(16, 2, false, Seed::new(3)));
     for family in ["style", "relational"] {
         let text = verdict(&report, family);
         assert!(
@@ -238,7 +183,7 @@ fn sixteen_questions_are_too_few_to_tell_not_at_chance() {
 #[test]
 fn a_fixed_rule_far_below_chance_is_flagged_and_never_said_to_learn() {
     // The real ending is never the shortest: it carries one more word than it would.
-    let mut qs = questions(120, 3, false, Seed::new(4));
+    let mut qs = planted_questions(120, 3, false, Seed::new(4));
     for q in &mut qs {
         let label = q.label;
         let longest = q.endings.iter().map(String::len).max().unwrap();

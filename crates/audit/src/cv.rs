@@ -479,56 +479,22 @@ pub(crate) fn fine_tune(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::planted_questions;
     use crate::Silent;
-    use rand::seq::IndexedRandom;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
 
-    const VERBS: [&str; 8] = [
-        "walks", "jumps", "talks", "waves", "sits", "runs", "laughs", "turns",
-    ];
-    const THINGS: [&str; 6] = [
-        "a ball", "the rope", "a bike", "the dog", "a cup", "the kite",
-    ];
-    const PLACES: [&str; 5] = [
-        "outside",
-        "in the park",
-        "at home",
-        "on stage",
-        "by the lake",
-    ];
-
-    /// A random ending; every part drawn from the same lists, so endings carry no signal of their own.
-    fn ending(rng: &mut ChaCha8Rng) -> String {
-        format!(
-            "{} with {} {}.",
-            VERBS.choose(rng).unwrap(),
-            THINGS.choose(rng).unwrap(),
-            PLACES.choose(rng).unwrap()
-        )
-    }
-
-    /// `n` questions, `per_video` to a video. With `tell`, the gold ending ends in "!" after the word
-    /// "happily" (a marker word for word n-grams, a punctuation habit for character n-grams) and the
-    /// label is where the gold is; without it the four endings are exchangeable and the label random.
+    /// The shared synthetic questions as the audit reads them.
     fn questions(n: usize, per_video: usize, tell: bool, seed: Seed) -> Vec<Question> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed.value());
-        (0..n)
-            .map(|i| {
-                let mut endings: [String; 4] = std::array::from_fn(|_| ending(&mut rng));
-                let label = rng.random_range(0..4);
-                if tell {
-                    endings[label] = endings[label].replace('.', " happily!");
-                }
-                Question {
-                    id: i.to_string(),
-                    group: Some(format!("v{}", i / per_video)),
-                    sent1: format!("Someone is seen in clip {}.", i / per_video),
-                    sent2: ["They", "The man", "A girl"][i % 3].to_string(),
-                    endings,
-                    label: Some(label),
-                    could_be_right: None,
-                }
+        planted_questions(n, per_video, tell, seed)
+            .into_iter()
+            .enumerate()
+            .map(|(i, q)| Question {
+                id: i.to_string(),
+                group: Some(q.group),
+                sent1: q.sent1,
+                sent2: q.sent2,
+                endings: q.endings,
+                label: Some(q.label),
+                could_be_right: None,
             })
             .collect()
     }

@@ -12,6 +12,8 @@
 pub mod cv;
 mod dataset;
 mod findings;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 mod grams;
 mod knn;
 pub mod lm;
