@@ -1,6 +1,6 @@
 """Per-token log-probabilities of a token sequence under a GGUF model loaded by transformers,
 without and with a PEFT LoRA adapter: the reference afkit's exported adapters are checked
-against (tests/peft.rs).
+against (crates/engine/src/lm/peft_tests.rs).
 
     python scripts/peft_logprobs.py MODEL.gguf ADAPTER_DIR '[1, 2, 3, ...]'
 
