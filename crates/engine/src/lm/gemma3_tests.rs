@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::model::LanguageModel;
+use super::tests::token_ids;
 use crate::models::{sha256_file, DefaultModel};
 
 /// Largest difference in one token's log-probability (nats): both sides dequantise the same
@@ -30,14 +31,6 @@ fn gemma3() -> &'static LanguageModel {
         assert_eq!(sha256_file(&path).unwrap(), want, "a different Gemma file");
         LanguageModel::load(&path).unwrap()
     })
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f64> {
@@ -68,7 +61,7 @@ fn gemma3_tokenizer_matches_transformers() {
     for case in reference()["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         let got = lm.tokenizer.encode(text).unwrap();
-        assert_eq!(got, ids(&case["ids"]), "{text:?}");
+        assert_eq!(got, token_ids(&case["ids"]), "{text:?}");
         assert_eq!(lm.tokenizer.decode(&got).unwrap(), text);
     }
 }
@@ -87,7 +80,7 @@ fn gemma3_forward_pass_matches_transformers() {
     );
     for case in reference["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let ids = ids(&case["ids"]);
+        let ids = token_ids(&case["ids"]);
         let want = floats(&case["logprobs"]);
         let mut whole = vec![lm.tokenizer.doc_start];
         whole.extend(&ids);

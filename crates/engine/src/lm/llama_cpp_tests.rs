@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::model::LanguageModel;
+use super::tests::token_ids;
 use crate::models::DefaultModel;
 
 fn smollm2() -> &'static LanguageModel {
@@ -29,14 +30,6 @@ fn fixture_lines(name: &str) -> Vec<Value> {
         .collect()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 #[cfg_attr(
     not(has_shared_fixtures),
@@ -48,7 +41,7 @@ fn smollm2_tokenizer_matches_llama_cpp() {
     for line in &lines {
         let text = line["text"].as_str().unwrap();
         let got = tok.encode(text).unwrap();
-        assert_eq!(got, ids(&line["ids"]), "{text:?}");
+        assert_eq!(got, token_ids(&line["ids"]), "{text:?}");
         assert_eq!(tok.decode(&got).unwrap(), text);
     }
 }
@@ -63,8 +56,8 @@ fn smollm2_forward_pass_matches_llama_cpp() {
     let lm = smollm2();
     let tok = &lm.tokenizer;
     for line in &lines {
-        let context = ids(&line["context_ids"]);
-        let ending = ids(&line["ending_ids"]);
+        let context = token_ids(&line["context_ids"]);
+        let ending = token_ids(&line["ending_ids"]);
         assert_eq!(
             tok.encode(line["context"].as_str().unwrap()).unwrap(),
             context

@@ -20,6 +20,15 @@ use crate::device::Compute;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
 use crate::seed::Seed;
 
+/// The token ids of a reference file's JSON array (the llama.cpp and transformers comparisons).
+pub(super) fn token_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
 /// The same text without the sampled tokens, so that its LM features are computed from scratch.
 fn text_only(ending: &SampledEnding) -> SampledEnding {
     SampledEnding {
