@@ -82,7 +82,11 @@ pub(crate) fn starved(
                     .example(pool.example_id)?
                     .expect("a scored pool's example exists"),
                 style_examples: pool.style_examples,
-                candidate_texts: pool.candidate_texts,
+                candidate_texts: store
+                    .pool_candidate_texts(pool.example_id)?
+                    .into_iter()
+                    .map(|(_, text)| text)
+                    .collect(),
                 round: pool.rounds + 1,
             });
         }

@@ -179,8 +179,6 @@ pub struct StarvedPool {
     pub example_id: i64,
     /// Candidates the run scored.
     pub candidates: usize,
-    /// The texts of every candidate the pool holds, which new endings must differ from.
-    pub candidate_texts: Vec<String>,
     pub style_examples: Vec<i64>,
     /// Growth rounds the pool has had so far.
     pub rounds: usize,
@@ -249,7 +247,6 @@ impl Store {
             Ok(StarvedPool {
                 example_id,
                 candidates: candidates as usize,
-                candidate_texts: self.candidate_texts(example_id)?,
                 style_examples: style
                     .map(|s| serde_json::from_str(&s))
                     .transpose()?
@@ -259,17 +256,6 @@ impl Store {
             })
         })
         .collect()
-    }
-
-    /// The texts of a context's candidate endings.
-    fn candidate_texts(&self, example_id: i64) -> Result<Vec<String>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT text FROM endings WHERE example_id = ?1 AND is_gold = 0")?;
-        let texts = stmt
-            .query_map([example_id], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(texts)
     }
 
     /// Examples that have no pool yet, in insertion order (at most `limit`).
