@@ -89,8 +89,10 @@ pub struct GenerateArgs {
     pub max_pool: usize,
     /// Sampling temperature.
     ///
-    /// Keep 1: cooler sampling lowers perplexity, an artifact that the stylistic classifiers
-    /// pick up.
+    /// Keep 1 unless you truncate: cooler sampling makes endings likelier than human ones, an
+    /// artifact that the stylistic classifiers pick up. With --min-p a higher temperature
+    /// (1.5 with --min-p 0.1) spreads the kept tokens again, and the endings are less often
+    /// likelier than the found ones.
     #[arg(long, default_value_t = SamplingParams::default().temperature, help_heading = SAMPLING, hide_short_help = true)]
     pub temperature: f32,
     /// Keep only the k most probable tokens (off by default).
@@ -100,6 +102,10 @@ pub struct GenerateArgs {
     #[arg(long, help_heading = SAMPLING, hide_short_help = true)]
     pub top_p: Option<f32>,
     /// Drop tokens less than this fraction as probable as the best one (off by default).
+    ///
+    /// Cuts the rare tokens after which a small model's ending derails into non-words, so fewer
+    /// distractors are broken; alone it also leaves almost every ending likelier than the found
+    /// one, which the stylistic classifiers then spot. Pair it with a higher --temperature.
     #[arg(long, help_heading = SAMPLING, hide_short_help = true)]
     pub min_p: Option<f32>,
     /// Token cap per ending; endings that reach it without ending a sentence are discarded.
