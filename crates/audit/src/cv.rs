@@ -499,6 +499,17 @@ mod tests {
             .collect()
     }
 
+    /// Cross-validation in `k` folds, its progress unwatched.
+    fn cv(
+        qs: &[Question],
+        k: usize,
+        seed: u64,
+        baselines: &[Baseline],
+        embedder: &Embedder,
+    ) -> CvReport {
+        cross_validate(qs, k, Seed::new(seed), baselines, embedder, &mut Silent).unwrap()
+    }
+
     fn mean(report: &CvReport, name: &str) -> f64 {
         match report.baselines.iter().find(|(b, _)| b.name() == name) {
             Some((_, CvResult::Measured { mean, .. })) => *mean,
@@ -514,15 +525,7 @@ mod tests {
             Baseline::Chars(View::Ending),
             Baseline::Chars(View::Context),
         ];
-        let r = cross_validate(
-            &qs,
-            5,
-            Seed::new(7),
-            &baselines,
-            &Embedder::Unavailable("test".into()),
-            &mut Silent,
-        )
-        .unwrap();
+        let r = cv(&qs, 5, 7, &baselines, &Embedder::Unavailable("test".into()));
         for name in ["ngram_end", "char_end", "char_ctx"] {
             assert_eq!(mean(&r, name), 1.0, "{name}: {r:?}");
         }
@@ -542,15 +545,7 @@ mod tests {
             Baseline::Words(View::Ending),
             Baseline::Chars(View::Ending),
         ];
-        let r = cross_validate(
-            &qs,
-            5,
-            Seed::new(3),
-            &baselines,
-            &Embedder::Unavailable("test".into()),
-            &mut Silent,
-        )
-        .unwrap();
+        let r = cv(&qs, 5, 3, &baselines, &Embedder::Unavailable("test".into()));
         assert_eq!(r.questions, 1200);
         assert_eq!(r.groups, 300);
         assert_eq!(r.fold_sizes, vec![240; 5], "300 groups of 4 deal evenly");
@@ -576,25 +571,15 @@ mod tests {
                     .collect())
             };
         let qs = questions(60, 2, true, Seed::new(4));
-        let r = cross_validate(
-            &qs,
-            3,
-            Seed::new(0),
-            &[Baseline::MiniLm],
-            &Embedder::Encoder(&encode),
-            &mut Silent,
-        )
-        .unwrap();
+        let r = cv(&qs, 3, 0, &[Baseline::MiniLm], &Embedder::Encoder(&encode));
         assert_eq!(mean(&r, "minilm_s2"), 1.0);
-        let skipped = cross_validate(
+        let skipped = cv(
             &qs,
             3,
-            Seed::new(0),
+            0,
             &[Baseline::MiniLm],
             &Embedder::Unavailable("why".into()),
-            &mut Silent,
-        )
-        .unwrap();
+        );
         assert_eq!(
             skipped.baselines[0].1,
             CvResult::Skipped {
