@@ -1,10 +1,13 @@
 //! What a decoder keeps of the tokens it has read: a context's keys and values shared by every
 //! row decoded after it, and each row's own, in lockstep rows or in fixed slots.
 
+use std::sync::OnceLock;
+
 use anyhow::Result;
 use candle_core::Tensor;
 
 use super::config::LlamaConfig;
+use super::linear::Linear;
 
 /// Keys and values of a context, shared by every row decoded after it: per layer
 /// (kv_heads × len × head_dim).
@@ -15,6 +18,10 @@ pub(crate) struct Prefix {
     /// against the whole prefix are a sum of scaled key rows (vertical vector arithmetic, no
     /// per-key horizontal sums). Empty under the generic engine, which has no packed pass.
     pub(super) raw_kv: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Per layer and key/value head, the transposed keys (head_dim × len) and the values (len ×
+    /// head_dim) as matrices, packed the first time several tokens attend to the prefix together
+    /// (see [`super::packed`]). Empty under the generic engine.
+    pub(super) packed_kv: Vec<OnceLock<Vec<(Linear, Linear)>>>,
     pub len: usize,
     /// Log-probabilities of the next token after the prefix.
     pub next_logprobs: Vec<f32>,

@@ -44,6 +44,22 @@ impl Linear {
         }
     }
 
+    /// The f32 matrix (in × out) whose `inputs` rows lie end to end in `w`, packed where this
+    /// CPU has a kernel (for matrices built during a pass, such as a prefix's keys).
+    pub(crate) fn from_rows(w: &[f32], inputs: usize) -> Result<Self> {
+        let outputs = w.len() / inputs.max(1);
+        match packed_kernel(Precision::F32) {
+            Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack_rows(
+                w, inputs, outputs, kernel,
+            )?)),
+            None => Ok(Linear::Dense(Tensor::from_slice(
+                w,
+                (inputs, outputs),
+                &candle_core::Device::Cpu,
+            )?)),
+        }
+    }
+
     /// `w` (in × out) in bf16 arithmetic (see the module's comment), packed for this CPU's
     /// bf16 kernel where it has one.
     pub(crate) fn bf16(w: Tensor) -> Result<Self> {
@@ -290,11 +306,19 @@ pub struct PackedMatrix {
 impl PackedMatrix {
     /// Packs `w` for `kernel`, which must be one of [`Kernel::supported`].
     pub fn pack(w: &Tensor, kernel: Kernel) -> Result<Self> {
+        let (k, n) = w.dims2()?;
+        Self::pack_rows(&w.flatten_all()?.to_vec1::<f32>()?, k, n, kernel)
+    }
+
+    /// Packs the matrix whose `k` rows of `n` values lie end to end in `w`.
+    fn pack_rows(w: &[f32], k: usize, n: usize, kernel: Kernel) -> Result<Self> {
         if !Kernel::supported().contains(&kernel) {
             bail!("this CPU cannot run the {kernel:?} kernel");
         }
-        let (k, n) = w.dims2()?;
-        let rows = w.to_vec2::<f32>()?;
+        if w.len() != k * n {
+            bail!("{} values for a {k} × {n} matrix", w.len());
+        }
+        let rows: Vec<&[f32]> = w.chunks_exact(n.max(1)).collect();
         let words = kernel.words(k);
         let n_panels = n.div_ceil(NR);
         let mut panels = vec![0f32; n_panels * words * NR];

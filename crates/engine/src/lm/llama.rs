@@ -26,6 +26,7 @@
 
 use std::io::{Read, Seek};
 use std::path::Path;
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Content;
@@ -167,10 +168,12 @@ impl Llama {
         } else {
             Vec::new()
         };
+        let packed_kv = raw_kv.iter().map(|_| OnceLock::new()).collect();
         Ok((
             Prefix {
                 kv,
                 raw_kv,
+                packed_kv,
                 len: ids.len(),
                 next_logprobs,
             },

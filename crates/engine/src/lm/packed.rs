@@ -9,9 +9,10 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use super::block::{Block, Kernels, Projection, Rope, Vector};
-use super::cache::{SlotCache, SlotRow};
+use super::cache::{Prefix, SlotCache, SlotRow};
 use super::config::LlamaConfig;
 use super::family::{Activation, RopeLayout};
+use super::linear::{packed_kernel, Linear, Precision};
 use crate::simd::{axpy_lanes, dot_lanes, exp_lanes};
 
 /// [`Kernels`] over plain rows for the tokens `fed`: each one's row and own position.
@@ -90,7 +91,8 @@ impl Kernels for PackedKernels<'_> {
 
     /// Writes each fed token's key and value into its row's slot of the cache, then runs each
     /// token's query heads against its row's prefix and own tokens up to it (within the block's
-    /// window).
+    /// window): tokens that share a prefix and see all of it together (see [`SharedPrefix`]),
+    /// the rest one by one.
     fn attend(&mut self, block: &Block, qkv: Vec<f32>) -> Result<Vec<f32>> {
         let c = self.cfg;
         let (hd, nh, nkv) = (c.head_dim(), c.n_head, c.n_kv_head);
@@ -103,24 +105,61 @@ impl Kernels for PackedKernels<'_> {
             cache_v[at..at + nkv * hd].copy_from_slice(&qkv[(nh + nkv) * hd..]);
         }
         let (cache_k, cache_v) = (&*cache_k, &*cache_v);
+        let first_key = |&(row, own): &(&SlotRow, usize)| {
+            block
+                .window
+                .map_or(0, |w| (row.prefix.len + own + 1).saturating_sub(w))
+        };
+        let own_keys = |&(row, own): &(&SlotRow, usize)| {
+            let seen = stride * row.slot..stride * row.slot + (own + 1) * nkv * hd;
+            (&cache_k[seen.clone()], &cache_v[seen])
+        };
+        let (groups, alone) = SharedPrefix::groups(self.fed, first_key);
         let mut attn = vec![0f32; self.fed.len() * nh * hd];
-        attn.par_chunks_mut(nh * hd)
-            .zip(qkv.par_chunks(width))
-            .zip(self.fed.par_iter())
-            .for_each_init(Vec::new, |scores, ((out, qkv), &(row, own))| {
-                let slot = stride * row.slot;
-                let seen = slot..slot + (own + 1) * nkv * hd;
-                let (pk, pv) = &row.prefix.raw_kv[layer];
-                let position = row.prefix.len + own;
-                RowAttention {
-                    q: &qkv[..nh * hd],
-                    prefix: (pk, pv),
-                    own: (&cache_k[seen.clone()], &cache_v[seen]),
-                    heads: (nh, nkv, hd),
-                    first_key: block.window.map_or(0, |w| (position + 1).saturating_sub(w)),
-                }
-                .run(scores, out);
-            });
+        // One parallel pass over every group's key/value heads (the products inside run on the
+        // same threads): a pass per head left the threads waiting between small products.
+        let shared: Vec<SharedPrefix> = groups
+            .iter()
+            .map(|tokens| SharedPrefix {
+                tokens,
+                queries: &qkv,
+                width,
+                heads: (nh, nkv, hd),
+            })
+            .collect();
+        let tasks: Vec<(&SharedPrefix, usize)> = shared
+            .iter()
+            .flat_map(|s| (0..nkv).map(move |kv_head| (s, kv_head)))
+            .collect();
+        let outputs = tasks
+            .par_iter()
+            .map(|&(s, kv_head)| {
+                let packed = group_prefix(self.fed, s.tokens).packed(layer, (nkv, hd))?;
+                s.head_output(kv_head, &packed[kv_head], |t| own_keys(&self.fed[t]))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (&(s, kv_head), output) in tasks.iter().zip(outputs) {
+            s.write(kv_head, &output, &mut attn);
+        }
+        if alone.is_empty() {
+            return Ok(attn);
+        }
+        let out = OutRows(attn.as_mut_ptr());
+        alone.par_iter().for_each_init(Vec::new, |scores, &t| {
+            let (row, own) = self.fed[t];
+            let (pk, pv) = &row.prefix.raw_kv[layer];
+            // SAFETY: every token's output row is written by one task alone (`alone` holds each
+            // token once and no group holds it), and the row lies inside `attn`.
+            let out = unsafe { out.row(t, nh * hd) };
+            RowAttention {
+                q: &qkv[t * width..][..nh * hd],
+                prefix: (pk, pv),
+                own: own_keys(&(row, own)),
+                heads: (nh, nkv, hd),
+                first_key: first_key(&(row, own)),
+            }
+            .run(scores, out);
+        });
         Ok(attn)
     }
 
@@ -215,6 +254,278 @@ fn rotate(x: &mut [f32], table: &Rope, layout: RopeLayout, position: usize) {
     }
 }
 
+/// The prefix of the tokens of `group` (indices into `fed`), which they share.
+fn group_prefix<'p>(fed: &[(&'p SlotRow<'p>, usize)], group: &[usize]) -> &'p Prefix {
+    fed[group[0]].0.prefix
+}
+
+impl Prefix {
+    /// Layer `layer`'s keys (transposed, head_dim × len) and values (len × head_dim) of each
+    /// key/value head as packed matrices, packed on first use and kept while the prefix lives.
+    fn packed(&self, layer: usize, (nkv, hd): (usize, usize)) -> Result<&[(Linear, Linear)]> {
+        if let Some(packed) = self.packed_kv[layer].get() {
+            return Ok(packed);
+        }
+        let (keys, values) = &self.raw_kv[layer];
+        let per_head = hd * self.len;
+        let packed = (0..nkv)
+            .map(|h| {
+                let range = h * per_head..(h + 1) * per_head;
+                Ok((
+                    Linear::from_rows(&keys[range.clone()], hd)?,
+                    Linear::from_rows(&values[range], self.len)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.packed_kv[layer].get_or_init(|| packed))
+    }
+}
+
+/// Tokens of one prefix that see all of it, attending together: for each key/value head, the
+/// scores of all their query heads against the prefix's keys are one matrix product, and so are
+/// the prefix values' weighted sums. One token at a time, every query head streamed the whole
+/// prefix's keys and values again (a prompt of style examples is hundreds of tokens); as
+/// products, they are read once per step at the speed of the weight products. The packed
+/// kernels add each product in the order a token alone does, so the results are the same bits.
+struct SharedPrefix<'a> {
+    /// Indices into the pass's fed tokens.
+    tokens: &'a [usize],
+    /// Every fed token's Q, K and V side by side (`width` values a token).
+    queries: &'a [f32],
+    width: usize,
+    /// (query heads, key/value heads, head dim).
+    heads: (usize, usize, usize),
+}
+
+impl SharedPrefix<'_> {
+    /// Fewest tokens that attend together: below it, packing the matrices costs more than the
+    /// products save.
+    const MIN_TOKENS: usize = 4;
+
+    /// Splits the fed tokens into groups of at least [`Self::MIN_TOKENS`] that share a prefix
+    /// and see all of it (their window starts at 0), and the other tokens.
+    fn groups(
+        fed: &[(&SlotRow, usize)],
+        first_key: impl Fn(&(&SlotRow, usize)) -> usize,
+    ) -> (Vec<Vec<usize>>, Vec<usize>) {
+        let mut by_prefix: Vec<(*const Prefix, Vec<usize>)> = Vec::new();
+        let mut alone = Vec::new();
+        // Without a packed kernel the products would add in another order than a token alone
+        // does (see [`softmax_with_own`]): every token then attends alone.
+        if packed_kernel(Precision::F32).is_none() {
+            return (Vec::new(), (0..fed.len()).collect());
+        }
+        for (t, fed_token) in fed.iter().enumerate() {
+            if first_key(fed_token) > 0 {
+                alone.push(t);
+                continue;
+            }
+            let prefix: *const Prefix = fed_token.0.prefix;
+            match by_prefix.iter_mut().find(|(p, _)| *p == prefix) {
+                Some((_, tokens)) => tokens.push(t),
+                None => by_prefix.push((prefix, vec![t])),
+            }
+        }
+        let mut groups = Vec::new();
+        for (_, tokens) in by_prefix {
+            match tokens.len() >= Self::MIN_TOKENS {
+                true => groups.push(tokens),
+                false => alone.extend(tokens),
+            }
+        }
+        (groups, alone)
+    }
+
+    /// The attention output of key/value head `kv_head`'s query heads for each token (tokens ×
+    /// query heads of the group × head_dim). `keys` and `values` are the prefix's for that head;
+    /// `own_keys` gives a token's own keys and values up to it.
+    fn head_output<'k>(
+        &self,
+        kv_head: usize,
+        (keys, values): &(Linear, Linear),
+        own_keys: impl Fn(usize) -> (&'k [f32], &'k [f32]) + Sync,
+    ) -> Result<Vec<f32>> {
+        let (nh, nkv, hd) = self.heads;
+        let group = nh / nkv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let rows = self.tokens.len() * group;
+        let query_of = |r: usize| {
+            let (t, query) = (self.tokens[r / group], kv_head * group + r % group);
+            (t, &self.queries[t * self.width + query * hd..][..hd])
+        };
+        // One query row per (token, query head of this key/value head), scaled as a token alone
+        // scales it.
+        let q: Vec<f32> = (0..rows)
+            .flat_map(|r| query_of(r).1.iter().map(|&x| x * scale))
+            .collect();
+        let mut weights = keys.apply(&q, rows)?;
+        let plen = weights.len() / rows;
+        let head = KeyHead {
+            index: kv_head,
+            heads: nkv,
+            dim: hd,
+        };
+        // Each row's own scores after its prefix scores, one softmax over both.
+        let own_weights: Vec<Vec<f32>> = weights
+            .par_chunks_mut(plen)
+            .enumerate()
+            .map(|(r, prefix_scores)| {
+                let (t, q) = query_of(r);
+                softmax_with_own(prefix_scores, (q, scale), head.keys(own_keys(t).0))
+            })
+            .collect();
+        let mut mixed = values.apply(&weights, rows)?;
+        for (r, (out, own)) in mixed.chunks_exact_mut(hd).zip(&own_weights).enumerate() {
+            add_weighted(out, own, head.keys(own_keys(query_of(r).0).1));
+        }
+        Ok(mixed)
+    }
+
+    /// Copies [`Self::head_output`]'s rows for `kv_head` into `out` (fed tokens × heads ×
+    /// head_dim).
+    fn write(&self, kv_head: usize, output: &[f32], out: &mut [f32]) {
+        let (nh, nkv, hd) = self.heads;
+        let group = nh / nkv;
+        for (r, row) in output.chunks_exact(hd).enumerate() {
+            let (t, query) = (self.tokens[r / group], kv_head * group + r % group);
+            out[(t * nh + query) * hd..][..hd].copy_from_slice(row);
+        }
+    }
+}
+
+/// One key/value head's slice of a row's own keys or values (own tokens × key/value heads ×
+/// head dim).
+#[derive(Clone, Copy)]
+struct KeyHead {
+    index: usize,
+    heads: usize,
+    dim: usize,
+}
+
+impl KeyHead {
+    /// Each own token's slice for this head.
+    fn keys(self, own: &[f32]) -> impl Iterator<Item = &[f32]> {
+        own.chunks_exact(self.heads * self.dim)
+            .map(move |token| &token[self.index * self.dim..][..self.dim])
+    }
+}
+
+/// Scores `q` (unscaled, and its scale) against `own_keys`, then turns the prefix's scores (in
+/// place) and the own ones (returned) into one softmax: the arithmetic of [`RowAttention`], in
+/// its order, so that a token gets the same bits alone or with others.
+fn softmax_with_own<'k>(
+    prefix: &mut [f32],
+    (q, scale): (&[f32], f32),
+    own_keys: impl Iterator<Item = &'k [f32]>,
+) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::avx2_fma() {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            return unsafe { softmax_with_own_avx2_fma(prefix, (q, scale), own_keys) };
+        }
+    }
+    softmax_with_own_lanes::<false>(prefix, (q, scale), own_keys)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_with_own_avx2_fma<'k>(
+    prefix: &mut [f32],
+    (q, scale): (&[f32], f32),
+    own_keys: impl Iterator<Item = &'k [f32]>,
+) -> Vec<f32> {
+    softmax_with_own_lanes::<true>(prefix, (q, scale), own_keys)
+}
+
+#[inline(always)]
+fn softmax_with_own_lanes<'k, const FMA: bool>(
+    prefix: &mut [f32],
+    (q, scale): (&[f32], f32),
+    own_keys: impl Iterator<Item = &'k [f32]>,
+) -> Vec<f32> {
+    let mut own = Vec::new();
+    for key in own_keys {
+        own.push(dot_lanes::<FMA>(q, key) * scale);
+    }
+    normalise_lanes::<FMA>(prefix, &mut own);
+    own
+}
+
+/// Scores (the prefix's, then the own ones) turned into softmax weights in place. The
+/// exponentials run in passes of their own, which vectorise; their sum is taken in order after.
+#[inline(always)]
+fn normalise_lanes<const FMA: bool>(prefix: &mut [f32], own: &mut [f32]) {
+    let max = crate::simd::max(prefix).max(crate::simd::max(own));
+    for s in prefix.iter_mut() {
+        *s = exp_lanes::<FMA>(*s - max);
+    }
+    for s in own.iter_mut() {
+        *s = exp_lanes::<FMA>(*s - max);
+    }
+    let mut total = 0f32;
+    for &s in prefix.iter().chain(own.iter()) {
+        total += s;
+    }
+    for s in prefix.iter_mut() {
+        *s /= total;
+    }
+    for s in own.iter_mut() {
+        *s /= total;
+    }
+}
+
+/// `out += Σ weights[j] · values[j]`, in order, as [`RowAttention`] adds them.
+fn add_weighted<'v>(out: &mut [f32], weights: &[f32], values: impl Iterator<Item = &'v [f32]>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::avx2_fma() {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            return unsafe { add_weighted_avx2_fma(out, weights, values) };
+        }
+    }
+    add_weighted_lanes::<false>(out, weights, values)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_weighted_avx2_fma<'v>(
+    out: &mut [f32],
+    weights: &[f32],
+    values: impl Iterator<Item = &'v [f32]>,
+) {
+    add_weighted_lanes::<true>(out, weights, values)
+}
+
+#[inline(always)]
+fn add_weighted_lanes<'v, const FMA: bool>(
+    out: &mut [f32],
+    weights: &[f32],
+    values: impl Iterator<Item = &'v [f32]>,
+) {
+    for (&w, value) in weights.iter().zip(values) {
+        axpy_lanes::<FMA>(w, value, out);
+    }
+}
+
+/// The attention output, shared by tasks that write disjoint tokens' rows of it.
+#[derive(Clone, Copy)]
+struct OutRows(*mut f32);
+
+impl OutRows {
+    /// Row `t` of `width` values.
+    ///
+    /// # Safety
+    /// The row must lie inside the output, and no one else may use it meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row<'a>(self, t: usize, width: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(t * width), width)
+    }
+}
+// SAFETY: tasks write disjoint rows (see `PackedKernels::attend`).
+unsafe impl Send for OutRows {}
+unsafe impl Sync for OutRows {}
+
 /// One token's attention in the packed pass: each query head against the prefix's keys and then
 /// the row's own keys up to the token (one softmax over both), values summed into the output
 /// (heads × head_dim). Prefix keys are (kv_heads × hd × len), prefix values (kv_heads × len ×
@@ -275,21 +586,16 @@ impl RowAttention<'_> {
                 let key = &own_k[(j * nkv + kv_head) * hd..][..hd];
                 scores.push(dot_lanes::<FMA>(qh, key) * scale);
             }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0f32;
-            for s in scores.iter_mut() {
-                *s = exp_lanes::<FMA>(*s - max);
-                total += *s;
-            }
+            normalise_lanes::<FMA>(scores, &mut []);
             let oh = &mut out[head * hd..(head + 1) * hd];
             oh.fill(0.0);
             for (j, &p) in scores[..seen_prefix].iter().enumerate() {
                 let at = (kv_head * plen + skip_prefix + j) * hd;
-                axpy_lanes::<FMA>(p / total, &pv[at..][..hd], oh);
+                axpy_lanes::<FMA>(p, &pv[at..][..hd], oh);
             }
             for (j, &p) in scores[seen_prefix..].iter().enumerate() {
                 let at = ((skip_own + j) * nkv + kv_head) * hd;
-                axpy_lanes::<FMA>(p / total, &own_v[at..][..hd], oh);
+                axpy_lanes::<FMA>(p, &own_v[at..][..hd], oh);
             }
         }
     }

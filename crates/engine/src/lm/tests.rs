@@ -448,3 +448,33 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
         assert_eq!(x.n_tok, y.n_tok);
     }
 }
+
+/// Tokens that share a prefix attend to it together, as matrix products, when enough of them
+/// run in one pass; a token that attends alone gets the same bits as beside others.
+#[test]
+fn a_sequence_scores_the_same_alone_and_beside_others_of_its_prefix() {
+    let lm = tiny_lm_on(params(), &Compute::cpu());
+    let llama = &lm.model.llama;
+    let prompt = "A woman ties a rope to a post by the river and pulls it tight. She then";
+    let prefix = &lm.prefix(prompt).unwrap().prefix;
+    let seq = |text: &str| lm.ending_tokens(text).unwrap();
+    // Three tokens: two fed, too few to attend together, so alone they take the one-token path.
+    let ending = seq(" walks back to the boat and climbs in.")[..3].to_vec();
+    let others = [
+        seq(" waves."),
+        seq(" checks the knot twice and nods at the camera."),
+        seq(" sits down on the grass."),
+        seq(" throws the other end into the water to her friend."),
+    ];
+    let alone = llama
+        .score_continuations(prefix, std::slice::from_ref(&ending))
+        .unwrap();
+    let together: Vec<Vec<u32>> = others
+        .iter()
+        .cloned()
+        .chain(std::iter::once(ending.clone()))
+        .collect();
+    let beside = llama.score_continuations(prefix, &together).unwrap();
+    let bits = |lps: &[f32]| lps.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&alone[0]), bits(&beside[others.len()]));
+}
