@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scores a blind reading (`scripts/blind_sheet.py`) into three rows per export.
+"""Scores a blind reading (`scripts/blind_sheet.py`) into four rows per export.
 
     python3 scripts/blind_score.py OUT_PREFIX.key.json ANSWERS.csv [--json]
 
@@ -11,6 +11,8 @@ separated by spaces or commas, blank for none). For each export it prints:
 - reader's accuracy: the pick is the real ending;
 - a second plausible ending: some ending other than the real one was picked or marked plausible;
 - an ungrammatical or non-word wrong ending: some ending other than the real one was marked so;
+- a question to drop: any of the three (a wrong pick, a second plausible ending or a broken wrong
+  ending), the share a validated subset would lose;
 
 each as a count, a share and a 95% Wilson interval. A row that names a question twice, a letter
 outside A-D or a question the key lacks is an error with its line; a question left without a
@@ -69,7 +71,8 @@ def read_answers(path, numbers):
 def score(key, answers):
     rows = {}
     for source in ("af", "control"):
-        counts = {"questions": 0, "answered": 0, "correct": 0, "second": 0, "ungrammatical": 0}
+        counts = {"questions": 0, "answered": 0, "correct": 0, "second": 0, "ungrammatical": 0,
+                  "drop": 0}
         for q in key["questions"]:
             if q["source"] != source:
                 continue
@@ -81,8 +84,10 @@ def score(key, answers):
             counts["answered"] += 1
             counts["correct"] += a["pick"] == real
             others = (a["plausible"] | {a["pick"]}) - {real}
+            broken = a["ungrammatical"] - {real}
             counts["second"] += bool(others)
-            counts["ungrammatical"] += bool(a["ungrammatical"] - {real})
+            counts["ungrammatical"] += bool(broken)
+            counts["drop"] += a["pick"] != real or bool(others) or bool(broken)
         rows[source] = counts
     return rows
 
@@ -114,6 +119,7 @@ def main():
         ("reader's accuracy", "correct"),
         ("a second plausible ending", "second"),
         ("an ungrammatical or non-word wrong ending", "ungrammatical"),
+        ("a question to drop (any of the three)", "drop"),
     ):
         print(f"| {name} | {cell(af[field], af['answered'])} | "
               f"{cell(control[field], control['answered'])} |")

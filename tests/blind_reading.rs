@@ -106,6 +106,11 @@ fn a_mixed_sheet_keeps_the_key_apart_and_scores_a_reader() {
         table.contains("wrong ending | 0/6 (0%") && table.contains("| 1/6 (17%"),
         "{table}"
     );
+    // Each export has one question with a flaw: the one to drop.
+    assert!(
+        table.contains("| a question to drop (any of the three) | 1/6 (17%, 3–56%) | 1/6 (17%"),
+        "{table}"
+    );
 
     // A letter outside A-D is refused with its line.
     let bad = write(
