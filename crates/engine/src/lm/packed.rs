@@ -116,31 +116,14 @@ impl Kernels for PackedKernels<'_> {
         };
         let (groups, alone) = SharedPrefix::groups(self.fed, first_key);
         let mut attn = vec![0f32; self.fed.len() * nh * hd];
-        // One parallel pass over every group's key/value heads (the products inside run on the
-        // same threads): a pass per head left the threads waiting between small products.
-        let shared: Vec<SharedPrefix> = groups
-            .iter()
-            .map(|tokens| SharedPrefix {
-                tokens,
-                queries: &qkv,
-                width,
-                heads: (nh, nkv, hd),
-            })
-            .collect();
-        let tasks: Vec<(&SharedPrefix, usize)> = shared
-            .iter()
-            .flat_map(|s| (0..nkv).map(move |kv_head| (s, kv_head)))
-            .collect();
-        let outputs = tasks
-            .par_iter()
-            .map(|&(s, kv_head)| {
-                let packed = group_prefix(self.fed, s.tokens).packed(layer, (nkv, hd))?;
-                s.head_output(kv_head, &packed[kv_head], |t| own_keys(&self.fed[t]))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        for (&(s, kv_head), output) in tasks.iter().zip(outputs) {
-            s.write(kv_head, &output, &mut attn);
-        }
+        attend_shared(
+            self.fed,
+            &groups,
+            (&qkv, width),
+            (layer, (nh, nkv, hd)),
+            |t| own_keys(&self.fed[t]),
+            &mut attn,
+        )?;
         if alone.is_empty() {
             return Ok(attn);
         }
@@ -252,6 +235,46 @@ fn rotate(x: &mut [f32], table: &Rope, layout: RopeLayout, position: usize) {
             }
         }
     }
+}
+
+/// The attention of every group of tokens that share a prefix (see [`SharedPrefix`]), written
+/// into `attn`: one parallel pass over every group's key/value heads, the products inside on the
+/// same threads (a pass per head left the threads waiting between small products). `qkv` holds
+/// every fed token's Q, K and V side by side, `width` values a token; `own_keys` gives a fed
+/// token's own keys and values up to it.
+fn attend_shared<'k>(
+    fed: &[(&SlotRow, usize)],
+    groups: &[Vec<usize>],
+    (qkv, width): (&[f32], usize),
+    (layer, heads): (usize, (usize, usize, usize)),
+    own_keys: impl Fn(usize) -> (&'k [f32], &'k [f32]) + Sync,
+    attn: &mut [f32],
+) -> Result<()> {
+    let (nkv, hd) = (heads.1, heads.2);
+    let shared: Vec<SharedPrefix> = groups
+        .iter()
+        .map(|tokens| SharedPrefix {
+            tokens,
+            queries: qkv,
+            width,
+            heads,
+        })
+        .collect();
+    let tasks: Vec<(&SharedPrefix, usize)> = shared
+        .iter()
+        .flat_map(|s| (0..nkv).map(move |kv_head| (s, kv_head)))
+        .collect();
+    let outputs = tasks
+        .par_iter()
+        .map(|&(s, kv_head)| {
+            let packed = group_prefix(fed, s.tokens).packed(layer, (nkv, hd))?;
+            s.head_output(kv_head, &packed[kv_head], &own_keys)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (&(s, kv_head), output) in tasks.iter().zip(outputs) {
+        s.write(kv_head, &output, attn);
+    }
+    Ok(())
 }
 
 /// The prefix of the tokens of `group` (indices into `fed`), which they share.
