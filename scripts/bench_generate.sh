@@ -18,10 +18,11 @@ N_NEG=${3:-64}
 PYTHON=${PYTHON:-python3}
 AFKIT=target/release/afkit
 export RAYON_NUM_THREADS=2 AFKIT_NO_PROGRESS=1
-# The peer's job: the context alone as the prompt and the plain stop rules, so afkit runs
-# without its style priming and its corpus-derived ending rules here (both add work the peer
-# does not do). AFKIT_GEN_FLAGS adds flags to afkit's runs.
-GEN=(--style-examples 0 --no-ending-rules ${AFKIT_GEN_FLAGS:-})
+# The peer's job: the context alone as the prompt, plain sampling and the plain stop rules, so
+# afkit runs without its style priming, its truncated sampling and its corpus-derived ending
+# rules here (all add or change work the peer does not do). AFKIT_GEN_FLAGS adds flags to
+# afkit's runs.
+GEN=(--style-examples 0 --no-ending-rules --temperature 1 --min-p 0 ${AFKIT_GEN_FLAGS:-})
 DATA=../shared/data/activitynet-captions/train.json
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -268,10 +268,13 @@ fn check_sampling_requests(server: &FakeServer) {
     // Echo requests (the LM features, from this server since it answers them) aside.
     for (body, auth) in requests.iter().filter(|(body, _)| body["echo"] != true) {
         assert_eq!(auth.as_deref(), Some("Bearer sk-test-123"));
-        assert_eq!(body["temperature"], 1.0);
+        assert_eq!(body["temperature"], 1.5);
         assert_eq!(body["top_p"], 1.0);
         assert_eq!(body["top_k"], 0);
-        assert_eq!(body["min_p"], 0.0);
+        assert!(
+            (body["min_p"].as_f64().unwrap() - 0.1).abs() < 1e-6,
+            "{body}"
+        );
         assert_eq!(body["max_tokens"], 40);
         assert_eq!(body["stop"], json!(["."]));
         assert!(body["seed"].is_u64());

@@ -89,10 +89,10 @@ pub struct GenerateArgs {
     pub max_pool: usize,
     /// Sampling temperature.
     ///
-    /// Keep 1 unless you truncate: cooler sampling makes endings likelier than human ones, an
-    /// artifact that the stylistic classifiers pick up. With --min-p a higher temperature
-    /// (1.5 with --min-p 0.1) spreads the kept tokens again, and the endings are less often
-    /// likelier than the found ones.
+    /// Above 1 with --min-p: the truncation keeps endings fluent, and the higher temperature
+    /// spreads the kept tokens again, so that the endings are not all likelier than the found
+    /// ones (an artifact the stylistic classifiers pick up). Use 1 with --min-p 0 for plain
+    /// sampling.
     #[arg(long, default_value_t = SamplingParams::default().temperature, help_heading = SAMPLING, hide_short_help = true)]
     pub temperature: f32,
     /// Keep only the k most probable tokens (off by default).
@@ -101,13 +101,13 @@ pub struct GenerateArgs {
     /// Nucleus sampling threshold (off by default).
     #[arg(long, help_heading = SAMPLING, hide_short_help = true)]
     pub top_p: Option<f32>,
-    /// Drop tokens less than this fraction as probable as the best one (off by default).
+    /// Drop tokens less than this fraction as probable as the best one (0: keep every token).
     ///
     /// Cuts the rare tokens after which a small model's ending derails into non-words, so fewer
     /// distractors are broken; alone it also leaves almost every ending likelier than the found
-    /// one, which the stylistic classifiers then spot. Pair it with a higher --temperature.
-    #[arg(long, help_heading = SAMPLING, hide_short_help = true)]
-    pub min_p: Option<f32>,
+    /// one, which the stylistic classifiers then spot: pair it with a --temperature above 1.
+    #[arg(long, default_value_t = SamplingParams::default().min_p.unwrap_or(0.0), help_heading = SAMPLING, hide_short_help = true)]
+    pub min_p: f32,
     /// Token cap per ending; endings that reach it without ending a sentence are discarded.
     #[arg(long, default_value_t = SamplingParams::default().max_tokens, help_heading = SAMPLING, hide_short_help = true)]
     pub max_tokens: usize,
@@ -292,7 +292,7 @@ impl GenerateArgs {
                 temperature: self.temperature,
                 top_k: self.top_k,
                 top_p: self.top_p,
-                min_p: self.min_p,
+                min_p: (self.min_p > 0.0).then_some(self.min_p),
                 max_tokens: self.max_tokens,
                 batch: self.batch,
                 max_draws_per_ending: self.max_draws_per_ending,

@@ -1,9 +1,14 @@
 //! What a generation backend does — sample N⁻ unique endings for a context — and the token
 //! sampler itself.
 //!
-//! Plain ancestral sampling at temperature 1 with no truncation is the default, because
-//! truncated or beam-searched text has lower perplexity than human text: exactly the artifact
-//! adversarial filtering has to remove. The knobs exist for experiments and are off by default.
+//! The default draws at temperature 1.5 among the tokens at least a tenth as probable as the
+//! likeliest (min-p 0.1). Untruncated, a small model now and then draws a rare token and the
+//! ending derails into words no one would write, a give-away that makes a question invalid;
+//! truncated alone, every ending is likelier than a human one, an artifact that stylistic
+//! classifiers spot; the higher temperature spreads the kept tokens again. Measured against
+//! plain sampling on held-out contexts, readers found fewer questions with a broken wrong ending
+//! and the language models found the real ending less often. Plain ancestral sampling is
+//! `temperature: 1.0, min_p: None`.
 
 use std::sync::Arc;
 
@@ -34,10 +39,10 @@ pub struct SamplingParams {
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
-            temperature: 1.0,
+            temperature: 1.5,
             top_k: None,
             top_p: None,
-            min_p: None,
+            min_p: Some(0.1),
             max_tokens: 40,
             max_words: 25,
             batch: 256,
@@ -368,7 +373,12 @@ mod tests {
     fn untruncated_sampling_follows_the_softmax() {
         let logits = [0.0f32, 1.0, 2.0, -1.0];
         let z: f32 = logits.iter().map(|l| l.exp()).sum();
-        let freq = histogram(&logits, &SamplingParams::default(), 40_000);
+        let plain = SamplingParams {
+            temperature: 1.0,
+            min_p: None,
+            ..Default::default()
+        };
+        let freq = histogram(&logits, &plain, 40_000);
         for (f, l) in freq.iter().zip(logits) {
             assert!((f - (l.exp() / z) as f64).abs() < 0.01, "{freq:?}");
         }

@@ -1,10 +1,11 @@
 //! The `openai` backend: the same sampling job sent to any OpenAI-compatible `/v1/completions`
 //! server (vLLM, llama.cpp's server, TGI, hosted APIs).
 //!
-//! Each draw is one completion (or `n` per request where the server honours `n`), sampled at
-//! temperature 1 with the truncation knobs explicitly off (`top_p` 1, and `top_k` 0 / `min_p` 0 /
-//! `repeat_penalty` 1 as extra fields, since servers' defaults differ — llama.cpp's server
-//! penalises repeats unless told not to). Many requests are in flight from a bounded set of scoped
+//! Each draw is one completion (or `n` per request where the server honours `n`), sampled at the
+//! sampling settings' temperature and `min_p` with the other truncation knobs explicitly off
+//! (`top_p` 1, and `top_k` 0 / `repeat_penalty` 1 as extra fields, and `min_p` 0 where the
+//! settings have none, since servers' defaults differ — llama.cpp's server penalises repeats
+//! unless told not to). Many requests are in flight from a bounded set of scoped
 //! threads; requests go round-robin over the endpoints. A failed request (HTTP 429 / 5xx, a
 //! timeout, a dropped connection, a body that is not a completions response) is retried with
 //! exponential back-off and jitter, honouring `Retry-After`; when the retries are spent the
