@@ -10,7 +10,9 @@
 # BEFORE and AFTER are afkit binaries (e.g. one built from an earlier commit with
 # `git worktree add` and `cargo build --release`). The contexts are test-half ActivityNet
 # captions drawn with seed 99 (scripts/activitynet_subset.py); set AFKIT_SIMD=avx2 to time the
-# AVX2 kernels. The last line: one `RESULT job=generate_pair ...` summary (medians).
+# AVX2 kernels. BEFORE_FLAGS and AFTER_FLAGS add `generate` flags to one binary's runs (e.g. to
+# give both the same sampling when their defaults differ). The last line: one
+# `RESULT job=generate_pair ...` summary (medians).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BEFORE=$(realpath "$1") AFTER=$(realpath "$2")
@@ -27,18 +29,19 @@ mkdir "$work/base"
 "$AFTER" ingest "$work/base/p.sqlite" --format activitynet "$work/captions.json" >/dev/null
 "$AFTER" lm adapt "$work/base/p.sqlite" --seed "$SEED" >/dev/null 2>&1
 
-run() { # NAME BINARY ROUND
+run() { # NAME BINARY ROUND FLAGS
   rm -rf "$work/run" && cp -r "$work/base" "$work/run"
-  (cd "$work/run" && "$2" generate p.sqlite --limit "$CONTEXTS" --seed "$SEED" --json) \
+  # shellcheck disable=SC2086
+  (cd "$work/run" && "$2" generate p.sqlite --limit "$CONTEXTS" --seed "$SEED" $4 --json) \
     > "$work/$1-$3.json"
   sqlite3 "$work/run/p.sqlite" "SELECT * FROM endings ORDER BY id" | md5sum | cut -c1-32 \
     > "$work/$1-$3.endings"
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round: before" >&2
-  run before "$BEFORE" "$round"
+  run before "$BEFORE" "$round" "${BEFORE_FLAGS:-}"
   echo "round $round: after" >&2
-  run after "$AFTER" "$round"
+  run after "$AFTER" "$round" "${AFTER_FLAGS:-}"
 done
 
 python3 - "$work" "$ROUNDS" "$CONTEXTS" <<'PY'
