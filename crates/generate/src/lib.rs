@@ -360,7 +360,10 @@ fn record_generation(
         adapters,
     } = record;
     let (backend, model_name, sha) = sampler.describe();
-    let mut params_json = serde_json::to_value(&config.sampling)?;
+    // Through text: a value tree widens each f32 to f64 (0.1 would read 0.10000000149011612),
+    // while the text writes the shortest decimal that gives the f32 back.
+    let mut params_json: serde_json::Value =
+        serde_json::from_str(&serde_json::to_string(&config.sampling)?)?;
     params_json["n_neg"] = config.n_neg.into();
     params_json["style_examples"] = config.style_examples.into();
     params_json["ending_rules"] = config.ending_rules.into();
