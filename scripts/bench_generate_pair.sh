@@ -7,6 +7,8 @@
 #
 #   scripts/bench_generate_pair.sh BEFORE AFTER [CONTEXTS=20] [ROUNDS=2] [SEED=5]
 #
+# CONTEXTS is at least 20: `lm adapt` needs that many captions' worth of text for its folds.
+#
 # BEFORE and AFTER are afkit binaries (e.g. one built from an earlier commit with
 # `git worktree add` and `cargo build --release`). The contexts are test-half ActivityNet
 # captions drawn with seed 99 (scripts/activitynet_subset.py); set AFKIT_SIMD=avx2 to time the
@@ -27,7 +29,8 @@ python3 scripts/activitynet_subset.py "$CAPTIONS" --half test --pairs $((CONTEXT
 mkdir "$work/base"
 "$AFTER" init "$work/base/p.sqlite" >/dev/null
 "$AFTER" ingest "$work/base/p.sqlite" --format activitynet "$work/captions.json" >/dev/null
-"$AFTER" lm adapt "$work/base/p.sqlite" --seed "$SEED" >/dev/null 2>&1
+"$AFTER" lm adapt "$work/base/p.sqlite" --seed "$SEED" > "$work/adapt.log" 2>&1 ||
+  { cat "$work/adapt.log" >&2; exit 1; }
 
 run() { # NAME BINARY ROUND FLAGS
   rm -rf "$work/run" && cp -r "$work/base" "$work/run"
