@@ -19,7 +19,7 @@
 //! additions in the same order with f32 FMAs, so every machine computes the same bits (short of
 //! subnormal values, which `vdpbf16ps` flushes to zero).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::Tensor;
 use rayon::prelude::*;
 
@@ -44,11 +44,9 @@ impl Linear {
         }
     }
 
-    /// The f32 matrix (in × out) whose `inputs` rows lie end to end in `w`, packed for this
-    /// CPU's f32 kernel (for matrices built during a pass, such as a prefix's keys; callers run
-    /// only where [`packed_kernel`] has one).
-    pub(crate) fn from_rows(w: &[f32], inputs: usize) -> Result<Self> {
-        let kernel = packed_kernel(Precision::F32).context("no packed f32 kernel here")?;
+    /// The matrix (in × out) whose `inputs` rows lie end to end in `w`, packed for `kernel`
+    /// (for matrices built during a pass, such as a prefix's keys).
+    pub(crate) fn packed_rows(w: &[f32], inputs: usize, kernel: Kernel) -> Result<Self> {
         let outputs = w.len() / inputs.max(1);
         Ok(Linear::Packed(PackedMatrix::pack_rows(
             w, inputs, outputs, kernel,

@@ -37,7 +37,7 @@ use super::adapter::Adapter;
 use super::block::{load_block, Block, Lora, Rope, Vector};
 use super::cache::{Prefix, RowCache, SlotCache, SlotRow};
 use super::config::{LlamaConfig, MAX_POSITIONS};
-use super::linear::Linear;
+use super::linear::{packed_kernel, Kernel, Linear, Precision};
 use super::packed::{rms_norm_plain, PackedKernels};
 use super::tensor_ops::{Pass, TensorKernels};
 use crate::device::Compute;
@@ -58,6 +58,9 @@ pub(crate) struct Llama {
     final_norm: Vector,
     /// The model's rotary table, then the local layers' (when their base differs).
     ropes: Vec<Rope>,
+    /// The f32 kernel tokens that share a prompt attend to it with, where afkit's CPU kernels
+    /// run and this CPU has one (see [`super::packed`]); chosen with the weights' kernels.
+    prefix_kernel: Option<Kernel>,
 }
 
 /// A weight dequantised to f32 on the CPU (the same values on every device), then moved to
@@ -121,6 +124,7 @@ impl Llama {
             blocks,
             final_norm,
             ropes,
+            prefix_kernel: packed_kernel(Precision::F32).filter(|_| compute.cpu_kernels),
         })
     }
 
@@ -328,6 +332,7 @@ impl Llama {
             ropes: &self.ropes,
             fed: &fed,
             cache,
+            prefix_kernel: self.prefix_kernel,
         };
         let x = self
             .blocks

@@ -12,7 +12,7 @@ use super::block::{Block, Kernels, Projection, Rope, Vector};
 use super::cache::{Prefix, SlotCache, SlotRow};
 use super::config::LlamaConfig;
 use super::family::{Activation, RopeLayout};
-use super::linear::{packed_kernel, Linear, Precision};
+use super::linear::{Kernel, Linear};
 use crate::simd::{axpy_lanes, dot_lanes, exp_lanes};
 
 /// [`Kernels`] over plain rows for the tokens `fed`: each one's row and own position.
@@ -21,6 +21,9 @@ pub(crate) struct PackedKernels<'a> {
     pub ropes: &'a [Rope],
     pub fed: &'a [(&'a SlotRow<'a>, usize)],
     pub cache: &'a mut SlotCache,
+    /// The kernel of the shared-prefix products ([`SharedPrefix`]); without one every token
+    /// attends alone.
+    pub prefix_kernel: Option<Kernel>,
 }
 
 impl PackedKernels<'_> {
@@ -114,35 +117,42 @@ impl Kernels for PackedKernels<'_> {
             let seen = stride * row.slot..stride * row.slot + (own + 1) * nkv * hd;
             (&cache_k[seen.clone()], &cache_v[seen])
         };
-        let (groups, alone) = SharedPrefix::groups(self.fed, first_key);
+        let groups = match self.prefix_kernel {
+            Some(_) => SharedPrefix::groups(self.fed, first_key),
+            None => Vec::new(),
+        };
         let mut attn = vec![0f32; self.fed.len() * nh * hd];
-        attend_shared(
-            self.fed,
-            &groups,
-            (&qkv, width),
-            (layer, (nh, nkv, hd)),
-            |t| own_keys(&self.fed[t]),
-            &mut attn,
-        )?;
-        if alone.is_empty() {
-            return Ok(attn);
+        let mut alone = vec![true; self.fed.len()];
+        if let Some(kernel) = self.prefix_kernel {
+            groups.iter().flatten().for_each(|&t| alone[t] = false);
+            let shared: Vec<SharedPrefix> = groups
+                .iter()
+                .map(|tokens| SharedPrefix {
+                    prefix: self.fed[tokens[0]].0.prefix,
+                    tokens,
+                    queries: &qkv,
+                    width,
+                    heads: (nh, nkv, hd),
+                })
+                .collect();
+            let own_keys = |t: usize| own_keys(&self.fed[t]);
+            attend_shared(&shared, (layer, kernel), own_keys, &mut attn)?;
         }
-        let out = OutRows(attn.as_mut_ptr());
-        alone.par_iter().for_each_init(Vec::new, |scores, &t| {
-            let (row, own) = self.fed[t];
-            let (pk, pv) = &row.prefix.raw_kv[layer];
-            // SAFETY: every token's output row is written by one task alone (`alone` holds each
-            // token once and no group holds it), and the row lies inside `attn`.
-            let out = unsafe { out.row(t, nh * hd) };
-            RowAttention {
-                q: &qkv[t * width..][..nh * hd],
-                prefix: (pk, pv),
-                own: own_keys(&(row, own)),
-                heads: (nh, nkv, hd),
-                first_key: first_key(&(row, own)),
-            }
-            .run(scores, out);
-        });
+        attn.par_chunks_mut(nh * hd)
+            .enumerate()
+            .filter(|(t, _)| alone[*t])
+            .for_each_init(Vec::new, |scores, (t, out)| {
+                let fed_token = &self.fed[t];
+                let (pk, pv) = &fed_token.0.prefix.raw_kv[layer];
+                RowAttention {
+                    q: &qkv[t * width..][..nh * hd],
+                    prefix: (pk, pv),
+                    own: own_keys(fed_token),
+                    heads: (nh, nkv, hd),
+                    first_key: first_key(fed_token),
+                }
+                .run(scores, out);
+            });
         Ok(attn)
     }
 
@@ -237,37 +247,25 @@ fn rotate(x: &mut [f32], table: &Rope, layout: RopeLayout, position: usize) {
     }
 }
 
-/// The attention of every group of tokens that share a prefix (see [`SharedPrefix`]), written
-/// into `attn`: one parallel pass over every group's key/value heads, the products inside on the
-/// same threads (a pass per head left the threads waiting between small products). `qkv` holds
-/// every fed token's Q, K and V side by side, `width` values a token; `own_keys` gives a fed
-/// token's own keys and values up to it.
+/// The attention of every group of tokens that share a prefix, written into `attn` (fed tokens
+/// × heads × head_dim): one parallel pass over every group's key/value heads, the products
+/// inside on the same threads (a pass per head left the threads waiting between small
+/// products). The products run on `kernel`; `own_keys` gives a fed token's own keys and values
+/// up to it.
 fn attend_shared<'k>(
-    fed: &[(&SlotRow, usize)],
-    groups: &[Vec<usize>],
-    (qkv, width): (&[f32], usize),
-    (layer, heads): (usize, (usize, usize, usize)),
+    shared: &[SharedPrefix],
+    (layer, kernel): (usize, Kernel),
     own_keys: impl Fn(usize) -> (&'k [f32], &'k [f32]) + Sync,
     attn: &mut [f32],
 ) -> Result<()> {
-    let (nkv, hd) = (heads.1, heads.2);
-    let shared: Vec<SharedPrefix> = groups
-        .iter()
-        .map(|tokens| SharedPrefix {
-            tokens,
-            queries: qkv,
-            width,
-            heads,
-        })
-        .collect();
     let tasks: Vec<(&SharedPrefix, usize)> = shared
         .iter()
-        .flat_map(|s| (0..nkv).map(move |kv_head| (s, kv_head)))
+        .flat_map(|s| (0..s.heads.1).map(move |kv_head| (s, kv_head)))
         .collect();
     let outputs = tasks
         .par_iter()
         .map(|&(s, kv_head)| {
-            let packed = group_prefix(fed, s.tokens).packed(layer, (nkv, hd))?;
+            let packed = s.prefix.packed(layer, (s.heads.1, s.heads.2), kernel)?;
             s.head_output(kv_head, &packed[kv_head], &own_keys)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -277,15 +275,16 @@ fn attend_shared<'k>(
     Ok(())
 }
 
-/// The prefix of the tokens of `group` (indices into `fed`), which they share.
-fn group_prefix<'p>(fed: &[(&'p SlotRow<'p>, usize)], group: &[usize]) -> &'p Prefix {
-    fed[group[0]].0.prefix
-}
-
 impl Prefix {
     /// Layer `layer`'s keys (transposed, head_dim × len) and values (len × head_dim) of each
-    /// key/value head as packed matrices, packed on first use and kept while the prefix lives.
-    fn packed(&self, layer: usize, (nkv, hd): (usize, usize)) -> Result<&[(Linear, Linear)]> {
+    /// key/value head as matrices packed for `kernel`, packed on first use and kept while the
+    /// prefix lives.
+    fn packed(
+        &self,
+        layer: usize,
+        (nkv, hd): (usize, usize),
+        kernel: Kernel,
+    ) -> Result<&[(Linear, Linear)]> {
         if let Some(packed) = self.packed_kv[layer].get() {
             return Ok(packed);
         }
@@ -295,8 +294,8 @@ impl Prefix {
             .map(|h| {
                 let range = h * per_head..(h + 1) * per_head;
                 Ok((
-                    Linear::from_rows(&keys[range.clone()], hd)?,
-                    Linear::from_rows(&values[range], self.len)?,
+                    Linear::packed_rows(&keys[range.clone()], hd, kernel)?,
+                    Linear::packed_rows(&values[range], self.len, kernel)?,
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -311,6 +310,7 @@ impl Prefix {
 /// products, they are read once per step at the speed of the weight products. The packed
 /// kernels add each product in the order a token alone does, so the results are the same bits.
 struct SharedPrefix<'a> {
+    prefix: &'a Prefix,
     /// Indices into the pass's fed tokens.
     tokens: &'a [usize],
     /// Every fed token's Q, K and V side by side (`width` values a token).
@@ -325,38 +325,29 @@ impl SharedPrefix<'_> {
     /// products save.
     const MIN_TOKENS: usize = 4;
 
-    /// Splits the fed tokens into groups of at least [`Self::MIN_TOKENS`] that share a prefix
-    /// and see all of it (their window starts at 0), and the other tokens.
+    /// The groups of at least [`Self::MIN_TOKENS`] fed tokens that share a prefix and see all
+    /// of it (their window starts at 0); the other tokens attend alone. The products add in the
+    /// order a token alone does (see [`softmax_with_own`]) only on the packed kernels.
     fn groups(
         fed: &[(&SlotRow, usize)],
         first_key: impl Fn(&(&SlotRow, usize)) -> usize,
-    ) -> (Vec<Vec<usize>>, Vec<usize>) {
-        let mut by_prefix: Vec<(*const Prefix, Vec<usize>)> = Vec::new();
-        let mut alone = Vec::new();
-        // Without a packed kernel the products would add in another order than a token alone
-        // does (see [`softmax_with_own`]): every token then attends alone.
-        if packed_kernel(Precision::F32).is_none() {
-            return (Vec::new(), (0..fed.len()).collect());
-        }
+    ) -> Vec<Vec<usize>> {
+        let mut by_prefix: Vec<(&Prefix, Vec<usize>)> = Vec::new();
         for (t, fed_token) in fed.iter().enumerate() {
             if first_key(fed_token) > 0 {
-                alone.push(t);
                 continue;
             }
-            let prefix: *const Prefix = fed_token.0.prefix;
-            match by_prefix.iter_mut().find(|(p, _)| *p == prefix) {
+            let prefix = fed_token.0.prefix;
+            match by_prefix.iter_mut().find(|(p, _)| std::ptr::eq(*p, prefix)) {
                 Some((_, tokens)) => tokens.push(t),
                 None => by_prefix.push((prefix, vec![t])),
             }
         }
-        let mut groups = Vec::new();
-        for (_, tokens) in by_prefix {
-            match tokens.len() >= Self::MIN_TOKENS {
-                true => groups.push(tokens),
-                false => alone.extend(tokens),
-            }
-        }
-        (groups, alone)
+        by_prefix
+            .into_iter()
+            .map(|(_, tokens)| tokens)
+            .filter(|tokens| tokens.len() >= Self::MIN_TOKENS)
+            .collect()
     }
 
     /// The attention output of key/value head `kv_head`'s query heads for each token (tokens ×
@@ -373,7 +364,7 @@ impl SharedPrefix<'_> {
         let scale = 1.0 / (hd as f32).sqrt();
         let rows = self.tokens.len() * group;
         let query_of = |r: usize| {
-            let (t, query) = (self.tokens[r / group], kv_head * group + r % group);
+            let (t, query) = self.row(kv_head, r);
             (t, &self.queries[t * self.width + query * hd..][..hd])
         };
         // One query row per (token, query head of this key/value head), scaled as a token alone
@@ -407,12 +398,18 @@ impl SharedPrefix<'_> {
     /// Copies [`Self::head_output`]'s rows for `kv_head` into `out` (fed tokens × heads ×
     /// head_dim).
     fn write(&self, kv_head: usize, output: &[f32], out: &mut [f32]) {
-        let (nh, nkv, hd) = self.heads;
-        let group = nh / nkv;
+        let (nh, _, hd) = self.heads;
         for (r, row) in output.chunks_exact(hd).enumerate() {
-            let (t, query) = (self.tokens[r / group], kv_head * group + r % group);
+            let (t, query) = self.row(kv_head, r);
             out[(t * nh + query) * hd..][..hd].copy_from_slice(row);
         }
+    }
+
+    /// The fed token and the query head of row `r` of key/value head `kv_head`'s products (a
+    /// row per token and query head of the key/value head's group).
+    fn row(&self, kv_head: usize, r: usize) -> (usize, usize) {
+        let group = self.heads.0 / self.heads.1;
+        (self.tokens[r / group], kv_head * group + r % group)
     }
 }
 
@@ -530,24 +527,6 @@ fn add_weighted_lanes<'v, const FMA: bool>(
         axpy_lanes::<FMA>(w, value, out);
     }
 }
-
-/// The attention output, shared by tasks that write disjoint tokens' rows of it.
-#[derive(Clone, Copy)]
-struct OutRows(*mut f32);
-
-impl OutRows {
-    /// Row `t` of `width` values.
-    ///
-    /// # Safety
-    /// The row must lie inside the output, and no one else may use it meanwhile.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn row<'a>(self, t: usize, width: usize) -> &'a mut [f32] {
-        std::slice::from_raw_parts_mut(self.0.add(t * width), width)
-    }
-}
-// SAFETY: tasks write disjoint rows (see `PackedKernels::attend`).
-unsafe impl Send for OutRows {}
-unsafe impl Sync for OutRows {}
 
 /// One token's attention in the packed pass: each query head against the prefix's keys and then
 /// the row's own keys up to the token (one softmax over both), values summed into the output
