@@ -49,6 +49,10 @@ pub struct Compute {
     pub device: Device,
     /// afkit's own CPU kernels run the models; otherwise candle ops alone.
     pub cpu_kernels: bool,
+    /// With afkit's kernels, a language model's weight products run in bf16 on AMX tiles where
+    /// the CPU has them (and `AFKIT_SIMD` allows): several times as fast as f32, each operand
+    /// rounded to 8 significant bits, the sums kept in f32.
+    pub lm_bf16_tiles: bool,
 }
 
 impl Compute {
@@ -57,6 +61,16 @@ impl Compute {
         Compute {
             device: Device::Cpu,
             cpu_kernels: true,
+            lm_bf16_tiles: true,
+        }
+    }
+
+    /// afkit's kernels with every product in f32 on any CPU: what the checks against reference
+    /// implementations hold to a tight tolerance.
+    pub fn cpu_f32() -> Self {
+        Compute {
+            lm_bf16_tiles: false,
+            ..Compute::cpu()
         }
     }
 }
@@ -93,6 +107,7 @@ impl Compute {
         Ok(Compute {
             device,
             cpu_kernels,
+            lm_bf16_tiles: cpu_kernels,
         })
     }
 }

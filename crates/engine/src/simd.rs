@@ -8,13 +8,27 @@
 //! "avx2,fma")]` function chosen at run time when [`avx2_fma`] says the CPU has both. Results of
 //! the two builds differ in the last bits (fused rounding) and are fixed for a machine.
 
-/// Whether `AFKIT_SIMD=avx2` asks for the AVX2 code paths on a CPU that also has AVX-512: one
-/// switch for every fast path (the packed GEMM, the sentence encoder's products; the kernels of
-/// this module are AVX2 already), so that one machine can measure what an AVX2-only CPU runs.
-pub(crate) fn avx2_forced() -> bool {
-    static FORCED: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| std::env::var("AFKIT_SIMD").as_deref() == Ok("avx2"));
-    *FORCED
+/// Instruction sets afkit's fast paths use, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum SimdLevel {
+    Avx2,
+    Avx512,
+    /// AVX-512 and AMX's tiles.
+    Amx,
+}
+
+/// The highest instruction set the fast paths may use: `AFKIT_SIMD=avx2` or `avx512` caps them
+/// on a CPU that has more (one switch for every fast path: the packed GEMM, the sentence
+/// encoder's products; the kernels of this module are AVX2 already), so that one machine can
+/// measure what a CPU without AVX-512, or without AMX, runs.
+pub(crate) fn simd_ceiling() -> SimdLevel {
+    static CEILING: std::sync::LazyLock<SimdLevel> =
+        std::sync::LazyLock::new(|| match std::env::var("AFKIT_SIMD").as_deref() {
+            Ok("avx2") => SimdLevel::Avx2,
+            Ok("avx512") => SimdLevel::Avx512,
+            _ => SimdLevel::Amx,
+        });
+    *CEILING
 }
 
 /// Whether this CPU runs AVX2 and FMA instructions.

@@ -576,7 +576,7 @@ mod tests {
         model.adapter().save(&file).unwrap();
         let adapter = Adapter::load(&file).unwrap();
         for compute in [
-            Compute::cpu(),
+            Compute::cpu_f32(),
             Compute {
                 cpu_kernels: false,
                 ..Compute::cpu()

@@ -26,6 +26,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use super::config::{LlamaConfig, MAX_POSITIONS};
 use super::family::Activation;
 use super::linear::Linear;
+use crate::device::Compute;
 
 /// A weight vector (a norm's weight, a bias), on the model's device and as plain values for the
 /// packed kernels (read once at load, not on every step).
@@ -209,7 +210,7 @@ impl Block {
 pub(crate) fn load_block(
     cfg: &LlamaConfig,
     layer: usize,
-    cpu_kernels: bool,
+    compute: &Compute,
     load: &mut impl FnMut(&str) -> Result<Tensor>,
 ) -> Result<Block> {
     let mut w = |part: &str| load(&format!("blk.{layer}.{part}.weight"));
@@ -217,7 +218,7 @@ pub(crate) fn load_block(
         let widths = parts.iter().map(|(name, w)| Ok((*name, w.dim(0)?)));
         let widths = widths.collect::<Result<_>>()?;
         let matrices: Vec<&Tensor> = parts.iter().map(|(_, w)| w).collect();
-        let w = Linear::new(Tensor::cat(&matrices, 0)?.t()?, cpu_kernels)?;
+        let w = Linear::fastest(Tensor::cat(&matrices, 0)?.t()?, compute)?;
         Ok(Projection { w, parts: widths })
     };
     let arch = &cfg.arch;

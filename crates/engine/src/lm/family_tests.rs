@@ -123,7 +123,7 @@ fn check_family(family: Family, edit: impl Fn(&Path)) {
     let ids = tokens(doc_start);
     let want = reference_logprobs(&path, family, &ids);
     for compute in [
-        Compute::cpu(),
+        Compute::cpu_f32(),
         Compute {
             cpu_kernels: false,
             ..Compute::cpu()
@@ -212,7 +212,7 @@ fn every_quantisation_candle_reads_loads() {
     };
     write_random_gguf(&path, &cfg, Seed::new(6)).unwrap();
     let ids = tokens(LanguageModel::load(&path).unwrap().tokenizer.doc_start);
-    let (_, exact) = LanguageModel::load(&path)
+    let (_, exact) = LanguageModel::load_on(&path, &Compute::cpu_f32())
         .unwrap()
         .llama
         .prefill(&ids)
@@ -238,7 +238,7 @@ fn every_quantisation_candle_reads_loads() {
             2 => QTensor::quantize(&t.dequantize(&Device::Cpu).unwrap(), dtype).unwrap(),
             _ => t,
         });
-        let lm = LanguageModel::load(&quantised).unwrap();
+        let lm = LanguageModel::load_on(&quantised, &Compute::cpu_f32()).unwrap();
         let (_, got) = lm.llama.prefill(&ids).unwrap();
         let mean_diff = got
             .iter()
@@ -266,7 +266,7 @@ fn gemma3_sliding_window_agrees_across_engines() {
     let ids: Vec<u32> = (0..40).map(|i| 4 + (i * 37 % 280) as u32).collect();
     let mut results = Vec::new();
     for compute in [
-        Compute::cpu(),
+        Compute::cpu_f32(),
         Compute {
             cpu_kernels: false,
             ..Compute::cpu()
@@ -289,7 +289,7 @@ fn gemma3_sliding_window_agrees_across_engines() {
     let mut wide = cfg.clone();
     wide.arch.local_layers.as_mut().unwrap().window = 1000;
     write_random_gguf(&path, &wide, Seed::new(4)).unwrap();
-    let (_, unwindowed) = LanguageModel::load(&path)
+    let (_, unwindowed) = LanguageModel::load_on(&path, &Compute::cpu_f32())
         .unwrap()
         .llama
         .prefill(&ids)

@@ -18,10 +18,20 @@
 //! multiply-adds of an f32 FMA per instruction; other x86-64 CPUs with AVX2 and FMA run the same
 //! additions in the same order with f32 FMAs, so every machine computes the same bits (short of
 //! subnormal values, which `vdpbf16ps` flushes to zero).
+//!
+//! Language models take the fastest arithmetic the CPU has ([`Linear::fastest`]): on CPUs with
+//! AMX, bf16 products on its tiles ([`Precision::Bf16Tiles`], see [`amx`]), many times the
+//! multiply-adds of AVX-512 per cycle; elsewhere f32. `AFKIT_SIMD=avx512` keeps AMX off, as
+//! `AFKIT_SIMD=avx2` keeps AVX-512 off.
+
+mod amx;
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 use rayon::prelude::*;
+
+use crate::device::Compute;
+use crate::simd::SimdLevel;
 
 /// A weight matrix (in × out) applied to activation rows.
 pub(crate) enum Linear {
@@ -51,6 +61,18 @@ impl Linear {
         Ok(Linear::Packed(PackedMatrix::pack_rows(
             w, inputs, outputs, kernel,
         )?))
+    }
+
+    /// `w` (in × out) in the fastest arithmetic this CPU has for a language model: bf16 on AMX
+    /// tiles where it has them, else as [`Linear::new`]. A bf16 operand keeps 8 of an f32's 24
+    /// significant bits; the sums stay f32.
+    /// `compute.lm_bf16_tiles` asks for the tiles.
+    pub(crate) fn fastest(w: Tensor, compute: &Compute) -> Result<Self> {
+        let tiles = compute.cpu_kernels && compute.lm_bf16_tiles;
+        match packed_kernel(Precision::Bf16Tiles).filter(|_| tiles) {
+            Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
+            None => Self::new(w, compute.cpu_kernels),
+        }
     }
 
     /// `w` (in × out) in bf16 arithmetic (see the module's comment), packed for this CPU's
@@ -123,6 +145,9 @@ pub(crate) enum Precision {
     /// bf16 operands (rounded to nearest, ties to even) and f32 sums: for each pair of steps,
     /// the odd step's product is added, then the even step's (the order of `vdpbf16ps`).
     Bf16,
+    /// bf16 operands and f32 sums in the order of AMX's tile products: only CPUs with AMX
+    /// compute it.
+    Bf16Tiles,
 }
 
 /// `x · w` with candle's matmul, for plain rows `x` (rows × in).
@@ -143,6 +168,8 @@ pub enum Kernel {
     /// bf16 on CPUs without bf16 instructions: 6 rows × 16 columns, each pair of bf16 weights
     /// widened to two f32 registers and added with fused multiply-adds in `vdpbf16ps`'s order.
     Avx2FmaBf16,
+    /// bf16 on AMX tiles: 32 rows × 32 columns of f32 sums in four tiles, 32 steps at a time.
+    AmxBf16,
 }
 
 impl Kernel {
@@ -161,6 +188,9 @@ impl Kernel {
             if crate::simd::avx2_fma() {
                 kernels.extend([Kernel::Avx2Fma, Kernel::Avx2FmaBf16]);
             }
+            if avx512 && amx::available() {
+                kernels.push(Kernel::AmxBf16);
+            }
         }
         kernels
     }
@@ -170,11 +200,21 @@ impl Kernel {
         match self {
             Kernel::Avx512 | Kernel::Avx2Fma => Precision::F32,
             Kernel::Avx512Bf16 | Kernel::Avx2FmaBf16 => Precision::Bf16,
+            Kernel::AmxBf16 => Precision::Bf16Tiles,
+        }
+    }
+
+    /// The instruction set the kernel needs, for `AFKIT_SIMD`'s ceiling.
+    fn level(self) -> SimdLevel {
+        match self {
+            Kernel::Avx2Fma | Kernel::Avx2FmaBf16 => SimdLevel::Avx2,
+            Kernel::Avx512 | Kernel::Avx512Bf16 => SimdLevel::Avx512,
+            Kernel::AmxBf16 => SimdLevel::Amx,
         }
     }
 
     fn is_avx2(self) -> bool {
-        matches!(self, Kernel::Avx2Fma | Kernel::Avx2FmaBf16)
+        self.level() == SimdLevel::Avx2
     }
 
     /// Rows of a full row block: as many accumulators as leave room, in the CPU's vector
@@ -202,6 +242,7 @@ impl Kernel {
         match self.precision() {
             Precision::F32 => k,
             Precision::Bf16 => k.div_ceil(2),
+            Precision::Bf16Tiles => amx::words(k),
         }
     }
 }
@@ -211,25 +252,29 @@ impl Kernel {
 /// `AFKIT_GEMM=packed`: there afkit's own code is unoptimised while candle's (a dependency) is
 /// built optimised, and the kernels' intrinsics, left as calls, would run many times slower than
 /// candle (the test suite would crawl). `AFKIT_SIMD=avx2` (or the older `AFKIT_GEMM=avx2`)
-/// takes the AVX2 kernels where AVX-512 is there too, so that one machine can time both paths.
+/// takes the AVX2 kernels where AVX-512 is there too, and `AFKIT_SIMD=avx512` the AVX-512 ones
+/// where AMX is there too, so that one machine can time every path.
 pub(crate) fn packed_kernel(precision: Precision) -> Option<Kernel> {
     let gemm = std::env::var("AFKIT_GEMM").ok();
-    let avx2_only = crate::simd::avx2_forced() || gemm.as_deref() == Some("avx2");
-    choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), avx2_only)
+    let ceiling = match gemm.as_deref() {
+        Some("avx2") => SimdLevel::Avx2,
+        _ => crate::simd::simd_ceiling(),
+    };
+    choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), ceiling)
 }
 
-/// [`packed_kernel`]'s choice among the `supported` kernels, given `AFKIT_GEMM` and whether
-/// only AVX2 kernels may run.
+/// [`packed_kernel`]'s choice among the `supported` kernels, given `AFKIT_GEMM` and the highest
+/// instruction set the kernels may use.
 fn choose_kernel(
     supported: &[Kernel],
     precision: Precision,
     gemm: Option<&str>,
-    avx2_only: bool,
+    ceiling: SimdLevel,
 ) -> Option<Kernel> {
     let mut usable = supported
         .iter()
         .copied()
-        .filter(|k| k.precision() == precision && (k.is_avx2() || !avx2_only));
+        .filter(|k| k.precision() == precision && k.level() <= ceiling);
     match gemm {
         Some("candle") => None,
         Some("packed" | "avx2") => usable.next(),
@@ -320,31 +365,13 @@ impl PackedMatrix {
             .enumerate()
             .for_each(|(p, panel)| {
                 let (c0, width) = (p * NR, NR.min(n - p * NR));
-                let value = |step: usize, c: usize| rows.get(step).map_or(0.0, |r| r[c0 + c]);
-                for (word, out) in panel.chunks_exact_mut(NR).enumerate() {
-                    match kernel {
-                        Kernel::Avx512 | Kernel::Avx2Fma => {
-                            out[..width].copy_from_slice(&rows[word][c0..c0 + width])
-                        }
-                        Kernel::Avx512Bf16 => {
-                            for (c, out) in out[..width].iter_mut().enumerate() {
-                                let (even, odd) = (value(2 * word, c), value(2 * word + 1, c));
-                                *out = bf16_word(bf16_bits(even), bf16_bits(odd));
-                            }
-                        }
-                        Kernel::Avx2FmaBf16 => {
-                            let mut halves = [0u16; 2 * NR];
-                            for c in 0..width {
-                                let (odd, even) = (value(2 * word + 1, c), value(2 * word, c));
-                                let at = avx2_bf16_position(c);
-                                halves[at] = bf16_bits(odd);
-                                halves[NR + at] = bf16_bits(even);
-                            }
-                            for (out, two) in out.iter_mut().zip(halves.chunks_exact(2)) {
-                                *out = bf16_word(two[0], two[1]);
-                            }
-                        }
-                    }
+                let value = |step: usize, c: usize| match rows.get(step) {
+                    Some(row) if c < width => row[c0 + c],
+                    _ => 0.0,
+                };
+                match kernel {
+                    Kernel::AmxBf16 => amx::pack_panel(panel, value),
+                    _ => pack_panel(kernel, panel, value),
                 }
             });
         Ok(PackedMatrix {
@@ -364,6 +391,9 @@ impl PackedMatrix {
         if rows == 0 {
             return Ok(Vec::new());
         }
+        if self.kernel == Kernel::AmxBf16 {
+            return Ok(amx::apply(&self.panels, k, n, x, rows));
+        }
         let words = self.kernel.words(k);
         // Not zeroed first: the tasks below write every element once (the row blocks cover the
         // rows, the panels the columns), and zeroing the output head's 49k columns per decode
@@ -371,16 +401,8 @@ impl PackedMatrix {
         let mut out: Vec<f32> = Vec::with_capacity(rows * n);
         let blocks = RowBlocks::pack(x, rows, k, self.kernel);
         let n_panels = n.div_ceil(NR);
-        let per_chunk = (CHUNK_BYTES / (words * NR * 4)).clamp(1, n_panels);
+        let (per_chunk, per_group) = plan_tasks(n_panels, words * NR * 4, blocks.blocks.len());
         let n_chunks = n_panels.div_ceil(per_chunk);
-        // A narrow matrix has few chunks (a 384-column one has 3), too few to share out evenly
-        // between the threads: then the row blocks are split into groups as well, each task one
-        // group × chunk. Every group streams the chunk's weights again, so only then.
-        let wanted_tasks = 2 * rayon::current_num_threads();
-        let per_group = blocks
-            .blocks
-            .len()
-            .div_ceil(wanted_tasks.div_ceil(n_chunks));
         let groups: Vec<&[RowBlock]> = blocks.blocks.chunks(per_group).collect();
         let c = OutPtr(out.as_mut_ptr());
         (0..n_chunks * groups.len())
@@ -406,6 +428,55 @@ impl PackedMatrix {
         // `out`), and f32 has no invalid bit patterns.
         unsafe { out.set_len(rows * n) };
         Ok(out)
+    }
+}
+
+/// How a product's work is shared out: panels per chunk (as many as keep a thread's chunk of
+/// weights in its core's L2 cache while every row block passes over it) and row blocks per
+/// group. A narrow matrix has few chunks (a 384-column one has 3), too few to share out evenly
+/// between the threads: then the row blocks are split into groups as well, each task one group
+/// × chunk. Every group streams the chunk's weights again, so only then.
+fn plan_tasks(n_panels: usize, panel_bytes: usize, n_blocks: usize) -> (usize, usize) {
+    let per_chunk = (CHUNK_BYTES / panel_bytes.max(1)).clamp(1, n_panels.max(1));
+    let n_chunks = n_panels.div_ceil(per_chunk);
+    let wanted_tasks = 2 * rayon::current_num_threads();
+    let per_group = n_blocks
+        .div_ceil(wanted_tasks.div_ceil(n_chunks.max(1)))
+        .max(1);
+    (per_chunk, per_group)
+}
+
+/// Fills `panel` (a row of 32 words per word of the kernel, see [`PackedMatrix`]) with the
+/// panel's weights, `value(step, column)` (zero past the matrix), for one of the register
+/// kernels.
+fn pack_panel(kernel: Kernel, panel: &mut [f32], value: impl Fn(usize, usize) -> f32) {
+    for (word, out) in panel.chunks_exact_mut(NR).enumerate() {
+        match kernel {
+            Kernel::Avx512 | Kernel::Avx2Fma => {
+                for (c, out) in out.iter_mut().enumerate() {
+                    *out = value(word, c);
+                }
+            }
+            Kernel::Avx512Bf16 => {
+                for (c, out) in out.iter_mut().enumerate() {
+                    let (even, odd) = (value(2 * word, c), value(2 * word + 1, c));
+                    *out = bf16_word(bf16_bits(even), bf16_bits(odd));
+                }
+            }
+            Kernel::Avx2FmaBf16 => {
+                let mut halves = [0u16; 2 * NR];
+                for c in 0..NR {
+                    let (odd, even) = (value(2 * word + 1, c), value(2 * word, c));
+                    let at = avx2_bf16_position(c);
+                    halves[at] = bf16_bits(odd);
+                    halves[NR + at] = bf16_bits(even);
+                }
+                for (out, two) in out.iter_mut().zip(halves.chunks_exact(2)) {
+                    *out = bf16_word(two[0], two[1]);
+                }
+            }
+            Kernel::AmxBf16 => unreachable!("AMX panels are packed by `amx::pack_panel`"),
+        }
     }
 }
 
@@ -467,6 +538,7 @@ impl RowBlocks {
                 let mut bits = match kernel.precision() {
                     Precision::F32 => Vec::new(),
                     Precision::Bf16 => vec![0u16; 2 * words],
+                    Precision::Bf16Tiles => unreachable!("AMX packs its own activations"),
                 };
                 for r in 0..real {
                     let row = &x[(first_row + r) * k..(first_row + r + 1) * k];
@@ -487,6 +559,7 @@ impl RowBlocks {
                                 slot[height + r] = bf16_as_f32(pair[0]);
                             }
                         }
+                        Kernel::AmxBf16 => unreachable!("AMX packs its own activations"),
                     }
                 }
                 RowBlock {
@@ -754,30 +827,40 @@ mod tests {
     use candle_core::Device;
 
     #[test]
-    fn the_avx2_switch_keeps_every_product_on_avx2_kernels() {
+    fn the_simd_switch_caps_every_product_at_its_instruction_set() {
         let all = [
             Kernel::Avx512,
             Kernel::Avx512Bf16,
             Kernel::Avx2Fma,
             Kernel::Avx2FmaBf16,
+            Kernel::AmxBf16,
         ];
-        let choose = |precision, gemm, avx2_only| choose_kernel(&all, precision, gemm, avx2_only);
+        let choose = |precision, gemm, ceiling| choose_kernel(&all, precision, gemm, ceiling);
+        let packed = Some("packed");
         assert_eq!(
-            choose(Precision::F32, Some("packed"), false),
+            choose(Precision::F32, packed, SimdLevel::Amx),
             Some(Kernel::Avx512)
         );
         assert_eq!(
-            choose(Precision::F32, Some("packed"), true),
+            choose(Precision::F32, packed, SimdLevel::Avx2),
             Some(Kernel::Avx2Fma)
         );
         assert_eq!(
-            choose(Precision::Bf16, Some("packed"), true),
+            choose(Precision::Bf16, packed, SimdLevel::Avx2),
             Some(Kernel::Avx2FmaBf16)
         );
-        assert_eq!(choose(Precision::F32, Some("candle"), true), None);
+        assert_eq!(
+            choose(Precision::Bf16Tiles, packed, SimdLevel::Amx),
+            Some(Kernel::AmxBf16)
+        );
+        assert_eq!(
+            choose(Precision::Bf16Tiles, packed, SimdLevel::Avx512),
+            None
+        );
+        assert_eq!(choose(Precision::F32, Some("candle"), SimdLevel::Amx), None);
         let avx2_machine = [Kernel::Avx2Fma, Kernel::Avx2FmaBf16];
         assert_eq!(
-            choose_kernel(&avx2_machine, Precision::Bf16, Some("packed"), false),
+            choose_kernel(&avx2_machine, Precision::Bf16, packed, SimdLevel::Amx),
             Some(Kernel::Avx2FmaBf16)
         );
     }
@@ -873,7 +956,7 @@ mod tests {
             .collect();
         let wt = Tensor::new(w.clone(), &Device::Cpu).unwrap();
         let packed = PackedMatrix::pack(&wt, kernel).unwrap();
-        for rows in [1, 2, 3, 5, 6, 7, 8, 12, 13, 30] {
+        for rows in [1, 2, 3, 5, 6, 7, 8, 12, 13, 30, 33, 64, 70] {
             let x: Vec<f32> = (0..rows * k)
                 .map(|i| ((i * 17) % 11) as f32 / 5.0 - 1.0)
                 .collect();
@@ -892,6 +975,24 @@ mod tests {
                     let want = reference_bf16(&x, rows, &w);
                     for (g, e) in got.iter().zip(&want) {
                         assert_eq!(g.to_bits(), e.to_bits(), "{kernel:?}, rows {rows}");
+                    }
+                }
+                Precision::Bf16Tiles => {
+                    // The same products as `reference_bf16`, added in another order: apart by
+                    // at most the rounding of k additions of their sizes.
+                    let want = reference_bf16(&x, rows, &w);
+                    let abs_x: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+                    let abs_w: Vec<Vec<f32>> = w
+                        .iter()
+                        .map(|row| row.iter().map(|v| v.abs()).collect())
+                        .collect();
+                    let sizes = reference_bf16(&abs_x, rows, &abs_w);
+                    for ((g, e), size) in got.iter().zip(&want).zip(&sizes) {
+                        let bound = size * k as f32 * f32::EPSILON;
+                        assert!(
+                            (g - e).abs() <= bound,
+                            "{kernel:?}, rows {rows}: {g} vs {e}"
+                        );
                     }
                 }
             }
@@ -931,6 +1032,7 @@ mod tests {
         let mut paths = vec![
             Linear::new(w.clone(), true).unwrap(),
             Linear::bf16(w.clone()).unwrap(),
+            Linear::fastest(w.clone(), &Compute::cpu()).unwrap(),
         ];
         paths.extend(packed);
         for linear in paths {
@@ -945,7 +1047,7 @@ mod tests {
             let is_bf16 = match &linear {
                 Linear::Dense(_) => false,
                 Linear::DenseBf16(_) => true,
-                Linear::Packed(p) => p.kernel.precision() == Precision::Bf16,
+                Linear::Packed(p) => p.kernel.precision() != Precision::F32,
             };
             let want = if is_bf16 { &bf16_product } else { &f32_product };
             for (((g, e), f), m) in got.iter().zip(want).zip(&f32_product).zip(&magnitudes) {

@@ -100,11 +100,11 @@ impl Llama {
         };
         let embed = load("token_embd.weight")?;
         let head = match content.tensor_infos.contains_key("output.weight") {
-            true => Linear::new(load("output.weight")?.t()?, compute.cpu_kernels)?,
-            false => Linear::new(embed.t()?, compute.cpu_kernels)?,
+            true => Linear::fastest(load("output.weight")?.t()?, compute)?,
+            false => Linear::fastest(embed.t()?, compute)?,
         };
         let blocks = (0..cfg.n_layer)
-            .map(|i| load_block(&cfg, i, compute.cpu_kernels, &mut load))
+            .map(|i| load_block(&cfg, i, compute, &mut load))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = Vector::new(load("output_norm.weight")?)?;
         let mut ropes = vec![Rope::new(cfg.head_dim(), cfg.rope_theta, &compute.device)?];

@@ -355,6 +355,7 @@ impl Dense {
         let weight = match precision {
             Precision::F32 => Linear::new(w, true)?,
             Precision::Bf16 => Linear::bf16(w)?,
+            Precision::Bf16Tiles => Linear::fastest(w, &crate::device::Compute::cpu())?,
         };
         Ok(Self { weight, bias })
     }
