@@ -787,8 +787,10 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
         std::fs::create_dir(&sub).unwrap();
         project(&sub, &synthetic_examples(24))
     });
-    generate_eight(&kernels, &model, &[]);
-    generate_eight(&generic, &model, flags);
+    // The kernels in f32, as the other engines compute: AMX's bf16 tiles, where the CPU has
+    // them, round each operand to 8 bits by design.
+    generate_eight(&kernels, &model, &[], Some(("AFKIT_SIMD", "avx512")));
+    generate_eight(&generic, &model, flags, None);
     check_same_pools(&kernels, &generic);
 
     // AF on one pool both ways: results agree up to rounding (which may move a held-out
@@ -800,10 +802,12 @@ fn generates_and_filters_like_the_cpu_kernels(flags: &[&str]) {
     check_same_af_iterations(&kernels, &copy);
 }
 
-/// Eight seeded endings per context of `project` with `model`, plus `flags`.
-fn generate_eight(project: &Path, model: &Path, flags: &[&str]) {
+/// Eight seeded endings per context of `project` with `model`, plus `flags` (and `env`).
+fn generate_eight(project: &Path, model: &Path, flags: &[&str], env: Option<(&str, &str)>) {
+    let mut generate = command();
+    generate.envs(env);
     run_ok(
-        command()
+        generate
             .arg("generate")
             .arg(project)
             .arg("--model")
@@ -915,16 +919,17 @@ fn check_same_af_iterations(kernels: &Path, other: &Path) {
 /// from the same seeds is tested on a tiny model: afkit's own kernels are slow in a debug build.)
 #[test]
 fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels() {
-    let kernels = smollm2();
-    let model = LanguageModel::load_on(
-        &DefaultModel::smollm2_gguf(),
-        &Compute {
-            cpu_kernels: false,
-            ..Compute::cpu()
-        },
-    )
-    .unwrap();
-    let generic = LocalLm::new(model, SamplingParams::default(), None);
+    DefaultModel::SmolLm2.ensure().expect("fetch SmolLM2");
+    let load = |compute: &Compute| {
+        let model = LanguageModel::load_on(&DefaultModel::smollm2_gguf(), compute).unwrap();
+        LocalLm::new(model, SamplingParams::default(), None)
+    };
+    // The kernels in f32, as the generic engine computes (not on AMX's bf16 tiles).
+    let kernels = &load(&Compute::cpu_f32());
+    let generic = load(&Compute {
+        cpu_kernels: false,
+        ..Compute::cpu()
+    });
     let contexts = [
         (
             "A man is standing on a ladder next to a house.",

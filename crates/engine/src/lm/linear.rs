@@ -25,6 +25,8 @@
 //! `AFKIT_SIMD=avx2` keeps AVX-512 off.
 
 mod amx;
+mod bf16;
+mod tasks;
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
@@ -32,6 +34,9 @@ use rayon::prelude::*;
 
 use crate::device::Compute;
 use crate::simd::SimdLevel;
+pub(crate) use bf16::round_to_bf16;
+use bf16::{bf16_as_f32, bf16_bits, bf16_word};
+use tasks::{plan_tasks, OutPtr, NR};
 
 /// A weight matrix (in × out) applied to activation rows.
 pub(crate) enum Linear {
@@ -283,32 +288,6 @@ fn choose_kernel(
     }
 }
 
-/// `x` rounded to the nearest bf16 (ties to even), as an f32.
-pub(crate) fn round_to_bf16(x: f32) -> f32 {
-    bf16_as_f32(bf16_bits(x))
-}
-
-/// The bits of `x` rounded to the nearest bf16, ties to even; a NaN stays a NaN. Without
-/// branches, so that the loops packing activations over it vectorise (rounding one value at a
-/// time took a fifth of the encoder's narrow products).
-fn bf16_bits(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
-    let quiet_nan = (bits >> 16) | 0x40;
-    (if x.is_nan() { quiet_nan } else { rounded }) as u16
-}
-
-/// A bf16 is an f32's high half.
-fn bf16_as_f32(bits: u16) -> f32 {
-    f32::from_bits(u32::from(bits) << 16)
-}
-
-/// Two bf16 as one 32-bit word, `low` in the low half (the even step, as `vdpbf16ps` reads
-/// pairs), held in an f32 as the packed panels and blocks hold words.
-fn bf16_word(low: u16, high: u16) -> f32 {
-    f32::from_bits(u32::from(low) | u32::from(high) << 16)
-}
-
 /// Where the AVX2 bf16 kernel keeps column `c` (of 32) among a step's 32 bf16 weights: each
 /// 16-column half is one 256-bit register, ordered so that interleaving it with zeros, within
 /// each 128-bit lane, gives columns 0–7 of the half from the low words and 8–15 from the high
@@ -322,12 +301,6 @@ fn avx2_bf16_position(c: usize) -> usize {
             _ => c,
         }
 }
-
-/// Columns of one panel: two 16-lane registers, or four 8-lane ones.
-const NR: usize = 32;
-/// Weight bytes a thread's chunk of panels may take, so the chunk stays in its core's L2 cache
-/// while every row block passes over it.
-const CHUNK_BYTES: usize = 256 * 1024;
 
 /// A weight matrix (k × n) as ⌈n / 32⌉ panels of 32 columns, row-major inside a panel, the last
 /// panel padded with zero columns. A panel row is one step of f32 values, or for the bf16
@@ -431,21 +404,6 @@ impl PackedMatrix {
     }
 }
 
-/// How a product's work is shared out: panels per chunk (as many as keep a thread's chunk of
-/// weights in its core's L2 cache while every row block passes over it) and row blocks per
-/// group. A narrow matrix has few chunks (a 384-column one has 3), too few to share out evenly
-/// between the threads: then the row blocks are split into groups as well, each task one group
-/// × chunk. Every group streams the chunk's weights again, so only then.
-fn plan_tasks(n_panels: usize, panel_bytes: usize, n_blocks: usize) -> (usize, usize) {
-    let per_chunk = (CHUNK_BYTES / panel_bytes.max(1)).clamp(1, n_panels.max(1));
-    let n_chunks = n_panels.div_ceil(per_chunk);
-    let wanted_tasks = 2 * rayon::current_num_threads();
-    let per_group = n_blocks
-        .div_ceil(wanted_tasks.div_ceil(n_chunks.max(1)))
-        .max(1);
-    (per_chunk, per_group)
-}
-
 /// Fills `panel` (a row of 32 words per word of the kernel, see [`PackedMatrix`]) with the
 /// panel's weights, `value(step, column)` (zero past the matrix), for one of the register
 /// kernels.
@@ -479,21 +437,6 @@ fn pack_panel(kernel: Kernel, panel: &mut [f32], value: impl Fn(usize, usize) ->
         }
     }
 }
-
-/// The output pointer, shared by tasks that write disjoint blocks of it.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-
-impl OutPtr {
-    /// # Safety
-    /// `offset` must lie inside the output.
-    unsafe fn at(self, offset: usize) -> *mut f32 {
-        self.0.add(offset)
-    }
-}
-// SAFETY: tasks write disjoint elements (see `PackedMatrix::apply`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 /// Activation rows regrouped for the micro-kernel: a block of `height` rows stored word-major
 /// (for each word of the panels' columns, what the kernel broadcasts of the block's rows side by

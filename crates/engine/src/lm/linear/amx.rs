@@ -18,7 +18,8 @@ use std::arch::asm;
 
 use rayon::prelude::*;
 
-use super::{bf16_bits, bf16_word, plan_tasks, OutPtr, NR};
+use super::bf16::{bf16_bits, bf16_word};
+use super::tasks::{plan_tasks, OutPtr, NR};
 
 /// Steps (values of an activation row) one tile multiply covers.
 const STEP: usize = 32;
