@@ -173,8 +173,9 @@ mod tests {
     use candle_core::{DType, Device};
 
     /// The packed forward in f32 over a ragged batch and the candle forward, fused and
-    /// differentiable, over the same sentences padded and masked give every token the same last
-    /// hidden state: they are two ways of running one model.
+    /// differentiable, over the same texts padded and masked give every token the same last
+    /// hidden state: they are two ways of running one model. Two of the texts are pairs (token
+    /// type 1 from their second segment on).
     #[test]
     fn packed_and_tensor_forwards_agree() {
         let config = Config {
@@ -199,26 +200,27 @@ mod tests {
             vec![vec![1, 7, 9, 2], (1..34).chain([2]).collect(), vec![1, 2]];
         let refs: Vec<&[u32]> = sentences.iter().map(|s| s.as_slice()).collect();
         let spans = Spans::new(&refs);
-        let x = packed.embeddings.forward(&refs, &spans).unwrap();
-        let want = packed.encode(&Packed, 0..2, x, &spans).unwrap();
+        let second_segments = [2, 10, 2];
+        let x = packed
+            .embeddings
+            .forward(&refs, Some(&second_segments), &spans);
+        let want = packed.encode(&Packed, 0..2, x.unwrap(), &spans).unwrap();
 
         let (n, longest, width) = (sentences.len(), 34, config.hidden_size);
-        let padded: Vec<u32> = sentences
-            .iter()
-            .flat_map(|s| {
-                s.iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(0, longest - s.len()))
-            })
-            .collect();
-        let ids = Tensor::from_vec(padded, (n, longest), &Device::Cpu).unwrap();
+        let padded = |value: &dyn Fn(usize, usize) -> u32| -> Tensor {
+            let rows = (0..n).flat_map(|s| (0..longest).map(move |i| (s, i)));
+            let values: Vec<u32> = rows.map(|(s, i)| value(s, i)).collect();
+            Tensor::from_vec(values, (n, longest), &Device::Cpu).unwrap()
+        };
+        let ids = padded(&|s, i| sentences[s].get(i).copied().unwrap_or(0));
+        let types = padded(&|s, i| u32::from(i >= second_segments[s] && i < sentences[s].len()));
         let mask: Vec<f32> = sentences
             .iter()
             .flat_map(|s| (0..longest).map(|i| if i < s.len() { 0.0 } else { -1e4 }))
             .collect();
         let mask = Tensor::from_vec(mask, (n, 1, 1, longest), &Device::Cpu).unwrap();
         for run in [Tensors::FUSED, Tensors::DIFFERENTIABLE] {
-            let x = bert.embeddings.forward(&ids, &ids.zeros_like().unwrap());
+            let x = bert.embeddings.forward(&ids, &types);
             let x = x.unwrap().reshape((n * longest, width)).unwrap();
             let got = bert.encode(&run, 0..2, x, &mask).unwrap();
             let got = got.to_vec2::<f32>().unwrap();

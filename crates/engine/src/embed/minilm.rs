@@ -38,7 +38,7 @@ impl MiniLm {
             return Ok(Vec::new());
         }
         let spans = Spans::new(sentences);
-        let x = self.bert.embeddings.forward(sentences, &spans)?;
+        let x = self.bert.embeddings.forward(sentences, None, &spans)?;
         let x = self
             .bert
             .encode(&Packed, 0..self.bert.layers.len(), x, &spans)?;

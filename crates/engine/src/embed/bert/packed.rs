@@ -7,8 +7,9 @@
 //! and falls back to candle's matmul elsewhere. The products multiply in the [`Precision`] the
 //! model was packed with: in bf16 the operands are rounded and the sums kept in f32, which on
 //! CPUs with AVX512-BF16 doubles their arithmetic rate; every other CPU computes the same bits
-//! with f32 instructions, so a result does not depend on the machine. Every text has token type
-//! 0 (a single sentence), and every token attends to all of its own text's tokens.
+//! with f32 instructions, so a result does not depend on the machine. A text is a single sentence
+//! (token type 0) or a pair whose second segment has token type 1, and every token attends to all
+//! of its own text's tokens.
 
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
@@ -28,6 +29,8 @@ pub(crate) struct Embeddings {
     word: Vec<f32>,
     /// Position embeddings with the first token type's embedding already added.
     position: Vec<f32>,
+    /// The second token type's embedding less the first's (empty for a model with one type).
+    second_type: Vec<f32>,
     norm: LayerNorm,
     width: usize,
 }
@@ -90,9 +93,14 @@ impl Bert<Packed> {
                 *p += t;
             }
         }
+        let second_type = match token_type.get(width..2 * width) {
+            Some(second) => second.iter().zip(&token_type).map(|(b, a)| b - a).collect(),
+            None => Vec::new(),
+        };
         let embeddings = Embeddings {
             word: rows(&e.word)?,
             position,
+            second_type,
             norm: LayerNorm::pack(&e.norm)?,
             width,
         };
@@ -134,25 +142,43 @@ impl Layer<Packed> {
 }
 
 impl Embeddings {
-    /// The normalised sum of the word piece and position embeddings of `sentences` (each its
-    /// word-piece ids, [CLS] and [SEP] included), laid end to end as `spans` places them.
-    pub(crate) fn forward(&self, sentences: &[&[u32]], spans: &Spans) -> Result<Vec<f32>> {
+    /// The normalised sum of the word piece, position and token type embeddings of `sentences`
+    /// (each its word-piece ids, [CLS] and [SEP] included), laid end to end as `spans` places
+    /// them. `second_segments` gives, per sentence, where its token type 1 begins (none: every
+    /// token has type 0).
+    pub(crate) fn forward(
+        &self,
+        sentences: &[&[u32]],
+        second_segments: Option<&[usize]>,
+        spans: &Spans,
+    ) -> Result<Vec<f32>> {
         let width = self.width;
         let (vocab, positions) = (self.word.len() / width, self.position.len() / width);
+        ensure!(
+            second_segments.is_none() || !self.second_type.is_empty(),
+            "the model has a single token type, and pairs need two"
+        );
         let mut x = Vec::with_capacity(spans.tokens * width);
-        for ids in sentences {
+        for (s, ids) in sentences.iter().enumerate() {
             ensure!(!ids.is_empty(), "a text produced no word pieces");
             ensure!(
                 ids.len() <= positions,
                 "{} word pieces, more than the model's {positions} positions",
                 ids.len(),
             );
+            let second = second_segments.map_or(ids.len(), |starts| starts[s]);
             for (position, &id) in ids.iter().enumerate() {
                 let id = id as usize;
                 ensure!(id < vocab, "word piece {id} is outside the vocabulary");
                 let word = &self.word[id * width..(id + 1) * width];
                 let pos = &self.position[position * width..(position + 1) * width];
+                let start = x.len();
                 x.extend(word.iter().zip(pos).map(|(w, p)| w + p));
+                if position >= second {
+                    for (v, t) in x[start..].iter_mut().zip(&self.second_type) {
+                        *v += t;
+                    }
+                }
             }
         }
         self.norm.apply(&mut x);
