@@ -13,7 +13,9 @@
 # `git worktree add` and `cargo build --release`). The contexts are test-half ActivityNet
 # captions drawn with seed 99 (scripts/activitynet_subset.py); set AFKIT_SIMD=avx2 to time the
 # AVX2 kernels. BEFORE_FLAGS and AFTER_FLAGS add `generate` flags to one binary's runs (e.g. to
-# give both the same sampling when their defaults differ). The last line: one
+# give both the same sampling when their defaults differ), BEFORE_ENV and AFTER_ENV environment
+# settings (e.g. `BEFORE_ENV=AFKIT_SIMD=avx512` with the same binary on both sides: the f32
+# kernels against AMX's bf16 tiles). The last line: one
 # `RESULT job=generate_pair ...` summary (medians).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,19 +34,19 @@ mkdir "$work/base"
 "$AFTER" lm adapt "$work/base/p.sqlite" --seed "$SEED" > "$work/adapt.log" 2>&1 ||
   { cat "$work/adapt.log" >&2; exit 1; }
 
-run() { # NAME BINARY ROUND FLAGS
+run() { # NAME BINARY ROUND FLAGS ENV
   rm -rf "$work/run" && cp -r "$work/base" "$work/run"
   # shellcheck disable=SC2086
-  (cd "$work/run" && "$2" generate p.sqlite --limit "$CONTEXTS" --seed "$SEED" $4 --json) \
+  (cd "$work/run" && env $5 "$2" generate p.sqlite --limit "$CONTEXTS" --seed "$SEED" $4 --json) \
     > "$work/$1-$3.json"
   sqlite3 "$work/run/p.sqlite" "SELECT * FROM endings ORDER BY id" | md5sum | cut -c1-32 \
     > "$work/$1-$3.endings"
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round: before" >&2
-  run before "$BEFORE" "$round" "${BEFORE_FLAGS:-}"
+  run before "$BEFORE" "$round" "${BEFORE_FLAGS:-}" "${BEFORE_ENV:-}"
   echo "round $round: after" >&2
-  run after "$AFTER" "$round" "${AFTER_FLAGS:-}"
+  run after "$AFTER" "$round" "${AFTER_FLAGS:-}" "${AFTER_ENV:-}"
 done
 
 python3 - "$work" "$ROUNDS" "$CONTEXTS" <<'PY'
