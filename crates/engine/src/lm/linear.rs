@@ -73,10 +73,18 @@ impl Linear {
     /// significant bits; the sums stay f32.
     /// `compute.lm_bf16_tiles` asks for the tiles.
     pub(crate) fn fastest(w: Tensor, compute: &Compute) -> Result<Self> {
-        let tiles = compute.cpu_kernels && compute.lm_bf16_tiles;
-        match packed_kernel(Precision::Bf16Tiles).filter(|_| tiles) {
+        match compute.cpu_kernels && compute.lm_bf16_tiles {
+            true => Self::bf16_tiles(w),
+            false => Self::new(w, compute.cpu_kernels),
+        }
+    }
+
+    /// `w` (in × out) in bf16 on AMX tiles where this CPU has them, else packed in f32 (or
+    /// candle's matmul where it has no kernel).
+    pub(crate) fn bf16_tiles(w: Tensor) -> Result<Self> {
+        match packed_kernel(Precision::Bf16Tiles) {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
-            None => Self::new(w, compute.cpu_kernels),
+            None => Self::new(w, true),
         }
     }
 
@@ -338,13 +346,19 @@ impl PackedMatrix {
             .enumerate()
             .for_each(|(p, panel)| {
                 let (c0, width) = (p * NR, NR.min(n - p * NR));
+                let columns = c0..c0 + width;
                 let value = |step: usize, c: usize| match rows.get(step) {
                     Some(row) if c < width => row[c0 + c],
                     _ => 0.0,
                 };
                 match kernel {
+                    Kernel::Avx512 | Kernel::Avx2Fma => {
+                        for (out, row) in panel.chunks_exact_mut(NR).zip(&rows) {
+                            out[..width].copy_from_slice(&row[columns.clone()]);
+                        }
+                    }
                     Kernel::AmxBf16 => amx::pack_panel(panel, value),
-                    _ => pack_panel(kernel, panel, value),
+                    _ => pack_bf16_panel(kernel, panel, value),
                 }
             });
         Ok(PackedMatrix {
@@ -404,17 +418,11 @@ impl PackedMatrix {
     }
 }
 
-/// Fills `panel` (a row of 32 words per word of the kernel, see [`PackedMatrix`]) with the
-/// panel's weights, `value(step, column)` (zero past the matrix), for one of the register
-/// kernels.
-fn pack_panel(kernel: Kernel, panel: &mut [f32], value: impl Fn(usize, usize) -> f32) {
+/// Fills `panel` (a row of 32 words per pair of steps, see [`PackedMatrix`]) with the panel's
+/// weights, `value(step, column)` (zero past the matrix), for one of the bf16 register kernels.
+fn pack_bf16_panel(kernel: Kernel, panel: &mut [f32], value: impl Fn(usize, usize) -> f32) {
     for (word, out) in panel.chunks_exact_mut(NR).enumerate() {
         match kernel {
-            Kernel::Avx512 | Kernel::Avx2Fma => {
-                for (c, out) in out.iter_mut().enumerate() {
-                    *out = value(word, c);
-                }
-            }
             Kernel::Avx512Bf16 => {
                 for (c, out) in out.iter_mut().enumerate() {
                     let (even, odd) = (value(2 * word, c), value(2 * word + 1, c));
@@ -433,7 +441,7 @@ fn pack_panel(kernel: Kernel, panel: &mut [f32], value: impl Fn(usize, usize) ->
                     *out = bf16_word(two[0], two[1]);
                 }
             }
-            Kernel::AmxBf16 => unreachable!("AMX panels are packed by `amx::pack_panel`"),
+            _ => unreachable!("{kernel:?} panels are not pairs of bf16 in registers"),
         }
     }
 }

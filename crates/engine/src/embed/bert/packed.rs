@@ -381,7 +381,7 @@ impl Dense {
         let weight = match precision {
             Precision::F32 => Linear::new(w, true)?,
             Precision::Bf16 => Linear::bf16(w)?,
-            Precision::Bf16Tiles => Linear::fastest(w, &crate::device::Compute::cpu())?,
+            Precision::Bf16Tiles => Linear::bf16_tiles(w)?,
         };
         Ok(Self { weight, bias })
     }
