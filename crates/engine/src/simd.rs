@@ -66,6 +66,26 @@ pub fn dot_lanes<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     total
 }
 
+/// The sum of `xs` in sixteen independent lanes, so the loop vectorises (an in-order sum waits
+/// on each addition before the next).
+#[inline(always)]
+pub fn sum_lanes(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            lanes[l] += c[l];
+        }
+    }
+    let mut total: f32 = lanes.iter().sum();
+    for &x in tail {
+        total += x;
+    }
+    total
+}
+
 /// [`dot_lanes`] of `a` with four rows as long, each summed exactly as `dot_lanes` sums it (so
 /// a caller's results do not depend on how it groups rows), reading `a` once for all four.
 /// Like every `FMA = true` kernel here it may run only where [`avx2_fma`] holds: that build is

@@ -13,7 +13,7 @@ use super::cache::{Prefix, SlotCache, SlotRow};
 use super::config::LlamaConfig;
 use super::family::{Activation, RopeLayout};
 use super::linear::{Kernel, Linear};
-use crate::simd::{axpy_lanes, dot_lanes, exp_lanes};
+use crate::simd::{axpy_lanes, dot_lanes, exp_lanes, sum_lanes};
 
 /// [`Kernels`] over plain rows for the tokens `fed`: each one's row and own position.
 pub(crate) struct PackedKernels<'a> {
@@ -473,7 +473,8 @@ fn softmax_with_own_lanes<'k, const FMA: bool>(
 }
 
 /// Scores (the prefix's, then the own ones) turned into softmax weights in place. The
-/// exponentials run in passes of their own, which vectorise; their sum is taken in order after.
+/// exponentials and each part's sum run in passes of their own, which vectorise; a row gets the
+/// same bits wherever its scores are split the same way.
 #[inline(always)]
 fn normalise_lanes<const FMA: bool>(prefix: &mut [f32], own: &mut [f32]) {
     let max = crate::simd::max(prefix).max(crate::simd::max(own));
@@ -483,10 +484,7 @@ fn normalise_lanes<const FMA: bool>(prefix: &mut [f32], own: &mut [f32]) {
     for s in own.iter_mut() {
         *s = exp_lanes::<FMA>(*s - max);
     }
-    let mut total = 0f32;
-    for &s in prefix.iter().chain(own.iter()) {
-        total += s;
-    }
+    let total = sum_lanes(prefix) + sum_lanes(own);
     for s in prefix.iter_mut() {
         *s /= total;
     }
@@ -588,7 +586,9 @@ impl RowAttention<'_> {
                 let key = &own_k[(j * nkv + kv_head) * hd..][..hd];
                 scores.push(dot_lanes::<FMA>(qh, key) * scale);
             }
-            normalise_lanes::<FMA>(scores, &mut []);
+            // Split where a grouped token's scores are split (see `softmax_with_own`).
+            let (prefix_scores, own_scores) = scores.split_at_mut(seen_prefix);
+            normalise_lanes::<FMA>(prefix_scores, own_scores);
             let oh = &mut out[head * hd..(head + 1) * hd];
             oh.fill(0.0);
             for (j, &p) in scores[..seen_prefix].iter().enumerate() {

@@ -271,16 +271,16 @@ pub(crate) fn sample_token(
     let max = crate::simd::max(logits);
     let plain = params.temperature == 1.0 && !params.truncates();
     scratch.clear();
-    let mut log_z = 0f64;
+    let total = crate::simd::sum_exp_shifted(logits, max, plain.then_some(&mut *scratch));
+    let log_z = total.ln();
+    let reported = |token: u32| (token, logits[token as usize] - max - log_z as f32);
     if plain {
-        let total = crate::simd::sum_exp_shifted(logits, max, Some(scratch));
-        log_z = total.ln();
-        let token = inverse_cdf(scratch, u * total);
-        return (token, logits[token as usize] - max - log_z as f32);
+        return reported(inverse_cdf(scratch.iter().copied().enumerate(), u * total));
     }
-    let total: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    log_z += total.ln();
     let inv_t = 1.0 / params.temperature.max(1e-6);
+    if let (Some(min_p), None, None) = (params.min_p, params.top_k, params.top_p) {
+        return reported(sample_min_p(logits, (max, inv_t, min_p), u));
+    }
     // Weights at the chosen temperature, relative to the most probable token (weight 1).
     scratch.extend(logits.iter().map(|&l| ((l - max) * inv_t).exp()));
     if let Some(min_p) = params.min_p {
@@ -296,8 +296,25 @@ pub(crate) fn sample_token(
         keep_top_p(scratch, p);
     }
     let total: f64 = scratch.iter().map(|&w| w as f64).sum();
-    let token = inverse_cdf(scratch, u * total);
-    (token, logits[token as usize] - max - log_z as f32)
+    reported(inverse_cdf(scratch.iter().copied().enumerate(), u * total))
+}
+
+/// The draw of [`sample_token`] with min-p as the only truncation, without an exponential per
+/// vocabulary entry: at min-p 0.1 a few dozen of 50,000 tokens survive, and a token whose scaled
+/// logit is further under `ln(min_p)` than `exp`'s rounding can move it has a weight under
+/// `min_p` for certain. The survivors' weights are computed as the dense path computes them, so
+/// the draw is the same.
+fn sample_min_p(logits: &[f32], (max, inv_t, min_p): (f32, f32, f32), u: f64) -> u32 {
+    let certainly_under = min_p.ln() - 1e-3;
+    let survivors: Vec<(usize, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &l)| (l - max) * inv_t >= certainly_under)
+        .map(|(i, &l)| (i, ((l - max) * inv_t).exp()))
+        .filter(|&(_, w)| w >= min_p)
+        .collect();
+    let total: f64 = survivors.iter().map(|&(_, w)| w as f64).sum();
+    inverse_cdf(survivors.into_iter(), u * total)
 }
 
 /// Zeroes every weight but the `k` largest (ties at the k-th kept in index order).
@@ -337,11 +354,12 @@ fn keep_top_p(weights: &mut [f32], p: f32) {
     }
 }
 
-/// The first index whose cumulative weight exceeds `target` (the last non-zero one on rounding).
-fn inverse_cdf(weights: &[f32], target: f64) -> u32 {
+/// The first index whose cumulative weight exceeds `target` (the last non-zero one on rounding),
+/// over `(index, weight)` in index order.
+fn inverse_cdf(weights: impl Iterator<Item = (usize, f32)>, target: f64) -> u32 {
     let mut cumulative = 0f64;
     let mut last_nonzero = 0;
-    for (i, &w) in weights.iter().enumerate() {
+    for (i, w) in weights {
         if w > 0.0 {
             cumulative += w as f64;
             last_nonzero = i;
@@ -381,6 +399,33 @@ mod tests {
         let freq = histogram(&logits, &plain, 40_000);
         for (f, l) in freq.iter().zip(logits) {
             assert!((f - (l.exp() / z) as f64).abs() < 0.01, "{freq:?}");
+        }
+    }
+
+    /// The min-p path skips the exponentials of the tokens it can rule out; the dense path
+    /// (reached here through a top-k that keeps every token) computes them all: same draws.
+    #[test]
+    fn min_p_draws_equal_the_dense_path() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for (temperature, min_p) in [(1.5, 0.1), (1.0, 0.05), (0.7, 0.3), (2.0, 1e-6)] {
+            let logits: Vec<f32> = (0..5_000).map(|_| rng.random::<f32>() * 12.0).collect();
+            let fast = SamplingParams {
+                temperature,
+                min_p: Some(min_p),
+                ..Default::default()
+            };
+            let dense = SamplingParams {
+                top_k: Some(logits.len()),
+                ..fast.clone()
+            };
+            for _ in 0..200 {
+                let u = rng.random::<f64>();
+                assert_eq!(
+                    sample_token(&logits, u, &fast, &mut Vec::new()),
+                    sample_token(&logits, u, &dense, &mut Vec::new()),
+                    "temperature {temperature}, min-p {min_p}, u {u}"
+                );
+            }
         }
     }
 
