@@ -128,6 +128,20 @@ impl<'m> ChoiceScorer<'m> {
     /// Every option's log-likelihood after `context`: the context runs once, its keys and
     /// values shared by the options, which run as one batch.
     pub(crate) fn score(&self, question: &ChoiceQuestion) -> Result<OptionScores> {
+        let per_token = self.token_log_probs(question)?;
+        Ok(OptionScores {
+            loglikelihood: per_token
+                .iter()
+                .map(|lps| lps.iter().map(|&lp| f64::from(lp)).sum())
+                .collect(),
+            chars: question.options.iter().map(|o| o.chars().count()).collect(),
+            tokens: per_token.iter().map(Vec::len).collect(),
+        })
+    }
+
+    /// Each option's tokens' log-probabilities after `context`, posed as [`Self::score`] poses
+    /// them: where in an option the model is surprised, not only how much in all.
+    pub fn token_log_probs(&self, question: &ChoiceQuestion) -> Result<Vec<Vec<f32>>> {
         let mut context_ids = None;
         let mut continuations = Vec::with_capacity(question.options.len());
         for option in question.options {
@@ -138,23 +152,11 @@ impl<'m> ChoiceScorer<'m> {
             continuations.push(cont);
         }
         let Some(context_ids) = context_ids else {
-            return Ok(OptionScores {
-                loglikelihood: Vec::new(),
-                chars: Vec::new(),
-                tokens: Vec::new(),
-            });
+            return Ok(Vec::new());
         };
         let llama = &self.model.llama;
         let (prefix, _) = llama.prefill(&context_ids)?;
-        let per_token = llama.score_continuations(&prefix, &continuations)?;
-        Ok(OptionScores {
-            loglikelihood: per_token
-                .iter()
-                .map(|lps| lps.iter().map(|&lp| f64::from(lp)).sum())
-                .collect(),
-            chars: question.options.iter().map(|o| o.chars().count()).collect(),
-            tokens: per_token.iter().map(Vec::len).collect(),
-        })
+        llama.score_continuations(&prefix, &continuations)
     }
 
     /// Every question's option scores (each question as `score` does it), several questions at
