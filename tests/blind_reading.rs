@@ -1,10 +1,11 @@
-//! The blind-reading protocol (`scripts/blind_sheet.py`, `scripts/blind_score.py`) on real
-//! exports of one project: the AF export and its random-negative control.
+//! The blind-reading protocol (`scripts/blind_sheet.py`, `scripts/blind_score.py`,
+//! `scripts/blind_signals.py`) on real exports of one project: the AF export and its
+//! random-negative control.
 
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::{ok, unverified_project};
+use crate::common::{ok, unverified_project, Project};
 
 fn python(script: &str, args: &[&str]) -> (bool, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -57,31 +58,35 @@ fn reader_answers(questions: &[serde_json::Value]) -> (String, usize, usize) {
     (answers, second, broken)
 }
 
-#[test]
-#[cfg_attr(not(has_python3), ignore = "needs python3 on PATH")]
-fn a_mixed_sheet_keeps_the_key_apart_and_scores_a_reader() {
+/// A project's AF export and control in `dir` (`af`, `control`) and a sheet of 6 + 6 of their
+/// questions at `dir/blind`: (project, af, control, prefix, the key's questions).
+fn exported_sheet(dir: &Path) -> (Project, String, String, String, Vec<serde_json::Value>) {
     let p = unverified_project(12);
-    let dir = tempfile::tempdir().unwrap();
-    let (af, control) = (dir.path().join("af"), dir.path().join("control"));
-    let (af, control) = (af.to_str().unwrap(), control.to_str().unwrap());
-    ok(&["export", p.p(), "--out", af]);
-    ok(&["export", p.p(), "--out", control, "--negatives", "random"]);
-    let prefix = dir.path().join("blind");
-    let prefix = prefix.to_str().unwrap();
-
-    let (done, text) = python("blind_sheet.py", &[af, control, prefix, "--n", "13"]);
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let (af, control, prefix) = (path("af"), path("control"), path("blind"));
+    ok(&["export", p.p(), "--out", &af]);
+    ok(&["export", p.p(), "--out", &control, "--negatives", "random"]);
+    let (done, text) = python("blind_sheet.py", &[&af, &control, &prefix, "--n", "13"]);
     assert!(
         !done && text.contains("share 24 labelled contexts; 26 are needed"),
         "{text}"
     );
-    let (done, text) = python("blind_sheet.py", &[af, control, prefix, "--n", "6"]);
+    let (done, text) = python("blind_sheet.py", &[&af, &control, &prefix, "--n", "6"]);
     assert!(done, "{text}");
-
-    let sheet = std::fs::read_to_string(format!("{prefix}.sheet.md")).unwrap();
     let key: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(format!("{prefix}.key.json")).unwrap())
             .unwrap();
-    let questions = key["questions"].as_array().unwrap();
+    let questions = key["questions"].as_array().unwrap().clone();
+    (p, af, control, prefix, questions)
+}
+
+#[test]
+#[cfg_attr(not(has_python3), ignore = "needs python3 on PATH")]
+fn a_mixed_sheet_keeps_the_key_apart_and_scores_a_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_project, _, _, prefix, questions) = exported_sheet(dir.path());
+    let questions = &questions;
+    let sheet = std::fs::read_to_string(format!("{prefix}.sheet.md")).unwrap();
     assert_eq!(questions.len(), 12);
     let from_af = questions.iter().filter(|q| q["source"] == "af").count();
     assert_eq!(from_af, 6, "half from each export");
@@ -119,4 +124,65 @@ fn a_mixed_sheet_keeps_the_key_apart_and_scores_a_reader() {
     );
     let (done, text) = python("blind_score.py", &[&key_path, &bad]);
     assert!(!done && text.contains("bad.csv:2: pick holds E"), "{text}");
+}
+
+/// The reader's marks joined to the project's stored signals: every wrong ending on the sheet,
+/// counted per export and together, and the judged questions written out for a scoring model.
+#[test]
+#[cfg_attr(not(has_python3), ignore = "needs python3 on PATH")]
+fn a_reading_is_joined_to_the_stored_signals() {
+    let dir = tempfile::tempdir().unwrap();
+    let (project, af, control, prefix, questions) = exported_sheet(dir.path());
+    let (answers, _, _) = reader_answers(&questions);
+    write(Path::new(&format!("{prefix}.answers.csv")), &answers);
+
+    let (done, text) = python("blind_signals.py", &[&prefix]);
+    assert!(!done && text.contains("cannot tell its project"), "{text}");
+
+    let scoring = dir.path().join("scoring.json");
+    let (af_project, control_project) = (
+        format!("--project={af}={}", project.p()),
+        format!("--project={control}={}", project.p()),
+    );
+    let args = [
+        prefix.as_str(),
+        &af_project,
+        &control_project,
+        "--scoring-input",
+        scoring.to_str().unwrap(),
+    ];
+    let (done, report) = python("blind_signals.py", &args);
+    assert!(done, "{report}");
+    assert!(
+        report.contains(&format!(
+            "## {af}: 18 judged wrong endings, 0 broken, 1 plausible"
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "## {control}: 18 judged wrong endings, 1 broken, 0 plausible"
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains("## every export together: 36 judged wrong endings, 1 broken, 1 plausible"),
+        "{report}"
+    );
+    // The fixtures store one log-probability per ending, the same for every candidate: no
+    // information. Nothing else is stored, so no other signal is listed.
+    assert!(report.contains("| gen_cond | – | 0.50 |"), "{report}");
+    assert!(!report.contains("scorer_cond"), "{report}");
+
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&scoring).unwrap()).unwrap();
+    assert_eq!(items.len(), 12, "one per context on the sheet");
+    for item in &items {
+        let options = item["options"].as_array().unwrap();
+        assert_eq!(options.len(), 4, "{item}");
+        assert!(options[0]
+            .as_str()
+            .unwrap()
+            .starts_with("sits down at table"));
+    }
 }
