@@ -490,8 +490,33 @@ impl CrossEncoder {
     }
 
     /// Option scores (rows / options × options) of the given rows of `states`, through the
-    /// trained layers and the head, differentiable.
+    /// trained layers and the head, differentiable. The rows run in groups of similar lengths,
+    /// each padded to its own longest (a batch of random questions padded to its longest is a
+    /// third padding), and their scores are put back in row order.
     fn upper_scores(&self, states: &[Tensor], rows: &[usize], options: usize) -> Result<Tensor> {
+        let length = |i: usize| states[rows[i]].dims()[0];
+        let mut by_length: Vec<usize> = (0..rows.len()).collect();
+        by_length.sort_by_key(|&i| length(i));
+        let groups = by_length
+            .chunks(TRAIN_GROUP_ROWS)
+            .map(|group| {
+                let own: Vec<usize> = group.iter().map(|&i| rows[i]).collect();
+                self.padded_scores(states, &own)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut place = vec![0u32; rows.len()];
+        for (sorted, &i) in by_length.iter().enumerate() {
+            place[i] = sorted as u32;
+        }
+        let place = Tensor::new(place, &self.device)?;
+        Tensor::cat(&groups, 0)?
+            .index_select(&place, 0)?
+            .reshape((rows.len() / options, options))
+            .map_err(Into::into)
+    }
+
+    /// One score per given row of `states`, the rows padded to the longest of them.
+    fn padded_scores(&self, states: &[Tensor], rows: &[usize]) -> Result<Tensor> {
         let lengths: Vec<usize> = rows
             .iter()
             .map(|&r| states[r].dim(0))
@@ -512,9 +537,7 @@ impl CrossEncoder {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let hidden = Tensor::stack(&padded, 0)?;
         let mask = self.attention_mask(&lengths, longest)?;
-        self.upper(&hidden, &mask)?
-            .reshape((rows.len() / options, options))
-            .map_err(Into::into)
+        self.upper(&hidden, &mask)
     }
 
     /// The trained layers, mean pooling over the real tokens and the head: one score per row.
@@ -605,6 +628,9 @@ fn prepare_tokenizer(tokenizer: &mut Tokenizer) -> Result<Special> {
 
 /// Options run through the frozen layers in one product.
 const FROZEN_BATCH: usize = 64;
+/// Options of one training step run through the trained layers together (with their lengths
+/// sorted, so that each group pads little).
+const TRAIN_GROUP_ROWS: usize = 8;
 /// Options scored in one candle forward pass.
 const SCORE_BATCH_OPTIONS: usize = 64;
 /// Word pieces of one packed scoring batch: tall enough products for the kernels, hidden states
@@ -867,6 +893,42 @@ mod tests {
         })
         .unwrap();
         assert!(again[0] < losses_a[0] - 0.05, "{again:?} vs {losses_a:?}");
+    }
+
+    /// Training runs a batch's options in groups of similar lengths: each option's score is
+    /// the one it gets with the whole batch padded together, in the batch's order.
+    #[test]
+    fn options_grouped_by_length_score_as_the_batch_padded_together() {
+        let model = tiny_model(1);
+        let mut rng = Seed::new(9).rng();
+        let questions: Vec<Question> = (0..7)
+            .map(|_| Question {
+                context: phrase(&mut rng, 6),
+                endings: (0..4)
+                    .map(|_| {
+                        let words = rng.random_range(1..12);
+                        phrase(&mut rng, words)
+                    })
+                    .collect(),
+            })
+            .collect();
+        let pairs = model.pairs(&questions).unwrap();
+        let states = model.frozen_states(&pairs, &mut |_| {}).unwrap();
+        let rows: Vec<usize> = (0..pairs.len()).rev().collect();
+        let grouped: Vec<Vec<f32>> = model
+            .upper_scores(&states, &rows, 4)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        let together: Vec<f32> = model
+            .padded_scores(&states, &rows)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(pairs.iter().any(|p| p.ids.len() != pairs[0].ids.len()));
+        for (g, t) in grouped.concat().iter().zip(&together) {
+            assert!((g - t).abs() < 1e-4, "{g} against {t}");
+        }
     }
 
     #[test]
