@@ -14,8 +14,9 @@
 //! layers it trains. The embeddings and the lowest `frozen_layers` layers stay fixed (and run on
 //! candle's fused ops): their output for a text never changes, so a training call computes it
 //! once per option and every epoch starts above it. That, the truncation to `max_len` word
-//! pieces and the number of epochs are what make the model affordable on a CPU; [`Shape`]'s
-//! default is the measured compromise.
+//! pieces, a step's options run in groups of similar lengths (little padding) and the number of
+//! epochs are what make the model affordable on a CPU; [`Shape`]'s default is the measured
+//! compromise (training fewer layers loses accuracy).
 //!
 //! Scoring needs no gradients: on afkit's CPU kernels it runs the current weights packed, over
 //! ragged batches (`bert::Packed`), its products in bf16 on AMX tiles where the CPU has them and
