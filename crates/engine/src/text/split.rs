@@ -10,11 +10,14 @@
 //!    prefix).
 //! 2. After the prefix, the main verb phrase starts at the first auxiliary or verb, so
 //!    auxiliaries belong to the ending ("is seen riding ...") and pre-verbal adverbs stay with the
-//!    subject ("The man then"), as in SWAG's parses. Two kinds of verbs inside the subject are
+//!    subject ("The man then"), as in SWAG's parses. Three kinds of verbs inside the subject are
 //!    stepped over: a participle right after a noun when a finite verb follows ("A man wearing a
-//!    hat walks", "A man dressed in black dances"), and the verb group of a relative clause
-//!    ("The man who is talking waves").
-//! 3. With no verb, or with nothing but punctuation before it (an imperative or a fragment),
+//!    hat walks", "A man dressed in black dances"), a participle between a determiner or an
+//!    adjective and its noun ("The finished furniture is shown"), and the verb group of a
+//!    relative clause ("The man who is talking waves").
+//! 3. With no verb, or with no word before it (after any prefix) that can head a subject — a
+//!    noun, a name, a pronoun, a number or a determiner that stands alone — (an imperative or a
+//!    fragment: "Then continues to brush", or a tagger's slip: "The" / "left man holds ..."),
 //!    there is no `sent2`/verb-phrase split and the result is `None`.
 //!
 //! The two parts are cut from the original text at the verb's token boundary, so they read
@@ -49,7 +52,7 @@ pub(super) fn main_verb_index(words: &[&str], tags: &[Upos]) -> Option<usize> {
         start = comma + 1;
     }
     let verb = s.find_verb(start, words.len())?;
-    let has_subject = tags[..verb].iter().any(|&t| t != Upos::Punct);
+    let has_subject = (start..verb).any(|i| s.can_head_subject(i));
     has_subject.then_some(verb)
 }
 
@@ -96,6 +99,12 @@ const NOT_VERBS: &[&str] = &[
     "downstairs",
 ];
 
+/// Determiners that can be a subject on their own.
+const STANDALONE_DETERMINERS: &[&str] = &[
+    "another", "this", "that", "these", "those", "all", "both", "each", "some", "many", "few",
+    "several", "most", "either", "neither", "others", "none",
+];
+
 const PLURAL_NOUNS: &[&str] = &[
     "men", "women", "people", "children", "feet", "teeth", "mice",
 ];
@@ -106,6 +115,17 @@ struct Sentence<'a> {
 }
 
 impl Sentence<'_> {
+    /// Whether token `i` can head a subject: a noun, a name, a pronoun or a number (or a token the
+    /// tagger cannot place, most often a misspelt noun), or a determiner that stands alone
+    /// ("Another jumps"). An article or an adverb alone is no subject: "The" / "left man holds
+    /// ..." is a tagger's slip, "Then" / "continues ..." a fragment.
+    fn can_head_subject(&self, i: usize) -> bool {
+        matches!(
+            self.tags[i],
+            Upos::Noun | Upos::Propn | Upos::Pron | Upos::Num | Upos::X
+        ) || STANDALONE_DETERMINERS.contains(&self.lower[i].as_str())
+    }
+
     /// If a prefix adverbial or subordinate clause starts at `start`, the index of its comma.
     fn prefix_end(&self, start: usize) -> Option<usize> {
         let n = self.tags.len();
@@ -141,7 +161,12 @@ impl Sentence<'_> {
                     continue;
                 }
                 Upos::Aux => return Some(i),
-                Upos::Verb if !self.is_reduced_relative(i, from, to) => return Some(i),
+                Upos::Verb
+                    if !self.is_reduced_relative(i, from, to)
+                        && !self.is_attributive_participle(i, to) =>
+                {
+                    return Some(i)
+                }
                 Upos::Noun | Upos::Propn | Upos::Adp | Upos::Adv | Upos::Adj | Upos::X
                     if self.is_mistagged_verb(i, from) =>
                 {
@@ -152,6 +177,16 @@ impl Sentence<'_> {
             i += 1;
         }
         None
+    }
+
+    /// A participle between a determiner or an adjective and the noun it describes ("The
+    /// finished furniture is shown", "A smiling man waves"): an adjective of the subject.
+    fn is_attributive_participle(&self, i: usize, to: usize) -> bool {
+        is_participle(&self.lower[i])
+            && i > 0
+            && matches!(self.tags[i - 1], Upos::Det | Upos::Adj)
+            && i + 1 < to
+            && matches!(self.tags[i + 1], Upos::Noun | Upos::Propn | Upos::Adj)
     }
 
     /// "who"/"which"/"that" right after a noun: a relative clause inside the subject.
@@ -282,6 +317,17 @@ mod tests {
     /// Hand-checked second sentences, most from ActivityNet Captions style, with the split a
     /// constituency parse gives (SWAG §2): subject NP (with prefix adverbials) | verb phrase.
     const CASES: &[(&str, &str, &str)] = &[
+        // a participle that describes the subject's noun
+        (
+            "The finished furniture is shown.",
+            "The finished furniture",
+            "is shown.",
+        ),
+        (
+            "A smiling man waves to the camera.",
+            "A smiling man",
+            "waves to the camera.",
+        ),
         // plain subjects
         (
             "The man dances around the room.",
@@ -454,6 +500,11 @@ mod tests {
         assert_eq!(split_second_sentence("A close up of a bowl of soup."), None);
         assert_eq!(split_second_sentence("Wash your hands."), None);
         assert_eq!(split_second_sentence(""), None);
+        // An adverb before the verb is no subject: a fragment.
+        assert_eq!(
+            split_second_sentence("Then continues to brush his teeth."),
+            None
+        );
     }
 
     #[test]
