@@ -57,17 +57,22 @@ def letters(text):
     return set((text or "").replace(",", " ").upper().split())
 
 
+def normalised(text):
+    return " ".join(text.split())
+
+
 def sheet_endings(path):
-    """question number -> {letter: ending text}, from a sheet's markdown."""
+    """question number -> (its context, {letter: ending text}), from a sheet's markdown."""
     questions = {}
     for block in re.split(r"\n## ", open(path, encoding="utf-8").read())[1:]:
         lines = block.strip().split("\n")
+        context = normalised(lines[2].removesuffix("…")) if len(lines) > 2 else ""
         endings = {}
         for line in lines:
             m = re.match(r"- \*\*([A-D])\*\* … (.*)", line)
             if m:
                 endings[m.group(1)] = m.group(2)
-        questions[int(lines[0])] = endings
+        questions[int(lines[0])] = (context, endings)
     return questions
 
 
@@ -87,9 +92,10 @@ def judged_endings(prefix, key_dir):
         broken = letters(answer["ungrammatical"])
         plausible = letters(answer["also_plausible"]) | letters(answer["pick"])
         export = os.path.dirname(q["file"])
-        for letter, text in sheet[q["question"]].items():
+        context, endings = sheet[q["question"]]
+        for letter, text in endings.items():
             if letter != q["answer"]:
-                rows.append({"sheet": prefix, "export": export, "text": text,
+                rows.append({"sheet": prefix, "export": export, "context": context, "text": text,
                              "broken": letter in broken, "plausible": letter in plausible})
     return rows
 
@@ -105,8 +111,8 @@ def project_of(export, given):
 
 
 def stored_signals(path):
-    """text -> (example id, signals) for every ending of the project; the real endings' own
-    values under each example id."""
+    """(context, text) -> (example id, signals) for every wrong ending of the project; the real
+    endings' own values, and their texts, under each example id."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     reader = "(SELECT ll_cond * 1.0 / n_tok FROM fluency_scores f WHERE f.ending_id = e.id)" \
@@ -114,17 +120,17 @@ def stored_signals(path):
     query = f"""SELECT e.text, e.example_id, e.is_gold, e.lp_cond, e.lp_alone,
                        s.ll_cond * 1.0 / s.n_tok, s.ll_alone * 1.0 / s.n_tok, {reader}
                 FROM endings e LEFT JOIN scorer_scores s ON s.ending_id = e.id"""
-    endings, gold = {}, {}
+    contexts = {i: normalised(f"{s1} {s2}") for i, s1, s2 in
+                db.execute("SELECT id, sent1, sent2 FROM examples")}
+    endings, gold, gold_texts = {}, {}, {}
     for text, example, is_gold, *values in db.execute(query):
         signals = dict(zip(["gen_cond", "gen_alone", "scorer_cond", "scorer_alone",
                             "reader_cond"], values))
         if is_gold:
-            gold[example] = signals
+            gold[example], gold_texts[example] = signals, text
         else:
-            endings[text] = (example, signals)
-    contexts = {i: f"{s1} {s2}".strip() for i, s1, s2 in
-                db.execute("SELECT id, sent1, sent2 FROM examples")}
-    return endings, gold, contexts
+            endings[(contexts[example], text)] = (example, signals)
+    return endings, gold, gold_texts
 
 
 def auc(positives, negatives):
@@ -223,12 +229,11 @@ def main():
         path = project_of(os.path.normpath(r["export"]), given)
         if path not in projects:
             projects[path] = stored_signals(path)
-        endings, gold, contexts = projects[path]
-        if r["text"] not in endings:
-            sys.exit(f"{r['sheet']}: the ending {r['text']!r} is not in {path}")
-        example, signals = endings[r["text"]]
-        r.update(project=path, example=example, context=contexts[example],
-                 words=len(r["text"].split()))
+        endings, gold, _ = projects[path]
+        if (r["context"], r["text"]) not in endings:
+            sys.exit(f"{r['sheet']}: the ending {r['text']!r} of {r['context']!r} is not in {path}")
+        example, signals = endings[(r["context"], r["text"])]
+        r.update(project=path, example=example, words=len(r["text"].split()))
         for name, value in signals.items():
             real = gold.get(example, {}).get(name)
             r[name] = None if value is None or real is None else value - real
@@ -245,18 +250,13 @@ def main():
         report("every export together", [dict(r) for r in rows])
 
 
-def gold_text(path, example):
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    return db.execute("SELECT ending FROM examples WHERE id = ?", (example,)).fetchone()[0]
-
-
 def write_scoring_input(rows, projects, out):
     """One item per (project, context): the real ending first, then the judged wrong ones."""
     items = {}
     for r in rows:
         key = f"{r['project']}#{r['example']}"
         item = items.setdefault(key, {"key": key, "context": r["context"],
-                                      "options": [gold_text(r["project"], r["example"])]})
+                                      "options": [projects[r["project"]][2][r["example"]]]})
         if r["text"] not in item["options"]:
             item["options"].append(r["text"])
     with open(out, "w", encoding="utf-8") as f:
