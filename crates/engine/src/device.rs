@@ -50,9 +50,10 @@ pub struct Compute {
     /// afkit's own CPU kernels run the models; otherwise candle ops alone.
     pub cpu_kernels: bool,
     /// With afkit's kernels, a language model's weight products run in bf16 on AMX tiles where
-    /// the CPU has them (and `AFKIT_SIMD` allows): several times as fast as f32, each operand
-    /// rounded to 8 significant bits, the sums kept in f32.
-    pub lm_bf16_tiles: bool,
+    /// the CPU has them, else in 8-bit blocks with AVX512-VNNI where it has that (and
+    /// `AFKIT_SIMD` allows): faster than f32, each operand rounded to about 8 significant bits,
+    /// the sums kept in f32.
+    pub lm_reduced_precision: bool,
 }
 
 impl Compute {
@@ -61,7 +62,7 @@ impl Compute {
         Compute {
             device: Device::Cpu,
             cpu_kernels: true,
-            lm_bf16_tiles: true,
+            lm_reduced_precision: true,
         }
     }
 
@@ -69,7 +70,7 @@ impl Compute {
     /// implementations hold to a tight tolerance.
     pub fn cpu_f32() -> Self {
         Compute {
-            lm_bf16_tiles: false,
+            lm_reduced_precision: false,
             ..Compute::cpu()
         }
     }
@@ -107,7 +108,7 @@ impl Compute {
         Ok(Compute {
             device,
             cpu_kernels,
-            lm_bf16_tiles: cpu_kernels,
+            lm_reduced_precision: cpu_kernels,
         })
     }
 }

@@ -526,7 +526,7 @@ mod tests {
                 let generic = Compute {
                     device: device.clone(),
                     cpu_kernels: false,
-                    lm_bf16_tiles: false,
+                    lm_reduced_precision: false,
                 };
                 for (k, g) in kernels.iter().zip(scores(epochs, generic)?) {
                     let worst = k

@@ -66,7 +66,7 @@ fn engines() -> Vec<Compute> {
         engines.push(Compute {
             device: candle_core::Device::new_cuda(0).expect("a CUDA device"),
             cpu_kernels: false,
-            lm_bf16_tiles: false,
+            lm_reduced_precision: false,
         });
     }
     engines
