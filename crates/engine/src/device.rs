@@ -50,9 +50,9 @@ pub struct Compute {
     /// afkit's own CPU kernels run the models; otherwise candle ops alone.
     pub cpu_kernels: bool,
     /// With afkit's kernels, a language model's weight products run in bf16 on AMX tiles where
-    /// the CPU has them, else in 8-bit blocks with AVX512-VNNI where it has that (and
-    /// `AFKIT_SIMD` allows): faster than f32, each operand rounded to about 8 significant bits,
-    /// the sums kept in f32.
+    /// the CPU has them, else with AVX512-BF16's dot products where it has those (and
+    /// `AFKIT_SIMD` allows): faster than f32, each operand rounded to 8 significant bits, the
+    /// sums kept in f32.
     pub lm_reduced_precision: bool,
 }
 

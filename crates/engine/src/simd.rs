@@ -13,22 +13,22 @@
 pub(crate) enum SimdLevel {
     Avx2,
     Avx512,
-    /// AVX-512 with VNNI's byte products.
-    Avx512Vnni,
+    /// AVX-512 with bf16 dot products (`vdpbf16ps`).
+    Avx512Bf16,
     /// AVX-512 and AMX's tiles.
     Amx,
 }
 
-/// The highest instruction set the fast paths may use: `AFKIT_SIMD=avx2`, `avx512` (no VNNI
-/// byte products, no AMX) or `vnni` (no AMX) caps them on a CPU that has more (one switch for
-/// every fast path: the packed GEMM, the sentence encoder's products; the kernels of this module
-/// are AVX2 already), so that one machine can measure what a CPU with less runs.
+/// The highest instruction set the fast paths may use: `AFKIT_SIMD=avx2`, `avx512` (f32 only:
+/// no bf16 dot products, no AMX) or `avx512bf16` (no AMX) caps them on a CPU that has more (one
+/// switch for every fast path: the packed GEMM, the sentence encoder's products; the kernels of
+/// this module are AVX2 already), so that one machine can measure what a CPU with less runs.
 pub(crate) fn simd_ceiling() -> SimdLevel {
     static CEILING: std::sync::LazyLock<SimdLevel> =
         std::sync::LazyLock::new(|| match std::env::var("AFKIT_SIMD").as_deref() {
             Ok("avx2") => SimdLevel::Avx2,
             Ok("avx512") => SimdLevel::Avx512,
-            Ok("vnni") => SimdLevel::Avx512Vnni,
+            Ok("avx512bf16") => SimdLevel::Avx512Bf16,
             _ => SimdLevel::Amx,
         });
     *CEILING

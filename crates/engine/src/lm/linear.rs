@@ -26,7 +26,6 @@
 
 mod amx;
 mod bf16;
-mod int8;
 mod tasks;
 
 use anyhow::{bail, Result};
@@ -69,21 +68,14 @@ impl Linear {
         )?))
     }
 
-    /// `w` (in × out) in the fastest arithmetic this CPU has for a language model: bf16 on AMX
-    /// tiles where it has them, else (with `AFKIT_LM_INT8` set) 8-bit blocks with AVX512-VNNI
-    /// (see [`int8`]) where it has that, else as [`Linear::new`]. A bf16 operand keeps 8 of an f32's 24 significant bits, an
-    /// 8-bit block about as many for its largest values; the sums stay f32.
-    /// `compute.lm_reduced_precision` allows either.
+    /// `w` (in × out) in the fastest arithmetic this CPU has for a language model:
+    /// [`lm_kernel`]'s bf16 products where it has them, else as [`Linear::new`]. A bf16 operand
+    /// keeps 8 of an f32's 24 significant bits; the sums stay f32.
+    /// `compute.lm_reduced_precision` allows bf16.
     pub(crate) fn fastest(w: Tensor, compute: &Compute) -> Result<Self> {
-        if !(compute.cpu_kernels && compute.lm_reduced_precision) {
-            return Self::new(w, compute.cpu_kernels);
-        }
-        // 8-bit products only when asked: they move a log-probability ten times as far as bf16.
-        let int8 =
-            || packed_kernel(Precision::Int8).filter(|_| std::env::var("AFKIT_LM_INT8").is_ok());
-        match packed_kernel(Precision::Bf16Tiles).or_else(int8) {
+        match lm_kernel().filter(|_| compute.cpu_kernels && compute.lm_reduced_precision) {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
-            None => Self::new(w, true),
+            None => Self::new(w, compute.cpu_kernels),
         }
     }
 
@@ -169,9 +161,6 @@ pub(crate) enum Precision {
     /// bf16 operands and f32 sums in the order of AMX's tile products: only CPUs with AMX
     /// compute it.
     Bf16Tiles,
-    /// Blocks of 32 steps in bytes, each with its scale, integer sums scaled into f32 ones (see
-    /// [`int8`]): only CPUs with AVX512-VNNI compute it.
-    Int8,
 }
 
 /// `x · w` with candle's matmul, for plain rows `x` (rows × in).
@@ -194,8 +183,6 @@ pub enum Kernel {
     Avx2FmaBf16,
     /// bf16 on AMX tiles: 32 rows × 32 columns of f32 sums in four tiles, 32 steps at a time.
     AmxBf16,
-    /// Bytes with `vpdpbusd`: 6 rows × 32 columns, a block of 32 steps at a time.
-    Avx512Vnni,
 }
 
 impl Kernel {
@@ -217,9 +204,6 @@ impl Kernel {
             if avx512 && amx::available() {
                 kernels.push(Kernel::AmxBf16);
             }
-            if int8::available() {
-                kernels.push(Kernel::Avx512Vnni);
-            }
         }
         kernels
     }
@@ -230,7 +214,6 @@ impl Kernel {
             Kernel::Avx512 | Kernel::Avx2Fma => Precision::F32,
             Kernel::Avx512Bf16 | Kernel::Avx2FmaBf16 => Precision::Bf16,
             Kernel::AmxBf16 => Precision::Bf16Tiles,
-            Kernel::Avx512Vnni => Precision::Int8,
         }
     }
 
@@ -238,8 +221,8 @@ impl Kernel {
     fn level(self) -> SimdLevel {
         match self {
             Kernel::Avx2Fma | Kernel::Avx2FmaBf16 => SimdLevel::Avx2,
-            Kernel::Avx512 | Kernel::Avx512Bf16 => SimdLevel::Avx512,
-            Kernel::Avx512Vnni => SimdLevel::Avx512Vnni,
+            Kernel::Avx512 => SimdLevel::Avx512,
+            Kernel::Avx512Bf16 => SimdLevel::Avx512Bf16,
             Kernel::AmxBf16 => SimdLevel::Amx,
         }
     }
@@ -274,7 +257,6 @@ impl Kernel {
             Precision::F32 => k,
             Precision::Bf16 => k.div_ceil(2),
             Precision::Bf16Tiles => amx::words(k),
-            Precision::Int8 => int8::words(k),
         }
     }
 }
@@ -293,6 +275,15 @@ pub(crate) fn packed_kernel(precision: Precision) -> Option<Kernel> {
         _ => crate::simd::simd_ceiling(),
     };
     choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), ceiling)
+}
+
+/// The kernel a language model's products take where reduced precision is allowed: bf16 on AMX
+/// tiles, else bf16 with AVX512-BF16's `vdpbf16ps` (faster than f32 on CPUs that run it at
+/// full width, such as AMD's Zen 4), else none (f32). The AVX2 bf16 kernel is no faster than
+/// f32 FMAs, so a language model never takes it.
+pub(crate) fn lm_kernel() -> Option<Kernel> {
+    let registers = packed_kernel(Precision::Bf16).filter(|&k| k == Kernel::Avx512Bf16);
+    packed_kernel(Precision::Bf16Tiles).or(registers)
 }
 
 /// [`packed_kernel`]'s choice among the `supported` kernels, given `AFKIT_GEMM` and the highest
@@ -377,7 +368,6 @@ impl PackedMatrix {
                         }
                     }
                     Kernel::AmxBf16 => amx::pack_panel(panel, value),
-                    Kernel::Avx512Vnni => int8::pack_panel(panel, value),
                     _ => pack_bf16_panel(kernel, panel, value),
                 }
             });
@@ -398,10 +388,8 @@ impl PackedMatrix {
         if rows == 0 {
             return Ok(Vec::new());
         }
-        match self.kernel {
-            Kernel::AmxBf16 => return Ok(amx::apply(&self.panels, k, n, x, rows)),
-            Kernel::Avx512Vnni => return Ok(int8::apply(&self.panels, k, n, x, rows)),
-            _ => {}
+        if self.kernel == Kernel::AmxBf16 {
+            return Ok(amx::apply(&self.panels, k, n, x, rows));
         }
         let words = self.kernel.words(k);
         // Not zeroed first: the tasks below write every element once (the row blocks cover the
@@ -511,9 +499,7 @@ impl RowBlocks {
                 let mut bits = match kernel.precision() {
                     Precision::F32 => Vec::new(),
                     Precision::Bf16 => vec![0u16; 2 * words],
-                    Precision::Bf16Tiles | Precision::Int8 => {
-                        unreachable!("AMX and VNNI pack their own activations")
-                    }
+                    Precision::Bf16Tiles => unreachable!("AMX packs its own activations"),
                 };
                 for r in 0..real {
                     let row = &x[(first_row + r) * k..(first_row + r + 1) * k];
@@ -534,9 +520,7 @@ impl RowBlocks {
                                 slot[height + r] = bf16_as_f32(pair[0]);
                             }
                         }
-                        Kernel::AmxBf16 | Kernel::Avx512Vnni => {
-                            unreachable!("AMX and VNNI pack their own activations")
-                        }
+                        Kernel::AmxBf16 => unreachable!("AMX packs its own activations"),
                     }
                 }
                 RowBlock {
@@ -679,7 +663,7 @@ mod avx512 {
     /// Stores the first `rows` rows and `cols` columns of the accumulators.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn store<const H: usize>(
+    unsafe fn store<const H: usize>(
         lo: &[__m512; H],
         hi: &[__m512; H],
         rows: usize,
@@ -811,7 +795,6 @@ mod tests {
             Kernel::Avx2Fma,
             Kernel::Avx2FmaBf16,
             Kernel::AmxBf16,
-            Kernel::Avx512Vnni,
         ];
         let choose = |precision, gemm, ceiling| choose_kernel(&all, precision, gemm, ceiling);
         let packed = Some("packed");
@@ -836,10 +819,13 @@ mod tests {
             None
         );
         assert_eq!(
-            choose(Precision::Int8, packed, SimdLevel::Avx512Vnni),
-            Some(Kernel::Avx512Vnni)
+            choose(Precision::Bf16, packed, SimdLevel::Avx512Bf16),
+            Some(Kernel::Avx512Bf16)
         );
-        assert_eq!(choose(Precision::Int8, packed, SimdLevel::Avx512), None);
+        assert_eq!(
+            choose(Precision::Bf16, packed, SimdLevel::Avx512),
+            Some(Kernel::Avx2FmaBf16)
+        );
         assert_eq!(choose(Precision::F32, Some("candle"), SimdLevel::Amx), None);
         let avx2_machine = [Kernel::Avx2Fma, Kernel::Avx2FmaBf16];
         assert_eq!(
@@ -978,34 +964,8 @@ mod tests {
                         );
                     }
                 }
-                Precision::Int8 => {
-                    let want = reference(&x, rows, &w);
-                    let columns: Vec<Vec<f32>> = (0..n)
-                        .map(|c| w.iter().map(|row| row[c]).collect())
-                        .collect();
-                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                        let bound = int8_bound(&x[i / n * k..(i / n + 1) * k], &columns[i % n]);
-                        assert!(
-                            (g - e).abs() <= bound,
-                            "{kernel:?}, rows {rows}: {g} vs {e}"
-                        );
-                    }
-                }
             }
         }
-    }
-
-    /// How far 8-bit blocks may move `x · w`: each weight by at most half its block's step (a
-    /// 255th of the block's range), each activation by half of its (a 127th of its largest
-    /// magnitude), bounded here by the whole vectors' range and largest magnitude.
-    fn int8_bound(x: &[f32], w: &[f32]) -> f32 {
-        let x_largest = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let w_min = w.iter().copied().fold(f32::INFINITY, f32::min);
-        let w_range = w.iter().copied().fold(f32::NEG_INFINITY, f32::max) - w_min;
-        let x_sizes: f32 = x.iter().map(|v| v.abs()).sum();
-        let w_sizes: f32 = w.iter().map(|v| v.abs()).sum();
-        let step_x = x_largest / 127.0;
-        x_sizes * w_range / 510.0 + (w_sizes + w_range * x.len() as f32) * step_x / 2.0 + 1e-3
     }
 
     /// Every path a `Linear` can take here, `forward` and `forward_rows` alike: the f32 ones
@@ -1058,15 +1018,6 @@ mod tests {
                 Linear::DenseBf16(_) => Precision::Bf16,
                 Linear::Packed(p) => p.kernel.precision(),
             };
-            if precision == Precision::Int8 {
-                let x_rows: Vec<Vec<f32>> = x.to_vec2().unwrap();
-                let columns: Vec<Vec<f32>> = w.t().unwrap().to_vec2().unwrap();
-                for (i, (g, f)) in got.iter().zip(&f32_product).enumerate() {
-                    let bound = int8_bound(&x_rows[i / 96], &columns[i % 96]);
-                    assert!((g - f).abs() <= bound, "{g} vs {f} in f32 (bound {bound})");
-                }
-                continue;
-            }
             let want = match precision {
                 Precision::F32 => &f32_product,
                 _ => &bf16_product,

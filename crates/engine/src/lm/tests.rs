@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use super::cache::Prefix;
 use super::config::LlamaConfig;
 use super::features::features;
-use super::linear::{packed_kernel, Precision};
+use super::linear::lm_kernel;
 use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::LanguageModel;
 use super::sampler::{
@@ -451,14 +451,15 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
     }
 }
 
-/// With bf16 products on AMX tiles the engine scores within a few hundredths of a nat of the f32
-/// kernels, records while sampling the log-probs its own scoring gives, and from the same seeds
-/// samples many of the same rows (about half of 32 here: the random model's flat distributions
-/// let a small difference change a draw, and a row differs from its first changed draw on).
+/// With reduced-precision products (bf16 on AMX tiles or with AVX512-BF16) the engine
+/// scores within a few hundredths of a nat of the f32 kernels, records while sampling the
+/// log-probs its own scoring gives, and from the same seeds samples many of the same rows (about
+/// half of 32 here: the random model's flat distributions let a small difference change a draw,
+/// and a row differs from its first changed draw on).
 #[test]
-fn bf16_tiles_sample_and_score_near_the_f32_kernels() {
-    if packed_kernel(Precision::Bf16Tiles).is_none() {
-        eprintln!("skipped: this CPU has no AMX tiles (or AFKIT_SIMD keeps them off)");
+fn reduced_precision_samples_and_scores_near_the_f32_kernels() {
+    if lm_kernel().is_none() {
+        eprintln!("skipped: this CPU has neither AMX tiles nor AVX512-BF16 (or AFKIT_SIMD keeps them off)");
         return;
     }
     let exact = tiny_lm_on(params(), &Compute::cpu_f32());

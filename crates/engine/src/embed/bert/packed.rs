@@ -11,7 +11,7 @@
 //! (token type 0) or a pair whose second segment has token type 1, and every token attends to all
 //! of its own text's tokens.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
 use rayon::prelude::*;
 
@@ -382,7 +382,6 @@ impl Dense {
             Precision::F32 => Linear::new(w, true)?,
             Precision::Bf16 => Linear::bf16(w)?,
             Precision::Bf16Tiles => Linear::bf16_tiles(w)?,
-            Precision::Int8 => bail!("the sentence encoder has no 8-bit products"),
         };
         Ok(Self { weight, bias })
     }
