@@ -1013,15 +1013,12 @@ mod tests {
                 .to_vec1()
                 .unwrap();
             assert_eq!(linear.forward_rows(&x).unwrap(), got);
-            let precision = match &linear {
-                Linear::Dense(_) => Precision::F32,
-                Linear::DenseBf16(_) => Precision::Bf16,
-                Linear::Packed(p) => p.kernel.precision(),
+            let is_bf16 = match &linear {
+                Linear::Dense(_) => false,
+                Linear::DenseBf16(_) => true,
+                Linear::Packed(p) => p.kernel.precision() != Precision::F32,
             };
-            let want = match precision {
-                Precision::F32 => &f32_product,
-                _ => &bf16_product,
-            };
+            let want = if is_bf16 { &bf16_product } else { &f32_product };
             for (((g, e), f), m) in got.iter().zip(want).zip(&f32_product).zip(&magnitudes) {
                 assert!((g - e).abs() < 1e-3, "{g} vs {e}");
                 let bound = m / 256.0 + 1e-3;
