@@ -19,10 +19,11 @@ pub(crate) enum SimdLevel {
     Amx,
 }
 
-/// The highest instruction set the fast paths may use: `AFKIT_SIMD=avx2`, `avx512` (f32 only:
-/// no bf16 dot products, no AMX) or `avx512bf16` (no AMX) caps them on a CPU that has more (one
-/// switch for every fast path: the packed GEMM, the sentence encoder's products; the kernels of
-/// this module are AVX2 already), so that one machine can measure what a CPU with less runs.
+/// The highest instruction set the fast paths may use: `AFKIT_SIMD=avx2`, `avx512` (no bf16 dot
+/// products, no AMX: language models in f32, the sentence encoder on the AVX2 bf16 kernel, the
+/// same bits more slowly) or `avx512bf16` (no AMX) caps them on a CPU that has more (one switch
+/// for every fast path: the packed GEMM, the sentence encoder's products; the kernels of this
+/// module are AVX2 already), so that one machine can measure what a CPU with less runs.
 pub(crate) fn simd_ceiling() -> SimdLevel {
     static CEILING: std::sync::LazyLock<SimdLevel> =
         std::sync::LazyLock::new(|| match std::env::var("AFKIT_SIMD").as_deref() {
