@@ -1,6 +1,7 @@
 //! `afkit pool export` / `afkit pool import`: a bundle round-trips bit for bit through a freshly
 //! ingested project, AF on the imported pools chooses what it chooses on the original ones, and
-//! a bundle that does not fit the project is refused whole.
+//! a bundle that does not fit the project is refused whole, or imported without the contexts
+//! that do not fit when the user asks for that.
 
 use crate::common;
 
@@ -51,10 +52,21 @@ fn tiny_filter(project: &Path, scorer: &Path) -> Vec<String> {
 /// A project `dir/NAME/p.sqlite` ingested from `n` JSONL records (two per group); `change`
 /// gives record `i` another found ending.
 fn ingested(dir: &Path, name: &str, n: usize, change: Option<usize>) -> PathBuf {
+    ingested_records(dir, name, 0..n, change)
+}
+
+/// A project `dir/NAME/p.sqlite` ingested from the JSONL records numbered `records`, record `i`
+/// of group `v{i / 2}`; `change` gives record `i` another found ending.
+fn ingested_records(
+    dir: &Path,
+    name: &str,
+    records: impl Iterator<Item = usize>,
+    change: Option<usize>,
+) -> PathBuf {
     let sub = dir.join(name);
     std::fs::create_dir(&sub).unwrap();
     let input = sub.join("in.jsonl");
-    let lines: Vec<String> = (0..n)
+    let lines: Vec<String> = records
         .map(|i| {
             let ending = if change == Some(i) {
                 format!("stands up from chair number {i} and leaves.")
@@ -290,6 +302,59 @@ fn a_bundle_that_does_not_fit_the_project_is_refused_whole() {
     // The whole bundle goes in at once.
     assert!(import(&fresh, &bundle).status.success());
     assert_eq!(pools(&fresh), pools(&a));
+}
+
+/// A project that lacks a group of the bundle's contexts (as a corpus ingested by a later afkit
+/// can): told to, import takes every context that fits, names the others with their reasons, and
+/// stores what the source project stores for the contexts it took.
+#[test]
+fn told_to_it_imports_the_contexts_that_fit_and_names_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let a = source(dir.path(), &model);
+    let bundle = dir.path().join("pools.afpool.zip");
+    export(&a, &bundle);
+    // Left out: v13's pooled contexts, and every pool primed with one of them.
+    let unfit = "SELECT x.ext_id FROM pools p JOIN examples x ON x.id = p.example_id
+                 WHERE x.grp = 'v13' OR EXISTS (
+                     SELECT 1 FROM json_each(p.style_examples) j
+                     JOIN examples y ON y.id = j.value WHERE y.grp = 'v13')";
+    let unfit: Vec<String> = rows(&a, unfit)
+        .into_iter()
+        .map(|row| match &row[0] {
+            Value::Text(id) => id.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(unfit.len() > 2, "no pool was primed with v13: {unfit:?}");
+
+    let b = ingested_records(
+        dir.path(),
+        "without-v13",
+        (0..30).filter(|i| i / 2 != 13),
+        None,
+    );
+    let refused = import(&b, &bundle);
+    assert!(
+        stderr(&refused).contains("--leave-out-unfit"),
+        "{}",
+        stderr(&refused)
+    );
+    let out =
+        run_ok(command().args(["pool", "import", arg(&b), arg(&bundle), "--leave-out-unfit"]));
+    assert!(
+        out.contains(&format!("left out {} contexts", unfit.len()))
+            && out.contains("v13#0: it is not in this project"),
+        "{out}"
+    );
+    let taken = |tables: Vec<Vec<Vec<Value>>>| -> Vec<Vec<Vec<Value>>> {
+        let keep = |row: &Vec<Value>| !matches!(&row[0], Value::Text(id) if unfit.contains(id));
+        tables
+            .into_iter()
+            .map(|t| t.into_iter().filter(keep).collect())
+            .collect()
+    };
+    assert_eq!(stored(&b), taken(stored(&a)));
 }
 
 fn unzip(bytes: &[u8]) -> Vec<u8> {

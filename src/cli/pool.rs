@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use afkit_engine::output::Output;
 use afkit_engine::text::counted;
-use afkit_generate::bundle::{export_bundle, import_bundle};
+use afkit_generate::bundle::{export_bundle, import_bundle, ImportSummary, Unfit};
 use afkit_store::Store;
 
 #[derive(clap::Subcommand)]
@@ -27,8 +27,9 @@ pub enum PoolCommand {
     /// Every context of the bundle must be in the project (same id) with the same text and found
     /// ending, and must not have a pool yet (a bundle adds pools, it never replaces one); the
     /// contexts its pools were primed with must be ingested too. The whole bundle is checked
-    /// before anything is written, and the problems are listed by context id; then everything
-    /// is written in one transaction, so a killed import leaves the project as it was (run it
+    /// before anything is written, and the problems are listed by context id: one refused
+    /// context refuses the bundle, unless `--leave-out-unfit` is given. Then everything is
+    /// written in one transaction, so a killed import leaves the project as it was (run it
     /// again). After it, `afkit filter` works on the pools as in the project they came from:
     /// with the same settings and seed it makes the same choices.
     Import(ImportArgs),
@@ -51,6 +52,15 @@ pub struct ImportArgs {
     pub project: PathBuf,
     /// The bundle, from `afkit pool export`.
     pub file: PathBuf,
+    /// Import the contexts that fit and leave out those that do not, each listed with its
+    /// reason.
+    ///
+    /// For a corpus that ingests slightly differently from the one the bundle was made from
+    /// (ingest's rules for splitting a caption change between afkit versions, and a context
+    /// they now drop also leaves out every pool that was primed with it). Comparisons with
+    /// figures made on the whole bundle are then on fewer contexts.
+    #[arg(long)]
+    pub leave_out_unfit: bool,
 }
 
 pub fn run_pool(command: PoolCommand) -> Result<()> {
@@ -69,15 +79,33 @@ pub fn run_pool(command: PoolCommand) -> Result<()> {
         }
         PoolCommand::Import(args) => {
             let mut store = Store::open(&args.project)?;
-            let s = import_bundle(&mut store, &args.file)?;
-            println!(
-                "imported {} ({} with a pool, {} generated endings) from {}",
-                counted(s.contexts, "context", "contexts"),
-                s.pools,
-                s.endings,
-                args.file.display()
-            );
+            let unfit = match args.leave_out_unfit {
+                true => Unfit::LeaveOut,
+                false => Unfit::Refuse,
+            };
+            let s = import_bundle(&mut store, &args.file, unfit)?;
+            print_import(&s, &args.file);
         }
     }
     Ok(())
+}
+
+fn print_import(s: &ImportSummary, file: &std::path::Path) {
+    println!(
+        "imported {} ({} with a pool, {} generated endings) from {}",
+        counted(s.contexts, "context", "contexts"),
+        s.pools,
+        s.endings,
+        file.display()
+    );
+    if s.left_out.is_empty() {
+        return;
+    }
+    println!(
+        "left out {} the project cannot take:",
+        counted(s.left_out.len(), "context", "contexts")
+    );
+    for l in &s.left_out {
+        println!("  {}: {}", l.id, l.reason);
+    }
 }

@@ -24,7 +24,9 @@
 //!
 //! Import checks the whole bundle against the project before it writes anything, and writes it
 //! in one transaction: a killed import leaves the project as it was. It refuses a context the
-//! project has not ingested, one whose text differs, and one that already has a pool.
+//! project has not ingested, one whose text differs, and one that already has a pool. By default
+//! one refused context refuses the bundle; a caller may instead leave the refused contexts out
+//! (a corpus ingested by a later afkit can lack a few contexts that earlier rules kept).
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -106,6 +108,24 @@ pub struct ImportSummary {
     /// Generated endings.
     pub endings: usize,
     pub generations: usize,
+    /// The contexts left out (only with [`Unfit::LeaveOut`]), each with the reason.
+    pub left_out: Vec<LeftOut>,
+}
+
+/// A bundle's context that the project could not take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeftOut {
+    pub id: String,
+    pub reason: String,
+}
+
+/// What an import does with contexts the project cannot take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfit {
+    /// Refuse the whole bundle, listing them.
+    Refuse,
+    /// Import every other context and report them.
+    LeaveOut,
 }
 
 /// The hash a bundle keys a context's text by: SHA-256 of its group, sent1, sent2 and found
@@ -368,32 +388,54 @@ fn open(file: &Path) -> Result<File> {
 
 /// Imports the bundle `file` into the project: every context checked first (ingested, same
 /// text, no pool yet, the contexts its pool was primed with ingested too), then everything
-/// written in one transaction.
-pub fn import_bundle(store: &mut Store, file: &Path) -> Result<ImportSummary> {
+/// written in one transaction. What happens to a context that fails a check is `unfit`'s.
+pub fn import_bundle(store: &mut Store, file: &Path, unfit: Unfit) -> Result<ImportSummary> {
     let in_file = |e: anyhow::Error| e.context(format!("bundle {}", file.display()));
     store.write_transaction(|store| {
-        let mut problems = Vec::new();
+        let mut left_out = Vec::new();
         read_bundle(open(file)?, |_, c| {
             if let Err(e) = check_against(store, &c) {
-                problems.push(format!("context {}: {e:#}", c.id));
+                left_out.push(LeftOut {
+                    id: c.id.clone(),
+                    reason: format!("{e:#}"),
+                });
             }
             Ok(())
         })
         .map_err(in_file)?;
-        if !problems.is_empty() {
-            let more = problems.len().saturating_sub(SHOWN_PROBLEMS);
-            let mut list: Vec<String> = problems.into_iter().take(SHOWN_PROBLEMS).collect();
-            if more > 0 {
-                list.push(format!("and {more} more"));
-            }
+        if !left_out.is_empty() && unfit == Unfit::Refuse {
             bail!(
-                "nothing imported from {}; {}",
+                "nothing imported from {}; {} (--leave-out-unfit imports the contexts that fit)",
                 file.display(),
-                list.join("; ")
+                problem_list(&left_out)
             );
         }
-        write_all(store, file).map_err(in_file)
+        let skip: HashSet<&str> = left_out.iter().map(|l| l.id.as_str()).collect();
+        let mut summary = write_all(store, file, &skip).map_err(in_file)?;
+        if summary.contexts == 0 {
+            bail!(
+                "nothing imported from {}: no context of it fits this project; {}",
+                file.display(),
+                problem_list(&left_out)
+            );
+        }
+        summary.left_out = left_out;
+        Ok(summary)
     })
+}
+
+/// The first [`SHOWN_PROBLEMS`] refused contexts with their reasons, then how many more.
+fn problem_list(left_out: &[LeftOut]) -> String {
+    let more = left_out.len().saturating_sub(SHOWN_PROBLEMS);
+    let mut list: Vec<String> = left_out
+        .iter()
+        .take(SHOWN_PROBLEMS)
+        .map(|l| format!("context {}: {}", l.id, l.reason))
+        .collect();
+    if more > 0 {
+        list.push(format!("and {more} more"));
+    }
+    list.join("; ")
 }
 
 /// Why the project cannot take this context, if it cannot.
@@ -432,17 +474,22 @@ fn target_example(store: &Store, ext_id: &str) -> Result<Example> {
     Ok(store.example(id)?.expect("the example exists"))
 }
 
-/// The second pass of an import, all checks passed: the generation jobs, then every context.
-fn write_all(store: &Store, file: &Path) -> Result<ImportSummary> {
+/// The second pass of an import, the checks done: the generation jobs, then every context but
+/// those in `skip`.
+fn write_all(store: &Store, file: &Path, skip: &HashSet<&str>) -> Result<ImportSummary> {
     let mut summary = ImportSummary {
         contexts: 0,
         pools: 0,
         endings: 0,
         generations: 0,
+        left_out: Vec::new(),
     };
     let mut gen_ids: Option<Vec<i64>> = None;
     read_bundle(open(file)?, |header, c| {
         afkit_engine::interrupt::check()?;
+        if skip.contains(c.id.as_str()) {
+            return Ok(());
+        }
         if gen_ids.is_none() {
             gen_ids = Some(store.find_or_insert_bundle_generations(&header.generations)?);
             summary.generations = header.generations.len();
