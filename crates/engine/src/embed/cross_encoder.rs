@@ -19,8 +19,9 @@
 //! compromise (training fewer layers loses accuracy).
 //!
 //! Scoring needs no gradients: on afkit's CPU kernels it runs the current weights packed, over
-//! ragged batches (`bert::Packed`), its products in bf16 on AMX tiles where the CPU has them and
-//! in f32 elsewhere; the generic engine scores with the candle forward.
+//! ragged batches (`bert::Packed`), its products in bf16 where the CPU multiplies bf16 faster
+//! than f32 (AMX tiles, AVX512-BF16) and in f32 elsewhere; the generic engine scores with the
+//! candle forward.
 //!
 //! [`CrossEncoder::train`] continues from the model's current weights, so one model can be
 //! trained again on new questions (a warm start) as often as a caller needs.
@@ -42,7 +43,7 @@ use super::bert::packed::{Packed, Spans};
 use super::bert::tensors::Tensors;
 use super::bert::Bert;
 use crate::device::Compute;
-use crate::lm::linear::Precision;
+use crate::lm::linear::fast_precision;
 use crate::seed::{Key, Seed};
 
 /// One multiple-choice question: a context and its options (every question of one call has
@@ -337,7 +338,7 @@ impl CrossEncoder {
     /// Each pair's score through the current weights packed for afkit's kernels: ragged batches
     /// of [`PACKED_SCORE_TOKENS`] word pieces, each product spread over the threads.
     fn score_packed(&self, pairs: &[Pair]) -> Result<Vec<f32>> {
-        let bert = Bert::pack(&self.bert, Precision::Bf16Tiles)?;
+        let bert = Bert::pack(&self.bert, fast_precision())?;
         let head: Vec<f32> = self.head_weight.flatten_all()?.to_vec1()?;
         let bias = self.head_bias.flatten_all()?.to_vec1::<f32>()?[0];
         let width = head.len();
@@ -996,7 +997,7 @@ mod tests {
     }
 
     /// The packed scoring forward and the candle one give every option the same score: in f32
-    /// up to the order of additions, on AMX's bf16 tiles within their rounding.
+    /// up to the order of additions, in bf16 within its rounding.
     #[test]
     fn packed_scoring_agrees_with_the_candle_forward() {
         let model = tiny_model(1);
@@ -1006,8 +1007,8 @@ mod tests {
             model.score_packed(&pairs).unwrap(),
             model.score_tensors(&pairs).unwrap(),
         );
-        let tiles = crate::lm::linear::packed_kernel(Precision::Bf16Tiles).is_some();
-        let tolerance = if tiles { 0.05 } else { 1e-4 };
+        let bf16 = fast_precision() != crate::lm::linear::Precision::F32;
+        let tolerance = if bf16 { 0.05 } else { 1e-4 };
         for (p, c) in packed.iter().zip(&candle) {
             assert!((p - c).abs() <= tolerance * (1.0 + c.abs()), "{p} vs {c}");
         }

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::linear::lm_kernel;
+use super::linear::fast_bf16_kernel;
 use super::model::LanguageModel;
 use super::tests::token_ids;
 use crate::device::Compute;
@@ -123,7 +123,7 @@ fn gemma3_forward_pass_matches_transformers() {
     ignore = "AFKIT_TEST_OFFLINE is set: Gemma-3-270M is not fetched"
 )]
 fn gemma3_in_reduced_precision_stays_near_transformers() {
-    let Some(kernel) = lm_kernel() else {
+    let Some(kernel) = fast_bf16_kernel() else {
         eprintln!("skipped: this CPU has neither AMX tiles nor AVX512-BF16 (or AFKIT_SIMD keeps them off)");
         return;
     };

@@ -21,7 +21,9 @@
 //!
 //! Language models take the fastest arithmetic the CPU has ([`Linear::fastest`]): on CPUs with
 //! AMX, bf16 products on its tiles ([`Precision::Bf16Tiles`], see [`amx`]), many times the
-//! multiply-adds of AVX-512 per cycle; elsewhere f32. `AFKIT_SIMD=avx512` keeps AMX off, as
+//! multiply-adds of AVX-512 per cycle; on CPUs with AVX512-BF16 and no AMX, the bf16 kernel's
+//! `vdpbf16ps`; elsewhere f32 ([`fast_bf16_kernel`]). The cross-encoder scores the same way.
+//! `AFKIT_SIMD=avx512bf16` keeps AMX off, `AFKIT_SIMD=avx512` AVX512-BF16 too, as
 //! `AFKIT_SIMD=avx2` keeps AVX-512 off.
 
 mod amx;
@@ -69,11 +71,11 @@ impl Linear {
     }
 
     /// `w` (in × out) in the fastest arithmetic this CPU has for a language model:
-    /// [`lm_kernel`]'s bf16 products where it has them, else as [`Linear::new`]. A bf16 operand
+    /// [`fast_bf16_kernel`]'s bf16 products where it has them, else as [`Linear::new`]. A bf16 operand
     /// keeps 8 of an f32's 24 significant bits; the sums stay f32.
     /// `compute.lm_reduced_precision` allows bf16.
     pub(crate) fn fastest(w: Tensor, compute: &Compute) -> Result<Self> {
-        match lm_kernel().filter(|_| compute.cpu_kernels && compute.lm_reduced_precision) {
+        match fast_bf16_kernel().filter(|_| compute.cpu_kernels && compute.lm_reduced_precision) {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
             None => Self::new(w, compute.cpu_kernels),
         }
@@ -277,13 +279,18 @@ pub(crate) fn packed_kernel(precision: Precision) -> Option<Kernel> {
     choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), ceiling)
 }
 
-/// The kernel a language model's products take where reduced precision is allowed: bf16 on AMX
-/// tiles, else bf16 with AVX512-BF16's `vdpbf16ps` (faster than f32 on CPUs that run it at
-/// full width, such as AMD's Zen 4), else none (f32). The AVX2 bf16 kernel is no faster than
-/// f32 FMAs, so a language model never takes it.
-pub(crate) fn lm_kernel() -> Option<Kernel> {
+/// The kernel a model's products take where reduced precision is allowed (the language models,
+/// the cross-encoder's scoring): bf16 on AMX tiles, else bf16 with AVX512-BF16's `vdpbf16ps`
+/// (faster than f32 on CPUs that run it at full width, such as AMD's Zen 4), else none (f32).
+/// The AVX2 bf16 kernel is no faster than f32 FMAs, so it is never taken for speed.
+pub(crate) fn fast_bf16_kernel() -> Option<Kernel> {
     let registers = packed_kernel(Precision::Bf16).filter(|&k| k == Kernel::Avx512Bf16);
     packed_kernel(Precision::Bf16Tiles).or(registers)
+}
+
+/// The precision of [`fast_bf16_kernel`]: f32 on a CPU that has none.
+pub(crate) fn fast_precision() -> Precision {
+    fast_bf16_kernel().map_or(Precision::F32, Kernel::precision)
 }
 
 /// [`packed_kernel`]'s choice among the `supported` kernels, given `AFKIT_GEMM` and the highest

@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use super::cache::Prefix;
 use super::config::LlamaConfig;
 use super::features::features;
-use super::linear::lm_kernel;
+use super::linear::fast_bf16_kernel;
 use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::LanguageModel;
 use super::sampler::{
@@ -458,7 +458,7 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
 /// and a row differs from its first changed draw on).
 #[test]
 fn reduced_precision_samples_and_scores_near_the_f32_kernels() {
-    if lm_kernel().is_none() {
+    if fast_bf16_kernel().is_none() {
         eprintln!("skipped: this CPU has neither AMX tiles nor AVX512-BF16 (or AFKIT_SIMD keeps them off)");
         return;
     }
