@@ -13,6 +13,7 @@
 //! - [`Packed`] (`packed`): the same weights packed for afkit's GEMM kernels, multiplied in f32
 //!   or bf16, on a ragged batch of sentences laid end to end; the sentence encoder runs them.
 
+mod differentiable;
 pub(crate) mod packed;
 pub(crate) mod tensors;
 
@@ -162,6 +163,28 @@ pub(crate) fn check_supported(config: &Config) -> Result<()> {
         config.num_attention_heads
     );
     Ok(())
+}
+
+/// erf as a rational function of x on [-4, 4] (beyond, erf is ±1 in f32), with the
+/// coefficients of Eigen's and XLA's f32 `erf`: a few units in the last place, no branches, so
+/// the GELU loop vectorises.
+#[inline(always)]
+fn erf(x: f32) -> f32 {
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = -2.726_142_3e-10_f32;
+    p = p * x2 + 2.770_681_4e-8;
+    p = p * x2 - 2.101_024e-6;
+    p = p * x2 - 5.692_506_4e-5;
+    p = p * x2 - 7.349_906_3e-4;
+    p = p * x2 - 2.954_6e-3;
+    p = p * x2 - 1.609_603_3e-2;
+    let mut q = -1.456_607_2e-5_f32;
+    q = q * x2 - 2.133_740_6e-4;
+    q = q * x2 - 1.682_827e-3;
+    q = q * x2 - 7.373_329e-3;
+    q = q * x2 - 1.426_474e-2;
+    (x * p / q).clamp(-1.0, 1.0)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use candle_core::Tensor;
 use rayon::prelude::*;
 
 use super::tensors::Tensors;
-use super::{Bert, Layer, Run};
+use super::{erf, Bert, Layer, Run};
 use crate::lm::linear::{Linear, Precision};
 
 /// Runs BERT's layers on packed weights. Hidden states are tokens × width, row-major, the
@@ -510,28 +510,6 @@ fn bias_gelu_rows(x: &mut [f32], bias: &[f32]) {
             *v = 0.5 * u * (1.0 + erf(u * std::f32::consts::FRAC_1_SQRT_2));
         }
     }
-}
-
-/// erf as a rational function of x on [-4, 4] (beyond, erf is ±1 in f32), with the
-/// coefficients of Eigen's and XLA's f32 `erf`: a few units in the last place, no branches, so
-/// the GELU loop vectorises.
-#[inline(always)]
-fn erf(x: f32) -> f32 {
-    let x = x.clamp(-4.0, 4.0);
-    let x2 = x * x;
-    let mut p = -2.726_142_3e-10_f32;
-    p = p * x2 + 2.770_681_4e-8;
-    p = p * x2 - 2.101_024e-6;
-    p = p * x2 - 5.692_506_4e-5;
-    p = p * x2 - 7.349_906_3e-4;
-    p = p * x2 - 2.954_6e-3;
-    p = p * x2 - 1.609_603_3e-2;
-    let mut q = -1.456_607_2e-5_f32;
-    q = q * x2 - 2.133_740_6e-4;
-    q = q * x2 - 1.682_827e-3;
-    q = q * x2 - 7.373_329e-3;
-    q = q * x2 - 1.426_474e-2;
-    (x * p / q).clamp(-1.0, 1.0)
 }
 
 /// A tensor's values as one flat row-major vector.

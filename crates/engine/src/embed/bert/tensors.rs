@@ -2,8 +2,10 @@
 //!
 //! candle-transformers' BERT cannot be trained: its layer norm is a fused op without a backward
 //! pass, so no gradient reaches the layers under the last norm. [`Tensors::DIFFERENTIABLE`]
-//! builds the layer norm and the softmax from ops that pass gradients back;
-//! [`Tensors::FUSED`] uses candle's fused ones, faster, for layers that are not trained.
+//! runs the layer norm, the softmax and GELU as ops that pass gradients back: on the CPU
+//! afkit's fused ones with their own backward pass (`differentiable`), on other devices built
+//! from candle's elementary ops. [`Tensors::FUSED`] uses candle's fused ones, without a
+//! backward pass, for layers that are not trained.
 
 use anyhow::Result;
 use candle_core::{Tensor, Var, D};
@@ -11,6 +13,7 @@ use candle_core::{Tensor, Var, D};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
+use super::differentiable;
 use super::{check_supported, Attention, Bert, Dense, Embeddings, Layer, Norm, Run};
 
 /// Runs BERT's layers with candle ops. Hidden states are (batch · tokens) × width, the rows of
@@ -32,11 +35,24 @@ impl Tensors {
     };
 
     fn norm(&self, norm: &Norm, x: &Tensor) -> Result<Tensor> {
-        if self.differentiable {
-            norm.differentiable(x)
-        } else {
-            norm.fused(x)
+        match (self.differentiable, x.device().is_cpu()) {
+            (false, _) => norm.fused(x),
+            (true, true) => Ok(differentiable::layer_norm(
+                &x.contiguous()?,
+                &norm.weight,
+                &norm.bias,
+                norm.eps,
+            )?),
+            (true, false) => norm.composite(x),
         }
+    }
+
+    fn softmax(&self, scores: &Tensor) -> Result<Tensor> {
+        Ok(match (self.differentiable, scores.device().is_cpu()) {
+            (false, _) => candle_nn::ops::softmax_last_dim(scores)?,
+            (true, true) => differentiable::softmax_last_dim(&scores.contiguous()?)?,
+            (true, false) => candle_nn::ops::softmax(scores, D::Minus1)?,
+        })
     }
 }
 
@@ -65,12 +81,8 @@ impl Run for Tensors {
             split(&attention.value)?,
         );
         let scores = (q.matmul(&k.t()?)? / (head as f64).sqrt())?.broadcast_add(mask)?;
-        let probs = if self.differentiable {
-            candle_nn::ops::softmax(&scores, D::Minus1)?
-        } else {
-            candle_nn::ops::softmax_last_dim(&scores)?
-        };
-        Ok(probs
+        Ok(self
+            .softmax(&scores)?
             .matmul(&v)?
             .transpose(1, 2)?
             .contiguous()?
@@ -89,7 +101,11 @@ impl Run for Tensors {
     }
 
     fn gelu(&self, dense: &Dense, x: &Tensor, _: &Tensor) -> Result<Tensor> {
-        Ok(dense.forward(x)?.gelu_erf()?)
+        let x = dense.forward(x)?;
+        Ok(match self.differentiable && x.device().is_cpu() {
+            true => differentiable::gelu_erf(&x.contiguous()?)?,
+            false => x.gelu_erf()?,
+        })
     }
 }
 
@@ -127,7 +143,8 @@ impl Norm {
         )?)
     }
 
-    fn differentiable(&self, x: &Tensor) -> Result<Tensor> {
+    /// The layer norm from candle's elementary ops, which pass gradients back on any device.
+    fn composite(&self, x: &Tensor) -> Result<Tensor> {
         let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
         let variance = centred.sqr()?.mean_keepdim(D::Minus1)?;
         Ok(centred
