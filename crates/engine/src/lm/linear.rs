@@ -71,8 +71,8 @@ impl Linear {
     }
 
     /// `w` (in × out) in the fastest arithmetic this CPU has for a language model:
-    /// [`fast_bf16_kernel`]'s bf16 products where it has them, else as [`Linear::new`]. A bf16 operand
-    /// keeps 8 of an f32's 24 significant bits; the sums stay f32.
+    /// [`fast_bf16_kernel`]'s bf16 products where it has them, else as [`Linear::new`]. A bf16
+    /// operand keeps 8 of an f32's 24 significant bits; the sums stay f32.
     /// `compute.lm_reduced_precision` allows bf16.
     pub(crate) fn fastest(w: Tensor, compute: &Compute) -> Result<Self> {
         match fast_bf16_kernel().filter(|_| compute.cpu_kernels && compute.lm_reduced_precision) {
