@@ -41,8 +41,8 @@ fn synthetic_examples(n: usize) -> Vec<(String, String, String, String)> {
         .collect()
 }
 
-/// Every context's candidates (ext id, text, lp_cond, lp_alone), in a canonical order.
-fn pools(path: &Path) -> Vec<(String, String, f64, f64)> {
+/// Every context's candidates (ext id, text, lp_cond, lp_alone if scored), in a canonical order.
+fn pools(path: &Path) -> Vec<(String, String, f64, Option<f64>)> {
     let conn = rusqlite::Connection::open(path).unwrap();
     let mut stmt = conn
         .prepare(
@@ -66,7 +66,7 @@ fn generate_writes_whole_pools_and_resumes_after_kill_9() {
         cmd.arg("generate").arg(p).arg("--model").arg(&model);
         cmd.args(["--n-neg", "6", "--max-tokens", "16", "--seed", "7"]);
         // The random model's token soup never meets the found endings' rules.
-        cmd.arg("--no-ending-rules");
+        cmd.args(["--no-ending-rules", "--alone-scores"]);
         cmd
     };
     let first = dir.path().join("a");
@@ -162,6 +162,10 @@ fn generate_respects_limit_and_reports_in_json() {
     assert_eq!(summary["shortfall"].as_i64().unwrap(), 10 - produced);
     let recorded = query_i64(&p, "SELECT seed FROM generations");
     assert_eq!(recorded, 0);
+    // Without --alone-scores every ending is scored after its context and none alone.
+    let scored = "SELECT COUNT(*) FROM endings e JOIN pools p ON p.example_id = e.example_id
+                  WHERE e.lp_cond IS NOT NULL AND e.lp_alone IS NULL";
+    assert_eq!(query_i64(&p, scored), produced + 2);
 }
 
 #[test]
@@ -664,8 +668,24 @@ fn smollm2_found_ending_is_likelier_after_its_own_context() {
         // sent2 = the first word of the second sentence; the ending is the rest.
         let (sent2, ending) = second.split_once(' ').unwrap();
         let other = &pairs[(i + 7) % pairs.len()].0;
-        let real = features(lm, &format!("{sent1} {sent2}"), sent1, sent2, ending, &[]).unwrap();
-        let fake = features(lm, &format!("{other} {sent2}"), other, sent2, ending, &[]).unwrap();
+        let real = features(
+            lm,
+            &format!("{sent1} {sent2}"),
+            (sent1, sent2),
+            ending,
+            &[],
+            true,
+        )
+        .unwrap();
+        let fake = features(
+            lm,
+            &format!("{other} {sent2}"),
+            (other, sent2),
+            ending,
+            &[],
+            true,
+        )
+        .unwrap();
         assert_eq!(
             real.gold.lp_alone, fake.gold.lp_alone,
             "context-free score depends on the context"
@@ -702,12 +722,13 @@ fn smollm2_generate_end_to_end() {
         .collect();
     let p = project(dir.path(), &examples);
     DefaultModel::SmolLm2.ensure().unwrap();
-    run_ok(
-        command()
-            .arg("generate")
-            .arg(&p)
-            .args(["--n-neg", "6", "--seed", "1"]),
-    );
+    run_ok(command().arg("generate").arg(&p).args([
+        "--n-neg",
+        "6",
+        "--seed",
+        "1",
+        "--alone-scores",
+    ]));
     assert_eq!(query_i64(&p, "SELECT COUNT(*) FROM pools"), 2);
     assert!(query_i64(&p, "SELECT SUM(produced) FROM pools") >= 10);
     let conn = rusqlite::Connection::open(&p).unwrap();
@@ -814,7 +835,7 @@ fn generate_eight(project: &Path, model: &Path, flags: &[&str], env: Option<(&st
             .arg(model)
             .args(["--n-neg", "8", "--seed", "3"])
             // The random model's token soup never meets the found endings' rules.
-            .arg("--no-ending-rules")
+            .args(["--no-ending-rules", "--alone-scores"])
             .args(flags),
     );
 }
@@ -826,7 +847,7 @@ fn check_same_pools(kernels: &Path, other: &Path) {
     assert!(a.len() >= 24 * 6, "{} endings", a.len());
     for (_, text, cond, alone) in &b {
         assert!(text.ends_with(['.', '!', '?']), "{text:?}");
-        assert!(*cond < 0.0 && *alone < 0.0, "{text:?}");
+        assert!(*cond < 0.0 && alone.is_some_and(|a| a < 0.0), "{text:?}");
     }
     // Same seeds, same per-row generators: the same endings up to a rare token flipped by the
     // rounding of the logits, with the same features.
@@ -845,10 +866,8 @@ fn check_same_pools(kernels: &Path, other: &Path) {
         a.len()
     );
     for (x, y) in common {
-        assert!(
-            (x.2 - y.2).abs() < 1e-3 && (x.3 - y.3).abs() < 1e-3,
-            "{x:?} vs {y:?}"
-        );
+        let alone = (x.3.unwrap() - y.3.unwrap()).abs();
+        assert!((x.2 - y.2).abs() < 1e-3 && alone < 1e-3, "{x:?} vs {y:?}");
     }
 }
 
@@ -969,8 +988,16 @@ fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels(
                 tokens: None,
             })
             .collect();
-        let f = features(&generic, &request.prompt, sent1, sent2, gold, &ours.endings).unwrap();
-        let g = features(kernels, &request.prompt, sent1, sent2, gold, &plain).unwrap();
+        let f = features(
+            &generic,
+            &request.prompt,
+            (sent1, sent2),
+            gold,
+            &ours.endings,
+            true,
+        )
+        .unwrap();
+        let g = features(kernels, &request.prompt, (sent1, sent2), gold, &plain, true).unwrap();
         assert!((f.ctx_logprob - g.ctx_logprob).abs() < 1e-3);
         assert_eq!(
             (f.n_tok_sent1, f.n_tok_sent2),
@@ -978,7 +1005,8 @@ fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels(
         );
         for (x, y) in std::iter::once((&f.gold, &g.gold)).chain(f.endings.iter().zip(&g.endings)) {
             assert!((x.lp_cond - y.lp_cond).abs() < 1e-3, "{x:?} vs {y:?}");
-            assert!((x.lp_alone - y.lp_alone).abs() < 1e-3, "{x:?} vs {y:?}");
+            let alone = (x.lp_alone.unwrap() - y.lp_alone.unwrap()).abs();
+            assert!(alone < 1e-3, "{x:?} vs {y:?}");
             match (x.lp_final_punct, y.lp_final_punct) {
                 (Some(p), Some(q)) => assert!((p - q).abs() < 5e-3, "{x:?} vs {y:?}"),
                 (p, q) => assert_eq!(p, q),

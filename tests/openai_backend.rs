@@ -248,7 +248,8 @@ fn generate(project: &Path, scorer: &Path, urls: &[&str], extra: &[&str]) -> std
             "--backoff",
             "0.01",
         ])
-        .args(["--request-timeout", "0.5"]);
+        // Every feature, the ending-alone scores included, comes from the server.
+        .args(["--request-timeout", "0.5", "--alone-scores"]);
     for url in urls {
         cmd.args(["--endpoint", url]);
     }
@@ -333,6 +334,7 @@ fn generates_over_two_endpoints_with_server_logprobs_and_resumes() {
         .env("AFKIT_TEST_KEY", "sk-test-123")
         .arg("generate")
         .arg(&project)
+        .arg("--alone-scores")
         .args(["--backend", "openai", "--model"])
         .arg(&scorer)
         .args(["--endpoint", &a.url, "--endpoint", &b.url])
@@ -487,6 +489,7 @@ fn real_server_generates_a_pool() {
     let out = command()
         .arg("generate")
         .arg(&project)
+        .arg("--alone-scores")
         .args([
             "--backend",
             "openai",
@@ -837,6 +840,7 @@ fn llama_server_samples_each_fold_with_its_adapter() {
     let out = command()
         .arg("generate")
         .arg(&project)
+        .arg("--alone-scores")
         .args(["--backend", "openai", "--endpoint", &server.url, "--model"])
         .arg(&model)
         .args(["--adapter-lora-ids", "--concurrency", "2", "--n-neg", "6"])

@@ -67,6 +67,14 @@ pub struct GenerateArgs {
     /// throws ...").
     #[arg(long, help_heading = WHAT, hide_short_help = true)]
     pub no_ending_rules: bool,
+    /// Also score every ending after the document start alone (the AF MLP's `lp_alone` input).
+    ///
+    /// Off by default: the pass runs every kept ending through the model a second time, and
+    /// `filter`'s scorer model (on by default) reads every ending alone as well; on held-out
+    /// contexts the generator's reading changed no audit row beyond its noise. Turn it on for
+    /// pools that will be filtered without a scorer (`filter --no-scorer`).
+    #[arg(long, help_heading = WHAT, hide_short_help = true)]
+    pub alone_scores: bool,
     /// Grow starved pools instead of making new ones: this many more endings per context.
     ///
     /// A pool is starved when the latest finished AF run scored its found ending above all of
@@ -156,8 +164,8 @@ pub struct ImportPoolArgs {
     /// Or a pool scored elsewhere, {"id", "endings": [{"text", "lp_cond", "lp_alone",
     /// "lp_final_punct", "n_tok"}, ...], "gold": {"lp_cond", "lp_alone", "lp_final_punct",
     /// "n_tok"}, "context": {"ctx_logprob", "n_tok_sent1", "n_tok_sent2"}} (the LM features:
-    /// mean log-probs, each at most 0, the final punctuation's log-prob or null, lengths in LM
-    /// tokens, whole numbers up to 1000000). The whole file is checked before anything is
+    /// mean log-probs, each at most 0, the final punctuation's log-prob or null, `lp_alone` null
+    /// or left out when not scored, lengths in LM tokens, whole numbers up to 1000000). The whole file is checked before anything is
     /// written. A context whose endings are all blank or copies of its found ending gets no pool
     /// (it is listed, and `generate` samples one for it).
     pub file: PathBuf,
@@ -279,6 +287,7 @@ impl GenerateArgs {
             template: PromptTemplate::load(&self.prompt)?,
             style_examples: self.style_examples,
             ending_rules: !self.no_ending_rules,
+            alone_scores: self.alone_scores,
             adapters: match (self.adapted, self.no_adapters) {
                 (true, _) => AdapterUse::Require,
                 (_, true) => AdapterUse::Off,

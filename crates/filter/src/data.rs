@@ -404,6 +404,7 @@ impl Builder {
 
     /// The dataset: features standardised, every token renumbered into the vocabularies.
     fn finish(mut self) -> Dataset {
+        drop_partial_alone_features(&mut self.contexts);
         standardise(&mut self.contexts);
         let renumbering = self.renumbering();
         renumbering.apply(&mut self.contexts);
@@ -607,6 +608,33 @@ fn lm_features(
     ]
 }
 
+/// The MLP inputs computed from the generator's ending-alone pass ([`lm_features`]: `lp_alone`
+/// and `lp_cond - lp_alone`), which only pools generated with `--alone-scores` have.
+const ALONE_FEATURES: [usize; 2] = [1, 2];
+
+/// Makes the ending-alone inputs missing for every option when some options have them and
+/// others do not (pools generated with and without the pass, or grown without it). A missing
+/// value is standardised to the mean, so its absence beside present values would tell the MLP
+/// which endings came from which generation: a grown candidate from its pool's found ending.
+fn drop_partial_alone_features(contexts: &mut [EncodedContext]) {
+    let (mut present, mut missing) = (false, false);
+    for_each_option(contexts, mlp_of, |values| {
+        let absent = values[ALONE_FEATURES[0]].is_nan();
+        present |= !absent;
+        missing |= absent;
+    });
+    if !(present && missing) {
+        return;
+    }
+    for c in contexts {
+        for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
+            for f in ALONE_FEATURES {
+                e.mlp[f] = f32::NAN;
+            }
+        }
+    }
+}
+
 /// Zero mean, unit variance per feature over every option of the run, in place; a missing
 /// value (NaN) becomes the mean (0) and a constant feature becomes 0. Two passes in f64. The MLP
 /// inputs and the scorer features are standardised alike, each feature on its own.
@@ -706,6 +734,43 @@ mod tests {
             subwords: Box::default(),
             sentence: Box::default(),
         }
+    }
+
+    /// A pool grown without the ending-alone pass beside one that had it: the found ending has
+    /// `lp_alone`, the grown candidate not; the inputs go constant for every option, so nothing
+    /// tells them apart, while a run where every option has them keeps them.
+    #[test]
+    fn ending_alone_inputs_some_options_lack_are_dropped_for_all() {
+        let context = |gold: f32, candidate: f32| {
+            let mut values = [[0.5f32; MLP_FEATURES], [0.25f32; MLP_FEATURES]];
+            values[0][ALONE_FEATURES[0]] = gold;
+            values[1][ALONE_FEATURES[0]] = candidate;
+            EncodedContext {
+                example_id: 1,
+                group: "v".into(),
+                n_sent2: 0,
+                gold: option(values[0]),
+                candidates: vec![option(values[1])],
+            }
+        };
+        let alone = |contexts: &[EncodedContext]| -> Vec<f32> {
+            let c = &contexts[0];
+            [&c.gold, &c.candidates[0]]
+                .iter()
+                .flat_map(|e| ALONE_FEATURES.map(|f| e.mlp[f]))
+                .collect()
+        };
+        let mut complete = vec![context(-1.0, -2.0)];
+        drop_partial_alone_features(&mut complete);
+        standardise(&mut complete);
+        assert!(alone(&complete).iter().any(|&v| v != 0.0));
+
+        let mut mixed = vec![context(-1.0, f32::NAN)];
+        drop_partial_alone_features(&mut mixed);
+        standardise(&mut mixed);
+        assert_eq!(alone(&mixed), vec![0.0; 4]);
+        // The other inputs are untouched.
+        assert_ne!(mixed[0].gold.mlp[0], mixed[0].candidates[0].mlp[0]);
     }
 
     #[test]

@@ -38,7 +38,7 @@ fn features(i: usize, j: usize) -> EndingFeatures {
     let x = ((i * 31 + j * 17) % 23) as f64;
     EndingFeatures {
         lp_cond: -10.0 - x,
-        lp_alone: -14.0 - x / 2.0,
+        lp_alone: Some(-14.0 - x / 2.0),
         lp_final_punct: (!j.is_multiple_of(3)).then_some(-0.5 - x / 10.0),
         n_tok: 5 + j % 4,
     }

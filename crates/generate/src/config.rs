@@ -27,6 +27,8 @@ pub struct Config {
     pub style_examples: usize,
     /// Sampled endings must pass the rules ingest applies to found ones.
     pub ending_rules: bool,
+    /// Also score every ending after the document start alone (the MLP's `lp_alone`).
+    pub alone_scores: bool,
     /// Grow starved pools instead of making new ones.
     pub grow: Option<Growth>,
     /// Whether each context is sampled with its fold's adapter (`lm adapt`).

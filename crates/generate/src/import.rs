@@ -121,14 +121,14 @@ fn log_prob(value: Option<&Value>, name: &str) -> Result<f64, String> {
 /// An ending's features (of an ending object, or of `"gold"`).
 fn ending_features(object: &Object, place: &str) -> Result<EndingFeatures, String> {
     let lp = |key: &str| log_prob(object.get(key), &field_name(key, place));
-    let lp_final_punct = match object.get("lp_final_punct") {
-        None | Some(Value::Null) => None,
-        v => Some(log_prob(v, &field_name("lp_final_punct", place))?),
+    let optional_lp = |key: &str| match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        v => log_prob(v, &field_name(key, place)).map(Some),
     };
     Ok(EndingFeatures {
         lp_cond: lp("lp_cond")?,
-        lp_alone: lp("lp_alone")?,
-        lp_final_punct,
+        lp_alone: optional_lp("lp_alone")?,
+        lp_final_punct: optional_lp("lp_final_punct")?,
         n_tok: token_count(object, "n_tok", place)?,
     })
 }
@@ -590,7 +590,8 @@ fn pool_of_record(
         _ => {
             let lm = lm.expect("loaded when a line has no features");
             let prompt = template.render(&ex.sent1, &ex.sent2);
-            features(lm, &prompt, &ex.sent1, &ex.sent2, &ex.ending, &kept)?
+            let context = (ex.sent1.as_str(), ex.sent2.as_str());
+            features(lm, &prompt, context, &ex.ending, &kept, true)?
         }
     };
     Ok(Some((kept, features)))

@@ -148,6 +148,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         let mut stored = Stored {
             store,
             generation_id: id,
+            alone_scores: config.alone_scores,
             summary: &mut summary,
             observer,
         };
@@ -367,6 +368,7 @@ fn record_generation(
     params_json["n_neg"] = config.n_neg.into();
     params_json["style_examples"] = config.style_examples.into();
     params_json["ending_rules"] = config.ending_rules.into();
+    params_json["alone_scores"] = config.alone_scores.into();
     if let Some(growth) = config.grow {
         params_json["grow"] = growth.per_context.into();
     }
@@ -514,6 +516,8 @@ fn fitting(
 struct Stored<'a> {
     store: &'a mut Store,
     generation_id: i64,
+    /// Whether each ending is also scored alone ([`Config::alone_scores`]).
+    alone_scores: bool,
     summary: &'a mut Summary,
     observer: &'a mut dyn Observer,
 }
@@ -575,10 +579,10 @@ impl Stored<'_> {
             let mut features = features(
                 scorer,
                 &job.prompt.text,
-                &ex.sent1,
-                &ex.sent2,
+                (&ex.sent1, &ex.sent2),
                 &ex.ending,
                 &sampled.endings,
+                self.alone_scores,
             )
             .with_context(|| format!("scoring endings of {}", ex.ext_id))?;
             if job.prompt.text != job.prompt.context {

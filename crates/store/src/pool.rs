@@ -381,7 +381,7 @@ mod tests {
     fn features(x: f64) -> EndingFeatures {
         EndingFeatures {
             lp_cond: x,
-            lp_alone: x - 1.0,
+            lp_alone: Some(x - 1.0),
             lp_final_punct: Some(-0.5),
             n_tok: 4,
         }

@@ -1,7 +1,12 @@
 //! The LM features, the inputs of the AF perplexity MLP (as in SWAG), for a context and its endings:
 //! mean log-prob of the ending given the context, mean log-prob of the ending alone (after the
-//! document-start token), mean log-prob of the context, log-prob of the ending's final
-//! punctuation token, and token lengths.
+//! document-start token; scored only when asked), mean log-prob of the context, log-prob of the
+//! ending's final punctuation token, and token lengths.
+//!
+//! The ending-alone pass runs every ending through the model a second time. Where another model
+//! reads every ending alone as well (AF's scorer), the generator's reading showed no effect on
+//! any audit row (BENCHMARKS.md, "The generator's ending-alone scores"), so callers ask for it
+//! only when they need it.
 //!
 //! An ending is always tokenised as `" " + text`: the tokens it has when it follows `sent2`, so
 //! the conditional and the context-free scores are over the same tokens. A sampled ending whose
@@ -21,7 +26,8 @@ use super::tokenizer::GgufTokenizer;
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct EndingFeatures {
     pub lp_cond: f64,
-    pub lp_alone: f64,
+    /// `None` when the ending-alone pass did not run.
+    pub lp_alone: Option<f64>,
     /// Conditional log-prob of the last token when the ending ends with `.`, `!` or `?`.
     pub lp_final_punct: Option<f64>,
     pub n_tok: usize,
@@ -178,15 +184,16 @@ pub(crate) fn ending_tokens(tok: &GgufTokenizer, ending: &str) -> Result<Vec<u32
 
 /// Features of the gold ending and of `endings`, all continuing `prompt`, from `scorer`. Sampled
 /// endings whose recorded tokens are the scorer's tokenisation keep the log-probs recorded while
-/// sampling; the rest are scored.
+/// sampling; the rest are scored. Every ending is also scored alone when `alone` is set.
 pub fn features(
     scorer: &dyn TokenScorer,
     prompt: &str,
-    sent1: &str,
-    sent2: &str,
+    context: (&str, &str),
     gold: &str,
     endings: &[SampledEnding],
+    alone: bool,
 ) -> Result<ContextFeatures> {
+    let (sent1, sent2) = context;
     let tok = scorer.tokenizer();
     let texts: Vec<&str> = std::iter::once(gold)
         .chain(endings.iter().map(|e| e.text.as_str()))
@@ -196,15 +203,20 @@ pub fn features(
         .map(|t| ending_tokens(tok, t))
         .collect::<Result<_>>()?;
     let cond = conditional_log_probs(scorer, prompt, endings, &ids)?;
-    let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
-    let alone = scorer.alone(&all)?;
+    let alone: Vec<Option<f64>> = match alone {
+        true => {
+            let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+            scorer.alone(&all)?.iter().map(|a| Some(mean(a))).collect()
+        }
+        false => vec![None; ids.len()],
+    };
     let mut features = texts
         .iter()
         .zip(cond)
         .zip(alone)
-        .map(|((text, cond), alone)| EndingFeatures {
+        .map(|((text, cond), lp_alone)| EndingFeatures {
             lp_cond: mean(&cond),
-            lp_alone: mean(&alone),
+            lp_alone,
             lp_final_punct: text
                 .ends_with(['.', '!', '?'])
                 .then(|| cond.last().map(|&x| x as f64))
