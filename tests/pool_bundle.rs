@@ -230,6 +230,17 @@ fn a_bundle_round_trips_bit_for_bit_and_filters_as_the_original() {
     assert!(scores.len() > 28 * 3);
     assert_eq!(af_choices(&b), (assignment, scores));
 
+    // Generated without the ending-alone pass, the pools leave the MLP no such input once the
+    // scorer is off too, and filter says so.
+    let mut args = tiny_filter(&b, &model);
+    let at = args.iter().position(|a| a == "--scorer").unwrap();
+    args.splice(
+        at..at + 2,
+        ["--no-scorer".to_string(), "--new-run".to_string()],
+    );
+    let out = run_ok(command().args(&args));
+    assert!(out.contains("no ending-alone scores"), "{out}");
+
     // Imported again, every context already has its pool: refused, nothing written.
     let again = import(&b, &first);
     assert!(!again.status.success());

@@ -110,6 +110,8 @@ pub(crate) struct Dataset {
     pub scorer_features: usize,
     /// Contexts with a complete pool left out for having fewer than k candidates.
     pub excluded: usize,
+    /// Whether the MLP reads the generator's ending-alone inputs ([`AloneInputs`]).
+    pub alone_inputs: AloneInputs,
 }
 
 impl Dataset {
@@ -404,7 +406,7 @@ impl Builder {
 
     /// The dataset: features standardised, every token renumbered into the vocabularies.
     fn finish(mut self) -> Dataset {
-        drop_partial_alone_features(&mut self.contexts);
+        let alone_inputs = drop_partial_alone_features(&mut self.contexts);
         standardise(&mut self.contexts);
         let renumbering = self.renumbering();
         renumbering.apply(&mut self.contexts);
@@ -421,6 +423,7 @@ impl Builder {
             sentence_dim: self.sentence_dim,
             scorer_features: SCORER_FEATURES * self.scorers.len(),
             excluded: self.excluded,
+            alone_inputs,
         }
     }
 
@@ -612,19 +615,32 @@ fn lm_features(
 /// and `lp_cond - lp_alone`), which only pools generated with `--alone-scores` have.
 const ALONE_FEATURES: [usize; 2] = [1, 2];
 
+/// Which options of a run carry the generator's ending-alone inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AloneInputs {
+    /// Every option: the MLP reads them.
+    All,
+    /// No option (pools generated without `--alone-scores`).
+    None,
+    /// Some options only: left out for every option.
+    Dropped,
+}
+
 /// Makes the ending-alone inputs missing for every option when some options have them and
 /// others do not (pools generated with and without the pass, or grown without it). A missing
 /// value is standardised to the mean, so its absence beside present values would tell the MLP
 /// which endings came from which generation: a grown candidate from its pool's found ending.
-fn drop_partial_alone_features(contexts: &mut [EncodedContext]) {
+fn drop_partial_alone_features(contexts: &mut [EncodedContext]) -> AloneInputs {
     let (mut present, mut missing) = (false, false);
     for_each_option(contexts, mlp_of, |values| {
         let absent = values[ALONE_FEATURES[0]].is_nan();
         present |= !absent;
         missing |= absent;
     });
-    if !(present && missing) {
-        return;
+    match (present, missing) {
+        (_, false) => return AloneInputs::All,
+        (false, true) => return AloneInputs::None,
+        (true, true) => {}
     }
     for c in contexts {
         for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
@@ -633,6 +649,7 @@ fn drop_partial_alone_features(contexts: &mut [EncodedContext]) {
             }
         }
     }
+    AloneInputs::Dropped
 }
 
 /// Zero mean, unit variance per feature over every option of the run, in place; a missing
@@ -761,16 +778,21 @@ mod tests {
                 .collect()
         };
         let mut complete = vec![context(-1.0, -2.0)];
-        drop_partial_alone_features(&mut complete);
+        assert_eq!(drop_partial_alone_features(&mut complete), AloneInputs::All);
         standardise(&mut complete);
         assert!(alone(&complete).iter().any(|&v| v != 0.0));
 
         let mut mixed = vec![context(-1.0, f32::NAN)];
-        drop_partial_alone_features(&mut mixed);
+        assert_eq!(
+            drop_partial_alone_features(&mut mixed),
+            AloneInputs::Dropped
+        );
         standardise(&mut mixed);
         assert_eq!(alone(&mixed), vec![0.0; 4]);
         // The other inputs are untouched.
         assert_ne!(mixed[0].gold.mlp[0], mixed[0].candidates[0].mlp[0]);
+        let mut without = vec![context(f32::NAN, f32::NAN)];
+        assert_eq!(drop_partial_alone_features(&mut without), AloneInputs::None);
     }
 
     #[test]

@@ -392,6 +392,7 @@ mod tests {
             sentence_dim: 8,
             scorer_features: 0,
             excluded: 0,
+            alone_inputs: crate::data::AloneInputs::All,
         }
     }
 

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 
-use crate::data::{store_sentence_vectors, Dataset};
+use crate::data::{store_sentence_vectors, AloneInputs, Dataset};
 use crate::scorer::store_scorer_scores;
 use adversary::{check_model_loads, Adversary};
 use afkit_engine::text::counted;
@@ -172,6 +172,27 @@ fn store_missing_features(
     Ok(())
 }
 
+/// Tells the user when the MLP reads no ending-alone log-probability: the generator's were left
+/// out and no scorer model gives its own.
+fn note_alone_inputs(alone: AloneInputs, no_scorer: bool, observer: &mut dyn Observer) {
+    let why = match alone {
+        AloneInputs::All => return,
+        AloneInputs::Dropped => {
+            "some pools have the generator's ending-alone scores and others not, so this run \
+             leaves them out"
+        }
+        AloneInputs::None if no_scorer => {
+            "the pools have no ending-alone scores (`generate --alone-scores`)"
+        }
+        AloneInputs::None => return,
+    };
+    let rest = match no_scorer {
+        true => "; with --no-scorer the MLP reads no ending-alone log-probability at all",
+        false => "; the scorer models' own ones stand in",
+    };
+    observer.note(&format!("note: {why}{rest}"));
+}
+
 /// Reads the pools AF filters, once their endings have every feature the run reads, and checks
 /// there are enough of them.
 fn load_pools(
@@ -199,6 +220,7 @@ fn load_pools(
             data.excluded, config.k
         ));
     }
+    note_alone_inputs(data.alone_inputs, config.scorers.is_empty(), observer);
     let needed = 2 * config.folds.max(5);
     if data.contexts.len() < needed {
         bail!(
