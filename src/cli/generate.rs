@@ -176,6 +176,10 @@ pub struct ImportPoolArgs {
     /// Prompt template the endings are scored after (see `generate --prompt`).
     #[arg(long, default_value = "continuation")]
     pub prompt: String,
+    /// Also score the endings it scores after the document start alone (see `generate
+    /// --alone-scores`).
+    #[arg(long)]
+    pub alone_scores: bool,
 }
 
 /// Flags of `afkit generate --backend openai`: shown by `--help`, left out of `-h`.
@@ -474,6 +478,7 @@ pub fn import(args: ImportPoolArgs) -> Result<()> {
         file: args.file,
         scorer: args.model,
         template: PromptTemplate::load(&args.prompt)?,
+        alone_scores: args.alone_scores,
     };
     let mut observer = GenerateBars::default();
     let summary = generate::import(&mut store, &config, &mut observer)?;

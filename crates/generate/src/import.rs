@@ -355,6 +355,8 @@ pub struct ImportConfig {
     /// model fetched, only when some line needs it).
     pub scorer: String,
     pub template: PromptTemplate,
+    /// Also score those endings after the document start alone, as `generate --alone-scores`.
+    pub alone_scores: bool,
 }
 
 /// What an `import-pool` call did.
@@ -451,7 +453,7 @@ pub fn import(
             continue; // dropped at ingest
         };
         observer.context_done(0, None);
-        let scoring = (lm.as_ref(), &config.template);
+        let scoring = (lm.as_ref(), config);
         let Some((pool, kept)) = record_pool(
             store,
             example_id,
@@ -482,7 +484,7 @@ fn record_pool(
     store: &Store,
     example_id: i64,
     (line_no, rec): (usize, ImportRecord),
-    scoring: (Option<&LocalLm>, &PromptTemplate),
+    scoring: (Option<&LocalLm>, &ImportConfig),
     generation_id: i64,
     counts: &mut ImportSummary,
 ) -> Result<Option<(NewPool, usize)>> {
@@ -555,7 +557,7 @@ fn import_generation(
 fn pool_of_record(
     ex: &Example,
     rec: &ImportRecord,
-    (lm, template): (Option<&LocalLm>, &PromptTemplate),
+    (lm, config): (Option<&LocalLm>, &ImportConfig),
     refused: &mut BTreeMap<&'static str, usize>,
 ) -> Result<Option<(Vec<SampledEnding>, ContextFeatures)>> {
     let found = comparison_key(&ex.ending);
@@ -589,9 +591,9 @@ fn pool_of_record(
         },
         _ => {
             let lm = lm.expect("loaded when a line has no features");
-            let prompt = template.render(&ex.sent1, &ex.sent2);
+            let prompt = config.template.render(&ex.sent1, &ex.sent2);
             let context = (ex.sent1.as_str(), ex.sent2.as_str());
-            features(lm, &prompt, context, &ex.ending, &kept, true)?
+            features(lm, &prompt, context, &ex.ending, &kept, config.alone_scores)?
         }
     };
     Ok(Some((kept, features)))
