@@ -315,6 +315,10 @@ impl Crowd {
         let tasks = dir.path().join("tasks.csv");
         let out = afkit(&["crowd", "export", arg(&db), "--out", arg(&tasks)]);
         assert_succeeded(&out);
+        // The workers get the rules annotate shows, beside the tasks.
+        let instructions = std::fs::read_to_string(dir.path().join("tasks.instructions.md"))
+            .expect("crowd export writes the instructions beside the tasks");
+        assert!(instructions.contains("**gibberish**: not correct English"));
         let item = csv_rows(&tasks).1[0][0].clone();
         Crowd {
             dir,

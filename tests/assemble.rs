@@ -23,7 +23,7 @@ const BEST: Option<&str> = Some("best");
 const SECOND: Option<&str> = Some("second");
 
 #[test]
-fn found_ending_ranked_best_is_gold0_with_the_hardest_usable_distractors() {
+fn found_ending_ranked_best_is_gold0_with_the_hardest_unlikely_distractors() {
     let p = Project::new();
     let c = p.context("v1", 0, 10, 8);
     let t = p.task(&c, 0, &c.shown());
@@ -32,15 +32,16 @@ fn found_ending_ranked_best_is_gold0_with_the_hardest_usable_distractors() {
         &c,
         "ann",
         (L, BEST),
-        [(G, None), (L, SECOND), (U, None), (U, None), (L, None)],
+        [(G, None), (U, SECOND), (L, None), (U, None), (U, None)],
     );
     let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-orig"], 1);
     let a = p.assembled();
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].1, c.found);
-    // Gibberish cands[0] is out; the rest hardest first, four kept (the fourth for distractor-3).
-    assert_eq!(a[0].3, vec![c.cands[1], c.cands[2], c.cands[3], c.cands[4]]);
+    // Gibberish cands[0] is out, and so is cands[2]: judged likely, it could be right. The
+    // rest hardest first; a second best judged unlikely is a distractor like any other.
+    assert_eq!(a[0].3, vec![c.cands[1], c.cands[3], c.cands[4]]);
 }
 
 #[test]
@@ -55,7 +56,7 @@ fn verified_distractors_are_matched_to_the_found_endings_scores_by_default() {
         &c,
         "ann",
         (L, BEST),
-        [(U, None), (U, None), (L, SECOND), (U, None), (U, None)],
+        [(U, None), (U, None), (U, SECOND), (U, None), (U, None)],
     );
     let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["distractors"], "matched");
@@ -106,7 +107,8 @@ fn found_ending_ranked_second_is_gold1_and_the_best_generation_is_not_a_distract
     let a = p.assembled();
     assert_eq!(a.len(), 1, "no generation-as-gold outside train");
     assert_eq!(a[0].0, "gold1-orig");
-    assert_eq!(a[0].3, vec![c.cands[0], c.cands[1], c.cands[3], c.cands[4]]);
+    // Neither the best generation nor cands[0], judged likely.
+    assert_eq!(a[0].3, vec![c.cands[1], c.cands[3], c.cands[4]]);
 }
 
 #[test]
@@ -123,7 +125,7 @@ fn generation_best_over_found_second_adds_a_training_only_example() {
             c,
             "ann",
             (L, SECOND),
-            [(L, BEST), (U, None), (G, None), (U, None), (L, None)],
+            [(L, BEST), (U, None), (G, None), (U, None), (U, None)],
         );
     }
     let s = p.assemble(&[
@@ -144,7 +146,7 @@ fn generation_best_over_found_second_adds_a_training_only_example() {
         .iter()
         .find(|c| c.cands[0] == gen[0].1)
         .expect("the best generation is gold");
-    // Remaining non-gibberish generations, hardest first; the found ending is not a distractor.
+    // The other generations judged unlikely, hardest first; the found ending is not a distractor.
     assert_eq!(gen[0].3, vec![c.cands[1], c.cands[3], c.cands[4]]);
     assert_eq!(a.iter().filter(|x| x.0 == "gold1-orig").count(), 3);
 }
@@ -212,10 +214,7 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
         .unwrap();
     let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["gold0-reannot"], 1);
-    assert_eq!(
-        p.assembled()[0].3,
-        vec![c.cands[1], c.cands[4], c.cands[5], c.cands[6]]
-    );
+    assert_eq!(p.assembled()[0].3, vec![c.cands[1], c.cands[4], c.cands[6]]);
 }
 
 #[test]
@@ -261,7 +260,8 @@ fn matched_refill_takes_the_unseen_pool_endings_nearest_the_found_endings_score(
 #[test]
 fn fewer_than_four_non_gibberish_endings_goes_back_to_the_queue() {
     let p = Project::new();
-    let c = p.context("v1", 0, 10, 8);
+    // Nine assigned: the four never shown refill all but the found ending and cands[4].
+    let c = p.context("v1", 0, 10, 9);
     let t = p.task(&c, 0, &c.shown());
     p.label(
         t,
@@ -273,6 +273,40 @@ fn fewer_than_four_non_gibberish_endings_goes_back_to_the_queue() {
     let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["reannotation_queued"]["too_few_non_gibberish"], 1);
     assert!(p.assembled().is_empty());
+}
+
+#[test]
+fn generations_judged_likely_are_never_distractors_and_go_back_to_the_queue() {
+    let p = Project::new();
+    let c = p.context("v1", 0, 10, 9);
+    let t = p.task(&c, 0, &c.shown());
+    p.label(
+        t,
+        &c,
+        "ann",
+        (L, BEST),
+        [(L, SECOND), (U, None), (L, None), (G, None), (U, None)],
+    );
+    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    assert_eq!(s["reannotation_queued"]["too_few_unlikely"], 1);
+    assert!(p.assembled().is_empty());
+    let shown: BTreeSet<i64> = p
+        .conn
+        .prepare(
+            "SELECT ending_id FROM task_endings JOIN tasks ON tasks.id = task_id
+             WHERE status = 'open'",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    // The two judged unlikely stay; the likely and gibberish ones give way to unseen endings.
+    let expected: BTreeSet<i64> = [
+        c.found, c.cands[1], c.cands[4], c.cands[5], c.cands[6], c.cands[7],
+    ]
+    .into();
+    assert_eq!(shown, expected);
 }
 
 #[test]
@@ -305,20 +339,20 @@ fn several_annotators_are_combined_per_ending_with_documented_ties() {
     let c = p.context("v1", 0, 10, 8);
     let t = p.task(&c, 0, &c.shown());
     // Found: best once, second once → second (a rank needs a strict majority).
-    // cands[0]: likely vs gibberish → gibberish (judgement ties go to the more severe label).
+    // cands[0]: unlikely vs gibberish → gibberish (judgement ties go to the more severe label).
     p.label(
         t,
         &c,
         "a",
         (L, BEST),
-        [(L, None), (L, SECOND), (U, None), (U, None), (L, None)],
+        [(U, None), (U, SECOND), (U, None), (U, None), (U, None)],
     );
     p.label(
         t,
         &c,
         "b",
         (U, SECOND),
-        [(G, None), (L, BEST), (U, None), (U, None), (L, None)],
+        [(G, None), (U, BEST), (U, None), (U, None), (U, None)],
     );
     p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     let a = p.assembled();
@@ -341,7 +375,7 @@ fn several_annotators_are_combined_per_ending_with_documented_ties() {
         &c,
         "c",
         (L, SECOND),
-        [(L, None), (L, BEST), (U, None), (U, None), (L, None)],
+        [(U, None), (L, BEST), (U, None), (U, None), (U, None)],
     );
     p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     let a = p.assembled();
@@ -352,7 +386,7 @@ fn several_annotators_are_combined_per_ending_with_documented_ties() {
     assert_eq!(
         a[0].3,
         vec![c.cands[0], c.cands[2], c.cands[3], c.cands[4]],
-        "likely ×2 beats gibberish ×1"
+        "unlikely ×2 beats gibberish ×1"
     );
 }
 

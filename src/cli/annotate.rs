@@ -95,6 +95,9 @@ pub enum CrowdCommand {
         context (sent1 + sent2), sent1, sent2, ending_1 .. ending_6 (the endings in the item's \
         recorded shuffled order; empty when an item has fewer). Tasks are made from the latest \
         finished AF run if they do not exist yet.\n\n\
+        Beside OUT it writes OUT's name with .instructions.md (tasks.csv: \
+        tasks.instructions.md): the instructions `afkit annotate` shows, for the task page, so \
+        that crowd workers label by the same rules.\n\n\
         Text cells that begin with =, +, -, @ (or fullwidth ＝ ＋ － ＠, also behind a byte \
         order mark or a zero-width space), a tab or a carriage return are written with a \
         leading ' (apostrophe), so that a spreadsheet shows them as text instead of running them \
@@ -219,6 +222,7 @@ pub fn run_crowd(command: CrowdCommand) -> Result<()> {
         } => {
             let output = Output::new(force).protect_project(&project);
             output.check(&out)?;
+            output.check(&crowd::instructions_path(&out))?;
             let mut store = Store::open(&project)?;
             let setup = tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
             if setup.hardest_shown > 0 {
@@ -226,9 +230,10 @@ pub fn run_crowd(command: CrowdCommand) -> Result<()> {
             }
             let exported = crowd::export(&store, &out, all, &output)?;
             println!(
-                "wrote {} to {}",
+                "wrote {} to {}, and the instructions for the workers to {}",
                 afkit_engine::text::counted(exported.rows, "item", "items"),
-                out.display()
+                out.display(),
+                exported.instructions.display()
             );
             if exported.neutralised > 0 {
                 println!(

@@ -13,12 +13,13 @@ use afkit_store::Store;
 
 #[derive(clap::Args)]
 #[command(
-    after_long_help = "Rules (SWAG §3.5): the found ending ranked best or second is gold \
-(gold0/gold1, -orig or -reannot by annotation round) with the generations not ranked best and \
-not gibberish as distractors, up to four, taken in the order --distractors gives; a generation ranked best over a second-ranked found ending adds a \
+    after_long_help = "Rules (SWAG §3.5, stricter on one point): the found ending ranked best or second is gold \
+(gold0/gold1, -orig or -reannot by annotation round) with the generations judged unlikely and \
+not ranked best as distractors, up to four, taken in the order --distractors gives (SWAG also took \
+generations judged likely, and those can be a second right answer); a generation ranked best over a second-ranked found ending adds a \
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
-than three usable distractors, is queued for re-annotation with those endings replaced by scored \
-pool endings never shown, in the same order. Several annotators: a judgement needs half the votes (ties go to \
+than three generations judged unlikely (too_few_non_gibberish, too_few_unlikely), is queued for \
+re-annotation with the other endings replaced by scored pool endings never shown, in the same order. Several annotators: a judgement needs half the votes (ties go to \
 the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
 ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
 fractions are unchanged.

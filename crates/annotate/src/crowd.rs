@@ -3,7 +3,7 @@
 //! validated; the valid ones are imported in one transaction, the others reported by line.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -14,6 +14,7 @@ use afkit_store::annotate::tasks::{TaskView, ENDINGS_PER_TASK};
 use afkit_store::dataset::{startphrase, Judgement};
 use afkit_store::Store;
 
+use super::ui::INSTRUCTIONS;
 use super::verdict;
 
 /// Columns of `afkit crowd export`, in order (`ending_1` .. `ending_6` follow `sent2`).
@@ -21,17 +22,29 @@ pub(crate) const EXPORT_COLUMNS: [&str; 5] =
     ["item_id", "assignments", "context", "sent1", "sent2"];
 
 /// What `export` wrote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exported {
     pub rows: usize,
+    /// The workers' instructions, written beside the tasks.
+    pub instructions: PathBuf,
     /// Text cells that began like a spreadsheet formula and were written with a leading `'`.
     pub neutralised: usize,
 }
 
+/// The instructions file written beside a task file `out`: `tasks.csv` → `tasks.instructions.md`.
+pub fn instructions_path(out: &Path) -> PathBuf {
+    out.with_extension("instructions.md")
+}
+
 /// Writes every open item that still needs annotators (all open items with `all`) to `out`
-/// through `output` (never over the project; a temporary file renamed into place).
+/// through `output` (never over the project; a temporary file renamed into place), and beside it
+/// the instructions the terminal UI shows, so that crowd workers judge by the same rules.
 pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<Exported> {
     let output = output.clone().protect_project(store.path());
+    let instructions = instructions_path(out);
+    let mut staged_instructions = output.stage(&instructions)?;
+    std::io::Write::write_all(staged_instructions.file(), INSTRUCTIONS.as_bytes())
+        .with_context(|| format!("cannot write {}", instructions.display()))?;
     let mut staged = output.stage(out)?;
     let tasks = store.open_tasks(!all)?;
     let fingerprint = store.fingerprint()?;
@@ -66,9 +79,10 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
         }
         w.flush()?;
     }
-    output.commit(vec![staged])?;
+    output.commit(vec![staged, staged_instructions])?;
     Ok(Exported {
         rows: tasks.len(),
+        instructions,
         neutralised,
     })
 }

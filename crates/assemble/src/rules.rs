@@ -1,5 +1,8 @@
 //! SWAG's assembly rules (§3.5, footnotes 5 and 6) as pure functions over one labelled
-//! item, so each rule can be tested on hand-made labels.
+//! item, so each rule can be tested on hand-made labels, with one change for validity: a
+//! distractor must be judged *unlikely*. SWAG also kept generations judged likely (a plausible
+//! continuation annotators did not rank best), and such a distractor is a second right answer;
+//! here an item without three unlikely generations goes back to annotation instead.
 //!
 //! Several annotators per item are combined per ending, as medians on ordered scales:
 //! - judgement (likely < unlikely < gibberish): gibberish when at least half of the submissions
@@ -65,6 +68,9 @@ pub(crate) enum ReannotateReason {
     /// Fewer than three usable distractors (fewer than four non-gibberish endings for a 4-way
     /// example once the generation ranked best is set aside).
     TooFewNonGibberish,
+    /// Three or more non-gibberish generations, but fewer than three judged unlikely: the
+    /// others could be right.
+    TooFewUnlikely,
 }
 
 impl ReannotateReason {
@@ -72,6 +78,7 @@ impl ReannotateReason {
         match self {
             ReannotateReason::FoundOutsideTopTwo => "found_outside_top_two",
             ReannotateReason::TooFewNonGibberish => "too_few_non_gibberish",
+            ReannotateReason::TooFewUnlikely => "too_few_unlikely",
         }
     }
 }
@@ -87,8 +94,9 @@ pub(crate) enum Decision {
         generated_gold: Option<Built>,
     },
     /// Back to the queue: `keep` are the endings that stay (the found one first, then the
-    /// generations that are neither gibberish nor ranked above it, in the order given); the rest of
-    /// the task is refilled from the pool.
+    /// generations that could still serve: neither gibberish nor ranked above it, and unlikely
+    /// once the found ending is in the top two; in the order given); the rest of the task is
+    /// refilled from the pool.
     Reannotate {
         reason: ReannotateReason,
         keep: Vec<i64>,
@@ -142,14 +150,21 @@ pub(crate) fn decide(
     if found_label.judgement == Judgement::Gibberish {
         return Decision::Drop(DropReason::FoundGibberish);
     }
+    let not_best = |e: &&i64| usable(e) && labels[*e].rank != Some(Rank::Best);
     let distractors: Vec<i64> = generations
         .iter()
+        .filter(not_best)
         .copied()
-        .filter(|e| usable(e) && labels[e].rank != Some(Rank::Best))
+        .filter(|e| wrong(labels, e))
         .collect();
     if distractors.len() < 3 {
-        return reannotate(ReannotateReason::TooFewNonGibberish, &|e| {
-            labels[e].rank <= found_label.rank
+        let reason = if generations.iter().filter(not_best).count() < 3 {
+            ReannotateReason::TooFewNonGibberish
+        } else {
+            ReannotateReason::TooFewUnlikely
+        };
+        return reannotate(reason, &|e| {
+            wrong(labels, e) && labels[e].rank <= found_label.rank
         });
     }
     let generated_gold = if found_rank == Rank::Second {
@@ -168,14 +183,19 @@ pub(crate) fn decide(
     }
 }
 
+/// Whether annotators judged the ending a wrong answer a reader can still take seriously:
+/// unlikely (likely could be right, gibberish gives itself away).
+fn wrong(labels: &HashMap<i64, Consensus>, ending: &i64) -> bool {
+    labels[ending].judgement == Judgement::Unlikely
+}
+
 /// The example whose gold is the generation the annotators ranked best, if one is usable, with
-/// the other usable generations as its distractors.
+/// the other generations judged unlikely as its distractors.
 fn generated_gold(generations: &[i64], labels: &HashMap<i64, Consensus>) -> Option<Built> {
-    let usable = |e: &i64| labels[e].judgement != Judgement::Gibberish;
     generations
         .iter()
         .copied()
-        .find(|e| usable(e) && labels[e].rank == Some(Rank::Best))
+        .find(|e| labels[e].judgement != Judgement::Gibberish && labels[e].rank == Some(Rank::Best))
         .map(|gold| Built {
             gold,
             gold_type: labels[&gold].judgement,
@@ -183,7 +203,7 @@ fn generated_gold(generations: &[i64], labels: &HashMap<i64, Consensus>) -> Opti
                 generations
                     .iter()
                     .copied()
-                    .filter(|e| *e != gold && usable(e))
+                    .filter(|e| *e != gold && wrong(labels, e))
                     .collect(),
                 labels,
             ),
@@ -286,14 +306,14 @@ mod tests {
     }
 
     #[test]
-    fn found_best_keeps_hardest_non_gibberish_generations() {
+    fn found_best_keeps_the_hardest_unlikely_generations() {
         let (endings, l) = labels(&[
             (1, Likely, Some(Best)),
-            (11, Likely, Some(Second)),
+            (11, Unlikely, Some(Second)),
             (12, Gibberish, None),
             (13, Unlikely, None),
-            (14, Unlikely, None),
-            (15, Likely, None),
+            (14, Likely, None),
+            (15, Unlikely, None),
         ]);
         let Decision::Gold {
             found_rank,
@@ -306,7 +326,7 @@ mod tests {
         assert_eq!(found_rank, Best);
         assert_eq!(
             example.distractors,
-            vec![(15, Likely), (14, Unlikely), (13, Unlikely), (11, Likely)]
+            vec![(15, Unlikely), (13, Unlikely), (11, Unlikely)]
         );
         assert!(generated_gold.is_none());
     }
@@ -317,7 +337,7 @@ mod tests {
             (1, Likely, Some(Second)),
             (11, Unlikely, None),
             (12, Unlikely, None),
-            (13, Likely, None),
+            (13, Unlikely, None),
             (14, Likely, Some(Best)),
             (15, Gibberish, None),
         ]);
@@ -375,7 +395,26 @@ mod tests {
             decide(1, &hardest(&endings), &l),
             Decision::Reannotate {
                 reason: ReannotateReason::TooFewNonGibberish,
-                keep: vec![1, 15, 14]
+                keep: vec![1, 14]
+            }
+        );
+    }
+
+    #[test]
+    fn generations_judged_likely_are_never_distractors() {
+        let (endings, l) = labels(&[
+            (1, Likely, Some(Best)),
+            (11, Likely, Some(Second)),
+            (12, Likely, None),
+            (13, Unlikely, None),
+            (14, Unlikely, None),
+            (15, Gibberish, None),
+        ]);
+        assert_eq!(
+            decide(1, &hardest(&endings), &l),
+            Decision::Reannotate {
+                reason: ReannotateReason::TooFewUnlikely,
+                keep: vec![1, 14, 13]
             }
         );
     }
@@ -416,7 +455,7 @@ mod tests {
         };
         assert_eq!(
             example.distractors.iter().map(|d| d.0).collect::<Vec<_>>(),
-            vec![13, 11, 15, 14]
+            vec![13, 11, 15]
         );
     }
 
