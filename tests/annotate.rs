@@ -433,6 +433,32 @@ fn crowd_export_lists_every_open_item_with_its_texts() {
 }
 
 #[test]
+fn crowd_export_hands_out_agreement_items_as_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = project(dir.path(), 5);
+    let tasks = dir.path().join("tasks.csv");
+    let out = afkit(&[
+        "crowd",
+        "export",
+        arg(&db),
+        "--out",
+        arg(&tasks),
+        "--agreement-items",
+        "2",
+        "--replicas",
+        "4",
+    ]);
+    assert_succeeded(&out);
+    let mut wanted: Vec<String> = csv_rows(&tasks)
+        .1
+        .into_iter()
+        .map(|r| r[1].clone())
+        .collect();
+    wanted.sort();
+    assert_eq!(wanted, ["1", "1", "1", "4", "4"]);
+}
+
+#[test]
 fn crowd_import_takes_the_valid_rows_and_reports_each_invalid_one_by_line() {
     let crowd = Crowd::export();
     let (db, results) = (&crowd.db, crowd.afkit_results());

@@ -33,16 +33,8 @@ pub struct Args {
     /// Your annotator name; restarting with the same name resumes where you stopped.
     #[arg(long)]
     pub annotator: String,
-    /// Items (in a fixed seeded order) that go to several annotators to measure agreement
-    /// [default: 100, or what the project recorded].
-    #[arg(long, value_name = "M")]
-    pub agreement_items: Option<i64>,
-    /// Annotators per agreement item [default: 3, or what the project recorded].
-    #[arg(long, value_name = "R")]
-    pub replicas: Option<i64>,
-    /// Seed of the item order and of the ending shuffles; fixed once tasks exist [default: 0].
-    #[arg(long)]
-    pub seed: Option<Seed>,
+    #[command(flatten)]
+    pub hand_out: HandOut,
     /// The order you are handed items in: `seeded`, the project's order (agreement items
     /// first), or `risk`: first the items whose shown wrong endings could most be right (a
     /// language model finds them at least as likely as the found ending, or they restate it;
@@ -94,7 +86,8 @@ pub enum CrowdCommand {
         project), assignments (annotators still wanted), \
         context (sent1 + sent2), sent1, sent2, ending_1 .. ending_6 (the endings in the item's \
         recorded shuffled order; empty when an item has fewer). Tasks are made from the latest \
-        finished AF run if they do not exist yet.\n\n\
+        finished AF run if they do not exist yet; the first --agreement-items items want \
+        --replicas workers each (as with `afkit annotate`).\n\n\
         Beside OUT it writes OUT's name with .instructions.md (tasks.csv: \
         tasks.instructions.md): the instructions `afkit annotate` shows, for the task page, so \
         that crowd workers label by the same rules.\n\n\
@@ -113,6 +106,8 @@ pub enum CrowdCommand {
         /// Export every open item, also those that have all their annotators.
         #[arg(long)]
         all: bool,
+        #[command(flatten)]
+        hand_out: HandOut,
         /// Replace OUT even if afkit did not write it (or it was changed since).
         #[arg(long)]
         force: bool,
@@ -145,15 +140,36 @@ pub enum CrowdCommand {
     },
 }
 
+/// How items are handed out, chosen when the tasks are made (by `annotate` or `crowd export`).
+#[derive(clap::Args)]
+pub struct HandOut {
+    /// Items (in a fixed seeded order) that go to several annotators to measure agreement
+    /// [default: 100, or what the project recorded].
+    #[arg(long, value_name = "M")]
+    pub agreement_items: Option<i64>,
+    /// Annotators per agreement item [default: 3, or what the project recorded].
+    #[arg(long, value_name = "R")]
+    pub replicas: Option<i64>,
+    /// Seed of the item order and of the ending shuffles; fixed once tasks exist [default: 0].
+    #[arg(long)]
+    pub seed: Option<Seed>,
+}
+
+impl HandOut {
+    fn request(&self) -> PolicyRequest {
+        PolicyRequest {
+            agreement_items: self.agreement_items,
+            replicas: self.replicas,
+            seed: self.seed,
+        }
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
     let mut store = Store::open(&args.project)?;
     let config = annotate::Config {
         annotator: args.annotator.clone(),
-        policy: PolicyRequest {
-            agreement_items: args.agreement_items,
-            replicas: args.replicas,
-            seed: args.seed,
-        },
+        policy: args.hand_out.request(),
         script: args
             .script
             .map(|file| (file, Duration::from_millis(args.script_delay_ms))),
@@ -218,13 +234,14 @@ pub fn run_crowd(command: CrowdCommand) -> Result<()> {
             project,
             out,
             all,
+            hand_out,
             force,
         } => {
             let output = Output::new(force).protect_project(&project);
             output.check(&out)?;
             output.check(&crowd::instructions_path(&out))?;
             let mut store = Store::open(&project)?;
-            let setup = tasks::ensure_tasks(&mut store, PolicyRequest::default())?;
+            let setup = tasks::ensure_tasks(&mut store, hand_out.request())?;
             if setup.hardest_shown > 0 {
                 eprintln!("{}", hardest_shown_note(&setup));
             }
