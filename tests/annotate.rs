@@ -537,6 +537,12 @@ fn agreement_of_imported_crowd_labels_matches_the_figures_computed_by_hand() {
     close("alpha_label", 130.0 / 198.0);
     assert_eq!(json["items"], 1);
     assert_eq!(json["annotators"].as_array().unwrap().len(), 3);
+    // Speed only from the time a row carries: w1 and w2 give none (their rows hold the
+    // import's time), m1's batch gives WorkTimeInSeconds.
+    for a in json["annotators"].as_array().unwrap() {
+        let timed = a["annotator"] == "m1";
+        assert_eq!(a["items_per_hour"].is_number(), timed, "{a}");
+    }
     let found = &json["distribution"]["found"];
     assert_eq!(found["n"], 3);
     // Human accuracy: each labelled submission that ranks the found ending best, of six shown.

@@ -338,8 +338,10 @@ fn stats_of(
     let best: Vec<bool> = labelled.filter_map(|s| found_ranked_best(s)).collect();
     let shared = agreement_with_others(name, by_task);
     let ratio = |(a, n): (usize, usize)| (n > 0).then(|| a as f64 / n as f64);
+    // An imported crowd row without its seconds has the import's time, not the worker's.
     let times: Vec<(String, Option<f64>)> = mine
         .iter()
+        .filter(|s| s.in_terminal || s.seconds.is_some())
         .map(|s| (s.submitted_at.clone(), s.seconds))
         .collect();
     AnnotatorStats {
@@ -634,7 +636,7 @@ fn human_accuracy_line(accuracy: Option<&HumanAccuracy>) -> String {
 /// One row per annotator: volume, speed, found-in-top-two rate, agreement with the others, flag.
 fn annotator_table(out: &mut String, r: &Report) {
     out.push_str(&format!(
-        "{:<16}{:>6}{:>8}{:>9}{:>10}{:>12}{:>8}{:>10}{:>11}  {}\n",
+        "{:<16} {:>5} {:>7} {:>8} {:>9} {:>11} {:>7} {:>9} {:>10}  {}\n",
         "annotator",
         "items",
         "broken",
@@ -648,7 +650,7 @@ fn annotator_table(out: &mut String, r: &Report) {
     ));
     for a in &r.annotators {
         out.push_str(&format!(
-            "{:<16}{:>6}{:>8}{:>9}{:>10}{:>12}{:>8}{:>10}{:>11}  {}\n",
+            "{:<16} {:>5} {:>7} {:>8} {:>9} {:>11} {:>7} {:>9} {:>10}  {}\n",
             a.annotator,
             a.items,
             a.broken,
@@ -820,6 +822,7 @@ mod tests {
             broken: false,
             seconds: Some(30.0),
             submitted_at: "2026-01-01T10:00:00.000Z".into(),
+            in_terminal: true,
             labels: (0..3)
                 .map(|i| {
                     (

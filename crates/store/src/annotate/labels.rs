@@ -292,6 +292,9 @@ pub struct SubmissionRecord {
     pub broken: bool,
     pub seconds: Option<f64>,
     pub submitted_at: String,
+    /// Submitted in `afkit annotate` (not imported from crowd results): its submission time is
+    /// when the annotator finished the item.
+    pub in_terminal: bool,
     /// `(label, is_gold)` per ending; empty when broken.
     pub labels: Vec<(EndingLabel, bool)>,
 }
@@ -302,7 +305,7 @@ impl Store {
         let conn = &self.conn;
         let mut stmt = conn.prepare(
         "SELECT s.id, s.task_id, t.example_id, s.annotator, s.broken, s.seconds, s.submitted_at,
-                l.ending_id, l.judgement, l.rank, e.is_gold
+                s.origin = 'tui', l.ending_id, l.judgement, l.rank, e.is_gold
          FROM submissions s JOIN tasks t ON t.id = s.task_id
          LEFT JOIN labels l ON l.submission_id = s.id
          LEFT JOIN endings e ON e.id = l.ending_id
@@ -321,12 +324,13 @@ impl Store {
                     broken: r.get(4)?,
                     seconds: r.get(5)?,
                     submitted_at: r.get(6)?,
+                    in_terminal: r.get(7)?,
                     labels: Vec::new(),
                 });
             }
-            if let Some(ending_id) = r.get::<_, Option<i64>>(7)? {
-                let label = label_from_row(ending_id, &r.get::<_, String>(8)?, r.get(9)?)?;
-                let is_gold = r.get::<_, i64>(10)? != 0;
+            if let Some(ending_id) = r.get::<_, Option<i64>>(8)? {
+                let label = label_from_row(ending_id, &r.get::<_, String>(9)?, r.get(10)?)?;
+                let is_gold = r.get::<_, i64>(11)? != 0;
                 out.last_mut()
                     .expect("pushed above")
                     .labels
