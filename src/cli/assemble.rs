@@ -19,7 +19,8 @@ not ranked best as distractors, up to four, taken in the order --distractors giv
 generations judged likely, and those can be a second right answer); a generation ranked best over a second-ranked found ending adds a \
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
 than three generations judged unlikely (too_few_non_gibberish, too_few_unlikely), is queued for \
-re-annotation with the other endings replaced by scored pool endings never shown, in the same order. Several annotators: a judgement needs half the votes (ties go to \
+re-annotation with the other endings replaced by scored pool endings never shown, in the same order; \
+an item whose found ending is judged gibberish is dropped (found_gibberish: another round would show it again). Several annotators: a judgement needs half the votes (ties go to \
 the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
 ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
 fractions are unchanged.

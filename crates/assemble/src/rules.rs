@@ -107,7 +107,8 @@ pub(crate) enum Decision {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum DropReason {
-    /// The annotators ranked the found ending in the top two but judged it gibberish.
+    /// The annotators judged the found ending gibberish (the corpus's own ending is not correct
+    /// English): no round of annotation changes it.
     FoundGibberish,
     /// Some ending of the task has no label in any non-broken submission.
     IncompleteLabels,
@@ -134,6 +135,10 @@ pub(crate) fn decide(
         return Decision::Drop(DropReason::IncompleteLabels);
     }
     let found_label = labels[&found];
+    // Before the rank: gibberish cannot be ranked, and another round shows the same found ending.
+    if found_label.judgement == Judgement::Gibberish {
+        return Decision::Drop(DropReason::FoundGibberish);
+    }
     let usable = |e: &i64| labels[e].judgement != Judgement::Gibberish;
     // What a re-annotation round keeps: the found ending and the generations that pass `keep`.
     let reannotate = |reason, keep: &dyn Fn(&i64) -> bool| Decision::Reannotate {
@@ -147,9 +152,6 @@ pub(crate) fn decide(
             labels[e].rank.is_none()
         });
     };
-    if found_label.judgement == Judgement::Gibberish {
-        return Decision::Drop(DropReason::FoundGibberish);
-    }
     let not_best = |e: &&i64| usable(e) && labels[*e].rank != Some(Rank::Best);
     let distractors: Vec<i64> = generations
         .iter()
@@ -431,6 +433,13 @@ mod tests {
         assert_eq!(
             decide(1, &hardest(&endings), &l),
             Decision::Drop(DropReason::FoundGibberish)
+        );
+        let mut unranked = l.clone();
+        unranked.insert(1, c(Gibberish, None));
+        assert_eq!(
+            decide(1, &hardest(&endings), &unranked),
+            Decision::Drop(DropReason::FoundGibberish),
+            "no re-annotation: the found ending would be shown again"
         );
         let mut partial = l.clone();
         partial.remove(&13);
