@@ -22,6 +22,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 
 LETTERS = "ABCD"
@@ -113,7 +114,9 @@ def main():
         print(json.dumps(rows, indent=1))
         return
     af, control = rows["af"], rows["control"]
-    print("| | AF export | random control |")
+    # the sheet's two exports by folder name: the second is not always a random control
+    names = [os.path.basename(str(key[s]).rstrip("/")) or s for s in ("af", "control")]
+    print(f"| | {names[0]} (first export) | {names[1]} (second export) |")
     print("| --- | ---: | ---: |")
     for name, field in (
         ("reader's accuracy", "correct"),
