@@ -239,17 +239,7 @@ fn matched_refill_takes_the_unseen_pool_endings_nearest_the_found_endings_score(
     );
     let s = p.assemble(&["--split", "1,0,0"]);
     assert_eq!(s["reannotation_queued"]["found_outside_top_two"], 1);
-    let shown: BTreeSet<i64> = p
-        .conn
-        .prepare(
-            "SELECT ending_id FROM task_endings JOIN tasks ON tasks.id = task_id
-             WHERE status = 'open'",
-        )
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let shown = p.open_task_endings();
     let expected: BTreeSet<i64> = [
         c.found, c.cands[1], c.cands[4], c.cands[7], c.cands[8], c.cands[9],
     ]
@@ -290,17 +280,7 @@ fn generations_judged_likely_are_never_distractors_and_go_back_to_the_queue() {
     let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
     assert_eq!(s["reannotation_queued"]["too_few_unlikely"], 1);
     assert!(p.assembled().is_empty());
-    let shown: BTreeSet<i64> = p
-        .conn
-        .prepare(
-            "SELECT ending_id FROM task_endings JOIN tasks ON tasks.id = task_id
-             WHERE status = 'open'",
-        )
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let shown = p.open_task_endings();
     // The two judged unlikely stay; the likely and gibberish ones give way to unseen endings.
     let expected: BTreeSet<i64> = [
         c.found, c.cands[1], c.cands[4], c.cands[5], c.cands[6], c.cands[7],

@@ -240,6 +240,20 @@ impl Project {
         serde_json::from_str(&ok(&args)).unwrap()
     }
 
+    /// The endings of the open (re-annotation) tasks.
+    pub fn open_task_endings(&self) -> BTreeSet<i64> {
+        self.conn
+            .prepare(
+                "SELECT ending_id FROM task_endings JOIN tasks ON tasks.id = task_id
+                 WHERE status = 'open'",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
     /// (gold-source, gold ending id, split, distractor ids) of every assembled example.
     pub fn assembled(&self) -> Vec<(String, i64, String, Vec<i64>)> {
         let mut stmt = self
