@@ -496,6 +496,43 @@ fn crowd_import_takes_the_valid_rows_and_reports_each_invalid_one_by_line() {
 }
 
 #[test]
+fn a_crowd_worker_flags_a_broken_item_as_the_terminal_does() {
+    let crowd = Crowd::export();
+    let results = crowd.dir.path().join("flags.csv");
+    let item = crowd.item.as_str();
+    let head = vec![
+        "worker_id",
+        "item_id",
+        "label_1",
+        "label_2",
+        "label_3",
+        "label_4",
+        "label_5",
+        "label_6",
+        "best",
+        "second",
+        "broken",
+    ];
+    let empty = ["", "", "", "", "", "", "", ""];
+    let flag = |worker, value| [vec![worker, item], empty.to_vec(), vec![value]].concat();
+    write_csv(&results, &[head, flag("w8", "true"), flag("w9", "perhaps")]);
+    let out = crowd.import(&results);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("flags.csv:3: ") && stderr.contains("broken = \"perhaps\""),
+        "{stderr}"
+    );
+    assert_eq!(
+        query_i64(
+            &crowd.db,
+            "SELECT COUNT(*) FROM submissions WHERE broken = 1"
+        ),
+        1
+    );
+    assert_eq!(query_i64(&crowd.db, "SELECT COUNT(*) FROM labels"), 0);
+}
+
+#[test]
 fn crowd_import_reads_mechanical_turk_batch_results() {
     let crowd = Crowd::export();
     crowd.import(&crowd.afkit_results());

@@ -116,7 +116,9 @@ pub enum CrowdCommand {
     #[command(long_about = "Read crowd results into the project's label tables.\n\n\
         afkit's result columns: worker_id, item_id, label_1 .. label_6 (likely | unlikely | \
         gibberish, one per ending of the item, in the exported order), best and second (ending \
-        numbers 1-6), and optionally seconds (time on the item) and submitted_at (RFC 3339 UTC).\n\n\
+        numbers 1-6), and optionally seconds (time on the item), submitted_at (RFC 3339 UTC) and \
+        broken (true: the worker flags the item as broken, as x does in `afkit annotate`; its \
+        labels may then be empty; Answer.broken on Mechanical Turk).\n\n\
         Mechanical Turk batch results are read too: WorkerId, Input.item_id, Answer.label_1 .. \
         Answer.label_6, Answer.best, Answer.second (or one true/false column per choice, e.g. \
         Answer.best.3, as crowd-radio-group writes them), WorkTimeInSeconds; rows whose \

@@ -170,6 +170,19 @@ impl Columns {
         chosen.next()
     }
 
+    /// Whether the row flags its item as broken (optional column `broken`, `Answer.broken` on
+    /// Mechanical Turk), as `x` does in the terminal UI.
+    fn flags_broken(&self, row: &csv::StringRecord) -> std::result::Result<bool, String> {
+        let Some(value) = self.answer(row, "broken") else {
+            return Ok(false);
+        };
+        match value.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(format!("broken = {value:?}; expected true or false")),
+        }
+    }
+
     fn worker(&self, row: &csv::StringRecord) -> Option<String> {
         let column = match self.layout {
             Layout::Afkit => "worker_id",
@@ -406,6 +419,17 @@ fn parse_row(
     }
     let worker = columns.worker(row).ok_or("the worker id is empty")?;
     let (task_id, task) = open_task(project, columns, row, tasks)?;
+    let (seconds, submitted_at) = timing(columns, row)?;
+    if columns.flags_broken(row)? {
+        return Ok(NewSubmission {
+            task_id,
+            annotator: worker,
+            broken: true,
+            seconds,
+            submitted_at,
+            labels: Vec::new(),
+        });
+    }
     let n = task.endings.len();
     let judgements = judgements(columns, row, task_id, n)?;
     let (best, second) = (
@@ -419,7 +443,6 @@ fn parse_row(
             verdict::describe(&problems)
         ));
     }
-    let (seconds, submitted_at) = timing(columns, row)?;
     let ids: Vec<i64> = task.endings.iter().map(|e| e.ending_id).collect();
     Ok(NewSubmission {
         task_id,
