@@ -21,8 +21,8 @@ use rayon::prelude::*;
 use super::cache::{Prefix, RowCache, SlotCache, SlotRow};
 use super::model::LanguageModel;
 use super::sampler::{
-    normalise_ending, sample_token, EndingSampler, Rejection, SampleRequest, SampledEnding,
-    SampledPool, SamplingParams,
+    goes_on_the_last_word, normalise_ending, sample_token, EndingSampler, Rejection, SampleRequest,
+    SampledEnding, SampledPool, SamplingParams,
 };
 use crate::seed::Seed;
 
@@ -637,7 +637,15 @@ impl LocalLm {
                 return Ok(false);
             }
         }
-        let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
+        let tok = &self.model.tokenizer;
+        let first = row.tokens.first().copied();
+        if let Some(first) = first.filter(|&t| !tok.starts_word[t as usize]) {
+            if goes_on_the_last_word(&state.request.prompt, &tok.decode(&[first])?) {
+                state.pool.reject(Rejection::MidWord);
+                return Ok(false);
+            }
+        }
+        let text = normalise_ending(&tok.decode(&row.tokens)?);
         let ending = SampledEnding {
             text,
             tokens: Some((row.tokens, row.logprobs)),

@@ -145,6 +145,9 @@ pub(crate) enum Rejection {
     Duplicate,
     /// Drawn in the last round after the pool had filled up.
     Surplus,
+    /// Begins inside the prompt's last word ("… white bra" + "ids a white skirt."): the model
+    /// read that word as the start of a longer one, and the text is no ending of the context.
+    MidWord,
     /// Refused by the request's [`EndingRule`], for the reason it gave.
     Rule(&'static str),
 }
@@ -157,6 +160,7 @@ impl Rejection {
             Rejection::NotASentence => "not_a_sentence",
             Rejection::Duplicate => "duplicate",
             Rejection::Surplus => "surplus",
+            Rejection::MidWord => "mid_word",
             Rejection::Rule(why) => why,
         }
     }
@@ -245,6 +249,13 @@ pub trait EndingSampler {
             })
             .collect()
     }
+}
+
+/// Whether `continuation`, as sampled after `prompt` (not yet trimmed), begins inside the
+/// prompt's last word: both touch with a letter or digit and no space between.
+pub(crate) fn goes_on_the_last_word(prompt: &str, continuation: &str) -> bool {
+    let word_char = |c: char| c.is_alphanumeric();
+    prompt.ends_with(word_char) && continuation.starts_with(word_char)
 }
 
 /// Collapses runs of whitespace and trims: the form endings are compared and stored in.

@@ -14,8 +14,8 @@ use super::linear::fast_bf16_kernel;
 use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::LanguageModel;
 use super::sampler::{
-    acceptable_ending, normalise_ending, EndingSampler, SampleRequest, SampledEnding, SampledPool,
-    SamplingParams,
+    acceptable_ending, goes_on_the_last_word, normalise_ending, EndingSampler, SampleRequest,
+    SampledEnding, SampledPool, SamplingParams,
 };
 use crate::device::Compute;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
@@ -342,6 +342,53 @@ fn sampling_gives_unique_complete_endings_reproducibly() {
         excluding.exclude = vec![format!("  {} ", texts[0])];
         let d = lm.sample(&excluding).unwrap();
         assert!(d.endings.iter().all(|e| e.text != texts[0]));
+    }
+}
+
+#[test]
+fn no_kept_ending_begins_inside_the_prompts_last_word() {
+    assert!(goes_on_the_last_word(
+        "A lady in a white bra",
+        "ids a skirt."
+    ));
+    assert!(!goes_on_the_last_word(
+        "A lady in a white bra",
+        " sits down."
+    ));
+    assert!(!goes_on_the_last_word(
+        "A lady in a white bra",
+        ", then sits."
+    ));
+    assert!(!goes_on_the_last_word(
+        "A lady in a white bra ",
+        "sits down."
+    ));
+    for compute in engines() {
+        let lm = tiny_lm_on(params(), &compute);
+        let tok = &lm.model.tokenizer;
+        let pool = lm
+            .sample(&SampleRequest {
+                prompt: "A lady in a lacy black and white bra".into(),
+                exclude: vec![],
+                n: 20,
+                seed: Seed::new(5),
+                rule: Default::default(),
+            })
+            .unwrap();
+        // A random model often draws a piece that goes on with "bra"; none is kept.
+        assert!(
+            pool.rejected.get("mid_word").is_some_and(|&n| n > 0),
+            "{pool:?}"
+        );
+        for ending in &pool.endings {
+            let first = ending.tokens.as_ref().unwrap().0[0];
+            let piece = tok.decode(&[first]).unwrap();
+            assert!(
+                tok.starts_word[first as usize] || !goes_on_the_last_word("bra", &piece),
+                "{:?} was kept",
+                ending.text
+            );
+        }
     }
 }
 

@@ -26,8 +26,8 @@ use rand::Rng;
 use serde_json::{json, Map, Value};
 
 use super::sampler::{
-    normalise_ending, EndingSampler, Rejection, SampleRequest, SampledEnding, SampledPool,
-    SamplingParams,
+    goes_on_the_last_word, normalise_ending, EndingSampler, Rejection, SampleRequest,
+    SampledEnding, SampledPool, SamplingParams,
 };
 use super::tokenizer::GgufTokenizer;
 use crate::seed::Seed;
@@ -576,6 +576,10 @@ impl EndingSampler for OpenAiSampler<'_> {
                     pool.reject(Rejection::NoSentenceEnd);
                     continue;
                 };
+                if goes_on_the_last_word(&request.prompt, &raw) {
+                    pool.reject(Rejection::MidWord);
+                    continue;
+                }
                 // The server's log-probs of what it sampled are not the features: it read the
                 // prompt without the document-start token the features are scored after.
                 let text = normalise_ending(&raw);
