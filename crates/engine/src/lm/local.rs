@@ -620,6 +620,18 @@ impl LocalLm {
         }
     }
 
+    /// Whether `tokens`, sampled after `prompt`, begin inside the prompt's last word: a first
+    /// token that starts no word and joins the last letter.
+    pub(crate) fn begins_mid_word(&self, prompt: &str, tokens: &[u32]) -> Result<bool> {
+        let tok = &self.model.tokenizer;
+        match tokens.first() {
+            Some(&first) if !tok.starts_word[first as usize] => {
+                Ok(goes_on_the_last_word(prompt, &tok.decode(&[first])?))
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Offers a context's next decoded row (in row order) to its pool, which keeps it if it is a
     /// whole sentence, not too long and unique, while the pool still wants endings. Whether the
     /// pool kept it.
@@ -637,15 +649,11 @@ impl LocalLm {
                 return Ok(false);
             }
         }
-        let tok = &self.model.tokenizer;
-        let first = row.tokens.first().copied();
-        if let Some(first) = first.filter(|&t| !tok.starts_word[t as usize]) {
-            if goes_on_the_last_word(&state.request.prompt, &tok.decode(&[first])?) {
-                state.pool.reject(Rejection::MidWord);
-                return Ok(false);
-            }
+        if self.begins_mid_word(&state.request.prompt, &row.tokens)? {
+            state.pool.reject(Rejection::MidWord);
+            return Ok(false);
         }
-        let text = normalise_ending(&tok.decode(&row.tokens)?);
+        let text = normalise_ending(&self.model.tokenizer.decode(&row.tokens)?);
         let ending = SampledEnding {
             text,
             tokens: Some((row.tokens, row.logprobs)),

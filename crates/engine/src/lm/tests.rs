@@ -198,7 +198,8 @@ fn pools_keep_the_first_acceptable_rows_in_row_order() {
         let mut every_row = SampledPool::default();
         let mut seen = request.seen_endings();
         for row in rows {
-            if row.stop == Stop::SentenceEnd {
+            let mid_word = lm.begins_mid_word(&request.prompt, &row.tokens).unwrap();
+            if row.stop == Stop::SentenceEnd && !mid_word {
                 let text = normalise_ending(&lm.model.tokenizer.decode(&row.tokens).unwrap());
                 let ending = SampledEnding {
                     text,
