@@ -139,12 +139,16 @@ pub(crate) fn decide(
     if found_label.judgement == Judgement::Gibberish {
         return Decision::Drop(DropReason::FoundGibberish);
     }
-    let usable = |e: &i64| labels[e].judgement != Judgement::Gibberish;
     // What a re-annotation round keeps: the found ending and the generations that pass `keep`.
     let reannotate = |reason, keep: &dyn Fn(&i64) -> bool| Decision::Reannotate {
         reason,
         keep: std::iter::once(found)
-            .chain(generations.iter().copied().filter(|e| usable(e) && keep(e)))
+            .chain(
+                generations
+                    .iter()
+                    .copied()
+                    .filter(|e| usable(labels, e) && keep(e)),
+            )
             .collect(),
     };
     let Some(found_rank) = found_label.rank else {
@@ -152,15 +156,18 @@ pub(crate) fn decide(
             labels[e].rank.is_none()
         });
     };
-    let not_best = |e: &&i64| usable(e) && labels[*e].rank != Some(Rank::Best);
-    let distractors: Vec<i64> = generations
+    let not_best: Vec<i64> = generations
         .iter()
-        .filter(not_best)
+        .copied()
+        .filter(|e| usable(labels, e) && labels[e].rank != Some(Rank::Best))
+        .collect();
+    let distractors: Vec<i64> = not_best
+        .iter()
         .copied()
         .filter(|e| wrong(labels, e))
         .collect();
     if distractors.len() < 3 {
-        let reason = if generations.iter().filter(not_best).count() < 3 {
+        let reason = if not_best.len() < 3 {
             ReannotateReason::TooFewNonGibberish
         } else {
             ReannotateReason::TooFewUnlikely
@@ -185,6 +192,11 @@ pub(crate) fn decide(
     }
 }
 
+/// Whether the ending is correct English to the annotators (not judged gibberish).
+fn usable(labels: &HashMap<i64, Consensus>, ending: &i64) -> bool {
+    labels[ending].judgement != Judgement::Gibberish
+}
+
 /// Whether annotators judged the ending a wrong answer a reader can still take seriously:
 /// unlikely (likely could be right, gibberish gives itself away).
 fn wrong(labels: &HashMap<i64, Consensus>, ending: &i64) -> bool {
@@ -197,7 +209,7 @@ fn generated_gold(generations: &[i64], labels: &HashMap<i64, Consensus>) -> Opti
     generations
         .iter()
         .copied()
-        .find(|e| labels[e].judgement != Judgement::Gibberish && labels[e].rank == Some(Rank::Best))
+        .find(|e| usable(labels, e) && labels[e].rank == Some(Rank::Best))
         .map(|gold| Built {
             gold,
             gold_type: labels[&gold].judgement,

@@ -203,12 +203,11 @@ pub fn features(
         .map(|t| ending_tokens(tok, t))
         .collect::<Result<_>>()?;
     let cond = conditional_log_probs(scorer, prompt, endings, &ids)?;
-    let alone: Vec<Option<f64>> = match alone {
-        true => {
-            let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
-            scorer.alone(&all)?.iter().map(|a| Some(mean(a))).collect()
-        }
-        false => vec![None; ids.len()],
+    let alone: Vec<Option<f64>> = if alone {
+        let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        scorer.alone(&all)?.iter().map(|a| Some(mean(a))).collect()
+    } else {
+        vec![None; ids.len()]
     };
     let mut features = texts
         .iter()

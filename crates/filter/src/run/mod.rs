@@ -186,9 +186,10 @@ fn note_alone_inputs(alone: AloneInputs, no_scorer: bool, observer: &mut dyn Obs
         }
         AloneInputs::None => return,
     };
-    let rest = match no_scorer {
-        true => "; with --no-scorer the MLP reads no ending-alone log-probability at all",
-        false => "; the scorer models' own ones stand in",
+    let rest = if no_scorer {
+        "; with --no-scorer the MLP reads no ending-alone log-probability at all"
+    } else {
+        "; the scorer models' own ones stand in"
     };
     observer.note(&format!("note: {why}{rest}"));
 }
