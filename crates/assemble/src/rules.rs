@@ -139,43 +139,30 @@ pub(crate) fn decide(
     if found_label.judgement == Judgement::Gibberish {
         return Decision::Drop(DropReason::FoundGibberish);
     }
-    // What a re-annotation round keeps: the found ending and the generations that pass `keep`.
-    let reannotate = |reason, keep: &dyn Fn(&i64) -> bool| Decision::Reannotate {
-        reason,
-        keep: std::iter::once(found)
-            .chain(
-                generations
-                    .iter()
-                    .copied()
-                    .filter(|e| usable(labels, e) && keep(e)),
-            )
-            .collect(),
+    // What a re-annotation round keeps: the found ending and the usable generations that pass `keep`.
+    let reannotate = |reason, keep: &dyn Fn(&i64) -> bool| {
+        let kept = generations
+            .iter()
+            .copied()
+            .filter(|e| usable(labels, e) && keep(e));
+        Decision::Reannotate {
+            reason,
+            keep: std::iter::once(found).chain(kept).collect(),
+        }
     };
     let Some(found_rank) = found_label.rank else {
         return reannotate(ReannotateReason::FoundOutsideTopTwo, &|e| {
             labels[e].rank.is_none()
         });
     };
-    let not_best: Vec<i64> = generations
-        .iter()
-        .copied()
-        .filter(|e| usable(labels, e) && labels[e].rank != Some(Rank::Best))
-        .collect();
-    let distractors: Vec<i64> = not_best
-        .iter()
-        .copied()
-        .filter(|e| wrong(labels, e))
-        .collect();
-    if distractors.len() < 3 {
-        let reason = if not_best.len() < 3 {
-            ReannotateReason::TooFewNonGibberish
-        } else {
-            ReannotateReason::TooFewUnlikely
-        };
-        return reannotate(reason, &|e| {
-            wrong(labels, e) && labels[e].rank <= found_label.rank
-        });
-    }
+    let distractors = match unlikely_distractors(generations, labels) {
+        Ok(distractors) => distractors,
+        Err(reason) => {
+            return reannotate(reason, &|e| {
+                wrong(labels, e) && labels[e].rank <= found_label.rank
+            })
+        }
+    };
     let generated_gold = if found_rank == Rank::Second {
         generated_gold(generations, labels)
     } else {
@@ -190,6 +177,27 @@ pub(crate) fn decide(
         },
         generated_gold,
     }
+}
+
+/// The generations that can be distractors: judged unlikely and not ranked best, in the order
+/// given; or why fewer than three are.
+fn unlikely_distractors(
+    generations: &[i64],
+    labels: &HashMap<i64, Consensus>,
+) -> Result<Vec<i64>, ReannotateReason> {
+    let not_best: Vec<i64> = generations
+        .iter()
+        .copied()
+        .filter(|e| usable(labels, e) && labels[e].rank != Some(Rank::Best))
+        .collect();
+    if not_best.len() < 3 {
+        return Err(ReannotateReason::TooFewNonGibberish);
+    }
+    let distractors: Vec<i64> = not_best.into_iter().filter(|e| wrong(labels, e)).collect();
+    if distractors.len() < 3 {
+        return Err(ReannotateReason::TooFewUnlikely);
+    }
+    Ok(distractors)
 }
 
 /// Whether the ending is correct English to the annotators (not judged gibberish).
