@@ -8,6 +8,8 @@
 #   scripts/bench_generate_pair.sh BEFORE AFTER [CONTEXTS=20] [ROUNDS=2] [SEED=5]
 #
 # CONTEXTS is at least 20: `lm adapt` needs that many captions' worth of text for its folds.
+# SAMPLED=N samples only the first N of them (default all): adapters trained on a project's worth
+# of captions, a pass short enough to repeat.
 #
 # BEFORE and AFTER are afkit binaries (e.g. one built from an earlier commit with
 # `git worktree add` and `cargo build --release`). The contexts are test-half ActivityNet
@@ -21,6 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BEFORE=$(realpath "$1") AFTER=$(realpath "$2")
 CONTEXTS=${3:-20} ROUNDS=${4:-2} SEED=${5:-5}
+SAMPLED=${SAMPLED:-$CONTEXTS}
 CAPTIONS=${CAPTIONS:-../shared/data/activitynet-captions/train.json}
 export AFKIT_NO_PROGRESS=1
 work=$(mktemp -d)
@@ -37,7 +40,7 @@ mkdir "$work/base"
 run() { # NAME BINARY ROUND FLAGS ENV
   rm -rf "$work/run" && cp -r "$work/base" "$work/run"
   # shellcheck disable=SC2086
-  (cd "$work/run" && env $5 "$2" generate p.sqlite --limit "$CONTEXTS" --seed "$SEED" $4 --json) \
+  (cd "$work/run" && env $5 "$2" generate p.sqlite --limit "$SAMPLED" --seed "$SEED" $4 --json) \
     > "$work/$1-$3.json"
   sqlite3 "$work/run/p.sqlite" "SELECT * FROM endings ORDER BY id" | md5sum | cut -c1-32 \
     > "$work/$1-$3.endings"
@@ -49,7 +52,7 @@ for round in $(seq "$ROUNDS"); do
   run after "$AFTER" "$round" "${AFTER_FLAGS:-}" "${AFTER_ENV:-}"
 done
 
-python3 - "$work" "$ROUNDS" "$CONTEXTS" <<'PY'
+python3 - "$work" "$ROUNDS" "$SAMPLED" <<'PY'
 import json, statistics, sys
 w, rounds, contexts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 runs = {name: [json.load(open(f"{w}/{name}-{r}.json")) for r in range(1, rounds + 1)]
@@ -59,7 +62,7 @@ endings = {open(f"{w}/{name}-{r}.endings").read().strip()
 for name, rs in runs.items():
     for r in rs:
         print(f"{name:<7} generate {r['total_seconds']:8.1f} s   sampling "
-              f"{r['sampling_endings_per_second']:6.2f} endings/s")
+              f"{r['sampling_endings_per_second']:6.2f} endings/s   {r['tokens_generated']} tokens drawn")
 med = {name: (statistics.median(r["total_seconds"] for r in rs),
               statistics.median(r["sampling_endings_per_second"] for r in rs))
        for name, rs in runs.items()}
@@ -70,5 +73,7 @@ print(f"after / before: generate time {med['after'][0] / med['before'][0]:.3f}, 
 print(f"RESULT job=generate_pair contexts={contexts} rounds={rounds} "
       f"before_s={med['before'][0]:.1f} after_s={med['after'][0]:.1f} "
       f"before_sampling={med['before'][1]:.2f} after_sampling={med['after'][1]:.2f} "
+      f"before_tokens={runs['before'][0]['tokens_generated']} "
+      f"after_tokens={runs['after'][0]['tokens_generated']} "
       f"same_results={'yes' if same else 'no'}")
 PY

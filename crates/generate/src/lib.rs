@@ -24,7 +24,7 @@ use afkit_engine::lm::model::{LanguageModel, ModelFile};
 use afkit_engine::lm::openai::OpenAiSampler;
 use afkit_engine::lm::sampler::{EndingRule, EndingSampler, SampleRequest, SampledPool};
 use afkit_engine::seed::{Key, Seed};
-use afkit_engine::text::rules::generated_ending_problem;
+use afkit_engine::text::rules::{generated_ending_problem, generated_ending_refused_early};
 use afkit_store::adapters::AdapterRecord;
 use afkit_store::examples::Example;
 use afkit_store::pool::NewGeneration;
@@ -420,7 +420,9 @@ impl Jobs<'_> {
             return EndingRule::default();
         }
         let sent2 = ex.sent2.clone();
+        let early_sent2 = sent2.clone();
         EndingRule::new(move |ending| generated_ending_problem(&sent2, ending))
+            .refusing_early(move |words| generated_ending_refused_early(&early_sent2, words))
     }
 
     fn new_pool(&self, ex: &Example) -> Job {

@@ -21,8 +21,8 @@ use rayon::prelude::*;
 use super::cache::{Prefix, RowCache, SlotCache, SlotRow};
 use super::model::LanguageModel;
 use super::sampler::{
-    goes_on_the_last_word, normalise_ending, sample_token, EndingSampler, Rejection, SampleRequest,
-    SampledEnding, SampledPool, SamplingParams,
+    goes_on_the_last_word, normalise_ending, sample_token, EndingRule, EndingSampler, Rejection,
+    SampleRequest, SampledEnding, SampledPool, SamplingParams,
 };
 use crate::seed::Seed;
 
@@ -52,6 +52,9 @@ pub(crate) enum Stop {
     TokenCap,
     /// More words than an ending may have: stopped early, it would be discarded anyway.
     TooLong,
+    /// Its first words already fail the request's rule, for the reason given
+    /// ([`EndingRule::refusing_early`]): stopped early, the pool would refuse it anyway.
+    Refused(&'static str),
 }
 
 #[derive(Debug, Clone)]
@@ -118,7 +121,8 @@ impl LocalLm {
         };
         for (g, group) in groups.iter_mut().enumerate() {
             for row in 0..group.rows {
-                feed.waiting.push_back(LiveRow::new(g, row, group.rng));
+                feed.waiting
+                    .push_back(LiveRow::new(g, row, group.rng, group.rule));
             }
         }
         let prefixes: Vec<&Prefix> = groups.iter().map(|g| g.prefix).collect();
@@ -297,6 +301,9 @@ impl LocalLm {
                 if r.words > self.params.max_words {
                     r.stop = Stop::TooLong;
                     false
+                } else if let Some(why) = self.refused_early(&row.rule, r) {
+                    r.stop = Stop::Refused(why);
+                    false
                 } else if tok.ends_sentence[token as usize] {
                     r.stop = Stop::SentenceEnd;
                     false
@@ -311,6 +318,24 @@ impl LocalLm {
             }
         }
         stopped
+    }
+
+    /// The reason `rule` refuses a row whose newest token begins a word, judged on the whole
+    /// words before that token; `None` when the rule does not judge early or cannot tell yet. A
+    /// row that began inside the prompt's last word is left to the checks of the whole ending,
+    /// which count it as `mid_word`.
+    fn refused_early(&self, rule: &EndingRule, row: &DecodedRow) -> Option<&'static str> {
+        let tok = &self.model.tokenizer;
+        let (&newest, earlier) = row.tokens.split_last()?;
+        let starts_word = |token: &u32| tok.starts_word[*token as usize];
+        if !rule.judges_early()
+            || !starts_word(&newest)
+            || !earlier.first().is_some_and(starts_word)
+        {
+            return None;
+        }
+        let whole_words = tok.decode(earlier).ok()?;
+        rule.refuses_early(&normalise_ending(&whole_words))
     }
 }
 
@@ -357,35 +382,38 @@ impl RowFeed for AllRows {
     }
 }
 
-/// A row in flight: which group and row it is, its cache slot, its generator and its tokens so
-/// far.
+/// A row in flight: which group and row it is, its cache slot, its generator, the rule that may
+/// stop it early and its tokens so far.
 struct LiveRow {
     group: usize,
     row: usize,
     slot: usize,
     rng: ChaCha8Rng,
+    rule: EndingRule,
     decoded: DecodedRow,
 }
 
 impl LiveRow {
     /// Row `row` of `group`, its generator seeded by the next draw of the group's generator.
-    fn new(group: usize, row: usize, group_rng: &mut ChaCha8Rng) -> Self {
+    fn new(group: usize, row: usize, group_rng: &mut ChaCha8Rng, rule: &EndingRule) -> Self {
         LiveRow {
             group,
             row,
             slot: 0,
             rng: Seed::new(group_rng.random::<u64>()).rng(),
+            rule: rule.clone(),
             decoded: DecodedRow::default(),
         }
     }
 }
 
 /// One context's share of a decode batch: `rows` sequences continuing `prefix`, drawn from the
-/// context's own generator.
+/// context's own generator, each stopped early where `rule` refuses it.
 pub(crate) struct DecodeGroup<'a> {
     pub prefix: &'a Prefix,
     pub rows: usize,
     pub rng: &'a mut ChaCha8Rng,
+    pub rule: &'a EndingRule,
 }
 
 /// A context being sampled: its prompt, generator, the endings kept so far and its draw budget;
@@ -460,7 +488,7 @@ impl RowFeed for Demand<'_, '_, '_, '_> {
             .iter_mut()
             .enumerate()
             .find(|(_, s)| s.wants_row())?;
-        let row = LiveRow::new(group, state.admitted, &mut state.rng);
+        let row = LiveRow::new(group, state.admitted, &mut state.rng, &state.request.rule);
         state.admitted += 1;
         state.in_flight += 1;
         Some(row)
@@ -605,6 +633,7 @@ impl LocalLm {
                     prefix: &s.prompt.prefix,
                     rows,
                     rng: &mut s.rng,
+                    rule: &s.request.rule,
                 })
                 .collect();
             let decoded = self.decode_groups(&mut groups)?;
@@ -646,6 +675,10 @@ impl LocalLm {
             }
             Stop::EndOfText | Stop::TokenCap => {
                 state.pool.reject(Rejection::NoSentenceEnd);
+                return Ok(false);
+            }
+            Stop::Refused(why) => {
+                state.pool.reject(Rejection::Rule(why));
                 return Ok(false);
             }
         }

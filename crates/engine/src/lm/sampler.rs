@@ -79,27 +79,61 @@ pub struct SampleRequest {
 
 /// A check on an ending's text that the caller brings: `None` if the ending may enter the pool,
 /// else the reason it may not (recorded with the draw counts). The default accepts everything.
+///
+/// A rule may also judge a draw while it is sampled ([`EndingRule::refusing_early`]): a backend
+/// that decodes token by token stops a draw as soon as its first whole words make the refusal
+/// certain, instead of sampling a sentence it would throw away.
 #[derive(Clone, Default)]
-pub struct EndingRule(Option<Arc<RuleFn>>);
+pub struct EndingRule {
+    check: Option<Arc<RuleFn>>,
+    early: Option<Arc<RuleFn>>,
+}
 
 type RuleFn = dyn Fn(&str) -> Option<&'static str> + Send + Sync;
 
 impl EndingRule {
     pub fn new(check: impl Fn(&str) -> Option<&'static str> + Send + Sync + 'static) -> Self {
-        EndingRule(Some(Arc::new(check)))
+        EndingRule {
+            check: Some(Arc::new(check)),
+            early: None,
+        }
+    }
+
+    /// Adds the early judgement: given a draw's whole words so far (more text follows the last),
+    /// the reason [`EndingRule::new`]'s check will refuse the ending whatever comes next, or
+    /// `None` while that is not certain. It is asked once each time a new word begins, so it may
+    /// settle a question on the one call where its evidence arrives. It must never refuse a
+    /// beginning the check could accept: the pool keeps exactly what it would without it.
+    pub fn refusing_early(
+        self,
+        early: impl Fn(&str) -> Option<&'static str> + Send + Sync + 'static,
+    ) -> Self {
+        EndingRule {
+            early: Some(Arc::new(early)),
+            ..self
+        }
     }
 
     pub(crate) fn check(&self, ending: &str) -> Option<&'static str> {
-        self.0.as_ref().and_then(|check| check(ending))
+        self.check.as_ref().and_then(|check| check(ending))
+    }
+
+    /// Whether the rule judges draws while they are sampled.
+    pub(crate) fn judges_early(&self) -> bool {
+        self.early.is_some()
+    }
+
+    pub(crate) fn refuses_early(&self, whole_words: &str) -> Option<&'static str> {
+        self.early.as_ref().and_then(|early| early(whole_words))
     }
 }
 
 impl std::fmt::Debug for EndingRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "EndingRule(..)"
-        } else {
-            "EndingRule(none)"
+        f.write_str(match (&self.check, &self.early) {
+            (None, _) => "EndingRule(none)",
+            (Some(_), None) => "EndingRule(..)",
+            (Some(_), Some(_)) => "EndingRule(.., early)",
         })
     }
 }

@@ -14,8 +14,8 @@ use super::linear::fast_bf16_kernel;
 use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::LanguageModel;
 use super::sampler::{
-    acceptable_ending, goes_on_the_last_word, normalise_ending, EndingSampler, SampleRequest,
-    SampledEnding, SampledPool, SamplingParams,
+    acceptable_ending, goes_on_the_last_word, normalise_ending, EndingRule, EndingSampler,
+    SampleRequest, SampledEnding, SampledPool, SamplingParams,
 };
 use crate::device::Compute;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
@@ -93,7 +93,13 @@ fn params() -> SamplingParams {
 
 /// Decodes `rows` rows of one context.
 fn decode(lm: &LocalLm, prefix: &Prefix, rows: usize, rng: &mut ChaCha8Rng) -> Vec<DecodedRow> {
-    let mut groups = [DecodeGroup { prefix, rows, rng }];
+    let rule = EndingRule::default();
+    let mut groups = [DecodeGroup {
+        prefix,
+        rows,
+        rng,
+        rule: &rule,
+    }];
     lm.decode_groups(&mut groups).unwrap().pop().unwrap()
 }
 
@@ -131,6 +137,7 @@ fn contexts_decoded_in_one_batch_sample_what_they_sample_alone() {
         ];
         let prefixes: Vec<_> = prompts.iter().map(|p| lm.prefix(p).unwrap()).collect();
         let mut rngs: Vec<ChaCha8Rng> = (0..3).map(ChaCha8Rng::seed_from_u64).collect();
+        let rule = EndingRule::default();
         let mut groups: Vec<DecodeGroup> = prefixes
             .iter()
             .zip(rngs.iter_mut())
@@ -139,6 +146,7 @@ fn contexts_decoded_in_one_batch_sample_what_they_sample_alone() {
                 prefix: &p.prefix,
                 rows,
                 rng,
+                rule: &rule,
             })
             .collect();
         let together = lm.decode_groups(&mut groups).unwrap();
@@ -304,6 +312,7 @@ fn rows_stop_at_sentence_end_end_of_text_or_the_cap() {
                         .count();
                     assert_eq!(words, 26);
                 }
+                Stop::Refused(why) => panic!("refused early ({why}) with no rule"),
             }
         }
         assert!(
@@ -344,6 +353,60 @@ fn sampling_gives_unique_complete_endings_reproducibly() {
         let d = lm.sample(&excluding).unwrap();
         assert!(d.endings.iter().all(|e| e.text != texts[0]));
     }
+}
+
+#[test]
+fn a_row_stopped_early_is_the_beginning_of_a_row_its_rule_refuses() {
+    // The rule refuses an ending whose first word has an odd number of letters, which its first
+    // whole word settles: a row stopped for it is the start of a row the pool would refuse.
+    fn odd_first(text: &str) -> Option<&'static str> {
+        let first = text.split_whitespace().next().unwrap_or("");
+        (first.chars().count() % 2 == 1).then_some("odd_first_word")
+    }
+    // Asked at every word start; the first word is settled on the first call.
+    fn first_call(words: &str) -> Option<&'static str> {
+        odd_first(words).filter(|_| words.split_whitespace().count() == 1)
+    }
+    let compute = Compute::cpu_f32();
+    let lm = tiny_lm_on(
+        SamplingParams {
+            max_tokens: 40,
+            ..params()
+        },
+        &compute,
+    );
+    let tok = &lm.model.tokenizer;
+    let prompt = lm
+        .prefix("A man sets a ladder against the wall. He")
+        .unwrap();
+    // The random model rarely writes a space, so many rows are needed for some whole words.
+    let decode_with = |rule: &EndingRule| {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut groups = [DecodeGroup {
+            prefix: &prompt.prefix,
+            rows: 800,
+            rng: &mut rng,
+            rule,
+        }];
+        lm.decode_groups(&mut groups).unwrap().pop().unwrap()
+    };
+    let whole = decode_with(&EndingRule::new(odd_first));
+    let early = decode_with(&EndingRule::new(odd_first).refusing_early(first_call));
+    let mut stopped_early = 0;
+    for (whole, early) in whole.iter().zip(&early) {
+        match early.stop {
+            Stop::Refused(why) => {
+                stopped_early += 1;
+                assert_eq!(why, "odd_first_word");
+                assert!(early.tokens.len() < whole.tokens.len());
+                assert!(whole.tokens.starts_with(&early.tokens));
+                let text = normalise_ending(&tok.decode(&whole.tokens).unwrap());
+                assert_eq!(odd_first(&text), Some(why), "{text}");
+            }
+            _ => assert_eq!((&early.tokens, early.stop), (&whole.tokens, whole.stop)),
+        }
+    }
+    assert!(stopped_early > 0, "no row was stopped early");
 }
 
 #[test]

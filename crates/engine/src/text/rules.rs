@@ -5,7 +5,8 @@
 //!
 //! Token counts are PTB tokens, punctuation included ([`crate::text::tokenize`]).
 
-use super::{split_second_sentence, tokenize};
+use super::split::could_start_verb_phrase;
+use super::{split_second_sentence, tokenize, Tagger};
 
 pub const MIN_CONTEXT_TOKENS: usize = 6;
 pub(crate) const MIN_ENDING_TOKENS: usize = 5;
@@ -47,6 +48,36 @@ pub fn generated_ending_problem(sent2: &str, ending: &str) -> Option<&'static st
     }
 }
 
+/// Why every ending that begins with `whole_words` (the first words of an ending being sampled,
+/// each of them finished: more text follows the last) fails [`generated_ending_problem`] after
+/// `sent2`, whatever comes next, if that is already certain; `None` while it is not. Certain are:
+/// more tokens than an ending may have (`long_ending`; words are tokenised one by one, so later
+/// words only add tokens), and a first word that can never start the verb phrase the splitter
+/// cuts before (`not_a_verb_phrase`), judged once the two tokens after it are there, since the
+/// tagger reads two tokens to either side. Generation stops such a draw at once instead of
+/// sampling the rest of a sentence it would refuse: the pool keeps exactly what it would have.
+pub fn generated_ending_refused_early(sent2: &str, whole_words: &str) -> Option<&'static str> {
+    let ending = tokenize(whole_words);
+    if ending.len() > MAX_ENDING_TOKENS {
+        return Some("long_ending");
+    }
+    let last_word = whole_words
+        .split_whitespace()
+        .next_back()
+        .map_or(0, |w| tokenize(w).len());
+    // The first token's tag is settled from its third token on; judged once, when that arrives.
+    let newly_settled = ending.len() >= 3 && ending.len() - last_word < 3;
+    if sent2.is_empty() || !newly_settled {
+        return None;
+    }
+    let mut words = tokenize(sent2);
+    let first = words.len();
+    words.extend(ending);
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let tags = Tagger::shipped().tag(&words);
+    (!could_start_verb_phrase(&words, &tags, first)).then_some("not_a_verb_phrase")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +105,85 @@ mod tests {
             generated_ending_problem("", "throws the ball back to him."),
             None
         );
+    }
+
+    /// Every whole-word beginning of `ending` that generation would judge while sampling it
+    /// (each followed by more text), and the early verdict on each.
+    fn early_verdicts(sent2: &str, ending: &str) -> Vec<Option<&'static str>> {
+        let words: Vec<&str> = ending.split_whitespace().collect();
+        (1..words.len())
+            .map(|k| generated_ending_refused_early(sent2, &words[..k].join(" ")))
+            .collect()
+    }
+
+    #[test]
+    fn a_draw_is_refused_early_only_when_its_ending_is_certain_to_fail() {
+        // "on" cannot start the verb phrase; judged once "on the boat" is there, not before.
+        assert_eq!(
+            early_verdicts("A person", "on the boat holds a float."),
+            [None, None, Some("not_a_verb_phrase"), None, None]
+        );
+        assert!(
+            early_verdicts("The boy", "throws the ball back to his father.")
+                .iter()
+                .all(Option::is_none)
+        );
+        // A noun may be a verb the tagger mistook ("the girl dances"): left to the whole check.
+        assert!(early_verdicts("The girl", "dances across the stage.")
+            .iter()
+            .all(Option::is_none));
+        let long = format!("throws {} again.", ["the ball"; 13].join(" and "));
+        assert_eq!(
+            early_verdicts("The boy", &long).last(),
+            Some(&Some("long_ending"))
+        );
+        assert!(early_verdicts("", "of the man throws it.")
+            .iter()
+            .all(Option::is_none));
+    }
+
+    #[test]
+    fn no_found_ending_of_the_sample_is_refused_early() {
+        let sample = include_str!("../../../../data/sample/captions.json");
+        let videos: serde_json::Value = serde_json::from_str(sample).unwrap();
+        let mut checked = 0;
+        for video in videos.as_object().unwrap().values() {
+            for sentence in video["sentences"].as_array().unwrap() {
+                let Some((sent2, ending)) = split_second_sentence(sentence.as_str().unwrap())
+                else {
+                    continue;
+                };
+                if generated_ending_problem(&sent2, &ending).is_none() {
+                    checked += 1;
+                    assert!(
+                        early_verdicts(&sent2, &ending).iter().all(Option::is_none),
+                        "{sent2} | {ending}"
+                    );
+                }
+            }
+        }
+        assert!(
+            checked >= 100,
+            "only {checked} sample endings pass the rules"
+        );
+    }
+
+    proptest::proptest! {
+        /// The early verdict is never wrong: whatever follows a beginning refused early, the
+        /// whole ending fails the rules.
+        #[test]
+        fn an_ending_refused_early_fails_the_whole_check(
+            sent2 in proptest::sample::select(vec!["The man", "A girl in a red coat", "They", "Then, the woman", "Two dogs"]),
+            words in proptest::collection::vec(proptest::sample::select(vec![
+                "throws", "walks", "is", "dances", "then", "on", "of", "the", "a", "ball",
+                "man", "slowly", "and", "while", "his", "red", ",", "runs", "back", "lands",
+                "holding", "to", "it", "plays", "guitar", "outside", "3", "who", "seen",
+            ]), 1..30),
+        ) {
+            let ending = format!("{}.", words.join(" "));
+            if early_verdicts(sent2, &ending).iter().any(Option::is_some) {
+                proptest::prop_assert!(generated_ending_problem(sent2, &ending).is_some());
+            }
+        }
     }
 }
