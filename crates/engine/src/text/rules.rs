@@ -73,9 +73,8 @@ pub fn generated_ending_refused_early(sent2: &str, whole_words: &str) -> Option<
     let mut words = tokenize(sent2);
     let first = words.len();
     words.extend(ending);
-    let words: Vec<&str> = words.iter().map(String::as_str).collect();
     let tags = Tagger::shipped().tag(&words);
-    (!could_start_verb_phrase(&words, &tags, first)).then_some("not_a_verb_phrase")
+    (!could_start_verb_phrase(&words[first], tags[first])).then_some("not_a_verb_phrase")
 }
 
 #[cfg(test)]

@@ -43,15 +43,6 @@ pub fn split_with(tagger: &Tagger, sentence: &str) -> Option<(String, String)> {
     Some((sent2.to_string(), ending.to_string()))
 }
 
-/// Whether the main verb phrase of a sentence could start at token `i` of `words`, tagged
-/// `tags`, whatever words follow the first `i + 3` (which fix the tag of token `i`): `false`
-/// when token `i` is no verb, no auxiliary and none of the tags a verb is mistaken for, so the
-/// split can never be made there.
-pub(super) fn could_start_verb_phrase(words: &[&str], tags: &[Upos], i: usize) -> bool {
-    let lower: Vec<String> = words.iter().map(|w| w.to_lowercase()).collect();
-    Sentence { lower, tags }.could_be_verb(i)
-}
-
 /// Index of the token where the main verb phrase starts, if there is one with a subject before it.
 pub(super) fn main_verb_index(words: &[&str], tags: &[Upos]) -> Option<usize> {
     let lower: Vec<String> = words.iter().map(|w| w.to_lowercase()).collect();
@@ -188,17 +179,6 @@ impl Sentence<'_> {
         None
     }
 
-    /// Whether [`Self::find_verb`] could return token `i` in some sentence that begins with
-    /// these tokens: an auxiliary, a verb, a noun or a name (which may be a mistagged verb), or
-    /// another tag a verb is mistaken for on an -s form (see [`Self::is_mistagged_verb`]).
-    fn could_be_verb(&self, i: usize) -> bool {
-        match self.tags[i] {
-            Upos::Aux | Upos::Verb | Upos::Noun | Upos::Propn => true,
-            Upos::Adp | Upos::Adv | Upos::Adj | Upos::X => is_s_form(&self.lower[i]),
-            _ => false,
-        }
-    }
-
     /// A participle between a determiner or an adjective and the noun it describes ("The
     /// finished furniture is shown", "A smiling man waves"): an adjective of the subject.
     fn is_attributive_participle(&self, i: usize, to: usize) -> bool {
@@ -320,6 +300,18 @@ impl Sentence<'_> {
         (prev.ends_with('s') && !prev.ends_with("ss"))
             || PLURAL_NOUNS.contains(&prev)
             || (from..i).any(|j| self.lower[j] == "and")
+    }
+}
+
+/// Whether the main verb phrase could start at `word`, tagged `tag`, whatever words are around
+/// it: a verb, an auxiliary, a noun or a name (which may be a verb the tagger mistook), or an -s
+/// form with another tag a verb is mistaken for — the tokens [`Sentence::find_verb`] can stop
+/// at. Anything else the splitter never cuts before.
+pub(super) fn could_start_verb_phrase(word: &str, tag: Upos) -> bool {
+    match tag {
+        Upos::Aux | Upos::Verb | Upos::Noun | Upos::Propn => true,
+        Upos::Adp | Upos::Adv | Upos::Adj | Upos::X => is_s_form(&word.to_lowercase()),
+        _ => false,
     }
 }
 
