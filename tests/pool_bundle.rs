@@ -368,6 +368,77 @@ fn told_to_it_imports_the_contexts_that_fit_and_names_the_others() {
     assert_eq!(stored(&b), taken(stored(&a)));
 }
 
+/// A bundle written before the scorer stopped reading endings alone (format version 1, where
+/// every score has its reading alone) still imports, those readings with it, and the filter
+/// reads them: the same pools and seed without them score the endings otherwise. Once some
+/// endings are read without it (a pool grown since), the filter leaves it out and says so.
+#[test]
+fn a_version_1_bundle_imports_with_its_scorer_readings_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gguf(dir.path(), 32, 1);
+    let a = source(dir.path(), &model);
+    // The scorer reads the endings grown after the source's filter run.
+    run_ok(command().args(tiny_filter(&a, &model)));
+    let bundle = dir.path().join("pools.afpool.zip");
+    export(&a, &bundle);
+    let text = String::from_utf8(unzip(&read(&bundle))).unwrap();
+    let old: Vec<String> = text.lines().map(as_version_1).collect();
+    let v1 = dir.path().join("v1.afpool.zip");
+    rezip(&v1, &old.join("\n"));
+
+    let without = ingested(dir.path(), "without", 30, None);
+    let with = ingested(dir.path(), "with", 30, None);
+    assert!(import(&without, &bundle).status.success());
+    let imported = import(&with, &v1);
+    assert!(imported.status.success(), "{}", stderr(&imported));
+    let scores = "SELECT COUNT(*) FROM scorer_scores";
+    assert!(query_i64(&with, scores) > 0);
+    assert_eq!(
+        query_i64(&with, &format!("{scores} WHERE ll_alone = ll_cond - 1.0")),
+        query_i64(&with, scores)
+    );
+    assert_eq!(
+        query_i64(&without, &format!("{scores} WHERE ll_alone IS NULL")),
+        query_i64(&without, scores)
+    );
+    run_ok(command().args(tiny_filter(&without, &model)));
+    let out = run_ok(command().args(tiny_filter(&with, &model)));
+    let dropped = "leaves that reading out";
+    assert!(!out.contains(dropped), "{out}");
+    assert_ne!(af_choices(&with).1, af_choices(&without).1);
+
+    Connection::open(&with)
+        .unwrap()
+        .execute(
+            "UPDATE scorer_scores SET ll_alone = NULL
+             WHERE ending_id IN (SELECT id FROM endings WHERE is_gold = 0 LIMIT 5)",
+            [],
+        )
+        .unwrap();
+    let mut args = tiny_filter(&with, &model);
+    args.push("--new-run".into());
+    let out = run_ok(command().args(&args));
+    assert!(out.contains(dropped), "{out}");
+}
+
+/// A line of a bundle as format version 1 has it: the header's version 1, and every scorer score
+/// with a reading alone (here its reading after the context less one).
+fn as_version_1(line: &str) -> String {
+    let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+    if value.get("format").is_some() {
+        value["version"] = 1.into();
+    }
+    if let Some(endings) = value.pointer_mut("/context/endings") {
+        for ending in endings.as_array_mut().unwrap() {
+            for score in ending["scores"].as_array_mut().unwrap() {
+                assert!(score[2].is_null(), "{score}");
+                score[2] = (score[1].as_f64().unwrap() - 1.0).into();
+            }
+        }
+    }
+    value.to_string()
+}
+
 fn unzip(bytes: &[u8]) -> Vec<u8> {
     use std::io::Read;
     let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();

@@ -27,7 +27,7 @@ use anyhow::{bail, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use super::scorer::{scorer_features, SCORER_FEATURES};
+use super::scorer::{scorer_features, SCORER_ALONE_FEATURES, SCORER_FEATURES};
 use super::settings::EncodeConfig;
 use afkit_engine::embed::{SentenceEncoder, VectorStore, ENCODER};
 use afkit_engine::text::overlap::{content_words, ContextWords, CONTEXT_RELATIONS};
@@ -112,6 +112,9 @@ pub(crate) struct Dataset {
     pub excluded: usize,
     /// Whether the MLP reads the generator's ending-alone inputs ([`AloneInputs`]).
     pub alone_inputs: AloneInputs,
+    /// Whether some scorer's readings alone (stored by an earlier afkit) were left out because
+    /// other options lack them.
+    pub scorer_alone_dropped: bool,
 }
 
 impl Dataset {
@@ -375,7 +378,9 @@ impl Builder {
                         e.id
                     );
                 };
-                features.extend(scorer_features(score, &e.text).map(|v| v as f32));
+                features.extend(
+                    scorer_features(score, &e.text).map(|v| v.map_or(f32::NAN, |v| v as f32)),
+                );
             }
             out.push(features.into());
         }
@@ -406,7 +411,9 @@ impl Builder {
 
     /// The dataset: features standardised, every token renumbered into the vocabularies.
     fn finish(mut self) -> Dataset {
-        let alone_inputs = drop_partial_alone_features(&mut self.contexts);
+        let alone_inputs = drop_partial_inputs(&mut self.contexts, mlp_of, &ALONE_FEATURES);
+        let scorer_alone_dropped =
+            drop_partial_scorer_alone(&mut self.contexts, self.scorers.len());
         standardise(&mut self.contexts);
         let renumbering = self.renumbering();
         renumbering.apply(&mut self.contexts);
@@ -424,6 +431,7 @@ impl Builder {
             scorer_features: SCORER_FEATURES * self.scorers.len(),
             excluded: self.excluded,
             alone_inputs,
+            scorer_alone_dropped,
         }
     }
 
@@ -615,25 +623,31 @@ fn lm_features(
 /// and `lp_cond - lp_alone`), which only pools generated with `--alone-scores` have.
 const ALONE_FEATURES: [usize; 2] = [1, 2];
 
-/// Which options of a run carry the generator's ending-alone inputs.
+/// Which options of a run carry a group of ending-alone inputs (the generator's, or a scorer's
+/// stored by an earlier afkit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AloneInputs {
     /// Every option: the MLP reads them.
     All,
-    /// No option (pools generated without `--alone-scores`).
+    /// No option (pools generated without `--alone-scores`; scorer readings made now).
     None,
     /// Some options only: left out for every option.
     Dropped,
 }
 
-/// Makes the ending-alone inputs missing for every option when some options have them and
-/// others do not (pools generated with and without the pass, or grown without it). A missing
-/// value is standardised to the mean, so its absence beside present values would tell the MLP
-/// which endings came from which generation: a grown candidate from its pool's found ending.
-fn drop_partial_alone_features(contexts: &mut [EncodedContext]) -> AloneInputs {
+/// Makes the inputs at `columns` of `features` missing for every option when some options have
+/// them and others do not (pools generated with and without the ending-alone pass, or grown
+/// without it; readings stored by an earlier scorer beside new ones). A missing value is
+/// standardised to the mean, so its absence beside present values would tell the MLP which
+/// endings came from which run: a grown candidate from its pool's found ending.
+fn drop_partial_inputs(
+    contexts: &mut [EncodedContext],
+    features: fn(&mut EncodedEnding) -> &mut [f32],
+    columns: &[usize],
+) -> AloneInputs {
     let (mut present, mut missing) = (false, false);
-    for_each_option(contexts, mlp_of, |values| {
-        let absent = values[ALONE_FEATURES[0]].is_nan();
+    for_each_option(contexts, features, |values| {
+        let absent = values[columns[0]].is_nan();
         present |= !absent;
         missing |= absent;
     });
@@ -644,12 +658,25 @@ fn drop_partial_alone_features(contexts: &mut [EncodedContext]) -> AloneInputs {
     }
     for c in contexts {
         for e in std::iter::once(&mut c.gold).chain(c.candidates.iter_mut()) {
-            for f in ALONE_FEATURES {
-                e.mlp[f] = f32::NAN;
+            let values = features(e);
+            for &f in columns {
+                values[f] = f32::NAN;
             }
         }
     }
     AloneInputs::Dropped
+}
+
+/// [`drop_partial_inputs`] for each of `scorers` scorer models' inputs from the reading alone;
+/// whether any was left out.
+fn drop_partial_scorer_alone(contexts: &mut [EncodedContext], scorers: usize) -> bool {
+    let inputs: Vec<AloneInputs> = (0..scorers)
+        .map(|k| {
+            let columns = SCORER_ALONE_FEATURES.map(|f| k * SCORER_FEATURES + f);
+            drop_partial_inputs(contexts, scorer_of, &columns)
+        })
+        .collect();
+    inputs.contains(&AloneInputs::Dropped)
 }
 
 /// Zero mean, unit variance per feature over every option of the run, in place; a missing
@@ -777,22 +804,57 @@ mod tests {
                 .flat_map(|e| ALONE_FEATURES.map(|f| e.mlp[f]))
                 .collect()
         };
+        let drop_alone = |contexts: &mut [EncodedContext]| {
+            drop_partial_inputs(contexts, mlp_of, &ALONE_FEATURES)
+        };
         let mut complete = vec![context(-1.0, -2.0)];
-        assert_eq!(drop_partial_alone_features(&mut complete), AloneInputs::All);
+        assert_eq!(drop_alone(&mut complete), AloneInputs::All);
         standardise(&mut complete);
         assert!(alone(&complete).iter().any(|&v| v != 0.0));
 
         let mut mixed = vec![context(-1.0, f32::NAN)];
-        assert_eq!(
-            drop_partial_alone_features(&mut mixed),
-            AloneInputs::Dropped
-        );
+        assert_eq!(drop_alone(&mut mixed), AloneInputs::Dropped);
         standardise(&mut mixed);
         assert_eq!(alone(&mixed), vec![0.0; 4]);
         // The other inputs are untouched.
         assert_ne!(mixed[0].gold.mlp[0], mixed[0].candidates[0].mlp[0]);
         let mut without = vec![context(f32::NAN, f32::NAN)];
-        assert_eq!(drop_partial_alone_features(&mut without), AloneInputs::None);
+        assert_eq!(drop_alone(&mut without), AloneInputs::None);
+    }
+
+    /// Two scorers: the first read every option alone as well (an earlier afkit), the second
+    /// only some (a pool grown since). Only the second's alone inputs are left out.
+    #[test]
+    fn a_scorers_alone_inputs_some_options_lack_are_dropped_for_all() {
+        let scorer_option = |second_alone: f32| {
+            let mut e = option([0.0; MLP_FEATURES]);
+            let mut values = vec![-1.0f32; 2 * SCORER_FEATURES];
+            for f in SCORER_ALONE_FEATURES {
+                values[SCORER_FEATURES + f] = second_alone;
+            }
+            e.scorer = values.into();
+            e
+        };
+        let mut contexts = vec![EncodedContext {
+            example_id: 1,
+            group: "v".into(),
+            n_sent2: 0,
+            gold: scorer_option(-2.0),
+            candidates: vec![scorer_option(f32::NAN)],
+        }];
+        assert!(drop_partial_scorer_alone(&mut contexts, 2));
+        for e in [&contexts[0].gold, &contexts[0].candidates[0]] {
+            for f in 0..SCORER_FEATURES {
+                let second_alone = SCORER_ALONE_FEATURES.contains(&f);
+                assert_eq!(e.scorer[f], -1.0, "first scorer, feature {f}");
+                assert_eq!(
+                    e.scorer[SCORER_FEATURES + f].is_nan(),
+                    second_alone,
+                    "second scorer, feature {f}"
+                );
+            }
+        }
+        assert!(!drop_partial_scorer_alone(&mut contexts, 2));
     }
 
     #[test]

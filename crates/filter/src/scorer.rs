@@ -4,11 +4,15 @@
 //!
 //! The generator's own features come from the prompt it sampled with; a scorer reads each ending
 //! as lm-evaluation-harness poses a SWAG-style question (`lm::choice`): after `sent1 + " " +
-//! sent2`, and after the document start alone. From the two summed log-likelihoods and the
-//! ending's length come the features a zero-shot model decides on: the sum (`acc`), the sum per
-//! character (`acc_norm`), and per token the conditional, the context-free and their difference
-//! (how much the context makes the ending likelier). Every ending is scored once per model and
-//! stored ([`afkit_store::scorer`]), so a resumed or repeated run reads the scores.
+//! sent2`. From the summed log-likelihood and the ending's length come the features a zero-shot
+//! model decides on: the sum (`acc`), the sum per character (`acc_norm`) and the sum per token.
+//! Every ending is scored once per model and stored ([`afkit_store::scorer`]), so a resumed or
+//! repeated run reads the scores.
+//!
+//! The scorer does not read the endings after the document start alone. That second reading
+//! cost as much as the first, and filtering without it moved no audit row beyond its standard
+//! error (BENCHMARKS.md, "The scorer's reading of each ending alone"). Readings an earlier afkit stored with it keep their two further features
+//! (per token alone, and the context's gain) while every option of a run has them.
 
 use std::path::Path;
 
@@ -24,20 +28,24 @@ use afkit_store::Store;
 /// Features per scorer model and option; see [`scorer_features`].
 pub(crate) const SCORER_FEATURES: usize = 5;
 
+/// The features of [`scorer_features`] that need the reading alone, missing in readings made now.
+pub(crate) const SCORER_ALONE_FEATURES: [usize; 2] = [3, 4];
+
 /// Contexts scored together and committed in one transaction.
 const BATCH_CONTEXTS: usize = 8;
 
 /// The MLP's inputs from one scorer's reading of an ending: summed log-likelihood after the
-/// context, the same per character, and per token after the context, alone, and the difference.
-pub(crate) fn scorer_features(score: &ScorerScore, ending: &str) -> [f64; SCORER_FEATURES] {
+/// context, the same per character and per token, then per token alone and the difference, which
+/// only readings stored with the reading alone have.
+pub(crate) fn scorer_features(score: &ScorerScore, ending: &str) -> [Option<f64>; SCORER_FEATURES] {
     let tokens = score.n_tok.max(1) as f64;
     let chars = ending.chars().count().max(1) as f64;
     [
-        score.ll_cond,
-        score.ll_cond / chars,
-        score.ll_cond / tokens,
-        score.ll_alone / tokens,
-        (score.ll_cond - score.ll_alone) / tokens,
+        Some(score.ll_cond),
+        Some(score.ll_cond / chars),
+        Some(score.ll_cond / tokens),
+        score.ll_alone.map(|alone| alone / tokens),
+        score.ll_alone.map(|alone| (score.ll_cond - alone) / tokens),
     ]
 }
 
@@ -117,8 +125,8 @@ pub(crate) fn contexts_and_endings(batch: &[UnreadContext]) -> (Vec<String>, Vec
     (contexts, endings)
 }
 
-/// Each context's endings scored after its startphrase and after the document start alone (the
-/// contexts' questions run in parallel).
+/// Each context's endings scored after its startphrase (the contexts' questions run in
+/// parallel).
 fn score_contexts(
     choice: &ChoiceScorer,
     batch: &[UnreadContext],
@@ -126,21 +134,18 @@ fn score_contexts(
     let (contexts, texts) = contexts_and_endings(batch);
     let questions: Vec<ChoiceQuestion> = contexts
         .iter()
-        .map(String::as_str)
-        .chain(std::iter::repeat_n("", batch.len()))
-        .zip(texts.iter().chain(&texts))
+        .zip(&texts)
         .map(|(context, options)| ChoiceQuestion { context, options })
         .collect();
     let scores = choice.score_all(&questions, &|| {})?;
-    let (cond, alone) = scores.split_at(batch.len());
     let mut rows = Vec::new();
-    for ((c, cond), alone) in batch.iter().zip(cond).zip(alone) {
+    for (c, cond) in batch.iter().zip(&scores) {
         for (i, (id, _)) in c.endings.iter().enumerate() {
             rows.push((
                 *id,
                 ScorerScore {
                     ll_cond: cond.loglikelihood[i],
-                    ll_alone: alone.loglikelihood[i],
+                    ll_alone: None,
                     n_tok: cond.tokens[i],
                 },
             ));
@@ -155,20 +160,30 @@ mod tests {
 
     #[test]
     fn features_are_per_character_and_per_token_and_never_divide_by_zero() {
-        let score = ScorerScore {
+        let stored_with_alone = ScorerScore {
             ll_cond: -12.0,
-            ll_alone: -20.0,
+            ll_alone: Some(-20.0),
             n_tok: 4,
         };
         assert_eq!(
-            scorer_features(&score, "abcdef"),
-            [-12.0, -2.0, -3.0, -5.0, 2.0]
+            scorer_features(&stored_with_alone, "abcdef"),
+            [-12.0, -2.0, -3.0, -5.0, 2.0].map(Some)
         );
+        let read_now = ScorerScore {
+            ll_alone: None,
+            ..stored_with_alone
+        };
+        let features = scorer_features(&read_now, "abcdef");
+        for (f, value) in features.iter().enumerate() {
+            assert_eq!(value.is_none(), SCORER_ALONE_FEATURES.contains(&f), "{f}");
+        }
         let empty = ScorerScore {
             ll_cond: -1.0,
-            ll_alone: -1.0,
+            ll_alone: Some(-1.0),
             n_tok: 0,
         };
-        assert!(scorer_features(&empty, "").iter().all(|v| v.is_finite()));
+        assert!(scorer_features(&empty, "")
+            .iter()
+            .all(|v| v.is_some_and(f64::is_finite)));
     }
 }

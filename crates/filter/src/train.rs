@@ -393,6 +393,7 @@ mod tests {
             scorer_features: 0,
             excluded: 0,
             alone_inputs: crate::data::AloneInputs::All,
+            scorer_alone_dropped: false,
         }
     }
 

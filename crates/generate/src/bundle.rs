@@ -4,7 +4,7 @@
 //!
 //! A bundle is a zip archive holding one deflated file, [`ENTRY`], of JSON lines:
 //!
-//! 1. a header: `{"format": "afkit pool bundle", "version": 1, "contexts": N, "generations":
+//! 1. a header: `{"format": "afkit pool bundle", "version": 2, "contexts": N, "generations":
 //!    [...], "scorers": [...]}`, the generation jobs (backend, model, its SHA-256, prompt,
 //!    settings, seed, start time) and the scorer models' SHA-256s that the lines name by index;
 //! 2. one line per context, `{"context": {...}}`, in the source project's example order: its id
@@ -15,6 +15,9 @@
 //!    generation jobs that could not use it (the header's jobs and a line's parts are the
 //!    store's `bundle` rows, which carry the bundle's keys);
 //! 3. `{"end": {"contexts": N, "endings": M}}`, so a cut-off file is refused.
+//!
+//! Version 2 lets a scorer reading's score alone be null (the scorer now reads each ending after
+//! its context only); version 1 bundles, where it is always a number, are read as well.
 //!
 //! Floats are written in their shortest form that reads back to the same bits, timestamps as
 //! stored, and the archive's dates are fixed: exporting the same pools gives the same bytes,
@@ -47,8 +50,8 @@ use afkit_store::Store;
 
 /// The bundle's `format` field.
 pub(crate) const FORMAT: &str = "afkit pool bundle";
-/// The version this build writes and reads.
-pub(crate) const VERSION: u32 = 1;
+/// The version this build writes; it reads every version from 1 up to it.
+pub(crate) const VERSION: u32 = 2;
 /// The one file in the archive.
 pub(crate) const ENTRY: &str = "pools.jsonl";
 /// Problems listed by a refused import before the count of the rest.
@@ -234,7 +237,7 @@ fn check_finite(c: &BundleContext) -> Result<()> {
                 .into_iter()
                 .flatten(),
         );
-        floats.extend(e.scores.iter().flat_map(|s| [s.1, s.2]));
+        floats.extend(e.scores.iter().flat_map(|s| [Some(s.1), s.2]).flatten());
     }
     floats.extend(c.growth.iter().map(|g| g.seconds));
     if floats.iter().any(|x| !x.is_finite()) {
@@ -316,7 +319,7 @@ fn read_header(first: &str) -> Result<Header> {
         bail!("not a pool bundle: {ENTRY} line 1 does not say \"format\": \"{FORMAT}\"");
     }
     match value.get("version").and_then(|v| v.as_u64()) {
-        Some(v) if v == u64::from(VERSION) => {}
+        Some(v) if (1..=u64::from(VERSION)).contains(&v) => {}
         Some(v) if v > u64::from(VERSION) => bail!(
             "the bundle has format version {v}, newer than this afkit reads ({VERSION}); \
              upgrade afkit"

@@ -42,6 +42,10 @@ pub struct BundlePool {
     pub rejected: Option<String>,
 }
 
+/// A scorer model's reading of an ending: (scorer index, ll_cond, ll_alone, n_tok). `ll_alone`
+/// is null in readings made since the scorer reads endings after their context only.
+pub type BundleScore = (usize, f64, Option<f64>, i64);
+
 /// An ending of a pool with its LM features and scorer scores.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,8 +57,7 @@ pub struct BundleEnding {
     pub lp_alone: Option<f64>,
     pub lp_final_punct: Option<f64>,
     pub n_tok: Option<i64>,
-    /// (scorer index, ll_cond, ll_alone, n_tok).
-    pub scores: Vec<(usize, f64, f64, i64)>,
+    pub scores: Vec<BundleScore>,
 }
 
 /// A `pool_growth` row; `af_run` is the AF run's id where the pool was grown (`af_run_id`, or
@@ -280,7 +283,7 @@ impl Store {
         &self,
         contents: &BundleContents,
         ending_id: i64,
-    ) -> Result<Vec<(usize, f64, f64, i64)>> {
+    ) -> Result<Vec<BundleScore>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT model, ll_cond, ll_alone, n_tok FROM scorer_scores WHERE ending_id = ?1
              ORDER BY model",

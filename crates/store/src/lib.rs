@@ -66,6 +66,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_9.sql"),
     include_str!("migration_10.sql"),
     include_str!("migration_11.sql"),
+    include_str!("migration_12.sql"),
 ];
 
 /// The schema version this build of afkit writes.
@@ -462,6 +463,40 @@ mod tests {
             )
             .unwrap();
         assert!(ddl.contains("WITHOUT ROWID"), "{ddl}");
+    }
+
+    /// Readings a scorer stored with its reading alone keep it through migration 12; readings
+    /// without it are stored since.
+    #[test]
+    fn a_version_11_project_keeps_its_scorer_readings_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v11.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &MIGRATIONS[..11] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 11).unwrap();
+            conn.execute_batch(
+                "INSERT INTO sources VALUES (1, 'in.jsonl', 'jsonl', 'x', '{}', 'now');
+                 INSERT INTO examples VALUES (1, 'a#0', 'a', 's1', 's2', 'ends.', 1, NULL, 'now');
+                 INSERT INTO endings(id, example_id, text, is_gold) VALUES (1, 1, 'ends.', 1),
+                                                                           (2, 1, 'stops.', 0);
+                 INSERT INTO scorer_scores VALUES (1, 'm', -3.5, -7.25, 2);",
+            )
+            .unwrap();
+        }
+        let mut store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        let stored = |store: &Store, id| store.scorer_score("m", id).unwrap().unwrap();
+        assert_eq!(stored(&store, 1).ll_alone, Some(-7.25));
+        let read_now = scorer::ScorerScore {
+            ll_cond: -4.0,
+            ll_alone: None,
+            n_tok: 3,
+        };
+        store.put_scorer_scores("m", &[(2, read_now)]).unwrap();
+        assert_eq!(stored(&store, 2), read_now);
     }
 
     #[test]

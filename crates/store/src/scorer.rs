@@ -7,12 +7,14 @@ use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use super::Store;
 
-/// One ending as a scorer model reads it: summed log-likelihood of its tokens after the context
-/// and after the document start alone, and how many tokens it has.
+/// One ending as a scorer model reads it: summed log-likelihood of its tokens after the context,
+/// and how many tokens it has.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScorerScore {
     pub ll_cond: f64,
-    pub ll_alone: f64,
+    /// The same after the document start alone, in readings stored by an afkit that still took
+    /// it (`None` in every reading made now).
+    pub ll_alone: Option<f64>,
     pub n_tok: usize,
 }
 

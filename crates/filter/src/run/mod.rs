@@ -172,26 +172,26 @@ fn store_missing_features(
     Ok(())
 }
 
-/// Tells the user when the MLP reads no ending-alone log-probability: the generator's were left
-/// out and no scorer model gives its own.
-fn note_alone_inputs(alone: AloneInputs, no_scorer: bool, observer: &mut dyn Observer) {
-    let why = match alone {
-        AloneInputs::All => return,
-        AloneInputs::Dropped => {
-            "some pools have the generator's ending-alone scores and others not, so this run \
-             leaves them out"
-        }
-        AloneInputs::None if no_scorer => {
-            "the pools have no ending-alone scores (`generate --alone-scores`)"
-        }
-        AloneInputs::None => return,
-    };
-    let rest = if no_scorer {
-        "; with --no-scorer the MLP reads no ending-alone log-probability at all"
-    } else {
-        "; the scorer models' own ones stand in"
-    };
-    observer.note(&format!("note: {why}{rest}"));
+/// Tells the user when ending-alone inputs some options have were left out for all, and when a
+/// run without a scorer reads nothing but the generator's conditional log-probabilities.
+fn note_alone_inputs(data: &Dataset, no_scorer: bool, observer: &mut dyn Observer) {
+    match data.alone_inputs {
+        AloneInputs::Dropped => observer.note(
+            "note: some pools have the generator's ending-alone scores and others not, so this \
+             run leaves them out",
+        ),
+        AloneInputs::None if no_scorer => observer.note(
+            "note: the pools have no ending-alone scores (`generate --alone-scores`); with \
+             --no-scorer the MLP reads no language model's view of an ending but the generator's",
+        ),
+        AloneInputs::All | AloneInputs::None => {}
+    }
+    if data.scorer_alone_dropped {
+        observer.note(
+            "note: an earlier afkit's scorer read some endings alone as well and others not, so \
+             this run leaves that reading out",
+        );
+    }
 }
 
 /// Reads the pools AF filters, once their endings have every feature the run reads, and checks
@@ -221,7 +221,7 @@ fn load_pools(
             data.excluded, config.k
         ));
     }
-    note_alone_inputs(data.alone_inputs, config.scorers.is_empty(), observer);
+    note_alone_inputs(&data, config.scorers.is_empty(), observer);
     let needed = 2 * config.folds.max(5);
     if data.contexts.len() < needed {
         bail!(
