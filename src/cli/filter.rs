@@ -132,10 +132,11 @@ pub struct FilterArgs {
     pub no_sentence_model: bool,
     /// Language model reading every ending (repeatable).
     ///
-    /// `smollm2`, `gemma3` or the path of a GGUF file. Each ending is scored after its context (sent1 + " " + sent2, as lm-evaluation-harness
-    /// poses the question) and alone; the log-likelihoods, per character and per token, join the
-    /// MLP's features, so AF prefers distractors this model finds as likely as the real ending.
-    /// Scored once per ending and stored in the project (an interrupted scoring resumes).
+    /// `smollm2`, `gemma3` or the path of a GGUF file. Each ending is scored after its context
+    /// (sent1 + " " + sent2, as lm-evaluation-harness poses the question); the log-likelihood,
+    /// whole, per character and per token, joins the MLP's features, so AF prefers distractors
+    /// this model finds as likely as the real ending. Scored once per ending and stored in the
+    /// project (an interrupted scoring resumes).
     #[arg(
         long = "scorer",
         value_name = "MODEL",

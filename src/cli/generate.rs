@@ -69,10 +69,10 @@ pub struct GenerateArgs {
     pub no_ending_rules: bool,
     /// Also score every ending after the document start alone (the AF MLP's `lp_alone` input).
     ///
-    /// Off by default: the pass runs every kept ending through the model a second time, and
-    /// `filter`'s scorer model (on by default) reads every ending alone as well; on held-out
-    /// contexts the generator's reading changed no audit row beyond its noise. Turn it on for
-    /// pools that will be filtered without a scorer (`filter --no-scorer`).
+    /// Off by default: the pass runs every kept ending through the model a second time, and on
+    /// held-out contexts neither this reading nor the same one by `filter`'s scorer model moved
+    /// an audit row beyond its noise. Turn it on for pools that will be filtered without a
+    /// scorer (`filter --no-scorer`), whose MLP then has little else to read.
     #[arg(long, help_heading = WHAT, hide_short_help = true)]
     pub alone_scores: bool,
     /// Grow starved pools instead of making new ones: this many more endings per context.

@@ -3,10 +3,9 @@
 //! document-start token; scored only when asked), mean log-prob of the context, log-prob of the
 //! ending's final punctuation token, and token lengths.
 //!
-//! The ending-alone pass runs every ending through the model a second time. Where another model
-//! reads every ending alone as well (AF's scorer), the generator's reading showed no effect on
-//! any audit row (BENCHMARKS.md, "The generator's ending-alone scores"), so callers ask for it
-//! only when they need it.
+//! The ending-alone pass runs every ending through the model a second time, and on held-out
+//! contexts it moved no audit row (BENCHMARKS.md, "The generator's ending-alone scores"; nor did
+//! the same reading by AF's scorer), so callers ask for it only when they need it.
 //!
 //! An ending is always tokenised as `" " + text`: the tokens it has when it follows `sent2`, so
 //! the conditional and the context-free scores are over the same tokens. A sampled ending whose
