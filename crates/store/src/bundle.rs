@@ -279,11 +279,7 @@ impl Store {
     }
 
     /// An ending's scores, each scorer model by its index in the bundle's list.
-    fn bundle_scores(
-        &self,
-        contents: &BundleContents,
-        ending_id: i64,
-    ) -> Result<Vec<BundleScore>> {
+    fn bundle_scores(&self, contents: &BundleContents, ending_id: i64) -> Result<Vec<BundleScore>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT model, ll_cond, ll_alone, n_tok FROM scorer_scores WHERE ending_id = ?1
              ORDER BY model",
