@@ -425,24 +425,35 @@ mod tests {
         assert!(store.meta("created_at").unwrap().is_some());
     }
 
+    /// A project file at schema `version`, with one context (a found ending, id 1, and another,
+    /// id 2) and `rows` inserted after it.
+    fn project_at_version(path: &Path, version: usize, rows: &str) {
+        let conn = Connection::open(path).unwrap();
+        for sql in &MIGRATIONS[..version] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", version as i64)
+            .unwrap();
+        conn.execute_batch(
+            "INSERT INTO sources VALUES (1, 'in.jsonl', 'jsonl', 'x', '{}', 'now');
+             INSERT INTO examples VALUES (1, 'a#0', 'a', 's1', 's2', 'ends.', 1, NULL, 'now');
+             INSERT INTO endings(id, example_id, text, is_gold) VALUES (1, 1, 'ends.', 1),
+                                                                       (2, 1, 'stops.', 0);",
+        )
+        .unwrap();
+        conn.execute_batch(rows).unwrap();
+    }
+
     #[test]
     fn a_version_1_project_keeps_its_af_scores_through_the_migrations() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v1.sqlite");
-        {
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(MIGRATIONS[0]).unwrap();
-            conn.pragma_update(None, "user_version", 1).unwrap();
-            conn.execute_batch(
-                "INSERT INTO sources VALUES (1, 'in.jsonl', 'jsonl', 'x', '{}', 'now');
-                 INSERT INTO examples VALUES (1, 'a#0', 'a', 's1', 's2', 'ends.', 1, NULL, 'now');
-                 INSERT INTO endings(id, example_id, text, is_gold) VALUES (1, 1, 'ends.', 1),
-                                                                           (2, 1, 'stops.', 0);
-                 INSERT INTO af_runs VALUES (1, 1, 0, '{}', 'now', 'fp', 'now', NULL, 'done');
-                 INSERT INTO af_scores VALUES (1, 1, 0.5), (1, 2, -1.25);",
-            )
-            .unwrap();
-        }
+        project_at_version(
+            &path,
+            1,
+            "INSERT INTO af_runs VALUES (1, 1, 0, '{}', 'now', 'fp', 'now', NULL, 'done');
+             INSERT INTO af_scores VALUES (1, 1, 0.5), (1, 2, -1.25);",
+        );
         let store = Store::open(&path).unwrap();
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         let scores: Vec<(i64, f64)> = store
@@ -471,21 +482,11 @@ mod tests {
     fn a_version_11_project_keeps_its_scorer_readings_alone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v11.sqlite");
-        {
-            let conn = Connection::open(&path).unwrap();
-            for sql in &MIGRATIONS[..11] {
-                conn.execute_batch(sql).unwrap();
-            }
-            conn.pragma_update(None, "user_version", 11).unwrap();
-            conn.execute_batch(
-                "INSERT INTO sources VALUES (1, 'in.jsonl', 'jsonl', 'x', '{}', 'now');
-                 INSERT INTO examples VALUES (1, 'a#0', 'a', 's1', 's2', 'ends.', 1, NULL, 'now');
-                 INSERT INTO endings(id, example_id, text, is_gold) VALUES (1, 1, 'ends.', 1),
-                                                                           (2, 1, 'stops.', 0);
-                 INSERT INTO scorer_scores VALUES (1, 'm', -3.5, -7.25, 2);",
-            )
-            .unwrap();
-        }
+        project_at_version(
+            &path,
+            11,
+            "INSERT INTO scorer_scores VALUES (1, 'm', -3.5, -7.25, 2);",
+        );
         let mut store = Store::open(&path).unwrap();
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         let stored = |store: &Store, id| store.scorer_score("m", id).unwrap().unwrap();
