@@ -204,6 +204,7 @@ impl Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    afkit_engine::runtime::use_one_candle_thread();
     let config = args.config()?;
     let mut progress = AuditBars::default();
     let summary = audit::run(&config, &mut progress)?;

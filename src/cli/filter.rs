@@ -299,7 +299,7 @@ impl FilterArgs {
 }
 
 pub fn run(args: FilterArgs) -> Result<()> {
-    filter::use_one_candle_thread();
+    afkit_engine::runtime::use_one_candle_thread();
     // The device first (a build without CUDA says so before any file is touched), the scorer
     // models (which may be fetched) once the project is known to exist.
     let compute = args.device.open()?;

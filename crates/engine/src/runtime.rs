@@ -24,6 +24,23 @@ fn name_the_thread_count() {
     }
 }
 
+/// Runs candle's elementwise CPU ops on the calling thread unless `CANDLE_NUM_THREADS` is set
+/// (its matrix products still spread over the cores). Training tensors are small (AF's
+/// ensemble: a few hundred rows by tens of channels; the cross-encoder: a batch's tokens by 384),
+/// and candle hands every elementwise op above a few thousand elements to a worker pool that
+/// spin-waits between ops and serves one caller at a time: on two cores the hand-offs cost more
+/// than the arithmetic, several times more when other processes compete for the cores (one
+/// ensemble iteration: 8.8 s on one thread, 65 s on two, under load). Training uses the cores
+/// by running each batch as halves on rayon's threads instead. Results do not depend on the
+/// thread count. Call it from the command line's main thread before any candle op, since candle
+/// sizes its pool once, on first use.
+pub fn use_one_candle_thread() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // Only the main thread runs yet, so no other thread reads the environment meanwhile.
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+}
+
 /// glibc's malloc serves blocks above a threshold that starts at 128 KiB straight from `mmap`
 /// and hands freed memory at the top of a heap back to the kernel, so the per-op tensors of AF
 /// training (0.1 to a few MB each, thousands a second) would be page-faulted in and zeroed by

@@ -30,17 +30,3 @@ pub use run::{
     observer::{Observer, Silent, Timings},
     run, Summary,
 };
-
-/// Runs candle's CPU ops on the calling thread unless `CANDLE_NUM_THREADS` is set. The
-/// ensemble's tensors are small (a few hundred rows by tens of channels), and candle hands every
-/// elementwise op above a few thousand elements to a spin-waiting worker pool: on two cores the
-/// hand-offs cost more than the arithmetic, several times more when other processes compete for
-/// the cores (one ensemble iteration: 8.8 s on one thread, 65 s on two, under load). Training
-/// uses the second core by running each batch as two halves on rayon's threads instead. Results
-/// do not depend on the thread count. Call it from the command line's main thread before any
-/// candle op, since candle sizes its pool once, on first use.
-pub fn use_one_candle_thread() {
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
-}

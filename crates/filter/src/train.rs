@@ -115,10 +115,10 @@ pub(crate) fn train(
 /// Gradients of one batch's loss (the sum over heads of each head's mean cross-entropy), or
 /// `None` when no head exists.
 ///
-/// candle runs each op on one thread (see [`super::use_one_candle_thread`]), so the batch is
-/// split in two, each half scored and differentiated on a thread of its own with its loss
-/// weighted by its share of the contexts, and the halves' gradients are added: the mean over
-/// the batch, as one pass would give up to rounding. The split is fixed (contexts by their
+/// candle runs each elementwise op on one thread (`afkit_engine::runtime::use_one_candle_thread`),
+/// so the batch is split in two, each half scored and differentiated on a thread of its own with
+/// its loss weighted by its share of the contexts, and the halves' gradients are added: the mean
+/// over the batch, as one pass would give up to rounding. The split is fixed (contexts by their
 /// longest option, shorter half first, which also pads each half less), so the result does not
 /// depend on the number of threads.
 fn batch_gradients(

@@ -11,12 +11,14 @@
 //! at the size of a sentence encoder.
 //!
 //! The encoder is afkit's BERT (`bert`) run on candle tensors, with differentiable ops for the
-//! layers it trains. The embeddings and the lowest `frozen_layers` layers stay fixed (and run on
-//! candle's fused ops): their output for a text never changes, so a training call computes it
-//! once per option and every epoch starts above it. That, the truncation to `max_len` word
-//! pieces, a step's options run in groups of similar lengths (little padding) and the number of
-//! epochs are what make the model affordable on a CPU; [`Shape`]'s default is the measured
-//! compromise (training fewer layers loses accuracy).
+//! layers it trains. The embeddings and the lowest `frozen_layers` layers stay fixed: their
+//! output for a text never changes, so a training call computes it once per option (with the
+//! packed forward below where scoring uses it, else candle's fused ops) and every epoch starts
+//! above it. A step's questions run as two halves, each on a thread of its own
+//! (`batch_gradients`). That, the truncation to `max_len` word pieces, a step's options run in
+//! groups of similar lengths (little padding) and the number of epochs are what make the model
+//! affordable on a CPU; [`Shape`]'s default is the measured compromise (training fewer layers
+//! loses accuracy).
 //!
 //! Scoring needs no gradients: on afkit's CPU kernels it runs the current weights packed, over
 //! ragged batches (`bert::Packed`), its products in bf16 where the CPU multiplies bf16 faster
@@ -27,6 +29,7 @@
 //! trained again on new questions (a warm start) as often as a caller needs.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -133,7 +136,8 @@ pub struct CrossEncoder {
     tokenizer: Tokenizer,
     special: Special,
     device: Device,
-    /// Scoring runs the packed forward (afkit's CPU kernels) instead of candle's.
+    /// Scoring and the frozen layers run the packed forward (afkit's CPU kernels) instead of
+    /// candle's.
     packed_scoring: bool,
 }
 
@@ -276,9 +280,11 @@ impl CrossEncoder {
     }
 
     /// The gradients of the mean cross-entropy over the `batch` of questions, and that loss.
-    /// Where candle runs each op on one thread (as AF sets it), the batch runs as two halves on
-    /// rayon's threads, each loss weighted by its share, and the gradients are added: the same
-    /// mean, on both cores. Otherwise candle spreads each op over the cores itself.
+    /// Where candle runs its elementwise ops on the calling thread
+    /// ([`crate::runtime::use_one_candle_thread`], as `filter` and `audit` set it), the batch runs
+    /// as two halves on rayon's threads, each loss weighted by its share, and the gradients are
+    /// added: the same mean, on both cores. Otherwise candle's worker pool spreads each op over
+    /// the cores, and the pool takes one caller at a time.
     fn batch_gradients(
         &self,
         states: &[Tensor],
@@ -298,7 +304,7 @@ impl CrossEncoder {
             let loss = (candle_nn::loss::cross_entropy(&scores, &targets)? * share)?;
             Ok((loss.backward()?, loss.to_scalar::<f32>()?))
         };
-        if batch.len() < 2 || candle_core::utils::get_num_threads() > 1 {
+        if batch.len() < 2 || candle_core::utils::barrier_pool().n_workers() > 0 {
             return half(batch);
         }
         let (first, second) = batch.split_at(batch.len() / 2);
@@ -335,41 +341,21 @@ impl CrossEncoder {
             .collect())
     }
 
-    /// Each pair's score through the current weights packed for afkit's kernels: ragged batches
-    /// of [`PACKED_SCORE_TOKENS`] word pieces, each product spread over the threads.
+    /// Each pair's score through the current weights packed for afkit's kernels.
     fn score_packed(&self, pairs: &[Pair]) -> Result<Vec<f32>> {
         let bert = Bert::pack(&self.bert, fast_precision())?;
         let head: Vec<f32> = self.head_weight.flatten_all()?.to_vec1()?;
         let bias = self.head_bias.flatten_all()?.to_vec1::<f32>()?[0];
         let width = head.len();
         let mut scores = Vec::with_capacity(pairs.len());
-        let mut rest = pairs;
-        while !rest.is_empty() {
-            crate::interrupt::check()?;
-            let mut tokens = 0;
-            let take = rest
-                .iter()
-                .take_while(|p| {
-                    tokens += p.ids.len();
-                    tokens <= PACKED_SCORE_TOKENS
-                })
-                .count()
-                .max(1);
-            let (batch, tail) = rest.split_at(take);
-            rest = tail;
-            let ids: Vec<&[u32]> = batch.iter().map(|p| p.ids.as_slice()).collect();
-            let second: Vec<usize> = batch.iter().map(Pair::second_segment).collect();
-            let spans = Spans::new(&ids);
-            let x = bert.embeddings.forward(&ids, Some(&second), &spans)?;
-            let x = bert.encode(&Packed, 0..bert.layers.len(), x, &spans)?;
-            for span in &spans.ranges {
-                let rows = x[span.start * width..span.end * width].chunks_exact(width);
-                let sum: f32 = rows
-                    .flat_map(|row| row.iter().zip(&head).map(|(v, w)| v * w))
-                    .sum();
-                scores.push(sum / span.len() as f32 + bias);
-            }
-        }
+        packed_states(&bert, pairs, 0..bert.layers.len(), |states| {
+            let sum: f32 = states
+                .chunks_exact(width)
+                .flat_map(|row| row.iter().zip(&head).map(|(v, w)| v * w))
+                .sum();
+            scores.push(sum / (states.len() / width) as f32 + bias);
+            Ok(())
+        })?;
         Ok(scores)
     }
 
@@ -428,9 +414,21 @@ impl CrossEncoder {
             .collect())
     }
 
-    /// The frozen layers' output of every pair, computed in batches of similar lengths; each
-    /// pair's own rows (its length × width), in the order given.
+    /// The frozen layers' output of every pair: each pair's own rows (its length × width), in
+    /// the order given.
     fn frozen_states(
+        &self,
+        pairs: &[Pair],
+        progress: &mut dyn FnMut(TrainingProgress),
+    ) -> Result<Vec<Tensor>> {
+        match self.packed_scoring {
+            true => self.frozen_states_packed(pairs, progress),
+            false => self.frozen_states_tensors(pairs, progress),
+        }
+    }
+
+    /// [`Self::frozen_states`] through candle's forward, in padded batches of similar lengths.
+    fn frozen_states_tensors(
         &self,
         pairs: &[Pair],
         progress: &mut dyn FnMut(TrainingProgress),
@@ -457,6 +455,28 @@ impl CrossEncoder {
             .into_iter()
             .map(|s| s.expect("every pair was run"))
             .collect())
+    }
+
+    /// [`Self::frozen_states`] through the frozen layers packed for afkit's kernels, as scoring
+    /// runs them: ragged batches, no padding, each product spread over the threads.
+    fn frozen_states_packed(
+        &self,
+        pairs: &[Pair],
+        progress: &mut dyn FnMut(TrainingProgress),
+    ) -> Result<Vec<Tensor>> {
+        let bert = Bert::pack(&self.bert, fast_precision())?;
+        let width = bert.embeddings.width();
+        let mut states = Vec::with_capacity(pairs.len());
+        packed_states(&bert, pairs, 0..self.shape.frozen_layers, |rows| {
+            let shape = (rows.len() / width, width);
+            states.push(Tensor::from_slice(rows, shape, &self.device)?);
+            progress(TrainingProgress::Frozen {
+                done: states.len(),
+                total: pairs.len(),
+            });
+            Ok(())
+        })?;
+        Ok(states)
     }
 
     /// Embeddings and frozen layers of a padded batch: (batch × longest × width, the additive
@@ -628,6 +648,42 @@ fn prepare_tokenizer(tokenizer: &mut Tokenizer) -> Result<Special> {
     Ok(special)
 }
 
+/// Runs `pairs` through `bert`'s embeddings and `layers` in ragged batches of
+/// [`PACKED_BATCH_TOKENS`] word pieces (each product spread over the threads) and hands `each`
+/// every pair's hidden states (its length × width, row-major), in order.
+fn packed_states(
+    bert: &Bert<Packed>,
+    pairs: &[Pair],
+    layers: Range<usize>,
+    mut each: impl FnMut(&[f32]) -> Result<()>,
+) -> Result<()> {
+    let width = bert.embeddings.width();
+    let mut rest = pairs;
+    while !rest.is_empty() {
+        crate::interrupt::check()?;
+        let mut tokens = 0;
+        let take = rest
+            .iter()
+            .take_while(|p| {
+                tokens += p.ids.len();
+                tokens <= PACKED_BATCH_TOKENS
+            })
+            .count()
+            .max(1);
+        let (batch, tail) = rest.split_at(take);
+        rest = tail;
+        let ids: Vec<&[u32]> = batch.iter().map(|p| p.ids.as_slice()).collect();
+        let second: Vec<usize> = batch.iter().map(Pair::second_segment).collect();
+        let spans = Spans::new(&ids);
+        let x = bert.embeddings.forward(&ids, Some(&second), &spans)?;
+        let x = bert.encode(&Packed, layers.clone(), x, &spans)?;
+        for span in &spans.ranges {
+            each(&x[span.start * width..span.end * width])?;
+        }
+    }
+    Ok(())
+}
+
 /// Options run through the frozen layers in one product.
 const FROZEN_BATCH: usize = 64;
 /// Options of one training step run through the trained layers together (with their lengths
@@ -635,9 +691,9 @@ const FROZEN_BATCH: usize = 64;
 const TRAIN_GROUP_ROWS: usize = 8;
 /// Options scored in one candle forward pass.
 const SCORE_BATCH_OPTIONS: usize = 64;
-/// Word pieces of one packed scoring batch: tall enough products for the kernels, hidden states
-/// of a few megabytes.
-const PACKED_SCORE_TOKENS: usize = 4096;
+/// Word pieces of one packed batch (scoring, the frozen layers): tall enough products for the
+/// kernels, hidden states of a few megabytes.
+const PACKED_BATCH_TOKENS: usize = 4096;
 
 /// The number of options of every question, given that `gold` labels each of them with one.
 fn labelled_options(questions: &[Question], gold: &[usize]) -> Result<usize> {
@@ -1011,6 +1067,27 @@ mod tests {
         let tolerance = if bf16 { 0.05 } else { 1e-4 };
         for (p, c) in packed.iter().zip(&candle) {
             assert!((p - c).abs() <= tolerance * (1.0 + c.abs()), "{p} vs {c}");
+        }
+    }
+
+    /// The frozen layers packed for afkit's kernels give every pair the hidden states candle's
+    /// forward gives it: in f32 up to the order of additions, in bf16 within its rounding.
+    #[test]
+    fn packed_frozen_layers_agree_with_the_candle_forward() {
+        let model = tiny_model(1);
+        let (questions, _) = questions(12, true, Seed::new(9));
+        let pairs = model.pairs(&questions).unwrap();
+        let packed = model.frozen_states_packed(&pairs, &mut |_| {}).unwrap();
+        let candle = model.frozen_states_tensors(&pairs, &mut |_| {}).unwrap();
+        let bf16 = fast_precision() != crate::lm::linear::Precision::F32;
+        let tolerance = if bf16 { 0.05 } else { 1e-4 };
+        for (p, c) in packed.iter().zip(&candle) {
+            assert_eq!(p.dims(), c.dims());
+            let (p, c) = (p.flatten_all().unwrap(), c.flatten_all().unwrap());
+            let (p, c) = (p.to_vec1::<f32>().unwrap(), c.to_vec1::<f32>().unwrap());
+            for (p, c) in p.iter().zip(&c) {
+                assert!((p - c).abs() <= tolerance * (1.0 + c.abs()), "{p} vs {c}");
+            }
         }
     }
 

@@ -142,6 +142,11 @@ impl Layer<Packed> {
 }
 
 impl Embeddings {
+    /// Values per hidden state.
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
     /// The normalised sum of the word piece, position and token type embeddings of `sentences`
     /// (each its word-piece ids, [CLS] and [SEP] included), laid end to end as `spans` places
     /// them. `second_segments` gives, per sentence, where its token type 1 begins (none: every
