@@ -1,6 +1,7 @@
 //! Process-wide settings that must be made before any other thread starts: the command line
-//! calls [`prepare`] first thing. Both remove work that the small tensors of AF training (and,
-//! less, every other candle op) pay on each op; neither changes a result.
+//! calls [`prepare`] first thing, and the stages that train call [`use_one_candle_thread`]. Each
+//! removes work that the small tensors of training (and, less, every other candle op) pay on
+//! each op.
 
 /// Applies every setting of this module.
 pub fn prepare() {
@@ -29,14 +30,12 @@ fn name_the_thread_count() {
 /// ensemble: a few hundred rows by tens of channels; the cross-encoder: a batch's tokens by 384),
 /// and candle hands every elementwise op above a few thousand elements to a worker pool that
 /// spin-waits between ops and serves one caller at a time: on two cores the hand-offs cost more
-/// than the arithmetic, several times more when other processes compete for the cores (one
-/// ensemble iteration: 8.8 s on one thread, 65 s on two, under load). Training uses the cores
-/// by running each batch as halves on rayon's threads instead. Results do not depend on the
-/// thread count. Call it from the command line's main thread before any candle op, since candle
-/// sizes its pool once, on first use.
+/// than the arithmetic, several times more when other processes compete for the cores.
+/// Training uses the cores by running each batch as halves on rayon's threads instead. Results
+/// do not depend on the thread count. Call it from the command line's main thread before any
+/// candle op, since candle sizes its pool once, on first use.
 pub fn use_one_candle_thread() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        // Only the main thread runs yet, so no other thread reads the environment meanwhile.
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
 }

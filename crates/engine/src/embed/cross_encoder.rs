@@ -364,8 +364,8 @@ impl CrossEncoder {
         // Options of similar lengths together, so a batch pads little.
         let mut order: Vec<usize> = (0..pairs.len()).collect();
         order.sort_by_key(|&r| pairs[r].ids.len());
-        // Batches on rayon's threads: AF runs candle on one thread per op (the filter stage sets it), and
-        // each batch is the same computation whichever thread runs it.
+        // Batches on rayon's threads: `filter` and `audit` run candle's elementwise ops on the
+        // calling thread, and each batch is the same computation whichever thread runs it.
         let scored: Vec<Vec<f32>> = order
             .par_chunks(SCORE_BATCH_OPTIONS)
             .map(|batch| -> Result<Vec<f32>> {
