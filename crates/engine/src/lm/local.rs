@@ -195,7 +195,7 @@ impl LocalLm {
         loop {
             let mut newcomers = Vec::new();
             while newcomers.len() < free_slots.len() {
-                match feed.next_row() {
+                match feed.next_row(live) {
                     Some(row) => newcomers.push(row),
                     None => break,
                 }
@@ -341,8 +341,8 @@ impl LocalLm {
 
 /// Where the rows of continuous batching come from, and where they go when they stop.
 trait RowFeed {
-    /// The next row to decode, if one is wanted now.
-    fn next_row(&mut self) -> Option<LiveRow>;
+    /// The next row to decode, if one is wanted now; `live` are the rows decoding now.
+    fn next_row(&mut self, live: &[LiveRow]) -> Option<LiveRow>;
     /// Takes a row that stopped.
     fn stopped(&mut self, row: LiveRow) -> Result<()>;
     /// Whether `group` still wants the rows it has in flight.
@@ -360,7 +360,7 @@ struct AllRows {
 }
 
 impl RowFeed for AllRows {
-    fn next_row(&mut self) -> Option<LiveRow> {
+    fn next_row(&mut self, _live: &[LiveRow]) -> Option<LiveRow> {
         self.waiting.pop_front()
     }
 
@@ -430,6 +430,7 @@ struct Sampling<'a> {
     in_flight: usize,
     waiting_offer: BTreeMap<usize, DecodedRow>,
     offered: usize,
+    survival: Survival,
 }
 
 impl Sampling<'_> {
@@ -448,26 +449,77 @@ impl Sampling<'_> {
     }
 
     /// Whether continuous batching should start another row of this context: only while the
-    /// endings kept, those likely among the stopped rows and those expected from the rows in
-    /// flight (at the share of offered rows kept so far) fall short of N⁻. Starting every row a
-    /// round would need at once drew a fifth more rows than the pool took.
-    fn wants_row(&self) -> bool {
+    /// endings kept and those expected from the rows stopped but not yet offered and from the
+    /// rows in flight fall short of N⁻. `expected_in_flight` is the rows in flight's expected
+    /// endings ([`Survival::after`] each). Rows started beyond that are likely decoded for
+    /// nothing, while other contexts' rows can use the slots.
+    fn wants_row(&self, expected_in_flight: f64) -> bool {
         if self.full() || self.admitted >= self.max_draws {
             return false;
         }
-        let likely = self
+        let waiting: f64 = self
             .waiting_offer
             .values()
             .filter(|r| r.stop == Stop::SentenceEnd)
-            .count();
-        let survival = if self.pool.draws == 0 {
-            1.0
-        } else {
-            (self.pool.endings.len() as f64 / self.pool.draws as f64).max(0.1)
-        };
-        ((self.pool.endings.len() + likely) as f64 + self.in_flight as f64 * survival)
-            < self.request.n as f64
+            .count() as f64
+            * self.survival.of_finished();
+        self.pool.endings.len() as f64 + waiting + expected_in_flight < self.request.n as f64
     }
+}
+
+/// How a context's offered rows ended, by their length in tokens: what a row still decoding is
+/// likely to give. Rows refused early (at their first words) or at a length cap leave the batch
+/// soon or late, so a row that has decoded `t` tokens is kept more often than rows on average
+/// early on and less often near the cap; counting all rows alike starts rows for nothing.
+#[derive(Default)]
+struct Survival {
+    /// Rows offered, and rows kept, by length in tokens.
+    offered: Vec<u32>,
+    kept: Vec<u32>,
+    /// Of the rows that ended a sentence: how many were offered, and how many kept.
+    sentence_ends: (u32, u32),
+}
+
+impl Survival {
+    fn record(&mut self, len: usize, stop: Stop, kept: bool) {
+        if self.offered.len() <= len {
+            self.offered.resize(len + 1, 0);
+            self.kept.resize(len + 1, 0);
+        }
+        self.offered[len] += 1;
+        self.kept[len] += u32::from(kept);
+        if stop == Stop::SentenceEnd {
+            self.sentence_ends.0 += 1;
+            self.sentence_ends.1 += u32::from(kept);
+        }
+    }
+
+    /// The chance that a row in flight with `tokens` tokens is kept: the share kept of the
+    /// offered rows longer than `tokens`, drawn towards [`PRIOR_KEPT`] while they are few. The
+    /// first rows offered are the ones refused at their first words, so the share of all rows
+    /// kept starts near 0 and would start rows for nothing.
+    fn after(&self, tokens: usize) -> f64 {
+        let longer = (tokens + 1).min(self.offered.len());
+        let offered: u32 = self.offered[longer..].iter().sum();
+        let kept: u32 = self.kept[longer..].iter().sum();
+        smoothed(kept, offered)
+    }
+
+    /// The chance that a row that ended a sentence, waiting to be offered, is kept.
+    fn of_finished(&self) -> f64 {
+        let (offered, kept) = self.sentence_ends;
+        smoothed(kept, offered)
+    }
+}
+
+/// What [`Survival`] assumes of a row before its context has offered rows like it, and how many
+/// rows' weight that assumption has.
+const PRIOR_KEPT: f64 = 0.8;
+const PRIOR_ROWS: f64 = 5.0;
+
+/// `kept` of `offered`, drawn towards [`PRIOR_KEPT`].
+fn smoothed(kept: u32, offered: u32) -> f64 {
+    (f64::from(kept) + PRIOR_KEPT * PRIOR_ROWS) / (f64::from(offered) + PRIOR_ROWS)
 }
 
 /// Sampling's rows for continuous batching: each context's rows in row order, started while the
@@ -482,12 +534,19 @@ struct Demand<'l, 's, 'r, 'k> {
 }
 
 impl RowFeed for Demand<'_, '_, '_, '_> {
-    fn next_row(&mut self) -> Option<LiveRow> {
-        let (group, state) = self
-            .states
-            .iter_mut()
-            .enumerate()
-            .find(|(_, s)| s.wants_row())?;
+    fn next_row(&mut self, live: &[LiveRow]) -> Option<LiveRow> {
+        let mut expected = vec![0.0; self.states.len()];
+        let mut decoding = vec![0; self.states.len()];
+        for row in live {
+            let state = &self.states[row.group];
+            expected[row.group] += state.survival.after(row.decoded.tokens.len());
+            decoding[row.group] += 1;
+        }
+        let (group, state) = self.states.iter_mut().enumerate().find(|(g, s)| {
+            // Rows admitted this step are not in `live` yet and have no token.
+            let admitted_now = (s.in_flight - decoding[*g]) as f64 * s.survival.after(0);
+            s.wants_row(expected[*g] + admitted_now)
+        })?;
         let row = LiveRow::new(group, state.admitted, &mut state.rng, &state.request.rule);
         state.admitted += 1;
         state.in_flight += 1;
@@ -591,6 +650,7 @@ impl LocalLm {
             in_flight: 0,
             waiting_offer: BTreeMap::new(),
             offered: 0,
+            survival: Survival::default(),
         })
     }
 
@@ -663,8 +723,16 @@ impl LocalLm {
 
     /// Offers a context's next decoded row (in row order) to its pool, which keeps it if it is a
     /// whole sentence, not too long and unique, while the pool still wants endings. Whether the
-    /// pool kept it.
+    /// pool kept it; the context's [`Survival`] hears either way.
     fn offer_row(&self, state: &mut Sampling, row: DecodedRow) -> Result<bool> {
+        let (tokens, stop) = (row.tokens.len(), row.stop);
+        let kept = self.judge_row(state, row)?;
+        state.survival.record(tokens, stop, kept);
+        Ok(kept)
+    }
+
+    /// [`Self::offer_row`]'s verdict.
+    fn judge_row(&self, state: &mut Sampling, row: DecodedRow) -> Result<bool> {
         state.pool.draws += 1;
         state.pool.tokens_generated += row.tokens.len();
         match row.stop {
@@ -699,5 +767,29 @@ impl LocalLm {
             &mut state.seen,
         );
         Ok(state.pool.endings.len() > before)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_refused_at_their_first_words_leave_longer_rows_their_chance() {
+        let mut survival = Survival::default();
+        for _ in 0..10 {
+            survival.record(2, Stop::Refused("not_a_verb_phrase"), false);
+        }
+        // Only short rows were offered: a row past them is judged by the prior alone.
+        assert_eq!(survival.after(2), PRIOR_KEPT);
+        assert!(survival.after(0) < PRIOR_KEPT / 2.0);
+        for i in 0..20 {
+            survival.record(12, Stop::SentenceEnd, i % 4 != 0);
+        }
+        let expected = (15.0 + PRIOR_KEPT * PRIOR_ROWS) / (20.0 + PRIOR_ROWS);
+        assert!((survival.after(5) - expected).abs() < 1e-12);
+        assert!((survival.of_finished() - expected).abs() < 1e-12);
+        // Rows as long as any offered are judged by the prior again.
+        assert_eq!(survival.after(12), PRIOR_KEPT);
     }
 }
