@@ -593,7 +593,15 @@ fn pool_of_record(
             let lm = lm.expect("loaded when a line has no features");
             let prompt = config.template.render(&ex.sent1, &ex.sent2);
             let context = (ex.sent1.as_str(), ex.sent2.as_str());
-            features(lm, &prompt, context, &ex.ending, &kept, config.alone_scores)?
+            features(
+                lm,
+                &prompt,
+                &prompt,
+                context,
+                &ex.ending,
+                &kept,
+                config.alone_scores,
+            )?
         }
     };
     Ok(Some((kept, features)))

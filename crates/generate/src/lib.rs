@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use adapters::AdapterSet;
-use afkit_engine::lm::features::{features, prompt_logprob, TokenScorer};
+use afkit_engine::lm::features::{features, TokenScorer};
 use afkit_engine::lm::local::LocalLm;
 use afkit_engine::lm::model::{LanguageModel, ModelFile};
 use afkit_engine::lm::openai::OpenAiSampler;
@@ -578,18 +578,16 @@ impl Stored<'_> {
             afkit_engine::interrupt::check()?;
             let t1 = Instant::now();
             let ex = &job.ex;
-            let mut features = features(
+            let features = features(
                 scorer,
                 &job.prompt.text,
+                &job.prompt.context,
                 (&ex.sent1, &ex.sent2),
                 &ex.ending,
                 &sampled.endings,
                 self.alone_scores,
             )
             .with_context(|| format!("scoring endings of {}", ex.ext_id))?;
-            if job.prompt.text != job.prompt.context {
-                features.ctx_logprob = prompt_logprob(scorer, &job.prompt.context)?;
-            }
             // The batch's sampling time is shared equally by its contexts.
             let seconds = sampling_seconds / jobs.len() as f64 + t1.elapsed().as_secs_f64();
             let mut new = new_pool(

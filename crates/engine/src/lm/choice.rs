@@ -155,7 +155,7 @@ impl<'m> ChoiceScorer<'m> {
             return Ok(Vec::new());
         };
         let llama = &self.model.llama;
-        let (prefix, _) = llama.prefill(&context_ids)?;
+        let prefix = llama.prefix(&context_ids)?;
         llama.score_continuations(&prefix, &continuations)
     }
 

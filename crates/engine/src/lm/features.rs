@@ -34,7 +34,8 @@ pub struct EndingFeatures {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContextFeatures {
-    /// Mean log-prob of the prompt's tokens, each given the document start and those before it.
+    /// Mean log-prob of the context's tokens (as the prompt renders it, without any style
+    /// examples), each given the document start and those before it.
     pub ctx_logprob: f64,
     pub n_tok_sent1: usize,
     pub n_tok_sent2: usize,
@@ -132,7 +133,7 @@ impl TokenScorer for LocalLm {
     }
 
     fn prompt_logprobs(&self, prompt: &str) -> Result<Vec<f32>> {
-        Ok(self.prefix(prompt)?.token_logprobs.clone())
+        Ok(self.model.llama.prefill(&self.prompt_ids(prompt)?)?.1)
     }
 
     fn after_prompt(&self, prompt: &str, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
@@ -181,12 +182,15 @@ pub(crate) fn ending_tokens(tok: &GgufTokenizer, ending: &str) -> Result<Vec<u32
     tok.encode(&format!(" {ending}"))
 }
 
-/// Features of the gold ending and of `endings`, all continuing `prompt`, from `scorer`. Sampled
-/// endings whose recorded tokens are the scorer's tokenisation keep the log-probs recorded while
-/// sampling; the rest are scored. Every ending is also scored alone when `alone` is set.
+/// Features of the gold ending and of `endings`, all continuing `prompt`, from `scorer`; the
+/// context's own from `context_prompt`, the context as `prompt` renders it without style
+/// examples (the same text where there are none). Sampled endings whose recorded tokens are the
+/// scorer's tokenisation keep the log-probs recorded while sampling; the rest are scored. Every
+/// ending is also scored alone when `alone` is set.
 pub fn features(
     scorer: &dyn TokenScorer,
     prompt: &str,
+    context_prompt: &str,
     context: (&str, &str),
     gold: &str,
     endings: &[SampledEnding],
@@ -228,7 +232,7 @@ pub fn features(
         tok.encode(&format!(" {sent2}"))?.len()
     };
     Ok(ContextFeatures {
-        ctx_logprob: prompt_logprob(scorer, prompt)?,
+        ctx_logprob: prompt_logprob(scorer, context_prompt)?,
         n_tok_sent1: tok.encode(sent1)?.len(),
         n_tok_sent2: sent2_tokens,
         gold,

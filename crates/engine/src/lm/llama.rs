@@ -136,6 +136,23 @@ impl Llama {
     /// Runs a whole token sequence from position 0 and keeps its keys and values as a prefix.
     /// Also returns the log-probability of each token after the first, given those before it.
     pub(crate) fn prefill(&self, ids: &[u32]) -> Result<(Prefix, Vec<f32>)> {
+        let (prefix, hidden) = self.prefix_and_states(ids)?;
+        let token_logprobs = if ids.len() > 1 {
+            self.target_logprobs(&hidden.narrow(0, 0, ids.len() - 1)?, &ids[1..])?
+        } else {
+            Vec::new()
+        };
+        Ok((prefix, token_logprobs))
+    }
+
+    /// [`Self::prefill`] without the tokens' log-probabilities, which take the output head at
+    /// every position: a prompt that is only continued needs the head at its last one.
+    pub(crate) fn prefix(&self, ids: &[u32]) -> Result<Prefix> {
+        Ok(self.prefix_and_states(ids)?.0)
+    }
+
+    /// The prefix of `ids` and the hidden states of all its positions.
+    fn prefix_and_states(&self, ids: &[u32]) -> Result<(Prefix, Tensor)> {
         if ids.is_empty() {
             bail!("cannot run the model on an empty token sequence");
         }
@@ -148,11 +165,6 @@ impl Llama {
         let input = Tensor::new(ids, &self.device)?.reshape((1, ids.len()))?;
         let mut cache = RowCache::default();
         let hidden = self.forward(&input, None, &mut cache)?.squeeze(0)?;
-        let token_logprobs = if ids.len() > 1 {
-            self.target_logprobs(&hidden.narrow(0, 0, ids.len() - 1)?, &ids[1..])?
-        } else {
-            Vec::new()
-        };
         let last = hidden.narrow(0, ids.len() - 1, 1)?;
         let next_logprobs = self.log_softmax_rows(&last)?.remove(0);
         let kv: Vec<(Tensor, Tensor)> = cache
@@ -173,16 +185,14 @@ impl Llama {
             Vec::new()
         };
         let packed_kv = raw_kv.iter().map(|_| OnceLock::new()).collect();
-        Ok((
-            Prefix {
-                kv,
-                raw_kv,
-                packed_kv,
-                len: ids.len(),
-                next_logprobs,
-            },
-            token_logprobs,
-        ))
+        let prefix = Prefix {
+            kv,
+            raw_kv,
+            packed_kv,
+            len: ids.len(),
+            next_logprobs,
+        };
+        Ok((prefix, hidden))
     }
 
     /// The model's hidden states (after the final norm) for `ids` (rows × tokens), which

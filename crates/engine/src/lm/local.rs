@@ -40,8 +40,6 @@ pub struct LocalLm {
 pub(crate) struct PromptPrefix {
     pub prompt: String,
     pub prefix: Prefix,
-    /// Log-probability of each prompt token given the tokens before it.
-    pub token_logprobs: Vec<f32>,
 }
 
 /// How a decoded row ended.
@@ -86,19 +84,23 @@ impl LocalLm {
         }
     }
 
+    /// `[doc_start] + prompt tokens`.
+    pub(crate) fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>> {
+        let mut ids = vec![self.model.tokenizer.doc_start];
+        ids.extend(self.model.tokenizer.encode(prompt)?);
+        Ok(ids)
+    }
+
     /// The prompt's prefix, computed once while the prompt is among the latest few.
     pub(crate) fn prefix(&self, prompt: &str) -> Result<Arc<PromptPrefix>> {
         let mut recent = self.recent_prefixes.lock().expect("prefix cache poisoned");
         if let Some(p) = recent.iter().find(|p| p.prompt == prompt) {
             return Ok(Arc::clone(p));
         }
-        let mut ids = vec![self.model.tokenizer.doc_start];
-        ids.extend(self.model.tokenizer.encode(prompt)?);
-        let (prefix, token_logprobs) = self.model.llama.prefill(&ids)?;
+        let prefix = self.model.llama.prefix(&self.prompt_ids(prompt)?)?;
         let p = Arc::new(PromptPrefix {
             prompt: prompt.to_string(),
             prefix,
-            token_logprobs,
         });
         if recent.len() == MAX_CONTEXTS_PER_BATCH {
             recent.pop_front();

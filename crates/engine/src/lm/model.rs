@@ -87,7 +87,7 @@ impl LanguageModel {
                 llama.cfg.vocab
             );
         }
-        let (doc_prefix, _) = llama.prefill(&[tokenizer.doc_start])?;
+        let doc_prefix = llama.prefix(&[tokenizer.doc_start])?;
         Ok(LanguageModel {
             llama,
             tokenizer,

@@ -472,18 +472,18 @@ fn features_reuse_sampled_logprobs_exactly() {
             .unwrap();
         let gold = "is using a tool to drill a hole.";
         let context = ("A man is kneeling on a frozen lake.", "He");
-        let f = features(&lm, prompt, context, gold, &pool.endings, true).unwrap();
+        let f = features(&lm, prompt, prompt, context, gold, &pool.endings, true).unwrap();
         assert_eq!(f.endings.len(), pool.endings.len());
         // Re-scoring the endings from scratch (no sampled log-probs) gives the same features.
         let plain: Vec<_> = pool.endings.iter().map(text_only).collect();
-        let g = features(&lm, prompt, context, gold, &plain, true).unwrap();
+        let g = features(&lm, prompt, prompt, context, gold, &plain, true).unwrap();
         for (x, y) in f.endings.iter().zip(&g.endings) {
             assert!((x.lp_cond - y.lp_cond).abs() < 1e-3);
             assert!((x.lp_alone.unwrap() - y.lp_alone.unwrap()).abs() < 1e-6);
             assert_eq!(x.n_tok, y.n_tok);
         }
         // Without the ending-alone pass, the rest is the same.
-        let without = features(&lm, prompt, context, gold, &pool.endings, false).unwrap();
+        let without = features(&lm, prompt, prompt, context, gold, &pool.endings, false).unwrap();
         for (x, y) in f.endings.iter().zip(&without.endings) {
             assert_eq!((x.lp_cond, x.n_tok), (y.lp_cond, y.n_tok));
             assert_eq!(y.lp_alone, None);
@@ -545,8 +545,8 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
     assert!(!pool.endings.is_empty());
     let plain: Vec<_> = pool.endings.iter().map(text_only).collect();
     let (sent1, gold) = ("A man is kneeling on a frozen lake.", "drills a hole.");
-    let f = features(generic, prompt, (sent1, "He"), gold, &pool.endings, true).unwrap();
-    let g = features(kernels, prompt, (sent1, "He"), gold, &plain, true).unwrap();
+    let f = features(generic, prompt, prompt, (sent1, "He"), gold, &pool.endings, true).unwrap();
+    let g = features(kernels, prompt, prompt, (sent1, "He"), gold, &plain, true).unwrap();
     assert!((f.ctx_logprob - g.ctx_logprob).abs() < 1e-4);
     for (x, y) in std::iter::once((&f.gold, &g.gold)).chain(f.endings.iter().zip(&g.endings)) {
         assert!((x.lp_cond - y.lp_cond).abs() < 1e-3, "{x:?} vs {y:?}");
