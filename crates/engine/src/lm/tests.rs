@@ -545,7 +545,16 @@ fn generic_engine_matches(kernels: &LocalLm, generic: &LocalLm) {
     assert!(!pool.endings.is_empty());
     let plain: Vec<_> = pool.endings.iter().map(text_only).collect();
     let (sent1, gold) = ("A man is kneeling on a frozen lake.", "drills a hole.");
-    let f = features(generic, prompt, prompt, (sent1, "He"), gold, &pool.endings, true).unwrap();
+    let f = features(
+        generic,
+        prompt,
+        prompt,
+        (sent1, "He"),
+        gold,
+        &pool.endings,
+        true,
+    )
+    .unwrap();
     let g = features(kernels, prompt, prompt, (sent1, "He"), gold, &plain, true).unwrap();
     assert!((f.ctx_logprob - g.ctx_logprob).abs() < 1e-4);
     for (x, y) in std::iter::once((&f.gold, &g.gold)).chain(f.endings.iter().zip(&g.endings)) {
