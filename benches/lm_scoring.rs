@@ -78,7 +78,7 @@ fn bench(name: &str, lm: &LocalLm) {
                     tokens: None,
                 })
                 .collect();
-            features(lm, prompt, ("", ""), gold, &others, true).unwrap();
+            features(lm, prompt, prompt, ("", ""), gold, &others, true).unwrap();
         }
     };
     run();

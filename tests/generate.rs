@@ -668,18 +668,22 @@ fn smollm2_found_ending_is_likelier_after_its_own_context() {
         // sent2 = the first word of the second sentence; the ending is the rest.
         let (sent2, ending) = second.split_once(' ').unwrap();
         let other = &pairs[(i + 7) % pairs.len()].0;
+        let real_prompt = format!("{sent1} {sent2}");
         let real = features(
             lm,
-            &format!("{sent1} {sent2}"),
+            &real_prompt,
+            &real_prompt,
             (sent1, sent2),
             ending,
             &[],
             true,
         )
         .unwrap();
+        let fake_prompt = format!("{other} {sent2}");
         let fake = features(
             lm,
-            &format!("{other} {sent2}"),
+            &fake_prompt,
+            &fake_prompt,
             (other, sent2),
             ending,
             &[],
@@ -988,16 +992,11 @@ fn smollm2_generic_engine_samples_valid_endings_and_scores_like_the_cpu_kernels(
                 tokens: None,
             })
             .collect();
-        let f = features(
-            &generic,
-            &request.prompt,
-            (sent1, sent2),
-            gold,
-            &ours.endings,
-            true,
-        )
-        .unwrap();
-        let g = features(kernels, &request.prompt, (sent1, sent2), gold, &plain, true).unwrap();
+        let prompt = request.prompt.as_str();
+        let scored = |lm: &LocalLm, endings: &[SampledEnding]| {
+            features(lm, prompt, prompt, (sent1, sent2), gold, endings, true).unwrap()
+        };
+        let (f, g) = (scored(&generic, &ours.endings), scored(kernels, &plain));
         assert!((f.ctx_logprob - g.ctx_logprob).abs() < 1e-3);
         assert_eq!(
             (f.n_tok_sent1, f.n_tok_sent2),
