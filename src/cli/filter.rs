@@ -254,20 +254,30 @@ impl FilterArgs {
 
     /// `--ensemble-iterations`, whose default is larger when the fine-tuned adversary joins.
     fn ensemble_iterations(&self) -> usize {
-        self.ensemble_iterations
-            .unwrap_or(if self.discriminator().is_some() {
-                ADVERSARY_ENSEMBLE_ITERATIONS
-            } else {
-                DEFAULTS.ensemble_iterations
-            })
+        self.given_or_by_adversary(
+            self.ensemble_iterations,
+            ADVERSARY_ENSEMBLE_ITERATIONS,
+            DEFAULTS.ensemble_iterations,
+        )
     }
 
     /// `--folds`, whose default is smaller when the fine-tuned adversary joins.
     fn folds(&self) -> usize {
-        self.folds.unwrap_or(if self.discriminator().is_some() {
-            ADVERSARY_FOLDS
+        self.given_or_by_adversary(self.folds, ADVERSARY_FOLDS, DEFAULTS.folds)
+    }
+
+    /// The value the user gave, else the default for a run with the fine-tuned adversary or
+    /// the one for a run without it.
+    fn given_or_by_adversary(
+        &self,
+        given: Option<usize>,
+        with_adversary: usize,
+        without: usize,
+    ) -> usize {
+        given.unwrap_or(if self.discriminator().is_some() {
+            with_adversary
         } else {
-            DEFAULTS.folds
+            without
         })
     }
 
