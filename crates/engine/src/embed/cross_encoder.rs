@@ -20,10 +20,13 @@
 //! affordable on a CPU; [`Shape`]'s default is the measured compromise (training fewer layers
 //! loses accuracy).
 //!
+//! Where the CPU multiplies bf16 faster than f32 (AMX tiles, AVX512-BF16) and afkit's kernels
+//! are in use, the trained layers' linear products, forward and backward, run in bf16 with f32
+//! sums (mixed precision); elsewhere in f32 with candle's matmul.
+//!
 //! Scoring needs no gradients: on afkit's CPU kernels it runs the current weights packed, over
 //! ragged batches (`bert::Packed`), its products in bf16 where the CPU multiplies bf16 faster
-//! than f32 (AMX tiles, AVX512-BF16) and in f32 elsewhere; the generic engine scores with the
-//! candle forward.
+//! than f32 and in f32 elsewhere; the generic engine scores with the candle forward.
 //!
 //! [`CrossEncoder::train`] continues from the model's current weights, so one model can be
 //! trained again on new questions (a warm start) as often as a caller needs.
@@ -46,7 +49,7 @@ use super::bert::packed::{Packed, Spans};
 use super::bert::tensors::Tensors;
 use super::bert::Bert;
 use crate::device::Compute;
-use crate::lm::linear::fast_precision;
+use crate::lm::linear::{fast_bf16_kernel, fast_precision, Kernel};
 use crate::seed::{Key, Seed};
 
 /// One multiple-choice question: a context and its options (every question of one call has
@@ -139,6 +142,10 @@ pub struct CrossEncoder {
     /// Scoring and the frozen layers run the packed forward (afkit's CPU kernels) instead of
     /// candle's.
     packed_scoring: bool,
+    /// The kernel the trained layers' linear products run on in training, in bf16: where
+    /// afkit's kernels are used and the CPU multiplies bf16 faster than f32. `None`: candle's
+    /// f32 matmul.
+    bf16_training: Option<Kernel>,
 }
 
 /// The word pieces that frame a pair.
@@ -222,6 +229,7 @@ impl CrossEncoder {
             special,
             device: device.clone(),
             packed_scoring: compute.cpu_kernels,
+            bf16_training: fast_bf16_kernel().filter(|_| compute.cpu_kernels),
         })
     }
 
@@ -260,7 +268,8 @@ impl CrossEncoder {
             let mut losses = 0f32;
             for batch in order.chunks(config.batch) {
                 crate::interrupt::check()?;
-                let (grads, loss) = self.batch_gradients(&states, batch, gold, options)?;
+                let run = self.training_run()?;
+                let (grads, loss) = self.batch_gradients(&run, &states, batch, gold, options)?;
                 optimiser.set_learning_rate(learning_rate(config, step, warmup, total));
                 optimiser.step(&grads)?;
                 losses += loss;
@@ -279,6 +288,17 @@ impl CrossEncoder {
         })
     }
 
+    /// How the trained layers run for the next step: their linear products in bf16 on
+    /// [`Self::bf16_training`]'s kernel, the weights packed as they are now, or in f32.
+    fn training_run(&self) -> Result<Tensors> {
+        match self.bf16_training {
+            Some(kernel) => {
+                Tensors::differentiable_bf16(&self.bert.layers[self.shape.frozen_layers..], kernel)
+            }
+            None => Ok(Tensors::DIFFERENTIABLE),
+        }
+    }
+
     /// The gradients of the mean cross-entropy over the `batch` of questions, and that loss.
     /// Where candle runs its elementwise ops on the calling thread
     /// ([`crate::runtime::use_one_candle_thread`], as `filter` and `audit` set it), the batch runs
@@ -287,18 +307,20 @@ impl CrossEncoder {
     /// the cores, and the pool takes one caller at a time.
     fn batch_gradients(
         &self,
+        run: &Tensors,
         states: &[Tensor],
         batch: &[usize],
         gold: &[usize],
         options: usize,
     ) -> Result<(GradStore, f32)> {
         let in_halves = candle_core::utils::barrier_pool().n_workers() == 0;
-        self.gradients(states, batch, gold, options, in_halves)
+        self.gradients(run, states, batch, gold, options, in_halves)
     }
 
     /// [`Self::batch_gradients`], the batch in two halves on rayon's threads or in one piece.
     fn gradients(
         &self,
+        run: &Tensors,
         states: &[Tensor],
         batch: &[usize],
         gold: &[usize],
@@ -310,7 +332,7 @@ impl CrossEncoder {
                 .iter()
                 .flat_map(|&q| q * options..(q + 1) * options)
                 .collect();
-            let scores = self.upper_scores(states, &rows, options)?;
+            let scores = self.upper_scores(run, states, &rows, options)?;
             let targets: Vec<u32> = questions.iter().map(|&q| gold[q] as u32).collect();
             let targets = Tensor::new(targets, &self.device)?;
             let share = questions.len() as f64 / batch.len() as f64;
@@ -385,7 +407,9 @@ impl CrossEncoder {
                 crate::interrupt::check()?;
                 let batch_pairs: Vec<&Pair> = batch.iter().map(|&r| &pairs[r]).collect();
                 let (hidden, mask) = self.lower(&batch_pairs)?;
-                Ok(self.upper(&hidden, &mask)?.to_vec1::<f32>()?)
+                Ok(self
+                    .upper(&Tensors::DIFFERENTIABLE, &hidden, &mask)?
+                    .to_vec1::<f32>()?)
             })
             .collect::<Result<_>>()?;
         let mut flat = vec![0f32; pairs.len()];
@@ -528,7 +552,13 @@ impl CrossEncoder {
     /// trained layers and the head, differentiable. The rows run in groups of similar lengths,
     /// each padded to its own longest (a batch of random questions padded to its longest is a
     /// third padding), and their scores are put back in row order.
-    fn upper_scores(&self, states: &[Tensor], rows: &[usize], options: usize) -> Result<Tensor> {
+    fn upper_scores(
+        &self,
+        run: &Tensors,
+        states: &[Tensor],
+        rows: &[usize],
+        options: usize,
+    ) -> Result<Tensor> {
         let length = |i: usize| states[rows[i]].dims()[0];
         let mut by_length: Vec<usize> = (0..rows.len()).collect();
         by_length.sort_by_key(|&i| length(i));
@@ -536,7 +566,7 @@ impl CrossEncoder {
             .chunks(TRAIN_GROUP_ROWS)
             .map(|group| {
                 let own: Vec<usize> = group.iter().map(|&i| rows[i]).collect();
-                self.padded_scores(states, &own)
+                self.padded_scores(run, states, &own)
             })
             .collect::<Result<Vec<_>>>()?;
         let mut place = vec![0u32; rows.len()];
@@ -551,7 +581,7 @@ impl CrossEncoder {
     }
 
     /// One score per given row of `states`, the rows padded to the longest of them.
-    fn padded_scores(&self, states: &[Tensor], rows: &[usize]) -> Result<Tensor> {
+    fn padded_scores(&self, run: &Tensors, states: &[Tensor], rows: &[usize]) -> Result<Tensor> {
         let lengths: Vec<usize> = rows
             .iter()
             .map(|&r| states[r].dim(0))
@@ -572,14 +602,14 @@ impl CrossEncoder {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let hidden = Tensor::stack(&padded, 0)?;
         let mask = self.attention_mask(&lengths, longest)?;
-        self.upper(&hidden, &mask)
+        self.upper(run, &hidden, &mask)
     }
 
     /// The trained layers, mean pooling over the real tokens and the head: one score per row.
-    fn upper(&self, hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    fn upper(&self, run: &Tensors, hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let (b, t, width) = hidden.dims3()?;
         let x = self.bert.encode(
-            &Tensors::DIFFERENTIABLE,
+            run,
             self.shape.frozen_layers..self.bert.layers.len(),
             hidden.reshape((b * t, width))?,
             mask,
@@ -986,13 +1016,14 @@ mod tests {
         let pairs = model.pairs(&questions).unwrap();
         let states = model.frozen_states(&pairs, &mut |_| {}).unwrap();
         let rows: Vec<usize> = (0..pairs.len()).rev().collect();
+        let run = model.training_run().unwrap();
         let grouped: Vec<Vec<f32>> = model
-            .upper_scores(&states, &rows, 4)
+            .upper_scores(&run, &states, &rows, 4)
             .unwrap()
             .to_vec2()
             .unwrap();
         let together: Vec<f32> = model
-            .padded_scores(&states, &rows)
+            .padded_scores(&run, &states, &rows)
             .unwrap()
             .to_vec1()
             .unwrap();
@@ -1098,8 +1129,10 @@ mod tests {
         let pairs = model.pairs(&questions).unwrap();
         let states = model.frozen_states(&pairs, &mut |_| {}).unwrap();
         let batch: Vec<usize> = vec![6, 0, 3, 5, 1, 2, 4];
-        let (whole, whole_loss) = model.gradients(&states, &batch, &gold, 4, false).unwrap();
-        let (halves, halves_loss) = model.gradients(&states, &batch, &gold, 4, true).unwrap();
+        let run = model.training_run().unwrap();
+        let gradients = |in_halves| model.gradients(&run, &states, &batch, &gold, 4, in_halves);
+        let (whole, whole_loss) = gradients(false).unwrap();
+        let (halves, halves_loss) = gradients(true).unwrap();
         assert!(
             (whole_loss - halves_loss).abs() < 1e-5,
             "{whole_loss} vs {halves_loss}"

@@ -347,7 +347,7 @@ impl PackedMatrix {
     }
 
     /// Packs the matrix whose `k` rows of `n` values lie end to end in `w`.
-    fn pack_rows(w: &[f32], k: usize, n: usize, kernel: Kernel) -> Result<Self> {
+    pub(crate) fn pack_rows(w: &[f32], k: usize, n: usize, kernel: Kernel) -> Result<Self> {
         if !Kernel::supported().contains(&kernel) {
             bail!("this CPU cannot run the {kernel:?} kernel");
         }

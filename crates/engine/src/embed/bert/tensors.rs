@@ -4,35 +4,88 @@
 //! pass, so no gradient reaches the layers under the last norm. [`Tensors::DIFFERENTIABLE`]
 //! runs the layer norm, the softmax and GELU as ops that pass gradients back: on the CPU
 //! afkit's fused ones with their own backward pass (`differentiable`), on other devices built
-//! from candle's elementary ops. [`Tensors::FUSED`] uses candle's fused ones, without a
-//! backward pass, for layers that are not trained.
+//! from candle's elementary ops; [`Tensors::differentiable_bf16`] also runs the linear layers'
+//! products, forward and backward, in bf16 on afkit's kernels. [`Tensors::FUSED`] uses
+//! candle's fused ones, without a backward pass, for layers that are not trained.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::Result;
-use candle_core::{Tensor, Var, D};
+use candle_core::{Tensor, TensorId, Var, D};
 
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
-use super::differentiable;
+use super::differentiable::{self, PackedDense};
 use super::{check_supported, Attention, Bert, Dense, Embeddings, Layer, Norm, Run};
+use crate::lm::linear::Kernel;
 
 /// Runs BERT's layers with candle ops. Hidden states are (batch · tokens) × width, the rows of
 /// each text padded to the batch's longest; a batch is its additive attention mask
 /// (batch × 1 × 1 × tokens: 0 on a text's tokens, a large negative number on its padding).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Tensors {
     differentiable: bool,
+    /// The linear layers whose products run in bf16 (on CPU tensors), by their weight's id:
+    /// candle's f32 matmul for the others.
+    bf16_products: Option<Arc<HashMap<TensorId, Arc<PackedDense>>>>,
+}
+
+impl std::fmt::Debug for Tensors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensors")
+            .field("differentiable", &self.differentiable)
+            .field("bf16_layers", &self.bf16_products.as_ref().map(|m| m.len()))
+            .finish()
+    }
 }
 
 impl Tensors {
     /// candle's fused layer norm and softmax: gradients stop at them.
     pub(crate) const FUSED: Tensors = Tensors {
         differentiable: false,
+        bf16_products: None,
     };
-    /// Layer norm and softmax from ops that pass gradients back.
+    /// Layer norm and softmax from ops that pass gradients back; the linear products in f32
+    /// with candle's matmul.
     pub(crate) const DIFFERENTIABLE: Tensors = Tensors {
         differentiable: true,
+        bf16_products: None,
     };
+
+    /// [`Self::DIFFERENTIABLE`] with the products of `layers`' linear layers in bf16 on
+    /// `kernel` (a bf16 kernel of this CPU), their weights packed as they are now: made again
+    /// whenever the weights change.
+    pub(crate) fn differentiable_bf16<'a>(
+        layers: impl IntoIterator<Item = &'a Layer<Tensors>>,
+        kernel: Kernel,
+    ) -> Result<Tensors> {
+        let mut packed = HashMap::new();
+        for layer in layers {
+            for dense in layer.dense_layers() {
+                let weights = Arc::new(PackedDense::new(&dense.weight, kernel)?);
+                packed.insert(dense.weight.id(), weights);
+            }
+        }
+        Ok(Tensors {
+            differentiable: true,
+            bf16_products: Some(Arc::new(packed)),
+        })
+    }
+
+    fn dense(&self, dense: &Dense, x: &Tensor) -> Result<Tensor> {
+        let packed = self.bf16_products.as_ref();
+        match packed.and_then(|p| p.get(&dense.weight.id())) {
+            Some(packed) if x.device().is_cpu() => Ok(differentiable::dense_bf16(
+                &x.contiguous()?,
+                &dense.weight,
+                &dense.bias,
+                packed.clone(),
+            )?),
+            _ => dense.forward(x),
+        }
+    }
 
     fn norm(&self, norm: &Norm, x: &Tensor) -> Result<Tensor> {
         match (self.differentiable, x.device().is_cpu()) {
@@ -70,7 +123,8 @@ impl Run for Tensors {
         let heads = attention.heads;
         let head = width / heads;
         let split = |d: &Dense| -> Result<Tensor> {
-            Ok(d.forward(x)?
+            Ok(self
+                .dense(d, x)?
                 .reshape((b, t, heads, head))?
                 .transpose(1, 2)?
                 .contiguous()?)
@@ -97,11 +151,11 @@ impl Run for Tensors {
         residual: &Tensor,
         _: &Tensor,
     ) -> Result<Tensor> {
-        self.norm(norm, &(dense.forward(x)? + residual)?)
+        self.norm(norm, &(self.dense(dense, x)? + residual)?)
     }
 
     fn gelu(&self, dense: &Dense, x: &Tensor, _: &Tensor) -> Result<Tensor> {
-        let x = dense.forward(x)?;
+        let x = self.dense(dense, x)?;
         Ok(match self.differentiable && x.device().is_cpu() {
             true => differentiable::gelu_erf(&x.contiguous()?)?,
             false => x.gelu_erf()?,
@@ -155,6 +209,19 @@ impl Norm {
 }
 
 impl Layer<Tensors> {
+    /// The layer's six linear layers.
+    fn dense_layers(&self) -> [&Dense; 6] {
+        let a = &self.attention;
+        [
+            &a.query,
+            &a.key,
+            &a.value,
+            &self.attention_output,
+            &self.intermediate,
+            &self.output,
+        ]
+    }
+
     /// Makes every weight of the layer a variable that an optimiser can change, and returns
     /// them.
     pub(crate) fn make_trainable(&mut self) -> Result<Vec<Var>> {
