@@ -386,6 +386,11 @@ impl PackedMatrix {
         })
     }
 
+    /// The kernel the matrix is packed for.
+    pub(crate) fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
     /// `x · W` for `x` (rows × k, row-major); returns rows × n.
     pub fn apply(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         let (k, n) = (self.k, self.n);

@@ -50,7 +50,6 @@ pub(crate) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
 pub(crate) struct PackedDense {
     transposed: PackedMatrix,
     plain: PackedMatrix,
-    kernel: Kernel,
 }
 
 impl PackedDense {
@@ -65,7 +64,6 @@ impl PackedDense {
                 kernel,
             )?,
             plain: packed(&values, outputs, inputs, kernel)?,
-            kernel,
         })
     }
 }
@@ -297,13 +295,17 @@ struct DenseBf16 {
 
 /// The row-major `k` × `n` matrix `m` packed for `kernel`.
 fn packed(m: &[f32], k: usize, n: usize, kernel: Kernel) -> Result<PackedMatrix> {
-    PackedMatrix::pack_rows(m, k, n, kernel).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
+    PackedMatrix::pack_rows(m, k, n, kernel).map_err(candle_error)
 }
 
 /// `a · m` for `a` (rows × m's k, row-major).
 fn product(m: &PackedMatrix, a: &[f32], rows: usize) -> Result<Vec<f32>> {
-    m.apply(a, rows)
-        .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
+    m.apply(a, rows).map_err(candle_error)
+}
+
+/// An error of afkit's kernels as a candle op returns it.
+fn candle_error(e: anyhow::Error) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{e:#}"))
 }
 
 /// Sides of the square tiles [`transposed`] copies: a tile's rows and columns stay in cache.
@@ -361,7 +363,7 @@ impl CustomOp3 for DenseBf16 {
         let ((rows, inputs), outputs) = (x.dims2()?, w.dim(0)?);
         let (xs, dys) = (flat(x)?, flat(dy)?);
         let dx = product(&self.packed.plain, &dys, rows)?;
-        let packed_x = packed(&xs, rows, inputs, self.packed.kernel)?;
+        let packed_x = packed(&xs, rows, inputs, self.packed.plain.kernel())?;
         let dw = product(&packed_x, &transposed(&dys, rows, outputs), outputs)?;
         let mut db = vec![0f32; outputs];
         for row in dys.chunks_exact(outputs) {
