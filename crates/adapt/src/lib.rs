@@ -19,7 +19,7 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use afkit_engine::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, StepReport};
+use afkit_engine::lm::adapt::{pack_sequences, AdaptModel, AdapterSettings, Products, StepReport};
 use afkit_engine::models::{hex, sha256_file};
 use afkit_engine::seed::Key;
 use afkit_store::adapters::AdapterRecord;
@@ -109,7 +109,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         observer.note("every fold of this adapter set is trained already");
     } else {
         observer.note(&format!("loading {}", config.model.display()));
-        let (mut model, tokenizer) = AdaptModel::load(&config.model, s.lora)?;
+        let (mut model, tokenizer) = AdaptModel::load(&config.model, s.lora, Products::fastest())?;
         let lines = fold_lines(store, &s)?;
         let sequences: Vec<Vec<Vec<u32>>> = lines
             .iter()

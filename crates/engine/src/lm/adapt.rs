@@ -16,7 +16,9 @@
 //! ([`super::block`]) run the pass: the adapter enters as a low-rank addition to the adapted
 //! projections, and while training the block's steps are candle compositions that have
 //! gradients ([`Pass::Train`]); where no gradient flows (the frozen layers, evaluation),
-//! candle's fused kernels.
+//! candle's fused kernels. The weight products, most of the time, run in bf16 on afkit's kernels
+//! where the CPU multiplies bf16 faster than f32 ([`Products::fastest`]): the base matrices never
+//! change, so each is packed once, both ways round for the gradient's way back.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -35,6 +37,7 @@ use super::adapter::{Adapter, BaseModel};
 use super::block::{Lora, LoraPair};
 use super::config::LlamaConfig;
 use super::family::Arch;
+use super::linear::{fast_bf16_kernel, Kernel, Linear, PackedMatrix};
 use super::llama::Llama;
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
@@ -43,6 +46,25 @@ use crate::models::{DefaultModel, SMOLLM2_HUB_ID};
 use crate::seed::Seed;
 
 pub(crate) use super::tensor_ops::Pass;
+
+/// A weight matrix of the model as loaded (candle's f32) in bf16 for `kernel`: packed for the
+/// forward pass alone in the frozen blocks (below `first`), which only ever run once over the
+/// corpus without gradients; packed both ways round, to pass gradients back, in the adapted
+/// blocks and the output head.
+fn bf16_form(
+    layer: Option<usize>,
+    first: usize,
+    linear: &Linear,
+    kernel: Kernel,
+) -> Result<Linear> {
+    let Linear::Dense(w) = linear else {
+        bail!("the model to adapt is loaded with candle's weights");
+    };
+    match layer {
+        Some(layer) if layer < first => Ok(Linear::Packed(PackedMatrix::pack(w, kernel)?)),
+        _ => Linear::frozen_bf16(w, kernel),
+    }
+}
 
 /// Sequences per matrix product in the frozen layers' single pass.
 const FROZEN_BATCH: usize = 8;
@@ -66,6 +88,25 @@ pub struct LoraShape {
     pub alpha: f32,
     /// The top this many blocks are adapted; the others stay frozen.
     pub top_layers: usize,
+}
+
+/// The arithmetic of the model's weight products while it is adapted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    /// f32, candle's matmul.
+    F32,
+    /// bf16 operands and f32 sums on afkit's `Kernel` (a bf16 kernel of this CPU), forward and
+    /// backward: the base matrices and the output head packed once, since only the adapter
+    /// trains.
+    Bf16(Kernel),
+}
+
+impl Products {
+    /// bf16 where this CPU multiplies bf16 faster than f32 (AVX512-BF16 or AMX, as
+    /// `AFKIT_SIMD` allows), else f32: the rule the language models' other passes follow.
+    pub fn fastest() -> Self {
+        fast_bf16_kernel().map_or(Products::F32, Products::Bf16)
+    }
 }
 
 /// How an adapter is trained.
@@ -126,8 +167,13 @@ pub struct TrainReport {
 }
 
 impl AdaptModel {
-    /// Reads a llama-family GGUF file, to adapt its top `shape.top_layers` blocks.
-    pub fn load(path: &Path, shape: LoraShape) -> Result<(Self, GgufTokenizer)> {
+    /// Reads a llama-family GGUF file, to adapt its top `shape.top_layers` blocks with
+    /// `products`.
+    pub fn load(
+        path: &Path,
+        shape: LoraShape,
+        products: Products,
+    ) -> Result<(Self, GgufTokenizer)> {
         let (content, tokenizer, mut file) = read_header(path)?;
         let cfg = LlamaConfig::from_gguf(&content)
             .with_context(|| format!("{} is not a usable llama model", path.display()))?;
@@ -150,9 +196,13 @@ impl AdaptModel {
             cpu_kernels: false,
             ..Compute::cpu()
         };
-        let llama = Llama::from_gguf(&content, &mut file, path, &compute, None)?;
+        let mut llama = Llama::from_gguf(&content, &mut file, path, &compute, None)?;
+        let first = cfg.n_layer - shape.top_layers;
+        if let Products::Bf16(kernel) = products {
+            llama.convert_linears(|layer, linear| bf16_form(layer, first, linear, kernel))?;
+        }
         let lora = Lora {
-            first: cfg.n_layer - shape.top_layers,
+            first,
             blocks: Vec::new(),
             scale: shape.alpha / shape.rank as f32,
         };
@@ -535,7 +585,7 @@ mod tests {
     fn training_lowers_the_loss_and_the_merged_model_scores_as_the_trained_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = tiny_model(dir.path());
-        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE).unwrap();
+        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE, Products::F32).unwrap();
         let lines: Vec<String> = (0..40)
             .map(|i| format!("the man throws the ball {}.", ["far", "high"][i % 2]))
             .collect();
@@ -594,7 +644,7 @@ mod tests {
     fn a_fresh_adapter_leaves_the_model_unchanged_and_the_seed_fixes_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = tiny_model(dir.path());
-        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE).unwrap();
+        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE, Products::F32).unwrap();
         let seqs = pack_sequences(&tokenizer, &["a dog runs on the grass.".into()], 8).unwrap();
         let states = model.frozen_states(&seqs).unwrap();
         let (base, adapted) = model.evaluate(&seqs, &states, 1).unwrap();
@@ -622,5 +672,50 @@ mod tests {
             .unwrap();
         assert_ne!(a0, other);
         assert_eq!(model.adapter().updates.len(), 2 * ADAPTED.len());
+    }
+
+    /// With every weight product in bf16 (the frozen blocks', the adapted ones' forward and
+    /// backward, the output head's) an adapter trains as it does in f32, up to rounding.
+    #[test]
+    fn bf16_products_train_the_adapter_as_f32_does_up_to_rounding() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = tiny_model(dir.path());
+        let lines: Vec<String> = (0..40)
+            .map(|i| format!("the woman kicks the ball {}.", ["low", "hard"][i % 2]))
+            .collect();
+        let settings = TrainSettings {
+            epochs: 6,
+            learning_rate: 1e-2,
+            batch: 4,
+            seq_len: 24,
+            seed: Seed::new(4),
+        };
+        let train = |products| {
+            let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE, products).unwrap();
+            let seqs = pack_sequences(&tokenizer, &lines, 24).unwrap();
+            let states = model.frozen_states(&seqs).unwrap();
+            let (refs, state_refs): (Vec<_>, Vec<_>) = seqs.iter().zip(&states).unzip();
+            let training = (refs.as_slice(), state_refs.as_slice());
+            let heldout = (seqs.as_slice(), states.as_slice());
+            model
+                .train(Seed::default(), training, heldout, &settings, &mut |_| {})
+                .unwrap()
+        };
+        let f32 = train(Products::F32);
+        let near = |a: f64, b: f64, tolerance: f64| (a - b).abs() <= tolerance * b.abs();
+        for kernel in crate::lm::linear::trainable::tests::bf16_kernels() {
+            let bf16 = train(Products::Bf16(kernel));
+            let why = format!("{kernel:?}: {bf16:?} against f32's {f32:?}");
+            assert_ne!(bf16.first_loss, f32.first_loss, "{why}");
+            let first = (f64::from(bf16.first_loss), f64::from(f32.first_loss));
+            assert!(near(first.0, first.1, 5e-3), "{why}");
+            assert!(
+                near(bf16.heldout_loss_base, f32.heldout_loss_base, 5e-3),
+                "{why}"
+            );
+            let adapted = (bf16.heldout_loss_adapted, f32.heldout_loss_adapted);
+            assert!(near(adapted.0, adapted.1, 0.05), "{why}");
+            assert!(adapted.0 < bf16.heldout_loss_base - 0.5, "{why}");
+        }
     }
 }

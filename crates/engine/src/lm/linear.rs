@@ -29,6 +29,9 @@
 mod amx;
 mod bf16;
 mod tasks;
+pub(crate) mod trainable;
+
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
@@ -39,6 +42,7 @@ use crate::simd::SimdLevel;
 pub(crate) use bf16::round_to_bf16;
 use bf16::{bf16_as_f32, bf16_bits, bf16_word};
 use tasks::{plan_tasks, OutPtr, NR};
+use trainable::PackedDense;
 
 /// A weight matrix (in × out) applied to activation rows.
 pub(crate) enum Linear {
@@ -49,6 +53,10 @@ pub(crate) enum Linear {
     DenseBf16(Tensor),
     /// Panels for afkit's micro-kernels.
     Packed(PackedMatrix),
+    /// A fixed matrix in bf16 on afkit's kernels, packed both ways round so that
+    /// [`Linear::forward`] passes gradients back to its input: the base matrices and the output
+    /// head of a model whose LoRA adapter trains.
+    Frozen(Arc<PackedDense>),
 }
 
 impl Linear {
@@ -107,10 +115,22 @@ impl Linear {
         }
     }
 
+    /// `w` (in × out) in bf16 for `kernel` (a bf16 kernel of this CPU), as [`Linear::Frozen`].
+    pub(crate) fn frozen_bf16(w: &Tensor, kernel: Kernel) -> Result<Self> {
+        Ok(Linear::Frozen(Arc::new(PackedDense::new(&w.t()?, kernel)?)))
+    }
+
+    /// Whether [`Linear::forward`] passes gradients back to `x` (candle's matmul and the
+    /// frozen bf16 op do; the packed forms compute plain rows).
+    pub(crate) fn passes_gradients(&self) -> bool {
+        matches!(self, Linear::Dense(_) | Linear::Frozen(_))
+    }
+
     /// `x · W` for `x` (rows × in).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?),
+            Linear::Frozen(p) => Ok(trainable::frozen_bf16(x, p.clone())?),
             Linear::DenseBf16(_) | Linear::Packed(_) => {
                 let n = self.outputs()?;
                 let out = self.forward_rows(x)?;
@@ -129,6 +149,7 @@ impl Linear {
                 dense_apply(w, &x, rows)
             }
             Linear::Packed(p) => p.apply(x, rows),
+            Linear::Frozen(p) => p.apply(x, rows),
         }
     }
 
@@ -137,6 +158,7 @@ impl Linear {
         match self {
             Linear::Dense(w) | Linear::DenseBf16(w) => Ok(w.dim(1)?),
             Linear::Packed(p) => Ok(p.n),
+            Linear::Frozen(p) => Ok(p.outputs()),
         }
     }
 
@@ -145,7 +167,7 @@ impl Linear {
     pub(crate) fn forward_rows(&self, x: &Tensor) -> Result<Vec<f32>> {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?.flatten_all()?.to_vec1()?),
-            Linear::DenseBf16(_) | Linear::Packed(_) => {
+            Linear::DenseBf16(_) | Linear::Packed(_) | Linear::Frozen(_) => {
                 self.apply(&x.flatten_all()?.to_vec1::<f32>()?, x.dim(0)?)
             }
         }
@@ -1016,6 +1038,11 @@ mod tests {
             Linear::fastest(w.clone(), &Compute::cpu()).unwrap(),
         ];
         paths.extend(packed);
+        let frozen = Kernel::supported()
+            .into_iter()
+            .filter(|kernel| kernel.precision() != Precision::F32)
+            .map(|kernel| Linear::frozen_bf16(&w, kernel).unwrap());
+        paths.extend(frozen);
         for linear in paths {
             let got: Vec<f32> = linear
                 .forward(&x)
@@ -1029,6 +1056,7 @@ mod tests {
                 Linear::Dense(_) => false,
                 Linear::DenseBf16(_) => true,
                 Linear::Packed(p) => p.kernel.precision() != Precision::F32,
+                Linear::Frozen(_) => true,
             };
             let want = if is_bf16 { &bf16_product } else { &f32_product };
             for (((g, e), f), m) in got.iter().zip(want).zip(&f32_product).zip(&magnitudes) {

@@ -128,6 +128,28 @@ impl Llama {
         })
     }
 
+    /// Replaces each weight matrix with `convert`'s form of it, given the block's layer (`None`
+    /// for the output head) and the matrix as it is.
+    pub(crate) fn convert_linears(
+        &mut self,
+        mut convert: impl FnMut(Option<usize>, &Linear) -> Result<Linear>,
+    ) -> Result<()> {
+        self.head = convert(None, &self.head)?;
+        for block in &mut self.blocks {
+            let layer = block.layer;
+            let projections = [
+                &mut block.wqkv,
+                &mut block.wo,
+                &mut block.w_gate_up,
+                &mut block.w_down,
+            ];
+            for projection in projections {
+                projection.w = convert(Some(layer), &projection.w)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether afkit's CPU kernels run the model (else the generic engine, on any device).
     pub(crate) fn cpu_kernels(&self) -> bool {
         self.cpu_kernels

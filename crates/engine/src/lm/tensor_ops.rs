@@ -12,7 +12,6 @@ use super::block::{Block, Kernels, Lora, Projection, Rope, Vector};
 use super::cache::{Prefix, RowCache};
 use super::config::LlamaConfig;
 use super::family::{Activation, RopeLayout};
-use super::linear::Linear;
 use super::packed::gated_plain;
 
 /// Which ops a forward pass runs: compositions with gradients while training, candle's fused
@@ -88,34 +87,31 @@ impl TensorKernels<'_> {
         self.prefix.map_or(0, |p| p.len) + self.cache.as_ref().map_or(0, |c| c.len)
     }
 
-    /// Part `part` of `w` (its columns) over `x`, with its LoRA update when that matrix is
-    /// adapted. Each matrix multiplies on its own, as LoRA's updates are per matrix: the
-    /// products, and the gradients that flow back through them, are those of separate matrices.
-    fn adapted_part(
-        &self,
-        x: &Tensor,
-        w: &Projection,
-        layer: usize,
-        part: usize,
-    ) -> Result<Tensor> {
-        let Linear::Dense(dense) = &w.w else {
-            bail!("LoRA training runs on the generic engine");
-        };
-        let at: usize = w.parts[..part].iter().map(|(_, n)| n).sum();
-        let (name, width) = w.parts[part];
-        let y = x.matmul(&dense.narrow(1, at, width)?)?;
-        match self
-            .lora
-            .and_then(|l| Some((l.pair(layer, name)?, l.scale)))
-        {
-            None => Ok(y),
-            Some((p, scale)) => {
-                let low = x
-                    .matmul(&p.a.as_tensor().t()?)?
-                    .matmul(&p.b.as_tensor().t()?)?;
-                Ok((y + (low * f64::from(scale))?)?)
-            }
+    /// Each part of `w` (its columns) over `x`, with its LoRA update where that matrix is
+    /// adapted: the update is per matrix, `scale · x·Aᵀ·Bᵀ` added to the part's columns, while
+    /// the base product runs once for all parts. While training, its gradient must flow back
+    /// to `x`, so `w` must be in a form that passes gradients.
+    fn adapted_parts(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Vec<Tensor>> {
+        if self.pass == Pass::Train && !w.w.passes_gradients() {
+            bail!("LoRA training needs weight products that pass gradients back");
         }
+        let whole = w.w.forward(x)?;
+        let parts = split_columns(&whole, w.parts.iter().map(|(_, n)| *n))?;
+        let adapted = parts.into_iter().zip(&w.parts).map(|(y, (name, _))| {
+            match self
+                .lora
+                .and_then(|l| Some((l.pair(layer, name)?, l.scale)))
+            {
+                None => Ok(y),
+                Some((p, scale)) => {
+                    let low = x
+                        .matmul(&p.a.as_tensor().t()?)?
+                        .matmul(&p.b.as_tensor().t()?)?;
+                    Ok((y + (low * f64::from(scale))?)?)
+                }
+            }
+        });
+        adapted.collect()
     }
 
     /// Keys and values of the block at `layer` after those of the rows' own cache, which keeps
@@ -148,15 +144,14 @@ impl Kernels for TensorKernels<'_> {
 
     fn linear(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Tensor> {
         match self.lora {
-            Some(_) => self.adapted_part(x, w, layer, 0),
+            Some(_) => Ok(self.adapted_parts(x, w, layer)?.remove(0)),
             None => w.w.forward(x),
         }
     }
 
     fn project(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Parts> {
         if self.lora.is_some() {
-            let parts = (0..w.parts.len()).map(|i| self.adapted_part(x, w, layer, i));
-            let parts = parts.collect::<Result<_>>()?;
+            let parts = self.adapted_parts(x, w, layer)?;
             return Ok(Parts { whole: None, parts });
         }
         let whole = w.w.forward(x)?;

@@ -1,6 +1,5 @@
 //! Layer norm, softmax and GELU as single candle ops with their own backward pass, for the
-//! layers the cross-encoder trains on the CPU; and a linear layer whose products, forward and
-//! backward, run on afkit's bf16 kernels.
+//! layers the cross-encoder trains on the CPU.
 //!
 //! Built from candle's elementary ops (as they are on other devices), a layer norm is nine ops
 //! forward and more backward, the softmax five, GELU's derivative ten, each allocating and
@@ -12,19 +11,12 @@
 //! Rows are processed in fixed chunks on rayon's threads and per-chunk sums are added in chunk
 //! order, so the results do not depend on the number of threads.
 //!
-//! The linear layer ([`dense_bf16`]) rounds both operands of each of its three products (the
-//! output, the input's gradient, the weight's gradient) to bf16 and adds their products in f32,
-//! as mixed-precision training does on accelerators. On CPUs that multiply bf16 pairs in one
-//! instruction (AVX512-BF16, AMX) that is about twice the multiply-adds of f32 per cycle, and
-//! the products are most of a training step's time; bf16 keeps f32's exponent, so gradients
-//! neither overflow nor vanish where f32's would not.
-
-use std::sync::Arc;
+//! The linear layers' bf16 products are `lm::linear::trainable`'s.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::lm::linear::{Kernel, PackedMatrix};
+use crate::lm::linear::trainable::{flat, values};
 
 /// Rows per parallel task: enough work to pay for the task, few enough to spread a small batch.
 const CHUNK_ROWS: usize = 32;
@@ -42,57 +34,6 @@ pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// The exact GELU, `x · Φ(x)`, elementwise.
 pub(crate) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     x.apply_op1(GeluErf)
-}
-
-/// A linear layer's weight (outputs × inputs) packed for a bf16 kernel both ways round: as
-/// `wᵀ` for the output and as `w` for the input's gradient. Packed once per training step (the
-/// weights change only when the optimiser steps), then used by every product of the step.
-pub(crate) struct PackedDense {
-    transposed: PackedMatrix,
-    plain: PackedMatrix,
-}
-
-impl PackedDense {
-    pub(crate) fn new(w: &Tensor, kernel: Kernel) -> Result<Self> {
-        let (outputs, inputs) = w.dims2()?;
-        let values = flat(w)?;
-        Ok(PackedDense {
-            transposed: packed(
-                &transposed(&values, outputs, inputs),
-                inputs,
-                outputs,
-                kernel,
-            )?,
-            plain: packed(&values, outputs, inputs, kernel)?,
-        })
-    }
-}
-
-/// `x · wᵀ + b` for `x` (rows × inputs) and a linear layer's `w` (outputs × inputs, packed in
-/// `packed` with its current values) and `b` (outputs), every product's operands in bf16.
-pub(crate) fn dense_bf16(
-    x: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    packed: Arc<PackedDense>,
-) -> Result<Tensor> {
-    x.apply_op3(w, b, DenseBf16 { packed })
-}
-
-/// The values of a contiguous f32 tensor's storage.
-fn values<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(all) = storage else {
-        candle_core::bail!("{op} takes f32 tensors");
-    };
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&all[start..end]),
-        None => candle_core::bail!("{op} takes contiguous tensors"),
-    }
-}
-
-/// A tensor's values as one row-major vector (a copy).
-fn flat(t: &Tensor) -> Result<Vec<f32>> {
-    t.flatten_all()?.to_vec1::<f32>()
 }
 
 struct LayerNorm {
@@ -289,113 +230,14 @@ impl CustomOp1 for GeluErf {
     }
 }
 
-struct DenseBf16 {
-    packed: Arc<PackedDense>,
-}
-
-/// The row-major `k` × `n` matrix `m` packed for `kernel`.
-fn packed(m: &[f32], k: usize, n: usize, kernel: Kernel) -> Result<PackedMatrix> {
-    PackedMatrix::pack_rows(m, k, n, kernel).map_err(candle_error)
-}
-
-/// `a · m` for `a` (rows × m's k, row-major).
-fn product(m: &PackedMatrix, a: &[f32], rows: usize) -> Result<Vec<f32>> {
-    m.apply(a, rows).map_err(candle_error)
-}
-
-/// An error of afkit's kernels as a candle op returns it.
-fn candle_error(e: anyhow::Error) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{e:#}"))
-}
-
-/// Sides of the square tiles [`transposed`] copies: a tile's rows and columns stay in cache.
-const TILE: usize = 32;
-
-/// The `cols` × `rows` transpose of a row-major `rows` × `cols` matrix.
-fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; m.len()];
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..cols).step_by(TILE) {
-            for r in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(cols) {
-                    t[c * rows + r] = m[r * cols + c];
-                }
-            }
-        }
-    }
-    t
-}
-
-impl CustomOp3 for DenseBf16 {
-    fn name(&self) -> &'static str {
-        "bf16-dense"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        _s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (rows, _) = l1.shape().dims2()?;
-        let (outputs, _) = l2.shape().dims2()?;
-        let x = values(s1, l1, self.name())?;
-        let b = values(s3, l3, self.name())?;
-        let mut y = product(&self.packed.transposed, x, rows)?;
-        for row in y.chunks_exact_mut(outputs) {
-            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-        }
-        Ok((CpuStorage::F32(y), Shape::from((rows, outputs))))
-    }
-
-    /// dx = dy · w, dw = dyᵀ · x, db = Σ dy over the rows.
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        _y: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let ((rows, inputs), outputs) = (x.dims2()?, w.dim(0)?);
-        let (xs, dys) = (flat(x)?, flat(dy)?);
-        let dx = product(&self.packed.plain, &dys, rows)?;
-        let packed_x = packed(&xs, rows, inputs, self.packed.plain.kernel())?;
-        let dw = product(&packed_x, &transposed(&dys, rows, outputs), outputs)?;
-        let mut db = vec![0f32; outputs];
-        for row in dys.chunks_exact(outputs) {
-            db.iter_mut().zip(row).for_each(|(s, v)| *s += v);
-        }
-        let device = x.device();
-        Ok((
-            Some(Tensor::from_vec(dx, (rows, inputs), device)?),
-            Some(Tensor::from_vec(dw, (outputs, inputs), device)?),
-            Some(Tensor::from_vec(db, outputs, device)?),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Var, D};
+    use std::sync::Arc;
 
-    fn random(shape: (usize, usize), seed: u64) -> Tensor {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let n = shape.0 * shape.1;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % 20_001) as f32 / 5_000.0 - 2.0
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
+    use crate::lm::linear::trainable::tests::{bf16_kernels, random};
+    use crate::lm::linear::trainable::{dense_bf16, PackedDense};
+    use candle_core::{Device, Var, D};
 
     fn close(a: &Tensor, b: &Tensor, tolerance: f32) {
         let (a, b) = (flat(a).unwrap(), flat(b).unwrap());
@@ -469,56 +311,6 @@ mod tests {
             loss(&plain).backward().unwrap(),
         );
         close(gf.get(&x).unwrap(), gp.get(&x).unwrap(), 1e-4);
-    }
-
-    /// The bf16 kernels this CPU runs (the AVX2 one on any CPU with AVX2 and FMA).
-    fn bf16_kernels() -> Vec<Kernel> {
-        Kernel::supported()
-            .into_iter()
-            .filter(|k| k.precision() != crate::lm::linear::Precision::F32)
-            .collect()
-    }
-
-    #[test]
-    fn the_bf16_linear_layer_and_its_gradients_match_f32_up_to_bf16_rounding() {
-        let kernels = bf16_kernels();
-        assert!(!kernels.is_empty(), "x86-64 CPUs afkit runs on have AVX2");
-        // An odd number of rows and inputs: the kernels pad pairs of steps.
-        let x = Var::from_tensor(&random((37, 45), 12)).unwrap();
-        let w = Var::from_tensor(&random((70, 45), 13)).unwrap();
-        let b = Var::from_tensor(&random((1, 70), 14).flatten_all().unwrap()).unwrap();
-        let upstream = random((37, 70), 15);
-        let loss = |y: &Tensor| (y * &upstream).unwrap().sum_all().unwrap();
-        let plain = x
-            .as_tensor()
-            .matmul(&w.as_tensor().t().unwrap())
-            .unwrap()
-            .broadcast_add(b.as_tensor())
-            .unwrap();
-        let gp = loss(&plain).backward().unwrap();
-        // Mean absolute difference over mean absolute value: each operand is within 2⁻⁹ of
-        // itself in bf16, so products are within about 0.4%, and sums of them no further.
-        let relative = |a: &Tensor, b: &Tensor| {
-            let mean_abs = |t: &Tensor| flat(t).unwrap().iter().map(|v| v.abs()).sum::<f32>();
-            mean_abs(&(a - b).unwrap()) / mean_abs(b)
-        };
-        for kernel in kernels {
-            let packed = Arc::new(PackedDense::new(w.as_tensor(), kernel).unwrap());
-            let y = dense_bf16(x.as_tensor(), w.as_tensor(), b.as_tensor(), packed).unwrap();
-            let gb = loss(&y).backward().unwrap();
-            let errors = [
-                relative(&y, &plain),
-                relative(gb.get(&x).unwrap(), gp.get(&x).unwrap()),
-                relative(gb.get(&w).unwrap(), gp.get(&w).unwrap()),
-            ];
-            for e in errors {
-                assert!(
-                    e > 0.0 && e < 4e-3,
-                    "{kernel:?}: relative errors {errors:?}"
-                );
-            }
-            close(gb.get(&b).unwrap(), gp.get(&b).unwrap(), 1e-5);
-        }
     }
 
     #[test]

@@ -17,8 +17,9 @@ use candle_core::{Tensor, TensorId, Var, D};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
-use super::differentiable::{self, PackedDense};
+use super::differentiable;
 use super::{check_supported, Attention, Bert, Dense, Embeddings, Layer, Norm, Run};
+use crate::lm::linear::trainable::{self, PackedDense};
 use crate::lm::linear::Kernel;
 
 /// Runs BERT's layers with candle ops. Hidden states are (batch · tokens) × width, the rows of
@@ -77,7 +78,7 @@ impl Tensors {
     fn dense(&self, dense: &Dense, x: &Tensor) -> Result<Tensor> {
         let packed = self.bf16_products.as_ref();
         match packed.and_then(|p| p.get(&dense.weight.id())) {
-            Some(packed) if x.device().is_cpu() => Ok(differentiable::dense_bf16(
+            Some(packed) if x.device().is_cpu() => Ok(trainable::dense_bf16(
                 &x.contiguous()?,
                 &dense.weight,
                 &dense.bias,
