@@ -87,31 +87,29 @@ impl TensorKernels<'_> {
         self.prefix.map_or(0, |p| p.len) + self.cache.as_ref().map_or(0, |c| c.len)
     }
 
-    /// Each part of `w` (its columns) over `x`, with its LoRA update where that matrix is
-    /// adapted: the update is per matrix, `scale · x·Aᵀ·Bᵀ` added to the part's columns, while
-    /// the base product runs once for all parts. While training, its gradient must flow back
-    /// to `x`, so `w` must be in a form that passes gradients.
-    fn adapted_parts(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Vec<Tensor>> {
+    /// `parts`, the columns of `x · w` part by part, each with its LoRA update where that
+    /// matrix is adapted: `scale · x·Aᵀ·Bᵀ`, per matrix. While training, the gradient must flow
+    /// back through `w` to `x`, so `w` must be in a form that passes gradients.
+    fn with_updates(
+        &self,
+        x: &Tensor,
+        w: &Projection,
+        layer: usize,
+        (lora, parts): (&Lora, Vec<Tensor>),
+    ) -> Result<Vec<Tensor>> {
         if self.pass == Pass::Train && !w.w.passes_gradients() {
             bail!("LoRA training needs weight products that pass gradients back");
         }
-        let whole = w.w.forward(x)?;
-        let parts = split_columns(&whole, w.parts.iter().map(|(_, n)| *n))?;
-        let adapted = parts.into_iter().zip(&w.parts).map(|(y, (name, _))| {
-            match self
-                .lora
-                .and_then(|l| Some((l.pair(layer, name)?, l.scale)))
-            {
-                None => Ok(y),
-                Some((p, scale)) => {
-                    let low = x
-                        .matmul(&p.a.as_tensor().t()?)?
-                        .matmul(&p.b.as_tensor().t()?)?;
-                    Ok((y + (low * f64::from(scale))?)?)
-                }
-            }
+        let updated = parts.into_iter().zip(&w.parts).map(|(y, (name, _))| {
+            let Some(pair) = lora.pair(layer, name) else {
+                return Ok(y);
+            };
+            let low = x
+                .matmul(&pair.a.as_tensor().t()?)?
+                .matmul(&pair.b.as_tensor().t()?)?;
+            Ok((y + (low * f64::from(lora.scale))?)?)
         });
-        adapted.collect()
+        updated.collect()
     }
 
     /// Keys and values of the block at `layer` after those of the rows' own cache, which keeps
@@ -144,21 +142,24 @@ impl Kernels for TensorKernels<'_> {
 
     fn linear(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Tensor> {
         match self.lora {
-            Some(_) => Ok(self.adapted_parts(x, w, layer)?.remove(0)),
+            Some(_) => Ok(self.project(x, w, layer)?.parts.remove(0)),
             None => w.w.forward(x),
         }
     }
 
+    /// The product runs once for all parts; an adapter then adds its update part by part.
     fn project(&self, x: &Tensor, w: &Projection, layer: usize) -> Result<Parts> {
-        if self.lora.is_some() {
-            let parts = self.adapted_parts(x, w, layer)?;
-            return Ok(Parts { whole: None, parts });
-        }
         let whole = w.w.forward(x)?;
         let parts = split_columns(&whole, w.parts.iter().map(|(_, n)| *n))?;
-        Ok(Parts {
-            whole: Some(whole),
-            parts,
+        Ok(match self.lora {
+            None => Parts {
+                whole: Some(whole),
+                parts,
+            },
+            Some(lora) => Parts {
+                whole: None,
+                parts: self.with_updates(x, w, layer, (lora, parts))?,
+            },
         })
     }
 
