@@ -49,11 +49,35 @@ pub struct Compute {
     pub device: Device,
     /// afkit's own CPU kernels run the models; otherwise candle ops alone.
     pub cpu_kernels: bool,
-    /// With afkit's kernels, a language model's weight products run in bf16 on AMX tiles where
-    /// the CPU has them, else with AVX512-BF16's dot products where it has those (and
-    /// `AFKIT_SIMD` allows): faster than f32, each operand rounded to 8 significant bits, the
-    /// sums kept in f32.
-    pub lm_reduced_precision: bool,
+    /// How a language model's weight products run on afkit's kernels.
+    pub lm_products: LmProducts,
+}
+
+/// A language model's weight products on afkit's kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LmProducts {
+    /// In f32: what the checks against reference implementations hold to a tight tolerance.
+    F32,
+    /// In bf16 on AMX tiles where the CPU has them, else with AVX512-BF16's dot products where
+    /// it has those (and `AFKIT_SIMD` allows): faster than f32, each operand rounded to 8
+    /// significant bits, the sums kept in f32. Elsewhere in f32.
+    Fastest,
+    /// In 8 bits with AVX-512 VNNI's dot products where the CPU has them (and `AFKIT_SIMD`
+    /// allows), else as [`LmProducts::Fastest`]: each weight rounded to 1/254 of its column's
+    /// largest magnitude and each activation to 1/254 of its block of 32's. What
+    /// `AFKIT_LM_INT8=1` asks for.
+    Int8,
+}
+
+impl LmProducts {
+    /// What a command runs with: [`LmProducts::Int8`] where `AFKIT_LM_INT8=1`, else
+    /// [`LmProducts::Fastest`].
+    pub fn from_env() -> Self {
+        match std::env::var("AFKIT_LM_INT8").as_deref() {
+            Ok("1") => LmProducts::Int8,
+            _ => LmProducts::Fastest,
+        }
+    }
 }
 
 impl Compute {
@@ -62,7 +86,7 @@ impl Compute {
         Compute {
             device: Device::Cpu,
             cpu_kernels: true,
-            lm_reduced_precision: true,
+            lm_products: LmProducts::Fastest,
         }
     }
 
@@ -70,7 +94,7 @@ impl Compute {
     /// implementations hold to a tight tolerance.
     pub fn cpu_f32() -> Self {
         Compute {
-            lm_reduced_precision: false,
+            lm_products: LmProducts::F32,
             ..Compute::cpu()
         }
     }
@@ -108,7 +132,10 @@ impl Compute {
         Ok(Compute {
             device,
             cpu_kernels,
-            lm_reduced_precision: cpu_kernels,
+            lm_products: match cpu_kernels {
+                true => LmProducts::from_env(),
+                false => LmProducts::F32,
+            },
         })
     }
 }

@@ -528,7 +528,7 @@ mod tests {
                 let generic = Compute {
                     device: device.clone(),
                     cpu_kernels: false,
-                    lm_reduced_precision: false,
+                    lm_products: afkit_engine::device::LmProducts::F32,
                 };
                 for (k, g) in kernels.iter().zip(scores(epochs, generic)?) {
                     let worst = k

@@ -24,10 +24,14 @@
 //! multiply-adds of AVX-512 per cycle; on CPUs with AVX512-BF16 and no AMX, the bf16 kernel's
 //! `vdpbf16ps`; elsewhere f32 ([`fast_bf16_kernel`]). The cross-encoder scores the same way.
 //! `AFKIT_SIMD=avx512bf16` keeps AMX off, `AFKIT_SIMD=avx512` AVX512-BF16 too, as
-//! `AFKIT_SIMD=avx2` keeps AVX-512 off.
+//! `AFKIT_SIMD=avx2` keeps AVX-512 off. Asked for (`AFKIT_LM_INT8=1`, [`LmProducts::Int8`]), a
+//! language model multiplies in 8 bits on CPUs with AVX-512 VNNI instead ([`int8`]: per-column
+//! weight scales, per-block activation scales, `vpdpbusd`): coarser than bf16, and on CPUs
+//! without bf16 instructions several times the multiply-adds of f32 per cycle.
 
 mod amx;
 mod bf16;
+mod int8;
 mod tasks;
 pub(crate) mod trainable;
 
@@ -37,7 +41,7 @@ use anyhow::{bail, Result};
 use candle_core::Tensor;
 use rayon::prelude::*;
 
-use crate::device::Compute;
+use crate::device::{Compute, LmProducts};
 use crate::simd::SimdLevel;
 pub(crate) use bf16::round_to_bf16;
 use bf16::{bf16_as_f32, bf16_bits, bf16_word};
@@ -78,12 +82,19 @@ impl Linear {
         )?))
     }
 
-    /// `w` (in × out) in the fastest arithmetic this CPU has for a language model:
-    /// [`fast_bf16_kernel`]'s bf16 products where it has them, else as [`Linear::new`]. A bf16
-    /// operand keeps 8 of an f32's 24 significant bits; the sums stay f32.
-    /// `compute.lm_reduced_precision` allows bf16.
+    /// `w` (in × out) in the arithmetic `compute.lm_products` asks for: with
+    /// [`LmProducts::Fastest`], [`fast_bf16_kernel`]'s bf16 products where this CPU has them
+    /// (a bf16 operand keeps 8 of an f32's 24 significant bits; the sums stay f32); with
+    /// [`LmProducts::Int8`], 8-bit products ([`int8`]) where it has AVX-512 VNNI, else as
+    /// `Fastest`; otherwise as [`Linear::new`].
     pub(crate) fn fastest(w: Tensor, compute: &Compute) -> Result<Self> {
-        match fast_bf16_kernel().filter(|_| compute.cpu_kernels && compute.lm_reduced_precision) {
+        let kernel = match compute.lm_products {
+            _ if !compute.cpu_kernels => None,
+            LmProducts::F32 => None,
+            LmProducts::Fastest => fast_bf16_kernel(),
+            LmProducts::Int8 => lm_int8_kernel().or_else(fast_bf16_kernel),
+        };
+        match kernel {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
             None => Self::new(w, compute.cpu_kernels),
         }
@@ -93,6 +104,15 @@ impl Linear {
     /// candle's matmul where it has no kernel).
     pub(crate) fn bf16_tiles(w: Tensor) -> Result<Self> {
         match packed_kernel(Precision::Bf16Tiles) {
+            Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
+            None => Self::new(w, true),
+        }
+    }
+
+    /// `w` (in × out) in 8-bit products ([`int8`]) where this CPU has AVX-512 VNNI, else packed
+    /// in f32 (or candle's matmul where it has no kernel).
+    pub(crate) fn int8(w: Tensor) -> Result<Self> {
+        match packed_kernel(Precision::Int8) {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),
             None => Self::new(w, true),
         }
@@ -185,6 +205,9 @@ pub(crate) enum Precision {
     /// bf16 operands and f32 sums in the order of AMX's tile products: only CPUs with AMX
     /// compute it.
     Bf16Tiles,
+    /// Signed 8-bit operands, each weight column and each block of 32 activation steps with a
+    /// scale of its own ([`int8`]): only CPUs with AVX-512 VNNI compute it.
+    Int8,
 }
 
 /// `x · w` with candle's matmul, for plain rows `x` (rows × in).
@@ -207,6 +230,8 @@ pub enum Kernel {
     Avx2FmaBf16,
     /// bf16 on AMX tiles: 32 rows × 32 columns of f32 sums in four tiles, 32 steps at a time.
     AmxBf16,
+    /// 8-bit: 6 rows × 32 columns, `vpdpbusd` on four steps at a time (see [`int8`]).
+    Avx512Vnni,
 }
 
 impl Kernel {
@@ -221,6 +246,9 @@ impl Kernel {
             }
             if avx512 && std::is_x86_feature_detected!("avx512bf16") {
                 kernels.push(Kernel::Avx512Bf16);
+            }
+            if avx512 && std::is_x86_feature_detected!("avx512vnni") {
+                kernels.push(Kernel::Avx512Vnni);
             }
             if crate::simd::avx2_fma() {
                 kernels.extend([Kernel::Avx2Fma, Kernel::Avx2FmaBf16]);
@@ -238,6 +266,7 @@ impl Kernel {
             Kernel::Avx512 | Kernel::Avx2Fma => Precision::F32,
             Kernel::Avx512Bf16 | Kernel::Avx2FmaBf16 => Precision::Bf16,
             Kernel::AmxBf16 => Precision::Bf16Tiles,
+            Kernel::Avx512Vnni => Precision::Int8,
         }
     }
 
@@ -245,7 +274,7 @@ impl Kernel {
     fn level(self) -> SimdLevel {
         match self {
             Kernel::Avx2Fma | Kernel::Avx2FmaBf16 => SimdLevel::Avx2,
-            Kernel::Avx512 => SimdLevel::Avx512,
+            Kernel::Avx512 | Kernel::Avx512Vnni => SimdLevel::Avx512,
             Kernel::Avx512Bf16 => SimdLevel::Avx512Bf16,
             Kernel::AmxBf16 => SimdLevel::Amx,
         }
@@ -256,31 +285,29 @@ impl Kernel {
     }
 
     /// Rows of a full row block: as many accumulators as leave room, in the CPU's vector
-    /// registers, for the panel's values and a broadcast (32 registers with AVX-512, 16 with AVX2).
+    /// registers, for the panel's values and a broadcast (32 registers with AVX-512, 16 with AVX2;
+    /// the int8 kernel keeps integer sums beside the f32 ones).
     fn block_rows(self) -> usize {
-        if self.is_avx2() {
-            6
-        } else {
-            12
-        }
+        *self.heights().last().expect("every kernel has heights")
     }
 
     /// The heights a row block may have: a short last block runs the smallest that covers it.
     fn heights(self) -> &'static [usize] {
-        if self.is_avx2() {
+        if self.is_avx2() || self == Kernel::Avx512Vnni {
             &[1, 2, 4, 6]
         } else {
             &[1, 2, 4, 8, 12]
         }
     }
 
-    /// 32-bit words a panel column holds for `k` steps: one f32 per step, or one pair of bf16
-    /// per two steps (an odd `k` padded with a zero step).
+    /// 32-bit words a panel column holds for `k` steps: one f32 per step, one pair of bf16
+    /// per two steps (an odd `k` padded with a zero step), or four bytes per four steps.
     fn words(self, k: usize) -> usize {
         match self.precision() {
             Precision::F32 => k,
             Precision::Bf16 => k.div_ceil(2),
             Precision::Bf16Tiles => amx::words(k),
+            Precision::Int8 => k.div_ceil(int8::STEPS_PER_WORD),
         }
     }
 }
@@ -308,6 +335,23 @@ pub(crate) fn packed_kernel(precision: Precision) -> Option<Kernel> {
 pub(crate) fn fast_bf16_kernel() -> Option<Kernel> {
     let registers = packed_kernel(Precision::Bf16).filter(|&k| k == Kernel::Avx512Bf16);
     packed_kernel(Precision::Bf16Tiles).or(registers)
+}
+
+/// The kernel of a language model's 8-bit products: AVX-512 VNNI's ([`int8`]) where the CPU
+/// has it (within `AFKIT_SIMD`'s cap). Where it has not, says so once: the products then run
+/// as they would without `AFKIT_LM_INT8`.
+fn lm_int8_kernel() -> Option<Kernel> {
+    static KERNEL: std::sync::LazyLock<Option<Kernel>> = std::sync::LazyLock::new(|| {
+        let kernel = packed_kernel(Precision::Int8);
+        if kernel.is_none() {
+            eprintln!(
+                "AFKIT_LM_INT8=1: this CPU has no AVX-512 VNNI (or AFKIT_SIMD keeps it off); \
+                 the language models multiply as they would without it"
+            );
+        }
+        kernel
+    });
+    *KERNEL
 }
 
 /// The precision of [`fast_bf16_kernel`]: f32 on a CPU that has none.
@@ -358,6 +402,8 @@ pub struct PackedMatrix {
     k: usize,
     n: usize,
     panels: Vec<f32>,
+    /// The int8 kernel's column scales, 32 per panel (zero past the matrix); empty for others.
+    column_scales: Vec<f32>,
     kernel: Kernel,
 }
 
@@ -379,6 +425,15 @@ impl PackedMatrix {
         let rows: Vec<&[f32]> = w.chunks_exact(n.max(1)).collect();
         let words = kernel.words(k);
         let n_panels = n.div_ceil(NR);
+        let column_scales: Vec<f32> = match kernel.precision() {
+            Precision::Int8 => (0..n_panels * NR)
+                .map(|c| match c < n {
+                    true => int8::scale_of(rows.iter().map(|row| row[c])),
+                    false => 0.0,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let mut panels = vec![0f32; n_panels * words * NR];
         panels
             .par_chunks_mut(words * NR)
@@ -397,6 +452,9 @@ impl PackedMatrix {
                         }
                     }
                     Kernel::AmxBf16 => amx::pack_panel(panel, value),
+                    Kernel::Avx512Vnni => {
+                        int8::pack_panel(panel, &column_scales[p * NR..(p + 1) * NR], value)
+                    }
                     _ => pack_bf16_panel(kernel, panel, value),
                 }
             });
@@ -404,6 +462,7 @@ impl PackedMatrix {
             k,
             n,
             panels,
+            column_scales,
             kernel,
         })
     }
@@ -444,7 +503,10 @@ impl PackedMatrix {
                 for block in group {
                     for p in panels.clone() {
                         let cols = NR.min(n - p * NR);
-                        let panel = &self.panels[p * words * NR..(p + 1) * words * NR];
+                        let panel = Panel {
+                            words: &self.panels[p * words * NR..(p + 1) * words * NR],
+                            column_scales: self.column_scales.get(p * NR..(p + 1) * NR),
+                        };
                         // SAFETY: each (block, panel) pair writes its own rows × columns of
                         // `out`, so no two tasks write the same element; the kernel reads
                         // `words` rows of the packed block and the panel, both that long.
@@ -497,6 +559,13 @@ struct RowBlocks {
     blocks: Vec<RowBlock>,
 }
 
+/// One panel of a packed matrix as a micro-kernel reads it.
+struct Panel<'a> {
+    words: &'a [f32],
+    /// The int8 kernel's 32 column scales.
+    column_scales: Option<&'a [f32]>,
+}
+
 struct RowBlock {
     first_row: usize,
     /// Real rows in the block.
@@ -505,8 +574,13 @@ struct RowBlock {
     height: usize,
     /// Per word, `height` values: f32 values for the f32 kernels, bf16 pairs (as
     /// [`PackedMatrix`]'s panels) for `vdpbf16ps`; for the AVX2 bf16 kernel `2·height` values,
-    /// the odd step's rounded values and then the even step's, in the order they are added.
+    /// the odd step's rounded values and then the even step's, in the order they are added;
+    /// for the int8 kernel each row's four steps as signed bytes.
     data: Vec<f32>,
+    /// The int8 kernel's activation scales and offsets ([`int8::QuantizedRows`]); empty for
+    /// the others.
+    scales: Vec<f32>,
+    offsets: Vec<f32>,
 }
 
 impl RowBlocks {
@@ -524,6 +598,20 @@ impl RowBlocks {
                     .copied()
                     .find(|&h| h >= real)
                     .unwrap_or(full);
+                if kernel.precision() == Precision::Int8 {
+                    let rows: Vec<&[f32]> = (first_row..first_row + real)
+                        .map(|r| &x[r * k..(r + 1) * k])
+                        .collect();
+                    let q = int8::quantize_rows(&rows, k, height);
+                    return RowBlock {
+                        first_row,
+                        rows: real,
+                        height,
+                        data: q.data,
+                        scales: q.scales,
+                        offsets: q.offsets,
+                    };
+                }
                 let per_word = match kernel {
                     Kernel::Avx2FmaBf16 => 2 * height,
                     _ => height,
@@ -534,6 +622,7 @@ impl RowBlocks {
                     Precision::F32 => Vec::new(),
                     Precision::Bf16 => vec![0u16; 2 * words],
                     Precision::Bf16Tiles => unreachable!("AMX packs its own activations"),
+                    Precision::Int8 => unreachable!("int8 blocks are quantized above"),
                 };
                 for r in 0..real {
                     let row = &x[(first_row + r) * k..(first_row + r + 1) * k];
@@ -554,7 +643,9 @@ impl RowBlocks {
                                 slot[height + r] = bf16_as_f32(pair[0]);
                             }
                         }
-                        Kernel::AmxBf16 => unreachable!("AMX packs its own activations"),
+                        Kernel::AmxBf16 | Kernel::Avx512Vnni => {
+                            unreachable!("{kernel:?} packs its activations otherwise")
+                        }
                     }
                 }
                 RowBlock {
@@ -562,6 +653,8 @@ impl RowBlocks {
                     rows: real,
                     height,
                     data,
+                    scales: Vec::new(),
+                    offsets: Vec::new(),
                 }
             })
             .collect();
@@ -579,7 +672,7 @@ impl RowBlocks {
 unsafe fn micro_kernel(
     kernel: Kernel,
     block: &RowBlock,
-    panel: &[f32],
+    panel: Panel,
     words: usize,
     dst: *mut f32,
     ldc: usize,
@@ -587,9 +680,25 @@ unsafe fn micro_kernel(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        let (a, b) = (block.data.as_ptr(), panel.as_ptr());
+        let (a, b) = (block.data.as_ptr(), panel.words.as_ptr());
         let rows = block.rows;
-        if kernel.is_avx2() {
+        if kernel == Kernel::Avx512Vnni {
+            let scales = avx512::Int8Scales {
+                rows: block.scales.as_ptr(),
+                offsets: block.offsets.as_ptr(),
+                columns: panel
+                    .column_scales
+                    .expect("int8 panels have scales")
+                    .as_ptr(),
+            };
+            let write = (dst, ldc, cols);
+            match block.height {
+                1 => avx512::kernel_int8::<1>(a, b, words, scales, rows, write),
+                2 => avx512::kernel_int8::<2>(a, b, words, scales, rows, write),
+                4 => avx512::kernel_int8::<4>(a, b, words, scales, rows, write),
+                _ => avx512::kernel_int8::<6>(a, b, words, scales, rows, write),
+            }
+        } else if kernel.is_avx2() {
             // The panel's two 16-column halves, one after the other.
             for half in 0..2 {
                 let cols = cols.saturating_sub(half * 16).min(16);
@@ -690,6 +799,62 @@ mod avx512 {
                 lo[r] = _mm512_dpbf16_ps(lo[r], ar, b_lo);
                 hi[r] = _mm512_dpbf16_ps(hi[r], ar, b_hi);
             }
+        }
+        store(&lo, &hi, rows, write);
+    }
+
+    /// What the int8 kernel scales its sums by: per activation block `H` row scales, per row
+    /// the weights' offset, and the panel's 32 column scales (see [`super::int8`]).
+    #[derive(Clone, Copy)]
+    pub(crate) struct Int8Scales {
+        pub(crate) rows: *const f32,
+        pub(crate) offsets: *const f32,
+        pub(crate) columns: *const f32,
+    }
+
+    /// As [`kernel`] over `words` words of four 8-bit steps: the weights unsigned (offset by
+    /// 128), the activations signed. Each activation block's products are summed exactly in
+    /// 32-bit integers by `vpdpbusd`, then added to the f32 sums times the block's row scale;
+    /// the rows' offsets come off and the column scales multiply at the end.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(crate) unsafe fn kernel_int8<const H: usize>(
+        a: *const f32,
+        b: *const f32,
+        words: usize,
+        scales: Int8Scales,
+        rows: usize,
+        write: (*mut f32, usize, usize),
+    ) {
+        use super::int8::BLOCK_WORDS;
+        let (a, b) = (a as *const i32, b as *const i32);
+        let mut lo = [_mm512_setzero_ps(); H];
+        let mut hi = [_mm512_setzero_ps(); H];
+        for (block, first) in (0..words).step_by(BLOCK_WORDS).enumerate() {
+            let mut lo_sum = [_mm512_setzero_si512(); H];
+            let mut hi_sum = [_mm512_setzero_si512(); H];
+            for word in first..(first + BLOCK_WORDS).min(words) {
+                let b_lo = _mm512_loadu_si512(b.add(word * 32).cast());
+                let b_hi = _mm512_loadu_si512(b.add(word * 32 + 16).cast());
+                let a_word = a.add(word * H);
+                for r in 0..H {
+                    let ar = _mm512_set1_epi32(*a_word.add(r));
+                    lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], b_lo, ar);
+                    hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], b_hi, ar);
+                }
+            }
+            let row_scales = scales.rows.add(block * H);
+            for r in 0..H {
+                let scale = _mm512_set1_ps(*row_scales.add(r));
+                lo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_sum[r]), scale, lo[r]);
+                hi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_sum[r]), scale, hi[r]);
+            }
+        }
+        let column_lo = _mm512_loadu_ps(scales.columns);
+        let column_hi = _mm512_loadu_ps(scales.columns.add(16));
+        for r in 0..H {
+            let offset = _mm512_set1_ps(*scales.offsets.add(r));
+            lo[r] = _mm512_mul_ps(_mm512_sub_ps(lo[r], offset), column_lo);
+            hi[r] = _mm512_mul_ps(_mm512_sub_ps(hi[r], offset), column_hi);
         }
         store(&lo, &hi, rows, write);
     }
@@ -829,6 +994,7 @@ mod tests {
             Kernel::Avx2Fma,
             Kernel::Avx2FmaBf16,
             Kernel::AmxBf16,
+            Kernel::Avx512Vnni,
         ];
         let choose = |precision, gemm, ceiling| choose_kernel(&all, precision, gemm, ceiling);
         let packed = Some("packed");
@@ -860,6 +1026,11 @@ mod tests {
             choose(Precision::Bf16, packed, SimdLevel::Avx512),
             Some(Kernel::Avx2FmaBf16)
         );
+        assert_eq!(
+            choose(Precision::Int8, packed, SimdLevel::Avx512),
+            Some(Kernel::Avx512Vnni)
+        );
+        assert_eq!(choose(Precision::Int8, packed, SimdLevel::Avx2), None);
         assert_eq!(choose(Precision::F32, Some("candle"), SimdLevel::Amx), None);
         let avx2_machine = [Kernel::Avx2Fma, Kernel::Avx2FmaBf16];
         assert_eq!(
@@ -943,7 +1114,7 @@ mod tests {
             return;
         }
         for kernel in kernels {
-            for (k, n) in [(37, 75), (37, 89), (600, 75)] {
+            for (k, n) in [(37, 75), (37, 89), (600, 75), (64, 32), (3, 5)] {
                 packed_product_matches(kernel, k, n);
             }
         }
@@ -980,6 +1151,12 @@ mod tests {
                         assert_eq!(g.to_bits(), e.to_bits(), "{kernel:?}, rows {rows}");
                     }
                 }
+                Precision::Int8 => {
+                    let want = int8::reference(&x, rows, &w);
+                    for (g, e) in got.iter().zip(&want) {
+                        assert_eq!(g.to_bits(), e.to_bits(), "{kernel:?}, rows {rows}");
+                    }
+                }
                 Precision::Bf16Tiles => {
                     // The same products as `reference_bf16`, added in another order: apart by
                     // at most the rounding of k additions of their sizes.
@@ -1000,6 +1177,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// How far an int8 product may lie from the exact one: for each step, the activation's
+    /// rounding (half a step of its block's scale) times the weight, plus the weight's rounding
+    /// times the activation, plus both roundings' product.
+    fn int8_error_bound(x: &Tensor, w: &Tensor) -> Vec<f32> {
+        let x: Vec<Vec<f32>> = x.to_vec2().unwrap();
+        let w: Vec<Vec<f32>> = w.to_vec2().unwrap();
+        let (k, n) = (w.len(), w[0].len());
+        let column_half_steps: Vec<f32> = (0..n)
+            .map(|c| int8::scale_of(w.iter().map(|row| row[c])) / 2.0)
+            .collect();
+        let mut bounds = Vec::new();
+        for row in &x {
+            let half_steps: Vec<f32> = (0..k)
+                .map(|s| {
+                    let block = s / int8::BLOCK_STEPS * int8::BLOCK_STEPS;
+                    let end = (block + int8::BLOCK_STEPS).min(k);
+                    int8::scale_of(row[block..end].iter().copied()) / 2.0
+                })
+                .collect();
+            for c in 0..n {
+                let bound: f32 = (0..k)
+                    .map(|s| {
+                        let (dx, dw) = (half_steps[s], column_half_steps[c]);
+                        dx * w[s][c].abs() + dw * row[s].abs() + dx * dw
+                    })
+                    .sum();
+                bounds.push(bound * 1.001 + 1e-4);
+            }
+        }
+        bounds
     }
 
     /// Every path a `Linear` can take here, `forward` and `forward_rows` alike: the f32 ones
@@ -1035,12 +1244,13 @@ mod tests {
         let mut paths = vec![
             Linear::new(w.clone(), true).unwrap(),
             Linear::bf16(w.clone()).unwrap(),
+            Linear::int8(w.clone()).unwrap(),
             Linear::fastest(w.clone(), &Compute::cpu()).unwrap(),
         ];
         paths.extend(packed);
         let frozen = Kernel::supported()
             .into_iter()
-            .filter(|kernel| kernel.precision() != Precision::F32)
+            .filter(|kernel| matches!(kernel.precision(), Precision::Bf16 | Precision::Bf16Tiles))
             .map(|kernel| Linear::frozen_bf16(&w, kernel).unwrap());
         paths.extend(frozen);
         for linear in paths {
@@ -1052,12 +1262,21 @@ mod tests {
                 .to_vec1()
                 .unwrap();
             assert_eq!(linear.forward_rows(&x).unwrap(), got);
-            let is_bf16 = match &linear {
-                Linear::Dense(_) => false,
-                Linear::DenseBf16(_) => true,
-                Linear::Packed(p) => p.kernel.precision() != Precision::F32,
-                Linear::Frozen(_) => true,
+            let precision = match &linear {
+                Linear::Dense(_) => Precision::F32,
+                Linear::DenseBf16(_) | Linear::Frozen(_) => Precision::Bf16,
+                Linear::Packed(p) => p.kernel.precision(),
             };
+            if precision == Precision::Int8 {
+                // Each operand within 1/254 of its column's or block's largest magnitude (the
+                // kernel's own arithmetic is held to `int8::reference` above).
+                let err = int8_error_bound(&x, &w);
+                for ((g, f), bound) in got.iter().zip(&f32_product).zip(&err) {
+                    assert!((g - f).abs() <= *bound, "{g} vs {f} in f32 (bound {bound})");
+                }
+                continue;
+            }
+            let is_bf16 = precision != Precision::F32;
             let want = if is_bf16 { &bf16_product } else { &f32_product };
             for (((g, e), f), m) in got.iter().zip(want).zip(&f32_product).zip(&magnitudes) {
                 assert!((g - e).abs() < 1e-3, "{g} vs {e}");

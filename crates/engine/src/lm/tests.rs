@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use super::cache::Prefix;
 use super::config::LlamaConfig;
 use super::features::features;
-use super::linear::fast_bf16_kernel;
+use super::linear::{fast_bf16_kernel, Kernel};
 use super::local::{DecodeGroup, DecodedRow, LocalLm, Stop};
 use super::model::LanguageModel;
 use super::sampler::{
@@ -18,8 +18,10 @@ use super::sampler::{
     SampleRequest, SampledEnding, SampledPool, SamplingParams,
 };
 use crate::device::Compute;
+use crate::device::LmProducts;
 use crate::fixtures::{write_random_gguf, RANDOM_GGUF_VOCAB};
 use crate::seed::Seed;
+use crate::simd::{simd_ceiling, SimdLevel};
 
 /// The token ids of a reference file's JSON array (the llama.cpp and transformers comparisons).
 pub(super) fn token_ids(v: &serde_json::Value) -> Vec<u32> {
@@ -66,7 +68,7 @@ fn engines() -> Vec<Compute> {
         engines.push(Compute {
             device: candle_core::Device::new_cuda(0).expect("a CUDA device"),
             cpu_kernels: false,
-            lm_reduced_precision: false,
+            lm_products: crate::device::LmProducts::F32,
         });
     }
     engines
@@ -578,26 +580,54 @@ fn reduced_precision_samples_and_scores_near_the_f32_kernels() {
         eprintln!("skipped: this CPU has neither AMX tiles nor AVX512-BF16 (or AFKIT_SIMD keeps them off)");
         return;
     }
+    samples_and_scores_near_the_f32_kernels(&Compute::cpu(), 8, 0.05);
+}
+
+/// The same with 8-bit products (AVX-512 VNNI), whose rounding is coarser: within a few tenths
+/// of a nat on the random model, and fewer rows sampled alike.
+#[test]
+fn int8_products_sample_and_score_near_the_f32_kernels() {
+    if !Kernel::supported().contains(&Kernel::Avx512Vnni) || simd_ceiling() < SimdLevel::Avx512 {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI (or AFKIT_SIMD keeps it off)");
+        return;
+    }
+    let int8 = Compute {
+        lm_products: LmProducts::Int8,
+        ..Compute::cpu()
+    };
+    samples_and_scores_near_the_f32_kernels(&int8, 4, 0.3);
+}
+
+/// Decodes 32 rows from one seed with f32 products and with `compute`'s: at least `same` rows
+/// alike, each sampled token's recorded log-prob what `compute`'s scoring gives, and that
+/// within `tolerance` of the f32 scoring.
+fn samples_and_scores_near_the_f32_kernels(compute: &Compute, same: usize, tolerance: f32) {
     let exact = tiny_lm_on(params(), &Compute::cpu_f32());
-    let tiles = tiny_lm_on(params(), &Compute::cpu());
+    let reduced = tiny_lm_on(params(), compute);
     let prompt = "A man is kneeling on a frozen lake. He";
-    let (pe, pt) = (exact.prefix(prompt).unwrap(), tiles.prefix(prompt).unwrap());
-    let (pe, pt) = (&pe.prefix, &pt.prefix);
+    let (pe, pr) = (
+        exact.prefix(prompt).unwrap(),
+        reduced.prefix(prompt).unwrap(),
+    );
+    let (pe, pr) = (&pe.prefix, &pr.prefix);
     let a = decode(&exact, pe, 32, &mut ChaCha8Rng::seed_from_u64(8));
-    let b = decode(&tiles, pt, 32, &mut ChaCha8Rng::seed_from_u64(8));
-    let same = a
+    let b = decode(&reduced, pr, 32, &mut ChaCha8Rng::seed_from_u64(8));
+    let alike = a
         .iter()
         .zip(&b)
         .filter(|(x, y)| x.tokens == y.tokens)
         .count();
-    assert!(same >= 8, "only {same} of 32 rows sampled the same tokens");
+    assert!(
+        alike >= same,
+        "only {alike} of 32 rows sampled the same tokens"
+    );
     let seqs: Vec<Vec<u32>> = b.iter().map(|r| r.tokens.clone()).collect();
     let by_exact = exact.model.llama.score_continuations(pe, &seqs).unwrap();
-    let by_tiles = tiles.model.llama.score_continuations(pt, &seqs).unwrap();
-    for ((row, e), t) in b.iter().zip(&by_exact).zip(&by_tiles) {
-        for ((sampled, e), t) in row.logprobs.iter().zip(e).zip(t) {
-            assert!((sampled - t).abs() < 1e-3, "sampled {sampled}, scored {t}");
-            assert!((e - t).abs() < 0.05, "f32 {e}, tiles {t}");
+    let by_reduced = reduced.model.llama.score_continuations(pr, &seqs).unwrap();
+    for ((row, e), r) in b.iter().zip(&by_exact).zip(&by_reduced) {
+        for ((sampled, e), r) in row.logprobs.iter().zip(e).zip(r) {
+            assert!((sampled - r).abs() < 1e-3, "sampled {sampled}, scored {r}");
+            assert!((e - r).abs() < tolerance, "f32 {e}, reduced {r}");
         }
     }
 }

@@ -387,6 +387,7 @@ impl Dense {
             Precision::F32 => Linear::new(w, true)?,
             Precision::Bf16 => Linear::bf16(w)?,
             Precision::Bf16Tiles => Linear::bf16_tiles(w)?,
+            Precision::Int8 => Linear::int8(w)?,
         };
         Ok(Self { weight, bias })
     }

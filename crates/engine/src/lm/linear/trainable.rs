@@ -226,7 +226,7 @@ pub(crate) mod tests {
     pub(crate) fn bf16_kernels() -> Vec<Kernel> {
         let kernels: Vec<Kernel> = Kernel::supported()
             .into_iter()
-            .filter(|k| k.precision() != Precision::F32)
+            .filter(|k| matches!(k.precision(), Precision::Bf16 | Precision::Bf16Tiles))
             .collect();
         assert!(!kernels.is_empty(), "x86-64 CPUs afkit runs on have AVX2");
         kernels
