@@ -86,7 +86,7 @@ impl Compute {
         Compute {
             device: Device::Cpu,
             cpu_kernels: true,
-            lm_products: LmProducts::Fastest,
+            lm_products: LmProducts::from_env(),
         }
     }
 
