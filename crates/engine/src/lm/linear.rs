@@ -598,68 +598,71 @@ impl RowBlocks {
                     .copied()
                     .find(|&h| h >= real)
                     .unwrap_or(full);
-                if kernel.precision() == Precision::Int8 {
-                    let rows: Vec<&[f32]> = (first_row..first_row + real)
-                        .map(|r| &x[r * k..(r + 1) * k])
-                        .collect();
-                    let q = int8::quantize_rows(&rows, k, height);
-                    return RowBlock {
-                        first_row,
-                        rows: real,
-                        height,
-                        data: q.data,
-                        scales: q.scales,
-                        offsets: q.offsets,
-                    };
-                }
-                let per_word = match kernel {
-                    Kernel::Avx2FmaBf16 => 2 * height,
-                    _ => height,
-                };
-                let mut data = vec![0f32; words * per_word];
-                // One row's bf16, padded to whole pairs (none for the f32 kernels).
-                let mut bits = match kernel.precision() {
-                    Precision::F32 => Vec::new(),
-                    Precision::Bf16 => vec![0u16; 2 * words],
-                    Precision::Bf16Tiles => unreachable!("AMX packs its own activations"),
-                    Precision::Int8 => unreachable!("int8 blocks are quantized above"),
-                };
-                for r in 0..real {
-                    let row = &x[(first_row + r) * k..(first_row + r + 1) * k];
-                    for (b, &v) in bits.iter_mut().zip(row) {
-                        *b = bf16_bits(v);
+                let rows: Vec<&[f32]> = (first_row..first_row + real)
+                    .map(|r| &x[r * k..(r + 1) * k])
+                    .collect();
+                let (data, scales, offsets) = match kernel.precision() {
+                    Precision::Int8 => {
+                        let q = int8::quantize_rows(&rows, k, height);
+                        (q.data, q.scales, q.offsets)
                     }
-                    let slots = data.chunks_exact_mut(per_word);
-                    match kernel {
-                        Kernel::Avx512 | Kernel::Avx2Fma => {
-                            slots.zip(row).for_each(|(slot, &v)| slot[r] = v)
-                        }
-                        Kernel::Avx512Bf16 => slots
-                            .zip(bits.chunks_exact(2))
-                            .for_each(|(slot, pair)| slot[r] = bf16_word(pair[0], pair[1])),
-                        Kernel::Avx2FmaBf16 => {
-                            for (slot, pair) in slots.zip(bits.chunks_exact(2)) {
-                                slot[r] = bf16_as_f32(pair[1]);
-                                slot[height + r] = bf16_as_f32(pair[0]);
-                            }
-                        }
-                        Kernel::AmxBf16 | Kernel::Avx512Vnni => {
-                            unreachable!("{kernel:?} packs its activations otherwise")
-                        }
-                    }
-                }
+                    _ => (
+                        words_of(&rows, words, height, kernel),
+                        Vec::new(),
+                        Vec::new(),
+                    ),
+                };
                 RowBlock {
                     first_row,
                     rows: real,
                     height,
                     data,
-                    scales: Vec::new(),
-                    offsets: Vec::new(),
+                    scales,
+                    offsets,
                 }
             })
             .collect();
         RowBlocks { blocks }
     }
+}
+
+/// `rows` (at most `height`) word-major for an f32 or bf16 register kernel (see
+/// [`RowBlock::data`]), zero-padded to `height` rows and `words` words.
+fn words_of(rows: &[&[f32]], words: usize, height: usize, kernel: Kernel) -> Vec<f32> {
+    let per_word = match kernel {
+        Kernel::Avx2FmaBf16 => 2 * height,
+        _ => height,
+    };
+    let mut data = vec![0f32; words * per_word];
+    // One row's bf16, padded to whole pairs (none for the f32 kernels).
+    let mut bits = match kernel.precision() {
+        Precision::F32 => Vec::new(),
+        Precision::Bf16 => vec![0u16; 2 * words],
+        Precision::Bf16Tiles => unreachable!("AMX packs its own activations"),
+        Precision::Int8 => unreachable!("int8 blocks are quantized by `int8::quantize_rows`"),
+    };
+    for (r, row) in rows.iter().enumerate() {
+        for (b, &v) in bits.iter_mut().zip(*row) {
+            *b = bf16_bits(v);
+        }
+        let slots = data.chunks_exact_mut(per_word);
+        match kernel {
+            Kernel::Avx512 | Kernel::Avx2Fma => slots.zip(*row).for_each(|(slot, &v)| slot[r] = v),
+            Kernel::Avx512Bf16 => slots
+                .zip(bits.chunks_exact(2))
+                .for_each(|(slot, pair)| slot[r] = bf16_word(pair[0], pair[1])),
+            Kernel::Avx2FmaBf16 => {
+                for (slot, pair) in slots.zip(bits.chunks_exact(2)) {
+                    slot[r] = bf16_as_f32(pair[1]);
+                    slot[height + r] = bf16_as_f32(pair[0]);
+                }
+            }
+            Kernel::AmxBf16 | Kernel::Avx512Vnni => {
+                unreachable!("{kernel:?} packs its activations otherwise")
+            }
+        }
+    }
+    data
 }
 
 /// Writes `block · panel` (block.rows × cols) at `dst` (row stride `ldc`), over `words` rows of
@@ -683,44 +686,9 @@ unsafe fn micro_kernel(
         let (a, b) = (block.data.as_ptr(), panel.words.as_ptr());
         let rows = block.rows;
         if kernel == Kernel::Avx512Vnni {
-            let scales = avx512::Int8Scales {
-                rows: block.scales.as_ptr(),
-                offsets: block.offsets.as_ptr(),
-                columns: panel
-                    .column_scales
-                    .expect("int8 panels have scales")
-                    .as_ptr(),
-            };
-            let write = (dst, ldc, cols);
-            match block.height {
-                1 => avx512::kernel_int8::<1>(a, b, words, scales, rows, write),
-                2 => avx512::kernel_int8::<2>(a, b, words, scales, rows, write),
-                4 => avx512::kernel_int8::<4>(a, b, words, scales, rows, write),
-                _ => avx512::kernel_int8::<6>(a, b, words, scales, rows, write),
-            }
+            micro_kernel_int8(block, panel, words, (dst, ldc, cols));
         } else if kernel.is_avx2() {
-            // The panel's two 16-column halves, one after the other.
-            for half in 0..2 {
-                let cols = cols.saturating_sub(half * 16).min(16);
-                if cols == 0 {
-                    break;
-                }
-                let bf16 = kernel == Kernel::Avx2FmaBf16;
-                // A half is 16 f32 words, or 16 bf16 (8 words) of each step (see
-                // `avx2_bf16_position`).
-                let b = b.add(half * if bf16 { 8 } else { 16 });
-                let write = (dst.add(half * 16), ldc, cols);
-                match (block.height, bf16) {
-                    (1, false) => avx2::kernel::<1>(a, b, words, rows, write),
-                    (2, false) => avx2::kernel::<2>(a, b, words, rows, write),
-                    (4, false) => avx2::kernel::<4>(a, b, words, rows, write),
-                    (_, false) => avx2::kernel::<6>(a, b, words, rows, write),
-                    (1, true) => avx2::kernel_bf16::<1>(a, b, words, rows, write),
-                    (2, true) => avx2::kernel_bf16::<2>(a, b, words, rows, write),
-                    (4, true) => avx2::kernel_bf16::<4>(a, b, words, rows, write),
-                    (_, true) => avx2::kernel_bf16::<6>(a, b, words, rows, write),
-                }
-            }
+            micro_kernel_avx2(kernel, block, panel, words, (dst, ldc, cols));
         } else {
             debug_assert!(kernel.heights().contains(&block.height));
             let write = (dst, ldc, cols);
@@ -743,6 +711,71 @@ unsafe fn micro_kernel(
     {
         let _ = (kernel, block, panel, words, dst, ldc, cols);
         unreachable!("matrices are packed only on x86-64 CPUs");
+    }
+}
+
+/// [`micro_kernel`] for the AVX2 kernels: the panel's two 16-column halves, one after the
+/// other.
+///
+/// # Safety
+/// As [`micro_kernel`]'s.
+#[cfg(target_arch = "x86_64")]
+unsafe fn micro_kernel_avx2(
+    kernel: Kernel,
+    block: &RowBlock,
+    panel: Panel,
+    words: usize,
+    (dst, ldc, cols): (*mut f32, usize, usize),
+) {
+    let (a, b, rows) = (block.data.as_ptr(), panel.words.as_ptr(), block.rows);
+    for half in 0..2 {
+        let cols = cols.saturating_sub(half * 16).min(16);
+        if cols == 0 {
+            break;
+        }
+        let bf16 = kernel == Kernel::Avx2FmaBf16;
+        // A half is 16 f32 words, or 16 bf16 (8 words) of each step (see
+        // `avx2_bf16_position`).
+        let b = b.add(half * if bf16 { 8 } else { 16 });
+        let write = (dst.add(half * 16), ldc, cols);
+        match (block.height, bf16) {
+            (1, false) => avx2::kernel::<1>(a, b, words, rows, write),
+            (2, false) => avx2::kernel::<2>(a, b, words, rows, write),
+            (4, false) => avx2::kernel::<4>(a, b, words, rows, write),
+            (_, false) => avx2::kernel::<6>(a, b, words, rows, write),
+            (1, true) => avx2::kernel_bf16::<1>(a, b, words, rows, write),
+            (2, true) => avx2::kernel_bf16::<2>(a, b, words, rows, write),
+            (4, true) => avx2::kernel_bf16::<4>(a, b, words, rows, write),
+            (_, true) => avx2::kernel_bf16::<6>(a, b, words, rows, write),
+        }
+    }
+}
+
+/// [`micro_kernel`] for the int8 kernel.
+///
+/// # Safety
+/// As [`micro_kernel`]'s.
+#[cfg(target_arch = "x86_64")]
+unsafe fn micro_kernel_int8(
+    block: &RowBlock,
+    panel: Panel,
+    words: usize,
+    write: (*mut f32, usize, usize),
+) {
+    let (a, b, rows) = (block.data.as_ptr(), panel.words.as_ptr(), block.rows);
+    let scales = avx512::Int8Scales {
+        rows: block.scales.as_ptr(),
+        offsets: block.offsets.as_ptr(),
+        columns: panel
+            .column_scales
+            .expect("int8 panels have scales")
+            .as_ptr(),
+    };
+    match block.height {
+        1 => avx512::kernel_int8::<1>(a, b, words, scales, rows, write),
+        2 => avx512::kernel_int8::<2>(a, b, words, scales, rows, write),
+        4 => avx512::kernel_int8::<4>(a, b, words, scales, rows, write),
+        _ => avx512::kernel_int8::<6>(a, b, words, scales, rows, write),
     }
 }
 
