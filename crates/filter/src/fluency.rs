@@ -23,7 +23,8 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 
-use super::scorer::{contexts_and_endings, read_in_batches};
+use super::scorer::{contexts_and_endings, read_in_batches, Reader};
+use afkit_engine::device::LmProducts;
 
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 use afkit_store::fluency::{FluencyFloor, FluencyReadings};
@@ -110,11 +111,14 @@ fn read_missing(
     sha256: &str,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    let name = format!("the fluency reader {}", fluency.reader);
+    let reader = Reader {
+        path: &fluency.path,
+        name: format!("the fluency reader {}", fluency.reader),
+        products: LmProducts::from_env(),
+    };
     read_in_batches(
         store,
-        &fluency.path,
-        &name,
+        &reader,
         Unread::Fluency {
             run_id,
             model: sha256,
