@@ -905,14 +905,7 @@ struct LikeliestGold {
 fn likeliest_gold_project(dir: &Path, gguf: &Path, spec: PoolSpec) -> LikeliestGold {
     use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 
-    use afkit_engine::device::{Compute, LmProducts};
-
-    // The products `filter`'s scorer multiplies with, so that its stored readings are these.
-    let compute = Compute {
-        lm_products: LmProducts::for_scoring(),
-        ..Compute::cpu()
-    };
-    let model = afkit_engine::lm::model::LanguageModel::load_on(gguf, &compute).unwrap();
+    let model = afkit_engine::lm::model::LanguageModel::load(gguf).unwrap();
     let scorer = ChoiceScorer::new(&model).unwrap();
     let mut per_char = PerChar::new();
     let mut gold_ll = HashMap::new();

@@ -136,9 +136,7 @@ pub struct FilterArgs {
     /// (sent1 + " " + sent2, as lm-evaluation-harness poses the question); the log-likelihood,
     /// whole, per character and per token, joins the MLP's features, so AF prefers distractors
     /// this model finds as likely as the real ending. Scored once per ending and stored in the
-    /// project (an interrupted scoring resumes). On a CPU with AVX-512 VNNI but no bf16
-    /// instructions the model multiplies in 8 bits, in half the time of f32
-    /// (`AFKIT_LM_INT8=0` keeps f32).
+    /// project (an interrupted scoring resumes).
     #[arg(
         long = "scorer",
         value_name = "MODEL",

@@ -67,41 +67,15 @@ pub enum LmProducts {
     /// largest magnitude and each activation to 1/254 of its block of 32's. What
     /// `AFKIT_LM_INT8=1` asks for.
     Int8,
-    /// For a model that only reads endings (`filter`'s scorer): as [`LmProducts::Fastest`]
-    /// where the CPU has bf16 products, else as [`LmProducts::Int8`] where it has AVX-512 VNNI,
-    /// else f32. 8-bit readings rank a pool's endings as f32's do but for a few neighbours, and
-    /// on held-out contexts the exports filtered with them audit alike; sampling in 8 bits does
-    /// not (it made benchmarks easier for a larger model), so generation keeps `Fastest`.
-    Scoring,
 }
 
 impl LmProducts {
     /// What a command runs with: [`LmProducts::Int8`] where `AFKIT_LM_INT8=1`, else
     /// [`LmProducts::Fastest`].
     pub fn from_env() -> Self {
-        Self::from_setting(
-            std::env::var("AFKIT_LM_INT8").ok().as_deref(),
-            Self::Fastest,
-        )
-    }
-
-    /// What a model that only reads endings runs with: as [`LmProducts::from_env`], but
-    /// [`LmProducts::Scoring`] where `AFKIT_LM_INT8` is unset (`AFKIT_LM_INT8=0` keeps 8 bits
-    /// off).
-    pub fn for_scoring() -> Self {
-        Self::from_setting(
-            std::env::var("AFKIT_LM_INT8").ok().as_deref(),
-            Self::Scoring,
-        )
-    }
-
-    /// The products `AFKIT_LM_INT8`'s value asks for: `1` 8 bits, `0` never 8 bits, anything
-    /// else (or nothing) `default`.
-    fn from_setting(setting: Option<&str>, default: Self) -> Self {
-        match setting {
-            Some("1") => LmProducts::Int8,
-            Some("0") => LmProducts::Fastest,
-            _ => default,
+        match std::env::var("AFKIT_LM_INT8").as_deref() {
+            Ok("1") => LmProducts::Int8,
+            _ => LmProducts::Fastest,
         }
     }
 }
@@ -185,16 +159,5 @@ mod tests {
         assert!(open(None));
         assert!(open(Some(Engine::Cpu)));
         assert!(!open(Some(Engine::Generic)));
-    }
-
-    #[test]
-    fn afkit_lm_int8_turns_8_bits_on_and_off_whatever_the_default() {
-        use LmProducts::*;
-        for default in [Fastest, Scoring] {
-            assert_eq!(LmProducts::from_setting(Some("1"), default), Int8);
-            assert_eq!(LmProducts::from_setting(Some("0"), default), Fastest);
-            assert_eq!(LmProducts::from_setting(None, default), default);
-            assert_eq!(LmProducts::from_setting(Some("yes"), default), default);
-        }
     }
 }

@@ -23,8 +23,7 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 
-use super::scorer::{contexts_and_endings, read_in_batches, Reader};
-use afkit_engine::device::LmProducts;
+use super::scorer::{contexts_and_endings, read_in_batches};
 
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 use afkit_store::fluency::{FluencyFloor, FluencyReadings};
@@ -111,14 +110,11 @@ fn read_missing(
     sha256: &str,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    let reader = Reader {
-        path: &fluency.path,
-        name: format!("the fluency reader {}", fluency.reader),
-        products: LmProducts::from_env(),
-    };
+    let name = format!("the fluency reader {}", fluency.reader);
     read_in_batches(
         store,
-        &reader,
+        &fluency.path,
+        &name,
         Unread::Fluency {
             run_id,
             model: sha256,

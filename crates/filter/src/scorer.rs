@@ -19,7 +19,6 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::settings::Scorer;
-use afkit_engine::device::{Compute, LmProducts};
 use afkit_engine::lm::choice::{ChoiceQuestion, ChoiceScorer};
 use afkit_engine::lm::model::LanguageModel;
 use afkit_store::dataset::startphrase;
@@ -58,14 +57,11 @@ pub(crate) fn store_scorer_scores(
     scorer: &Scorer,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    let reader = Reader {
-        path: &scorer.path,
-        name: format!("scorer model {}", scorer.name),
-        products: LmProducts::for_scoring(),
-    };
+    let name = format!("scorer model {}", scorer.name);
     read_in_batches(
         store,
-        &reader,
+        &scorer.path,
+        &name,
         Unread::Scorer {
             model: &scorer.sha256,
         },
@@ -81,20 +77,15 @@ pub(crate) fn store_scorer_scores(
 pub(super) type ReadAndPut<'a> =
     dyn Fn(&ChoiceScorer, &[UnreadContext], &mut Store) -> Result<()> + 'a;
 
-/// A language model that reads endings: its file, its name in errors and its products.
-pub(super) struct Reader<'a> {
-    pub path: &'a Path,
-    pub name: String,
-    pub products: LmProducts,
-}
-
-/// Reads the endings `unread` names with `reader`, `batch_contexts` contexts at a time until
-/// none is left, each batch read and committed by `read_and_put` (which returns nothing: the
-/// batch's endings count as done). The model is loaded only when something is missing;
-/// `progress` hears endings done and endings missing at the start.
+/// Reads the endings `unread` names with the model at `path` (named `name` in errors),
+/// `batch_contexts` contexts at a time until none is left, each batch read and committed by
+/// `read_and_put` (which returns nothing: the batch's endings count as done). The model is
+/// loaded only when something is missing; `progress` hears endings done and endings missing
+/// at the start.
 pub(super) fn read_in_batches(
     store: &mut Store,
-    reader: &Reader,
+    path: &Path,
+    name: &str,
     unread: Unread<'_>,
     batch_contexts: usize,
     progress: &mut dyn FnMut(usize, usize),
@@ -104,12 +95,7 @@ pub(super) fn read_in_batches(
     if missing == 0 {
         return Ok(());
     }
-    let compute = Compute {
-        lm_products: reader.products,
-        ..Compute::cpu()
-    };
-    let model = LanguageModel::load_on(reader.path, &compute)
-        .with_context(|| format!("cannot load {}", reader.name))?;
+    let model = LanguageModel::load(path).with_context(|| format!("cannot load {name}"))?;
     let choice = ChoiceScorer::new(&model)?;
     let mut done = 0;
     progress(done, missing);
@@ -119,7 +105,7 @@ pub(super) fn read_in_batches(
         if batch.is_empty() {
             return Ok(());
         }
-        read_and_put(&choice, &batch, store).with_context(|| reader.name.clone())?;
+        read_and_put(&choice, &batch, store).with_context(|| name.to_string())?;
         done += batch.iter().map(|c| c.endings.len()).sum::<usize>();
         progress(done.min(missing), missing);
     }

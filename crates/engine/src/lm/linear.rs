@@ -86,15 +86,13 @@ impl Linear {
     /// [`LmProducts::Fastest`], [`fast_bf16_kernel`]'s bf16 products where this CPU has them
     /// (a bf16 operand keeps 8 of an f32's 24 significant bits; the sums stay f32); with
     /// [`LmProducts::Int8`], 8-bit products ([`int8`]) where it has AVX-512 VNNI, else as
-    /// `Fastest`; with [`LmProducts::Scoring`], bf16 where it has those, else 8 bits where it
-    /// can; otherwise as [`Linear::new`].
+    /// `Fastest`; otherwise as [`Linear::new`].
     pub(crate) fn fastest(w: Tensor, compute: &Compute) -> Result<Self> {
         let kernel = match compute.lm_products {
             _ if !compute.cpu_kernels => None,
             LmProducts::F32 => None,
             LmProducts::Fastest => fast_bf16_kernel(),
             LmProducts::Int8 => lm_int8_kernel().or_else(fast_bf16_kernel),
-            LmProducts::Scoring => fast_bf16_kernel().or_else(|| packed_kernel(Precision::Int8)),
         };
         match kernel {
             Some(kernel) => Ok(Linear::Packed(PackedMatrix::pack(&w, kernel)?)),

@@ -598,17 +598,6 @@ fn int8_products_sample_and_score_near_the_f32_kernels() {
     samples_and_scores_near_the_f32_kernels(&int8, 4, 0.3);
 }
 
-/// The products a scorer takes ([`LmProducts::Scoring`]: bf16, else 8 bits, else f32, by what
-/// this CPU has) score within 8-bit rounding of the f32 kernels on any CPU.
-#[test]
-fn scoring_products_score_near_the_f32_kernels() {
-    let scoring = Compute {
-        lm_products: LmProducts::Scoring,
-        ..Compute::cpu()
-    };
-    samples_and_scores_near_the_f32_kernels(&scoring, 4, 0.3);
-}
-
 /// Decodes 32 rows from one seed with f32 products and with `compute`'s: at least `same` rows
 /// alike, each sampled token's recorded log-prob what `compute`'s scoring gives, and that
 /// within `tolerance` of the f32 scoring.
