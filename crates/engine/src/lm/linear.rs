@@ -683,14 +683,13 @@ unsafe fn micro_kernel(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        let (a, b) = (block.data.as_ptr(), panel.words.as_ptr());
-        let rows = block.rows;
         if kernel == Kernel::Avx512Vnni {
             micro_kernel_int8(block, panel, words, (dst, ldc, cols));
         } else if kernel.is_avx2() {
             micro_kernel_avx2(kernel, block, panel, words, (dst, ldc, cols));
         } else {
             debug_assert!(kernel.heights().contains(&block.height));
+            let (a, b, rows) = (block.data.as_ptr(), panel.words.as_ptr(), block.rows);
             let write = (dst, ldc, cols);
             let bf16 = kernel == Kernel::Avx512Bf16;
             match (block.height, bf16) {
