@@ -1364,3 +1364,67 @@ fn assigned_negatives_of_question(conn: &Connection, question: i64) -> Vec<i64> 
         .map(Result::unwrap)
         .collect()
 }
+
+/// With `--turns rotating` a phase's iterations take turns: its first five hold out every
+/// context exactly once, so no context has its negatives replaced in two of them, and the run
+/// records the choice. By default (SWAG's random fifths, recorded as nothing) some contexts come
+/// back within five iterations.
+#[test]
+fn rotating_turns_hold_out_every_context_once_in_five_iterations() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 90,
+        candidates: 8,
+        clean: 4,
+        seed: Seed::new(9),
+    };
+    let project = build_project(dir.path(), "turns.sqlite", spec);
+    let flags = [
+        "--k",
+        "4",
+        "--mlp-iterations",
+        "5",
+        "--ensemble-iterations",
+        "0",
+    ];
+    // (contexts swapped in the latest run, of them those swapped in two iterations or more)
+    let swapped = |project: &Path| -> (i64, i64) {
+        let conn = Connection::open(project).unwrap();
+        conn.query_row(
+            "SELECT COUNT(*), COALESCE(SUM(n > 1), 0) FROM (
+                 SELECT example_id, COUNT(DISTINCT iteration) AS n FROM af_swaps
+                 WHERE run_id = (SELECT MAX(id) FROM af_runs) GROUP BY example_id)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    };
+    let recorded_turns = |project: &Path| -> Option<String> {
+        let conn = Connection::open(project).unwrap();
+        let text: String = conn
+            .query_row(
+                "SELECT params FROM af_runs ORDER BY id DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let params: serde_json::Value = serde_json::from_str(&text).unwrap();
+        params.get("turns").map(|t| t.as_str().unwrap().to_string())
+    };
+
+    run_ok(command().args(filter_args(&project, &flags)));
+    let (_, twice) = swapped(&project);
+    assert!(twice > 0, "random fifths never came back to a context");
+    assert_eq!(recorded_turns(&project), None);
+
+    let rotating = [&flags[..], &["--turns", "rotating"]].concat();
+    let out = run_ok(command().args(filter_args(&project, &rotating)));
+    assert!(out.contains("other settings (turns)"), "{out}");
+    let (contexts, twice) = swapped(&project);
+    assert!(
+        contexts > 45,
+        "the rule is not idle: {contexts} contexts swapped"
+    );
+    assert_eq!(twice, 0, "a context held out twice within one deal");
+    assert_eq!(recorded_turns(&project).as_deref(), Some("rotating"));
+}

@@ -82,6 +82,16 @@ pub struct FilterArgs {
     /// held-out one, so it knows that video's real endings; `group` rules that out.
     #[arg(long, value_enum, default_value_t = DEFAULTS.hold_out, help_heading = RUN, hide_short_help = true)]
     pub hold_out: filter::HoldOut,
+    /// How the iterations choose the fifth of the contexts they hold out: at random or in turns.
+    ///
+    /// An iteration replaces the negatives of the contexts it holds out only. `random` (SWAG's
+    /// rule, the default) draws each iteration's fifth afresh: after five iterations about a
+    /// third of the contexts were never held out, and some were held out three times. `rotating`
+    /// deals each phase's contexts into five folds and holds out one per iteration, so every
+    /// context is filtered once in every five iterations; on small projects it filtered further
+    /// and pushed the style classifiers further below chance (BENCHMARKS.md).
+    #[arg(long, value_enum, default_value_t = DEFAULTS.turns, help_heading = RUN, hide_short_help = true)]
+    pub turns: filter::HeldOutTurns,
     /// Start a new run instead of resuming or keeping the latest one.
     ///
     /// Without it an unfinished latest run resumes, and one finished on the same pools stands.
@@ -235,6 +245,7 @@ impl FilterArgs {
             n_easy: self.n_easy,
             replacement: self.replace_with,
             hold_out: self.hold_out,
+            turns: self.turns,
             mlp_iterations: self.mlp_iterations,
             ensemble_iterations: self.ensemble_iterations(),
             folds: self.folds(),

@@ -50,6 +50,9 @@ pub enum Key<'a> {
     ModelInit(&'a str),
     /// AF: the order of the training batches.
     BatchOrder,
+    /// AF: the deal of a phase's contexts into held-out folds for its iterations 5·round to
+    /// 5·round + 4.
+    HeldOutDeal { phase: &'a str, round: usize },
     /// AF: the fine-tuned adversary's training negatives.
     DiscriminatorNegatives,
     /// AF: the fine-tuned adversary's seed within an iteration or fold.
@@ -87,6 +90,7 @@ impl Key<'_> {
             Key::AdaptOrder(fold) => format!("adapt\u{0}order\u{0}{fold}"),
             Key::ModelInit(name) => format!("init\u{0}{name}"),
             Key::BatchOrder => "batch order".into(),
+            Key::HeldOutDeal { phase, round } => format!("held out\u{0}{phase}\u{0}{round}"),
             Key::DiscriminatorNegatives => "discriminator negatives".into(),
             Key::Discriminator => "discriminator".into(),
             Key::DiscriminatorHead => "discriminator head".into(),
@@ -211,6 +215,13 @@ mod tests {
             (Key::AdaptOrder(2), "adapt\u{0}order\u{0}2"),
             (Key::ModelInit("mlp.l1.weight"), "init\u{0}mlp.l1.weight"),
             (Key::BatchOrder, "batch order"),
+            (
+                Key::HeldOutDeal {
+                    phase: "ensemble",
+                    round: 1,
+                },
+                "held out\u{0}ensemble\u{0}1",
+            ),
             (Key::DiscriminatorNegatives, "discriminator negatives"),
             (Key::Discriminator, "discriminator"),
             (Key::DiscriminatorHead, "discriminator head"),

@@ -65,6 +65,21 @@ pub(crate) fn split_80_20(
     (0..n).partition(|&i| fold_of[i] != 0)
 }
 
+/// The split of a phase's iteration `turn` when the iterations take turns
+/// ([`crate::HeldOutTurns::Rotating`]): `deal` deals the contexts into five folds by group, the
+/// same deal for turns 5·r to 5·r + 4, and turn t holds out fold t mod 5. So every context is
+/// held out exactly once in every five turns of a deal. A project of fewer than five groups is
+/// dealt into as many folds as it has groups, so that no turn holds out nothing.
+pub(crate) fn rotating_split(
+    groups: &[Option<&str>],
+    turn: usize,
+    deal: &mut ChaCha8Rng,
+) -> (Vec<usize>, Vec<usize>) {
+    let n_folds = afkit_engine::folds::count_groups(groups).clamp(1, 5);
+    let fold_of = folds(groups, n_folds, deal);
+    (0..groups.len()).partition(|&i| fold_of[i] != turn % n_folds)
+}
+
 /// Deals the contexts into `folds` folds of near-equal size by group ([`afkit_engine::folds`]), at
 /// random.
 pub(crate) fn folds(groups: &[Option<&str>], folds: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
@@ -269,6 +284,34 @@ mod tests {
             "fewer than min_iterations"
         );
         assert!(rule.converged(&[false, false, false, true, true]));
+    }
+
+    proptest! {
+        #[test]
+        fn rotating_turns_hold_out_every_context_once_per_deal(
+            ids in prop::collection::vec(prop::option::of(0u8..30), 1..120),
+            seed in 0u64..1000,
+            round in 0usize..3,
+        ) {
+            let names: Vec<Option<String>> = ids.iter().map(|g| g.map(|g| format!("v{g}"))).collect();
+            let groups: Vec<Option<&str>> = names.iter().map(|g| g.as_deref()).collect();
+            let n = groups.len();
+            let mut held_out_turns = vec![0usize; n];
+            // Five folds, or one per group when there are fewer.
+            let n_folds = afkit_engine::folds::count_groups(&groups).min(5);
+            for turn in 5 * round..5 * round + n_folds {
+                let (train, test) = rotating_split(&groups, turn, &mut Seed::new(seed).rng());
+                prop_assert!(!test.is_empty(), "turn {} holds out nothing", turn);
+                prop_assert_eq!(train.len() + test.len(), n);
+                for &i in &test {
+                    held_out_turns[i] += 1;
+                    for &j in &train {
+                        prop_assert!(groups[i].is_none() || groups[i] != groups[j]);
+                    }
+                }
+            }
+            prop_assert!(held_out_turns.iter().all(|&t| t == 1), "{:?}", held_out_turns);
+        }
     }
 
     #[test]

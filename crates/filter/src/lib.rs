@@ -26,7 +26,7 @@ mod train;
 mod windows;
 
 pub use run::{
-    config::{Config, HoldOut},
+    config::{Config, HeldOutTurns, HoldOut},
     observer::{Observer, Silent, Timings},
     run, Summary,
 };

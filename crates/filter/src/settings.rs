@@ -173,7 +173,7 @@ pub enum Replacement {
 /// *quiet* — fewer swaps than 1% of the held-out contexts, or the deciding model's held-out
 /// accuracy within two standard errors of chance, 1/(k+1) + 2·sqrt(c(1−c)/n_test) — but never
 /// before `min_iterations`. Each iteration holds out a fifth of the contexts, so five
-/// iterations give every context one turn on average; on a small project the held-out accuracy
+/// iterations give every context about one turn ([`crate::HeldOutTurns`]); on a small project the held-out accuracy
 /// is near chance from the start (its models train on a few dozen contexts), and without the
 /// floor AF stopped after two iterations having filtered a third of the contexts.
 #[derive(Debug, Clone, Copy, Serialize)]

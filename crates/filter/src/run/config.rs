@@ -29,6 +29,9 @@ pub struct Config {
     /// What AF's held-out splits and final folds keep together (recorded like `replacement`).
     #[serde(skip_serializing_if = "is_default")]
     pub hold_out: HoldOut,
+    /// How the iterations choose the contexts they hold out (recorded like `replacement`).
+    #[serde(skip_serializing_if = "is_default")]
+    pub turns: HeldOutTurns,
     pub mlp_iterations: usize,
     /// 0: MLP-only AF; the final pass then scores with the MLP and no text is loaded.
     pub ensemble_iterations: usize,
@@ -67,6 +70,7 @@ impl Default for Config {
             n_easy: 2,
             replacement: Replacement::default(),
             hold_out: HoldOut::default(),
+            turns: HeldOutTurns::default(),
             mlp_iterations: 20,
             ensemble_iterations: 3,
             folds: 5,
@@ -133,6 +137,26 @@ pub enum HoldOut {
     /// and the audit's folds are cut. A project with fewer groups than folds is held out context
     /// by context.
     Group,
+}
+
+/// How AF's iterations choose the fifth of the contexts they hold out, and so which contexts
+/// get their negatives replaced.
+///
+/// An iteration only replaces the negatives of the contexts it holds out. Drawn at random each
+/// time, a fifth leaves a third of the contexts (0.8⁵) unfiltered by a phase's first five
+/// iterations while others are held out two or three times; taken in turns, every context is
+/// held out once in every five. Turns are not the default: on 150-context projects they made
+/// the runs longer and pushed the character n-gram rows further under chance (BENCHMARKS.md,
+/// "Held-out fifths in turns").
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HeldOutTurns {
+    /// Each iteration draws its own fifth at random (SWAG's rule; the default).
+    #[default]
+    Random,
+    /// Each phase deals the contexts into five folds (by group with `--hold-out group`) and
+    /// holds out one fold per iteration, dealing afresh every five iterations.
+    Rotating,
 }
 
 /// Each context's group for the held-out splits and the final folds (`None`: a group of its

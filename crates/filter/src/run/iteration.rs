@@ -7,11 +7,12 @@ use std::time::Instant;
 use anyhow::Result;
 
 use super::adversary::Adversary;
-use super::config::{split_groups, Config};
+use super::config::{split_groups, Config, HeldOutTurns};
 use super::held_out::{accuracy, score_held_out, training_choices, HeldOut};
-use crate::algorithm::{choose_swaps, draw_seed, iteration_stream, split_80_20};
+use crate::algorithm::{choose_swaps, draw_seed, iteration_stream, rotating_split, split_80_20};
 use crate::data::Dataset;
 use crate::train::train;
+use afkit_engine::seed::Key;
 use afkit_store::af::{Assignment, IterationRecord, Phase, Swap};
 
 /// What one iteration did, to commit and report.
@@ -24,19 +25,28 @@ pub(crate) struct IterationOutcome {
     pub adversary_seconds: f64,
 }
 
-/// One AF iteration: split, train, score the held-out pools, measure, choose swaps. Its
-/// randomness comes from (seed, iteration) alone, so a resumed run repeats it exactly.
+/// One AF iteration, the `turn`-th of its phase: split, train, score the held-out pools,
+/// measure, choose swaps. Its randomness comes from (seed, iteration, turn) alone, so a resumed
+/// run repeats it exactly.
 pub(crate) fn run_iteration(
     data: &Dataset,
     assignment: &Assignment,
-    family: Phase,
-    iteration: usize,
+    (family, iteration, turn): (Phase, usize, usize),
     config: &Config,
     adversary: Option<&Adversary>,
 ) -> Result<IterationOutcome> {
     let started = Instant::now();
     let mut rng = config.seed.stream(iteration_stream(iteration));
-    let (train_ids, test_ids) = split_80_20(&split_groups(data, config), &mut rng);
+    let groups = split_groups(data, config);
+    let (train_ids, test_ids) = match config.turns {
+        HeldOutTurns::Random => split_80_20(&groups, &mut rng),
+        HeldOutTurns::Rotating => {
+            let round = turn / 5;
+            let phase = family.name();
+            let mut deal = config.seed.key(Key::HeldOutDeal { phase, round }).rng();
+            rotating_split(&groups, turn, &mut deal)
+        }
+    };
     let model_seed = draw_seed(&mut rng);
     let choices = training_choices(data, &train_ids, assignment);
     let model = train(data, &choices, family, &config.train, model_seed)?;

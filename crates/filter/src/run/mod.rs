@@ -5,7 +5,8 @@
 //! 2. Phase 1 runs MLP-only iterations, phase 2 ensemble iterations; each phase ends at its cap
 //!    or when it converges ([`crate::algorithm::Convergence`]: two quiet iterations in a row;
 //!    [`phases`]). An iteration trains on 80% of the contexts, scores the held-out pools and
-//!    replaces the negatives the model spotted easily ([`iteration`]).
+//!    replaces the negatives the model spotted easily ([`iteration`]); with `--turns rotating` the held-out
+//!    fifths of a phase take turns, so five iterations hold out every context once.
 //! 3. Every iteration is committed whole (record, swaps, new assignment) in one transaction, and
 //!    its randomness comes from (seed, iteration) alone, so a run interrupted by Ctrl-C or
 //!    `kill -9` resumes after its last stored iteration and ends exactly where an uninterrupted

@@ -32,7 +32,8 @@ pub(crate) fn run_iterations(
     while let Some(family) = next {
         afkit_engine::interrupt::check()?;
         let iteration = history.len();
-        if iteration == 0 || history[iteration - 1].phase != family {
+        let turn = history.iter().filter(|r| r.phase == family).count();
+        if turn == 0 {
             observer.phase_started(family);
         }
         let started = Instant::now();
@@ -41,7 +42,13 @@ pub(crate) fn run_iterations(
             swaps,
             train_seconds,
             adversary_seconds,
-        } = run_iteration(data, assignment, family, iteration, config, adversary)?;
+        } = run_iteration(
+            data,
+            assignment,
+            (family, iteration, turn),
+            config,
+            adversary,
+        )?;
         timings.add_iteration(family, started.elapsed().as_secs_f64(), adversary_seconds);
         store.commit_af_iteration(run.id, &record, &swaps)?;
         apply_swaps(assignment, &swaps);
