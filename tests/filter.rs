@@ -256,6 +256,19 @@ struct RunState {
     finished: bool,
 }
 
+/// The settings the latest AF run recorded (`af_runs.params`).
+fn latest_run_params(project: &Path) -> serde_json::Value {
+    let conn = Connection::open(project).unwrap();
+    let text: String = conn
+        .query_row(
+            "SELECT params FROM af_runs ORDER BY id DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
 fn run_state(project: &Path) -> RunState {
     let store = Store::open(project).unwrap();
     let run = store.latest_af_run().unwrap().expect("a run");
@@ -594,18 +607,7 @@ fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
         "0",
     ];
     run_ok(command().args(filter_args(&project, &flags)));
-    let params = |project: &Path| -> serde_json::Value {
-        let conn = Connection::open(project).unwrap();
-        let text: String = conn
-            .query_row(
-                "SELECT params FROM af_runs ORDER BY id DESC LIMIT 1",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        serde_json::from_str(&text).unwrap()
-    };
-    let defaults = params(&project);
+    let defaults = latest_run_params(&project);
     assert!(defaults.get("hold_out").is_none() && defaults.get("replacement").is_none());
 
     let grouped = [
@@ -618,7 +620,7 @@ fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
         out.contains("other settings (hold_out, replacement)"),
         "{out}"
     );
-    let recorded = params(&project);
+    let recorded = latest_run_params(&project);
     assert_eq!(recorded["hold_out"], "group");
     assert_eq!(recorded["replacement"], "nearest-gold");
     let conn = Connection::open(&project).unwrap();
@@ -976,15 +978,9 @@ fn assert_scorer_scores_stored(project: &Path, first_gold_ll: f64) {
         (first_gold - first_gold_ll).abs() < 1e-4,
         "{first_gold} vs {first_gold_ll}"
     );
-    let params: String = conn
-        .query_row(
-            "SELECT params FROM af_runs ORDER BY id DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let params = latest_run_params(project);
     assert!(
-        params.contains("\"scorers\""),
+        params.get("scorers").is_some(),
         "the run records its scorer: {params}"
     );
 }
@@ -1400,15 +1396,7 @@ fn rotating_turns_hold_out_every_context_once_in_five_iterations() {
         .unwrap()
     };
     let recorded_turns = |project: &Path| -> Option<String> {
-        let conn = Connection::open(project).unwrap();
-        let text: String = conn
-            .query_row(
-                "SELECT params FROM af_runs ORDER BY id DESC LIMIT 1",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        let params: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let params = latest_run_params(project);
         params.get("turns").map(|t| t.as_str().unwrap().to_string())
     };
 
