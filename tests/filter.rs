@@ -985,15 +985,9 @@ fn assert_scorer_scores_stored(project: &Path, first_gold_ll: f64) {
     );
 }
 
-/// `--discriminator`: the fine-tuned cross-encoder joins the ensemble's iterations and the final
-/// pass, each with its own accuracy beside the adversary AF acts on (the two together); a fresh
-/// model trains in every iteration from the iteration's seed, so a run killed in the ensemble
-/// phase resumes and ends exactly where an uninterrupted run ends.
-/// (A small random BERT stands in for MiniLM.)
-#[test]
-fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let bert = dir.path().join("bert");
+/// A small random BERT whose vocabulary holds every word of the synthetic pools: a stand-in for
+/// MiniLM.
+fn write_random_bert_of_the_pools(bert: &Path) {
     let mut words: Vec<String> = VERBS
         .iter()
         .chain(&NOUNS)
@@ -1008,7 +1002,20 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
     words.sort();
     words.dedup();
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
-    afkit_engine::fixtures::write_random_bert(&bert, &words, Seed::new(4)).unwrap();
+    afkit_engine::fixtures::write_random_bert(bert, &words, Seed::new(4)).unwrap();
+}
+
+/// `--discriminator`: the fine-tuned cross-encoder joins the ensemble's iterations and the final
+/// pass, each with its own accuracy beside the adversary AF acts on (the two together), after
+/// the style iterations that run the ensemble without it; a fresh model trains in every
+/// iteration from the iteration's seed, so a run killed in the ensemble phase resumes and ends
+/// exactly where an uninterrupted run ends.
+/// (A small random BERT stands in for MiniLM.)
+#[test]
+fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let bert = dir.path().join("bert");
+    write_random_bert_of_the_pools(&bert);
     let spec = PoolSpec {
         contexts: 60,
         candidates: 8,
@@ -1019,6 +1026,8 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
         "--k",
         "4",
         "--mlp-iterations",
+        "2",
+        "--style-iterations",
         "2",
         "--ensemble-iterations",
         "3",
@@ -1043,6 +1052,9 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
         let joined = accuracy.minilm.is_some() && accuracy.adversary.is_some();
         assert_eq!(joined, *phase == Phase::Ensemble, "iteration {iteration}");
     }
+    let phases: Vec<Phase> = expected.iterations.iter().map(|i| i.1).collect();
+    assert_eq!(phases[..3], [Phase::Mlp, Phase::Mlp, Phase::Style]);
+    assert_eq!(phases.last(), Some(&Phase::Ensemble));
     let store = Store::open(&reference).unwrap();
     let run = store.latest_af_run().unwrap().unwrap();
     let last = run.final_accuracy.unwrap();
@@ -1051,13 +1063,19 @@ fn discriminator_joins_the_ensemble_and_a_killed_run_resumes_to_the_same_end() {
         "{last:?}"
     );
     assert!(run.params.contains("\"discriminator\""), "{}", run.params);
+    assert!(
+        run.params.contains("\"style_iterations\":2"),
+        "{}",
+        run.params
+    );
     drop(store);
 
     let project = build_project(dir.path(), "killed.sqlite", spec);
-    kill_after_iterations(&project, &flags, 3);
+    let before_ensemble = phases.iter().filter(|&&p| p != Phase::Ensemble).count();
+    kill_after_iterations(&project, &flags, before_ensemble + 1);
     let interrupted = run_state(&project);
     assert!(
-        !interrupted.finished && interrupted.iterations.len() >= 3,
+        !interrupted.finished && interrupted.iterations.len() > before_ensemble,
         "the kill must land in the ensemble phase: {} iterations stored",
         interrupted.iterations.len()
     );

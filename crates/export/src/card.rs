@@ -267,21 +267,19 @@ fn write_af(md: &mut String, c: &CardInputs) -> std::fmt::Result {
     match &c.af_run {
         None => writeln!(md, "No finished AF run.")?,
         Some(run) => {
-            let mlp = c
-                .iterations
-                .iter()
-                .filter(|i| i.phase == Phase::Mlp)
-                .count();
+            let ran = |phase: Phase| c.iterations.iter().filter(|i| i.phase == phase).count();
             writeln!(
                 md,
-                "Run {} with k = {}, seed {}, parameters `{}`: {} ({} MLP-only, {} ensemble).",
+                "Run {} with k = {}, seed {}, parameters `{}`: {} ({} MLP-only, {} style, {} \
+                 ensemble).",
                 run.id,
                 run.k,
                 run.seed,
                 run.params,
                 counted(c.iterations.len(), "iteration", "iterations"),
-                mlp,
-                c.iterations.len() - mlp
+                ran(Phase::Mlp),
+                ran(Phase::Style),
+                ran(Phase::Ensemble)
             )?;
             if let (Some(first), Some(last)) = (c.iterations.first(), c.iterations.last()) {
                 writeln!(

@@ -148,8 +148,14 @@ impl Convergence {
 
     /// Whether a phase whose iterations were quiet or not (in order) has converged.
     pub(crate) fn converged(&self, quiet: &[bool]) -> bool {
+        quiet.len() >= self.min_iterations && self.settled(quiet)
+    }
+
+    /// Whether the last `patience` iterations were all quiet, however few the phase ran: the
+    /// style phase's rule, which has no floor because the adversary's iterations follow.
+    pub(crate) fn settled(&self, quiet: &[bool]) -> bool {
         self.patience > 0
-            && quiet.len() >= self.patience.max(self.min_iterations)
+            && quiet.len() >= self.patience
             && quiet[quiet.len() - self.patience..].iter().all(|&q| q)
     }
 }
@@ -284,6 +290,9 @@ mod tests {
             "fewer than min_iterations"
         );
         assert!(rule.converged(&[false, false, false, true, true]));
+        assert!(rule.settled(&[true, true]), "no floor");
+        assert!(!rule.settled(&[true, false]));
+        assert!(!rule.settled(&[true]));
     }
 
     proptest! {

@@ -418,7 +418,7 @@ impl TextModels {
 }
 
 /// The model family of one iteration: the MLP always, the text models and the ensemble in
-/// [`Phase::Ensemble`] iterations.
+/// [`Phase::Style`] and [`Phase::Ensemble`] iterations.
 pub(crate) struct StylisticModel {
     mlp: MlpModel,
     mlp_head: Linear,
@@ -438,7 +438,7 @@ impl StylisticModel {
         let mlp_head = linear(cfg.mlp_hidden, 1, vb.pp("mlp_head"))?;
         let text = match family {
             Phase::Mlp => None,
-            Phase::Ensemble => Some(TextModels::new(inputs, cfg, cpu_kernels, &vb)?),
+            Phase::Style | Phase::Ensemble => Some(TextModels::new(inputs, cfg, cpu_kernels, &vb)?),
         };
         Ok(StylisticModel {
             mlp,

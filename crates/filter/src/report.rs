@@ -133,8 +133,8 @@ fn plot(run: &AfRun, iterations: &[IterationRecord], path: &Path) -> Result<()> 
         .map_err(draw_err)?;
 
     if let Some(end) = mlp_end {
-        let ensemble_phase = iterations.iter().any(|r| r.phase == Phase::Ensemble);
-        shade_mlp_phase(&mut chart, end as f64 + 0.5, y_max, ensemble_phase).map_err(draw_err)?;
+        let later = later_phases_label(iterations);
+        shade_mlp_phase(&mut chart, end as f64 + 0.5, y_max, later).map_err(draw_err)?;
     }
     draw_chance(&mut chart, chance, last as f64 + 0.5).map_err(draw_err)?;
     let drawn = draw_models(&mut chart, iterations).map_err(draw_err)?;
@@ -150,13 +150,24 @@ type DrawResult<T = ()> = std::result::Result<
     DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>,
 >;
 
-/// The MLP-only phase as a shaded band up to `boundary`, its name at the top, with the ensemble
-/// phase's name after it when there is one.
+/// The name of the phases after the MLP-only one, if any ran.
+fn later_phases_label(iterations: &[IterationRecord]) -> Option<&'static str> {
+    let ran = |phase: Phase| iterations.iter().any(|r| r.phase == phase);
+    match (ran(Phase::Style), ran(Phase::Ensemble)) {
+        (true, true) => Some("style, then ensemble phase"),
+        (true, false) => Some("style phase"),
+        (false, true) => Some("ensemble phase"),
+        (false, false) => None,
+    }
+}
+
+/// The MLP-only phase as a shaded band up to `boundary`, its name at the top, with the later
+/// phases' name after it when there are some.
 fn shade_mlp_phase(
     chart: &mut Chart,
     boundary: f64,
     y_max: f64,
-    ensemble_phase: bool,
+    later_phases: Option<&str>,
 ) -> DrawResult {
     chart.draw_series(std::iter::once(Rectangle::new(
         [(-0.5, 0.0), (boundary, y_max)],
@@ -170,9 +181,9 @@ fn shade_mlp_phase(
         (-0.4, at_top),
         label_style.clone(),
     )];
-    if ensemble_phase {
+    if let Some(later) = later_phases {
         labels.push(Text::new(
-            "ensemble phase".to_string(),
+            later.to_string(),
             (boundary + 0.1, at_top),
             label_style,
         ));
@@ -231,7 +242,7 @@ fn draw_models(chart: &mut Chart, iterations: &[IterationRecord]) -> DrawResult<
             .iter()
             .filter_map(|r| {
                 let x = r.iteration as f64 + sideways(&r.accuracy, m);
-                head(&r.accuracy, m).map(|a| (x, a, r.phase == Phase::Ensemble))
+                head(&r.accuracy, m).map(|a| (x, a, r.phase != Phase::Mlp))
             })
             .collect();
         // Segment by segment: a line's style may change with the phase.
@@ -368,14 +379,19 @@ fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
     let phase = |family: Phase| -> Vec<&IterationRecord> {
         iterations.iter().filter(|r| r.phase == family).collect()
     };
-    let (mlp, ens) = (phase(Phase::Mlp), phase(Phase::Ensemble));
+    let (mlp, style, ens) = (
+        phase(Phase::Mlp),
+        phase(Phase::Style),
+        phase(Phase::Ensemble),
+    );
     let total_swaps: usize = iterations.iter().map(|r| r.swaps).sum();
     writeln!(md, "## Summary\n")?;
     writeln!(
         md,
-        "- iterations: {} ({} MLP-only, {} ensemble)",
+        "- iterations: {} ({} MLP-only, {} style, {} ensemble)",
         iterations.len(),
         mlp.len(),
+        style.len(),
         ens.len()
     )?;
     writeln!(
@@ -383,8 +399,12 @@ fn summary(md: &mut String, iterations: &[IterationRecord]) -> Result<()> {
         "- swaps: {total_swaps} in all (an easy negative replaced by a harder one from the pool)"
     )?;
     held_out_sizes(md, iterations)?;
-    time_per_phase(md, iterations, &mlp, &ens)?;
-    for (label, phase) in [("MLP-only phase", &mlp), ("ensemble phase", &ens)] {
+    time_per_phase(md, iterations, [&mlp, &style, &ens])?;
+    for (label, phase) in [
+        ("MLP-only phase", &mlp),
+        ("style phase", &style),
+        ("ensemble phase", &ens),
+    ] {
         accuracy_moves(md, label, phase)?;
     }
     Ok(())
@@ -419,8 +439,7 @@ fn held_out_sizes(md: &mut String, iterations: &[IterationRecord]) -> Result<()>
 fn time_per_phase(
     md: &mut String,
     iterations: &[IterationRecord],
-    mlp: &[&IterationRecord],
-    ens: &[&IterationRecord],
+    [mlp, style, ens]: [&[&IterationRecord]; 3],
 ) -> Result<()> {
     let total_seconds: f64 = iterations.iter().map(|r| r.seconds).sum();
     let mean = |rs: &[&IterationRecord]| {
@@ -435,9 +454,10 @@ fn time_per_phase(
     };
     writeln!(
         md,
-        "- time: {total_seconds:.0} s of iterations (mean {} per MLP-only, {} per ensemble \
-         iteration)",
+        "- time: {total_seconds:.0} s of iterations (mean {} per MLP-only, {} per style, {} per \
+         ensemble iteration)",
         mean(mlp),
+        mean(style),
         mean(ens)
     )?;
     Ok(())

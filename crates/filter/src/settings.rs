@@ -170,8 +170,9 @@ pub enum Replacement {
 }
 
 /// The convergence rule of a phase: it stops once its last `patience` iterations were each
-/// *quiet* — fewer swaps than 1% of the held-out contexts, or the deciding model's held-out
-/// accuracy within two standard errors of chance, 1/(k+1) + 2·sqrt(c(1−c)/n_test) — but never
+/// *quiet* — fewer swaps than 1% of the held-out contexts, or the held-out accuracy of the
+/// models the phase goes by within two standard errors of chance, 1/(k+1) +
+/// 2·sqrt(c(1−c)/n_test) (which models: `run/phases.rs`) — but never
 /// before `min_iterations`. Each iteration holds out a fifth of the contexts, so five
 /// iterations give every context about one turn ([`crate::HeldOutTurns`]); on a small project the held-out accuracy
 /// is near chance from the start (its models train on a few dozen contexts), and without the

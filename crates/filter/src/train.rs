@@ -88,9 +88,9 @@ pub(crate) fn train(
     )?;
     let epochs = match family {
         Phase::Mlp => cfg.mlp_epochs,
-        Phase::Ensemble => cfg.ensemble_epochs,
+        Phase::Style | Phase::Ensemble => cfg.ensemble_epochs,
     };
-    let text = (family == Phase::Ensemble).then_some(inputs);
+    let text = (family != Phase::Mlp).then_some(inputs);
     let mut rng = seed.key(Key::BatchOrder).rng();
     let mut order: Vec<usize> = (0..choices.len()).collect();
     for _ in 0..epochs {
@@ -208,7 +208,7 @@ impl Trained {
     /// chunks so that padding stays small.
     pub(crate) fn score(&self, options: &[(&EncodedEnding, usize)]) -> anyhow::Result<Scores> {
         const CHUNK: usize = 512;
-        let text = (self.family() == Phase::Ensemble).then_some(self.inputs);
+        let text = (self.family() != Phase::Mlp).then_some(self.inputs);
         let with_text = text.is_some();
         let mut order: Vec<usize> = (0..options.len()).collect();
         order.sort_by_key(|&i| options[i].0.words.len());

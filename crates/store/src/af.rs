@@ -117,7 +117,12 @@ pub struct AfRun {
 pub enum Phase {
     /// The cheap perplexity MLP alone (SWAG's first 100 iterations).
     Mlp,
-    /// All the stylistic models and the ensemble.
+    /// The stylistic models and the ensemble, before the fine-tuned adversary joins: cheap
+    /// iterations that take the style out of the negatives, so the adversary's costly ones need
+    /// not.
+    Style,
+    /// All the stylistic models and the ensemble, with the fine-tuned adversary if the run has
+    /// one.
     Ensemble,
 }
 
@@ -126,6 +131,7 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::Mlp => "mlp",
+            Phase::Style => "style",
             Phase::Ensemble => "ensemble",
         }
     }
@@ -142,6 +148,7 @@ impl FromSql for Phase {
     fn column_result(value: ValueRef<'_>) -> FromSqlResult<Phase> {
         match value.as_str()? {
             "mlp" => Ok(Phase::Mlp),
+            "style" => Ok(Phase::Style),
             "ensemble" => Ok(Phase::Ensemble),
             other => Err(FromSqlError::Other(
                 format!("unknown AF phase {other:?}").into(),

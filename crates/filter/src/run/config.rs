@@ -33,6 +33,10 @@ pub struct Config {
     #[serde(skip_serializing_if = "is_default")]
     pub turns: HeldOutTurns,
     pub mlp_iterations: usize,
+    /// Cap on the style phase: ensemble iterations without the fine-tuned adversary, before it
+    /// joins (recorded only when there are some, so earlier runs keep their settings).
+    #[serde(skip_serializing_if = "is_default")]
+    pub style_iterations: usize,
     /// 0: MLP-only AF; the final pass then scores with the MLP and no text is loaded.
     pub ensemble_iterations: usize,
     /// Folds of the final cross-fitted pass.
@@ -72,6 +76,7 @@ impl Default for Config {
             hold_out: HoldOut::default(),
             turns: HeldOutTurns::default(),
             mlp_iterations: 20,
+            style_iterations: 0,
             ensemble_iterations: 3,
             folds: 5,
             convergence: Convergence::default(),
@@ -93,6 +98,13 @@ impl Config {
         if self.discriminator.is_some() && self.ensemble_iterations == 0 {
             bail!("--discriminator joins the ensemble: it needs --ensemble-iterations above 0");
         }
+        if self.style_iterations > 0 && self.discriminator.is_none() {
+            bail!(
+                "--style-iterations runs the ensemble before the fine-tuned adversary joins; \
+                 without an adversary the ensemble phase is the style phase: raise \
+                 --ensemble-iterations instead"
+            );
+        }
         if self.folds < 2 {
             bail!("--folds must be at least 2 (train on all folds but one, score that one)");
         }
@@ -113,6 +125,7 @@ impl Config {
     pub(crate) fn iteration_cap(&self, family: Phase) -> usize {
         match family {
             Phase::Mlp => self.mlp_iterations,
+            Phase::Style => self.style_iterations,
             Phase::Ensemble => self.ensemble_iterations,
         }
     }

@@ -2,11 +2,13 @@
 //!
 //! 1. Contexts with a complete pool of at least k candidates take part; each starts with k
 //!    distinct pool endings drawn at random (`since_iteration = -1`; [`resume`]).
-//! 2. Phase 1 runs MLP-only iterations, phase 2 ensemble iterations; each phase ends at its cap
-//!    or when it converges ([`crate::algorithm::Convergence`]: two quiet iterations in a row;
-//!    [`phases`]). An iteration trains on 80% of the contexts, scores the held-out pools and
-//!    replaces the negatives the model spotted easily ([`iteration`]); with `--turns rotating` the held-out
-//!    fifths of a phase take turns, so five iterations hold out every context once.
+//! 2. Phase 1 runs MLP-only iterations, phase 2 style iterations (the ensemble without the
+//!    fine-tuned adversary; only with `--style-iterations`), phase 3 ensemble iterations; each
+//!    phase ends at its cap or when it converges ([`crate::algorithm::Convergence`]: two quiet
+//!    iterations in a row; [`phases`]). An iteration trains on 80% of the contexts, scores the
+//!    held-out pools and replaces the negatives the model spotted easily ([`iteration`]); with
+//!    `--turns rotating` the held-out fifths of a phase take turns, so five iterations hold out
+//!    every context once.
 //! 3. Every iteration is committed whole (record, swaps, new assignment) in one transaction, and
 //!    its randomness comes from (seed, iteration) alone, so a run interrupted by Ctrl-C or
 //!    `kill -9` resumes after its last stored iteration and ends exactly where an uninterrupted

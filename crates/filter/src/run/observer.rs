@@ -37,6 +37,8 @@ pub struct Timings {
     pub reading: f64,
     /// The MLP phase's iterations.
     pub mlp_iterations: f64,
+    /// The style phase's iterations (the ensemble before the fine-tuned adversary joins).
+    pub style_iterations: f64,
     /// The ensemble phase's iterations, the fine-tuned adversary's share left out.
     pub ensemble_iterations: f64,
     /// The fine-tuned adversary (`--discriminator`) in the ensemble's iterations: training it
@@ -48,12 +50,13 @@ pub struct Timings {
 
 impl Timings {
     /// Every stage with its seconds, in the order the run goes through them.
-    pub fn stages(&self) -> [(&'static str, f64); 7] {
+    pub fn stages(&self) -> [(&'static str, f64); 8] {
         [
             ("sentence vectors", self.sentence_vectors),
             ("scorer models", self.scorers),
             ("reading pools", self.reading),
             ("MLP iterations", self.mlp_iterations),
+            ("style iterations", self.style_iterations),
             ("ensemble iterations", self.ensemble_iterations),
             ("fine-tuned adversary", self.adversary),
             ("final pass", self.final_pass),
@@ -66,6 +69,7 @@ impl Timings {
         self.adversary += adversary_seconds;
         match family {
             Phase::Mlp => self.mlp_iterations += seconds,
+            Phase::Style => self.style_iterations += seconds,
             Phase::Ensemble => self.ensemble_iterations += seconds - adversary_seconds,
         }
     }
