@@ -185,13 +185,24 @@ mod tests {
         }
     }
 
+    /// The iterations of a whole run under `config`, each made by `make` from the history
+    /// before it and the phase `next_family` chose.
+    fn replay(
+        config: &Config,
+        make: impl Fn(&[IterationRecord], Phase) -> IterationRecord,
+    ) -> Vec<IterationRecord> {
+        let mut history: Vec<IterationRecord> = Vec::new();
+        while let Some(phase) = next_family(&history, config) {
+            let next = make(&history, phase);
+            history.push(next);
+        }
+        history
+    }
+
     /// The phases `next_family` chooses when every style iteration reads `style`, until the run
     /// is over.
     fn phases_with_style_at(style: f64) -> Vec<Phase> {
-        let mut history: Vec<IterationRecord> = Vec::new();
-        while let Some(phase) = next_family(&history, &config()) {
-            history.push(record(&history, phase, style));
-        }
+        let history = replay(&config(), |history, phase| record(history, phase, style));
         history.iter().map(|r| r.phase).collect()
     }
 
@@ -220,10 +231,7 @@ mod tests {
             style_iterations: 0,
             ..config()
         };
-        let mut history: Vec<IterationRecord> = Vec::new();
-        while let Some(phase) = next_family(&history, &config) {
-            history.push(record(&history, phase, 0.3));
-        }
+        let history = replay(&config, |history, phase| record(history, phase, 0.3));
         assert!(history.iter().all(|r| r.phase != Phase::Style));
         assert_eq!(history.len(), 5);
     }
@@ -236,12 +244,11 @@ mod tests {
             ..config()
         };
         let ensemble_with = |style: f64, cross_encoder: f64| {
-            let mut history: Vec<IterationRecord> = Vec::new();
-            while let Some(phase) = next_family(&history, &config) {
-                let mut record = record(&history, phase, style);
+            let history = replay(&config, |history, phase| {
+                let mut record = record(history, phase, style);
                 record.accuracy.minilm = (phase == Phase::Ensemble).then_some(cross_encoder);
-                history.push(record);
-            }
+                record
+            });
             history
                 .iter()
                 .filter(|r| r.phase == Phase::Ensemble)
