@@ -444,6 +444,22 @@ fn unverified_takes_the_assigned_negatives_nearest_the_found_endings_scores() {
     let mut chosen = p.assembled()[0].3.clone();
     chosen.sort_unstable();
     assert_eq!(chosen, c.cands[2..6].to_vec());
+
+    // With the word-level heads' style scores as well, on all three: the negative nearest on
+    // the sentence axis but far off on style gives way to the next nearest.
+    p.conn
+        .execute("UPDATE af_scores SET style_score = 0.0", [])
+        .unwrap();
+    p.conn
+        .execute(
+            "UPDATE af_scores SET style_score = 5.0 WHERE ending_id = ?1",
+            [c.cands[5]],
+        )
+        .unwrap();
+    p.assemble(&["--unverified", "--split", "1,0,0"]);
+    let mut chosen = p.assembled()[0].3.clone();
+    chosen.sort_unstable();
+    assert_eq!(chosen, [&c.cands[2..5], &c.cands[6..7]].concat());
     let (verified, gold_type): (i64, Option<String>) = p
         .conn
         .query_row("SELECT verified, gold_type FROM assembled", [], |r| {

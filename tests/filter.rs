@@ -312,14 +312,15 @@ fn swaps_of(project: &Path, run_id: i64) -> Vec<(usize, afkit_store::af::Swap)> 
         .collect()
 }
 
-/// (final scores, of which with a sentence model score) of the latest run.
-fn sentence_scored(project: &Path) -> (i64, i64) {
+/// (final scores, of which with a sentence model score, of which with a style score) of the
+/// latest run.
+fn sentence_scored(project: &Path) -> (i64, i64, i64) {
     let conn = Connection::open(project).unwrap();
     conn.query_row(
-        "SELECT COUNT(*), COUNT(sentence_score) FROM af_scores
+        "SELECT COUNT(*), COUNT(sentence_score), COUNT(style_score) FROM af_scores
          WHERE run_id = (SELECT MAX(id) FROM af_runs)",
         [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )
     .unwrap()
 }
@@ -365,13 +366,30 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     assert!(out.contains("iteration    0 mlp"), "live lines: {out}");
     let report_dir = dir.path().join("report");
     let ensemble = ensemble_accuracy_in_report(&project, &report_dir);
-    let (scored, with_sentence) = sentence_scored(&project);
+    let chance: f64 = 1.0 / 5.0;
+    let (scored, with_sentence, with_style) = sentence_scored(&project);
     assert_eq!(
         (scored, with_sentence),
         (300 * 17, 300 * 17),
         "the final pass keeps the sentence model's score of every ending beside the ensemble's"
     );
-    let chance = 1.0 / 5.0;
+    // The word-level heads' style scores are kept only where those heads still find the real
+    // endings: above chance by two standard errors over the 300 contexts.
+    let heads = Store::open(&project)
+        .unwrap()
+        .latest_af_run()
+        .unwrap()
+        .unwrap()
+        .final_accuracy
+        .unwrap();
+    let words = [heads.bow, heads.cnn, heads.lstm, heads.subword].map(Option::unwrap);
+    let words = words.iter().sum::<f64>() / 4.0;
+    let found_style = words > chance + 2.0 * (chance * (1.0 - chance) / 300.0).sqrt();
+    assert_eq!(
+        with_style,
+        if found_style { 300 * 17 } else { 0 },
+        "word-level heads at {words}"
+    );
     // ~1.9 of 4 initial negatives are clean: a model that spots the tell solves about 40% of
     // contexts, twice chance.
     assert!(
@@ -579,9 +597,9 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
     assert!(state.scores.values().all(|s| s.is_finite()));
     assert_eq!(state.folds.len(), spec.contexts);
     assert_eq!(
-        sentence_scored(&project).1,
-        0,
-        "no sentence model, no sentence scores"
+        sentence_scored(&project),
+        (state.scores.len() as i64, 0, 0),
+        "no sentence model, no sentence scores; no word-level heads, no style scores"
     );
 }
 

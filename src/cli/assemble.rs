@@ -59,9 +59,9 @@ pub struct Args {
     ///
     /// They are chosen among the assigned negatives with --unverified, else among those the
     /// annotators accepted. matched: for each, a found ending of the same AF fold is drawn (from
-    /// the recorded seed) and the candidate nearest its final scores (the ensemble's and the
-    /// sentence model's) is taken, so a style classifier finds the distractors as real-looking
-    /// as the found endings, no more; hardest: the highest ensemble scores, which on the default
+    /// the recorded seed) and the candidate nearest its final scores (the ensemble's, the
+    /// sentence model's and the word-level heads' style score) is taken, so a style classifier
+    /// finds the distractors as real-looking as the found endings, no more and no less; hardest: the highest ensemble scores, which on the default
     /// recipe's pools overshoot further into an inverse artifact (classifiers below chance;
     /// docs/recipe.md, "Distractors matched to the real endings"). Audit both on a copy of the
     /// project.

@@ -141,9 +141,16 @@ pub(crate) fn choose_swaps(
 impl Convergence {
     /// Whether one iteration was quiet: `accuracy` is the deciding model's held-out accuracy.
     pub(crate) fn quiet(&self, k: usize, swaps: usize, n_test: usize, accuracy: f64) -> bool {
+        (swaps as f64) < self.min_swap_fraction * n_test as f64
+            || self.at_chance(k, n_test, accuracy)
+    }
+
+    /// Whether a held-out accuracy over `n_test` contexts of k + 1 options is within the rule's
+    /// standard errors of chance, or under it.
+    pub(crate) fn at_chance(&self, k: usize, n_test: usize, accuracy: f64) -> bool {
         let chance = 1.0 / (k as f64 + 1.0);
         let margin = self.chance_standard_errors * (chance * (1.0 - chance) / n_test as f64).sqrt();
-        (swaps as f64) < self.min_swap_fraction * n_test as f64 || accuracy <= chance + margin
+        accuracy <= chance + margin
     }
 
     /// Whether a phase whose iterations were quiet or not (in order) has converged.

@@ -26,6 +26,9 @@ pub struct FinalScore {
     pub ensemble: f32,
     /// The sentence model's own head, when the run had a sentence model.
     pub sentence: Option<f32>,
+    /// The word-level heads' scores, standardised on the found endings of the ending's fold and
+    /// averaged, when the run had those heads and they found the real endings above chance.
+    pub style: Option<f32>,
 }
 
 /// One ending of a pool with the generate stage's LM features of it (`None` where it stored
@@ -436,15 +439,16 @@ impl Store {
                 fold_stmt.execute(params![run_id, example_id, *fold as i64])?;
             }
             let mut score_stmt = tx.prepare(
-                "INSERT INTO af_scores(run_id, ending_id, score, sentence_score)
-                 VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO af_scores(run_id, ending_id, score, sentence_score, style_score)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
             for s in scores {
                 score_stmt.execute(params![
                     run_id,
                     s.ending_id,
                     s.ensemble as f64,
-                    s.sentence.map(f64::from)
+                    s.sentence.map(f64::from),
+                    s.style.map(f64::from)
                 ])?;
             }
         }

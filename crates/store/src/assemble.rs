@@ -67,21 +67,21 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// The final scores unverified distractors are matched on — (ensemble, sentence model) — of
-    /// every context's found ending (by example) and of every assigned negative (by ending).
+    /// The final scores unverified distractors are matched on ([`FinalPoint`]) of every
+    /// context's found ending (by example) and of every assigned negative (by ending).
     pub(crate) fn matching_scores(&self, run_id: i64) -> Result<MatchingScores> {
         let conn = &self.conn;
         let mut found = conn.prepare(
-            "SELECT e.example_id, s.score, s.sentence_score FROM af_scores s
+            "SELECT e.example_id, s.score, s.sentence_score, s.style_score FROM af_scores s
          JOIN endings e ON e.id = s.ending_id AND e.is_gold = 1
          WHERE s.run_id = ?1",
         )?;
         let mut assigned = conn.prepare(
-            "SELECT s.ending_id, s.score, s.sentence_score FROM af_scores s
+            "SELECT s.ending_id, s.score, s.sentence_score, s.style_score FROM af_scores s
          JOIN af_assignments a ON a.run_id = s.run_id AND a.ending_id = s.ending_id
          WHERE s.run_id = ?1",
         )?;
-        let row = |r: &rusqlite::Row| Ok((r.get(0)?, (r.get(1)?, r.get(2)?)));
+        let row = |r: &rusqlite::Row| Ok((r.get(0)?, FinalPoint::from_row(r)?));
         let found = found
             .query_map([run_id], row)?
             .collect::<rusqlite::Result<_>>()?;
@@ -96,12 +96,12 @@ impl Store {
     pub fn scored_pool(&self, run_id: i64, example_id: i64) -> Result<Vec<(i64, FinalPoint)>> {
         let conn = &self.conn;
         let mut stmt = conn.prepare_cached(
-            "SELECT e.id, s.score, s.sentence_score FROM endings e
+            "SELECT e.id, s.score, s.sentence_score, s.style_score FROM endings e
          JOIN af_scores s ON s.run_id = ?1 AND s.ending_id = e.id
          WHERE e.example_id = ?2 AND e.is_gold = 0 ORDER BY e.id",
         )?;
         let rows = stmt.query_map([run_id, example_id], |r| {
-            Ok((r.get(0)?, (r.get(1)?, r.get(2)?)))
+            Ok((r.get(0)?, FinalPoint::from_row(r)?))
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -125,9 +125,29 @@ impl Store {
     }
 }
 
-/// Final (ensemble, sentence model) scores; the second is `None` for runs without a sentence
-/// model and for runs finished before afkit kept it.
-pub type FinalPoint = (f64, Option<f64>);
+/// An ending's scores from the final cross-fitted pass, as distractors are matched on them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FinalPoint {
+    /// The deciding model's score.
+    pub ensemble: f64,
+    /// The sentence model's own head; `None` for runs without a sentence model and for runs
+    /// finished before afkit kept it.
+    pub sentence: Option<f64>,
+    /// The word-level heads' standardised mean; `None` for runs without those heads, runs where
+    /// they found no style, and runs finished before afkit kept it.
+    pub style: Option<f64>,
+}
+
+impl FinalPoint {
+    /// From a row whose columns 1–3 are `score, sentence_score, style_score`.
+    fn from_row(r: &rusqlite::Row) -> rusqlite::Result<FinalPoint> {
+        Ok(FinalPoint {
+            ensemble: r.get(1)?,
+            sentence: r.get(2)?,
+            style: r.get(3)?,
+        })
+    }
+}
 
 /// See [`Store::matching_scores`].
 pub(crate) struct MatchingScores {

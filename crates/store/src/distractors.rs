@@ -12,11 +12,12 @@
 //! distribution instead: for each distractor it draws a target from the found endings of the
 //! context's fold (the fold whose model scored this context's endings), and takes the unchosen
 //! assigned negative nearest to it. A style classifier then meets distractors that are, taken
-//! together, as real-looking as the found endings: no more, no less. The match is on two scores
-//! where the run has a sentence model: the ensemble's and the sentence model's own head. Matched
-//! on the ensemble's score alone, the distractors of a style-primed generator can still be told
-//! apart by a classifier on sentence embeddings, because the ensemble's score weighs the
-//! word-level models most.
+//! together, as real-looking as the found endings: no more, no less. The match is on up to three
+//! scores: the ensemble's, the sentence model's own head, and the word-level heads' standardised
+//! mean (which the filter keeps only where those heads find the real endings above chance). The
+//! ensemble's score weighs the language models' features most, so distractors matched on it
+//! alone can still be told apart by a classifier on sentence embeddings or on words and
+//! character n-grams.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -59,9 +60,9 @@ impl std::fmt::Display for DistractorChoice {
     }
 }
 
-/// The space distractors are matched in: one axis per final score (the ensemble's, and the
-/// sentence model's when the run has one), each divided by the spread of the found endings'
-/// scores in the fold, so that neither score outweighs the other by its scale.
+/// The space distractors are matched in: one axis per final score the run has (the ensemble's,
+/// the sentence model's, the word-level heads'), each divided by the spread of the found
+/// endings' scores in the fold, so that no score outweighs another by its scale.
 pub(crate) struct MatchingSpace {
     scale: Vec<f64>,
     /// The found endings' points: the targets.
@@ -137,10 +138,36 @@ pub struct Matching {
     spaces: HashMap<i64, MatchingSpace>,
     folds: HashMap<i64, i64>,
     assigned: HashMap<i64, FinalPoint>,
-    /// Whether the match is on both scores: only where every found and assigned ending has the
-    /// sentence model's (runs without a sentence model, or finished before afkit kept its
-    /// scores, match on the ensemble's score alone).
-    both_axes: bool,
+    axes: Axes,
+}
+
+/// The scores besides the ensemble's that a run's matching is on: each only where every found
+/// and assigned ending has it (runs without the head, or finished before afkit kept its scores,
+/// match without it).
+#[derive(Debug, Clone, Copy)]
+struct Axes {
+    sentence: bool,
+    style: bool,
+}
+
+impl Axes {
+    fn of<'a>(points: impl Iterator<Item = &'a FinalPoint> + Clone) -> Axes {
+        Axes {
+            sentence: points.clone().all(|p| p.sentence.is_some()),
+            style: points.clone().all(|p| p.style.is_some()),
+        }
+    }
+
+    /// An ending's point on these axes; `None` when it lacks a score they need.
+    fn point(self, p: &FinalPoint) -> Option<Vec<f64>> {
+        let mut point = vec![p.ensemble];
+        for (on, score) in [(self.sentence, p.sentence), (self.style, p.style)] {
+            if on {
+                point.push(score?);
+            }
+        }
+        Some(point)
+    }
 }
 
 impl Matching {
@@ -149,14 +176,10 @@ impl Matching {
     pub fn load(store: &Store, run_id: i64) -> Result<Option<Matching>> {
         let folds = store.folds(run_id)?;
         let scores = store.matching_scores(run_id)?;
-        let both_axes = scores
-            .found
-            .values()
-            .chain(scores.assigned.values())
-            .all(|p| p.1.is_some());
+        let axes = Axes::of(scores.found.values().chain(scores.assigned.values()));
         let mut by_fold: BTreeMap<i64, Vec<(i64, Vec<f64>)>> = BTreeMap::new();
         for (example, p) in &scores.found {
-            if let (Some(&fold), Some(point)) = (folds.get(example), raw_point(p, both_axes)) {
+            if let (Some(&fold), Some(point)) = (folds.get(example), axes.point(p)) {
                 by_fold.entry(fold).or_default().push((*example, point));
             }
         }
@@ -176,7 +199,7 @@ impl Matching {
             spaces,
             folds,
             assigned: scores.assigned,
-            both_axes,
+            axes,
         }))
     }
 
@@ -198,21 +221,11 @@ impl Matching {
             .iter()
             .map(|&e| {
                 let scores = self.assigned.get(&e).or_else(|| pool.get(&e));
-                let point = scores.and_then(|p| raw_point(p, self.both_axes));
+                let point = scores.and_then(|p| self.axes.point(p));
                 (e, point.map(|p| space.place(&p)))
             })
             .collect();
         Some(space.choose(&placed, n, rng))
-    }
-}
-
-/// An ending's point on the matching's axes; `None` when it lacks the sentence score the
-/// matching needs.
-fn raw_point(&(ensemble, sentence): &FinalPoint, both_axes: bool) -> Option<Vec<f64>> {
-    match (both_axes, sentence) {
-        (false, _) => Some(vec![ensemble]),
-        (true, Some(sentence)) => Some(vec![ensemble, sentence]),
-        (true, None) => None,
     }
 }
 
@@ -289,6 +302,25 @@ mod tests {
             assert_eq!(chosen.len(), 4);
             assert!(chosen.iter().all(|&c| (36..=64).contains(&c)), "{chosen:?}");
         }
+    }
+
+    #[test]
+    fn the_match_is_on_every_score_all_endings_have() {
+        let point = |sentence, style| FinalPoint {
+            ensemble: 1.0,
+            sentence,
+            style,
+        };
+        let full = point(Some(2.0), Some(3.0));
+        let axes = Axes::of([full, full].iter());
+        assert_eq!(axes.point(&full), Some(vec![1.0, 2.0, 3.0]));
+        assert_eq!(axes.point(&point(Some(2.0), None)), None);
+        // A run finished before afkit kept style scores matches on the other two, as it did.
+        let older = point(Some(2.0), None);
+        let axes = Axes::of([full, older].iter());
+        assert_eq!(axes.point(&older), Some(vec![1.0, 2.0]));
+        let axes = Axes::of([point(None, Some(3.0))].iter());
+        assert_eq!(axes.point(&full), Some(vec![1.0, 3.0]));
     }
 
     #[test]

@@ -30,6 +30,7 @@ impl<'c> Fixtures<'c> {
             "DROP TRIGGER submissions_counted; DROP TRIGGER submissions_uncounted;
              DROP INDEX tasks_wanting; ALTER TABLE tasks DROP COLUMN submitted;
              ALTER TABLE af_scores DROP COLUMN sentence_score;
+             ALTER TABLE af_scores DROP COLUMN style_score;
              DROP TABLE scorer_scores; DROP TABLE fluency_scores; DROP TABLE af_fluency;
              ALTER TABLE af_iterations DROP COLUMN acc_minilm;
              ALTER TABLE af_iterations DROP COLUMN acc_adversary;

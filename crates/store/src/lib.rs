@@ -67,6 +67,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_10.sql"),
     include_str!("migration_11.sql"),
     include_str!("migration_12.sql"),
+    include_str!("migration_13.sql"),
 ];
 
 /// The schema version this build of afkit writes.

@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use super::adversary::Adversary;
 use super::config::{split_groups, Config};
-use super::held_out::{accuracy, score_held_out, training_choices};
+use super::held_out::{accuracy, score_held_out, training_choices, StyleScales};
 use super::observer::Observer;
 use crate::algorithm::{draw_seed, folds, FINAL_STREAM};
 use crate::data::Dataset;
@@ -41,7 +41,7 @@ pub(crate) fn finish_run(
     Ok((scores.len(), accuracy))
 }
 
-/// Returns each context's fold, the ensemble (and sentence model) score of every gold and pool
+/// Returns each context's fold, the final scores ([`FinalScore`]) of every gold and pool
 /// ending, and the held-out accuracy of every head over all folds.
 fn final_pass(
     data: &Dataset,
@@ -67,15 +67,68 @@ fn final_pass(
             let fold_model = adversary.trained(data, &train_ids, assignment, model_seed)?;
             adversary.join(&fold_model, &mut held_out, data, &test_ids)?;
         }
+        let style = StyleScales::of_found(&held_out);
         for h in &held_out {
-            scores.push(h.final_score(0, h.context.gold.ending_id));
+            scores.push(h.final_score(0, h.context.gold.ending_id, &style));
             for (i, e) in h.context.candidates.iter().enumerate() {
-                scores.push(h.final_score(i + 1, e.ending_id));
+                scores.push(h.final_score(i + 1, e.ending_id, &style));
             }
         }
         held_out_all.extend(held_out);
         observer.fold_done();
     }
     let accuracy = accuracy(&held_out_all, assignment);
+    if !word_level_heads_find_style(&accuracy, data.contexts.len(), config) {
+        scores.iter_mut().for_each(|s| s.style = None);
+    }
     Ok((fold_of, scores, accuracy))
+}
+
+/// Whether the word-level heads' mean held-out accuracy is above chance by the convergence
+/// rule's margin. Only then are their style scores kept for matching the distractors: scores
+/// that find no style are the noise of a few contexts' words, which the audit's classifiers,
+/// trained on the same contexts, share: matching on them pushed the n-gram rows of 150-context
+/// projects under chance.
+fn word_level_heads_find_style(accuracy: &HeadAccuracy, contexts: usize, config: &Config) -> bool {
+    let read: Vec<f64> = [accuracy.bow, accuracy.cnn, accuracy.lstm, accuracy.subword]
+        .into_iter()
+        .flatten()
+        .collect();
+    if read.is_empty() {
+        return false;
+    }
+    let mean = read.iter().sum::<f64>() / read.len() as f64;
+    !config.convergence.at_chance(config.k, contexts, mean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn style_scores_are_kept_only_where_the_word_level_heads_beat_chance() {
+        // k = 9: chance 0.1; two standard errors at chance are 0.033 over 339 contexts and
+        // 0.049 over 147.
+        let config = Config::default();
+        let heads = |bow, cnn, lstm, subword| HeadAccuracy {
+            bow: Some(bow),
+            cnn: Some(cnn),
+            lstm: Some(lstm),
+            subword: Some(subword),
+            // Neither the MLP nor the sentence model is a word-level head.
+            mlp: Some(0.9),
+            sentence: Some(0.9),
+            ..HeadAccuracy::default()
+        };
+        let found = heads(0.180, 0.160, 0.157, 0.178);
+        assert!(word_level_heads_find_style(&found, 339, &config));
+        assert!(!word_level_heads_find_style(&found, 40, &config));
+        let noise = heads(0.082, 0.143, 0.122, 0.129);
+        assert!(!word_level_heads_find_style(&noise, 147, &config));
+        let mlp_only = HeadAccuracy {
+            mlp: Some(0.9),
+            ..HeadAccuracy::default()
+        };
+        assert!(!word_level_heads_find_style(&mlp_only, 10_000, &config));
+    }
 }

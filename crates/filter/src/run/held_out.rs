@@ -55,12 +55,14 @@ impl HeldOut<'_> {
             .map(|(_, scores)| scores.as_slice())
     }
 
-    /// The final pass's record of position `i`: the decisive score and the sentence head's.
-    pub(crate) fn final_score(&self, i: usize, ending_id: i64) -> FinalScore {
+    /// The final pass's record of position `i`: the decisive score, the sentence head's, and
+    /// the word-level heads' on `style`'s scales.
+    pub(crate) fn final_score(&self, i: usize, ending_id: i64, style: &StyleScales) -> FinalScore {
         FinalScore {
             ending_id,
             ensemble: self.decisive()[i],
             sentence: self.head("sentence").map(|s| s[i]),
+            style: style.score(self, i),
         }
     }
 
@@ -72,6 +74,44 @@ impl HeldOut<'_> {
             .iter()
             .position(|e| e.ending_id == ending_id)
             .expect("assigned endings come from the context's pool")
+    }
+}
+
+/// The heads that read an ending's words and characters, as the audit's n-gram classifiers do.
+const WORD_LEVEL_HEADS: [&str; 4] = ["bow", "cnn", "lstm", "subword"];
+
+/// Each word-level head's (mean, standard deviation) over the found endings of one fold's
+/// held-out contexts: a head's logits have a scale of their own, and on these scales the heads
+/// average into one style score per ending, where a found ending's is about 0.
+pub(crate) struct StyleScales(Vec<(&'static str, f32, f32)>);
+
+impl StyleScales {
+    pub(crate) fn of_found(held_out: &[HeldOut]) -> StyleScales {
+        let scale = |head: &'static str| {
+            let found: Vec<f32> = held_out
+                .iter()
+                .filter_map(|h| Some(h.head(head)?[0]))
+                .collect();
+            if found.is_empty() {
+                return None;
+            }
+            let n = found.len() as f32;
+            let mean = found.iter().sum::<f32>() / n;
+            let var = found.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / n;
+            Some((head, mean, if var > 0.0 { var.sqrt() } else { 1.0 }))
+        };
+        StyleScales(WORD_LEVEL_HEADS.into_iter().filter_map(scale).collect())
+    }
+
+    /// Position `i`'s standardised score averaged over the heads; `None` without such heads.
+    fn score(&self, h: &HeldOut, i: usize) -> Option<f32> {
+        let standardised: Vec<f32> = self
+            .0
+            .iter()
+            .filter_map(|&(head, mean, sd)| Some((h.head(head)?[i] - mean) / sd))
+            .collect();
+        (!standardised.is_empty())
+            .then(|| standardised.iter().sum::<f32>() / standardised.len() as f32)
     }
 }
 
@@ -157,4 +197,70 @@ pub(crate) fn accuracy(held_out: &[HeldOut], assignment: &Assignment) -> HeadAcc
         }
     }
     acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::MLP_FEATURES;
+
+    fn context() -> EncodedContext {
+        let ending = |ending_id| EncodedEnding {
+            ending_id,
+            mlp: [0.0; MLP_FEATURES],
+            scorer: Box::default(),
+            words: Box::default(),
+            lstm: Box::default(),
+            subwords: Box::default(),
+            sentence: Box::default(),
+        };
+        EncodedContext {
+            example_id: 1,
+            group: "v".into(),
+            n_sent2: 0,
+            gold: ending(1),
+            candidates: vec![ending(2)],
+        }
+    }
+
+    #[test]
+    fn style_scores_put_the_found_endings_at_zero_and_each_head_on_their_spread() {
+        let c = context();
+        // Two held-out contexts, (found, candidate) each: the bag of words' logits spread ten
+        // times wider than the CNN's; the MLP and ensemble are not word-level heads.
+        let held = |bow: [f32; 2], cnn: [f32; 2]| HeldOut {
+            context: &c,
+            heads: vec![
+                ("mlp", vec![50.0, -50.0]),
+                ("bow", bow.to_vec()),
+                ("cnn", cnn.to_vec()),
+                ("ensemble", vec![9.0, 9.0]),
+            ],
+        };
+        let held_out = [
+            held([10.0, 30.0], [1.0, 0.0]),
+            held([-10.0, 0.0], [-1.0, 2.0]),
+        ];
+        let style = StyleScales::of_found(&held_out);
+        let scores: Vec<f32> = held_out
+            .iter()
+            .flat_map(|h| [0, 1].map(|i| style.score(h, i).unwrap()))
+            .collect();
+        // bow: mean 0, sd 10; cnn: mean 0, sd 1.
+        assert_eq!(scores, vec![1.0, 1.5, -1.0, 1.0]);
+        let found_mean = (scores[0] + scores[2]) / 2.0;
+        assert_eq!(found_mean, 0.0);
+    }
+
+    #[test]
+    fn a_run_without_word_level_heads_has_no_style_score() {
+        let c = context();
+        let held_out = [HeldOut {
+            context: &c,
+            heads: vec![("mlp", vec![1.0, 0.0])],
+        }];
+        let style = StyleScales::of_found(&held_out);
+        assert_eq!(style.score(&held_out[0], 1), None);
+        assert_eq!(held_out[0].final_score(1, 2, &style).style, None);
+    }
 }
