@@ -325,6 +325,33 @@ fn sentence_scored(project: &Path) -> (i64, i64, i64) {
     .unwrap()
 }
 
+/// Checks the final pass's scores beside the ensemble's, `endings` of them over `contexts`: the
+/// sentence model's for every ending, the word-level heads' style scores only where those heads
+/// still find the real endings, above chance by two standard errors.
+fn final_scores_kept(project: &Path, contexts: usize, endings: i64, chance: f64) {
+    let (scored, with_sentence, with_style) = sentence_scored(project);
+    assert_eq!(
+        (scored, with_sentence),
+        (endings, endings),
+        "the final pass keeps the sentence model's score of every ending beside the ensemble's"
+    );
+    let heads = Store::open(project)
+        .unwrap()
+        .latest_af_run()
+        .unwrap()
+        .unwrap()
+        .final_accuracy
+        .unwrap();
+    let words = [heads.bow, heads.cnn, heads.lstm, heads.subword].map(Option::unwrap);
+    let words = words.iter().sum::<f64>() / 4.0;
+    let found_style = words > chance + 2.0 * (chance * (1.0 - chance) / contexts as f64).sqrt();
+    assert_eq!(
+        with_style,
+        if found_style { endings } else { 0 },
+        "word-level heads at {words}"
+    );
+}
+
 fn tell_fraction(project: &Path) -> f64 {
     let conn = Connection::open(project).unwrap();
     conn.query_row(
@@ -367,29 +394,7 @@ fn planted_tell_is_found_at_first_and_filtered_away() {
     let report_dir = dir.path().join("report");
     let ensemble = ensemble_accuracy_in_report(&project, &report_dir);
     let chance: f64 = 1.0 / 5.0;
-    let (scored, with_sentence, with_style) = sentence_scored(&project);
-    assert_eq!(
-        (scored, with_sentence),
-        (300 * 17, 300 * 17),
-        "the final pass keeps the sentence model's score of every ending beside the ensemble's"
-    );
-    // The word-level heads' style scores are kept only where those heads still find the real
-    // endings: above chance by two standard errors over the 300 contexts.
-    let heads = Store::open(&project)
-        .unwrap()
-        .latest_af_run()
-        .unwrap()
-        .unwrap()
-        .final_accuracy
-        .unwrap();
-    let words = [heads.bow, heads.cnn, heads.lstm, heads.subword].map(Option::unwrap);
-    let words = words.iter().sum::<f64>() / 4.0;
-    let found_style = words > chance + 2.0 * (chance * (1.0 - chance) / 300.0).sqrt();
-    assert_eq!(
-        with_style,
-        if found_style { 300 * 17 } else { 0 },
-        "word-level heads at {words}"
-    );
+    final_scores_kept(&project, 300, 300 * 17, chance);
     // ~1.9 of 4 initial negatives are clean: a model that spots the tell solves about 40% of
     // contexts, twice chance.
     assert!(
