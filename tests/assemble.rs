@@ -407,6 +407,7 @@ fn unverified_takes_the_assigned_negatives_nearest_the_found_endings_scores() {
     let s = p.assemble(&["--unverified", "--split", "1,0,0"]);
     assert_eq!(s["gold_sources"]["unverified"], 1);
     assert_eq!(s["distractors"], "matched");
+    assert_eq!(s["matched_on"], serde_json::json!(["ensemble"]));
     let a = p.assembled();
     let nearest_first: Vec<i64> = c.cands[4..8].iter().rev().copied().collect();
     assert_eq!(a[0].3, nearest_first);
@@ -419,6 +420,7 @@ fn unverified_takes_the_assigned_negatives_nearest_the_found_endings_scores() {
         "1,0,0",
     ]);
     assert_eq!(s["distractors"], "hardest");
+    assert_eq!(s["matched_on"], serde_json::json!([]));
     let a = p.assembled();
     assert_eq!(a[0].3, c.cands[..4].to_vec());
 
@@ -456,7 +458,11 @@ fn unverified_takes_the_assigned_negatives_nearest_the_found_endings_scores() {
             [c.cands[5]],
         )
         .unwrap();
-    p.assemble(&["--unverified", "--split", "1,0,0"]);
+    let s = p.assemble(&["--unverified", "--split", "1,0,0"]);
+    assert_eq!(
+        s["matched_on"],
+        serde_json::json!(["ensemble", "sentence", "style"])
+    );
     let mut chosen = p.assembled()[0].3.clone();
     chosen.sort_unstable();
     assert_eq!(chosen, [&c.cands[2..5], &c.cands[6..7]].concat());

@@ -60,8 +60,9 @@ pub struct Args {
     /// They are chosen among the assigned negatives with --unverified, else among those the
     /// annotators accepted. matched: for each, a found ending of the same AF fold is drawn (from
     /// the recorded seed) and the candidate nearest its final scores (the ensemble's, the
-    /// sentence model's and the word-level heads' style score) is taken, so a style classifier
-    /// finds the distractors as real-looking as the found endings, no more and no less; hardest: the highest ensemble scores, which on the default
+    /// sentence model's, and the word-level heads' style score where those heads still found
+    /// style after AF) is taken, so a style classifier finds the distractors as real-looking as
+    /// the found endings, no more; hardest: the highest ensemble scores, which on the default
     /// recipe's pools overshoot further into an inverse artifact (classifiers below chance;
     /// docs/recipe.md, "Distractors matched to the real endings"). Audit both on a copy of the
     /// project.
@@ -104,8 +105,12 @@ fn print_summary(s: &Summary) {
     } else {
         "verified"
     };
+    let matched_on = match s.matched_on.as_slice() {
+        [] => String::new(),
+        axes => format!(" on the {} scores", axes.join(", ")),
+    };
     println!(
-        "assembled {kind} questions from AF run {} (distractors: {})",
+        "assembled {kind} questions from AF run {} (distractors: {}{matched_on})",
         s.af_run, s.distractors
     );
     for split in Split::ALL {

@@ -42,6 +42,9 @@ pub struct Summary {
     pub unverified: bool,
     /// How the distractors were chosen among the candidates.
     pub distractors: DistractorChoice,
+    /// The final scores matched distractors were matched on (`ensemble`, `sentence`, `style`);
+    /// empty for the hardest.
+    pub matched_on: Vec<&'static str>,
     /// Examples per split.
     pub examples: BTreeMap<String, usize>,
     /// Examples per gold source (gold0-orig, gen-orig, unverified, ...).
@@ -239,6 +242,9 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     };
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
     let order = distractor_order(store, run.id, distractors, seed)?;
+    if let DistractorOrder::Matched { matching, .. } = &order {
+        summary.matched_on = matching.axes();
+    }
     let mut built = if unverified {
         let guard = Guard {
             store,

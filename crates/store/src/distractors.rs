@@ -203,6 +203,18 @@ impl Matching {
         }))
     }
 
+    /// The final scores the match is on, by name: `ensemble`, then `sentence` and `style` where
+    /// every found ending and assigned negative of the run has them.
+    pub fn axes(&self) -> Vec<&'static str> {
+        let mut axes = vec!["ensemble"];
+        for (on, name) in [(self.axes.sentence, "sentence"), (self.axes.style, "style")] {
+            if on {
+                axes.push(name);
+            }
+        }
+        axes
+    }
+
     /// Up to `n` of `example`'s `candidates`, matched to the found endings of its fold, in the
     /// order they were chosen. A candidate's scores are the run's when it is an assigned
     /// negative, else `pool`'s (the context's scored pool, for endings a re-annotation refill
