@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use super::adversary::Adversary;
 use super::config::{split_groups, Config};
-use super::held_out::{accuracy, score_held_out, training_choices, StyleScales};
+use super::held_out::{accuracy, mean_of_read, score_held_out, training_choices, StyleScales};
 use super::observer::Observer;
 use crate::algorithm::{draw_seed, folds, FINAL_STREAM};
 use crate::data::Dataset;
@@ -90,15 +90,9 @@ fn final_pass(
 /// trained on the same contexts, share: matching on them pushed the n-gram rows of 150-context
 /// projects under chance.
 fn word_level_heads_find_style(accuracy: &HeadAccuracy, contexts: usize, config: &Config) -> bool {
-    let read: Vec<f64> = [accuracy.bow, accuracy.cnn, accuracy.lstm, accuracy.subword]
-        .into_iter()
-        .flatten()
-        .collect();
-    if read.is_empty() {
-        return false;
-    }
-    let mean = read.iter().sum::<f64>() / read.len() as f64;
-    !config.convergence.at_chance(config.k, contexts, mean)
+    let heads = [accuracy.bow, accuracy.cnn, accuracy.lstm, accuracy.subword];
+    mean_of_read(heads.into_iter().flatten())
+        .is_some_and(|mean| !config.convergence.at_chance(config.k, contexts, mean))
 }
 
 #[cfg(test)]

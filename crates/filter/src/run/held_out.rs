@@ -105,14 +105,20 @@ impl StyleScales {
 
     /// Position `i`'s standardised score averaged over the heads; `None` without such heads.
     fn score(&self, h: &HeldOut, i: usize) -> Option<f32> {
-        let standardised: Vec<f32> = self
+        let standardised = self
             .0
             .iter()
-            .filter_map(|&(head, mean, sd)| Some((h.head(head)?[i] - mean) / sd))
-            .collect();
-        (!standardised.is_empty())
-            .then(|| standardised.iter().sum::<f32>() / standardised.len() as f32)
+            .filter_map(|&(head, mean, sd)| Some(f64::from((h.head(head)?[i] - mean) / sd)));
+        mean_of_read(standardised).map(|m| m as f32)
     }
+}
+
+/// The mean of the values read (heads that were trained), `None` when none was.
+pub(crate) fn mean_of_read(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values
+        .into_iter()
+        .fold((0.0, 0usize), |(sum, n), v| (sum + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
 }
 
 /// Scores the gold and every pool ending of the given contexts in one batched pass.

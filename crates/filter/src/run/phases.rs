@@ -9,6 +9,7 @@ use anyhow::Result;
 
 use super::adversary::Adversary;
 use super::config::Config;
+use super::held_out::mean_of_read;
 use super::iteration::{apply_swaps, run_iteration, IterationOutcome};
 use super::observer::{Observer, Timings};
 use crate::data::Dataset;
@@ -145,8 +146,7 @@ fn style_accuracy(accuracy: &HeadAccuracy) -> Option<f64> {
         accuracy.subword,
         accuracy.sentence,
     ];
-    let read: Vec<f64> = heads.into_iter().flatten().collect();
-    (!read.is_empty()).then(|| read.iter().sum::<f64>() / read.len() as f64)
+    mean_of_read(heads.into_iter().flatten())
 }
 
 #[cfg(test)]
