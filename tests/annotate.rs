@@ -48,9 +48,11 @@ fn real_terminal_labels_survive_kill_9_and_resume_at_the_same_item() {
     let visible = label_two_items_then_kill_mid_third(&tmux, &db);
     alice_has_two_complete_submissions(&db);
 
-    // Restart: the item that was on screen comes back first.
-    tmux.cmd(&["kill-session", "-t", "a"]);
+    // Restart: the item that was on screen comes back first. (The new session starts before
+    // the old one goes: killing a server's last session ends the server, and a session started
+    // while it shuts down fails.)
     tmux.start("b", &command);
+    tmux.cmd(&["kill-session", "-t", "a"]);
     // (Waiting for all three: a timeout here means it resumed elsewhere.)
     tmux.wait_for_all(
         "b",
