@@ -59,18 +59,20 @@ pub struct FilterArgs {
     #[arg(long, help_heading = RUN, hide_short_help = true)]
     pub ensemble_iterations: Option<usize>,
     /// Cap on the style iterations: the ensemble without the fine-tuned adversary, run between
-    /// the MLP-only and the ensemble iterations (needs the adversary; 0, the default, runs none).
+    /// the MLP-only and the ensemble iterations; default 20 with the adversary, none without it.
     ///
-    /// A style iteration costs a few seconds where an adversary iteration costs a cross-encoder's
-    /// training. A style iteration whose stylistic classifiers (bag-of-words, CNN, BiLSTM,
-    /// subword, sentence) read, on their mean, within two standard errors of chance swaps
-    /// nothing, and two such iterations in a row end the phase; the ensemble phase then also
-    /// ends, from its fifth iteration, once those classifiers and the cross-encoder both read
-    /// at chance. Not the default: on 1,000 held-out contexts 20 of them brought the word n-gram
-    /// rows towards chance but not the character rows, and on 150-context sets they did not lift
-    /// the style rows that fall under chance (BENCHMARKS.md, "Style iterations").
-    #[arg(long, default_value_t = DEFAULTS.style_iterations, help_heading = RUN, hide_short_help = true)]
-    pub style_iterations: usize,
+    /// The ensemble phase goes by the deciding score, which carries the language models'
+    /// features that the pools cannot answer; alone, on a large project it leaves distractors
+    /// whose words still tell them from the real endings. A style iteration costs a few seconds
+    /// where an adversary iteration costs a cross-encoder's training, and goes by the stylistic
+    /// classifiers (bag-of-words, CNN, BiLSTM, subword, sentence) alone. One whose classifiers
+    /// read, on their mean, within two standard errors of chance swaps nothing (its swaps would
+    /// follow noise), and two such iterations in a row end the phase, as they do after a few on a
+    /// small project; the ensemble phase then also ends, from its fifth iteration, once those
+    /// classifiers and the cross-encoder both read at chance. Without an adversary the ensemble
+    /// phase is the style phase: raise `--ensemble-iterations` instead.
+    #[arg(long, help_heading = RUN, hide_short_help = true)]
+    pub style_iterations: Option<usize>,
     /// Seed of the run (recorded).
     ///
     /// It seeds the splits, the initial assignment, model initialisation and batch order.
@@ -234,6 +236,9 @@ pub struct FilterArgs {
 /// Ensemble iterations when the fine-tuned adversary takes part (see `--ensemble-iterations`).
 const ADVERSARY_ENSEMBLE_ITERATIONS: usize = 8;
 
+/// Style iterations before the fine-tuned adversary joins (see `--style-iterations`).
+const ADVERSARY_STYLE_ITERATIONS: usize = 20;
+
 /// Final folds when the fine-tuned adversary takes part (see `--folds`).
 const ADVERSARY_FOLDS: usize = 3;
 
@@ -261,7 +266,7 @@ impl FilterArgs {
             hold_out: self.hold_out,
             turns: self.turns,
             mlp_iterations: self.mlp_iterations,
-            style_iterations: self.style_iterations,
+            style_iterations: self.style_iterations(),
             ensemble_iterations: self.ensemble_iterations(),
             folds: self.folds(),
             encode: self.encode_config(defaults.encode),
@@ -276,6 +281,15 @@ impl FilterArgs {
             }),
             ..defaults
         })
+    }
+
+    /// `--style-iterations`, which run only before the fine-tuned adversary joins.
+    fn style_iterations(&self) -> usize {
+        self.given_or_by_adversary(
+            self.style_iterations,
+            ADVERSARY_STYLE_ITERATIONS,
+            DEFAULTS.style_iterations,
+        )
     }
 
     /// `--ensemble-iterations`, whose default is larger when the fine-tuned adversary joins.
@@ -567,7 +581,7 @@ mod tests {
         let compute = Compute::cpu();
         let config = args.config(compute.clone()).unwrap();
         let caps = |c: &Config| (c.style_iterations, c.ensemble_iterations, c.folds);
-        assert_eq!(caps(&config), (0, 8, 3));
+        assert_eq!(caps(&config), (20, 8, 3));
         let style_only = parse(&["--discriminator", "none"]).unwrap();
         let config = style_only.config(compute.clone()).unwrap();
         assert_eq!(caps(&config), (0, 3, 5));

@@ -3,7 +3,7 @@
 //! 1. Contexts with a complete pool of at least k candidates take part; each starts with k
 //!    distinct pool endings drawn at random (`since_iteration = -1`; [`resume`]).
 //! 2. Phase 1 runs MLP-only iterations, phase 2 style iterations (the ensemble without the
-//!    fine-tuned adversary; only with `--style-iterations`), phase 3 ensemble iterations; each
+//!    fine-tuned adversary; in runs with the adversary), phase 3 ensemble iterations; each
 //!    phase ends at its cap or when it converges ([`crate::algorithm::Convergence`]: two quiet
 //!    iterations in a row; [`phases`]). An iteration trains on 80% of the contexts, scores the
 //!    held-out pools and replaces the negatives the model spotted easily ([`iteration`]); with
