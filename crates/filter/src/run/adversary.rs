@@ -4,7 +4,7 @@
 use anyhow::Result;
 
 use super::config::Config;
-use super::held_out::HeldOut;
+use super::held_out::{mean_and_spread, HeldOut};
 use crate::data::Dataset;
 use crate::discriminator::{Discriminator, Texts};
 use crate::settings::DiscriminatorConfig;
@@ -93,10 +93,8 @@ impl Adversary {
 /// `scores` shifted and scaled to mean 0 and standard deviation 1 (only shifted when they are
 /// all equal).
 fn standardised(scores: &[f32]) -> Vec<f32> {
-    let n = scores.len().max(1) as f32;
-    let mean = scores.iter().sum::<f32>() / n;
-    let sd = (scores.iter().map(|s| (s - mean).powi(2)).sum::<f32>() / n).sqrt();
-    let scale = if sd > 0.0 { 1.0 / sd } else { 1.0 };
+    let (mean, sd) = mean_and_spread(scores);
+    let scale = 1.0 / sd;
     scores.iter().map(|s| (s - mean) * scale).collect()
 }
 

@@ -95,10 +95,8 @@ impl StyleScales {
             if found.is_empty() {
                 return None;
             }
-            let n = found.len() as f32;
-            let mean = found.iter().sum::<f32>() / n;
-            let var = found.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / n;
-            Some((head, mean, if var > 0.0 { var.sqrt() } else { 1.0 }))
+            let (mean, sd) = mean_and_spread(&found);
+            Some((head, mean, sd))
         };
         StyleScales(WORD_LEVEL_HEADS.into_iter().filter_map(scale).collect())
     }
@@ -111,6 +109,15 @@ impl StyleScales {
             .filter_map(|&(head, mean, sd)| Some(f64::from((h.head(head)?[i] - mean) / sd)));
         mean_of_read(standardised).map(|m| m as f32)
     }
+}
+
+/// The mean and standard deviation of `values`, the deviation 1 where they are all equal (so
+/// that standardising on it only shifts them).
+pub(crate) fn mean_and_spread(values: &[f32]) -> (f32, f32) {
+    let n = values.len().max(1) as f32;
+    let mean = values.iter().sum::<f32>() / n;
+    let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / n).sqrt();
+    (mean, if sd > 0.0 { sd } else { 1.0 })
 }
 
 /// The mean of the values read (heads that were trained), `None` when none was.
