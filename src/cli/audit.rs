@@ -43,9 +43,12 @@ longest, the word n-gram LRs, PPMI word-label associations and KNN distances.
 export's afkit_swag task (rows lm:MODEL:acc and lm:MODEL:acc_norm). --control DIR audits a \
 second dataset the same way (typically `afkit export --negatives random`) and sets its numbers \
 beside this one's. The report ends with one verdict per family (style, relational, LM \
-zero-shot, fine-tuned): every row more than two standard errors from chance in either \
-direction, \"too few questions to tell\" when the interval is ±10 points or wider, and how far \
-from the control."
+zero-shot, fine-tuned): every row off chance in either direction, \"too few questions to \
+tell\" when the interval is ±10 points or wider, and how far from the control. A row is off \
+chance when it is more than two standard errors from 0.250 and it is its family's only row; \
+among n rows of a family the bar rises (Bonferroni: 2.8 standard errors for the nine style \
+rows), since the best of several rows strays further by chance. Under --cv a row's standard \
+error is never below the scatter of the same baseline on --chance-copies relabelled copies."
 )]
 pub struct Args {
     /// A directory with train.csv and val.csv (SWAG regular columns; with --cv, also test.csv).
@@ -100,6 +103,12 @@ pub struct Args {
     /// dataset's CSV files are never written over.
     #[arg(long, hide_short_help = true)]
     pub force: bool,
+    /// --cv: train every baseline but finetune_minilm again on this many copies of the
+    /// questions whose answers are drawn at random. How far the copies scatter around 0.250 is
+    /// how far the baseline strays from chance on a benchmark of this size with nothing to find;
+    /// a row's ± is never below it (0: no copies, the folds' standard error alone).
+    #[arg(long, value_name = "N", default_value_t = 19, hide_short_help = true)]
+    pub chance_copies: usize,
     /// Skip --cv's fine-tuned cross-encoder (finetune_minilm), the slowest baseline.
     #[arg(long)]
     pub no_finetune: bool,
@@ -159,6 +168,7 @@ impl Args {
             lm,
             control: self.control.clone(),
             force: self.force,
+            chance_copies: self.chance_copies,
             skip_fine_tune: skip_fine_tune.map(String::from),
             fine_tune,
         })
@@ -268,6 +278,19 @@ fn print_cv_table(audit: &audit::CvAudit) {
         cv.folds, cv.questions, cv.groups, cv.seed
     );
     print_rows(&audit.findings, audit.control.is_some());
+    let copies = cv.baselines.iter().find_map(|(_, result)| match result {
+        cv::CvResult::Measured {
+            chance: Some(chance),
+            ..
+        } => Some(chance.copies.len()),
+        _ => None,
+    });
+    if let Some(copies) = copies {
+        println!(
+            "± is never below the scatter of a baseline's {copies} relabelled copies (answers \
+             drawn at random: what it reaches with nothing to find)"
+        );
+    }
     for (baseline, result) in &cv.baselines {
         if let cv::CvResult::Skipped { skipped } = result {
             println!("{:<22} skipped: {skipped}", baseline.name());

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use anyhow::{bail, Result};
+use rand::Rng;
 use rayon::prelude::*;
 use serde::{Serialize, Serializer};
 
@@ -126,13 +127,49 @@ pub enum CvResult {
         /// much it had to learn from is part of what its accuracy means).
         #[serde(skip_serializing_if = "Vec::is_empty")]
         train_questions: Vec<usize>,
+        /// The same baseline on relabelled copies of the questions ([`Chance`]; not measured
+        /// for the fine-tuned baseline, nor with `--chance-copies` below 2).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        chance: Option<Chance>,
     },
     Skipped {
         skipped: String,
     },
 }
 
+/// How far a baseline strays from chance where nothing tells the real ending: its accuracy on
+/// copies of the questions whose answers were drawn at random among their four options.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Chance {
+    /// Each copy's accuracy (the mean of its folds).
+    pub copies: Vec<f64>,
+    /// Their sample standard deviation: how widely a benchmark of this size without a tell
+    /// scatters around 0.250 for this baseline.
+    pub sd: f64,
+}
+
+impl Chance {
+    fn of(copies: Vec<f64>) -> Chance {
+        let n = copies.len() as f64;
+        let mean = copies.iter().sum::<f64>() / n;
+        let var = copies.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0);
+        Chance {
+            sd: var.sqrt(),
+            copies,
+        }
+    }
+}
+
 impl CvResult {
+    /// The result with the relabelled copies' spread, where the baseline was measured and at
+    /// least two copies were made.
+    fn with_chance(mut self, copies: Vec<f64>) -> CvResult {
+        if let CvResult::Measured { chance, .. } = &mut self {
+            *chance = (copies.len() >= 2).then(|| Chance::of(copies));
+        }
+        self
+    }
+
     /// "trained on N questions per fold" (or "N–M"), where the baseline reports them.
     pub fn trained_on(&self) -> Option<String> {
         let CvResult::Measured {
@@ -192,14 +229,15 @@ enum Prepared {
 }
 
 /// Cross-validates `baselines` over `questions` (all labelled) in `k` folds assigned by group
-/// with `seed`; the same input and seed give the same report. Fewer than `k` groups is an error
-/// (a fold would be empty).
+/// with `seed`, and again on `copies` relabelled copies ([`chance_copies`]); the same
+/// input and seed give the same report. Fewer than `k` groups is an error (a fold would be
+/// empty).
 pub(crate) fn cross_validate(
     questions: &[Question],
-    k: usize,
-    seed: Seed,
+    (k, seed): (usize, Seed),
     baselines: &[Baseline],
     embedder: &Embedder,
+    copies: usize,
     observer: &mut dyn Observer,
 ) -> Result<CvReport> {
     let groups: Vec<Option<&str>> = questions.iter().map(|q| q.group.as_deref()).collect();
@@ -223,6 +261,9 @@ pub(crate) fn cross_validate(
     for (b, seconds) in baselines.iter().zip(fit_seconds) {
         super::timing::add(&mut timings, b.name(), seconds);
     }
+    let at_chance = super::timing::timed(&mut timings, "chance copies", || {
+        chance_copies(&prepared, &trained, &fold_of, (k, seed), copies, observer)
+    });
     let results = prepared.iter().zip(trained).map(|(p, fits)| match p {
         Prepared::Skipped(why) => CvResult::Skipped {
             skipped: why.clone(),
@@ -238,6 +279,9 @@ pub(crate) fn cross_validate(
             summarise(accs, lambdas)
         }
     });
+    let results = results
+        .zip(at_chance)
+        .map(|(result, copies)| result.with_chance(copies));
     Ok(CvReport {
         folds: k,
         questions: questions.len(),
@@ -370,6 +414,61 @@ fn fit_folds(
     (out, seconds)
 }
 
+/// Each baseline's accuracy (the mean of its folds) on `copies` relabelled copies of the
+/// questions: every question's answer drawn uniformly among its four options (seeded per copy),
+/// the folds and features unchanged, every model fitted again with the λ the real answers chose
+/// in its fold (`fits`). Nothing can be learned there, so the copies scatter as the baseline's
+/// accuracy would on a benchmark of this size without a tell. Five folds' standard error is
+/// itself a guess from five numbers and understates that scatter on small sets. Empty for
+/// skipped baselines.
+fn chance_copies(
+    prepared: &[Prepared],
+    fits: &[Vec<(f64, f64)>],
+    fold_of: &[usize],
+    (k, seed): (usize, Seed),
+    copies: usize,
+    observer: &mut dyn Observer,
+) -> Vec<Vec<f64>> {
+    let golds: Vec<Vec<usize>> = (0..copies)
+        .map(|copy| {
+            let mut rng = seed.key(Key::ChanceCopy(copy)).rng();
+            fold_of.iter().map(|_| rng.random_range(0..4)).collect()
+        })
+        .collect();
+    let jobs: Vec<(usize, usize, usize)> = (0..copies)
+        .flat_map(|copy| (0..prepared.len()).map(move |b| (copy, b)))
+        .filter(|&(_, b)| !matches!(prepared[b], Prepared::Skipped(_)))
+        .flat_map(|(copy, b)| (0..k).map(move |f| (copy, b, f)))
+        .collect();
+    if !jobs.is_empty() {
+        observer.counting(jobs.len(), "fits on relabelled copies");
+    }
+    let observer = Mutex::new(observer);
+    let accuracies: Vec<f64> = jobs
+        .par_iter()
+        .map(|&(copy, b, f)| {
+            let gold = &golds[copy];
+            let accuracy = match &prepared[b] {
+                Prepared::Scores(scores) => fold_accuracy(scores, gold, fold_of, f),
+                Prepared::Features(features) => {
+                    let (train, test): (Vec<usize>, Vec<usize>) =
+                        (0..gold.len()).partition(|&q| fold_of[q] != f);
+                    let (train, test, dim) = grams::restrict(features, gold, &train, &test);
+                    ngram::fit_and_evaluate(&train, &test, dim, fits[b][f].1)
+                }
+                Prepared::Skipped(_) => unreachable!("no jobs for skipped baselines"),
+            };
+            observer.lock().expect("no fit panicked").counted(1);
+            accuracy
+        })
+        .collect();
+    let mut out = vec![Vec::with_capacity(copies); prepared.len()];
+    for (job, folds) in jobs.chunks_exact(k).zip(accuracies.chunks_exact(k)) {
+        out[job[0].1].push(folds.iter().sum::<f64>() / k as f64);
+    }
+    out
+}
+
 fn fold_accuracy(scores: &[[f64; 4]], gold: &[usize], fold_of: &[usize], f: usize) -> f64 {
     let (s, g): (Vec<[f64; 4]>, Vec<usize>) = (0..gold.len())
         .filter(|&q| fold_of[q] == f)
@@ -389,6 +488,7 @@ fn summarise(folds: Vec<f64>, lambda: Vec<f64>) -> CvResult {
         folds,
         lambda,
         train_questions: Vec::new(),
+        chance: None,
     }
 }
 
@@ -507,7 +607,15 @@ mod tests {
         baselines: &[Baseline],
         embedder: &Embedder,
     ) -> CvReport {
-        cross_validate(qs, k, Seed::new(seed), baselines, embedder, &mut Silent).unwrap()
+        cross_validate(
+            qs,
+            (k, Seed::new(seed)),
+            baselines,
+            embedder,
+            0,
+            &mut Silent,
+        )
+        .unwrap()
     }
 
     fn mean(report: &CvReport, name: &str) -> f64 {
@@ -552,6 +660,86 @@ mod tests {
         for b in baselines {
             let acc = mean(&r, b.name());
             assert!((acc - 0.25).abs() < 0.05, "{}: {acc}", b.name());
+        }
+    }
+
+    /// A tell is found on the real answers while the relabelled copies, whose answers are
+    /// random, stay around chance: nothing in them can be learned. The same seed gives the
+    /// same copies, and without copies no result claims a spread.
+    #[test]
+    fn relabelled_copies_scatter_around_chance_while_a_tell_stands_out() {
+        let qs = questions(120, 3, true, Seed::new(1));
+        let baselines = [Baseline::Words(View::Ending), Baseline::Chars(View::Ending)];
+        let unavailable = Embedder::Unavailable("test".into());
+        let run = |copies| {
+            cross_validate(
+                &qs,
+                (5, Seed::new(7)),
+                &baselines,
+                &unavailable,
+                copies,
+                &mut Silent,
+            )
+            .unwrap()
+        };
+        let report = run(12);
+        for (b, result) in &report.baselines {
+            let CvResult::Measured {
+                mean,
+                chance: Some(chance),
+                ..
+            } = result
+            else {
+                panic!("{}: {result:?}", b.name())
+            };
+            assert_eq!(*mean, 1.0, "{}", b.name());
+            assert_eq!(chance.copies.len(), 12);
+            let centre = chance.copies.iter().sum::<f64>() / 12.0;
+            assert!((centre - 0.25).abs() < 0.05, "{}: {chance:?}", b.name());
+            assert!(
+                chance.sd > 0.0 && chance.sd < 0.1,
+                "{}: {chance:?}",
+                b.name()
+            );
+        }
+        assert_eq!(run(12).baselines, report.baselines);
+        for (_, result) in run(0).baselines {
+            assert!(matches!(result, CvResult::Measured { chance: None, .. }));
+        }
+    }
+
+    /// Twelve benchmarks of 100 questions with nothing to find (endings drawn from the same
+    /// word lists, answers random), and four with a tell planted. With the copies' scatter as
+    /// the floor of every standard error and the bar rising with the style rows, the style
+    /// verdict calls at most one of the twelve off chance (a 5% test would call 0.6 of them on
+    /// average; the folds' standard error at two standard errors a row called two of these), and
+    /// every one with the tell above chance.
+    #[test]
+    fn the_style_verdict_finds_a_tell_and_does_not_find_what_is_not_there() {
+        let unavailable = Embedder::Unavailable("test".into());
+        let style_verdict = |tell: bool, seed: u64| {
+            let qs = questions(100, 2, tell, Seed::new(seed));
+            let report = cross_validate(
+                &qs,
+                (5, Seed::new(seed)),
+                &Baseline::ALL,
+                &unavailable,
+                19,
+                &mut Silent,
+            )
+            .unwrap();
+            let rows = crate::findings::baseline_rows(&report);
+            let (_, verdicts) = crate::verdict::judge(rows, None);
+            verdicts[0].text.clone()
+        };
+        let off_chance = (0..12)
+            .map(|seed| style_verdict(false, 100 + seed))
+            .filter(|text| text.contains("points above chance") || text.starts_with("below"))
+            .count();
+        assert!(off_chance <= 1, "{off_chance} of 12 called off chance");
+        for seed in 0..4 {
+            let text = style_verdict(true, 100 + seed);
+            assert!(text.contains("points above chance"), "{text}");
         }
     }
 

@@ -123,6 +123,31 @@ impl AuditReport {
     }
 }
 
+/// A row per measured baseline. Its se is that of its fold means, but never below a
+/// proportion's at chance over all the questions (a few folds that happen to agree, two folds at
+/// 0.125 on 16 questions, would otherwise claim a precision the questions cannot give), nor below
+/// the scatter of its relabelled copies (what the same baseline reaches on a benchmark of this
+/// size with nothing to find).
+pub(crate) fn baseline_rows(cv: &cv::CvReport) -> Vec<verdict::Row> {
+    let floor = lm::proportion_se(verdict::CHANCE, cv.questions);
+    cv.baselines
+        .iter()
+        .filter_map(|(b, result)| match result {
+            cv::CvResult::Measured {
+                mean, se, chance, ..
+            } => {
+                let scatter = chance.as_ref().map_or(0.0, |c| c.sd);
+                Some(verdict::Row::new(
+                    b.name(),
+                    *mean,
+                    se.max(floor).max(scatter),
+                ))
+            }
+            cv::CvResult::Skipped { .. } => None,
+        })
+        .collect()
+}
+
 /// Four rows per language model: `lm:MODEL:acc` and `lm:MODEL:acc_norm`, then the same with the
 /// context removed (`acc_no_context`, `acc_norm_no_context`).
 fn lm_rows(results: &[lm::LmResult]) -> Vec<verdict::Row> {
@@ -172,23 +197,10 @@ pub struct CvAudit {
 }
 
 impl CvAudit {
-    /// The rows the verdicts read: every measured baseline and the language models'. A
-    /// baseline's se is that of its fold means, but never below a proportion's at chance over
-    /// all the questions: a few folds that happen to agree (two folds at 0.125 on 16 questions)
-    /// would otherwise claim a precision the questions cannot give.
+    /// The rows the verdicts read: every measured baseline ([`baseline_rows`]) and the
+    /// language models'.
     pub(super) fn rows(&self) -> Vec<verdict::Row> {
-        let floor = lm::proportion_se(verdict::CHANCE, self.cv.questions);
-        let mut rows: Vec<verdict::Row> = self
-            .cv
-            .baselines
-            .iter()
-            .filter_map(|(b, result)| match result {
-                cv::CvResult::Measured { mean, se, .. } => {
-                    Some(verdict::Row::new(b.name(), *mean, se.max(floor)))
-                }
-                cv::CvResult::Skipped { .. } => None,
-            })
-            .collect();
+        let mut rows = baseline_rows(&self.cv);
         rows.extend(lm_rows(&self.findings.lm));
         rows
     }

@@ -72,6 +72,9 @@ pub struct Config {
     pub control: Option<PathBuf>,
     /// Replace report files afkit did not write (never the dataset's CSV files).
     pub force: bool,
+    /// `--cv`: relabelled copies each trained baseline is measured on as well, whose scatter
+    /// widens its standard error where the folds' own understates it (0: none).
+    pub chance_copies: usize,
     /// Why `--cv`'s fine-tuned baseline is not measured (`None`: it is, as `fine_tune` says).
     pub skip_fine_tune: Option<String>,
     pub fine_tune: cv::FineTune,
@@ -265,10 +268,10 @@ fn cross_validate_baselines(
     let files_read = Split::ALL.map(|s| config.dataset.join(s.regular_csv()).display().to_string());
     cv::cross_validate(
         questions,
-        k,
-        config.seed,
+        (k, config.seed),
         &cv::Baseline::ALL,
         &embedder,
+        config.chance_copies,
         observer,
     )
     .with_context(|| format!("--cv {k} on {}", files_read.join(", ")))

@@ -188,10 +188,15 @@ pub(crate) fn train_and_evaluate(
             }
         }
     }
+    (fit_and_evaluate(train, test, dim, best.1), best.1)
+}
+
+/// Trains on `train` with regularisation `lambda` and returns the accuracy on `test`.
+pub(crate) fn fit_and_evaluate(train: &[Choice], test: &[Choice], dim: usize, lambda: f64) -> f64 {
     let all: Vec<&Choice> = train.iter().collect();
-    let w = fit(&all, dim, best.1);
+    let w = fit(&all, dim, lambda);
     let test_refs: Vec<&Choice> = test.iter().collect();
-    (accuracy(&w, &test_refs), best.1)
+    accuracy(&w, &test_refs)
 }
 
 #[cfg(test)]

@@ -261,7 +261,8 @@ fn write_cv_markdown(md: &mut String, r: &CvAudit) -> std::fmt::Result {
          (seed {}; fold sizes {:?}). Every baseline is trained on {} folds and tested on the held-out \
          one, so each question is answered once by a model that never saw its video. Mean is the \
          mean fold accuracy (4-way, chance 0.250, ties split evenly); ± is its standard error, the \
-         sample standard deviation of the fold accuracies / √{}.\n",
+         sample standard deviation of the fold accuracies / √{}. Chance ± is how far the same \
+         baseline scattered on copies of the questions with their answers drawn at random.\n",
         cv.questions,
         pooled.join(", "),
         cv.groups,
@@ -325,34 +326,42 @@ fn write_could_be_right(md: &mut String, flag: Option<&CouldBeRight>) -> std::fm
     }
 }
 
-/// One row per baseline: what it sees, its mean and standard error, each fold's accuracy (and
-/// the training questions where it reports them).
+/// One row per baseline: what it sees, its mean and standard error, the scatter of its
+/// relabelled copies, each fold's accuracy (and the training questions where it reports them).
 fn write_cv_table(md: &mut String, cv: &CvReport) -> std::fmt::Result {
     writeln!(
         md,
-        "| baseline | what it sees | mean | ± se | per fold |\n| --- | --- | ---: | ---: | --- |"
+        "| baseline | what it sees | mean | ± se | chance ± | per fold |\n\
+         | --- | --- | ---: | ---: | ---: | --- |"
     )?;
     for (baseline, result) in &cv.baselines {
         let name = baseline.name();
         match result {
             CvResult::Measured {
-                mean, se, folds, ..
+                mean,
+                se,
+                folds,
+                chance,
+                ..
             } => {
                 let per_fold: Vec<String> = folds.iter().map(|a| format!("{a:.3}")).collect();
                 let trained = result
                     .trained_on()
                     .map(|t| format!(" ({t})"))
                     .unwrap_or_default();
+                let scatter = chance
+                    .as_ref()
+                    .map_or("—".to_string(), |c| format!("{:.3}", c.sd));
                 writeln!(
                     md,
-                    "| {name} | {} | {mean:.3} | {se:.3} | {}{trained} |",
+                    "| {name} | {} | {mean:.3} | {se:.3} | {scatter} | {}{trained} |",
                     baseline.description(),
                     per_fold.join(" ")
                 )?;
             }
             CvResult::Skipped { skipped } => writeln!(
                 md,
-                "| {name} | {} | — | — | not measured: {skipped} |",
+                "| {name} | {} | — | — | — | not measured: {skipped} |",
                 baseline.description()
             )?,
         }
@@ -444,10 +453,13 @@ fn write_verdicts(md: &mut String, verdicts: &[Verdict]) -> std::fmt::Result {
     writeln!(md, "## Verdicts\n")?;
     writeln!(
         md,
-        "A row is off chance when it is more than two standard errors from 0.250, above or below \
-         (below: the real ending is the one it avoids); a row within them is at chance, or too few \
-         questions to tell when two standard errors exceed {:.0} points. Under --cv the standard \
-         error here is never below a proportion's at chance over all the questions.\n",
+        "A row is off chance when it is further from 0.250 than its family's bar, above or below \
+         (below: the real ending is the one it avoids): two standard errors for a family's only \
+         row, more for a row among several (each of n rows tested at 4.55% / n: 2.80 standard \
+         errors for nine). A row within the bar is at chance, or too few questions to tell when \
+         two standard errors exceed {:.0} points. Under --cv the standard error here is never \
+         below a proportion's at chance over all the questions, nor below the scatter of the \
+         baseline's relabelled copies.\n",
         super::verdict::WIDEST_TELLING_INTERVAL * 100.0
     )?;
     for v in verdicts {

@@ -2,14 +2,17 @@
 //! models) side by side with a control dataset's where one was audited with it (`--control`,
 //! typically the same export with random negatives), and one verdict per family of baselines.
 //!
-//! Every row stands somewhere against chance (0.25): off chance when it is more than two standard
-//! errors away, in either direction; otherwise at chance, or "too few questions to tell" when its
-//! interval is so wide that a sizeable artifact could hide in it. A family's verdict leads with
-//! its best row when that is above chance, and names every other row off chance: a row far below
-//! chance is as telling as one above it (the real ending is the one it avoids). The best of
-//! several rows is picked after the fact, so a family with many rows leans a little high: the
-//! verdict names how many rows it chose from. Fixed rules (the shortest or longest ending) learn
-//! nothing, so their verdict speaks of the endings, not of what the rule learned.
+//! Every row stands somewhere against chance (0.25): off chance when it is further away than its
+//! family's bar, in either direction; otherwise at chance, or "too few questions to tell" when
+//! its interval is so wide that a sizeable artifact could hide in it. The bar is two standard
+//! errors for a family's only row and rises with the family's rows (Bonferroni, [`Standing::of`]):
+//! on relabelled copies of a 150-question export, with nothing to find, one of the nine style
+//! rows strayed beyond two standard errors in more than a quarter of them, and a verdict that
+//! calls that an artifact misleads. A family's verdict
+//! leads with its best row when that is above chance, and names every other row off chance: a
+//! row far below chance is as telling as one above it (the real ending is the one it avoids).
+//! Fixed rules (the shortest or longest ending) learn nothing, so their verdict speaks of the
+//! endings, not of what the rule learned.
 
 use serde::Serialize;
 
@@ -128,8 +131,15 @@ pub enum Standing {
 }
 
 impl Standing {
-    pub(crate) fn of(mean: f64, se: f64) -> Standing {
-        if (mean - CHANCE).abs() > 2.0 * se {
+    /// Where a row at `mean ± se` stands, one of `rows` rows of its family. Off chance takes a
+    /// distance from chance whose two-sided tail, times `rows`, is under that of two standard
+    /// errors (4.55%): two standard errors for one row, 2.28 for two, 2.80 for nine. So a
+    /// family whose rows all have nothing to find is called off chance about as rarely as a
+    /// single row at two standard errors.
+    pub(crate) fn of(mean: f64, se: f64, rows: usize) -> Standing {
+        let errors = (mean - CHANCE).abs() / se;
+        let two_se_tail = erfc(std::f64::consts::SQRT_2);
+        if rows.max(1) as f64 * erfc(errors / std::f64::consts::SQRT_2) < two_se_tail {
             if mean > CHANCE {
                 Standing::AboveChance
             } else {
@@ -153,6 +163,35 @@ impl Standing {
 
     fn off_chance(self) -> bool {
         matches!(self, Standing::AboveChance | Standing::BelowChance)
+    }
+}
+
+/// The complementary error function, erfc(x) = 1 − erf(x), to a relative error under 1.2e-7
+/// (Numerical Recipes' Chebyshev fit): the two-sided tail of a normal at x·√2 standard errors.
+/// NaN stays NaN, so a row of 0 ± 0 is never off chance.
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = [
+        -1.265_512_23,
+        1.000_023_68,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_203_98,
+        1.488_515_87,
+        -0.822_152_23,
+        0.170_872_77,
+    ]
+    .iter()
+    .rev()
+    .fold(0.0, |acc, c| c + t * acc);
+    let tail = t * (-z * z + poly).exp();
+    if x >= 0.0 {
+        tail
+    } else {
+        2.0 - tail
     }
 }
 
@@ -185,7 +224,7 @@ impl Row {
             name: name.into(),
             mean,
             se,
-            standing: Standing::of(mean, se),
+            standing: Standing::of(mean, se, 1),
             control: None,
             difference: None,
         }
@@ -203,11 +242,21 @@ pub struct Verdict {
     pub text: String,
 }
 
-/// The rows with the control's beside them (matched by name), and the verdicts.
+/// The rows with the control's beside them (matched by name), each standing at its family's
+/// bar, and the verdicts.
 pub(crate) fn judge(rows: Vec<Row>, control: Option<&[Row]>) -> (Vec<Row>, Vec<Verdict>) {
+    let family_rows = |name: &str| {
+        let family = EvidenceKind::of(name);
+        rows.iter()
+            .filter(|r| EvidenceKind::of(&r.name) == family)
+            .count()
+    };
+    let sizes: Vec<usize> = rows.iter().map(|r| family_rows(&r.name)).collect();
     let rows: Vec<Row> = rows
         .into_iter()
-        .map(|mut row| {
+        .zip(sizes)
+        .map(|(mut row, family_size)| {
+            row.standing = Standing::of(row.mean, row.se, family_size);
             let matched = control.and_then(|c| c.iter().find(|r| r.name == row.name));
             if let Some(c) = matched {
                 row.control = Some(Measure {
@@ -272,8 +321,8 @@ fn verdict_text(family: EvidenceKind, best: &Row, measured: &str, named: &[Strin
         ),
         _ if !named.is_empty() => format!("below chance: {}", named.join("; ")),
         Standing::TooFewToTell => format!(
-            "too few questions to tell: {measured} is within two standard errors of chance, \
-             but the interval is too wide to rule out an artifact"
+            "too few questions to tell: {measured} is not off chance, but its interval (two \
+             standard errors each side) is too wide to rule out an artifact"
         ),
         _ => format!("at chance ({measured})"),
     };
@@ -421,6 +470,61 @@ mod tests {
         );
     }
 
+    /// 2.5 standard errors from chance is off chance for a family's only row, not for one of
+    /// nine (their bar is 2.80), and 2.9 is off chance for either; `judge` sets each row's bar
+    /// by its family's size.
+    #[test]
+    fn the_bar_rises_with_the_rows_of_a_family() {
+        let at = |errors: f64, rows| Standing::of(CHANCE + errors * 0.02, 0.02, rows);
+        assert_eq!(at(2.5, 1), Standing::AboveChance);
+        assert_eq!(at(-2.5, 1), Standing::BelowChance);
+        assert_eq!(at(1.99, 1), Standing::AtChance);
+        assert_eq!(at(2.01, 1), Standing::AboveChance);
+        assert_eq!(at(2.5, 9), Standing::AtChance);
+        assert_eq!(at(2.79, 9), Standing::AtChance);
+        assert_eq!(at(2.81, 9), Standing::AboveChance);
+        assert_eq!(at(2.27, 2), Standing::AtChance);
+        assert_eq!(at(2.29, 2), Standing::AboveChance);
+        let names = ["shortest", "longest", "ngram_end", "ngram_s2", "ngram_ctx"];
+        let mut rows: Vec<Row> = names.iter().map(|n| Row::new(*n, 0.25, 0.02)).collect();
+        rows[2].mean = 0.30;
+        rows.push(Row::new("relational", 0.30, 0.02));
+        let (rows, verdicts) = judge(rows, None);
+        assert_eq!(
+            rows[2].standing,
+            Standing::AtChance,
+            "one of five style rows"
+        );
+        assert_eq!(
+            rows[5].standing,
+            Standing::AboveChance,
+            "the relational row alone"
+        );
+        assert!(verdicts[0]
+            .text
+            .starts_with("at chance (ngram_end 0.300 ± 0.020, the best of 5)"));
+    }
+
+    #[test]
+    fn erfc_matches_known_values() {
+        let known = [
+            (0.0, 1.0),
+            (0.5, 0.479_500_122),
+            (1.0, 0.157_299_207),
+            (std::f64::consts::SQRT_2, 0.045_500_264),
+            (3.0, 2.209_049_7e-5),
+            (-1.0, 1.842_700_793),
+        ];
+        for (x, want) in known {
+            assert!(
+                (erfc(x) - want).abs() <= 1.2e-7 * want,
+                "erfc({x}) = {}",
+                erfc(x)
+            );
+        }
+        assert!(erfc(f64::NAN).is_nan());
+    }
+
     /// Sixteen questions: 0.562 ± 0.157 is within two standard errors of chance, but nothing
     /// under ±31 points can be told from it.
     #[test]
@@ -428,8 +532,8 @@ mod tests {
         let text = &texts(vec![Row::new("char_s2", 0.562, 0.157)])[0];
         assert!(text.starts_with("too few questions to tell"), "{text}");
         assert!(!text.contains("at chance ("), "{text}");
-        assert_eq!(Standing::of(0.562, 0.157), Standing::TooFewToTell);
-        assert_eq!(Standing::of(0.26, 0.02), Standing::AtChance);
+        assert_eq!(Standing::of(0.562, 0.157, 1), Standing::TooFewToTell);
+        assert_eq!(Standing::of(0.26, 0.02, 1), Standing::AtChance);
     }
 
     /// The demo's rows: shortest far below chance while the best style row is at chance.

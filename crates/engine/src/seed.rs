@@ -75,6 +75,8 @@ pub enum Key<'a> {
     RandomNegatives { example: i64, generated: bool },
     /// audit: fold f of the fine-tuned baseline.
     FinetuneFold(usize),
+    /// audit: the random answers of relabelled copy c, the chance a trained baseline meets.
+    ChanceCopy(usize),
 }
 
 impl Key<'_> {
@@ -106,6 +108,7 @@ impl Key<'_> {
                 format!("random negatives\u{0}{example}\u{0}{generated}")
             }
             Key::FinetuneFold(fold) => format!("finetune fold {fold}"),
+            Key::ChanceCopy(copy) => format!("chance copy {copy}"),
         }
     }
 }
