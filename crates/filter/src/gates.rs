@@ -237,7 +237,10 @@ mod tests {
         let g_ours = (&ours * &weights)?.sum_all()?.backward()?;
         let g_theirs = (&theirs * &weights)?.sum_all()?.backward()?;
         let (a, b) = (g_ours.get(&gates).unwrap(), g_theirs.get(&gates).unwrap());
-        assert!(max_diff(a, b)? < 1e-6);
+        // A saturated gate's derivative (1 − tanh², σ(1 − σ)) is a difference of numbers near
+        // 1, exact to a few units in the last place of 1; the weights scale that error.
+        let largest_weight = weights.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        assert!(max_diff(a, b)? < 1e-6 * largest_weight.max(1.0));
 
         let plain = tanh(&gates)?;
         assert!(max_diff(&plain, &gates.as_tensor().tanh()?)? < 1e-6);
