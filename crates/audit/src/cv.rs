@@ -264,24 +264,11 @@ pub(crate) fn cross_validate(
     let at_chance = super::timing::timed(&mut timings, "chance copies", || {
         chance_copies(&prepared, &trained, &fold_of, (k, seed), copies, observer)
     });
-    let results = prepared.iter().zip(trained).map(|(p, fits)| match p {
-        Prepared::Skipped(why) => CvResult::Skipped {
-            skipped: why.clone(),
-        },
-        Prepared::Scores(scores) => {
-            let accs = (0..k)
-                .map(|f| fold_accuracy(scores, &gold, &fold_of, f))
-                .collect();
-            summarise(accs, Vec::new())
-        }
-        Prepared::Features(_) => {
-            let (accs, lambdas) = fits.into_iter().unzip();
-            summarise(accs, lambdas)
-        }
-    });
-    let results = results
+    let results = prepared
+        .iter()
+        .zip(trained)
         .zip(at_chance)
-        .map(|(result, copies)| result.with_chance(copies));
+        .map(|((p, fits), copies)| result(p, fits, (&gold, &fold_of, k)).with_chance(copies));
     Ok(CvReport {
         folds: k,
         questions: questions.len(),
@@ -293,6 +280,30 @@ pub(crate) fn cross_validate(
         baselines: baselines.iter().copied().zip(results).collect(),
         timings,
     })
+}
+
+/// One baseline's result over the `k` folds: from its fold fits (`fits`, for a trained
+/// baseline) or from its fixed scores against `gold`.
+fn result(
+    p: &Prepared,
+    fits: Vec<(f64, f64)>,
+    (gold, fold_of, k): (&[usize], &[usize], usize),
+) -> CvResult {
+    match p {
+        Prepared::Skipped(why) => CvResult::Skipped {
+            skipped: why.clone(),
+        },
+        Prepared::Scores(scores) => {
+            let accs = (0..k)
+                .map(|f| fold_accuracy(scores, gold, fold_of, f))
+                .collect();
+            summarise(accs, Vec::new())
+        }
+        Prepared::Features(_) => {
+            let (accs, lambdas) = fits.into_iter().unzip();
+            summarise(accs, lambdas)
+        }
+    }
 }
 
 /// An error saying how to fix it when `n_groups` groups among `n_questions` questions are too
