@@ -13,7 +13,10 @@
 #   --label     the project goes to $AFKIT_HOME/bench/recipe/LABEL-sSEED-N (default: default)
 #   --no-control  skip the control's export and audit
 #
-# Run it on an otherwise idle machine: the figures are wall-clock times. AFKIT_SIMD=avx2 gives the
+# Run it on an otherwise idle machine: the figures are wall-clock times. `nice` does not make room
+# for other work where the kernel shares the CPU between sessions first
+# (/proc/sys/kernel/sched_autogroup_enabled = 1): a job at nice 19 started from another terminal
+# takes as much CPU as this script. AFKIT_SIMD=avx2 gives the
 # AVX2-only figure on an AVX-512 machine. Prints one line per stage and the total; the same lines
 # go to times.txt in the project's folder. Not resumable: an existing folder is an error.
 set -euo pipefail
