@@ -8,11 +8,10 @@
 //! errors for a family's only row and rises with the family's rows (Bonferroni, [`Standing::of`]):
 //! on relabelled copies of a 150-question export, with nothing to find, one of the nine style
 //! rows strayed beyond two standard errors in more than a quarter of them, and a verdict that
-//! calls that an artifact misleads. A family's verdict
-//! leads with its best row when that is above chance, and names every other row off chance: a
-//! row far below chance is as telling as one above it (the real ending is the one it avoids).
-//! Fixed rules (the shortest or longest ending) learn nothing, so their verdict speaks of the
-//! endings, not of what the rule learned.
+//! calls that an artifact misleads. A family's verdict leads with its best row when that is
+//! above chance, and names every other row off chance: a row far below chance is as telling as
+//! one above it (the real ending is the one it avoids). Fixed rules (the shortest or longest
+//! ending) learn nothing, so their verdict speaks of the endings, not of what the rule learned.
 
 use serde::Serialize;
 
