@@ -320,7 +320,7 @@ fn verdict_text(family: EvidenceKind, best: &Row, measured: &str, named: &[Strin
         ),
         _ if !named.is_empty() => format!("below chance: {}", named.join("; ")),
         Standing::TooFewToTell => format!(
-            "too few questions to tell: {measured} is not off chance, but its interval (two \
+            "too few questions to tell ({measured}): not off chance, but the interval (two \
              standard errors each side) is too wide to rule out an artifact"
         ),
         _ => format!("at chance ({measured})"),
