@@ -150,9 +150,7 @@ pub struct Chance {
 
 impl Chance {
     fn of(copies: Vec<f64>) -> Chance {
-        let n = copies.len() as f64;
-        let mean = copies.iter().sum::<f64>() / n;
-        let var = copies.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0);
+        let (_, var) = mean_and_sample_variance(&copies);
         Chance {
             sd: var.sqrt(),
             copies,
@@ -443,7 +441,7 @@ fn chance_copies(
     let golds: Vec<Vec<usize>> = (0..copies)
         .map(|copy| {
             let mut rng = seed.key(Key::ChanceCopy(copy)).rng();
-            fold_of.iter().map(|_| rng.random_range(0..4)).collect()
+            (0..fold_of.len()).map(|_| rng.random_range(0..4)).collect()
         })
         .collect();
     let jobs: Vec<(usize, usize, usize)> = (0..copies)
@@ -490,17 +488,23 @@ fn fold_accuracy(scores: &[[f64; 4]], gold: &[usize], fold_of: &[usize], f: usiz
 
 /// Mean and standard error (sample standard deviation / √K) of the fold accuracies.
 fn summarise(folds: Vec<f64>, lambda: Vec<f64>) -> CvResult {
-    let k = folds.len() as f64;
-    let mean = folds.iter().sum::<f64>() / k;
-    let var = folds.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (k - 1.0).max(1.0);
+    let (mean, var) = mean_and_sample_variance(&folds);
     CvResult::Measured {
         mean,
-        se: (var / k).sqrt(),
+        se: (var / folds.len() as f64).sqrt(),
         folds,
         lambda,
         train_questions: Vec::new(),
         chance: None,
     }
+}
+
+/// The mean of `values` and their sample variance (divided by n − 1, by 1 for a single value).
+fn mean_and_sample_variance(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var)
 }
 
 /// How the fine-tuned baseline is made in every fold.
