@@ -685,7 +685,7 @@ mod tests {
 
     /// A tell is found on the real answers while the relabelled copies, whose answers are
     /// random, stay around chance: nothing in them can be learned. The same seed gives the
-    /// same copies, and without copies no result claims a spread.
+    /// same copies, and without copies no result claims a spread nor the report a time for them.
     #[test]
     fn relabelled_copies_scatter_around_chance_while_a_tell_stands_out() {
         let qs = questions(120, 3, true, Seed::new(1));
@@ -723,9 +723,13 @@ mod tests {
             );
         }
         assert_eq!(run(12).baselines, report.baselines);
-        for (_, result) in run(0).baselines {
+        let timed_copies = |r: &CvReport| r.timings.iter().any(|t| t.name == "chance copies");
+        assert!(timed_copies(&report));
+        let without = run(0);
+        for (_, result) in &without.baselines {
             assert!(matches!(result, CvResult::Measured { chance: None, .. }));
         }
+        assert!(!timed_copies(&without), "no copies, no time line for them");
     }
 
     /// Twelve benchmarks of 100 questions with nothing to find (endings drawn from the same
