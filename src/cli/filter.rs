@@ -172,7 +172,8 @@ pub struct FilterArgs {
     pub scorers: Vec<String>,
     /// No scorer model: AF faces the stylistic ensemble alone.
     ///
-    /// Faster, and language models then find the real ending more often.
+    /// Faster, and models that read the context and the ending together (the fine-tuned
+    /// cross-encoder of `audit`) then find the real ending more often.
     #[arg(long, conflicts_with = "scorers", help_heading = MODELS)]
     pub no_scorer: bool,
     /// Language model that holds distractors to a fluency floor: `gemma3`, `smollm2`, a GGUF

@@ -207,9 +207,11 @@ pub struct Scorer {
     pub path: PathBuf,
 }
 
-/// The scorer `filter` reads every ending with unless told otherwise: the default generator. On
-/// held-out captions it took a larger model's zero-shot accuracy on the AF export down by 6.6
-/// points and the generator's own to near chance, leaving every style baseline in its bounds.
+/// The scorer `filter` reads every ending with unless told otherwise: the default generator.
+/// Its reading of each ending after its context keeps AF from settling on distractors that sit
+/// oddly after their context: filtered without it, the fine-tuned cross-encoder of the audit
+/// found the real ending more often on held-out captions (BENCHMARKS.md, "Filtering without the
+/// scorer model").
 pub const DEFAULT_SCORER: &str = "smollm2";
 
 impl Scorer {
