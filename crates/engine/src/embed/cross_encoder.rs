@@ -49,7 +49,7 @@ use super::bert::packed::{Packed, Spans};
 use super::bert::tensors::Tensors;
 use super::bert::Bert;
 use crate::device::Compute;
-use crate::lm::linear::{fast_bf16_kernel, fast_precision, Kernel};
+use crate::lm::linear::{fast_bf16_kernel, fast_precision, packed_kernel, Kernel, Precision};
 use crate::seed::{Key, Seed};
 
 /// One multiple-choice question: a context and its options (every question of one call has
@@ -142,10 +142,10 @@ pub struct CrossEncoder {
     /// Scoring and the frozen layers run the packed forward (afkit's CPU kernels) instead of
     /// candle's.
     packed_scoring: bool,
-    /// The kernel the trained layers' linear products run on in training, in bf16: where
-    /// afkit's kernels are used and the CPU multiplies bf16 faster than f32. `None`: candle's
-    /// f32 matmul.
-    bf16_training: Option<Kernel>,
+    /// The kernel the trained layers' linear products run on in training, where afkit's kernels
+    /// are used: bf16 where the CPU multiplies bf16 faster than f32, else f32 (faster than
+    /// candle's matmul, which packs the weights on every call). `None`: candle's f32 matmul.
+    training_kernel: Option<Kernel>,
 }
 
 /// The word pieces that frame a pair.
@@ -229,7 +229,9 @@ impl CrossEncoder {
             special,
             device: device.clone(),
             packed_scoring: compute.cpu_kernels,
-            bf16_training: fast_bf16_kernel().filter(|_| compute.cpu_kernels),
+            training_kernel: fast_bf16_kernel()
+                .or_else(|| packed_kernel(Precision::F32))
+                .filter(|_| compute.cpu_kernels),
         })
     }
 
@@ -288,13 +290,14 @@ impl CrossEncoder {
         })
     }
 
-    /// How the trained layers run for the next step: their linear products in bf16 on
-    /// [`Self::bf16_training`]'s kernel, the weights packed as they are now, or in f32.
+    /// How the trained layers run for the next step: their linear products on
+    /// [`Self::training_kernel`], the weights packed as they are now, or on candle's matmul.
     fn training_run(&self) -> Result<Tensors> {
-        match self.bf16_training {
-            Some(kernel) => {
-                Tensors::differentiable_bf16(&self.bert.layers[self.shape.frozen_layers..], kernel)
-            }
+        match self.training_kernel {
+            Some(kernel) => Tensors::differentiable_packed(
+                &self.bert.layers[self.shape.frozen_layers..],
+                kernel,
+            ),
             None => Ok(Tensors::DIFFERENTIABLE),
         }
     }

@@ -16,9 +16,10 @@
 //! ([`super::block`]) run the pass: the adapter enters as a low-rank addition to the adapted
 //! projections, and while training the block's steps are candle compositions that have
 //! gradients ([`Pass::Train`]); where no gradient flows (the frozen layers, evaluation),
-//! candle's fused kernels. The weight products, most of the time, run in bf16 on afkit's kernels
-//! where the CPU multiplies bf16 faster than f32 ([`Products::fastest`]): the base matrices never
-//! change, so each is packed once, both ways round for the gradient's way back.
+//! candle's fused kernels. The weight products, most of the time, run on afkit's kernels
+//! ([`Products::fastest`]: in bf16 where the CPU multiplies bf16 faster than f32, else in f32):
+//! the base matrices never change, so each is packed once, both ways round for the gradient's
+//! way back, where candle's matmul would pack it again on every call.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,7 +38,7 @@ use super::adapter::{Adapter, BaseModel};
 use super::block::{Lora, LoraPair};
 use super::config::LlamaConfig;
 use super::family::Arch;
-use super::linear::{fast_bf16_kernel, Kernel, Linear, PackedMatrix};
+use super::linear::{fast_bf16_kernel, packed_kernel, Kernel, Linear, PackedMatrix, Precision};
 use super::llama::Llama;
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
@@ -47,11 +48,11 @@ use crate::seed::Seed;
 
 pub(crate) use super::tensor_ops::Pass;
 
-/// A weight matrix of the model as loaded (candle's f32) in bf16 for `kernel`: packed for the
+/// A weight matrix of the model as loaded (candle's f32) packed for `kernel`: for the
 /// forward pass alone in the frozen blocks (below `first`), which only ever run once over the
 /// corpus without gradients; packed both ways round, to pass gradients back, in the adapted
 /// blocks and the output head.
-fn bf16_form(
+fn packed_form(
     layer: Option<usize>,
     first: usize,
     linear: &Linear,
@@ -62,7 +63,7 @@ fn bf16_form(
     };
     match layer {
         Some(layer) if layer < first => Ok(Linear::Packed(PackedMatrix::pack(w, kernel)?)),
-        _ => Linear::frozen_bf16(w, kernel),
+        _ => Linear::frozen(w, kernel),
     }
 }
 
@@ -94,18 +95,21 @@ pub struct LoraShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Products {
     /// f32, candle's matmul.
-    F32,
-    /// bf16 operands and f32 sums on afkit's `Kernel` (a bf16 kernel of this CPU), forward and
-    /// backward: the base matrices and the output head packed once, since only the adapter
-    /// trains.
-    Bf16(Kernel),
+    Candle,
+    /// afkit's `Kernel` (one of this CPU's; bf16 operands and f32 sums on a bf16 kernel),
+    /// forward and backward: the base matrices and the output head packed once, since only the
+    /// adapter trains.
+    Packed(Kernel),
 }
 
 impl Products {
     /// bf16 where this CPU multiplies bf16 faster than f32 (AVX512-BF16 or AMX, as
-    /// `AFKIT_SIMD` allows), else f32: the rule the language models' other passes follow.
+    /// `AFKIT_SIMD` allows), the rule the language models' other passes follow; else afkit's
+    /// f32 kernel; candle's matmul on a CPU with neither (or in a debug build).
     pub fn fastest() -> Self {
-        fast_bf16_kernel().map_or(Products::F32, Products::Bf16)
+        fast_bf16_kernel()
+            .or_else(|| packed_kernel(Precision::F32))
+            .map_or(Products::Candle, Products::Packed)
     }
 }
 
@@ -198,8 +202,8 @@ impl AdaptModel {
         };
         let mut llama = Llama::from_gguf(&content, &mut file, path, &compute, None)?;
         let first = cfg.n_layer - shape.top_layers;
-        if let Products::Bf16(kernel) = products {
-            llama.convert_linears(|layer, linear| bf16_form(layer, first, linear, kernel))?;
+        if let Products::Packed(kernel) = products {
+            llama.convert_linears(|layer, linear| packed_form(layer, first, linear, kernel))?;
         }
         let lora = Lora {
             first,
@@ -585,7 +589,7 @@ mod tests {
     fn training_lowers_the_loss_and_the_merged_model_scores_as_the_trained_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = tiny_model(dir.path());
-        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE, Products::F32).unwrap();
+        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE, Products::Candle).unwrap();
         let lines: Vec<String> = (0..40)
             .map(|i| format!("the man throws the ball {}.", ["far", "high"][i % 2]))
             .collect();
@@ -644,7 +648,7 @@ mod tests {
     fn a_fresh_adapter_leaves_the_model_unchanged_and_the_seed_fixes_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = tiny_model(dir.path());
-        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE, Products::F32).unwrap();
+        let (mut model, tokenizer) = AdaptModel::load(&path, SHAPE, Products::Candle).unwrap();
         let seqs = pack_sequences(&tokenizer, &["a dog runs on the grass.".into()], 8).unwrap();
         let states = model.frozen_states(&seqs).unwrap();
         let (base, adapted) = model.evaluate(&seqs, &states, 1).unwrap();
@@ -674,10 +678,11 @@ mod tests {
         assert_eq!(model.adapter().updates.len(), 2 * ADAPTED.len());
     }
 
-    /// With every weight product in bf16 (the frozen blocks', the adapted ones' forward and
-    /// backward, the output head's) an adapter trains as it does in f32, up to rounding.
+    /// With every weight product on afkit's kernels (the frozen blocks', the adapted ones'
+    /// forward and backward, the output head's) an adapter trains as it does with candle's f32
+    /// matmul, up to bf16 rounding on a bf16 kernel and to the order of f32 sums on an f32 one.
     #[test]
-    fn bf16_products_train_the_adapter_as_f32_does_up_to_rounding() {
+    fn packed_products_train_the_adapter_as_candles_do_up_to_rounding() {
         let dir = tempfile::tempdir().unwrap();
         let path = tiny_model(dir.path());
         let lines: Vec<String> = (0..40)
@@ -701,10 +706,10 @@ mod tests {
                 .train(Seed::default(), training, heldout, &settings, &mut |_| {})
                 .unwrap()
         };
-        let f32 = train(Products::F32);
+        let f32 = train(Products::Candle);
         let near = |a: f64, b: f64, tolerance: f64| (a - b).abs() <= tolerance * b.abs();
         for kernel in crate::lm::linear::trainable::tests::bf16_kernels() {
-            let bf16 = train(Products::Bf16(kernel));
+            let bf16 = train(Products::Packed(kernel));
             let why = format!("{kernel:?}: {bf16:?} against f32's {f32:?}");
             assert_ne!(bf16.first_loss, f32.first_loss, "{why}");
             let first = (f64::from(bf16.first_loss), f64::from(f32.first_loss));
@@ -716,6 +721,15 @@ mod tests {
             let adapted = (bf16.heldout_loss_adapted, f32.heldout_loss_adapted);
             assert!(near(adapted.0, adapted.1, 0.05), "{why}");
             assert!(adapted.0 < bf16.heldout_loss_base - 0.5, "{why}");
+        }
+        // On the f32 kernels only the order of the additions differs from candle's.
+        for kernel in crate::lm::linear::trainable::tests::f32_kernels() {
+            let packed = train(Products::Packed(kernel));
+            let why = format!("{kernel:?}: {packed:?} against candle's {f32:?}");
+            let first = (f64::from(packed.first_loss), f64::from(f32.first_loss));
+            assert!(near(first.0, first.1, 1e-5), "{why}");
+            let adapted = (packed.heldout_loss_adapted, f32.heldout_loss_adapted);
+            assert!(near(adapted.0, adapted.1, 1e-3), "{why}");
         }
     }
 }

@@ -57,7 +57,7 @@ pub(crate) enum Linear {
     DenseBf16(Tensor),
     /// Panels for afkit's micro-kernels.
     Packed(PackedMatrix),
-    /// A fixed matrix in bf16 on afkit's kernels, packed both ways round so that
+    /// A fixed matrix on afkit's kernels (bf16 or f32), packed both ways round so that
     /// [`Linear::forward`] passes gradients back to its input: the base matrices and the output
     /// head of a model whose LoRA adapter trains.
     Frozen(Arc<PackedDense>),
@@ -135,13 +135,13 @@ impl Linear {
         }
     }
 
-    /// `w` (in × out) in bf16 for `kernel` (a bf16 kernel of this CPU), as [`Linear::Frozen`].
-    pub(crate) fn frozen_bf16(w: &Tensor, kernel: Kernel) -> Result<Self> {
+    /// `w` (in × out) packed for `kernel` (one of this CPU's), as [`Linear::Frozen`].
+    pub(crate) fn frozen(w: &Tensor, kernel: Kernel) -> Result<Self> {
         Ok(Linear::Frozen(Arc::new(PackedDense::new(&w.t()?, kernel)?)))
     }
 
     /// Whether [`Linear::forward`] passes gradients back to `x` (candle's matmul and the
-    /// frozen bf16 op do; the packed forms compute plain rows).
+    /// frozen op do; the packed forms compute plain rows).
     pub(crate) fn passes_gradients(&self) -> bool {
         matches!(self, Linear::Dense(_) | Linear::Frozen(_))
     }
@@ -150,7 +150,7 @@ impl Linear {
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Dense(w) => Ok(x.matmul(w)?),
-            Linear::Frozen(p) => Ok(trainable::frozen_bf16(x, p.clone())?),
+            Linear::Frozen(p) => Ok(trainable::frozen(x, p.clone())?),
             Linear::DenseBf16(_) | Linear::Packed(_) => {
                 let n = self.outputs()?;
                 let out = self.forward_rows(x)?;
@@ -1283,7 +1283,7 @@ mod tests {
         let frozen = Kernel::supported()
             .into_iter()
             .filter(|kernel| matches!(kernel.precision(), Precision::Bf16 | Precision::Bf16Tiles))
-            .map(|kernel| Linear::frozen_bf16(&w, kernel).unwrap());
+            .map(|kernel| Linear::frozen(&w, kernel).unwrap());
         paths.extend(frozen);
         for linear in paths {
             let got: Vec<f32> = linear

@@ -11,7 +11,7 @@
 //! Rows are processed in fixed chunks on rayon's threads and per-chunk sums are added in chunk
 //! order, so the results do not depend on the number of threads.
 //!
-//! The linear layers' bf16 products are `lm::linear::trainable`'s.
+//! The linear layers' packed products are `lm::linear::trainable`'s.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -236,7 +236,7 @@ mod tests {
     use std::sync::Arc;
 
     use crate::lm::linear::trainable::tests::{bf16_kernels, random};
-    use crate::lm::linear::trainable::{dense_bf16, PackedDense};
+    use crate::lm::linear::trainable::{dense, PackedDense};
     use candle_core::{Device, Var, D};
 
     fn close(a: &Tensor, b: &Tensor, tolerance: f32) {
@@ -323,7 +323,7 @@ mod tests {
         let packed = Arc::new(PackedDense::new(w.as_tensor(), bf16_kernels()[0]).unwrap());
         let run = || {
             let y = layer_norm(x.as_tensor(), gamma.as_tensor(), beta.as_tensor(), 1e-12).unwrap();
-            let y = dense_bf16(&y, w.as_tensor(), bias.as_tensor(), packed.clone()).unwrap();
+            let y = dense(&y, w.as_tensor(), bias.as_tensor(), packed.clone()).unwrap();
             let y = gelu_erf(&softmax_last_dim(&y).unwrap()).unwrap();
             let grads = y.sum_all().unwrap().backward().unwrap();
             [&x, &gamma, &beta, &w, &bias].map(|v| flat(grads.get(v).unwrap()).unwrap())

@@ -4,8 +4,8 @@
 //! pass, so no gradient reaches the layers under the last norm. [`Tensors::DIFFERENTIABLE`]
 //! runs the layer norm, the softmax and GELU as ops that pass gradients back: on the CPU
 //! afkit's fused ones with their own backward pass (`differentiable`), on other devices built
-//! from candle's elementary ops; [`Tensors::differentiable_bf16`] also runs the linear layers'
-//! products, forward and backward, in bf16 on afkit's kernels. [`Tensors::FUSED`] uses
+//! from candle's elementary ops; [`Tensors::differentiable_packed`] also runs the linear layers'
+//! products, forward and backward, on afkit's kernels. [`Tensors::FUSED`] uses
 //! candle's fused ones, without a backward pass, for layers that are not trained.
 
 use std::collections::HashMap;
@@ -28,16 +28,19 @@ use crate::lm::linear::Kernel;
 #[derive(Clone)]
 pub(crate) struct Tensors {
     differentiable: bool,
-    /// The linear layers whose products run in bf16 (on CPU tensors), by their weight's id:
-    /// candle's f32 matmul for the others.
-    bf16_products: Option<Arc<HashMap<TensorId, Arc<PackedDense>>>>,
+    /// The linear layers whose products run on afkit's kernels (on CPU tensors), by their
+    /// weight's id: candle's f32 matmul for the others.
+    packed_products: Option<Arc<HashMap<TensorId, Arc<PackedDense>>>>,
 }
 
 impl std::fmt::Debug for Tensors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tensors")
             .field("differentiable", &self.differentiable)
-            .field("bf16_layers", &self.bf16_products.as_ref().map(|m| m.len()))
+            .field(
+                "packed_layers",
+                &self.packed_products.as_ref().map(|m| m.len()),
+            )
             .finish()
     }
 }
@@ -46,19 +49,19 @@ impl Tensors {
     /// candle's fused layer norm and softmax: gradients stop at them.
     pub(crate) const FUSED: Tensors = Tensors {
         differentiable: false,
-        bf16_products: None,
+        packed_products: None,
     };
     /// Layer norm and softmax from ops that pass gradients back; the linear products in f32
     /// with candle's matmul.
     pub(crate) const DIFFERENTIABLE: Tensors = Tensors {
         differentiable: true,
-        bf16_products: None,
+        packed_products: None,
     };
 
-    /// [`Self::DIFFERENTIABLE`] with the products of `layers`' linear layers in bf16 on
-    /// `kernel` (a bf16 kernel of this CPU), their weights packed as they are now: made again
-    /// whenever the weights change.
-    pub(crate) fn differentiable_bf16<'a>(
+    /// [`Self::DIFFERENTIABLE`] with the products of `layers`' linear layers on `kernel` (one
+    /// of this CPU's, bf16 or f32), their weights packed as they are now: made again whenever
+    /// the weights change.
+    pub(crate) fn differentiable_packed<'a>(
         layers: impl IntoIterator<Item = &'a Layer<Tensors>>,
         kernel: Kernel,
     ) -> Result<Tensors> {
@@ -71,14 +74,14 @@ impl Tensors {
         }
         Ok(Tensors {
             differentiable: true,
-            bf16_products: Some(Arc::new(packed)),
+            packed_products: Some(Arc::new(packed)),
         })
     }
 
     fn dense(&self, dense: &Dense, x: &Tensor) -> Result<Tensor> {
-        let packed = self.bf16_products.as_ref();
+        let packed = self.packed_products.as_ref();
         match packed.and_then(|p| p.get(&dense.weight.id())) {
-            Some(packed) if x.device().is_cpu() => Ok(trainable::dense_bf16(
+            Some(packed) if x.device().is_cpu() => Ok(trainable::dense(
                 &x.contiguous()?,
                 &dense.weight,
                 &dense.bias,

@@ -1,14 +1,16 @@
-//! Linear maps whose products, forward and backward, run on afkit's bf16 kernels inside candle's
-//! autograd: for training on the CPU.
+//! Linear maps whose products, forward and backward, run on afkit's packed kernels inside
+//! candle's autograd: for training on the CPU.
 //!
-//! Each op rounds both operands of its products to bf16 and adds them in f32, as mixed-precision
-//! training does on accelerators. On CPUs that multiply bf16 pairs in one instruction
-//! (AVX512-BF16, AMX) that is about twice the multiply-adds of f32 per cycle, and the products are
-//! most of a training step's time; bf16 keeps f32's exponent, so gradients neither overflow nor
-//! vanish where f32's would not.
+//! The products are most of a training step's time. On a bf16 kernel each op rounds both
+//! operands to bf16 and adds them in f32, as mixed-precision training does on accelerators: on
+//! CPUs that multiply bf16 pairs in one instruction (AVX512-BF16, AMX) that is about twice the
+//! multiply-adds of f32 per cycle, and bf16 keeps f32's exponent, so gradients neither overflow
+//! nor vanish where f32's would not. On an f32 kernel the products are candle's own up to the
+//! order of the additions, and faster: candle's GEMM packs the weight again on every call and
+//! runs 256-bit FMAs even where the CPU has AVX-512.
 //!
-//! Two ops: [`dense_bf16`] for a layer that trains (the cross-encoder's: gradients for its input,
-//! weight and bias) and [`frozen_bf16`] for a fixed weight that gradients only pass through (the
+//! Two ops: [`dense`] for a layer that trains (the cross-encoder's: gradients for its input,
+//! weight and bias) and [`frozen`] for a fixed weight that gradients only pass through (the
 //! base matrices and output head under a LoRA adapter). Both take the weight packed both ways
 //! round ([`PackedDense`]).
 
@@ -18,7 +20,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tenso
 
 use super::{Kernel, PackedMatrix};
 
-/// A linear layer's weight (outputs × inputs) packed for a bf16 kernel both ways round: as
+/// A linear layer's weight (outputs × inputs) packed for a kernel both ways round: as
 /// `wᵀ` for the output and as `w` for the input's gradient. A trained weight is packed again
 /// whenever it changes (once per training step) and used by every product until then.
 pub(crate) struct PackedDense {
@@ -53,20 +55,20 @@ impl PackedDense {
 }
 
 /// `x · wᵀ + b` for `x` (rows × inputs) and a linear layer's `w` (outputs × inputs, packed in
-/// `packed` with its current values) and `b` (outputs), every product's operands in bf16.
-pub(crate) fn dense_bf16(
+/// `packed` with its current values) and `b` (outputs), every product on `packed`'s kernel.
+pub(crate) fn dense(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,
     packed: Arc<PackedDense>,
 ) -> Result<Tensor> {
-    x.apply_op3(w, b, DenseBf16 { packed })
+    x.apply_op3(w, b, TrainedDense { packed })
 }
 
-/// `x · wᵀ` for `x` (rows × inputs) and the fixed weight `w` packed in `packed`, the products'
-/// operands in bf16; the gradient flows to `x` only.
-pub(crate) fn frozen_bf16(x: &Tensor, packed: Arc<PackedDense>) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(FrozenBf16 { packed })
+/// `x · wᵀ` for `x` (rows × inputs) and the fixed weight `w` packed in `packed`, the products
+/// on its kernel; the gradient flows to `x` only.
+pub(crate) fn frozen(x: &Tensor, packed: Arc<PackedDense>) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(FrozenDense { packed })
 }
 
 /// The values of a contiguous f32 tensor's storage.
@@ -118,13 +120,13 @@ fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-struct DenseBf16 {
+struct TrainedDense {
     packed: Arc<PackedDense>,
 }
 
-impl CustomOp3 for DenseBf16 {
+impl CustomOp3 for TrainedDense {
     fn name(&self) -> &'static str {
-        "bf16-dense"
+        "packed-dense"
     }
 
     fn cpu_fwd(
@@ -174,13 +176,13 @@ impl CustomOp3 for DenseBf16 {
     }
 }
 
-struct FrozenBf16 {
+struct FrozenDense {
     packed: Arc<PackedDense>,
 }
 
-impl CustomOp1 for FrozenBf16 {
+impl CustomOp1 for FrozenDense {
     fn name(&self) -> &'static str {
-        "bf16-frozen-dense"
+        "packed-frozen-dense"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
@@ -239,17 +241,29 @@ pub(crate) mod tests {
         mean_abs(&(a - b).unwrap()) / mean_abs(b)
     }
 
-    fn assert_bf16_rounding(kernel: Kernel, errors: &[f32]) {
-        for e in errors {
-            assert!(
-                *e > 0.0 && *e < 4e-3,
-                "{kernel:?}: relative errors {errors:?}"
-            );
-        }
+    /// The f32 kernels this CPU runs.
+    pub(crate) fn f32_kernels() -> Vec<Kernel> {
+        Kernel::supported()
+            .into_iter()
+            .filter(|k| k.precision() == Precision::F32)
+            .collect()
+    }
+
+    /// Errors of bf16 rounding on a bf16 kernel; on an f32 kernel, of f32 sums added in
+    /// another order than candle's.
+    fn assert_kernel_rounding(kernel: Kernel, errors: &[f32]) {
+        let within = |e: f32| match kernel.precision() {
+            Precision::F32 => e < 1e-5,
+            _ => e > 0.0 && e < 4e-3,
+        };
+        assert!(
+            errors.iter().all(|&e| within(e)),
+            "{kernel:?}: relative errors {errors:?}"
+        );
     }
 
     #[test]
-    fn the_bf16_linear_layer_and_its_gradients_match_f32_up_to_bf16_rounding() {
+    fn the_packed_linear_layer_and_its_gradients_match_candles_up_to_the_kernels_rounding() {
         // An odd number of rows and inputs: the kernels pad pairs of steps.
         let x = Var::from_tensor(&random((37, 45), 12)).unwrap();
         let w = Var::from_tensor(&random((70, 45), 13)).unwrap();
@@ -263,16 +277,16 @@ pub(crate) mod tests {
             .broadcast_add(b.as_tensor())
             .unwrap();
         let gp = loss(&plain).backward().unwrap();
-        for kernel in bf16_kernels() {
+        for kernel in bf16_kernels().into_iter().chain(f32_kernels()) {
             let packed = Arc::new(PackedDense::new(w.as_tensor(), kernel).unwrap());
-            let y = dense_bf16(x.as_tensor(), w.as_tensor(), b.as_tensor(), packed).unwrap();
+            let y = dense(x.as_tensor(), w.as_tensor(), b.as_tensor(), packed).unwrap();
             let gb = loss(&y).backward().unwrap();
             let errors = [
                 relative(&y, &plain),
                 relative(gb.get(&x).unwrap(), gp.get(&x).unwrap()),
                 relative(gb.get(&w).unwrap(), gp.get(&w).unwrap()),
             ];
-            assert_bf16_rounding(kernel, &errors);
+            assert_kernel_rounding(kernel, &errors);
             let (db, dbp) = (flat(gb.get(&b).unwrap()), flat(gp.get(&b).unwrap()));
             for (v, p) in db.unwrap().iter().zip(dbp.unwrap()) {
                 assert!((v - p).abs() <= 1e-5 * (1.0 + p.abs()), "{v} vs {p}");
@@ -281,22 +295,22 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_frozen_bf16_product_and_its_input_gradient_match_f32_up_to_bf16_rounding() {
+    fn the_frozen_product_and_its_input_gradient_match_candles_up_to_the_kernels_rounding() {
         let x = Var::from_tensor(&random((29, 33), 21)).unwrap();
         let w = random((50, 33), 22);
         let upstream = random((29, 50), 23);
         let loss = |y: &Tensor| (y * &upstream).unwrap().sum_all().unwrap();
         let plain = x.as_tensor().matmul(&w.t().unwrap()).unwrap();
         let gp = loss(&plain).backward().unwrap();
-        for kernel in bf16_kernels() {
+        for kernel in bf16_kernels().into_iter().chain(f32_kernels()) {
             let packed = Arc::new(PackedDense::new(&w, kernel).unwrap());
-            let y = frozen_bf16(x.as_tensor(), packed.clone()).unwrap();
+            let y = frozen(x.as_tensor(), packed.clone()).unwrap();
             let gb = loss(&y).backward().unwrap();
             let errors = [
                 relative(&y, &plain),
                 relative(gb.get(&x).unwrap(), gp.get(&x).unwrap()),
             ];
-            assert_bf16_rounding(kernel, &errors);
+            assert_kernel_rounding(kernel, &errors);
             let rows = packed.apply(&flat(x.as_tensor()).unwrap(), 29).unwrap();
             assert_eq!(
                 rows,
