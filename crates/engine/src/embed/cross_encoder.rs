@@ -49,7 +49,7 @@ use super::bert::packed::{Packed, Spans};
 use super::bert::tensors::Tensors;
 use super::bert::Bert;
 use crate::device::Compute;
-use crate::lm::linear::{fast_bf16_kernel, fast_precision, packed_kernel, Kernel, Precision};
+use crate::lm::linear::{fast_precision, fast_training_kernel, Kernel};
 use crate::seed::{Key, Seed};
 
 /// One multiple-choice question: a context and its options (every question of one call has
@@ -229,9 +229,7 @@ impl CrossEncoder {
             special,
             device: device.clone(),
             packed_scoring: compute.cpu_kernels,
-            training_kernel: fast_bf16_kernel()
-                .or_else(|| packed_kernel(Precision::F32))
-                .filter(|_| compute.cpu_kernels),
+            training_kernel: fast_training_kernel().filter(|_| compute.cpu_kernels),
         })
     }
 

@@ -38,7 +38,7 @@ use super::adapter::{Adapter, BaseModel};
 use super::block::{Lora, LoraPair};
 use super::config::LlamaConfig;
 use super::family::Arch;
-use super::linear::{fast_bf16_kernel, packed_kernel, Kernel, Linear, PackedMatrix, Precision};
+use super::linear::{fast_training_kernel, Kernel, Linear, PackedMatrix};
 use super::llama::Llama;
 use super::model::read_header;
 use super::tokenizer::GgufTokenizer;
@@ -107,9 +107,7 @@ impl Products {
     /// `AFKIT_SIMD` allows), the rule the language models' other passes follow; else afkit's
     /// f32 kernel; candle's matmul on a CPU with neither (or in a debug build).
     pub fn fastest() -> Self {
-        fast_bf16_kernel()
-            .or_else(|| packed_kernel(Precision::F32))
-            .map_or(Products::Candle, Products::Packed)
+        fast_training_kernel().map_or(Products::Candle, Products::Packed)
     }
 }
 

@@ -337,6 +337,13 @@ pub(crate) fn fast_bf16_kernel() -> Option<Kernel> {
     packed_kernel(Precision::Bf16Tiles).or(registers)
 }
 
+/// The kernel products with gradients take (training the cross-encoder, adapting a language
+/// model): [`fast_bf16_kernel`]'s, else afkit's f32 kernel, which packs each weight once per
+/// step where candle's matmul packs it on every call.
+pub(crate) fn fast_training_kernel() -> Option<Kernel> {
+    fast_bf16_kernel().or_else(|| packed_kernel(Precision::F32))
+}
+
 /// The kernel of a language model's 8-bit products: AVX-512 VNNI's ([`int8`]) where the CPU
 /// has it (within `AFKIT_SIMD`'s cap). Where it has not, says so once: the products then run
 /// as they would without `AFKIT_LM_INT8`.
