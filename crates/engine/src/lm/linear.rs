@@ -1289,7 +1289,7 @@ mod tests {
         paths.extend(packed);
         let frozen = Kernel::supported()
             .into_iter()
-            .filter(|kernel| matches!(kernel.precision(), Precision::Bf16 | Precision::Bf16Tiles))
+            .filter(|kernel| kernel.precision() != Precision::Int8)
             .map(|kernel| Linear::frozen(&w, kernel).unwrap());
         paths.extend(frozen);
         for linear in paths {
@@ -1303,8 +1303,9 @@ mod tests {
             assert_eq!(linear.forward_rows(&x).unwrap(), got);
             let precision = match &linear {
                 Linear::Dense(_) => Precision::F32,
-                Linear::DenseBf16(_) | Linear::Frozen(_) => Precision::Bf16,
+                Linear::DenseBf16(_) => Precision::Bf16,
                 Linear::Packed(p) => p.kernel.precision(),
+                Linear::Frozen(p) => p.kernel().precision(),
             };
             if precision == Precision::Int8 {
                 // Each operand within 1/254 of its column's or block's largest magnitude (the

@@ -43,6 +43,11 @@ impl PackedDense {
         })
     }
 
+    /// The kernel both packings are for.
+    pub(crate) fn kernel(&self) -> Kernel {
+        self.plain.kernel()
+    }
+
     /// Output columns.
     pub(crate) fn outputs(&self) -> usize {
         self.transposed.n
@@ -161,7 +166,7 @@ impl CustomOp3 for TrainedDense {
         let ((rows, inputs), outputs) = (x.dims2()?, w.dim(0)?);
         let (xs, dys) = (flat(x)?, flat(dy)?);
         let dx = product(&self.packed.plain, &dys, rows)?;
-        let packed_x = packed(&xs, rows, inputs, self.packed.plain.kernel())?;
+        let packed_x = packed(&xs, rows, inputs, self.packed.kernel())?;
         let dw = product(&packed_x, &transposed(&dys, rows, outputs), outputs)?;
         let mut db = vec![0f32; outputs];
         for row in dys.chunks_exact(outputs) {
