@@ -216,6 +216,20 @@ fn dense_apply(w: &Tensor, x: &[f32], rows: usize) -> Result<Vec<f32>> {
     Ok(x.matmul(w)?.flatten_all()?.to_vec1()?)
 }
 
+/// The AVX-512 kernels of [`Precision::Bf16`], the faster first: `vdpbf16ps` where the CPU has it
+/// and runs it faster than fused multiply-adds, the same sums by fused multiply-adds elsewhere.
+/// Both give the same bits, so the order changes the speed alone.
+#[cfg(target_arch = "x86_64")]
+fn bf16_register_kernels() -> Vec<Kernel> {
+    if !std::is_x86_feature_detected!("avx512bf16") {
+        return vec![Kernel::Avx512FmaBf16];
+    }
+    match crate::simd::bf16_dot_products_faster() {
+        true => vec![Kernel::Avx512Bf16, Kernel::Avx512FmaBf16],
+        false => vec![Kernel::Avx512FmaBf16, Kernel::Avx512Bf16],
+    }
+}
+
 /// The micro-kernels a packed matrix can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
@@ -228,6 +242,9 @@ pub enum Kernel {
     /// bf16 on CPUs without bf16 instructions: 6 rows × 16 columns, each pair of bf16 weights
     /// widened to two f32 registers and added with fused multiply-adds in `vdpbf16ps`'s order.
     Avx2FmaBf16,
+    /// bf16 as `Avx2FmaBf16` in 12 rows × 32 columns of 512-bit registers: `vdpbf16ps`'s sums
+    /// where it is missing or slower than fused multiply-adds (Intel's cores).
+    Avx512FmaBf16,
     /// bf16 on AMX tiles: 32 rows × 32 columns of f32 sums in four tiles, 32 steps at a time.
     AmxBf16,
     /// 8-bit: 6 rows × 32 columns, `vpdpbusd` on four steps at a time (see [`int8`]).
@@ -244,8 +261,8 @@ impl Kernel {
             if avx512 {
                 kernels.push(Kernel::Avx512);
             }
-            if avx512 && std::is_x86_feature_detected!("avx512bf16") {
-                kernels.push(Kernel::Avx512Bf16);
+            if avx512 {
+                kernels.extend(bf16_register_kernels());
             }
             if avx512 && std::is_x86_feature_detected!("avx512vnni") {
                 kernels.push(Kernel::Avx512Vnni);
@@ -264,7 +281,7 @@ impl Kernel {
     pub(crate) fn precision(self) -> Precision {
         match self {
             Kernel::Avx512 | Kernel::Avx2Fma => Precision::F32,
-            Kernel::Avx512Bf16 | Kernel::Avx2FmaBf16 => Precision::Bf16,
+            Kernel::Avx512Bf16 | Kernel::Avx2FmaBf16 | Kernel::Avx512FmaBf16 => Precision::Bf16,
             Kernel::AmxBf16 => Precision::Bf16Tiles,
             Kernel::Avx512Vnni => Precision::Int8,
         }
@@ -274,7 +291,7 @@ impl Kernel {
     fn level(self) -> SimdLevel {
         match self {
             Kernel::Avx2Fma | Kernel::Avx2FmaBf16 => SimdLevel::Avx2,
-            Kernel::Avx512 | Kernel::Avx512Vnni => SimdLevel::Avx512,
+            Kernel::Avx512 | Kernel::Avx512Vnni | Kernel::Avx512FmaBf16 => SimdLevel::Avx512,
             Kernel::Avx512Bf16 => SimdLevel::Avx512Bf16,
             Kernel::AmxBf16 => SimdLevel::Amx,
         }
@@ -321,19 +338,27 @@ impl Kernel {
 /// where AMX is there too, so that one machine can time every path.
 pub(crate) fn packed_kernel(precision: Precision) -> Option<Kernel> {
     let gemm = std::env::var("AFKIT_GEMM").ok();
-    let ceiling = match gemm.as_deref() {
-        Some("avx2") => SimdLevel::Avx2,
+    choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), ceiling())
+}
+
+/// The highest instruction set the kernels may use (`AFKIT_SIMD`, or the older `AFKIT_GEMM=avx2`).
+fn ceiling() -> SimdLevel {
+    match std::env::var("AFKIT_GEMM").as_deref() {
+        Ok("avx2") => SimdLevel::Avx2,
         _ => crate::simd::simd_ceiling(),
-    };
-    choose_kernel(&Kernel::supported(), precision, gemm.as_deref(), ceiling)
+    }
 }
 
 /// The kernel a model's products take where reduced precision is allowed (the language models,
-/// the cross-encoder's scoring): bf16 on AMX tiles, else bf16 with AVX512-BF16's `vdpbf16ps`
-/// (faster than f32 on CPUs that run it at full width, such as AMD's Zen 4), else none (f32).
-/// The AVX2 bf16 kernel is no faster than f32 FMAs, so it is never taken for speed.
+/// the cross-encoder's scoring): bf16 on AMX tiles, else bf16 where the CPU has AVX512-BF16,
+/// else none (f32). On AMD's cores (Zen 4 on) `vdpbf16ps` runs at full width, faster than f32;
+/// on Intel's the same sums by fused multiply-adds run about as fast as f32, and keep the
+/// numbers those CPUs gave with `vdpbf16ps`. Without AVX512-BF16 the register kernels are no
+/// faster than f32, so they are never taken for speed.
 pub(crate) fn fast_bf16_kernel() -> Option<Kernel> {
-    let registers = packed_kernel(Precision::Bf16).filter(|&k| k == Kernel::Avx512Bf16);
+    let bf16_instructions = Kernel::supported().contains(&Kernel::Avx512Bf16)
+        && ceiling() >= Kernel::Avx512Bf16.level();
+    let registers = packed_kernel(Precision::Bf16).filter(|_| bf16_instructions);
     packed_kernel(Precision::Bf16Tiles).or(registers)
 }
 
@@ -402,9 +427,9 @@ fn avx2_bf16_position(c: usize) -> usize {
 
 /// A weight matrix (k × n) as ⌈n / 32⌉ panels of 32 columns, row-major inside a panel, the last
 /// panel padded with zero columns. A panel row is one step of f32 values, or for the bf16
-/// kernels two steps of bf16 held in 32 f32 words: for `vdpbf16ps` each word a column's pair
-/// (the even step in the low half), for the AVX2 bf16 kernel the odd step's 32 values and then
-/// the even step's (see [`avx2_bf16_position`]).
+/// kernels two steps of bf16 held in 32 f32 words: for `vdpbf16ps` and its FMA form each word a
+/// column's pair (the even step in the low half), for the AVX2 bf16 kernel the odd step's 32
+/// values and then the even step's (see [`avx2_bf16_position`]).
 pub struct PackedMatrix {
     k: usize,
     n: usize,
@@ -536,7 +561,7 @@ impl PackedMatrix {
 fn pack_bf16_panel(kernel: Kernel, panel: &mut [f32], value: impl Fn(usize, usize) -> f32) {
     for (word, out) in panel.chunks_exact_mut(NR).enumerate() {
         match kernel {
-            Kernel::Avx512Bf16 => {
+            Kernel::Avx512Bf16 | Kernel::Avx512FmaBf16 => {
                 for (c, out) in out.iter_mut().enumerate() {
                     let (even, odd) = (value(2 * word, c), value(2 * word + 1, c));
                     *out = bf16_word(bf16_bits(even), bf16_bits(odd));
@@ -580,7 +605,7 @@ struct RowBlock {
     /// Rows the kernel computes: the smallest kernel height that covers `rows`.
     height: usize,
     /// Per word, `height` values: f32 values for the f32 kernels, bf16 pairs (as
-    /// [`PackedMatrix`]'s panels) for `vdpbf16ps`; for the AVX2 bf16 kernel `2·height` values,
+    /// [`PackedMatrix`]'s panels) for `vdpbf16ps`; for the bf16 FMA kernels `2·height` values,
     /// the odd step's rounded values and then the even step's, in the order they are added;
     /// for the int8 kernel each row's four steps as signed bytes.
     data: Vec<f32>,
@@ -637,7 +662,7 @@ impl RowBlocks {
 /// [`RowBlock::data`]), zero-padded to `height` rows and `words` words.
 fn words_of(rows: &[&[f32]], words: usize, height: usize, kernel: Kernel) -> Vec<f32> {
     let per_word = match kernel {
-        Kernel::Avx2FmaBf16 => 2 * height,
+        Kernel::Avx2FmaBf16 | Kernel::Avx512FmaBf16 => 2 * height,
         _ => height,
     };
     let mut data = vec![0f32; words * per_word];
@@ -658,7 +683,7 @@ fn words_of(rows: &[&[f32]], words: usize, height: usize, kernel: Kernel) -> Vec
             Kernel::Avx512Bf16 => slots
                 .zip(bits.chunks_exact(2))
                 .for_each(|(slot, pair)| slot[r] = bf16_word(pair[0], pair[1])),
-            Kernel::Avx2FmaBf16 => {
+            Kernel::Avx2FmaBf16 | Kernel::Avx512FmaBf16 => {
                 for (slot, pair) in slots.zip(bits.chunks_exact(2)) {
                     slot[r] = bf16_as_f32(pair[1]);
                     slot[height + r] = bf16_as_f32(pair[0]);
@@ -695,28 +720,46 @@ unsafe fn micro_kernel(
         } else if kernel.is_avx2() {
             micro_kernel_avx2(kernel, block, panel, words, (dst, ldc, cols));
         } else {
-            debug_assert!(kernel.heights().contains(&block.height));
-            let (a, b, rows) = (block.data.as_ptr(), panel.words.as_ptr(), block.rows);
-            let write = (dst, ldc, cols);
-            let bf16 = kernel == Kernel::Avx512Bf16;
-            match (block.height, bf16) {
-                (1, false) => avx512::kernel::<1>(a, b, words, rows, write),
-                (2, false) => avx512::kernel::<2>(a, b, words, rows, write),
-                (4, false) => avx512::kernel::<4>(a, b, words, rows, write),
-                (8, false) => avx512::kernel::<8>(a, b, words, rows, write),
-                (_, false) => avx512::kernel::<12>(a, b, words, rows, write),
-                (1, true) => avx512::kernel_bf16::<1>(a, b, words, rows, write),
-                (2, true) => avx512::kernel_bf16::<2>(a, b, words, rows, write),
-                (4, true) => avx512::kernel_bf16::<4>(a, b, words, rows, write),
-                (8, true) => avx512::kernel_bf16::<8>(a, b, words, rows, write),
-                (_, true) => avx512::kernel_bf16::<12>(a, b, words, rows, write),
-            }
+            micro_kernel_avx512(kernel, block, panel, words, (dst, ldc, cols));
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (kernel, block, panel, words, dst, ldc, cols);
         unreachable!("matrices are packed only on x86-64 CPUs");
+    }
+}
+
+/// [`micro_kernel`] for the AVX-512 register kernels (f32, `vdpbf16ps`, bf16 by FMAs).
+///
+/// # Safety
+/// As [`micro_kernel`]'s.
+#[cfg(target_arch = "x86_64")]
+unsafe fn micro_kernel_avx512(
+    kernel: Kernel,
+    block: &RowBlock,
+    panel: Panel,
+    words: usize,
+    write: (*mut f32, usize, usize),
+) {
+    debug_assert!(kernel.heights().contains(&block.height));
+    let (a, b, rows) = (block.data.as_ptr(), panel.words.as_ptr(), block.rows);
+    match (kernel, block.height) {
+        (Kernel::Avx512Bf16, 1) => avx512::kernel_bf16::<1>(a, b, words, rows, write),
+        (Kernel::Avx512Bf16, 2) => avx512::kernel_bf16::<2>(a, b, words, rows, write),
+        (Kernel::Avx512Bf16, 4) => avx512::kernel_bf16::<4>(a, b, words, rows, write),
+        (Kernel::Avx512Bf16, 8) => avx512::kernel_bf16::<8>(a, b, words, rows, write),
+        (Kernel::Avx512Bf16, _) => avx512::kernel_bf16::<12>(a, b, words, rows, write),
+        (Kernel::Avx512FmaBf16, 1) => avx512::kernel_bf16_fma::<1>(a, b, words, rows, write),
+        (Kernel::Avx512FmaBf16, 2) => avx512::kernel_bf16_fma::<2>(a, b, words, rows, write),
+        (Kernel::Avx512FmaBf16, 4) => avx512::kernel_bf16_fma::<4>(a, b, words, rows, write),
+        (Kernel::Avx512FmaBf16, 8) => avx512::kernel_bf16_fma::<8>(a, b, words, rows, write),
+        (Kernel::Avx512FmaBf16, _) => avx512::kernel_bf16_fma::<12>(a, b, words, rows, write),
+        (_, 1) => avx512::kernel::<1>(a, b, words, rows, write),
+        (_, 2) => avx512::kernel::<2>(a, b, words, rows, write),
+        (_, 4) => avx512::kernel::<4>(a, b, words, rows, write),
+        (_, 8) => avx512::kernel::<8>(a, b, words, rows, write),
+        (_, _) => avx512::kernel::<12>(a, b, words, rows, write),
     }
 }
 
@@ -837,6 +880,46 @@ mod avx512 {
                 let ar: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a_pair.add(r)));
                 lo[r] = _mm512_dpbf16_ps(lo[r], ar, b_lo);
                 hi[r] = _mm512_dpbf16_ps(hi[r], ar, b_hi);
+            }
+        }
+        store(&lo, &hi, rows, write);
+    }
+
+    /// As [`kernel_bf16`] with fused multiply-adds: each word of the panel holds a column's pair
+    /// (the even step in the low half), so its high half masked is the odd step's weight as an
+    /// f32 and its low half shifted up the even step's; `a` holds per pair the odd step's `H`
+    /// values, then the even step's. A bf16 times a bf16 is exact in f32, so each fused
+    /// multiply-add rounds once, in `vdpbf16ps`'s order (odd step first): the same sums.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn kernel_bf16_fma<const H: usize>(
+        a: *const f32,
+        b: *const f32,
+        pairs: usize,
+        rows: usize,
+        write: (*mut f32, usize, usize),
+    ) {
+        let b = b as *const i32;
+        let high_half = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+        let mut lo = [_mm512_setzero_ps(); H];
+        let mut hi = [_mm512_setzero_ps(); H];
+        for pair in 0..pairs {
+            let w_lo = _mm512_loadu_si512(b.add(pair * 32).cast());
+            let w_hi = _mm512_loadu_si512(b.add(pair * 32 + 16).cast());
+            let odd = [
+                _mm512_castsi512_ps(_mm512_and_si512(w_lo, high_half)),
+                _mm512_castsi512_ps(_mm512_and_si512(w_hi, high_half)),
+            ];
+            let even = [
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w_lo)),
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w_hi)),
+            ];
+            let a_pair = a.add(pair * 2 * H);
+            for (step, [b_lo, b_hi]) in [odd, even].into_iter().enumerate() {
+                for r in 0..H {
+                    let ar = _mm512_set1_ps(*a_pair.add(step * H + r));
+                    lo[r] = _mm512_fmadd_ps(ar, b_lo, lo[r]);
+                    hi[r] = _mm512_fmadd_ps(ar, b_hi, hi[r]);
+                }
             }
         }
         store(&lo, &hi, rows, write);
@@ -1027,9 +1110,12 @@ mod tests {
 
     #[test]
     fn the_simd_switch_caps_every_product_at_its_instruction_set() {
+        // As a CPU with every kernel, `vdpbf16ps` its fastest bf16 one, lists them (see
+        // `bf16_register_kernels`).
         let all = [
             Kernel::Avx512,
             Kernel::Avx512Bf16,
+            Kernel::Avx512FmaBf16,
             Kernel::Avx2Fma,
             Kernel::Avx2FmaBf16,
             Kernel::AmxBf16,
@@ -1063,7 +1149,13 @@ mod tests {
         );
         assert_eq!(
             choose(Precision::Bf16, packed, SimdLevel::Avx512),
-            Some(Kernel::Avx2FmaBf16)
+            Some(Kernel::Avx512FmaBf16)
+        );
+        // Intel's order: the same bf16 sums by fused multiply-adds before `vdpbf16ps`.
+        let intel = [Kernel::Avx512, Kernel::Avx512FmaBf16, Kernel::Avx512Bf16];
+        assert_eq!(
+            choose_kernel(&intel, Precision::Bf16, packed, SimdLevel::Amx),
+            Some(Kernel::Avx512FmaBf16)
         );
         assert_eq!(
             choose(Precision::Int8, packed, SimdLevel::Avx512),
