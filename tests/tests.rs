@@ -126,7 +126,7 @@ fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
     let stamp = repo.join("target/test-environment");
     // Marks the build scripts old, runs the script, and says whether it touched them (it
     // touches both or neither).
-    let touches = || {
+    let touches_with = |target_dir: Option<&std::path::Path>| {
         for script in &build_scripts {
             std::fs::File::options()
                 .write(true)
@@ -135,11 +135,13 @@ fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
                 .set_modified(std::time::UNIX_EPOCH)
                 .unwrap();
         }
-        let run = std::process::Command::new("bash")
-            .arg(repo.join("scripts/reprobe"))
-            .status()
-            .unwrap();
-        assert!(run.success());
+        let mut reprobe = std::process::Command::new("bash");
+        reprobe.arg(repo.join("scripts/reprobe"));
+        match target_dir {
+            Some(dir) => reprobe.env("CARGO_TARGET_DIR", dir),
+            None => reprobe.env_remove("CARGO_TARGET_DIR"),
+        };
+        assert!(reprobe.status().unwrap().success());
         let touched: Vec<bool> = build_scripts
             .iter()
             .map(|script| {
@@ -150,6 +152,7 @@ fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
         assert_eq!(touched[0], touched[1], "both build scripts or neither");
         touched[0]
     };
+    let touches = || touches_with(None);
     assert!(!touches(), "a fresh checkout has nothing to re-probe");
     assert!(stamp.is_file(), "the first run records what it saw");
     assert!(!touches(), "the same machine again");
@@ -163,6 +166,15 @@ fn reprobe_touches_build_rs_only_when_the_machine_may_have_changed() {
     std::fs::remove_file(&stamp).unwrap();
     std::fs::create_dir_all(repo.join("target/release")).unwrap();
     assert!(touches(), "a build that no stamp describes");
+    // A build folder elsewhere, shared with another checkout, keeps its own stamp.
+    let elsewhere = root.path().join("builds");
+    std::fs::create_dir_all(elsewhere.join("release")).unwrap();
+    assert!(
+        touches_with(Some(&elsewhere)),
+        "its builds, no stamp there yet"
+    );
+    assert!(elsewhere.join("test-environment").is_file());
+    assert!(!touches_with(Some(&elsewhere)), "the same machine again");
 }
 
 /// `scripts/demo` runs the afkit that cargo built where CARGO_TARGET_DIR puts it, not a fixed
