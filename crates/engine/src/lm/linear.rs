@@ -224,10 +224,36 @@ fn bf16_register_kernels() -> Vec<Kernel> {
     if !std::is_x86_feature_detected!("avx512bf16") {
         return vec![Kernel::Avx512FmaBf16];
     }
-    match crate::simd::bf16_dot_products_faster() {
+    match bf16_dot_products_faster() {
         true => vec![Kernel::Avx512Bf16, Kernel::Avx512FmaBf16],
         false => vec![Kernel::Avx512FmaBf16, Kernel::Avx512Bf16],
     }
+}
+
+/// Whether AVX512-BF16's `vdpbf16ps` is faster here than the same sums by fused multiply-adds:
+/// on AMD's cores, which run it at full width (Zen 4: 1.4× f32's speed); on Intel's Xeons the
+/// FMAs are faster (BENCHMARKS.md, "bf16 sums by fused multiply-adds"). `AFKIT_BF16_DOT=1` or
+/// `0` decides instead (the results are the same bits either way), so one machine can time both.
+#[cfg(target_arch = "x86_64")]
+fn bf16_dot_products_faster() -> bool {
+    static FASTER: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| match std::env::var("AFKIT_BF16_DOT").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => cpu_vendor() == *b"AuthenticAMD",
+        });
+    *FASTER
+}
+
+/// The CPU's vendor string (`GenuineIntel`, `AuthenticAMD`, ...).
+#[cfg(target_arch = "x86_64")]
+fn cpu_vendor() -> [u8; 12] {
+    let id = std::arch::x86_64::__cpuid(0);
+    let mut vendor = [0u8; 12];
+    for (out, word) in vendor.chunks_exact_mut(4).zip([id.ebx, id.edx, id.ecx]) {
+        out.copy_from_slice(&word.to_le_bytes());
+    }
+    vendor
 }
 
 /// The micro-kernels a packed matrix can run on.
