@@ -186,3 +186,96 @@ fn a_reading_is_joined_to_the_stored_signals() {
             .starts_with("sits down at table"));
     }
 }
+
+/// The questions of one CSV: its header and rows.
+fn csv_rows(path: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(text.as_bytes());
+    reader
+        .records()
+        .map(|r| r.unwrap().iter().map(str::to_string).collect())
+        .collect()
+}
+
+/// `export_subset.py` cuts an export to the contexts of another, or by gold-source, split by
+/// split and with each _full.csv row for row; a ragged file is refused and nothing is written.
+#[test]
+#[cfg_attr(not(has_python3), ignore = "needs python3 on PATH")]
+fn an_export_is_cut_to_the_contexts_of_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = unverified_project(12);
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (af, control) = (path("af"), path("control"));
+    ok(&["export", p.p(), "--out", &af, "--with-test-labels"]);
+    ok(&["export", p.p(), "--out", &control, "--negatives", "random"]);
+    let (done, text) = python(
+        "export_subset.py",
+        &[&af, &path("all"), "--gold-source", "^unverified$"],
+    );
+    assert!(done && text.contains("wrote 24 questions"), "{text}");
+    let (done, text) = python(
+        "export_subset.py",
+        &[&af, &path("none"), "--gold-source", "reannot"],
+    );
+    assert!(done && text.contains("wrote 0 questions"), "{text}");
+    assert_eq!(
+        csv_rows(&dir.path().join("none/train_full.csv")).len(),
+        1,
+        "the header alone"
+    );
+
+    // One context in `one`: the control cut like it keeps that context's question only.
+    let train = csv_rows(&dir.path().join("af/train.csv"));
+    std::fs::create_dir(path("one")).unwrap();
+    for split in ["train", "val", "test"] {
+        let rows = if split == "train" {
+            &train[..2]
+        } else {
+            &train[..1]
+        };
+        let mut writer =
+            csv::Writer::from_path(dir.path().join(format!("one/{split}.csv"))).unwrap();
+        rows.iter().for_each(|r| writer.write_record(r).unwrap());
+    }
+    let (done, text) = python(
+        "export_subset.py",
+        &[&control, &path("like"), "--like", &path("one")],
+    );
+    assert!(done && text.contains("wrote 1 questions"), "{text}");
+    let kept: Vec<Vec<String>> = ["train", "val", "test"]
+        .iter()
+        .flat_map(|s| {
+            csv_rows(&dir.path().join(format!("like/{s}.csv")))
+                .into_iter()
+                .skip(1)
+        })
+        .collect();
+    let sent = |rows: &[Vec<String>], row: &[String], name: &str| {
+        row[rows[0].iter().position(|h| h == name).unwrap()].clone()
+    };
+    let control_header = csv_rows(&dir.path().join("control/train.csv"));
+    assert_eq!(
+        (
+            sent(&control_header, &kept[0], "sent1"),
+            sent(&control_header, &kept[0], "sent2")
+        ),
+        (
+            sent(&train, &train[1], "sent1"),
+            sent(&train, &train[1], "sent2")
+        )
+    );
+
+    // A ragged row: its file and line, and no folder.
+    let mut ragged = std::fs::read_to_string(dir.path().join("af/val.csv")).unwrap();
+    ragged.push_str("1,2\n");
+    std::fs::write(dir.path().join("af/val.csv"), &ragged).unwrap();
+    let (done, text) = python("export_subset.py", &[&af, &path("bad"), "--like", &control]);
+    let line = ragged.lines().count();
+    assert!(
+        !done && text.contains(&format!("val.csv:{line}: 2 fields")),
+        "{text}"
+    );
+    assert!(!dir.path().join("bad").exists());
+}
