@@ -13,6 +13,9 @@
 #   --label     the project goes to $AFKIT_HOME/bench/recipe/LABEL-sSEED-N (default: default)
 #   --no-control  skip the control's export and audit
 #
+# AFKIT=PATH times another build (an older commit's, for a before/after on one machine); the
+# first line of times.txt names the binary, and the commit of the scripts beside it.
+#
 # Run it on an otherwise idle machine: the figures are wall-clock times. `nice` does not make room
 # for other work where the kernel shares the CPU between sessions first
 # (/proc/sys/kernel/sched_autogroup_enabled = 1): a job at nice 19 started from another terminal
@@ -46,7 +49,7 @@ stage() { # stage NAME COMMAND...: runs, logs to NAME.log and records its wall t
   "$@" > "$DIR/$name.log" 2>&1 || { echo "$name failed: see $DIR/$name.log" >&2; exit 1; }
   awk -v n="$name" -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%-10s %8.1f s\n", n, (b - a) / 1e9 }' | tee -a "$TIMES"
 }
-echo "$($AFKIT --version) ($(git rev-parse --short HEAD 2>/dev/null || echo "no git")), AFKIT_SIMD=${AFKIT_SIMD:-auto}; CPU flags:" \
+echo "$AFKIT: $($AFKIT --version) (scripts at $(git rev-parse --short HEAD 2>/dev/null || echo "no git")), AFKIT_SIMD=${AFKIT_SIMD:-auto}; CPU flags:" \
   "$(grep -o -w 'avx2\|avx512[a-z_0-9]*\|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')" | tee "$TIMES"
 python3 scripts/activitynet_subset.py "$CAPTIONS" --half test --pairs $((CONTEXTS * 5 / 4)) --seed "$SEED" > "$DIR/captions.json"
 $AFKIT init "$P" > /dev/null
