@@ -9,7 +9,7 @@ use std::process::Command;
 
 use afkit_store::Store;
 use common::tmux::Tmux;
-use common::{afkit, arg, assert_succeeded, command, query_i64, BIN};
+use common::{afkit, arg, assert_succeeded, command, csv_table, query_i64, BIN};
 use rusqlite::Connection;
 
 fn project(dir: &Path, contexts: usize) -> PathBuf {
@@ -272,16 +272,6 @@ fn annotate_needs_a_finished_filter_run() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("afkit filter"));
 }
 
-fn csv_rows(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut r = csv::Reader::from_path(path).unwrap();
-    let header = r.headers().unwrap().iter().map(str::to_string).collect();
-    let rows = r
-        .records()
-        .map(|rec| rec.unwrap().iter().map(str::to_string).collect())
-        .collect();
-    (header, rows)
-}
-
 fn write_csv(path: &Path, rows: &[Vec<&str>]) {
     let mut w = csv::Writer::from_path(path).unwrap();
     for r in rows {
@@ -321,7 +311,7 @@ impl Crowd {
         let instructions = std::fs::read_to_string(dir.path().join("tasks.instructions.md"))
             .expect("crowd export writes the instructions beside the tasks");
         assert!(instructions.contains("**gibberish**: not correct English"));
-        let item = csv_rows(&tasks).1[0][0].clone();
+        let item = csv_table(&tasks).1[0][0].clone();
         Crowd {
             dir,
             db,
@@ -411,7 +401,7 @@ impl Crowd {
 #[test]
 fn crowd_export_lists_every_open_item_with_its_texts() {
     let crowd = Crowd::export();
-    let (header, rows) = csv_rows(&crowd.tasks);
+    let (header, rows) = csv_table(&crowd.tasks);
     assert_eq!(
         header,
         [
@@ -451,7 +441,7 @@ fn crowd_export_hands_out_agreement_items_as_asked() {
         "4",
     ]);
     assert_succeeded(&out);
-    let mut wanted: Vec<String> = csv_rows(&tasks)
+    let mut wanted: Vec<String> = csv_table(&tasks)
         .1
         .into_iter()
         .map(|r| r[1].clone())

@@ -14,7 +14,7 @@ use afkit_store::fixtures::Fixtures;
 use afkit_store::Store;
 use common::tmux::Tmux;
 use common::{
-    afkit, arg, command, fails, lm_adapt, ok, query_i64, run_ok, stderr, tiny_gguf,
+    afkit, arg, command, csv_table, fails, lm_adapt, ok, query_i64, run_ok, stderr, tiny_gguf,
     unverified_project, BIN,
 };
 
@@ -456,17 +456,6 @@ fn a_second_filter_on_a_busy_project_is_refused_plainly() {
 }
 
 // ----- crowd results belong to their project and their items -----
-
-/// The rows of a CSV file: header, then records.
-fn csv_table(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut reader = csv::Reader::from_path(path).unwrap();
-    let header = reader.headers().unwrap().iter().map(String::from).collect();
-    let rows = reader
-        .records()
-        .map(|r| r.unwrap().iter().map(String::from).collect())
-        .collect();
-    (header, rows)
-}
 
 /// A valid afkit result row for the task row `task` of a task file: every ending likely, best
 /// 1, second 2.

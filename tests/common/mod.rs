@@ -17,6 +17,17 @@ use afkit_store::Store;
 use rusqlite::Connection;
 use serde_json::Value;
 
+/// The rows of a CSV file: header, then records.
+pub fn csv_table(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut reader = csv::Reader::from_path(path).unwrap();
+    let header = reader.headers().unwrap().iter().map(String::from).collect();
+    let rows = reader
+        .records()
+        .map(|r| r.unwrap().iter().map(String::from).collect())
+        .collect();
+    (header, rows)
+}
+
 /// The afkit binary under test, for commands run through a shell or a terminal.
 pub const BIN: &str = env!("CARGO_BIN_EXE_afkit");
 
