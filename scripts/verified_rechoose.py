@@ -25,8 +25,9 @@ import sqlite3
 import sys
 import zlib
 
+from export_subset import SPLITS, column, read
+
 FOLDS = 5
-SPLITS = ("train", "val", "test")
 
 UNLIKELY = """
 with votes as (
@@ -99,11 +100,11 @@ def main():
     chosen, ids = choices(project)
     tables, changed = [], 0
     for split in SPLITS:
-        with open(os.path.join(source, f"{split}.csv"), newline="") as f:
-            rows = list(csv.reader(f))
-        header = rows[0]
-        s1, s2, label, gold = (header.index(c) for c in ("sent1", "sent2", "label", "gold-source"))
-        endings = [header.index(f"ending{i}") for i in range(4)]
+        path = os.path.join(source, f"{split}.csv")
+        rows = read(path)
+        names = ("sent1", "sent2", "label", "gold-source")
+        s1, s2, label, gold = (column(rows, name, path) for name in names)
+        endings = [column(rows, f"ending{i}", path) for i in range(4)]
         for row in rows[1:]:
             example = ids.get((row[s1], row[s2]))
             if row[gold] == "gen-orig" or example not in chosen:
