@@ -217,6 +217,112 @@ fn found_outside_top_two_goes_back_to_the_queue_and_comes_back_as_reannot() {
     assert_eq!(p.assembled()[0].3, vec![c.cands[1], c.cands[4], c.cands[6]]);
 }
 
+/// The open task's id and its endings.
+fn open_task(p: &Project) -> (i64, BTreeSet<i64>) {
+    let id: i64 = p
+        .conn
+        .query_row("SELECT id FROM tasks WHERE status = 'open'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    (id, p.open_task_endings())
+}
+
+#[test]
+fn three_accepted_endings_get_a_spare_round_whose_accepted_endings_join_the_choice() {
+    let p = Project::new();
+    // Eleven scored candidates: five shown in the first round, six never shown.
+    let c = p.context("v1", 0, 12, 11);
+    let t = p.task(&c, 0, &c.shown());
+    p.label(
+        t,
+        &c,
+        "ann",
+        (L, BEST),
+        [(U, None), (G, None), (U, SECOND), (L, None), (U, None)],
+    );
+    let args = ["--distractors", "hardest", "--split", "1,0,0"];
+    let s = p.assemble(&args);
+    assert_eq!(s["spare_rounds_queued"], 1);
+    assert_eq!(s["candidates_per_question"]["3"], 1);
+    // The question is built meanwhile; the spare round shows the found ending and the five
+    // hardest endings never shown.
+    assert_eq!(p.assembled()[0].3, vec![c.cands[0], c.cands[2], c.cands[4]]);
+    let (spare, shown) = open_task(&p);
+    let expected: BTreeSet<i64> = std::iter::once(c.found)
+        .chain(c.cands[5..10].iter().copied())
+        .collect();
+    assert_eq!(shown, expected);
+    let again = p.assemble(&args);
+    assert_eq!(again["spare_rounds_queued"], 0);
+    assert_eq!(again["spare_rounds_awaiting_labels"], 1);
+
+    // The found ending's labels in the spare round change nothing (its place was settled); a
+    // generation ranked best there could be right and is never a distractor, nor one judged
+    // likely or gibberish. The generator finds cands[9] likeliest, so it is shown first.
+    Fixtures::on(&p.conn).set_lp_cond(c.cands[9], -1.0).unwrap();
+    let labels: Vec<(i64, &str, Option<&str>)> = vec![
+        (c.found, U, None),
+        (c.cands[5], U, None),
+        (c.cands[6], U, BEST),
+        (c.cands[7], L, None),
+        (c.cands[8], G, None),
+        (c.cands[9], U, SECOND),
+    ];
+    Fixtures::on(&p.conn)
+        .insert_submission(spare, "ann2", false, &labels)
+        .unwrap();
+    let s = p.assemble(&args);
+    assert_eq!(s["gold_sources"]["gold0-orig"], 1);
+    assert_eq!(s["candidates_per_question"]["5"], 1);
+    assert_eq!(s["chosen_after_annotation"], 1);
+    assert_eq!(s["spare_rounds_queued"], 0);
+    assert_eq!(
+        p.assembled()[0].3,
+        vec![c.cands[9], c.cands[0], c.cands[2], c.cands[4]]
+    );
+}
+
+#[test]
+fn choose_from_three_asks_for_no_spare_round_and_keeps_the_distractors_order() {
+    let p = Project::new();
+    let c = p.context("v1", 0, 12, 11);
+    let t = p.task(&c, 0, &c.shown());
+    p.label(
+        t,
+        &c,
+        "ann",
+        (L, BEST),
+        [(U, None), (U, None), (U, None), (U, None), (U, None)],
+    );
+    Fixtures::on(&p.conn).set_lp_cond(c.cands[4], -1.0).unwrap();
+    let s = p.assemble(&[
+        "--distractors",
+        "hardest",
+        "--split",
+        "1,0,0",
+        "--choose-from",
+        "3",
+    ]);
+    assert_eq!(s["spare_rounds_queued"], 0);
+    assert_eq!(s["chosen_after_annotation"], 0);
+    assert_eq!(p.assembled()[0].3, c.cands[..4].to_vec());
+    let rounds: i64 = p
+        .conn
+        .query_row("SELECT MAX(round) FROM tasks", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rounds, 0);
+    // By default five accepted are fewer than six: a spare round, and the likeliest first.
+    let s = p.assemble(&["--distractors", "hardest", "--split", "1,0,0"]);
+    assert_eq!(s["spare_rounds_queued"], 1);
+    assert_eq!(
+        p.assembled()[0].3,
+        vec![c.cands[4], c.cands[0], c.cands[1], c.cands[2]]
+    );
+    let err = fails(&["assemble", p.p(), "--choose-from", "2"]);
+    assert!(err.contains("--choose-from"), "{err}");
+}
+
 #[test]
 fn matched_refill_takes_the_unseen_pool_endings_nearest_the_found_endings_score() {
     // Unseen scored pool endings: cands 5–7 (assigned, 95–93) and 8–9 (not assigned, 40 and

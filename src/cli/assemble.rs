@@ -20,7 +20,11 @@ generations judged likely, and those can be a second right answer); a generation
 training-only example (gen-orig); an item whose found ending is outside the top two, or with fewer \
 than three generations judged unlikely (too_few_non_gibberish, too_few_unlikely), is queued for \
 re-annotation with the other endings replaced by scored pool endings never shown, in the same order; \
-an item whose found ending is judged gibberish is dropped (found_gibberish: another round would show it again). Several annotators: a judgement needs half the votes (ties go to \
+an item whose found ending is judged gibberish is dropped (found_gibberish: another round would show it again). \
+A question whose deciding round accepted fewer generations than --choose-from gets one spare round \
+(its found ending and up to five scored pool endings never shown; the summary counts them): its \
+generations judged unlikely and not ranked best join the candidates, and the question is built \
+meanwhile from what is in hand. Several annotators: a judgement needs half the votes (ties go to \
 the more severe label), a rank a strict majority (ties go to the lower rank); broken flags are \
 ignored. Re-running replaces the previous assembly; groups keep their split when seed and \
 fractions are unchanged.
@@ -68,6 +72,19 @@ pub struct Args {
     /// project.
     #[arg(long, value_enum, default_value = "matched")]
     pub distractors: DistractorChoice,
+    /// Verified: endings judged unlikely a question should choose its three distractors from.
+    ///
+    /// A context whose deciding round of annotation accepted fewer gets one spare round: its
+    /// found ending beside up to five scored pool endings no annotator has seen, whose
+    /// generations judged unlikely (and not ranked best) join the candidates. Where a question
+    /// has more than three, the three it shows are those that look most like real endings: to a
+    /// character and a word n-gram model trained, cross-fitted by group, on the other questions'
+    /// found against accepted endings, and to the generator's likelihood of them after the
+    /// context. What annotators accept alone is easier to tell from the real ending than what AF
+    /// chose; 3 asks for no spare round and keeps the --distractors order.
+    #[arg(long, value_name = "N", default_value_t = 6,
+          value_parser = clap::value_parser!(u16).range(3..=64))]
+    pub choose_from: u16,
     /// Train,val,test fractions; groups (videos) never straddle two splits.
     #[arg(long, default_value = "0.8,0.1,0.1")]
     pub split: String,
@@ -89,6 +106,7 @@ pub fn run(args: Args) -> Result<()> {
         unverified: args.unverified,
         distractors: args.distractors,
         could_be_right: args.could_be_right,
+        choose_from: usize::from(args.choose_from),
     };
     let summary = assemble::run(&mut store, &config, &mut Notes)?;
     if args.json {
@@ -157,6 +175,7 @@ fn print_verified(s: &Summary) {
                 .join(", ")
         );
     }
+    print_choice(s);
     println!("contexts awaiting labels: {}", s.awaiting_labels);
     if s.broken > 0 {
         println!("flagged broken: {}", s.broken);
@@ -174,6 +193,41 @@ fn print_verified(s: &Summary) {
         println!(
             "generation-as-gold skipped (fewer than 3 distractors): {}",
             s.generated_gold_too_few_distractors
+        );
+    }
+}
+
+/// How many endings judged unlikely the verified questions chose from, and the spare rounds
+/// asked for more.
+fn print_choice(s: &Summary) {
+    if !s.candidates_per_question.is_empty() {
+        let counts: Vec<String> = s
+            .candidates_per_question
+            .iter()
+            .map(|(n, questions)| format!("{n}: {questions}"))
+            .collect();
+        println!(
+            "questions by endings judged unlikely to choose from: {} ({} chosen by how real they look)",
+            counts.join(", "),
+            s.chosen_after_annotation
+        );
+    }
+    if s.spare_rounds_queued > 0 {
+        println!(
+            "spare rounds queued: {} (annotate them, then assemble again to choose among more)",
+            s.spare_rounds_queued
+        );
+    }
+    if s.spare_rounds_awaiting_labels > 0 {
+        println!(
+            "questions built while their spare round awaits labels: {}",
+            s.spare_rounds_awaiting_labels
+        );
+    }
+    if s.spare_pool_empty > 0 {
+        println!(
+            "questions with too few to choose from and no unseen pool ending left: {}",
+            s.spare_pool_empty
         );
     }
 }

@@ -2,10 +2,12 @@
 //!
 //! Order of work, all inside one transaction so that a re-run replaces the previous assembly
 //! atomically: (1) split every group of the project (see [`split`]); (2) for every context of
-//! the latest finished AF run, apply the rules of [`rules`] to its current annotation task, or,
-//! with `--unverified`, take the gold and assigned negatives; either way the distractors are
-//! taken in the order of [`DistractorChoice`] (by default matched to the found endings' final
-//! scores); (3) queue the items that need re-annotation as new tasks; (4) record the parameters.
+//! the latest finished AF run, apply the rules of [`rules`] to its annotation rounds (see
+//! [`verified`]: the deciding round, a spare round for a question with too few endings judged
+//! unlikely, then the [`choice`] among them), or, with `--unverified`, take the gold and
+//! assigned negatives; either way the candidates come in the order of [`DistractorChoice`] (by
+//! default matched to the found endings' final scores); (3) queue the items that need
+//! re-annotation or a spare round as new tasks; (4) record the parameters.
 //!
 //! Unverified assembly never silently keeps a negative that could be right (see [`afkit_store::risk`]):
 //! a question with one among its three shown distractors is flagged (counted in the summary;
@@ -18,22 +20,23 @@
 //! endings without a final score cannot be placed, so they are not used; an item that cannot be
 //! refilled to its task's size stays out and is reported.
 
+mod choice;
 mod rules;
 mod split;
+mod verified;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::af::AfRun;
-use afkit_store::assemble::{AfDecisions, CurrentTask, FinalPoint, NewAssembled};
-use afkit_store::dataset::{Judgement, Rank, Split};
+use afkit_store::assemble::{AfDecisions, FinalPoint, NewAssembled};
+use afkit_store::dataset::Split;
 use afkit_store::distractors::{DistractorChoice, Matching};
 use afkit_store::examples::Example;
 use afkit_store::Store;
-use rules::{Built, Decision};
 
 /// What one assembly produced; printed by `afkit assemble`.
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -56,6 +59,18 @@ pub struct Summary {
     pub reannotation_queued: BTreeMap<String, usize>,
     /// Items that need re-annotation but have too few scored, unseen pool endings to refill.
     pub cannot_refill: Vec<String>,
+    /// Verified questions queued for a spare round: their deciding round accepted fewer
+    /// generations than `choose_from`.
+    pub spare_rounds_queued: usize,
+    /// Verified questions built while their spare round awaits labels.
+    pub spare_rounds_awaiting_labels: usize,
+    /// Verified questions that would get a spare round but have no unseen scored pool ending.
+    pub spare_pool_empty: usize,
+    /// Verified questions (found ending gold) by the number of endings judged unlikely they
+    /// choose their distractors from.
+    pub candidates_per_question: BTreeMap<usize, usize>,
+    /// Verified questions whose three distractors were chosen among more by how real they look.
+    pub chosen_after_annotation: usize,
     /// Contexts of the AF run without a label yet (no task, or no submission on the current task).
     pub awaiting_labels: usize,
     /// Items whose only submissions flag them as broken.
@@ -95,6 +110,10 @@ pub struct Config {
     pub distractors: DistractorChoice,
     /// With `unverified`: what becomes of negatives that could be right.
     pub could_be_right: CouldBeRight,
+    /// Verified: a question whose deciding round accepted fewer generations than this gets a
+    /// spare round of annotation, and one with more than three candidates has its three chosen
+    /// by how real they look; 3 turns both off.
+    pub choose_from: usize,
 }
 
 /// Train / val / test fractions, in the order of [`Split::ALL`]; parsed (`str::parse`) from
@@ -167,6 +186,9 @@ struct Recorded {
     /// assembly predates the judgement).
     #[serde(default, skip_serializing_if = "is_flag")]
     could_be_right: CouldBeRight,
+    /// Verified assembly's `choose_from` (absent: unverified, or recorded before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    choose_from: Option<usize>,
 }
 
 fn is_flag(policy: &CouldBeRight) -> bool {
@@ -188,6 +210,7 @@ impl Recorded {
             } else {
                 CouldBeRight::Flag
             },
+            choose_from: (!config.unverified).then_some(config.choose_from),
         }
     }
 }
@@ -217,6 +240,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         unverified,
         distractors,
         could_be_right,
+        choose_from,
     } = *config;
     let run = latest_run(store, unverified, observer)?;
     let examples = store.examples()?;
@@ -252,15 +276,15 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         };
         assemble_unverified(&examples, &run_data, &order, &guard, &mut summary)?
     } else {
-        assemble_verified(
+        let inputs = verified::Inputs {
             store,
-            run.id,
-            &examples,
-            &run_data,
-            &order,
-            &mut summary,
-            &mut reannotations,
-        )?
+            run_id: run.id,
+            run: &run_data,
+            order: &order,
+            choose_from,
+            seed,
+        };
+        verified::assemble(&inputs, &examples, &mut summary, &mut reannotations)?
     };
     count_built(&examples, &built, &mut summary);
     check_no_empty_split(&splits, &summary, fractions, unverified)?;
@@ -530,274 +554,6 @@ fn assemble_unverified(
         });
     }
     Ok(built)
-}
-
-/// From the annotators' labels: the verified examples, and the items to send back for
-/// re-annotation (with their refilled endings).
-fn assemble_verified(
-    store: &Store,
-    run_id: i64,
-    examples: &[Example],
-    run: &RunData,
-    order: &DistractorOrder,
-    summary: &mut Summary,
-    reannotations: &mut Vec<(i64, Vec<i64>)>,
-) -> Result<Vec<NewAssembled>> {
-    let tasks = store.current_tasks()?;
-    let mut verifier = Verifier {
-        store,
-        run_id,
-        run,
-        order,
-        built: Vec::new(),
-        summary,
-        reannotations,
-    };
-    for ex in examples {
-        if !run.assignments.contains_key(&ex.id) {
-            continue;
-        }
-        let Some(task) = tasks.get(&ex.id) else {
-            verifier.summary.awaiting_labels += 1;
-            continue;
-        };
-        let Some(labels) = consensus_labels(task, verifier.summary) else {
-            continue;
-        };
-        verifier.decide(ex, task, &labels)?;
-    }
-    Ok(verifier.built)
-}
-
-/// What verified assembly reads for every context, and what it has produced so far.
-struct Verifier<'a> {
-    store: &'a Store,
-    run_id: i64,
-    run: &'a RunData<'a>,
-    order: &'a DistractorOrder,
-    built: Vec<NewAssembled>,
-    summary: &'a mut Summary,
-    reannotations: &'a mut Vec<(i64, Vec<i64>)>,
-}
-
-impl Verifier<'_> {
-    /// Applies the assembly rules to a context and its task's combined `labels`: its verified
-    /// examples, its next round of annotation, or why it is dropped.
-    fn decide(
-        &mut self,
-        ex: &Example,
-        task: &CurrentTask,
-        labels: &HashMap<i64, rules::Consensus>,
-    ) -> Result<()> {
-        let split = self.run.splits[&ex.group];
-        let fold = self.run.folds.get(&ex.id).copied();
-        let generations: Vec<i64> = task
-            .endings
-            .iter()
-            .copied()
-            .filter(|&e| e != ex.gold_ending_id)
-            .collect();
-        let pool = if task.round > 0 {
-            self.scored_pool(ex)?
-        } else {
-            HashMap::new()
-        };
-        let generations = self
-            .order
-            .order(ex, self.run, &generations, &pool, "distractors");
-        match rules::decide(ex.gold_ending_id, &generations, labels) {
-            Decision::Gold {
-                found_rank,
-                example,
-                generated_gold,
-            } => {
-                let source = gold_source(found_rank, task.round);
-                self.built
-                    .push(verified(ex.id, split, fold, source, &example));
-                if let Some(generated) = generated_gold {
-                    self.built.extend(generated_gold_example(
-                        ex.id,
-                        split,
-                        fold,
-                        &generated,
-                        self.summary,
-                    ));
-                }
-            }
-            Decision::Reannotate { reason, keep } => {
-                let pool = if task.round > 0 {
-                    pool
-                } else {
-                    self.scored_pool(ex)?
-                };
-                self.reannotate(ex, task, (reason, &keep), &pool);
-            }
-            Decision::Drop(reason) => {
-                *self
-                    .summary
-                    .dropped
-                    .entry(reason.as_str().into())
-                    .or_default() += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// The context's scored pool: it holds the scores of endings a re-annotation refill brought
-    /// in (not assigned negatives) and the candidates of a new refill, so it is read only for a
-    /// context past its first round or one to refill.
-    fn scored_pool(&self, ex: &Example) -> Result<HashMap<i64, FinalPoint>> {
-        Ok(self
-            .store
-            .scored_pool(self.run_id, ex.id)?
-            .into_iter()
-            .collect())
-    }
-
-    /// Queues the context for another round (counted by `reason`) with the endings it `keep`s
-    /// and fresh ones from its `pool` that no annotator has seen; lists it when too few are left.
-    fn reannotate(
-        &mut self,
-        ex: &Example,
-        task: &CurrentTask,
-        (reason, keep): (rules::ReannotateReason, &[i64]),
-        pool: &HashMap<i64, FinalPoint>,
-    ) {
-        let fresh = unshown(pool, &task.ever_shown, keep);
-        let draw = format!("refill\u{0}{}", task.round + 1);
-        let fresh = self.order.order(ex, self.run, &fresh, pool, &draw);
-        match refill(task, keep, fresh) {
-            Some(endings) => {
-                *self
-                    .summary
-                    .reannotation_queued
-                    .entry(reason.as_str().into())
-                    .or_default() += 1;
-                self.reannotations.push((ex.id, endings));
-            }
-            None => self.summary.cannot_refill.push(ex.ext_id.clone()),
-        }
-    }
-}
-
-/// The full CSVs' `gold-source` of a verified example whose found ending is gold: `gold0` when
-/// annotators ranked it best, `gold1` when second; `-orig` in the first round, `-reannot` after.
-fn gold_source(found_rank: Rank, round: i64) -> String {
-    let which = if found_rank == Rank::Best {
-        "gold0"
-    } else {
-        "gold1"
-    };
-    let stage = if round == 0 { "orig" } else { "reannot" };
-    format!("{which}-{stage}")
-}
-
-/// The example whose gold is a generation annotators ranked best above the found ending: kept
-/// in the training split only (an evaluation question must have a found ending as its answer),
-/// and only with three distractors.
-fn generated_gold_example(
-    example_id: i64,
-    split: Split,
-    fold: Option<i64>,
-    generated: &Built,
-    summary: &mut Summary,
-) -> Option<NewAssembled> {
-    if split != Split::Train {
-        summary.generated_gold_withheld_from_eval += 1;
-        None
-    } else if generated.distractors.len() < 3 {
-        summary.generated_gold_too_few_distractors += 1;
-        None
-    } else {
-        Some(verified(
-            example_id,
-            split,
-            fold,
-            "gen-orig".into(),
-            generated,
-        ))
-    }
-}
-
-/// The consensus label of every ending of the item's current task, from its submissions that
-/// are not broken flags; `None` (counted in the summary) while there are none.
-fn consensus_labels(
-    task: &CurrentTask,
-    summary: &mut Summary,
-) -> Option<HashMap<i64, rules::Consensus>> {
-    let submissions: Vec<_> = task.submissions.iter().filter(|s| !s.broken).collect();
-    if submissions.is_empty() {
-        if task.submissions.is_empty() {
-            summary.awaiting_labels += 1;
-        } else {
-            summary.broken += 1;
-        }
-        return None;
-    }
-    Some(
-        task.endings
-            .iter()
-            .filter_map(|&e| {
-                let votes: Vec<(Judgement, Option<Rank>)> = submissions
-                    .iter()
-                    .filter_map(|s| s.labels.iter().find(|(l, _)| l.ending_id == e))
-                    .map(|(l, _)| (l.judgement, l.rank))
-                    .collect();
-                rules::consensus(&votes).map(|c| (e, c))
-            })
-            .collect(),
-    )
-}
-
-fn verified(
-    example_id: i64,
-    split: Split,
-    fold: Option<i64>,
-    gold_source: String,
-    b: &Built,
-) -> NewAssembled {
-    NewAssembled {
-        example_id,
-        split,
-        gold_ending_id: b.gold,
-        gold_source,
-        gold_type: Some(b.gold_type),
-        verified: true,
-        fold,
-        distractors: b
-            .distractors
-            .iter()
-            .map(|&(ending_id, kind)| (ending_id, Some(kind)))
-            .collect(),
-    }
-}
-
-/// The pool endings never shown to annotators for this context (`shown`) and not kept, in id
-/// order: what a re-annotation may bring in.
-fn unshown(pool: &HashMap<i64, FinalPoint>, shown: &BTreeSet<i64>, keep: &[i64]) -> Vec<i64> {
-    let mut fresh: Vec<i64> = pool
-        .keys()
-        .copied()
-        .filter(|e| !shown.contains(e) && !keep.contains(e))
-        .collect();
-    fresh.sort_unstable();
-    fresh
-}
-
-/// The endings of a re-annotation task: `keep` plus the first of `fresh` (the context's scored
-/// pool endings never shown before, in the order they become distractors), up to the old task's
-/// size; `None` when the pool cannot fill it.
-fn refill(task: &CurrentTask, keep: &[i64], fresh: Vec<i64>) -> Option<Vec<i64>> {
-    let need = task.endings.len().saturating_sub(keep.len());
-    if fresh.len() < need {
-        return None;
-    }
-    Some(
-        keep.iter()
-            .copied()
-            .chain(fresh.into_iter().take(need))
-            .collect(),
-    )
 }
 
 #[cfg(test)]

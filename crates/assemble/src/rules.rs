@@ -56,7 +56,8 @@ pub(crate) fn consensus(votes: &[(Judgement, Option<Rank>)]) -> Option<Consensus
 pub(crate) struct Built {
     pub gold: i64,
     pub gold_type: Judgement,
-    /// (ending id, judgement), in the order given, at most four.
+    /// (ending id, judgement), in the order given: every candidate, of which the question
+    /// shows the first three (and keeps a fourth).
     pub distractors: Vec<(i64, Judgement)>,
 }
 
@@ -232,12 +233,24 @@ fn generated_gold(generations: &[i64], labels: &HashMap<i64, Consensus>) -> Opti
         })
 }
 
-/// The first four of `ids`, each with its judgement.
+/// `ids`, each with its judgement.
 fn typed(ids: Vec<i64>, labels: &HashMap<i64, Consensus>) -> Vec<(i64, Judgement)> {
-    ids.into_iter()
-        .take(4)
-        .map(|e| (e, labels[&e].judgement))
-        .collect()
+    ids.into_iter().map(|e| (e, labels[&e].judgement)).collect()
+}
+
+/// The generations of a round after the one that decided its question that can be distractors
+/// too: judged unlikely and not ranked best (a rank there says nothing of the found ending, whose
+/// place was settled, but a generation ranked best over it could be right), in the order given.
+pub(crate) fn spare_distractors(
+    generations: &[i64],
+    labels: &HashMap<i64, Consensus>,
+) -> Vec<(i64, Judgement)> {
+    let accepted = generations.iter().copied().filter(|e| {
+        labels
+            .get(e)
+            .is_some_and(|l| l.judgement == Judgement::Unlikely && l.rank != Some(Rank::Best))
+    });
+    typed(accepted.collect(), labels)
 }
 
 /// Orders endings by final ensemble score, highest (hardest) first; ties and unscored endings by id.
@@ -467,6 +480,26 @@ mod tests {
             decide(1, &hardest(&endings), &partial),
             Decision::Drop(DropReason::IncompleteLabels)
         );
+    }
+
+    #[test]
+    fn a_spare_round_adds_its_unlikely_generations_not_ranked_best() {
+        let (endings, l) = labels(&[
+            (1, Unlikely, None),
+            (11, Unlikely, Some(Best)),
+            (12, Unlikely, Some(Second)),
+            (13, Likely, None),
+            (14, Gibberish, None),
+            (15, Unlikely, None),
+        ]);
+        let added: Vec<i64> = spare_distractors(&hardest(&endings), &l)
+            .into_iter()
+            .map(|(e, j)| {
+                assert_eq!(j, Unlikely);
+                e
+            })
+            .collect();
+        assert_eq!(added, vec![15, 12]);
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub enum Key<'a> {
     ShownNegatives,
     /// assemble: the matched distractors of a context, per draw (`distractors`, `refill\0R`).
     Distractors { draw: &'a str, example: i64 },
+    /// assemble: the deal of verified questions into folds for the choice among their endings
+    /// judged unlikely.
+    ChoiceFolds,
     /// export: a question's option order.
     Options { example: i64, generated: bool },
     /// export: a question's random negatives (the control).
@@ -101,6 +104,7 @@ impl Key<'_> {
             Key::Handout(run) => format!("handout\u{0}{run}"),
             Key::ShownNegatives => "shown negatives".into(),
             Key::Distractors { draw, example } => format!("{draw}\u{0}{example}"),
+            Key::ChoiceFolds => "choice folds".into(),
             Key::Options { example, generated } => {
                 format!("options\u{0}{example}\u{0}{generated}")
             }
@@ -245,6 +249,7 @@ mod tests {
                 },
                 "refill\u{0}1\u{0}4",
             ),
+            (Key::ChoiceFolds, "choice folds"),
             (
                 Key::Options {
                     example: 4,

@@ -114,6 +114,16 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    /// Every ending of one context, found and generated: its text and the generator's mean
+    /// log-probability of it after the context (`None` where not stored), by ending id.
+    pub fn ending_readings(&self, example_id: i64) -> Result<HashMap<i64, (String, Option<f64>)>> {
+        let conn = &self.conn;
+        let mut stmt =
+            conn.prepare_cached("SELECT id, text, lp_cond FROM endings WHERE example_id = ?1")?;
+        let rows = stmt.query_map([example_id], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Every generated candidate of one context (its pre-AF pool) with its text, in id order.
     pub fn pool_candidate_texts(&self, example_id: i64) -> Result<Vec<(i64, String)>> {
         let conn = &self.conn;
@@ -169,11 +179,38 @@ pub struct CurrentTask {
     /// Every ending ever shown to annotators for the context (all rounds), so that a
     /// re-annotation never brings back an ending people already judged.
     pub ever_shown: BTreeSet<i64>,
+    /// The context's superseded tasks, earliest round first: assembly finds the round that
+    /// decided the question among them, and what the rounds after it add.
+    pub earlier: Vec<EarlierRound>,
 }
 
-/// The open task of every context that has one (the latest round), without endings,
-/// submissions or shown endings, by context; and the context of each task.
-fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<i64, i64>)> {
+/// A superseded task of a context (a round before its open one), with its submissions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlierRound {
+    pub round: i64,
+    /// Ending ids in the shown order.
+    pub endings: Vec<i64>,
+    pub submissions: Vec<SubmissionRecord>,
+}
+
+/// Where a task's rows go: the open task of a context or one of its earlier rounds.
+#[derive(Debug, Clone, Copy)]
+enum TaskSlot {
+    Open { example: i64 },
+    Earlier { example: i64, index: usize },
+}
+
+impl TaskSlot {
+    fn example(self) -> i64 {
+        match self {
+            TaskSlot::Open { example } | TaskSlot::Earlier { example, .. } => example,
+        }
+    }
+}
+
+/// The open task of every context that has one (the latest round) with its context's earlier
+/// rounds, all without endings or submissions, by context; and where each task's rows go.
+fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<i64, TaskSlot>)> {
     let mut tasks: BTreeMap<i64, CurrentTask> = BTreeMap::new();
     let mut stmt = conn.prepare(
         "SELECT t.id, t.example_id, t.round FROM tasks t
@@ -181,7 +218,7 @@ fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<
            AND t.round = (SELECT MAX(round) FROM tasks u WHERE u.example_id = t.example_id)
          ORDER BY t.example_id",
     )?;
-    let mut by_task: HashMap<i64, i64> = HashMap::new();
+    let mut slots: HashMap<i64, TaskSlot> = HashMap::new();
     for row in stmt.query_map([], |r| {
         Ok(CurrentTask {
             task_id: r.get(0)?,
@@ -190,21 +227,44 @@ fn open_tasks(conn: &Connection) -> Result<(BTreeMap<i64, CurrentTask>, HashMap<
             endings: Vec::new(),
             submissions: Vec::new(),
             ever_shown: BTreeSet::new(),
+            earlier: Vec::new(),
         })
     })? {
         let task = row?;
-        by_task.insert(task.task_id, task.example_id);
-        tasks.insert(task.example_id, task);
+        let example = task.example_id;
+        slots.insert(task.task_id, TaskSlot::Open { example });
+        tasks.insert(example, task);
     }
-    Ok((tasks, by_task))
+    let mut stmt = conn.prepare(
+        "SELECT id, example_id, round FROM tasks WHERE status = 'superseded'
+         ORDER BY example_id, round",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    for row in rows {
+        let (task_id, example, round): (i64, i64, i64) = row?;
+        let Some(current) = tasks.get_mut(&example) else {
+            continue;
+        };
+        if round >= current.round {
+            continue;
+        }
+        let index = current.earlier.len();
+        current.earlier.push(EarlierRound {
+            round,
+            endings: Vec::new(),
+            submissions: Vec::new(),
+        });
+        slots.insert(task_id, TaskSlot::Earlier { example, index });
+    }
+    Ok((tasks, slots))
 }
 
-/// Adds to each task of `tasks` (by context; `by_task`: each task's context) its endings in
+/// Adds to each task of `tasks` (by context; `slots`: where each task's rows go) its endings in
 /// the shown order, and every ending any task of its context showed.
 fn add_endings(
     conn: &Connection,
     tasks: &mut BTreeMap<i64, CurrentTask>,
-    by_task: &HashMap<i64, i64>,
+    slots: &HashMap<i64, TaskSlot>,
 ) -> Result<()> {
     let mut stmt = conn.prepare(
         "SELECT te.task_id, t.example_id, te.ending_id FROM task_endings te
@@ -219,22 +279,29 @@ fn add_endings(
             continue;
         };
         current.ever_shown.insert(ending);
-        if by_task.contains_key(&task) {
-            current.endings.push(ending);
+        match slots.get(&task) {
+            Some(TaskSlot::Open { .. }) => current.endings.push(ending),
+            Some(TaskSlot::Earlier { index, .. }) => current.earlier[*index].endings.push(ending),
+            None => {}
         }
     }
     Ok(())
 }
 
 impl Store {
-    /// The open task of every context that has one (the latest round), with all its submissions.
+    /// The open task of every context that has one (the latest round), with all its submissions
+    /// and its context's earlier rounds.
     pub fn current_tasks(&self) -> Result<BTreeMap<i64, CurrentTask>> {
-        let (mut tasks, by_task) = open_tasks(&self.conn)?;
-        add_endings(&self.conn, &mut tasks, &by_task)?;
+        let (mut tasks, slots) = open_tasks(&self.conn)?;
+        add_endings(&self.conn, &mut tasks, &slots)?;
         for submission in self.all_submissions()? {
-            if let Some(example) = by_task.get(&submission.task_id) {
-                let task = tasks.get_mut(example).expect("task indexed");
-                task.submissions.push(submission);
+            let Some(slot) = slots.get(&submission.task_id) else {
+                continue;
+            };
+            let task = tasks.get_mut(&slot.example()).expect("task indexed");
+            match *slot {
+                TaskSlot::Open { .. } => task.submissions.push(submission),
+                TaskSlot::Earlier { index, .. } => task.earlier[index].submissions.push(submission),
             }
         }
         Ok(tasks)
