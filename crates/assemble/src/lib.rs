@@ -21,81 +21,28 @@
 //! refilled to its task's size stays out and is reported.
 
 mod choice;
+mod order;
 mod rules;
 mod split;
+mod summary;
 mod verified;
+
+pub use summary::Summary;
+
+use order::{distractor_order, DistractorOrder, RunData};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use afkit_engine::seed::{Key, Seed};
+use afkit_engine::seed::Seed;
 use afkit_store::af::AfRun;
-use afkit_store::assemble::{AfDecisions, FinalPoint, NewAssembled};
+use afkit_store::assemble::NewAssembled;
 use afkit_store::dataset::Split;
-use afkit_store::distractors::{DistractorChoice, Matching};
+use afkit_store::distractors::DistractorChoice;
 use afkit_store::examples::Example;
 use afkit_store::Store;
-
-/// What one assembly produced; printed by `afkit assemble`.
-#[derive(Debug, Default, Serialize, PartialEq)]
-pub struct Summary {
-    pub af_run: i64,
-    pub unverified: bool,
-    /// How the distractors were chosen among the candidates.
-    pub distractors: DistractorChoice,
-    /// The final scores matched distractors were matched on (`ensemble`, `sentence`, `style`);
-    /// empty for the hardest.
-    pub matched_on: Vec<&'static str>,
-    /// Examples per split.
-    pub examples: BTreeMap<String, usize>,
-    /// Examples per gold source (gold0-orig, gen-orig, unverified, ...).
-    pub gold_sources: BTreeMap<String, usize>,
-    /// Groups (the `group` an example was ingested with: an ActivityNet video) with at least
-    /// one example in the split; the dataset card counts the same.
-    pub groups: BTreeMap<String, usize>,
-    /// Items sent back to annotation, by reason.
-    pub reannotation_queued: BTreeMap<String, usize>,
-    /// Items that need re-annotation but have too few scored, unseen pool endings to refill.
-    pub cannot_refill: Vec<String>,
-    /// Verified questions queued for a spare round: their deciding round accepted fewer
-    /// generations than `choose_from`.
-    pub spare_rounds_queued: usize,
-    /// Verified questions built while their spare round awaits labels.
-    pub spare_rounds_awaiting_labels: usize,
-    /// Verified questions that would get a spare round but have no unseen scored pool ending.
-    pub spare_pool_empty: usize,
-    /// Verified questions (found ending gold) by the number of endings judged unlikely they
-    /// choose their distractors from.
-    pub candidates_per_question: BTreeMap<usize, usize>,
-    /// Verified questions whose three distractors were chosen among more by how real they look.
-    pub chosen_after_annotation: usize,
-    /// Contexts of the AF run without a label yet (no task, or no submission on the current task).
-    pub awaiting_labels: usize,
-    /// Items whose only submissions flag them as broken.
-    pub broken: usize,
-    /// Items that yield nothing, by reason.
-    pub dropped: BTreeMap<String, usize>,
-    /// Generation-as-gold candidates left out because their context is in val or test (fn. 5).
-    pub generated_gold_withheld_from_eval: usize,
-    /// Generation-as-gold candidates left out because fewer than three distractors remain.
-    pub generated_gold_too_few_distractors: usize,
-    /// Contexts with fewer than three assigned negatives (only with `--unverified`).
-    pub too_few_negatives: usize,
-    /// Contexts that took a negative under the AF run's fluency floor for want of three above
-    /// it (only with `--unverified`).
-    pub under_fluency_floor: usize,
-    /// Unverified questions kept with a distractor that could be right among their three
-    /// (export flags them).
-    pub could_be_right_flagged: usize,
-    /// Unverified questions left out because three distractors that could not be right were not
-    /// to be had (only with [`CouldBeRight::LeaveOut`]).
-    pub could_be_right_left_out: usize,
-    /// Assigned negatives of unverified questions that no stored evidence could judge (no
-    /// likelihood of both endings from one model, no sentence vectors): taken as if safe.
-    pub unjudged_negatives: usize,
-}
 
 /// What `assemble` does.
 #[derive(Debug, Clone, Copy)]
@@ -245,19 +192,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let run = latest_run(store, unverified, observer)?;
     let examples = store.examples()?;
     let splits = group_splits(store, &examples, fractions, seed)?;
-    let AfDecisions {
-        assignments,
-        scores,
-        folds,
-        refused,
-    } = store.af_decisions(run.id)?;
-    let run_data = RunData {
-        assignments,
-        scores,
-        folds,
-        refused,
-        splits: &splits,
-    };
+    let run_data = RunData::of(store.af_decisions(run.id)?, &splits);
     let mut summary = Summary {
         af_run: run.id,
         unverified,
@@ -332,30 +267,6 @@ fn check_no_empty_split(
     Ok(())
 }
 
-/// The order in which a context's candidates become distractors: matched to the found endings'
-/// final scores (which needs a run that scored them) or the hardest first.
-fn distractor_order(
-    store: &Store,
-    run_id: i64,
-    distractors: DistractorChoice,
-    seed: Seed,
-) -> Result<DistractorOrder> {
-    Ok(match distractors {
-        DistractorChoice::Matched => {
-            let Some(matching) = Matching::load(store, run_id)? else {
-                bail!(
-                    "AF run {run_id} in {} scored no found ending, so there is nothing to match \
-                     the distractors to: run `afkit filter --new-run`, or assemble with \
-                     --distractors hardest",
-                    store.path().display()
-                );
-            };
-            DistractorOrder::Matched { matching, seed }
-        }
-        DistractorChoice::Hardest => DistractorOrder::Hardest,
-    })
-}
-
 /// The summary's counts of the built examples: per split, per source of the gold ending, and
 /// the groups (videos) per split.
 fn count_built(examples: &[Example], built: &[NewAssembled], summary: &mut Summary) {
@@ -373,22 +284,6 @@ fn count_built(examples: &[Example], built: &[NewAssembled], summary: &mut Summa
             .insert(group_of[&ex.example_id]);
     }
     summary.groups = groups.into_iter().map(|(s, g)| (s, g.len())).collect();
-}
-
-/// What the latest finished AF run decided, with the split of every group.
-struct RunData<'a> {
-    assignments: BTreeMap<i64, Vec<i64>>,
-    scores: HashMap<i64, f64>,
-    folds: HashMap<i64, i64>,
-    /// Assigned negatives under the run's fluency floor.
-    refused: HashSet<i64>,
-    splits: &'a BTreeMap<String, Split>,
-}
-
-impl RunData<'_> {
-    fn score(&self, ending_id: i64) -> Option<f64> {
-        self.scores.get(&ending_id).copied()
-    }
 }
 
 /// Every group's split: the recorded one when seed and fractions are those of the last
@@ -416,43 +311,6 @@ fn group_splits(
         BTreeMap::new()
     };
     Ok(split::assign(&sizes, fractions.0, seed, &recorded))
-}
-
-/// The order in which a context's candidates become its distractors (see [`DistractorChoice`]).
-enum DistractorOrder {
-    /// As matching to the found endings of the context's fold draws them, from `seed`, the
-    /// example id and what is drawn for.
-    Matched { matching: Matching, seed: Seed },
-    /// Highest final ensemble score first.
-    Hardest,
-}
-
-impl DistractorOrder {
-    /// `candidates` in the order they become distractors of `example`. Their scores come from
-    /// the run (assigned negatives) or `pool` (the context's scored pool, for endings a
-    /// re-annotation refill brought in); `draw` names the seeded draw.
-    fn order(
-        &self,
-        example: &Example,
-        run: &RunData,
-        candidates: &[i64],
-        pool: &HashMap<i64, FinalPoint>,
-        draw: &str,
-    ) -> Vec<i64> {
-        let hardest = || rules::hardest_first(candidates.iter().copied(), &|e| run.score(e));
-        let DistractorOrder::Matched { matching, seed } = self else {
-            return hardest();
-        };
-        let mut rng = seed
-            .key(Key::Distractors {
-                draw,
-                example: example.id,
-            })
-            .rng();
-        matching
-            .choose(example.id, candidates, pool, candidates.len(), &mut rng)
-            .unwrap_or_else(hardest)
-    }
 }
 
 /// How unverified assembly treats negatives that could be right (see [`afkit_store::risk`]).

@@ -24,8 +24,10 @@ use afkit_store::dataset::{Judgement, Rank, Split};
 use afkit_store::examples::Example;
 use afkit_store::Store;
 
+use super::choice;
+use super::order::{DistractorOrder, RunData};
 use super::rules::{self, Built, Decision};
-use super::{choice, DistractorOrder, RunData, Summary};
+use super::summary::Summary;
 
 /// What verified assembly reads besides the labels.
 pub(crate) struct Inputs<'a> {
