@@ -25,6 +25,7 @@ mod layering;
 mod openai_backend;
 mod pool_bundle;
 mod progress_lines;
+mod review;
 mod safety;
 
 /// Cargo builds only this file's modules (`autotests = false`): a new file under tests/ that is

@@ -112,7 +112,7 @@ pub enum CrowdCommand {
         #[arg(long)]
         force: bool,
     },
-    /// Read crowd results (afkit's columns or Mechanical Turk's batch results) into the project.
+    /// Read crowd results (afkit's columns or Mechanical Turk's) into the project.
     #[command(long_about = "Read crowd results into the project's label tables.\n\n\
         afkit's result columns: worker_id, item_id, label_1 .. label_6 (likely | unlikely | \
         gibberish, one per ending of the item, in the exported order), best and second (ending \
@@ -140,6 +140,8 @@ pub enum CrowdCommand {
         #[arg(long)]
         strict: bool,
     },
+    #[command(flatten)]
+    Review(super::review::ReviewCommand),
 }
 
 /// How items are handed out, chosen when the tasks are made (by `annotate` or `crowd export`).
@@ -268,6 +270,7 @@ pub fn run_crowd(command: CrowdCommand) -> Result<()> {
             file,
             strict,
         } => import(&project, &file, strict),
+        CrowdCommand::Review(command) => super::review::run_review(command),
     }
 }
 

@@ -153,6 +153,30 @@ fn print_summary(s: &Summary) {
     } else {
         print_verified(s);
     }
+    print_reviews(s);
+}
+
+/// What question reviews (`afkit crowd review-export`) changed.
+fn print_reviews(s: &Summary) {
+    if s.review_set_aside == 0 && s.review_too_few == 0 {
+        return;
+    }
+    println!(
+        "reviews set aside {} (named also plausible or broken, or picked over the real \
+         ending); questions changed since their review go out with `afkit crowd review-export`",
+        afkit_engine::text::counted(s.review_set_aside, "candidate", "candidates")
+    );
+    if s.review_too_few > 0 {
+        let what = if s.unverified {
+            "left out"
+        } else {
+            "waiting for a spare round"
+        };
+        println!(
+            "  questions with fewer than three distractors left ({what}): {}",
+            s.review_too_few
+        );
+    }
 }
 
 /// What verified assembly did besides the questions: re-annotation queued, contexts that cannot

@@ -26,6 +26,7 @@ mod models;
 mod pool;
 mod progress;
 mod report;
+mod review;
 mod status;
 mod tagger;
 
@@ -41,7 +42,7 @@ mod tagger;
     about = "Build adversarial multiple-choice benchmarks, SWAG-style",
     after_long_help = "A project is one SQLite file. The pipeline:\n  \
         init → ingest → lm adapt → generate → filter (adversarial filtering) → annotate → \
-        assemble → export\n\
+        assemble (→ crowd review-export / review-import → assemble) → export\n\
         `lm adapt` matters most: it fine-tunes the generator on the corpus, so that its endings \
         are hard to tell from the real ones before filtering starts. Then `audit DIR --cv 5` \
         says how hard the export is; `aflite` de-biases an existing labelled dataset.\n\n\
@@ -88,7 +89,7 @@ enum Command {
     Report(report::ReportArgs),
     Annotate(annotate::Args),
     Agreement(annotate::AgreementArgs),
-    /// Export tasks to, or import results from, a crowdsourcing platform.
+    /// Annotation tasks and question reviews out as CSV, results back in.
     #[command(subcommand)]
     Crowd(annotate::CrowdCommand),
     /// Build the final examples from the labels and split them by group.

@@ -1,5 +1,5 @@
 //! Human verification (SWAG §3.5): the terminal UI, assignment of items to annotators,
-//! agreement statistics and crowd import/export.
+//! agreement statistics, crowd import/export and question reviews.
 //!
 //! The UI follows ratatui's example structure: [`app`] is the pure state machine (key → state),
 //! [`event`] reads input (terminal or script) and signals, [`ui`] draws, and [`session`] is the
@@ -10,6 +10,7 @@ mod app;
 pub mod crowd;
 mod event;
 mod handout;
+pub mod review;
 mod session;
 pub mod tasks;
 mod text;

@@ -14,6 +14,10 @@
 //! export marks it). [`CouldBeRight::Avoid`] takes the negatives that could not be right first,
 //! [`CouldBeRight::LeaveOut`] also leaves out a question that still needs one.
 //!
+//! Question reviews (`afkit crowd review-export`) come last: a candidate a reviewer named plausible or broken,
+//! or picked instead of the found ending, is never a distractor of its context, verified or not
+//! (`afkit_store::review`).
+//!
 //! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
 //! endings of the context's pool that the AF run scored and annotators never saw, taken in the
 //! same order as distractors (matched to the found endings' scores, or the hardest first). Pool
@@ -201,6 +205,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     };
     let mut reannotations: Vec<(i64, Vec<i64>)> = Vec::new();
     let order = distractor_order(store, run.id, distractors, seed)?;
+    let vetoes = store.review_vetoes()?;
     if let DistractorOrder::Matched { matching, .. } = &order {
         summary.matched_on = matching.axes();
     }
@@ -208,6 +213,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         let guard = Guard {
             store,
             policy: could_be_right,
+            vetoes: &vetoes,
         };
         assemble_unverified(&examples, &run_data, &order, &guard, &mut summary)?
     } else {
@@ -218,6 +224,7 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
             order: &order,
             choose_from,
             seed,
+            vetoes: &vetoes,
         };
         verified::assemble(&inputs, &examples, &mut summary, &mut reannotations)?
     };
@@ -317,6 +324,8 @@ fn group_splits(
 struct Guard<'a> {
     store: &'a Store,
     policy: CouldBeRight,
+    /// The candidates reviews set aside, by context.
+    vetoes: &'a HashMap<i64, HashSet<i64>>,
 }
 
 impl Guard<'_> {
@@ -386,8 +395,14 @@ fn assemble_unverified(
             summary.too_few_negatives += 1;
             continue;
         }
+        let (assigned, set_aside) = rules::without_vetoed(assigned, guard.vetoes.get(&ex.id));
+        summary.review_set_aside += set_aside;
+        if assigned.len() < 3 {
+            summary.review_too_few += 1;
+            continue;
+        }
         let fold = run.folds.get(&ex.id).copied();
-        let (chosen, flagged) = guard.order(order, ex, run, assigned, summary)?;
+        let (chosen, flagged) = guard.order(order, ex, run, &assigned, summary)?;
         if flagged && guard.policy == CouldBeRight::LeaveOut {
             summary.could_be_right_left_out += 1;
             continue;

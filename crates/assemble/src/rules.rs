@@ -14,7 +14,7 @@
 //!   strict majority, so an even split sends the item back to annotation rather than into the
 //!   dataset on a coin flip. With one annotator both rules return that annotator's labels.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use afkit_store::dataset::{Judgement, Rank};
 
@@ -266,6 +266,22 @@ pub(crate) fn hardest_first(
         (None, None) => ea.cmp(eb),
     });
     v.into_iter().map(|(e, _)| e).collect()
+}
+
+/// `candidates` without those a question review set aside (`vetoed`: named plausible or broken,
+/// or picked over the found ending), and how many those were: a review's verdict stands over
+/// the annotators' labels.
+pub(crate) fn without_vetoed(
+    candidates: &[i64],
+    vetoed: Option<&HashSet<i64>>,
+) -> (Vec<i64>, usize) {
+    let kept: Vec<i64> = candidates
+        .iter()
+        .copied()
+        .filter(|e| !vetoed.is_some_and(|v| v.contains(e)))
+        .collect();
+    let set_aside = candidates.len() - kept.len();
+    (kept, set_aside)
 }
 
 #[cfg(test)]

@@ -60,6 +60,12 @@ pub struct Summary {
     /// Unverified questions left out because three distractors that could not be right were not
     /// to be had (only with [`CouldBeRight::LeaveOut`]).
     pub could_be_right_left_out: usize,
+    /// Candidates a question review set aside (named plausible or broken, or picked over the
+    /// found ending): never shown as distractors of their context.
+    pub review_set_aside: usize,
+    /// Questions left with fewer than three distractors once reviews set some aside: a spare
+    /// round is queued for a verified one when none awaits labels; an unverified one is left out.
+    pub review_too_few: usize,
     /// Assigned negatives of unverified questions that no stored evidence could judge (no
     /// likelihood of both endings from one model, no sentence vectors): taken as if safe.
     pub unjudged_negatives: usize,

@@ -12,7 +12,7 @@
 //! hand while its spare round waits; assembling again after the spare labels arrive widens the
 //! choice.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use anyhow::Result;
 
@@ -40,6 +40,8 @@ pub(crate) struct Inputs<'a> {
     pub choose_from: usize,
     /// Seed of the choice's folds.
     pub seed: Seed,
+    /// The candidates question reviews set aside, by context.
+    pub vetoes: &'a HashMap<i64, HashSet<i64>>,
 }
 
 /// From the annotators' labels: the verified examples, and the items to send back for
@@ -230,6 +232,7 @@ impl Verifier<'_> {
         } = decided;
         let split = self.inputs.run.splits[&ex.group];
         let fold = self.inputs.run.folds.get(&ex.id).copied();
+        let mut spare_awaiting = false;
         for spare in &rounds[1..] {
             match spare.labels() {
                 Some(labels) => {
@@ -237,9 +240,17 @@ impl Verifier<'_> {
                     let more = rules::spare_distractors(&generations, &labels);
                     example.distractors.extend(more);
                 }
-                None => self.summary.spare_rounds_awaiting_labels += 1,
+                None => {
+                    self.summary.spare_rounds_awaiting_labels += 1;
+                    spare_awaiting = true;
+                }
             }
         }
+        // Reviews set candidates aside after the choice (`choose`), so that a review of one
+        // question changes no other question's choice; a question left with fewer than three
+        // is dropped there and gets more candidates from a spare round.
+        let too_few = self.usable(ex.id, &example.distractors) < 3;
+        self.summary.review_too_few += usize::from(too_few);
         let source = gold_source(found_rank, rounds[0].number);
         self.choosable.push(self.built.len());
         self.built
@@ -253,7 +264,8 @@ impl Verifier<'_> {
                 self.summary,
             ));
         }
-        if rounds.len() == 1 && example.distractors.len() < self.inputs.choose_from {
+        let wants_more = rounds.len() == 1 && example.distractors.len() < self.inputs.choose_from;
+        if (too_few && !spare_awaiting) || wants_more {
             self.queue_spare(ex, task, pool)?;
         }
         Ok(())
@@ -326,16 +338,42 @@ impl Verifier<'_> {
         }
     }
 
+    /// How many of a context's `candidates` no review set aside.
+    fn usable<T>(&self, example_id: i64, candidates: &[(i64, T)]) -> usize {
+        let vetoed = self.inputs.vetoes.get(&example_id);
+        candidates
+            .iter()
+            .filter(|d| !vetoed.is_some_and(|v| v.contains(&d.0)))
+            .count()
+    }
+
     /// Counts every question's candidates and, when `choose_from` allows a choice, puts the
-    /// candidates of each question with more than three in [`choice`]'s order.
+    /// candidates of each question with more than three in [`choice`]'s order; then sets aside
+    /// the candidates reviews named. The choice reads every candidate, set aside or not: its
+    /// readers learn from all questions, and a review must not change the others' order.
     fn choose(&mut self, examples: &[Example]) -> Result<()> {
         for &i in &self.choosable {
-            let n = self.built[i].distractors.len();
+            let built = &self.built[i];
+            let n = self.usable(built.example_id, &built.distractors);
             *self.summary.candidates_per_question.entry(n).or_default() += 1;
         }
-        if self.inputs.choose_from <= 3 {
-            return Ok(());
+        if self.inputs.choose_from > 3 {
+            self.order_by_choice(examples)?;
         }
+        for built in &mut self.built {
+            let candidates: Vec<i64> = built.distractors.iter().map(|d| d.0).collect();
+            let vetoed = self.inputs.vetoes.get(&built.example_id);
+            let (kept, set_aside) = rules::without_vetoed(&candidates, vetoed);
+            self.summary.review_set_aside += set_aside;
+            built.distractors.retain(|d| kept.contains(&d.0));
+        }
+        // Only reviews leave a question with fewer than three (counted in `build`).
+        self.built.retain(|b| b.distractors.len() >= 3);
+        Ok(())
+    }
+
+    /// Puts the candidates of each question with more than three in [`choice`]'s order.
+    fn order_by_choice(&mut self, examples: &[Example]) -> Result<()> {
         let group_of: HashMap<i64, &str> =
             examples.iter().map(|e| (e.id, e.group.as_str())).collect();
         let mut questions = Vec::with_capacity(self.choosable.len());
@@ -351,10 +389,13 @@ impl Verifier<'_> {
         }
         let orders = choice::order(&questions, self.inputs.seed);
         for (&i, order) in self.choosable.iter().zip(orders) {
+            let example_id = self.built[i].example_id;
+            if self.usable(example_id, &self.built[i].distractors) > 3 {
+                self.summary.chosen_after_annotation += 1;
+            }
             let distractors = &mut self.built[i].distractors;
             if distractors.len() > 3 {
                 *distractors = order.iter().map(|&k| distractors[k]).collect();
-                self.summary.chosen_after_annotation += 1;
             }
         }
         Ok(())

@@ -76,6 +76,8 @@ pub enum Key<'a> {
     Options { example: i64, generated: bool },
     /// export: a question's random negatives (the control).
     RandomNegatives { example: i64, generated: bool },
+    /// review: the option order of a context's n-th review item.
+    Review { example: i64, item: i64 },
     /// audit: fold f of the fine-tuned baseline.
     FinetuneFold(usize),
     /// audit: the random answers of relabelled copy c, the chance a trained baseline meets.
@@ -111,6 +113,7 @@ impl Key<'_> {
             Key::RandomNegatives { example, generated } => {
                 format!("random negatives\u{0}{example}\u{0}{generated}")
             }
+            Key::Review { example, item } => format!("review\u{0}{example}\u{0}{item}"),
             Key::FinetuneFold(fold) => format!("finetune fold {fold}"),
             Key::ChanceCopy(copy) => format!("chance copy {copy}"),
         }
@@ -263,6 +266,13 @@ mod tests {
                     generated: true,
                 },
                 "random negatives\u{0}4\u{0}true",
+            ),
+            (
+                Key::Review {
+                    example: 4,
+                    item: 2,
+                },
+                "review\u{0}4\u{0}2",
             ),
             (Key::FinetuneFold(0), "finetune fold 0"),
         ];

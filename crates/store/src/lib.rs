@@ -37,6 +37,7 @@ pub mod export;
 pub mod fixtures;
 pub mod fluency;
 pub mod pool;
+pub mod review;
 mod risk_evidence;
 pub mod scorer;
 pub mod status;
@@ -68,6 +69,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migration_11.sql"),
     include_str!("migration_12.sql"),
     include_str!("migration_13.sql"),
+    include_str!("migration_14.sql"),
 ];
 
 /// The schema version this build of afkit writes.
