@@ -257,3 +257,63 @@ fn an_export_is_cut_to_the_contexts_of_another() {
     );
     assert!(!dir.path().join("bad").exists());
 }
+
+/// Two readings of one export's questions, compared question by question: every shared
+/// question has the same four endings, and each side's marks are counted apart.
+#[test]
+#[cfg_attr(not(has_python3), ignore = "needs python3 on PATH")]
+fn two_readings_are_compared_on_the_questions_they_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_project, af, control, first, questions) = exported_sheet(dir.path());
+    let second = dir.path().join("again").to_str().unwrap().to_string();
+    let (done, text) = python(
+        "blind_sheet.py",
+        &[&af, &control, &second, "--n", "6", "--seed", "2"],
+    );
+    assert!(done, "{text}");
+    // The first reader marks a wrong ending of every question plausible, the second none.
+    let mut strict = String::from("question,pick,also_plausible,ungrammatical\n");
+    for q in &questions {
+        let real = q["answer"].as_str().unwrap();
+        let wrong = ["A", "B", "C", "D"]
+            .into_iter()
+            .find(|l| *l != real)
+            .unwrap();
+        strict.push_str(&format!("{},{real},{wrong},\n", q["question"]));
+    }
+    write(&dir.path().join("strict.csv"), &strict);
+    let key: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{second}.key.json")).unwrap())
+            .unwrap();
+    let mut lenient = String::from("question,pick,also_plausible,ungrammatical\n");
+    for q in key["questions"].as_array().unwrap() {
+        lenient.push_str(&format!(
+            "{},{},,\n",
+            q["question"],
+            q["answer"].as_str().unwrap()
+        ));
+    }
+    write(&dir.path().join("lenient.csv"), &lenient);
+    let a = format!("{first}:{}", dir.path().join("strict.csv").display());
+    let b = format!("{second}:{}", dir.path().join("lenient.csv").display());
+    let (done, text) = python("blind_paired.py", &["--a", &a, "--b", &b]);
+    assert!(done, "{text}");
+    let shared = |line: &str| -> usize {
+        line.split(": ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let same = text.lines().next().unwrap();
+    let n = shared(same);
+    assert!(n > 0, "{text}");
+    assert!(
+        same.ends_with(&format!("found by A's reader {n}, by B's reader 0")),
+        "{text}"
+    );
+    assert!(text.contains("other wrong answers: 0 pairs"), "{text}");
+}

@@ -43,22 +43,20 @@ fn write_results(path: &Path, rows: &[[&str; 5]]) {
     std::fs::write(path, text).unwrap();
 }
 
-#[test]
-fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again() {
+/// A first review round of a 20-question unverified project: the first question's reviewer picks
+/// the found ending and names one distractor plausible and another broken, the others pass.
+/// Returns the project and the two named endings.
+fn first_round(dir: &Path) -> (Project, i64, i64) {
     let p = unverified_project(10);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("r1.csv");
+    let out = dir.join("r1.csv");
     let printed = ok(&["crowd", "review-export", p.p(), "--out", arg(&out)]);
     assert!(printed.contains("wrote 20 questions"), "{printed}");
-    assert!(dir.path().join("r1.instructions.md").exists());
+    assert!(dir.join("r1.instructions.md").exists());
     let (header, rows) = csv_table(&out);
     assert_eq!(header[..3], ["item_id", "assignments", "context"]);
     assert!(rows.iter().all(|r| r[1] == "1"));
-
-    // The first question: the reviewer picks the found ending and names one distractor plausible
-    // and another broken; the other questions pass as they are.
-    let before = p.assembled();
-    let (_, found, _, distractors) = &before[0];
+    let assembled = p.assembled();
+    let (_, found, _, distractors) = &assembled[0];
     let first = item_number(&rows[0][0]);
     let (plausible, broken) = (distractors[0], distractors[2]);
     let mut results = vec![[
@@ -68,11 +66,11 @@ fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again
         letter_of(&p, first, plausible),
         letter_of(&p, first, broken),
     ]];
-    for (row, (_, gold, _, _)) in rows[1..].iter().zip(&before[1..]) {
+    for (row, (_, gold, _, _)) in rows[1..].iter().zip(&assembled[1..]) {
         let pick = letter_of(&p, item_number(&row[0]), *gold);
         results.push(["ann", row[0].as_str(), pick, "", ""]);
     }
-    let file = dir.path().join("r1.results.csv");
+    let file = dir.join("r1.results.csv");
     write_results(&file, &results);
     let printed = ok(&["crowd", "review-import", p.p(), arg(&file)]);
     assert!(printed.contains("imported 20 reviews"), "{printed}");
@@ -81,7 +79,14 @@ fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again
         "{printed}"
     );
     assert!(printed.contains("1 also plausible, 1 broken"), "{printed}");
+    (p, plausible, broken)
+}
 
+#[test]
+fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, plausible, broken) = first_round(dir.path());
+    let before = p.assembled();
     let s = p.assemble(&["--unverified", "--seed", "1"]);
     assert_eq!(s["review_set_aside"], 2);
     let after = p.assembled();
@@ -98,7 +103,39 @@ fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again
     assert!(printed.contains("19 reviewed already"), "{printed}");
     let (_, rows) = csv_table(&again);
     let shown = item_endings(&p, item_number(&rows[0][0]));
-    assert!(shown.contains(found) && kept[..3].iter().all(|d| shown.contains(d)));
+    let found = after[0].1;
+    assert!(shown.contains(&found) && kept[..3].iter().all(|d| shown.contains(d)));
+}
+
+#[test]
+fn a_second_reviewer_can_be_asked_for_after_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _, _) = first_round(dir.path());
+    p.assemble(&["--unverified", "--seed", "1"]);
+    // The reviewed questions want one more review, the changed one (never reviewed) two.
+    let second = dir.path().join("r2.csv");
+    let printed = ok(&[
+        "crowd",
+        "review-export",
+        p.p(),
+        "--out",
+        arg(&second),
+        "--reviewers",
+        "2",
+    ]);
+    assert!(printed.contains("wrote 20 questions"), "{printed}");
+    let (_, rows) = csv_table(&second);
+    let wanted: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(
+        wanted.iter().filter(|w| **w == "1").count(),
+        19,
+        "{wanted:?}"
+    );
+    assert_eq!(
+        wanted.iter().filter(|w| **w == "2").count(),
+        1,
+        "{wanted:?}"
+    );
 }
 
 #[test]

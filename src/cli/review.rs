@@ -43,7 +43,8 @@ pub enum ReviewCommand {
         /// --force).
         #[arg(long)]
         out: PathBuf,
-        /// Reviews wanted of each question new to review; any one review's verdicts count.
+        /// Reviews wanted of each question (raised on questions that wanted fewer); any one
+        /// review's verdicts count.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=20))]
         reviewers: i64,
         /// Seed of the order in which a new review item shows its endings (recorded with it).

@@ -57,7 +57,8 @@ pub struct Exported {
 /// Writes every assembled question that still wants reviews to `out` (through `output`: never
 /// over the project, a temporary file renamed into place) with the reviewers' instructions beside
 /// it. A question seen for the first time becomes a review item with `reviewers` reviews wanted
-/// and its endings in an order drawn from `seed`.
+/// and its endings in an order drawn from `seed`; an item that wants fewer is raised to
+/// `reviewers`, so a second reviewer can be asked for after the first.
 pub fn export(
     store: &mut Store,
     out: &Path,
@@ -129,11 +130,14 @@ fn wanted_items(
         };
         let earlier = store.review_items_of(question.example_id)?;
         let id = match earlier.iter().find(|item| item.shows(&shown)) {
-            Some(item) if item.reviewed >= item.reviewers => {
+            Some(item) if item.reviewed >= item.reviewers.max(reviewers) => {
                 reviewed += 1;
                 continue;
             }
-            Some(item) => item.id,
+            Some(item) => {
+                store.want_reviews(item.id, reviewers)?;
+                item.id
+            }
             None => {
                 let mut order = shown;
                 let key = Key::Review {

@@ -149,6 +149,14 @@ impl Store {
         Ok(self.conn.last_insert_rowid())
     }
 
+    /// Raises the reviews an item wants to `reviewers` (never lowers them).
+    pub fn want_reviews(&self, item_id: i64, reviewers: i64) -> Result<()> {
+        self.conn
+            .prepare_cached("UPDATE review_items SET reviewers = MAX(reviewers, ?2) WHERE id = ?1")?
+            .execute(params![item_id, reviewers])?;
+        Ok(())
+    }
+
     /// A review item with its context's and endings' texts; `None` when there is no such item.
     pub fn review_item(&self, id: i64) -> Result<Option<ReviewItemView>> {
         let conn = &self.conn;
@@ -359,5 +367,8 @@ mod tests {
         assert!(view.item.shows(&[found, others[2], others[1], others[0]]));
         assert!(!view.item.shows(&[found, others[2], others[1], others[3]]));
         assert!(store.review_item(item + 1).unwrap().is_none());
+        store.want_reviews(item, 3).unwrap();
+        store.want_reviews(item, 1).unwrap();
+        assert_eq!(store.review_item(item).unwrap().unwrap().item.reviewers, 3);
     }
 }
