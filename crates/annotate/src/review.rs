@@ -150,6 +150,9 @@ fn wanted_items(
         };
         items.push(store.review_item(id)?.context("a review item just read")?);
     }
+    // A caption's context is often the caption before it whole: in assembly order, one
+    // question's real ending would show in the context of the next.
+    items.shuffle(&mut seed.key(Key::ReviewOrder).rng());
     Ok((items, reviewed, not_reviewable))
 }
 

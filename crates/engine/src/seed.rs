@@ -78,6 +78,8 @@ pub enum Key<'a> {
     RandomNegatives { example: i64, generated: bool },
     /// review: the option order of a context's n-th review item.
     Review { example: i64, item: i64 },
+    /// review: the order of the questions in a review file.
+    ReviewOrder,
     /// audit: fold f of the fine-tuned baseline.
     FinetuneFold(usize),
     /// audit: the random answers of relabelled copy c, the chance a trained baseline meets.
@@ -114,6 +116,7 @@ impl Key<'_> {
                 format!("random negatives\u{0}{example}\u{0}{generated}")
             }
             Key::Review { example, item } => format!("review\u{0}{example}\u{0}{item}"),
+            Key::ReviewOrder => "review order".into(),
             Key::FinetuneFold(fold) => format!("finetune fold {fold}"),
             Key::ChanceCopy(copy) => format!("chance copy {copy}"),
         }
@@ -274,6 +277,7 @@ mod tests {
                 },
                 "review\u{0}4\u{0}2",
             ),
+            (Key::ReviewOrder, "review order"),
             (Key::FinetuneFold(0), "finetune fold 0"),
         ];
         for (key, text) in pinned {

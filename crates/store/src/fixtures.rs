@@ -34,6 +34,7 @@ impl<'c> Fixtures<'c> {
              DROP TABLE scorer_scores; DROP TABLE fluency_scores; DROP TABLE af_fluency;
              ALTER TABLE af_iterations DROP COLUMN acc_minilm;
              ALTER TABLE af_iterations DROP COLUMN acc_adversary;
+             DROP TABLE review_flags; DROP TABLE reviews; DROP TABLE review_items;
              PRAGMA user_version = 5;",
         )?;
         Ok(())
