@@ -118,6 +118,11 @@ fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again
     let printed = ok(&["crowd", "review-export", p.p(), "--out", arg(&again)]);
     assert!(printed.contains("wrote 1 question"), "{printed}");
     assert!(printed.contains("19 reviewed already"), "{printed}");
+    let status = ok(&["status", p.p()]);
+    assert!(
+        status.contains("reviews      20 (21 questions as shown to reviewers, 1 still wanting"),
+        "{status}"
+    );
     let (_, rows) = csv_table(&again);
     let shown = item_endings(&p, item_number(&rows[0][0]));
     assert!(shown.contains(found) && kept[..3].iter().all(|d| shown.contains(d)));

@@ -117,6 +117,15 @@ fn print_assembly_and_export(s: &afkit_store::status::Status) {
         }
         _ => println!("assembled    {questions}"),
     }
+    if s.review_items > 0 {
+        println!(
+            "reviews      {} ({} as shown to reviewers, {} still wanting a review: `afkit crowd \
+             review-export`)",
+            s.reviews,
+            afkit_engine::text::counted(s.review_items, "question", "questions"),
+            s.review_items_wanting
+        );
+    }
     if let Some(e) = &s.last_export {
         let held = e.assembly.map_or_else(String::new, |a| {
             format!(": assembly {}, AF run {}", a.number, a.af_run)

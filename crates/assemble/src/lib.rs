@@ -14,9 +14,9 @@
 //! export marks it). [`CouldBeRight::Avoid`] takes the negatives that could not be right first,
 //! [`CouldBeRight::LeaveOut`] also leaves out a question that still needs one.
 //!
-//! Question reviews (`afkit crowd review-export`) come last: a candidate a reviewer named plausible or broken,
-//! or picked instead of the found ending, is never a distractor of its context, verified or not
-//! (`afkit_store::review`).
+//! Question reviews (`afkit crowd review-export`) come last: a candidate a reviewer named
+//! plausible or broken, or picked instead of the found ending, is never a distractor of its
+//! context, verified or not (`afkit_store::review`).
 //!
 //! Re-annotation refill (SWAG fn. 6, "candidates from A"): the replaced endings are refilled with
 //! endings of the context's pool that the AF run scored and annotators never saw, taken in the

@@ -367,7 +367,13 @@ impl Verifier<'_> {
             self.summary.review_set_aside += set_aside;
             built.distractors.retain(|d| kept.contains(&d.0));
         }
-        // Only reviews leave a question with fewer than three (counted in `build`).
+        // Only reviews leave a question with fewer than three: a found ending's question is
+        // counted in `build`, a generated gold's here.
+        self.summary.generated_gold_too_few_distractors += self
+            .built
+            .iter()
+            .filter(|b| b.distractors.len() < 3 && b.gold_source == "gen-orig")
+            .count();
         self.built.retain(|b| b.distractors.len() >= 3);
         Ok(())
     }

@@ -33,6 +33,11 @@ pub struct Status {
     pub assembled: i64,
     /// The assembly the project holds (its number and AF run).
     pub assembly: Option<super::assemble::AssemblyInfo>,
+    /// Question reviews stored, the review items (questions as reviewers saw them) they
+    /// answer, and the items that still want a review.
+    pub reviews: i64,
+    pub review_items: i64,
+    pub review_items_wanting: i64,
     /// The newest finished AF run.
     pub latest_finished_af_run: Option<i64>,
     /// What the latest export holds.
@@ -67,6 +72,12 @@ impl Store {
             )?,
             assembled: count("SELECT COUNT(*) FROM assembled")?,
             assembly: self.assembly_info()?,
+            reviews: count("SELECT COUNT(*) FROM reviews")?,
+            review_items: count("SELECT COUNT(*) FROM review_items")?,
+            review_items_wanting: count(
+                "SELECT COUNT(*) FROM review_items i
+                 WHERE (SELECT COUNT(*) FROM reviews r WHERE r.item_id = i.id) < i.reviewers",
+            )?,
             latest_finished_af_run: self.latest_finished_af_run()?.map(|r| r.id),
             last_export: self.last_export()?,
             contexts_without_pool: count(
