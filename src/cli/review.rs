@@ -47,7 +47,9 @@ pub enum ReviewCommand {
         /// review's verdicts count.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=20))]
         reviewers: i64,
-        /// Seed of the order in which a new review item shows its endings (recorded with it).
+        /// Seed of the questions' order in the file (a caption's context is often the caption
+        /// before it, which would give that question's answer away) and of the endings' order of
+        /// a question new to review (recorded with it).
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Replace OUT even if afkit did not write it (or it was changed since).
