@@ -39,27 +39,32 @@ def sheet_questions(path):
     return questions
 
 
-def reading(spec):
-    """(context, real ending) -> (frozenset of wrong answers, whether the reader saw a second one)."""
+def af_questions(spec):
+    """The AF questions of a reading PREFIX[:ANSWERS]: for each, (context, real ending, its wrong
+    answers as {letter: text}, the letters of those the reader picked or marked also plausible)."""
     prefix, _, answers = spec.partition(":")
     answers = answers or f"{prefix}.answers.csv"
     key = json.load(open(f"{prefix}.key.json", encoding="utf-8"))
     sheet = sheet_questions(f"{prefix}.sheet.md")
     with open(answers, newline="", encoding="utf-8") as f:
         rows = {int(r["question"]): r for r in csv.DictReader(f)}
-    out = {}
     for q in key["questions"]:
         if q["source"] != "af":
             continue
-        n = q["question"]
-        context, options = sheet[n]
-        row = rows[n]
+        context, options = sheet[q["question"]]
+        row = rows[q["question"]]
         named = set(row["also_plausible"].replace(",", " ").upper().split())
         named |= {row["pick"].strip().upper()}
-        named.discard(q["answer"])
-        wrong = frozenset(t for letter, t in options.items() if letter != q["answer"])
-        out[(context, options[q["answer"]])] = (wrong, bool(named))
-    return out
+        wrong = {letter: t for letter, t in options.items() if letter != q["answer"]}
+        yield context, options[q["answer"]], wrong, named & wrong.keys()
+
+
+def reading(spec):
+    """(context, real ending) -> (frozenset of wrong answers, whether the reader saw a second one)."""
+    return {
+        (context, real): (frozenset(wrong.values()), bool(named))
+        for context, real, wrong, named in af_questions(spec)
+    }
 
 
 def main():

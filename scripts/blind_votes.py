@@ -17,9 +17,7 @@ import sys
 import os
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from blind_paired import sheet_questions  # noqa: E402
-import csv  # noqa: E402
-import json  # noqa: E402
+from blind_paired import af_questions  # noqa: E402
 
 
 def main():
@@ -30,21 +28,8 @@ def main():
     db = sqlite3.connect(f"file:{args.project}?mode=ro", uri=True)
     table = collections.Counter()
     for spec in args.readings:
-        prefix, _, answers = spec.partition(":")
-        answers = answers or f"{prefix}.answers.csv"
-        key = json.load(open(f"{prefix}.key.json", encoding="utf-8"))
-        sheet = sheet_questions(f"{prefix}.sheet.md")
-        with open(answers, newline="", encoding="utf-8") as f:
-            rows = {int(r["question"]): r for r in csv.DictReader(f)}
-        for q in key["questions"]:
-            if q["source"] != "af":
-                continue
-            row = rows[q["question"]]
-            named = set(row["also_plausible"].replace(",", " ").upper().split())
-            named |= {row["pick"].strip().upper()}
-            for letter, text in sheet[q["question"]][1].items():
-                if letter == q["answer"]:
-                    continue
+        for _, _, wrong, named in af_questions(spec):
+            for letter, text in wrong.items():
                 votes = db.execute(
                     "SELECT l.judgement FROM labels l JOIN endings e ON e.id = l.ending_id "
                     "WHERE e.text = ?",

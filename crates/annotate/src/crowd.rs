@@ -40,22 +40,13 @@ pub fn instructions_path(out: &Path) -> PathBuf {
 /// through `output` (never over the project; a temporary file renamed into place), and beside it
 /// the instructions the terminal UI shows, so that crowd workers judge by the same rules.
 pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<Exported> {
-    let output = output.clone().protect_project(store.path());
-    let instructions = instructions_path(out);
-    let mut staged_instructions = output.stage(&instructions)?;
-    std::io::Write::write_all(staged_instructions.file(), INSTRUCTIONS.as_bytes())
-        .with_context(|| format!("cannot write {}", instructions.display()))?;
-    let mut staged = output.stage(out)?;
     let tasks = store.open_tasks(!all)?;
     let fingerprint = store.fingerprint()?;
-    let mut neutralised = 0;
-    {
-        let mut w = csv::Writer::from_writer(staged.file());
-        let mut header: Vec<String> = EXPORT_COLUMNS.iter().map(|s| s.to_string()).collect();
-        header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
-        w.write_record(&header)?;
-        for task in &tasks {
-            let done = task.submitted;
+    let mut header: Vec<String> = EXPORT_COLUMNS.iter().map(|s| s.to_string()).collect();
+    header.extend((1..=ENDINGS_PER_TASK).map(|i| format!("ending_{i}")));
+    let rows: Vec<TaskRow> = tasks
+        .iter()
+        .map(|task| {
             let mut texts = vec![
                 startphrase(&task.sent1, &task.sent2),
                 task.sent1.clone(),
@@ -66,25 +57,63 @@ pub fn export(store: &Store, out: &Path, all: bool, output: &Output) -> Result<E
                     .get(i)
                     .map_or_else(String::new, |e| e.text.clone())
             }));
-            let mut row = vec![
-                item_id(&fingerprint, task.task_id),
-                (task.replicas - done).max(0).to_string(),
-            ];
-            for text in texts {
-                let safe = spreadsheet_safe(&text);
-                neutralised += usize::from(safe.len() != text.len());
-                row.push(safe);
+            TaskRow {
+                plain: vec![
+                    item_id(&fingerprint, task.task_id),
+                    (task.replicas - task.submitted).max(0).to_string(),
+                ],
+                texts,
             }
-            w.write_record(&row)?;
-        }
-        w.flush()?;
-    }
-    output.commit(vec![staged, staged_instructions])?;
+        })
+        .collect();
+    let output = output.clone().protect_project(store.path());
+    let (instructions, neutralised) = write_task_file(&output, out, INSTRUCTIONS, &header, &rows)?;
     Ok(Exported {
         rows: tasks.len(),
         instructions,
         neutralised,
     })
+}
+
+/// One row of a task file: its plain cells (the item id, the answers still wanted), then its
+/// texts, which [`write_task_file`] writes spreadsheet-safe.
+pub(crate) struct TaskRow {
+    pub plain: Vec<String>,
+    pub texts: Vec<String>,
+}
+
+/// Writes the task file `out` (`header`, then `rows`) and `instructions` beside it
+/// ([`instructions_path`]), staged and committed as one unit through `output`; returns the
+/// instructions' path and how many text cells [`spreadsheet_safe`] changed.
+pub(crate) fn write_task_file(
+    output: &Output,
+    out: &Path,
+    instructions: &str,
+    header: &[String],
+    rows: &[TaskRow],
+) -> Result<(PathBuf, usize)> {
+    let instructions_file = instructions_path(out);
+    let mut staged_instructions = output.stage(&instructions_file)?;
+    std::io::Write::write_all(staged_instructions.file(), instructions.as_bytes())
+        .with_context(|| format!("cannot write {}", instructions_file.display()))?;
+    let mut staged = output.stage(out)?;
+    let mut neutralised = 0;
+    {
+        let mut w = csv::Writer::from_writer(staged.file());
+        w.write_record(header)?;
+        for row in rows {
+            let mut cells = row.plain.clone();
+            for text in &row.texts {
+                let safe = spreadsheet_safe(text);
+                neutralised += usize::from(safe.len() != text.len());
+                cells.push(safe);
+            }
+            w.write_record(&cells)?;
+        }
+        w.flush()?;
+    }
+    output.commit(vec![staged, staged_instructions])?;
+    Ok((instructions_file, neutralised))
 }
 
 /// An item's id in a task file: the project's fingerprint and the task's number, so that a
@@ -257,19 +286,7 @@ pub struct CheckedResults {
 /// the item id's fingerprint and the texts the row carries. Writes nothing but the project's
 /// fingerprint, the first time one is needed.
 pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<CheckedResults> {
-    let mut lines = RecordLines::new(bytes);
-    // Flexible: a row with the wrong number of fields is rejected on its own, by line.
-    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(bytes);
-    let header = reader
-        .headers()
-        .map_err(|e| {
-            let line = lines.line_of_position(e.position());
-            anyhow!(
-                "{}:{line}: cannot read the header line: {e}",
-                file.display()
-            )
-        })?
-        .clone();
+    let (header, records) = read_records(file, bytes)?;
     let columns = Columns::new(&header);
     let required: &[&str] = match columns.layout {
         Layout::Afkit => &["worker_id", "item_id"],
@@ -296,13 +313,8 @@ pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<Checked
         valid: Vec::new(),
         rejected: Vec::new(),
     };
-    for record in reader.records() {
-        let row = record.map_err(|e| {
-            let line = lines.line_of_position(e.position());
-            anyhow!("{}:{line}: malformed CSV: {e}", file.display())
-        })?;
-        let line = lines.line_of_position(row.position());
-        rows.check(&row, line)?;
+    for (row, line) in &records {
+        rows.check(row, *line)?;
     }
     Ok(CheckedResults {
         valid: rows.valid,
@@ -310,6 +322,37 @@ pub fn check_results(store: &Store, file: &Path, bytes: &[u8]) -> Result<Checked
         rejected: rows.rejected,
         mturk_layout: columns.layout == Layout::MTurk,
     })
+}
+
+/// The header and every record of a results file, each record with its line. Read flexibly: a
+/// row with the wrong number of fields is the caller's to reject on its own, by line; a file
+/// that is not CSV is an error that names its line.
+pub(crate) fn read_records(
+    file: &Path,
+    bytes: &[u8],
+) -> Result<(csv::StringRecord, Vec<(csv::StringRecord, u64)>)> {
+    let mut lines = RecordLines::new(bytes);
+    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(bytes);
+    let header = reader
+        .headers()
+        .map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!(
+                "{}:{line}: cannot read the header line: {e}",
+                file.display()
+            )
+        })?
+        .clone();
+    let mut records = Vec::new();
+    for record in reader.records() {
+        let row = record.map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            anyhow!("{}:{line}: malformed CSV: {e}", file.display())
+        })?;
+        let line = lines.line_of_position(row.position());
+        records.push((row, line));
+    }
+    Ok((header, records))
 }
 
 /// The state of a check over a file's rows.
@@ -615,15 +658,19 @@ fn timing(
                 .ok_or_else(|| format!("time {v:?} is not a number of seconds"))?,
         ),
     };
-    let submitted_at = match columns.raw(row, "submitted_at") {
-        None => None,
+    Ok((seconds, submitted_at(columns.raw(row, "submitted_at"))?))
+}
+
+/// An optional `submitted_at` cell (RFC 3339 UTC), kept as written once it parses.
+pub(crate) fn submitted_at(cell: Option<&str>) -> std::result::Result<Option<String>, String> {
+    match cell {
+        None => Ok(None),
         Some(v) => {
             super::agreement::parse_timestamp(v)
                 .ok_or_else(|| format!("submitted_at {v:?} is not an RFC 3339 UTC time"))?;
-            Some(v.to_string())
+            Ok(Some(v.to_string()))
         }
-    };
-    Ok((seconds, submitted_at))
+    }
 }
 
 #[cfg(test)]

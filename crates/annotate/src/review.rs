@@ -9,10 +9,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
 
-use afkit_engine::csv_lines::RecordLines;
 use afkit_engine::output::Output;
 use afkit_engine::seed::{Key, Seed};
 use afkit_store::assemble::AssembledExample;
@@ -20,7 +19,7 @@ use afkit_store::dataset::startphrase;
 use afkit_store::review::{Flag, NewReview, ReviewItemView, ReviewTally, OPTIONS};
 use afkit_store::Store;
 
-use super::crowd::{instructions_path, spreadsheet_safe};
+use super::crowd::{read_records, spreadsheet_safe, submitted_at, write_task_file, TaskRow};
 
 /// The letters that name a question's endings, in the order shown.
 pub const LETTERS: [char; OPTIONS] = ['A', 'B', 'C', 'D'];
@@ -72,40 +71,30 @@ pub fn export(
             store.path().display()
         );
     }
-    let output = output.clone().protect_project(store.path());
-    let instructions = instructions_path(out);
-    let mut staged_instructions = output.stage(&instructions)?;
-    std::io::Write::write_all(staged_instructions.file(), INSTRUCTIONS.as_bytes())
-        .with_context(|| format!("cannot write {}", instructions.display()))?;
     let (items, reviewed, not_reviewable) =
         store.write_transaction(|store| wanted_items(store, reviewers, seed))?;
     let fingerprint = store.fingerprint()?;
-    let mut staged = output.stage(out)?;
-    let mut neutralised = 0;
-    {
-        let mut w = csv::Writer::from_writer(staged.file());
-        w.write_record(EXPORT_COLUMNS)?;
-        for view in &items {
-            let mut row = vec![
-                item_id(&fingerprint, view.item.id),
-                (view.item.reviewers - view.item.reviewed).to_string(),
-            ];
+    let header: Vec<String> = EXPORT_COLUMNS.iter().map(|s| s.to_string()).collect();
+    let rows: Vec<TaskRow> = items
+        .iter()
+        .map(|view| {
             let mut texts = vec![
                 startphrase(&view.sent1, &view.sent2),
                 view.sent1.clone(),
                 view.sent2.clone(),
             ];
             texts.extend(view.texts.iter().cloned());
-            for text in texts {
-                let safe = spreadsheet_safe(&text);
-                neutralised += usize::from(safe.len() != text.len());
-                row.push(safe);
+            TaskRow {
+                plain: vec![
+                    item_id(&fingerprint, view.item.id),
+                    (view.item.reviewers - view.item.reviewed).to_string(),
+                ],
+                texts,
             }
-            w.write_record(&row)?;
-        }
-        w.flush()?;
-    }
-    output.commit(vec![staged, staged_instructions])?;
+        })
+        .collect();
+    let output = output.clone().protect_project(store.path());
+    let (instructions, neutralised) = write_task_file(&output, out, INSTRUCTIONS, &header, &rows)?;
     Ok(Exported {
         rows: items.len(),
         reviewed,
@@ -215,18 +204,7 @@ pub fn import(store: &mut Store, file: &Path, strict: bool) -> Result<CheckedRev
 /// `worker_id`, `item_id`, `pick` (a letter A-D), `also_plausible` and `broken` (letters, blank
 /// for none), optionally `submitted_at` and the export's text columns, which must match the item.
 pub fn check_reviews(store: &Store, file: &Path, bytes: &[u8]) -> Result<CheckedReviews> {
-    let mut lines = RecordLines::new(bytes);
-    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(bytes);
-    let header = reader
-        .headers()
-        .map_err(|e| {
-            let line = lines.line_of_position(e.position());
-            anyhow!(
-                "{}:{line}: cannot read the header line: {e}",
-                file.display()
-            )
-        })?
-        .clone();
+    let (header, records) = read_records(file, bytes)?;
     let columns: HashMap<String, usize> = header
         .iter()
         .enumerate()
@@ -251,15 +229,13 @@ pub fn check_reviews(store: &Store, file: &Path, bytes: &[u8]) -> Result<Checked
         valid: Vec::new(),
         rejected: Vec::new(),
     };
-    for record in reader.records() {
-        let row = record.map_err(|e| {
-            let line = lines.line_of_position(e.position());
-            anyhow!("{}:{line}: malformed CSV: {e}", file.display())
-        })?;
-        let line = lines.line_of_position(row.position());
-        match rows.parse(&row) {
-            Ok(review) => rows.admit(review, line)?,
-            Err(reason) => rows.rejected.push(Rejected { line, reason }),
+    for (row, line) in &records {
+        match rows.parse(row) {
+            Ok(review) => rows.admit(review, *line)?,
+            Err(reason) => rows.rejected.push(Rejected {
+                line: *line,
+                reason,
+            }),
         }
     }
     Ok(CheckedReviews {
@@ -324,14 +300,8 @@ impl RowChecks<'_> {
                 }
             }
         }
-        let submitted_at = match self.field(row, "submitted_at") {
-            "" => None,
-            v => {
-                super::agreement::parse_timestamp(v)
-                    .ok_or_else(|| format!("submitted_at {v:?} is not an RFC 3339 UTC time"))?;
-                Some(v.to_string())
-            }
-        };
+        let cell = Some(self.field(row, "submitted_at")).filter(|v| !v.is_empty());
+        let submitted_at = submitted_at(cell)?;
         Ok(NewReview {
             item_id: item.item.id,
             reviewer: reviewer.to_string(),

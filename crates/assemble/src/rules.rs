@@ -268,6 +268,11 @@ pub(crate) fn hardest_first(
     v.into_iter().map(|(e, _)| e).collect()
 }
 
+/// Whether a question review set `ending` aside (`vetoed`: its context's vetoes, if any).
+pub(crate) fn is_vetoed(vetoed: Option<&HashSet<i64>>, ending: i64) -> bool {
+    vetoed.is_some_and(|v| v.contains(&ending))
+}
+
 /// `candidates` without those a question review set aside (`vetoed`: named plausible or broken,
 /// or picked over the found ending), and how many those were: a review's verdict stands over
 /// the annotators' labels.
@@ -278,7 +283,7 @@ pub(crate) fn without_vetoed(
     let kept: Vec<i64> = candidates
         .iter()
         .copied()
-        .filter(|e| !vetoed.is_some_and(|v| v.contains(e)))
+        .filter(|&e| !is_vetoed(vetoed, e))
         .collect();
     let set_aside = candidates.len() - kept.len();
     (kept, set_aside)

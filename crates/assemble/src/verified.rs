@@ -343,7 +343,7 @@ impl Verifier<'_> {
         let vetoed = self.inputs.vetoes.get(&example_id);
         candidates
             .iter()
-            .filter(|d| !vetoed.is_some_and(|v| v.contains(&d.0)))
+            .filter(|d| !rules::is_vetoed(vetoed, d.0))
             .count()
     }
 

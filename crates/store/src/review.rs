@@ -222,49 +222,25 @@ impl Store {
         Ok(vetoes)
     }
 
-    /// (context, ending, reason) of every vetoed ending, the first reason of picked, plausible,
-    /// broken.
-    fn vetoed_endings(&self) -> Result<Vec<(i64, i64, &'static str)>> {
+    /// (context, ending, reason) of every vetoed ending, in that order: the first reason of
+    /// picked (0), named plausible (1), named broken (2).
+    fn vetoed_endings(&self) -> Result<Vec<(i64, i64, i64)>> {
         let mut stmt = self.conn.prepare(
-            "SELECT i.example_id, r.pick, 'picked' FROM reviews r
-               JOIN review_items i ON i.id = r.item_id
-               JOIN endings e ON e.id = r.pick
+            "SELECT v.example_id, v.ending_id, MIN(v.reason) FROM (
+               SELECT i.example_id, r.pick AS ending_id, 0 AS reason FROM reviews r
+                 JOIN review_items i ON i.id = r.item_id
+               UNION ALL
+               SELECT i.example_id, f.ending_id, CASE f.flag WHEN 'plausible' THEN 1 ELSE 2 END
+                 FROM review_flags f
+                 JOIN reviews r ON r.id = f.review_id
+                 JOIN review_items i ON i.id = r.item_id) v
+             JOIN endings e ON e.id = v.ending_id
              WHERE e.is_gold = 0
-             UNION ALL
-             SELECT i.example_id, f.ending_id, f.flag FROM review_flags f
-               JOIN reviews r ON r.id = f.review_id
-               JOIN review_items i ON i.id = r.item_id
-               JOIN endings e ON e.id = f.ending_id
-             WHERE e.is_gold = 0",
+             GROUP BY v.example_id, v.ending_id
+             ORDER BY v.example_id, v.ending_id",
         )?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        })?;
-        let mut first: HashMap<(i64, i64), &'static str> = HashMap::new();
-        for row in rows {
-            let (example, ending, reason) = row?;
-            let reason = match reason.as_str() {
-                "picked" => "picked",
-                "plausible" => "plausible",
-                _ => "broken",
-            };
-            let rank = |r: &str| {
-                ["picked", "plausible", "broken"]
-                    .iter()
-                    .position(|x| *x == r)
-            };
-            let slot = first.entry((example, ending)).or_insert(reason);
-            if rank(reason) < rank(slot) {
-                *slot = reason;
-            }
-        }
-        let mut out: Vec<_> = first.into_iter().map(|((x, e), r)| (x, e, r)).collect();
-        out.sort_unstable();
-        Ok(out)
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Counts of the stored review items, reviews and vetoes.
@@ -286,8 +262,8 @@ impl Store {
         };
         for (_, _, reason) in self.vetoed_endings()? {
             match reason {
-                "picked" => tally.vetoed_picked += 1,
-                "plausible" => tally.vetoed_plausible += 1,
+                0 => tally.vetoed_picked += 1,
+                1 => tally.vetoed_plausible += 1,
                 _ => tally.vetoed_broken += 1,
             }
         }
