@@ -608,6 +608,99 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
     );
 }
 
+/// Records a review of each of `contexts`' first three assigned negatives in AF run 1: the
+/// reviewer picks the first over the found ending, names the second plausible and the third
+/// broken. Returns the vetoed endings.
+fn veto_three_each(project: &Path, contexts: &[i64]) -> HashSet<i64> {
+    let assignment = Store::open(project).unwrap().af_assignment(1).unwrap();
+    let conn = Connection::open(project).unwrap();
+    let mut vetoed = HashSet::new();
+    for example in contexts {
+        let gold: i64 = conn
+            .query_row(
+                "SELECT id FROM endings WHERE example_id = ?1 AND is_gold = 1",
+                [example],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let [picked, plausible, broken] = assignment[example][..3] else {
+            panic!("k is at least 3")
+        };
+        conn.execute(
+            "INSERT INTO review_items (example_id, ending_a, ending_b, ending_c, ending_d,
+               reviewers, created_at) VALUES (?1, ?2, ?3, ?4, ?5, 1, 'now')",
+            params![example, gold, picked, plausible, broken],
+        )
+        .unwrap();
+        let item = conn.last_insert_rowid();
+        conn.execute(
+            "INSERT INTO reviews (item_id, reviewer, pick, submitted_at) VALUES (?1, 'r', ?2, 'now')",
+            params![item, picked],
+        )
+        .unwrap();
+        let review = conn.last_insert_rowid();
+        for (ending, flag) in [(plausible, "plausible"), (broken, "broken")] {
+            conn.execute(
+                "INSERT INTO review_flags (review_id, ending_id, flag) VALUES (?1, ?2, ?3)",
+                params![review, ending, flag],
+            )
+            .unwrap();
+        }
+        vetoed.extend([picked, plausible, broken]);
+    }
+    vetoed
+}
+
+/// Endings a review vetoed (picked over the found ending, named plausible or broken) leave the
+/// pools: the next `filter` says so, starts a new run, and that run neither assigns nor scores
+/// them; a filter after it has nothing to do.
+#[test]
+fn endings_reviews_vetoed_leave_the_pools_of_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PoolSpec {
+        contexts: 60,
+        candidates: 8,
+        clean: 5,
+        seed: Seed::new(23),
+    };
+    let project = build_project(dir.path(), "reviewed.sqlite", spec);
+    let flags = [
+        "--k",
+        "4",
+        "--mlp-iterations",
+        "2",
+        "--ensemble-iterations",
+        "0",
+    ];
+    run_ok(command().args(filter_args(&project, &flags)));
+    let reviewed: Vec<i64> = run_state(&project)
+        .assignment
+        .keys()
+        .take(3)
+        .copied()
+        .collect();
+    let vetoed = veto_three_each(&project, &reviewed);
+    let out = run_ok(command().args(filter_args(&project, &flags)));
+    assert!(
+        out.contains("9 pool endings that reviews vetoed are left out"),
+        "{out}"
+    );
+    assert!(out.contains("starting a new run"), "{out}");
+    assert_eq!(latest_run_params(&project)["n_set_aside_by_review"], 9);
+    let state = run_state(&project);
+    assert!(state.finished);
+    assert_eq!(state.assignment.len(), spec.contexts, "no context lost");
+    let assigned: HashSet<i64> = state.assignment.values().flatten().copied().collect();
+    assert!(assigned.is_disjoint(&vetoed));
+    assert!(vetoed.iter().all(|e| !state.scores.contains_key(e)));
+    assert_eq!(
+        state.scores.len(),
+        spec.contexts * (spec.candidates + 1) - vetoed.len()
+    );
+    let again = run_ok(command().args(filter_args(&project, &flags)));
+    assert!(again.contains("nothing to do"), "{again}");
+}
+
 /// `--hold-out group` keeps a video's contexts together: all of them in one fold of the final
 /// pass. The run records the choice and `--replace-with`; a run with the defaults records
 /// neither, so runs made before the choices existed keep their settings.

@@ -128,6 +128,75 @@ fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again
     assert!(shown.contains(found) && kept[..3].iter().all(|d| shown.contains(d)));
 }
 
+/// Stores one review of a question of `found`'s context showing `found` and `wrong`: the
+/// reviewer picks the found ending and names `plausible` (if any) plausible.
+fn review_of(p: &Project, found: i64, wrong: [i64; 3], plausible: Option<i64>) {
+    p.conn
+        .execute(
+            "INSERT INTO review_items (example_id, ending_a, ending_b, ending_c, ending_d,
+               reviewers, created_at)
+             SELECT example_id, ?1, ?2, ?3, ?4, 1, 'now' FROM endings WHERE id = ?1",
+            [found, wrong[0], wrong[1], wrong[2]],
+        )
+        .unwrap();
+    let item = p.conn.last_insert_rowid();
+    p.conn
+        .execute(
+            "INSERT INTO reviews (item_id, reviewer, pick, submitted_at) VALUES (?1, 'r', ?2, 'now')",
+            [item, found],
+        )
+        .unwrap();
+    if let Some(ending) = plausible {
+        let review = p.conn.last_insert_rowid();
+        p.conn
+            .execute(
+                "INSERT INTO review_flags (review_id, ending_id, flag) VALUES (?1, ?2, 'plausible')",
+                [review, ending],
+            )
+            .unwrap();
+    }
+}
+
+/// A verdict is on one ending of one context: assembly takes the candidates that passed review
+/// (in any question of the context) before those no one has read, and a question made only of
+/// such candidates does not go out for review again.
+#[test]
+fn candidates_that_passed_review_come_first_and_need_no_new_review() {
+    let p = unverified_project(10);
+    let (_, found, _, shown) = p.assembled().swap_remove(0);
+    let assigned: Vec<i64> = p
+        .conn
+        .prepare("SELECT ending_id FROM af_assignments a JOIN endings e ON e.id = a.ending_id WHERE e.example_id = (SELECT example_id FROM endings WHERE id = ?1) ORDER BY slot")
+        .unwrap()
+        .query_map([found], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let unseen: Vec<i64> = assigned
+        .into_iter()
+        .filter(|e| !shown.contains(e))
+        .collect();
+    assert!(unseen.len() >= 3, "{unseen:?}");
+    review_of(&p, found, [shown[0], shown[1], shown[2]], Some(shown[0]));
+    review_of(&p, found, [unseen[0], unseen[1], unseen[2]], None);
+
+    let s = p.assemble(&["--unverified", "--seed", "1"]);
+    assert_eq!(s["review_set_aside"], 1);
+    let (_, _, _, now) = p.assembled().swap_remove(0);
+    let passed = [shown[1], shown[2], unseen[0], unseen[1], unseen[2]];
+    assert!(
+        now[..4].iter().all(|d| passed.contains(d)),
+        "the never-read {} waits behind five that passed: {now:?}",
+        shown[3]
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.csv");
+    let printed = ok(&["crowd", "review-export", p.p(), "--out", arg(&out)]);
+    assert!(printed.contains("wrote 19 questions"), "{printed}");
+    assert!(printed.contains("1 reviewed already"), "{printed}");
+}
+
 #[test]
 fn a_second_reviewer_can_be_asked_for_after_the_first() {
     let dir = tempfile::tempdir().unwrap();

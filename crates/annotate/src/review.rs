@@ -1,9 +1,11 @@
 //! Question review round trip: the assembled questions out as CSV, one row per question as a test
 //! taker sees it, the reviewers' verdicts back in (see [`afkit_store::review`] for what they do).
 //!
-//! A question goes out while no review item with its four endings has all the reviews it wants:
-//! after assembly has replaced a distractor a review set aside, the changed question is a new
-//! item and goes out again. Result rows are validated like crowd results; the valid ones are
+//! A question goes out while one of its distractors has passed fewer reviews of its context
+//! than asked for, and no review item with its four endings has all the reviews it wants: after
+//! assembly has replaced a distractor a review set aside with one no review has seen, the
+//! changed question is a new item and goes out again; a question made of distractors that each
+//! passed review in other questions of its context does not. Result rows are validated like crowd results; the valid ones are
 //! imported in one transaction, the others reported by line.
 
 use std::collections::HashMap;
@@ -112,11 +114,18 @@ fn wanted_items(
     seed: Seed,
 ) -> Result<(Vec<ReviewItemView>, usize, usize)> {
     let (mut items, mut reviewed, mut not_reviewable) = (Vec::new(), 0, 0);
+    let passed = store.review_passed()?;
     for question in store.assembled_examples()? {
         let Some(shown) = shown_endings(&question) else {
             not_reviewable += 1;
             continue;
         };
+        let passed = passed.get(&question.example_id);
+        let reviews_passed = |e: &i64| passed.and_then(|p| p.get(e)).copied().unwrap_or(0);
+        if shown[1..].iter().all(|e| reviews_passed(e) >= reviewers) {
+            reviewed += 1;
+            continue;
+        }
         let earlier = store.review_items_of(question.example_id)?;
         let id = match earlier.iter().find(|item| item.shows(&shown)) {
             Some(item) if item.reviewed >= item.reviewers.max(reviewers) => {

@@ -210,10 +210,12 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
         summary.matched_on = matching.axes();
     }
     let mut built = if unverified {
+        let passed = store.review_passed()?;
         let guard = Guard {
             store,
             policy: could_be_right,
             vetoes: &vetoes,
+            passed: &passed,
         };
         assemble_unverified(&examples, &run_data, &order, &guard, &mut summary)?
     } else {
@@ -326,14 +328,18 @@ struct Guard<'a> {
     policy: CouldBeRight,
     /// The candidates reviews set aside, by context.
     vetoes: &'a HashMap<i64, HashSet<i64>>,
+    /// The candidates that passed review, by context (with the number of reviews).
+    passed: &'a HashMap<i64, HashMap<i64, i64>>,
 }
 
 impl Guard<'_> {
     /// The context's candidates in the order they become distractors, each part in `order`'s
-    /// order: those above the run's fluency floor before those under it, and with `Avoid` or
+    /// order: those that passed a review first (a person read them as wrong answers of this
+    /// context, which outweighs any rule below, and a question of them needs no new review);
+    /// then those above the run's fluency floor before those under it, and with `Avoid` or
     /// `LeaveOut` those that could not be right before all that could (a second right answer
-    /// is worse than a clumsy wrong one); and whether one that could be right is among the
-    /// three a question shows.
+    /// is worse than a clumsy wrong one); and whether one that could be right, and passed no
+    /// review, is among the three a question shows.
     fn order(
         &self,
         order: &DistractorOrder,
@@ -348,13 +354,25 @@ impl Guard<'_> {
             .values()
             .filter(|j| j.verdict == afkit_store::risk::Verdict::Unjudged)
             .count();
-        let risky = |e: &i64| judged[e].could_be_right();
+        let passed = |e: &i64| {
+            self.passed
+                .get(&example.id)
+                .is_some_and(|p| p.contains_key(e))
+        };
+        let risky = |e: &i64| judged[e].could_be_right() && !passed(e);
         let under_floor = |e: &i64| run.refused.contains(e);
         let avoid = self.policy != CouldBeRight::Flag;
-        let tier = |e: &i64| 2 * usize::from(avoid && risky(e)) + usize::from(under_floor(e));
+        let tier = |e: &i64| {
+            if passed(e) {
+                0
+            } else {
+                1 + 2 * usize::from(avoid && risky(e)) + usize::from(under_floor(e))
+            }
+        };
         let none = HashMap::new();
         let mut chosen = Vec::with_capacity(candidates.len());
         for (level, draw) in [
+            "passed a review",
             "distractors",
             "under the floor",
             "could be right",

@@ -110,6 +110,9 @@ pub(crate) struct Dataset {
     pub scorer_features: usize,
     /// Contexts with a complete pool left out for having fewer than k candidates.
     pub excluded: usize,
+    /// Pool endings left out because a review of an assembled question vetoed them: picked
+    /// over the found ending, or named plausible or broken.
+    pub set_aside_by_review: usize,
     /// Whether the MLP reads the generator's ending-alone inputs ([`AloneInputs`]).
     pub alone_inputs: AloneInputs,
     /// Whether some scorer's readings alone (stored by an earlier afkit) were left out because
@@ -118,7 +121,9 @@ pub(crate) struct Dataset {
 }
 
 impl Dataset {
-    /// Streams every complete pool with at least `k` candidates from the project, tokenising
+    /// Streams every complete pool with at least `k` candidates from the project, less the
+    /// endings reviews vetoed (a person called them a right answer, or broken: AF must not make
+    /// them wrong answers, nor train its models on them as such), tokenising
     /// (and, `with_text`, tagging) a chunk of contexts at a time in parallel, then builds both
     /// vocabularies and standardises the LM features.
     ///
@@ -136,7 +141,13 @@ impl Dataset {
         let mut builder = Builder::new(*cfg, with_text, scorers);
         let mut chunk: Vec<PoolContext> = Vec::with_capacity(CHUNK_CONTEXTS);
         let sentence_model = builder.reads_sentence_vectors().then_some(ENCODER);
-        store.for_each_pool_context(sentence_model, scorers, |context| {
+        let vetoes = store.review_vetoes()?;
+        store.for_each_pool_context(sentence_model, scorers, |mut context| {
+            if let Some(vetoed) = vetoes.get(&context.example_id) {
+                let before = context.candidates.len();
+                context.candidates.retain(|e| !vetoed.contains(&e.id));
+                builder.set_aside_by_review += before - context.candidates.len();
+            }
             if context.candidates.len() < k {
                 builder.excluded += 1;
                 return Ok(());
@@ -185,6 +196,7 @@ struct Builder {
     last_context: Vec<usize>,
     contexts: Vec<EncodedContext>,
     excluded: usize,
+    set_aside_by_review: usize,
 }
 
 /// One option after tokenising: words of the ending (after the cut at `max_tokens`), its
@@ -258,6 +270,7 @@ impl Builder {
             last_context: Vec::new(),
             contexts: Vec::new(),
             excluded: 0,
+            set_aside_by_review: 0,
         }
     }
 
@@ -430,6 +443,7 @@ impl Builder {
             sentence_dim: self.sentence_dim,
             scorer_features: SCORER_FEATURES * self.scorers.len(),
             excluded: self.excluded,
+            set_aside_by_review: self.set_aside_by_review,
             alone_inputs,
             scorer_alone_dropped,
         }

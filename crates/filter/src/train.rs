@@ -392,6 +392,7 @@ mod tests {
             sentence_dim: 8,
             scorer_features: 0,
             excluded: 0,
+            set_aside_by_review: 0,
             alone_inputs: crate::data::AloneInputs::All,
             scorer_alone_dropped: false,
         }

@@ -222,6 +222,30 @@ impl Store {
         Ok(vetoes)
     }
 
+    /// The endings that passed review, by context, each with the number of reviews it passed:
+    /// shown as a wrong answer in reviewed questions of that context and never vetoed (see
+    /// [`Store::review_vetoes`]). A verdict is on one ending of one context, so an ending that
+    /// passed needs no review again when assembly shows it beside other distractors.
+    pub fn review_passed(&self) -> Result<HashMap<i64, HashMap<i64, i64>>> {
+        let vetoes = self.review_vetoes()?;
+        let mut stmt = self.conn.prepare(
+            "SELECT i.example_id, e.id, COUNT(*) FROM review_items i
+               JOIN reviews r ON r.item_id = i.id
+               JOIN endings e ON e.id IN (i.ending_a, i.ending_b, i.ending_c, i.ending_d)
+             WHERE e.is_gold = 0
+             GROUP BY i.example_id, e.id",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        let mut passed: HashMap<i64, HashMap<i64, i64>> = HashMap::new();
+        for row in rows {
+            let (example, ending, reviews): (i64, i64, i64) = row?;
+            if !vetoes.get(&example).is_some_and(|v| v.contains(&ending)) {
+                passed.entry(example).or_default().insert(ending, reviews);
+            }
+        }
+        Ok(passed)
+    }
+
     /// (context, ending, reason) of every vetoed ending, in that order: the first reason of
     /// picked (0), named plausible (1), named broken (2).
     fn vetoed_endings(&self) -> Result<Vec<(i64, i64, i64)>> {

@@ -196,6 +196,14 @@ pub(crate) struct RunParams {
     pub config: Config,
     pub n_contexts: usize,
     pub n_excluded: usize,
+    /// Pool endings left out because reviews vetoed them (absent when none: runs before
+    /// reviews existed match).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub n_set_aside_by_review: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl RunParams {
@@ -204,6 +212,7 @@ impl RunParams {
             config: config.clone(),
             n_contexts: data.contexts.len(),
             n_excluded: data.excluded,
+            n_set_aside_by_review: data.set_aside_by_review,
         }
     }
 }

@@ -213,6 +213,12 @@ fn load_pools(
     let keys: Vec<String> = config.scorers.iter().map(|s| s.sha256.clone()).collect();
     let data = Dataset::load(store, config.k, &config.encode, with_text, &keys)?;
     timings.reading = started.elapsed().as_secs_f64();
+    if data.set_aside_by_review > 0 {
+        observer.note(&format!(
+            "{} pool endings that reviews vetoed are left out",
+            data.set_aside_by_review
+        ));
+    }
     if data.excluded > 0 {
         let (has, is) = if data.excluded == 1 {
             ("context has", "is")

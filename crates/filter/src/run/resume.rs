@@ -95,8 +95,8 @@ fn judge_latest(
             }
             (Some(_), false, false) => {
                 observer.note(&format!(
-                "the pools changed since AF run {} (contexts or endings were added or replaced); \
-                 starting a new run",
+                "the pools changed since AF run {} (contexts or endings were added or replaced, or \
+                 reviews vetoed endings); starting a new run",
                 run.id
             ));
                 Latest::Replace
