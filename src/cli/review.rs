@@ -154,7 +154,8 @@ fn print_tally(t: &ReviewTally) {
     );
     println!(
         "  endings set aside as distractors: {} picked over the real ending, {} also plausible, \
-         {} broken (run `afkit assemble` to replace them)",
+         {} broken (to replace them: `afkit filter`, which leaves them out of a new AF run, then \
+         `afkit assemble`)",
         t.vetoed_picked, t.vetoed_plausible, t.vetoed_broken
     );
     if t.found_broken > 0 {
