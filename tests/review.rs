@@ -129,8 +129,8 @@ fn a_flagged_distractor_is_replaced_and_only_the_changed_question_goes_out_again
 }
 
 /// Stores one review of a question of `found`'s context showing `found` and `wrong`: the
-/// reviewer picks the found ending and names `plausible` (if any) plausible.
-fn review_of(p: &Project, found: i64, wrong: [i64; 3], plausible: Option<i64>) {
+/// reviewer picks the found ending and names each of `flags` (ending, `plausible` or `broken`).
+fn review_of(p: &Project, found: i64, wrong: [i64; 3], flags: &[(i64, &str)]) {
     p.conn
         .execute(
             "INSERT INTO review_items (example_id, ending_a, ending_b, ending_c, ending_d,
@@ -146,22 +146,22 @@ fn review_of(p: &Project, found: i64, wrong: [i64; 3], plausible: Option<i64>) {
             [item, found],
         )
         .unwrap();
-    if let Some(ending) = plausible {
-        let review = p.conn.last_insert_rowid();
+    let review = p.conn.last_insert_rowid();
+    for (ending, flag) in flags {
         p.conn
             .execute(
-                "INSERT INTO review_flags (review_id, ending_id, flag) VALUES (?1, ?2, 'plausible')",
-                [review, ending],
+                "INSERT INTO review_flags (review_id, ending_id, flag) VALUES (?1, ?2, ?3)",
+                rusqlite::params![review, ending, flag],
             )
             .unwrap();
     }
 }
 
-/// A verdict is on one ending of one context: assembly takes the candidates that passed review
-/// (in any question of the context) before those no one has read, and a question made only of
-/// such candidates does not go out for review again.
+/// A verdict is on one ending of one context: a question made only of candidates that passed
+/// review in other questions of its context does not go out for review again, and the export
+/// does not flag it as could-be-right whatever the language model says of its distractors.
 #[test]
-fn candidates_that_passed_review_come_first_and_need_no_new_review() {
+fn a_question_of_endings_that_passed_review_needs_no_new_review() {
     let p = unverified_project(10);
     let (_, found, _, shown) = p.assembled().swap_remove(0);
     let assigned: Vec<i64> = p
@@ -176,25 +176,62 @@ fn candidates_that_passed_review_come_first_and_need_no_new_review() {
         .into_iter()
         .filter(|e| !shown.contains(e))
         .collect();
-    assert!(unseen.len() >= 3, "{unseen:?}");
-    review_of(&p, found, [shown[0], shown[1], shown[2]], Some(shown[0]));
-    review_of(&p, found, [unseen[0], unseen[1], unseen[2]], None);
+    assert_eq!(unseen.len(), 4, "{unseen:?}");
+    // Five candidates pass (shown 1 and 2, unseen 0 to 2), three are set aside.
+    review_of(
+        &p,
+        found,
+        [shown[0], shown[1], shown[2]],
+        &[(shown[0], "plausible")],
+    );
+    review_of(&p, found, [unseen[0], unseen[1], unseen[2]], &[]);
+    review_of(
+        &p,
+        found,
+        [shown[3], unseen[3], shown[1]],
+        &[(shown[3], "broken"), (unseen[3], "broken")],
+    );
 
     let s = p.assemble(&["--unverified", "--seed", "1"]);
-    assert_eq!(s["review_set_aside"], 1);
+    assert_eq!(s["review_set_aside"], 3);
     let (_, _, _, now) = p.assembled().swap_remove(0);
     let passed = [shown[1], shown[2], unseen[0], unseen[1], unseen[2]];
-    assert!(
-        now[..4].iter().all(|d| passed.contains(d)),
-        "the never-read {} waits behind five that passed: {now:?}",
-        shown[3]
-    );
+    assert!(now[..3].iter().all(|d| passed.contains(d)), "{now:?}");
 
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("r.csv");
     let printed = ok(&["crowd", "review-export", p.p(), "--out", arg(&out)]);
     assert!(printed.contains("wrote 19 questions"), "{printed}");
     assert!(printed.contains("1 reviewed already"), "{printed}");
+
+    // A person's verdict outweighs the machine's: with every candidate as likely as its found
+    // ending, the export flags each question as could-be-right but the reviewed one.
+    p.conn
+        .execute("UPDATE endings SET lp_cond = -1.0 WHERE is_gold = 0", [])
+        .unwrap();
+    let export = dir.path().join("export");
+    ok(&["export", p.p(), "--out", arg(&export), "--with-test-labels"]);
+    let reviewed: String = p
+        .conn
+        .query_row(
+            "SELECT x.ext_id FROM examples x JOIN endings e ON e.example_id = x.id WHERE e.id = ?1",
+            [found],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let mut unflagged = Vec::new();
+    for split in ["train", "val", "test"] {
+        let Ok(text) = std::fs::read_to_string(export.join(format!("jsonl/{split}.jsonl"))) else {
+            continue;
+        };
+        for line in text.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            if !row["could_be_right"].as_bool().unwrap() {
+                unflagged.push(row["id"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    assert_eq!(unflagged, vec![reviewed]);
 }
 
 #[test]

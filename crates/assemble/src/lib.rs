@@ -334,12 +334,11 @@ struct Guard<'a> {
 
 impl Guard<'_> {
     /// The context's candidates in the order they become distractors, each part in `order`'s
-    /// order: those that passed a review first (a person read them as wrong answers of this
-    /// context, which outweighs any rule below, and a question of them needs no new review);
-    /// then those above the run's fluency floor before those under it, and with `Avoid` or
+    /// order: those above the run's fluency floor before those under it, and with `Avoid` or
     /// `LeaveOut` those that could not be right before all that could (a second right answer
-    /// is worse than a clumsy wrong one); and whether one that could be right, and passed no
-    /// review, is among the three a question shows.
+    /// is worse than a clumsy wrong one; a candidate that passed a review is not one, since a
+    /// person read it as a wrong answer of this context); and whether one that could be right
+    /// is among the three a question shows.
     fn order(
         &self,
         order: &DistractorOrder,
@@ -362,17 +361,10 @@ impl Guard<'_> {
         let risky = |e: &i64| judged[e].could_be_right() && !passed(e);
         let under_floor = |e: &i64| run.refused.contains(e);
         let avoid = self.policy != CouldBeRight::Flag;
-        let tier = |e: &i64| {
-            if passed(e) {
-                0
-            } else {
-                1 + 2 * usize::from(avoid && risky(e)) + usize::from(under_floor(e))
-            }
-        };
+        let tier = |e: &i64| 2 * usize::from(avoid && risky(e)) + usize::from(under_floor(e));
         let none = HashMap::new();
         let mut chosen = Vec::with_capacity(candidates.len());
         for (level, draw) in [
-            "passed a review",
             "distractors",
             "under the floor",
             "could be right",

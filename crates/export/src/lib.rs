@@ -19,7 +19,7 @@ mod layout;
 mod options;
 mod rows;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -103,8 +103,9 @@ pub fn run(store: &mut Store, config: &Config, observer: &mut dyn Observer) -> R
     let assembly = store.assembly_info()?;
     warn_if_a_newer_af_run(store, assembly, observer)?;
     let mut rows = rows::build(&examples, options.seed);
+    let passed = store.review_passed()?;
     for (row, ex) in rows.iter_mut().zip(&examples) {
-        row.could_be_right = could_be_right(store, ex)?;
+        row.could_be_right = could_be_right(store, ex, passed.get(&ex.example_id))?;
     }
     let layout = Layout::new(options.with_test_labels)
         .with_present(|split| rows.iter().any(|r| r.split == split));
@@ -224,12 +225,24 @@ fn examples_to_export(
 
 /// Whether a question could have a second right answer: an unverified one (or any with random
 /// negatives, which no annotator saw) with a shown distractor that could be right
-/// (`afkit_store::risk`). Verified questions never: annotators labelled their distractors.
-fn could_be_right(store: &Store, ex: &AssembledExample) -> Result<bool> {
+/// (`afkit_store::risk`) and that no review of its context passed (`passed`). Verified questions
+/// never: annotators labelled their distractors.
+fn could_be_right(
+    store: &Store,
+    ex: &AssembledExample,
+    passed: Option<&HashMap<i64, i64>>,
+) -> Result<bool> {
     if ex.verified && ex.distractors.iter().all(|d| d.2.is_some()) {
         return Ok(false);
     }
-    let shown: Vec<i64> = ex.distractors.iter().take(3).map(|d| d.0).collect();
+    let read_by_a_person = |e: &i64| passed.is_some_and(|p| p.contains_key(e));
+    let shown: Vec<i64> = ex
+        .distractors
+        .iter()
+        .take(3)
+        .map(|d| d.0)
+        .filter(|e| !read_by_a_person(e))
+        .collect();
     afkit_store::risk::question_could_be_right(store, ex.found_ending_id, &shown)
 }
 
