@@ -5,8 +5,8 @@
 //! than asked for, and no review item with its four endings has all the reviews it wants: after
 //! assembly has replaced a distractor a review set aside with one no review has seen, the
 //! changed question is a new item and goes out again; a question made of distractors that each
-//! passed review in other questions of its context does not. Result rows are validated like crowd results; the valid ones are
-//! imported in one transaction, the others reported by line.
+//! passed review in other questions of its context does not. Result rows are validated like
+//! crowd results; the valid ones are imported in one transaction, the others reported by line.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
