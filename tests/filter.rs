@@ -227,6 +227,17 @@ const SMALL: [&str; 8] = [
     "16",
 ];
 
+/// A quick MLP-only run (k = 4, two iterations): for tests of what a run records, not of
+/// what it finds.
+const MLP_ONLY: [&str; 6] = [
+    "--k",
+    "4",
+    "--mlp-iterations",
+    "2",
+    "--ensemble-iterations",
+    "0",
+];
+
 fn filter_args(project: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["filter".to_string(), project.display().to_string()];
     args.extend(SMALL.iter().map(|s| s.to_string()));
@@ -572,17 +583,7 @@ fn mlp_only_run_scores_every_pool_ending_with_the_mlp() {
         seed: Seed::new(21),
     };
     let project = build_project(dir.path(), "mlp.sqlite", spec);
-    let out = run_ok(command().args(filter_args(
-        &project,
-        &[
-            "--k",
-            "4",
-            "--mlp-iterations",
-            "2",
-            "--ensemble-iterations",
-            "0",
-        ],
-    )));
+    let out = run_ok(command().args(filter_args(&project, &MLP_ONLY)));
     assert!(
         out.contains("final cross-fitted pass (5 folds, mlp)"),
         "{out}"
@@ -664,14 +665,7 @@ fn endings_reviews_vetoed_leave_the_pools_of_the_next_run() {
         seed: Seed::new(23),
     };
     let project = build_project(dir.path(), "reviewed.sqlite", spec);
-    let flags = [
-        "--k",
-        "4",
-        "--mlp-iterations",
-        "2",
-        "--ensemble-iterations",
-        "0",
-    ];
+    let flags = MLP_ONLY;
     run_ok(command().args(filter_args(&project, &flags)));
     let reviewed: Vec<i64> = run_state(&project)
         .assignment
@@ -714,14 +708,7 @@ fn hold_out_group_keeps_every_video_in_one_fold_and_is_recorded() {
         seed: Seed::new(5),
     };
     let project = build_project(dir.path(), "groups.sqlite", spec);
-    let flags = [
-        "--k",
-        "4",
-        "--mlp-iterations",
-        "2",
-        "--ensemble-iterations",
-        "0",
-    ];
+    let flags = MLP_ONLY;
     run_ok(command().args(filter_args(&project, &flags)));
     let defaults = latest_run_params(&project);
     assert!(defaults.get("hold_out").is_none() && defaults.get("replacement").is_none());

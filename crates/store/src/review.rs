@@ -112,6 +112,17 @@ fn item_row(r: &rusqlite::Row) -> rusqlite::Result<ReviewItem> {
     })
 }
 
+/// Every verdict that sets an ending aside, one row each (`example_id`, `ending_id`, `reason`:
+/// 0 picked over the ending shown as the real one, 1 named plausible, 2 named broken); the
+/// real endings among them are the callers' to leave out.
+const VETOES: &str = "SELECT i.example_id, r.pick AS ending_id, 0 AS reason FROM reviews r
+       JOIN review_items i ON i.id = r.item_id
+     UNION ALL
+     SELECT i.example_id, f.ending_id, CASE f.flag WHEN 'plausible' THEN 1 ELSE 2 END
+       FROM review_flags f
+       JOIN reviews r ON r.id = f.review_id
+       JOIN review_items i ON i.id = r.item_id";
+
 impl Store {
     /// Every review item of a context, the oldest first.
     pub fn review_items_of(&self, example_id: i64) -> Result<Vec<ReviewItem>> {
@@ -227,21 +238,18 @@ impl Store {
     /// [`Store::review_vetoes`]). A verdict is on one ending of one context, so an ending that
     /// passed needs no review again when assembly shows it beside other distractors.
     pub fn review_passed(&self) -> Result<HashMap<i64, HashMap<i64, i64>>> {
-        let vetoes = self.review_vetoes()?;
-        let mut stmt = self.conn.prepare(
+        let mut stmt = self.conn.prepare(&format!(
             "SELECT i.example_id, e.id, COUNT(*) FROM review_items i
                JOIN reviews r ON r.item_id = i.id
                JOIN endings e ON e.id IN (i.ending_a, i.ending_b, i.ending_c, i.ending_d)
              WHERE e.is_gold = 0
-             GROUP BY i.example_id, e.id",
-        )?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+               AND (i.example_id, e.id) NOT IN (SELECT example_id, ending_id FROM ({VETOES}))
+             GROUP BY i.example_id, e.id"
+        ))?;
         let mut passed: HashMap<i64, HashMap<i64, i64>> = HashMap::new();
-        for row in rows {
-            let (example, ending, reviews): (i64, i64, i64) = row?;
-            if !vetoes.get(&example).is_some_and(|v| v.contains(&ending)) {
-                passed.entry(example).or_default().insert(ending, reviews);
-            }
+        for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))? {
+            let (example, ending, reviews) = row?;
+            passed.entry(example).or_default().insert(ending, reviews);
         }
         Ok(passed)
     }
@@ -249,20 +257,13 @@ impl Store {
     /// (context, ending, reason) of every vetoed ending, in that order: the first reason of
     /// picked (0), named plausible (1), named broken (2).
     fn vetoed_endings(&self) -> Result<Vec<(i64, i64, i64)>> {
-        let mut stmt = self.conn.prepare(
-            "SELECT v.example_id, v.ending_id, MIN(v.reason) FROM (
-               SELECT i.example_id, r.pick AS ending_id, 0 AS reason FROM reviews r
-                 JOIN review_items i ON i.id = r.item_id
-               UNION ALL
-               SELECT i.example_id, f.ending_id, CASE f.flag WHEN 'plausible' THEN 1 ELSE 2 END
-                 FROM review_flags f
-                 JOIN reviews r ON r.id = f.review_id
-                 JOIN review_items i ON i.id = r.item_id) v
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT v.example_id, v.ending_id, MIN(v.reason) FROM ({VETOES}) v
              JOIN endings e ON e.id = v.ending_id
              WHERE e.is_gold = 0
              GROUP BY v.example_id, v.ending_id
              ORDER BY v.example_id, v.ending_id",
-        )?;
+        ))?;
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
